@@ -1,0 +1,220 @@
+"""Compile an Environment into a Compose project (compose.yaml + the sandbox entry script)
+through the Jinja templates. Pure: same input, byte-identical output; runs nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from orchestrator._resources import data_dir
+from orchestrator.compile.common import container_bind_host, resolve_env, resolve_user
+from orchestrator.compile.mounts import ResolvedMount, resolve_mounts, user_mounts
+from orchestrator.errors import SpecError, SpecIssue
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import Mount, PortMap, Resources, Service
+from orchestrator.spec.policy import Policy, check_hardening, check_mount_sources, raise_if
+
+MAIN = "main"
+SANDBOX_DIR = "sandbox"
+SANDBOX_MOUNT = "/.orchestrator"
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    project: str
+    workspace: Path
+    labels: Mapping[str, str] = field(default_factory=dict)
+    extra_mounts: Sequence[Mount] = ()
+    extra_ports: Sequence[PortMap] = ()
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    subnet: str | None = None
+    host_env: Mapping[str, str] | None = None
+    platform: str = sys.platform
+    policy: Policy = field(default_factory=Policy.from_env)
+
+
+@dataclass(frozen=True)
+class CompiledProject:
+    project: str
+    compose_yaml: str
+    files: dict[str, str]
+    """Extra files, relative to the project folder (the sandbox entry script)."""
+    warnings: tuple[str, ...]
+    mounts: tuple[ResolvedMount, ...]
+    env: dict[str, str]
+    user: str
+    network_mode: str
+    """bridge | host | none: how the main sandbox is networked after the rules applied."""
+    has_network: bool
+    """Whether the project defines its own network (needs an address pool)."""
+
+    def write(self, directory: Path) -> Path:
+        """Write the project into `directory` (created, private); return compose.yaml's path."""
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (directory / SANDBOX_DIR).mkdir(exist_ok=True)
+        for rel, text in self.files.items():
+            (directory / rel).write_text(text, encoding="utf-8")
+        compose = directory / "compose.yaml"
+        compose.write_text(self.compose_yaml, encoding="utf-8")
+        return compose
+
+
+def _q(value: object) -> str:
+    """A YAML scalar, JSON-quoted, with `$` escaped against Compose interpolation."""
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return json.dumps(str(value), ensure_ascii=False).replace("$", "$$")
+
+
+def _jinja() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["q"] = _q
+    return env
+
+
+def _ports(ports: Sequence[PortMap]) -> list[str]:
+    out = []
+    for p in ports:
+        host = "" if p.host is None else str(p.host)
+        ip = f"[{p.host_ip}]" if ":" in p.host_ip else p.host_ip
+        out.append(f"{ip}:{host}:{p.container}/{p.protocol}")
+    return out
+
+
+def _limits(r: Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if r.memory:
+        out["mem_limit"] = r.memory
+        out["memswap_limit"] = r.memory  # no swap: over the limit means OOM-killed, not slow
+    if r.cpus:
+        out["cpus"] = r.cpus
+    if r.pids:
+        out["pids_limit"] = r.pids
+    return out
+
+
+def _build(env: Environment, build: Any) -> dict[str, Any] | None:
+    if build is None:
+        return None
+    ctx = (env.base_dir / build.context).resolve()
+    return {"context": str(ctx), "dockerfile": build.dockerfile, "args": dict(sorted(build.args.items()))}
+
+
+def _service(env: Environment, name: str, svc: Service, opts: CompileOptions,
+             policy_issues: list[SpecIssue], ports: list[str]) -> dict[str, Any]:
+    mounts = []
+    for i, m in enumerate(svc.mounts):
+        src = Path(m.source).expanduser()
+        src = (src if src.is_absolute() else opts.workspace / src).resolve()
+        mounts.append(ResolvedMount(src, m.target, m.read_only, f"services.{name}.mounts.{i}"))
+    roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
+    policy_issues += check_mount_sources(
+        env.source, ((m.origin + ".source", m.source) for m in mounts), roots)
+    command = svc.command
+    return {
+        "name": name,
+        "image": svc.image,
+        "build": _build(env, svc.build),
+        "command": command,
+        "command_is_list": isinstance(command, list),
+        "env": dict(sorted(svc.env.items())),
+        "ports": ports,
+        "user": resolve_user(svc.user, opts.host_env) if svc.user else None,
+        "limits": _limits(svc.resources),
+        "cap_add": svc.cap_add,
+        "mounts": mounts,
+        "healthcheck": svc.healthcheck,
+        "healthcheck_is_list": isinstance(svc.healthcheck.test, list) if svc.healthcheck else False,
+    }
+
+
+def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
+    """Apply the merge, network and policy rules and render the project. Raises SpecError
+    (PolicyError for policy violations) listing every problem found."""
+    spec = env.spec
+    warnings = list(env.notices)
+    mounts, issues = resolve_mounts(env, opts.workspace, list(opts.extra_mounts))
+    roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
+    policy_issues = check_hardening(env.source, "", spec)
+    policy_issues += check_mount_sources(
+        env.source, ((m.origin + ".source", m.source) for m in user_mounts(mounts)), roots)
+    for name, svc in spec.services.items():
+        policy_issues += check_hardening(env.source, f"services.{name}.", svc)
+
+    mode = spec.network.mode
+    if mode == "host" and not opts.platform.startswith("linux"):
+        warnings.append(f"network.mode host works only on Linux; using bridge on {opts.platform}")
+        mode = "bridge"
+    main_ports = [*spec.network.ports, *opts.extra_ports]
+    if mode != "bridge" and main_ports:
+        warnings.append(f"network.ports ignored: the main sandbox uses {mode} networking")
+        main_ports = []
+    bind_host, notice = container_bind_host(spec, mode)
+    if notice:
+        warnings.append(notice)
+    published = bool(main_ports) or any(s.ports for s in spec.services.values())
+    if published and not spec.network.outbound:
+        warnings.append("published ports need a non-internal network, so outbound traffic is "
+                        "possible from this project")
+    if mode == "bridge" and not spec.services and not main_ports:
+        mode = "none"  # nothing to reach and nothing reachable: no network at all
+        if spec.network.outbound:
+            mode = "bridge"
+    has_network = bool(spec.services) or mode == "bridge"
+    internal = not (spec.network.outbound or published)
+
+    services = [
+        _service(env, name, svc, opts, policy_issues, _ports(svc.ports))
+        for name, svc in sorted(spec.services.items())
+    ]
+    raise_if(policy_issues)
+    if issues:
+        raise SpecError(issues)
+
+    user = resolve_user(spec.user, opts.host_env)
+    container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host)
+    context = {
+        "project": opts.project,
+        "labels": dict(sorted(opts.labels.items())),
+        "main": {
+            "image": spec.image,
+            "build": _build(env, spec.build),
+            "workdir": spec.workdir,
+            "user": user,
+            "env": container_env,
+            "mounts": mounts,
+            "ports": _ports(main_ports),
+            "limits": _limits(spec.resources),
+            "cap_add": spec.cap_add,
+            "network_mode": mode,
+        },
+        "services": services,
+        "has_network": has_network,
+        "internal": internal,
+        "subnet": opts.subnet,
+        "sandbox_dir": SANDBOX_DIR,
+        "sandbox_mount": SANDBOX_MOUNT,
+    }
+    jinja = _jinja()
+    rendered = jinja.get_template("compose.yaml.j2").render(context)
+    compose = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())
+    entry = jinja.get_template("entry.sh.j2").render(project=opts.project)
+    return CompiledProject(
+        project=opts.project, compose_yaml=compose, files={f"{SANDBOX_DIR}/entry.sh": entry},
+        warnings=tuple(warnings), mounts=tuple(mounts), env=container_env, user=user,
+        network_mode=mode, has_network=has_network,
+    )
+

@@ -1,0 +1,152 @@
+"""The one error hierarchy.
+
+Every error the library raises on purpose is an :class:`OrchestratorError`. Where a built-in
+exception already names the situation, the subclass inherits it too, so callers may catch
+either ``except OrchestratorError`` or the familiar built-in (``TimeoutError``, ``ValueError``,
+``FileNotFoundError`` ...). Errors from lower layers (python-on-whales, subprocess) are wrapped
+with ``raise ... from exc`` at the boundary, keeping their exit code and stderr.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class OrchestratorError(Exception):
+    """Root of every error the orchestrator raises on purpose."""
+
+    #: Exit code the CLI uses for this error.
+    exit_code: int = 1
+
+
+@dataclass(frozen=True)
+class SpecIssue:
+    """One problem found in an environment file, located as precisely as we can."""
+
+    file: str
+    line: int | None
+    column: int | None
+    field: str
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        text = f"{where}: {self.field or '<file>'}: {self.message}"
+        if self.fix:
+            text += f"\n    fix: {self.fix}"
+        return text
+
+
+class SpecError(OrchestratorError, ValueError):
+    """An environment file (or spawn option) is invalid. Carries every issue found."""
+
+    exit_code = 2
+
+    def __init__(self, issues: list[SpecIssue] | SpecIssue | str) -> None:
+        if isinstance(issues, str):
+            issues = [SpecIssue(file="<input>", line=None, column=None, field="", message=issues)]
+        elif isinstance(issues, SpecIssue):
+            issues = [issues]
+        self.issues: list[SpecIssue] = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+class PolicyError(SpecError):
+    """The environment asks for something the security policy forbids."""
+
+
+class UsageError(OrchestratorError, ValueError):
+    """The caller used the API or CLI wrongly (bad argument, unknown backend, ...)."""
+
+    exit_code = 2
+
+
+class BackendUnavailable(OrchestratorError, RuntimeError):
+    """The backend cannot run here (no Docker engine, no Compose plugin, ...)."""
+
+    exit_code = 3
+
+
+class DockerError(OrchestratorError, RuntimeError):
+    """A Docker or Compose command failed. Keeps the command, its exit code and stderr."""
+
+    def __init__(
+        self, message: str, *, command: list[str] | None = None, returncode: int | None = None,
+        stderr: str = "",
+    ) -> None:
+        self.command = command or []
+        self.returncode = returncode
+        self.stderr = stderr
+        detail = f"\n{stderr.strip()}" if stderr.strip() else ""
+        super().__init__(f"{message}{detail}")
+
+
+class StartupError(OrchestratorError, RuntimeError):
+    """An environment failed to come up. Everything it had started was removed."""
+
+
+class SetupFailed(StartupError):
+    """A setup command exited non-zero. Carries the setup output."""
+
+    def __init__(self, message: str, *, command: str, exit_code: int, stdout: str, stderr: str):
+        self.command = command
+        self.result_exit_code = exit_code
+        self.stdout = stdout
+        self.stderr = stderr
+        tail = (stderr or stdout).strip().splitlines()[-10:]
+        super().__init__(message + ("\n" + "\n".join(tail) if tail else ""))
+
+
+class HealthcheckFailed(StartupError):
+    """An extra service never became healthy. Carries its last log lines."""
+
+
+class RuntimeClosed(OrchestratorError, RuntimeError):
+    """The runtime was cleaned up; it takes no more calls."""
+
+
+class CommandFailed(OrchestratorError, RuntimeError):
+    """Raised only with ``check=True`` when a command exits non-zero."""
+
+    def __init__(self, result: object, exit_code: int) -> None:
+        self.result = result
+        super().__init__(f"command exited with {exit_code}")
+
+
+class CommandTimeout(OrchestratorError, TimeoutError):
+    """Raised only with ``check=True`` when a command ran past its timeout."""
+
+    def __init__(self, result: object, timeout: float) -> None:
+        self.result = result
+        super().__init__(f"command timed out after {timeout:g}s")
+
+
+class ExecutorLost(OrchestratorError, ConnectionError):
+    """The in-container executor died while a command was in flight."""
+
+
+class OutputLimitExceeded(OrchestratorError, OSError):
+    """A file is larger than the read limit."""
+
+
+class SandboxFileNotFound(OrchestratorError, FileNotFoundError):
+    """The file does not exist in the sandbox."""
+
+
+class SandboxIsADirectory(OrchestratorError, IsADirectoryError):
+    """The path names a folder, not a file."""
+
+
+class SandboxPermissionError(OrchestratorError, PermissionError):
+    """The command user may not read or write that path."""
+
+
+class ProjectNotFound(OrchestratorError, LookupError):
+    """No running environment has that id."""
+
+    exit_code = 2

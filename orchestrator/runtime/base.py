@@ -1,0 +1,400 @@
+"""The runtime protocol: one set of calls for every backend.
+
+A backend implements five primitives (`_start`, `_run`, `_kill`, `_poll`, `_close`) plus
+`workdir` and `static_path`; everything users call (execute, stream, files, setup, lifecycle)
+is written once here on top of them, so every backend keeps the same semantics.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from orchestrator.compile.common import substitute_static
+from orchestrator.errors import (
+    CommandFailed,
+    CommandTimeout,
+    OrchestratorError,
+    OutputLimitExceeded,
+    RuntimeClosed,
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+    SandboxPermissionError,
+    SetupFailed,
+    UsageError,
+)
+from orchestrator.runtime.results import (
+    Outcome,
+    RuntimeResult,
+    StreamEvent,
+    TailBuffer,
+    decode,
+    decoder,
+)
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import Mount, PortMap
+from orchestrator.spec.policy import Policy
+
+MiB = 1024 * 1024
+OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"
+FILE_LIMIT_ENV = "ORCHESTRATOR_FILE_LIMIT"
+SETUP_TIMEOUT_ENV = "ORCHESTRATOR_SETUP_TIMEOUT"
+
+Chunks = Generator[tuple[str, bytes], None, Outcome]
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{name} must be a whole number of bytes, got {raw!r}") from None
+
+
+def default_output_limit() -> int:
+    return _env_int(OUTPUT_LIMIT_ENV, 10 * MiB)
+
+
+def default_file_limit() -> int:
+    return _env_int(FILE_LIMIT_ENV, 100 * MiB)
+
+
+@dataclass(frozen=True)
+class SpawnOptions:
+    """How one runtime is spawned from an environment."""
+
+    workspace: Path | None = None
+    """Host workspace; None makes a temporary one, removed at cleanup."""
+    mounts: tuple[Mount, ...] = ()
+    ports: tuple[PortMap, ...] = ()
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    is_evaluation: bool = False
+    is_resume: bool = False
+    disable_setup: bool = False
+    policy: Policy = field(default_factory=Policy.from_env)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command, normalized: argv, the call's extra env, absolute cwd, user "uid:gid"."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    user: str | None
+    timeout: float | None
+    stdin: bytes | None
+
+
+# Exit codes of the file helper scripts below.
+_NOT_FOUND, _IS_DIR, _DENIED, _TOO_BIG = 2, 21, 13, 27
+_WRITE = (
+    'p=$1; d=${p%/*}; [ -n "$d" ] || d=/; '
+    '[ -d "$p" ] && exit 21; '
+    'if ! mkdir -p -- "$d" 2>/dev/null; then [ -e "$d" ] && [ ! -d "$d" ] && exit 2; exit 13; fi; '
+    'cat > "$p" 2>/dev/null || { [ -d "$d" ] || exit 2; exit 13; }'
+)
+_READ = (
+    'p=$1; [ -e "$p" ] || exit 2; [ -d "$p" ] && exit 21; '
+    'n=$(wc -c < "$p" 2>/dev/null) || exit 13; '
+    'n=$((n + 0)); if [ "$n" -gt "$2" ]; then echo "$n"; exit 27; fi; exec cat -- "$p"'
+)
+
+
+class Runtime(ABC):
+    """A live environment. Use as a context manager; leaving the block calls `cleanup()`."""
+
+    #: Registered backend name.
+    name: ClassVar[str] = ""
+    #: Conformance rules this backend deliberately does not keep: rule id -> reason.
+    deviations: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, env: Environment, options: SpawnOptions) -> None:
+        self.env = env
+        self.options = options
+        self.setup_result: RuntimeResult | None = None
+        self.warnings: list[str] = list(env.notices)
+        self._closed = False
+        self._killed = False
+        self._lock = threading.Lock()
+
+    # ----- what a backend provides -------------------------------------------------------
+    @abstractmethod
+    def _start(self) -> None:
+        """Bring the environment up (cleanup() undoes whatever part of it happened)."""
+
+    @abstractmethod
+    def _run(self, cmd: Command) -> Chunks:
+        """Run one command: yield (stream, bytes), return its Outcome. Closing the generator
+        early must kill the command's whole tree."""
+
+    @abstractmethod
+    def _kill(self) -> None:
+        """Kill every process of the environment."""
+
+    @abstractmethod
+    def _poll(self) -> int | None:
+        """None while the environment is alive, else its exit status."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release everything the environment holds. Must tolerate a partial start."""
+
+    @property
+    @abstractmethod
+    def workdir(self) -> str:
+        """Working folder, as commands see it."""
+
+    @abstractmethod
+    def static_path(self, name: str) -> str:
+        """Where static asset `name` is, as commands see it."""
+
+    @property
+    def default_user(self) -> str | None:
+        """User commands run as when the call names none ("uid:gid"), None for the backend's."""
+        return None
+
+    # ----- lifecycle -----------------------------------------------------------------------
+    @classmethod
+    def spawn(cls, env: Environment, options: SpawnOptions | None = None) -> Runtime:
+        """Start the environment and run its setup; on any failure remove what was started."""
+        rt = cls(env, options or SpawnOptions())
+        try:
+            rt._start()
+            if not rt.options.disable_setup:
+                rt._run_setup()
+        except BaseException:
+            rt.cleanup()
+            raise
+        return rt
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def poll(self) -> int | None:
+        """None while the environment runs; its exit status once it was killed or died."""
+        self._check_open()
+        if self._killed:
+            return 137
+        return self._poll()
+
+    def kill(self) -> None:
+        """Kill every process of the environment now (as subprocess's kill). Call cleanup()
+        afterwards to remove it."""
+        self._check_open()
+        self._killed = True
+        self._kill()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeClosed(f"runtime for {self.env.name!r} is closed (cleanup() was called)")
+
+    # ----- commands ------------------------------------------------------------------------
+    def _command(
+        self, command: str | Sequence[str], env: Mapping[str, str] | None, stdin: Any,
+        cwd: str | None, user: str | None, timeout: float | None,
+    ) -> Command:
+        self._check_open()
+        if self._killed:
+            raise RuntimeClosed(f"runtime for {self.env.name!r} was killed")
+        if isinstance(command, str):
+            argv = ["/bin/sh", "-c", substitute_static(command, self.static_path)]
+        else:
+            argv = [substitute_static(str(a), self.static_path) for a in command]
+            if not argv:
+                raise UsageError("empty command")
+        if timeout is not None and timeout <= 0:
+            raise UsageError(f"timeout must be positive, got {timeout}")
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        elif stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
+            raise UsageError("stdin must be str or bytes")
+        return Command(
+            argv=argv,
+            env={str(k): str(v) for k, v in (env or {}).items()},
+            cwd=posixpath.normpath(posixpath.join(self.workdir, cwd)) if cwd else self.workdir,
+            user=self._user(user),
+            timeout=timeout,
+            stdin=bytes(stdin) if stdin is not None else None,
+        )
+
+    def _user(self, user: str | None) -> str | None:
+        from orchestrator.compile.common import resolve_user
+
+        return resolve_user(user) if user is not None else self.default_user
+
+    def _result(self, out: TailBuffer, err: TailBuffer, outcome: Outcome) -> RuntimeResult:
+        setup = self.setup_result
+        return RuntimeResult(
+            exit_code=outcome.exit_code, stdout=decode(out.value()), stderr=decode(err.value()),
+            elapsed=outcome.elapsed, timed_out=outcome.timed_out,
+            truncated=out.truncated or err.truncated, stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated, oom_killed=outcome.oom_killed,
+            setup_stdout=setup.stdout if setup else "", setup_stderr=setup.stderr if setup else "",
+        )
+
+    def _collect(self, cmd: Command, limit: int) -> tuple[TailBuffer, TailBuffer, Outcome]:
+        out, err = TailBuffer(limit), TailBuffer(limit)
+        gen = self._run(cmd)
+        try:
+            while True:
+                kind, data = next(gen)
+                (out if kind == "stdout" else err).add(data)
+        except StopIteration as stop:
+            return out, err, stop.value
+        finally:
+            gen.close()
+
+    def execute(
+        self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None, cwd: str | None = None, user: str | None = None,
+        timeout: float | None = None, check: bool = False, output_limit: int | None = None,
+    ) -> RuntimeResult:
+        """Run a command to completion. A str runs through /bin/sh -c; a list runs as argv.
+        `cwd` is relative to the workdir; `user` is "uid[:gid]", "root" or "host"."""
+        cmd = self._command(command, env, stdin, cwd, user, timeout)
+        out, err, outcome = self._collect(cmd, output_limit or default_output_limit())
+        result = self._result(out, err, outcome)
+        if check:
+            _check(result, timeout)
+        return result
+
+    def stream(
+        self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+        stdin: None = None, cwd: str | None = None, user: str | None = None,
+        timeout: float | None = None, output_limit: int | None = None,
+    ) -> Iterator[StreamEvent]:
+        """Yield output as it arrives, then a "finished" event carrying the result. Breaking
+        out of the loop kills the command."""
+        if stdin is not None:
+            raise ValueError("stream() takes no stdin; use execute(..., stdin=...)")
+        cmd = self._command(command, env, None, cwd, user, timeout)
+        return self._stream(cmd, output_limit or default_output_limit())
+
+    def _stream(self, cmd: Command, limit: int) -> Iterator[StreamEvent]:
+        bufs = {"stdout": TailBuffer(limit), "stderr": TailBuffer(limit)}
+        decoders = {"stdout": decoder(), "stderr": decoder()}
+        gen = self._run(cmd)
+        try:
+            while True:
+                try:
+                    kind, data = next(gen)
+                except StopIteration as stop:
+                    outcome: Outcome = stop.value
+                    break
+                bufs[kind].add(data)
+                text = decoders[kind].decode(data)
+                if text:
+                    yield StreamEvent(kind, text)  # type: ignore[arg-type]
+            for kind, dec in decoders.items():
+                tail = dec.decode(b"", final=True)
+                if tail:
+                    yield StreamEvent(kind, tail)  # type: ignore[arg-type]
+            yield StreamEvent("finished", result=self._result(bufs["stdout"], bufs["stderr"],
+                                                              outcome))
+        finally:
+            gen.close()
+
+    # ----- files ---------------------------------------------------------------------------
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workdir, str(path)))
+
+    def write_file(self, path: str, content: str | bytes, *, user: str | None = None) -> None:
+        """Write text or bytes (line endings kept as given), creating parent folders."""
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        target = self._path(path)
+        cmd = self._command(["/bin/sh", "-c", _WRITE, "sh", target], None, data, None, user, None)
+        out, err, outcome = self._collect(cmd, 64 * 1024)
+        _file_error(outcome.exit_code, target, "write", decode(err.value()))
+
+    def read_file(
+        self, path: str, *, text: bool = True, user: str | None = None, limit: int | None = None
+    ) -> str | bytes:
+        """Return a file's content as text (UTF-8) or bytes."""
+        limit = limit or default_file_limit()
+        target = self._path(path)
+        cmd = self._command(["/bin/sh", "-c", _READ, "sh", target, str(limit)], None, None, None,
+                            user, None)
+        out, err, outcome = self._collect(cmd, limit + 1)
+        if outcome.exit_code == _TOO_BIG:
+            size = decode(out.value()).strip()
+            raise OutputLimitExceeded(f"{target} is {size} bytes, over the read limit of {limit} "
+                                      f"(pass limit= or set {FILE_LIMIT_ENV})")
+        _file_error(outcome.exit_code, target, "read", decode(err.value()))
+        data = out.value()
+        return decode(data) if text else data
+
+    # ----- setup ---------------------------------------------------------------------------
+    def _setup_commands(self) -> list[str]:
+        setup = self.env.spec.setup
+        cmds = list(setup.commands)
+        if self.options.is_evaluation:
+            cmds += setup.eval_commands
+        if self.options.is_resume:
+            cmds += setup.resume_commands
+        return cmds
+
+    def _run_setup(self) -> None:
+        commands = self._setup_commands()
+        if not commands:
+            return
+        timeout = float(os.environ.get(SETUP_TIMEOUT_ENV, "900"))
+        stdout, stderr, elapsed = [], [], 0.0
+        for command in commands:
+            r = self.execute(command, timeout=timeout)
+            stdout.append(r.stdout)
+            stderr.append(r.stderr)
+            elapsed += r.elapsed
+            if not r.ok:
+                why = "timed out" if r.timed_out else f"exited with {r.exit_code}"
+                raise SetupFailed(f"setup command {command!r} {why}", command=command,
+                                  exit_code=r.exit_code, stdout="".join(stdout),
+                                  stderr="".join(stderr))
+        self.setup_result = RuntimeResult(0, "".join(stdout), "".join(stderr), elapsed)
+
+
+def _check(result: RuntimeResult, timeout: float | None) -> None:
+    if result.timed_out:
+        raise CommandTimeout(result, timeout or 0.0)
+    if result.exit_code != 0:
+        raise CommandFailed(result, result.exit_code)
+
+
+def _file_error(code: int, path: str, verb: str, stderr: str) -> None:
+    if code == 0:
+        return
+    if code == _NOT_FOUND:
+        raise SandboxFileNotFound(f"cannot {verb} {path}: no such file or folder")
+    if code == _IS_DIR:
+        raise SandboxIsADirectory(f"cannot {verb} {path}: it is a folder")
+    if code in (_DENIED, 1):
+        raise SandboxPermissionError(f"cannot {verb} {path}: permission denied")
+    raise OrchestratorError(f"cannot {verb} {path}: helper exited {code}: {stderr.strip()}")
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    return shlex.join(argv)

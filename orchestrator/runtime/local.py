@@ -1,0 +1,157 @@
+"""The local backend: plain subprocesses on the host, for trusted code and machines without
+Docker. It is also the reference the Docker backend is held to by the conformance suite."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+from orchestrator.compile.common import resolve_env
+from orchestrator.errors import UsageError
+from orchestrator.runtime import procutil
+from orchestrator.runtime.base import Chunks, Command, Runtime
+from orchestrator.runtime.results import Outcome
+
+#: Host variables every local command gets, so that programs can be found at all.
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL")
+
+
+def _read_only(root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*filenames, *dirnames]:
+            p = Path(dirpath, name)
+            mode = p.lstat().st_mode
+            if not stat.S_ISLNK(mode):
+                p.chmod(mode & ~0o222)
+    root.chmod(root.stat().st_mode & ~0o222)
+
+
+def _writable(root: Path) -> None:
+    if not root.exists():
+        return
+    root.chmod(root.stat().st_mode | 0o700)
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            p = Path(dirpath, name)
+            p.chmod(p.stat().st_mode | 0o700)
+
+
+class LocalRuntime(Runtime):
+    deviations: ClassVar[dict[str, str]] = {
+        "resources": "no memory, cpu or pid limits: processes run directly on the host",
+        "isolation": "no file-system or network isolation; mounts, ports and network are ignored",
+        "user": "commands run as the host user; another uid needs the caller to be root",
+        "oom": "no memory limit, so nothing is reported as out-of-memory",
+    }
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._tmp: Path | None = None
+        self._workspace: Path | None = None
+        self._static: Path | None = None
+        self._env: dict[str, str] = {}
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        self._procs_lock = threading.Lock()
+
+    # ----- lifecycle -----------------------------------------------------------------------
+    def _start(self) -> None:
+        spec = self.env.spec
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"orch-local-{spec.name}-"))
+        if self.options.workspace is not None:
+            self._workspace = self.options.workspace
+            self._workspace.mkdir(parents=True, exist_ok=True)
+        else:
+            self._workspace = self._tmp / "workspace"
+            self._workspace.mkdir()
+        self._static = self._tmp / "static"
+        self._static.mkdir()
+        for asset in spec.static_assets:
+            src = (self.env.base_dir / asset.path).resolve()
+            dst = self._static / asset.save_path
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, dst, symlinks=True)
+            else:
+                shutil.copy2(src, dst)
+        _read_only(self._static)
+        if spec.mounts or self.options.mounts or spec.network.ports or spec.services:
+            self.warnings.append("local backend: mounts, ports and services are ignored")
+        host = {k: v for k, v in os.environ.items() if k in BASE_ENV}
+        bind = spec.network.bind_host
+        self._env = {**host, **resolve_env(spec, self.options.env_vars, bind_host=bind)}
+
+    def _close(self) -> None:
+        self._kill()
+        if self._tmp is not None:
+            _writable(self._tmp)
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _kill(self) -> None:
+        with self._procs_lock:
+            procs = list(self._procs)
+        for proc in procs:
+            procutil.kill_tree(proc.pid, signal.SIGKILL)
+
+    def _poll(self) -> int | None:
+        return None
+
+    # ----- paths ---------------------------------------------------------------------------
+    @property
+    def workdir(self) -> str:
+        assert self._workspace is not None, "runtime not started"
+        return str(self._workspace)
+
+    @property
+    def static_dir(self) -> Path:
+        """The per-runtime read-only folder holding the static assets."""
+        assert self._static is not None, "runtime not started"
+        return self._static
+
+    def static_path(self, name: str) -> str:
+        return str(self.static_dir / self.env.spec.static_asset(name).save_path)
+
+    # ----- commands ------------------------------------------------------------------------
+    def _ids(self, user: str | None) -> tuple[int, int] | None:
+        if user is None:
+            return None
+        uid_s, _, gid_s = user.partition(":")
+        uid, gid = int(uid_s), int(gid_s or uid_s)
+        if (uid, gid) == (os.getuid(), os.getgid()):
+            return None
+        if os.geteuid() != 0:
+            raise UsageError(f"the local backend runs as the host user; running as {user} "
+                             "needs the caller to be root")
+        return uid, gid
+
+    def _run(self, cmd: Command) -> Chunks:
+        env = {**self._env, **cmd.env}
+        started = procutil.time.monotonic()
+        try:
+            proc = procutil.spawn(cmd.argv, env, cmd.cwd, self._ids(cmd.user),
+                                  with_stdin=cmd.stdin is not None)
+        except OSError as exc:
+            code, message = procutil.spawn_error(exc, cmd.argv, cmd.cwd)
+            yield "stderr", message
+            return Outcome(code, False, procutil.time.monotonic() - started)
+        with self._procs_lock:
+            self._procs.add(proc)
+        done = False
+        try:
+            stdin = [cmd.stdin] if cmd.stdin is not None else None
+            code, timed_out, elapsed = yield from procutil.pump(
+                proc, stdin, cmd.timeout, started=started)
+            done = True
+            return Outcome(code, timed_out, elapsed)
+        finally:
+            if not done:  # the caller stopped listening: the command must not outlive it
+                procutil.kill_tree(proc.pid, signal.SIGKILL)
+                proc.wait()
+            with self._procs_lock:
+                self._procs.discard(proc)

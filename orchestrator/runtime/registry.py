@@ -1,0 +1,111 @@
+"""Backend registry. Built-in backends are named by import path and imported only when
+used; third-party backends register with `register_runtime` or the entry-point group
+`orchestrator.runtimes`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TypeVar
+
+from orchestrator.errors import UsageError
+from orchestrator.runtime.base import Runtime, SpawnOptions
+from orchestrator.spec.loader import Environment, load_environment
+from orchestrator.spec.models import Mount, PortMap
+from orchestrator.spec.policy import Policy
+
+ENTRY_POINT_GROUP = "orchestrator.runtimes"
+_BUILTIN = {
+    "local": "orchestrator.runtime.local:LocalRuntime",
+    "docker": "orchestrator.runtime.compose:ComposeRuntime",
+}
+_registered: dict[str, type[Runtime]] = {}
+
+R = TypeVar("R", bound=type[Runtime])
+
+
+def register_runtime(name: str) -> Callable[[R], R]:
+    """Class decorator: make a Runtime subclass available as backend `name`."""
+
+    def deco(cls: R) -> R:
+        if not (isinstance(cls, type) and issubclass(cls, Runtime)):
+            raise UsageError(f"register_runtime({name!r}) needs a Runtime subclass")
+        cls.name = name
+        _registered[name] = cls
+        return cls
+
+    return deco
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def runtime_names() -> list[str]:
+    """Every backend that can be asked for by name."""
+    return sorted({*_BUILTIN, *_registered, *_entry_points()})
+
+
+def get_runtime_class(name: str) -> type[Runtime]:
+    if name in _registered:
+        return _registered[name]
+    target = _BUILTIN.get(name) or _entry_points().get(name)
+    if target is None:
+        raise UsageError(f"unknown backend {name!r}; known backends: {', '.join(runtime_names())}")
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Runtime)):
+        raise UsageError(f"backend {name!r} ({target}) is not a Runtime subclass")
+    cls.name = name
+    _registered[name] = cls
+    return cls
+
+
+def _as_mount(m: Mount | Mapping[str, object] | str) -> Mount:
+    if isinstance(m, Mount):
+        return m
+    if isinstance(m, str):  # "src:dst[:ro]"
+        parts = m.split(":")
+        return Mount(source=parts[0], target=parts[1], read_only=parts[2:] == ["ro"])
+    return Mount.model_validate(m)
+
+
+def _as_port(p: PortMap | Mapping[str, object] | int) -> PortMap:
+    if isinstance(p, PortMap):
+        return p
+    if isinstance(p, int):
+        return PortMap(container=p)
+    return PortMap.model_validate(p)
+
+
+def spawn_runtime(
+    env: Environment | str | Path,
+    workspace: str | Path | None = None,
+    mounts: Sequence[Mount | Mapping[str, object] | str] | None = None,
+    ports: Sequence[PortMap | Mapping[str, object] | int] | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    is_evaluation: bool = False,
+    disable_setup: bool = False,
+    *,
+    is_resume: bool = False,
+    backend: str | None = None,
+    policy: Policy | None = None,
+) -> Runtime:
+    """Bring an environment up on its backend (or `backend`), run its setup, return the live
+    runtime. Use it as a context manager so it is always cleaned up."""
+    if not isinstance(env, Environment):
+        env = load_environment(env)
+    cls = get_runtime_class(backend or env.backend)
+    options = SpawnOptions(
+        workspace=Path(workspace).resolve() if workspace is not None else None,
+        mounts=tuple(_as_mount(m) for m in mounts or ()),
+        ports=tuple(_as_port(p) for p in ports or ()),
+        env_vars=dict(env_vars or {}),
+        is_evaluation=is_evaluation,
+        is_resume=is_resume,
+        disable_setup=disable_setup,
+        policy=policy or Policy.from_env(),
+    )
+    return cls.spawn(env, options)

@@ -1,0 +1,290 @@
+"""Load environment files: YAML with line numbers, version dispatch, legacy migration, and
+pydantic validation turned into errors that name file:line:column, the field and the fix."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from orchestrator.errors import SpecError, SpecIssue
+from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
+from orchestrator.spec.models import SUPPORTED_VERSIONS, EnvironmentV1
+
+#: Bumped whenever templates change what a spec compiles to; part of every digest.
+TEMPLATE_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A validated environment file and where it came from."""
+
+    spec: EnvironmentV1
+    source: str
+    """Path of the file (or "<string>")."""
+    base_dir: Path
+    """Folder that relative asset paths and build contexts resolve against."""
+    notices: tuple[str, ...] = field(default=())
+    """Things worth telling the user (legacy format migrated, settings adjusted)."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def digest(self) -> str:
+        """Hash of the normalized spec and the template version (short, stable)."""
+        payload = json.dumps(
+            {"spec": self.spec.model_dump(mode="json"), "templates": TEMPLATE_VERSION},
+            sort_keys=True, separators=(",", ":"),
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="rt")
+    yaml.allow_duplicate_keys = False
+    return yaml
+
+
+def _plain(node: Any) -> Any:
+    """ruamel's round-trip containers and scalars as plain Python values."""
+    if isinstance(node, dict):
+        return {(_plain(k) if not isinstance(k, str) else str(k)): _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    for base in (str, int, float):
+        if isinstance(node, base):
+            return base(node)
+    return node
+
+
+def _position(root: Any, loc: Loc, *, key: bool = False) -> tuple[int | None, int | None]:
+    """1-based line and column of the deepest node of `loc` found in the YAML tree
+    (of the key itself with `key=True`, e.g. for an unknown key)."""
+    node, line, col = root, None, None
+    for step in loc:
+        if isinstance(node, CommentedMap) and step in node:
+            k_line, k_col, v_line, v_col = node.lc.data[step]
+            line, col = k_line + 1, k_col + 1
+            child = node[step]
+            leaf = not isinstance(child, CommentedMap | CommentedSeq)
+            if leaf and not key and v_line is not None:
+                line, col = v_line + 1, v_col + 1
+            node = child
+        elif isinstance(node, CommentedSeq) and isinstance(step, int) and step < len(node):
+            i_line, i_col = node.lc.item(step)
+            line, col = i_line + 1, i_col + 1
+            node = node[step]
+        else:
+            break
+    return line, col
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    for arg in typing.get_args(annotation):
+        yield from _models_in(arg)
+
+
+def _model_at(loc: Loc) -> type[BaseModel] | None:
+    """The model that the mapping at `loc` is validated against (for 'did you mean')."""
+    model: type[BaseModel] | None = EnvironmentV1
+    annotation: Any = None
+    for step in loc:
+        if isinstance(step, int) or model is None:
+            continue
+        info = model.model_fields.get(str(step))
+        if info is None:
+            # a dict key such as a service name: stay on the dict's value type
+            if annotation is not None and typing.get_origin(annotation) is dict:
+                found = list(_models_in(typing.get_args(annotation)[1]))
+                model = found[0] if found else None
+            continue
+        annotation = info.annotation
+        found = list(_models_in(annotation))
+        model = found[0] if found else None
+        if typing.get_origin(annotation) in (dict, types.UnionType) and not found:
+            model = None
+    return model
+
+
+def _fix_for(err: dict[str, Any], loc: Loc) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        allowed = sorted(model.model_fields) if model else []
+        guess = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean '{guess[0]}'? " if guess else "remove it. "
+        return hint + (f"Allowed keys here: {', '.join(allowed)}" if allowed else "")
+    if kind == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        return f"use one of {expected}"
+    if kind == "missing":
+        return f"add `{loc[-1]}:` to this mapping" if loc else "add the missing field"
+    if kind == "string_pattern_mismatch":
+        return f"the value must match {err.get('ctx', {}).get('pattern')}"
+    if kind == "string_type":
+        return "write it as text (quote it in YAML)"
+    return ""
+
+
+def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
+    """Drop pydantic's union-branch tags ('list[str]', 'function-after[...]') from a loc."""
+    out: list[str | int] = []
+    node = data
+    for step in loc:
+        if isinstance(node, dict) and step in node:
+            out.append(step)
+            node = node[step]
+        elif isinstance(node, list) and isinstance(step, int) and step < len(node):
+            out.append(step)
+            node = node[step]
+        elif isinstance(node, dict | list) and not out or isinstance(step, int):
+            out.append(step)
+            node = None
+        elif isinstance(node, dict):
+            out.append(step)  # a missing or extra key: keep it, it names the field
+            node = None
+    return tuple(out)
+
+
+def _issues_from(
+    exc: ValidationError, source: str, root: Any, data: Any, where: dict[Loc, Loc] | None
+) -> list[SpecIssue]:
+    issues = []
+    for err in exc.errors(include_url=False):
+        loc = _clean_loc(err["loc"], data)
+        yaml_loc = loc
+        if where is not None:  # migrated legacy file: point at the legacy key
+            yaml_loc = next((where[p] for n in range(len(loc), 0, -1)
+                             if (p := loc[:n]) in where), ())
+        line, col = _position(root, yaml_loc, key=err["type"] == "extra_forbidden")
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif "input" in err and err["type"] not in ("missing",) and not isinstance(
+            err["input"], dict | list
+        ):
+            message += f" (got {err['input']!r})"
+        field_path = ".".join(str(s) for s in loc)
+        issues.append(SpecIssue(source, line, col, field_path, message, _fix_for(err, loc)))
+    return sorted(issues, key=lambda i: (i.line or 0, i.column or 0))
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    try:
+        return _yaml().load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        col = mark.column + 1 if mark else None
+        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p) or "invalid YAML"
+        fix = "fix the YAML syntax at that position"
+        if "duplicate key" in problem:
+            fix = "each key may appear once per mapping; remove one of them"
+        raise SpecError(SpecIssue(source, line, col, "", f"malformed YAML: {problem}", fix)) from exc
+    except (YAMLError, ValueError, TypeError, RecursionError) as exc:
+        raise SpecError(SpecIssue(source, None, None, "", f"malformed YAML: {exc}",
+                                  "fix the YAML syntax")) from exc
+
+
+def load_environment_text(
+    text: str, *, source: str = "<string>", base_dir: Path | str | None = None
+) -> Environment:
+    """Parse and validate environment-file text."""
+    root = parse_yaml(text, source)
+    if not isinstance(root, dict):
+        got = "an empty file" if root is None else f"a {type(root).__name__}"
+        raise SpecError(SpecIssue(source, 1, 1, "", f"expected a mapping at the top, got {got}",
+                                  "start from `orchestrator schema` or a file in environments/"))
+    data = _plain(root)
+    notices: list[str] = []
+    where: dict[Loc, Loc] | None = None
+    if looks_legacy(data):
+        data, where, notices = migrate_legacy(data)
+        notices.insert(0, f"{source}: legacy format (no `version`) migrated to v1; "
+                          f"`orchestrator migrate {source}` prints the v1 file")
+    version = data.get("version")
+    if version is None:
+        raise SpecError(SpecIssue(source, 1, 1, "version", "missing schema version",
+                                  "add `version: 1` as the first line"))
+    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+        line, col = _position(root, ("version",))
+        supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
+        raise SpecError(SpecIssue(source, line, col, "version", f"unknown schema version {version!r}",
+                                  f"supported versions: {supported}"))
+    try:
+        spec = EnvironmentV1.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_issues_from(exc, source, root, data, where)) from None
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    env = Environment(spec=spec, source=source, base_dir=base.resolve(), notices=tuple(notices))
+    _check_assets(env, root)
+    return env
+
+
+def _check_assets(env: Environment, root: Any) -> None:
+    issues = []
+    for i, asset in enumerate(env.spec.static_assets):
+        path = (env.base_dir / asset.path).resolve()
+        if not path.exists():
+            line, col = _position(root, ("static_assets", i, "path"))
+            issues.append(SpecIssue(env.source, line, col, f"static_assets.{i}.path",
+                                    f"asset path does not exist: {path}",
+                                    "paths are relative to the environment file's folder"))
+    if issues:
+        raise SpecError(issues)
+
+
+def load_environment(path: str | Path) -> Environment:
+    """Read, migrate if needed, and validate an environment file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(SpecIssue(str(p), None, None, "", "file not found",
+                                  "check the path; shipped files are in environments/")) from None
+    except IsADirectoryError:
+        raise SpecError(SpecIssue(str(p), None, None, "", "is a folder, not a file",
+                                  "pass the .yaml file itself")) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(SpecIssue(str(p), None, None, "", f"not UTF-8 text ({exc.reason})",
+                                  "save the file as UTF-8")) from None
+    except OSError as exc:
+        raise SpecError(SpecIssue(str(p), None, None, "", f"cannot read: {exc.strerror}", "")) from None
+    return load_environment_text(text, source=str(p), base_dir=p.resolve().parent)
+
+
+def migrated_yaml(path: str | Path) -> str:
+    """The v1 YAML equivalent of a (legacy or v1) file, for `orchestrator migrate`."""
+    import io
+
+    env = load_environment(path)
+    data = env.spec.model_dump(mode="json", exclude_defaults=True)
+    data = {"version": 1, **{k: v for k, v in data.items() if k != "version"}}
+    out = io.StringIO()
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.sort_base_mapping_type_on_output = False  # type: ignore[attr-defined]
+    yaml.dump(data, out)
+    return out.getvalue()

@@ -1,0 +1,267 @@
+"""The versioned environment-file schema (v1), as strict pydantic models.
+
+Every model forbids unknown keys and documents each field; ``orchestrator schema`` prints the
+JSON Schema generated from these classes, so editors can complete and check environment files.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+NAME_RE = r"^[a-z0-9][a-z0-9_.-]*$"
+MEMORY_RE = r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$"
+DURATION_RE = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"
+USER_RE = r"^(host|root|[0-9]+(:[0-9]+)?)$"
+ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+SUPPORTED_VERSIONS = (1,)
+
+
+def _scalar_to_str(value: object) -> object:
+    """YAML reads ``FOO: 1`` as a number; an environment value is text either way."""
+    if isinstance(value, bool):
+        return value  # let validation reject it: `yes`/`on` are too easy to write by mistake
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+EnvValue = Annotated[str, BeforeValidator(_scalar_to_str)]
+EnvKey = Annotated[str, Field(pattern=ENV_KEY_RE)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class Build(Strict):
+    """Build the main image from a Dockerfile instead of using a ready image."""
+
+    context: str = "."
+    """Build context, relative to the environment file's folder."""
+    dockerfile: str | None = None
+    """Dockerfile path inside the context (default: Dockerfile)."""
+    args: dict[str, EnvValue] = Field(default_factory=dict)
+    """Build arguments."""
+
+
+class Workspace(Strict):
+    """How the host workspace folder reaches the sandbox."""
+
+    mount: bool = True
+    """Bind-mount the workspace read-write at `workdir`."""
+
+
+class StaticAsset(Strict):
+    """A read-only folder or file shipped with the environment (tests, fixtures, data)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Name used by the `{{static:NAME}}` placeholder in commands."""
+    path: str = Field(min_length=1)
+    """Host path, relative to the environment file's folder."""
+    save_path: str = Field(min_length=1)
+    """Where it appears: `/static/<save_path>` in containers, a per-runtime folder locally."""
+
+    @field_validator("save_path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        parts = value.strip("/").split("/")
+        if value.startswith("/") or ".." in parts or not value.strip("/"):
+            raise ValueError("save_path must be a relative path without '..'")
+        return value.strip("/")
+
+
+class Mount(Strict):
+    """An extra bind mount."""
+
+    source: str = Field(min_length=1)
+    """Host path; relative paths resolve against the workspace root."""
+    target: str = Field(pattern=r"^/")
+    """Absolute path in the sandbox."""
+    read_only: bool = False
+    """Mount read-only."""
+
+
+class Setup(Strict):
+    """Commands run once when the environment comes up, before any other command."""
+
+    commands: list[str] = Field(default_factory=list)
+    """Always run (unless spawned with disable_setup)."""
+    eval_commands: list[str] = Field(default_factory=list)
+    """Run after `commands`, only when spawned for evaluation."""
+    resume_commands: list[str] = Field(default_factory=list)
+    """Run after `commands`, only when resuming from a snapshot."""
+
+
+class PortMap(Strict):
+    """Publish a container port on the host."""
+
+    container: int = Field(ge=1, le=65535)
+    """Port inside the sandbox."""
+    host: int | None = Field(default=None, ge=1, le=65535)
+    """Host port; omit for an ephemeral one (reported by `rt.ports` and `orchestrator ps`)."""
+    host_ip: str = "127.0.0.1"
+    """Host address to bind; loopback by default so nothing is exposed beyond this machine."""
+    protocol: Literal["tcp", "udp"] = "tcp"
+    """Transport protocol."""
+
+
+class Network(Strict):
+    """Networking of the main sandbox."""
+
+    mode: Literal["bridge", "host", "none"] = "bridge"
+    """bridge: own network; host: the host's network (Linux only); none: no network at all."""
+    ports: list[PortMap] = Field(default_factory=list)
+    """Ports to publish (bridge mode only)."""
+    outbound: bool = False
+    """Allow traffic out of the sandbox. Off by default: the project network is internal
+    (or absent). Publishing ports needs a non-internal network, so ports imply outbound."""
+    bind_host: str = "0.0.0.0"
+    """Address servers in the sandbox should listen on; exported as ORCHESTRATOR_BIND_HOST.
+    In bridge mode a loopback value is rewritten to 0.0.0.0 so published ports reach it."""
+
+
+class Resources(Strict):
+    """Limits enforced by the container runtime."""
+
+    memory: str | None = Field(default=None, pattern=MEMORY_RE)
+    """Memory limit, e.g. 512m or 2g. A process over it is killed and reported as out-of-memory."""
+    cpus: float | None = Field(default=None, gt=0)
+    """CPU limit, in cores."""
+    pids: int | None = Field(default=None, gt=0)
+    """Maximum number of processes (contains fork bombs)."""
+
+
+class Healthcheck(Strict):
+    """A Compose healthcheck; the environment waits until it passes."""
+
+    test: list[str] | str
+    """Command, as in Compose: ["CMD", ...], ["CMD-SHELL", "..."] or a shell string."""
+    interval: str = Field(default="1s", pattern=DURATION_RE)
+    """Time between checks."""
+    timeout: str = Field(default="5s", pattern=DURATION_RE)
+    """Time one check may take."""
+    retries: int = Field(default=30, ge=1)
+    """Failures in a row before the service is unhealthy."""
+    start_period: str = Field(default="0s", pattern=DURATION_RE)
+    """Grace period during which failures do not count."""
+
+
+class Hardening(Strict):
+    """Container options the security policy checks. Anything risky is refused by default."""
+
+    privileged: bool = False
+    """Privileged mode (always refused by the default policy)."""
+    cap_add: list[str] = Field(default_factory=list)
+    """Extra Linux capabilities, e.g. NET_ADMIN. ALL and SYS_ADMIN are refused."""
+    devices: list[str] = Field(default_factory=list)
+    """Host devices (refused by the default policy)."""
+    pid: Literal["private", "host"] = "private"
+    """PID namespace; host is refused."""
+    ipc: Literal["private", "host"] = "private"
+    """IPC namespace; host is refused."""
+    uts: Literal["private", "host"] = "private"
+    """UTS namespace; host is refused."""
+
+
+class Service(Hardening):
+    """An extra container (database, web server, ...) reachable from the main one by its name."""
+
+    image: str | None = None
+    """Image to run."""
+    build: Build | None = None
+    """Or build it."""
+    command: list[str] | str | None = None
+    """Command (default: the image's)."""
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict)
+    """Environment variables."""
+    ports: list[PortMap] = Field(default_factory=list)
+    """Ports to publish on the host."""
+    healthcheck: Healthcheck | None = None
+    """Wait for this check to pass before the environment is ready."""
+    user: str | None = Field(default=None, pattern=USER_RE)
+    """User to run as: "uid:gid", host or root (default: the image's)."""
+    resources: Resources = Field(default_factory=Resources)
+    """Limits."""
+    mounts: list[Mount] = Field(default_factory=list)
+    """Extra bind mounts."""
+
+    @model_validator(mode="after")
+    def _image_or_build(self) -> Service:
+        if (self.image is None) == (self.build is None):
+            raise ValueError("a service needs exactly one of `image` or `build`")
+        return self
+
+
+class EnvironmentV1(Hardening):
+    """A sandbox: what it runs, what it sees, and how it is reached. Schema version 1."""
+
+    version: Literal[1]
+    """Schema version of this file."""
+    name: str = Field(pattern=NAME_RE, max_length=40)
+    """Environment name: lower-case letters, digits, '_', '.', '-'."""
+    description: str = ""
+    """What this environment is for."""
+    backend: Literal["docker", "local"] = "docker"
+    """docker: a Compose project; local: plain subprocesses on the host (trusted code only)."""
+    image: str | None = None
+    """Image of the main sandbox (docker backend)."""
+    build: Build | None = None
+    """Or build the main image."""
+    workdir: str = Field(default="/workspace", pattern=r"^/")
+    """Working folder in the sandbox; commands start here."""
+    workspace: Workspace = Field(default_factory=Workspace)
+    """How the host workspace reaches the sandbox."""
+    static_assets: list[StaticAsset] = Field(default_factory=list)
+    """Read-only assets, at /static/<save_path>."""
+    mounts: list[Mount] = Field(default_factory=list)
+    """Extra bind mounts (they override the workspace mount at the same path)."""
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict)
+    """Environment variables for every command."""
+    env_passthrough: list[str] = Field(default_factory=list)
+    """Host variables passed through ("*" passes all; none by default)."""
+    setup: Setup = Field(default_factory=Setup)
+    """Setup commands."""
+    network: Network = Field(default_factory=Network)
+    """Networking."""
+    resources: Resources = Field(default_factory=Resources)
+    """Limits."""
+    user: str = Field(default="host", pattern=USER_RE)
+    """User commands run as: "uid[:gid]", host (HUID/HGID or the caller's ids) or root."""
+    services: dict[Annotated[str, Field(pattern=NAME_RE)], Service] = Field(default_factory=dict)
+    """Extra containers, reachable from the main one by name."""
+    commands: dict[str, str] = Field(default_factory=dict)
+    """Named command templates for harnesses (free-form, carried as-is)."""
+    keep_after_cleanup: bool = False
+    """Keep the containers (stopped) after cleanup, for inspection; `orchestrator cleanup --all`
+    removes them later."""
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvironmentV1:
+        if self.backend == "docker" and (self.image is None) == (self.build is None):
+            raise ValueError("the docker backend needs exactly one of `image` or `build`")
+        if "main" in self.services:
+            raise ValueError("`main` is the name of the sandbox itself; rename that service")
+        names = [a.name for a in self.static_assets]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"static asset names must be unique: {', '.join(dupes)}")
+        return self
+
+    def static_asset(self, name: str) -> StaticAsset:
+        for asset in self.static_assets:
+            if asset.name == name:
+                return asset
+        known = ", ".join(a.name for a in self.static_assets) or "none"
+        raise KeyError(f"no static asset named {name!r} (known: {known})")
+
+
+def memory_bytes(text: str) -> int:
+    """Parse a Compose-style memory size ("512m") into bytes."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([bkmg]?)", text.lower())
+    if not match:
+        raise ValueError(f"not a memory size: {text!r}")
+    factor = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[match.group(2)]
+    return int(float(match.group(1)) * factor)
