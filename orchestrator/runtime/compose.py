@@ -1,0 +1,162 @@
+"""The Docker backend: a compiled Compose project, brought up with python-on-whales, talked
+to through the in-container executor (or plain `docker exec` where it cannot run)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+from orchestrator.compile.render import SANDBOX_DIR, SANDBOX_MOUNT, CompileOptions
+from orchestrator.errors import ExecutorLost, OrchestratorError
+from orchestrator.project import Project, docker_errors, start_project
+from orchestrator.runtime import procutil
+from orchestrator.runtime.base import Chunks, Command, Runtime
+from orchestrator.runtime.executor.client import FILES, ExecutorClient
+from orchestrator.runtime.executor.plain import run_plain
+
+log = logging.getLogger("orchestrator.docker")
+EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
+READY_TIMEOUT = 15.0
+
+
+class ComposeRuntime(Runtime):
+    deviations: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.project: Project | None = None
+        self.ports: list[dict[str, Any]] = []
+        self.exec_mode = os.environ.get(EXEC_MODE_ENV, "auto")
+        self._executor: ExecutorClient | None = None
+        self._temp_workspace: Path | None = None
+        self._docker_cmd: list[str] = []
+
+    # ----- lifecycle -----------------------------------------------------------------------
+    def _workspace(self) -> Path:
+        if self.options.workspace is not None:
+            self.options.workspace.mkdir(parents=True, exist_ok=True)
+            return self.options.workspace
+        self._temp_workspace = Path(tempfile.mkdtemp(prefix=f"orch-ws-{self.env.name}-"))
+        return self._temp_workspace
+
+    def _start(self) -> None:
+        workspace = self._workspace()
+        opts = self.options
+
+        def make_options(name: str, labels: dict[str, str], subnet: str | None) -> CompileOptions:
+            return CompileOptions(project=name, workspace=workspace, labels=labels,
+                                  extra_mounts=opts.mounts, extra_ports=opts.ports,
+                                  env_vars=opts.env_vars, subnet=subnet, policy=opts.policy)
+
+        files = {f"{SANDBOX_DIR}/{f.name}": f.read_bytes() for f in FILES}
+        self.project = start_project(self.env, make_options, extra_files=files)
+        compiled = self.project.compiled
+        assert compiled is not None
+        self.warnings += [w for w in compiled.warnings if w not in self.warnings]
+        if self._temp_workspace is not None:
+            _give(self._temp_workspace, compiled.user)
+        self._docker_cmd = [str(c) for c in self.project.client.client_config.docker_cmd]
+        if any(p.ports for p in self.env.spec.services.values()) or "ports" in compiled.compose_yaml:
+            self.ports = self.project.ports()
+        if self.exec_mode != "plain":
+            self._executor = self._new_executor()  # starts now, overlapping with the caller
+
+    def _new_executor(self) -> ExecutorClient:
+        assert self.project is not None
+        client = ExecutorClient([*self._docker_cmd, "exec", "-i", "-u", "0",
+                                 self.project.main_container, "python3", "-u",
+                                 f"{SANDBOX_MOUNT}/agent.py"])
+        client.start()
+        return client
+
+    def _executor_ready(self) -> ExecutorClient | None:
+        """The live executor (restarted if it died), or None in plain mode."""
+        if self.exec_mode == "plain":
+            return None
+        ex = self._executor
+        if ex is None or not ex.alive:
+            if ex is not None:
+                log.warning("executor died (%s); starting a new one", ex.stderr_tail or "no output")
+            ex = self._executor = self._new_executor()
+        if ex.wait_ready(READY_TIMEOUT):
+            self.exec_mode = "executor"
+            return ex
+        reason = ex.stderr_tail or "no answer"
+        ex.close()
+        self._executor = None
+        if self.exec_mode == "executor":
+            raise ExecutorLost(f"the executor cannot run in this image: {reason}")
+        self.exec_mode = "plain"
+        message = (f"{self.env.name}: the fast executor cannot run in this image ({reason}); "
+                   "falling back to plain `docker exec` per command")
+        log.warning(message)
+        self.warnings.append(message)
+        return None
+
+    def _close(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+        try:
+            if self.project is not None:
+                self.project.down(keep=self.env.spec.keep_after_cleanup)
+        finally:
+            if self._temp_workspace is not None:
+                shutil.rmtree(self._temp_workspace, ignore_errors=True)
+
+    def _kill(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+        if self.project is not None:
+            self.project.kill()
+
+    def _poll(self) -> int | None:
+        assert self.project is not None
+        with docker_errors("inspecting the sandbox"):
+            state = self.project.client.container.inspect(self.project.main_container).state
+        return None if state.running else int(state.exit_code or 0)
+
+    # ----- paths ---------------------------------------------------------------------------
+    @property
+    def workdir(self) -> str:
+        return self.env.spec.workdir
+
+    def static_path(self, name: str) -> str:
+        return f"/static/{self.env.spec.static_asset(name).save_path}"
+
+    @property
+    def default_user(self) -> str | None:
+        return self.project.compiled.user if self.project and self.project.compiled else None
+
+    @property
+    def container(self) -> str:
+        assert self.project is not None
+        return self.project.main_container
+
+    # ----- commands ------------------------------------------------------------------------
+    def _run(self, cmd: Command) -> Chunks:
+        ex = self._executor_ready()
+        if ex is None:
+            return (yield from run_plain(self._docker_cmd, self.container, cmd))
+        try:
+            return (yield from ex.run(cmd, procutil.GRACE))
+        except ExecutorLost:
+            ex.close()  # the next command starts a fresh one
+            raise
+
+
+def _give(path: Path, user: str) -> None:
+    """Let the sandbox user write the temporary workspace we made for it."""
+    uid_s, _, gid_s = user.partition(":")
+    try:
+        if os.geteuid() == 0:
+            os.chown(path, int(uid_s), int(gid_s or uid_s))
+        else:
+            path.chmod(0o777)
+    except (OSError, ValueError) as exc:
+        raise OrchestratorError(f"cannot prepare the workspace {path}: {exc}") from exc

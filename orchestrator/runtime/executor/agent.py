@@ -1,0 +1,132 @@
+"""The in-container executor: started once per environment (`docker exec -i`, as root), it
+runs each command it is sent in its own process group, as the requested user, and streams
+the output back in frames. Timeouts are enforced here, inside the container, where the whole
+process tree can be killed. Standard library only, Python 3.7+.
+"""
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import procutil  # noqa: E402
+import wire  # noqa: E402
+
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kills():
+    for path in OOM_FILES:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class Agent:
+    def __init__(self, inp, out):
+        self.inp, self.out = inp, out
+        self.lock = threading.Lock()
+        self.stdin = {}
+        self.procs = {}
+
+    def send(self, kind, cid, payload=b""):
+        with self.lock:
+            try:
+                self.out.write(wire.pack(kind, cid, payload))
+                self.out.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+
+    def serve(self):
+        self.send(wire.READY, 0, json.dumps({"pid": os.getpid(), "oom": oom_kills() is not None,
+                                             "python": sys.version.split()[0]}).encode())
+        while True:
+            frame = wire.read_frame(self.inp)
+            if frame is None:
+                break
+            kind, cid, payload = frame
+            if kind == wire.RUN:
+                req = json.loads(payload.decode())
+                if req.get("stdin"):
+                    self.stdin[cid] = queue.Queue()
+                threading.Thread(target=self.run, args=(cid, req), daemon=True).start()
+            elif kind == wire.STDIN and cid in self.stdin:
+                self.stdin[cid].put(payload)
+            elif kind == wire.STDIN_EOF and cid in self.stdin:
+                self.stdin[cid].put(None)
+            elif kind == wire.KILL:
+                proc = self.procs.get(cid)
+                if proc is not None:
+                    procutil.kill_tree(proc.pid, signal.SIGKILL)
+        for proc in list(self.procs.values()):  # the host went away: nothing may outlive it
+            procutil.kill_tree(proc.pid, signal.SIGKILL)
+
+    def feed(self, cid):
+        q = self.stdin[cid]
+        while True:
+            chunk = q.get()
+            if chunk is None:
+                return
+            yield chunk
+
+    def run(self, cid, req):
+        started = procutil.time.monotonic()
+        env = dict(os.environ)
+        env.update(req.get("env") or {})
+        ids = None
+        if req.get("user"):
+            uid, _, gid = req["user"].partition(":")
+            ids = (int(uid), int(gid or uid))
+            if ids[0] != os.geteuid():
+                env["HOME"] = home_of(ids[0])
+        before = oom_kills()
+        try:
+            proc = procutil.spawn(req["argv"], env, req.get("cwd"), ids,
+                                  with_stdin=bool(req.get("stdin")))
+        except OSError as exc:
+            code, message = procutil.spawn_error(exc, req["argv"], req.get("cwd"))
+            self.send(wire.ERR, cid, message)
+            self.finish(cid, {"exit_code": code, "timed_out": False,
+                              "elapsed": procutil.time.monotonic() - started})
+            return
+        self.procs[cid] = proc
+        stdin = self.feed(cid) if cid in self.stdin else None
+        gen = procutil.pump(proc, stdin, req.get("timeout"), started=started)
+        try:
+            while True:
+                kind, data = next(gen)
+                self.send(wire.OUT if kind == "stdout" else wire.ERR, cid, data)
+        except StopIteration as stop:
+            code, timed_out, elapsed = stop.value
+        after = oom_kills()
+        oom = before is not None and after is not None and after > before and code == 137
+        self.finish(cid, {"exit_code": code, "timed_out": timed_out, "elapsed": elapsed,
+                          "oom_killed": oom})
+
+    def finish(self, cid, outcome):
+        self.procs.pop(cid, None)
+        self.stdin.pop(cid, None)
+        self.send(wire.EXIT, cid, json.dumps(outcome).encode())
+
+
+def home_of(uid):
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_dir
+    except (ImportError, KeyError):
+        return "/"
+
+
+if __name__ == "__main__":
+    Agent(sys.stdin.buffer, sys.stdout.buffer).serve()

@@ -1,0 +1,156 @@
+"""Host side of the executor: one long-lived `docker exec -i` per environment, speaking the
+framed protocol of `wire`. Many commands may be in flight at once; if the executor dies,
+commands in flight get ExecutorLost and the owner starts a new one for the next command."""
+
+from __future__ import annotations
+
+import collections
+import json
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ExecutorLost
+from orchestrator.runtime.base import Chunks, Command
+from orchestrator.runtime.executor import wire
+from orchestrator.runtime.results import Outcome
+
+HERE = Path(__file__).resolve().parent
+#: Files copied into the sandbox folder so the executor can run inside the container.
+FILES = (HERE / "agent.py", HERE / "wire.py", HERE.parent / "procutil.py")
+BACKSTOP = 5.0
+"""Seconds past a command's own timeout (and grace) before the host stops waiting for the
+executor and declares it lost."""
+
+
+class ExecutorClient:
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._queues: dict[int, queue.Queue[tuple[int, bytes]]] = {}
+        self._write_lock = threading.Lock()
+        self._ids = iter(range(1, 2**31))
+        self._id_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._dead = threading.Event()
+        self._stderr: collections.deque[bytes] = collections.deque(maxlen=50)
+        self.info: dict[str, Any] = {}
+
+    # ----- process -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, bufsize=0)
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """True once the executor said READY; False if it died or did not answer in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready.wait(0.01):
+                return True
+            if self._dead.is_set():
+                return False
+        return self._ready.is_set()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and not self._dead.is_set()
+
+    @property
+    def stderr_tail(self) -> str:
+        return b"".join(self._stderr).decode("utf-8", "replace").strip()
+
+    def close(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            if proc.stdin:
+                proc.stdin.close()  # the executor kills what still runs and exits
+            proc.wait(2)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        self._dead.set()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stream = self._proc.stdout
+        while True:
+            frame = wire.read_frame(stream)
+            if frame is None:
+                break
+            kind, cid, payload = frame
+            if kind == wire.READY:
+                self.info = json.loads(payload.decode())
+                self._ready.set()
+            elif cid in self._queues:
+                self._queues[cid].put((kind, payload))
+        self._dead.set()
+        for q in list(self._queues.values()):
+            q.put((-1, b""))
+
+    def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._stderr.append(line)
+
+    def _send(self, kind: int, cid: int, payload: bytes = b"") -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        with self._write_lock:
+            try:
+                self._proc.stdin.write(wire.pack(kind, cid, payload))
+            except (BrokenPipeError, OSError, ValueError):
+                pass  # the reader notices the death and fails the command
+
+    # ----- commands ------------------------------------------------------------------------
+    def run(self, cmd: Command, grace: float) -> Chunks:
+        with self._id_lock:
+            cid = next(self._ids)
+        q: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self._queues[cid] = q
+        request = {"argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd, "user": cmd.user,
+                   "timeout": cmd.timeout, "stdin": cmd.stdin is not None}
+        done = False
+        try:
+            if self._dead.is_set():
+                raise ExecutorLost(f"executor is not running: {self.stderr_tail}")
+            self._send(wire.RUN, cid, json.dumps(request).encode())
+            if cmd.stdin is not None:
+                view = memoryview(cmd.stdin)
+                for i in range(0, len(view), 1 << 20):
+                    self._send(wire.STDIN, cid, bytes(view[i : i + (1 << 20)]))
+                self._send(wire.STDIN_EOF, cid)
+            backstop = (time.monotonic() + cmd.timeout + grace + BACKSTOP
+                        if cmd.timeout is not None else None)
+            killed = False
+            while True:
+                wait = None if backstop is None else max(0.05, backstop - time.monotonic())
+                try:
+                    kind, payload = q.get(timeout=wait)
+                except queue.Empty:
+                    if not killed:  # the executor should have ended it: ask once more
+                        self._send(wire.KILL, cid)
+                        killed, backstop = True, time.monotonic() + BACKSTOP
+                        continue
+                    raise ExecutorLost("executor stopped answering; it will be restarted")
+                if kind == wire.OUT:
+                    yield "stdout", payload
+                elif kind == wire.ERR:
+                    yield "stderr", payload
+                elif kind == wire.EXIT:
+                    done = True
+                    info = json.loads(payload.decode())
+                    return Outcome(info["exit_code"], info["timed_out"], info["elapsed"],
+                                   bool(info.get("oom_killed")))
+                else:
+                    raise ExecutorLost("the in-container executor died while the command ran"
+                                       + (f": {self.stderr_tail}" if self.stderr_tail else ""))
+        finally:
+            if not done and not self._dead.is_set():
+                self._send(wire.KILL, cid)  # caller gave up: the command must not outlive it
+            self._queues.pop(cid, None)
