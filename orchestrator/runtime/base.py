@@ -81,6 +81,8 @@ class SpawnOptions:
     is_resume: bool = False
     disable_setup: bool = False
     policy: Policy = field(default_factory=Policy.from_env)
+    detached: bool = False
+    """Started for `orchestrator up`: lives on after this process, until `down`/`cleanup`."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,12 @@ class Runtime(ABC):
         self._check_open()
         self._killed = True
         self._kill()
+
+    def detach(self) -> None:
+        """Let the environment outlive this object (for `orchestrator up`): release local
+        resources without stopping it. Backends that cannot do that raise UsageError."""
+        raise UsageError(f"the {self.name} backend cannot keep an environment running after "
+                         "this process; use `orchestrator run` instead")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -53,7 +53,8 @@ class ComposeRuntime(Runtime):
                                   env_vars=opts.env_vars, subnet=subnet, policy=opts.policy)
 
         files = {f"{SANDBOX_DIR}/{f.name}": f.read_bytes() for f in FILES}
-        self.project = start_project(self.env, make_options, extra_files=files)
+        self.project = start_project(self.env, make_options, extra_files=files,
+                                     detached=opts.detached)
         compiled = self.project.compiled
         assert compiled is not None
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
@@ -107,6 +108,13 @@ class ComposeRuntime(Runtime):
         finally:
             if self._temp_workspace is not None:
                 shutil.rmtree(self._temp_workspace, ignore_errors=True)
+
+    def detach(self) -> None:
+        with self._lock:
+            self._closed = True
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
 
     def _kill(self) -> None:
         if self._executor is not None:

@@ -10,7 +10,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TypeVar
 
-from orchestrator.errors import UsageError
+from pydantic import ValidationError
+
+from orchestrator.errors import SpecError, UsageError
 from orchestrator.runtime.base import Runtime, SpawnOptions
 from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.models import Mount, PortMap
@@ -66,6 +68,15 @@ def get_runtime_class(name: str) -> type[Runtime]:
 def _as_mount(m: Mount | Mapping[str, object] | str) -> Mount:
     if isinstance(m, Mount):
         return m
+    try:
+        return _parse_mount(m)
+    except (ValidationError, IndexError) as exc:
+        raise SpecError(f"spawn mount {m!r} is invalid: {exc}") from None
+
+
+def _parse_mount(m: Mapping[str, object] | str) -> Mount:
+    if isinstance(m, Mount):
+        return m
     if isinstance(m, str):  # "src:dst[:ro]"
         parts = m.split(":")
         return Mount(source=parts[0], target=parts[1], read_only=parts[2:] == ["ro"])
@@ -75,9 +86,10 @@ def _as_mount(m: Mount | Mapping[str, object] | str) -> Mount:
 def _as_port(p: PortMap | Mapping[str, object] | int) -> PortMap:
     if isinstance(p, PortMap):
         return p
-    if isinstance(p, int):
-        return PortMap(container=p)
-    return PortMap.model_validate(p)
+    try:
+        return PortMap(container=p) if isinstance(p, int) else PortMap.model_validate(p)
+    except ValidationError as exc:
+        raise SpecError(f"spawn port {p!r} is invalid: {exc}") from None
 
 
 def spawn_runtime(
@@ -92,6 +104,7 @@ def spawn_runtime(
     is_resume: bool = False,
     backend: str | None = None,
     policy: Policy | None = None,
+    detached: bool = False,
 ) -> Runtime:
     """Bring an environment up on its backend (or `backend`), run its setup, return the live
     runtime. Use it as a context manager so it is always cleaned up."""
@@ -107,5 +120,6 @@ def spawn_runtime(
         is_resume=is_resume,
         disable_setup=disable_setup,
         policy=policy or Policy.from_env(),
+        detached=detached,
     )
     return cls.spawn(env, options)

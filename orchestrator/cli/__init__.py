@@ -1,0 +1,54 @@
+"""The command line: a thin shell over the library (parse, call, print, map errors to exit
+codes: 2 for usage and spec errors, 3 when the backend is unavailable, 1 otherwise)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from orchestrator._version import __version__
+from orchestrator.cli import lifecycle, spec_cmds
+from orchestrator.cli.doctor import doctor
+from orchestrator.errors import OrchestratorError
+
+app = typer.Typer(
+    name="orchestrator",
+    help="Run code-evaluation and AI-agent sandboxes from versioned environment files.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"orchestrator {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Run code-evaluation and AI-agent sandboxes from versioned environment files."""
+
+
+for command in (lifecycle.up, lifecycle.run, lifecycle.exec_, lifecycle.down, lifecycle.ps,
+                lifecycle.logs, lifecycle.shell, spec_cmds.render, spec_cmds.validate,
+                spec_cmds.schema, spec_cmds.migrate, doctor, lifecycle.cleanup):
+    name = command.__name__.rstrip("_")
+    app.command(name=name, context_settings={"allow_interspersed_args": False}
+                if name in ("run", "exec") else None)(command)
+
+
+def main() -> None:
+    try:
+        app()
+    except OrchestratorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

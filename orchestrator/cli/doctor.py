@@ -1,0 +1,129 @@
+"""`orchestrator doctor`: one [pass] / [warn] / [fail] line per check."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+
+Check = tuple[str, str]  # (status, message)
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+
+
+def _cli() -> Check:
+    path = shutil.which("docker")
+    if not path:
+        return "fail", "docker CLI not found: install Docker (on our machines: scripts/bootstrap-docker)"
+    out = _run(["docker", "version", "--format", "{{.Client.Version}}"])
+    return "pass", f"docker CLI {out.stdout.strip() or '?'} at {path}"
+
+
+def _daemon() -> Check:
+    out = _run(["docker", "version", "--format", "{{.Server.Version}}"])
+    if out.returncode != 0:
+        return "fail", ("Docker engine not reachable: start it (Docker Desktop or dockerd; "
+                        "on our machines scripts/bootstrap-docker)")
+    return "pass", f"Docker engine {out.stdout.strip()}"
+
+
+def _compose() -> Check:
+    out = _run(["docker", "compose", "version", "--short"])
+    if out.returncode != 0:
+        return "fail", "Compose v2 plugin missing: `docker compose version` fails"
+    return "pass", f"Compose plugin {out.stdout.strip()}"
+
+
+def _dirs() -> Check:
+    from orchestrator.project import state_dir
+
+    for d in (Path(tempfile.gettempdir()), state_dir()):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=d):
+                pass
+        except OSError as exc:
+            return "fail", f"{d} is not writable: {exc.strerror}"
+    return "pass", f"temp dir and state dir ({state_dir()}) writable"
+
+
+def _headroom() -> Check:
+    from orchestrator.project import DEFAULT_POOL, DEFAULT_PREFIX, POOL_ENV, PREFIX_ENV
+
+    pool = ipaddress.ip_network(os.environ.get(POOL_ENV, DEFAULT_POOL))
+    prefix = int(os.environ.get(PREFIX_ENV, DEFAULT_PREFIX))
+    total = 2 ** (prefix - pool.prefixlen)
+    try:
+        routes = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        routes = []
+    for line in routes:
+        fields = line.split()
+        dest = ipaddress.ip_address(bytes.fromhex(fields[1])[::-1])
+        mask = ipaddress.ip_address(bytes.fromhex(fields[7])[::-1])
+        if int(mask) == 0:
+            continue
+        net = ipaddress.ip_network(f"{dest}/{mask}", strict=False)
+        if net.overlaps(pool) and not fields[0].startswith(("br-", "docker")):
+            return "warn", (f"subnet pool {pool} overlaps host route {net} on {fields[0]}: set "
+                            f"{POOL_ENV} to a free private range")
+    out = _run(["docker", "network", "ls", "-q", "--filter", "label=org.orchestrator.managed=1"])
+    used = len(out.stdout.split())
+    return "pass", (f"network headroom: {total - used} of {total} /{prefix} subnets free in "
+                    f"{pool} (Docker's default pools alone hold ~30 networks)")
+
+
+def _file_checks(file: Path) -> list[Check]:
+    from orchestrator.compile.render import CompileOptions, compile_project
+    from orchestrator.errors import SpecError
+    from orchestrator.spec import load_environment
+
+    try:
+        env = load_environment(file)
+        with tempfile.TemporaryDirectory() as ws:
+            if env.backend == "docker":
+                compile_project(env, CompileOptions(project="doctor", workspace=Path(ws)))
+    except SpecError as exc:
+        return [("fail", f"{file}: {exc}")]
+    checks: list[Check] = [("pass", f"{file}: valid, policy satisfied")]
+    images = [env.spec.image] + [s.image for s in env.spec.services.values()]
+    for image in filter(None, images):
+        if _run(["docker", "image", "inspect", image]).returncode != 0:
+            checks.append(("fail", f"image {image} not present (no registry is used to pull: "
+                                   "build it, e.g. `just images`)"))
+            continue
+        checks.append(("pass", f"image {image} present"))
+    if env.spec.image and checks[-1][0] == "pass":
+        probe = _run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
+                      env.spec.image, "-c", "import sys; print(sys.version_info[:2])"])
+        if probe.returncode == 0:
+            checks.append(("pass", f"fast executor can run in {env.spec.image} (python3 present)"))
+        else:
+            checks.append(("warn", f"no python3 in {env.spec.image}: commands use plain "
+                                   "`docker exec` (about 20x slower per command)"))
+    return checks
+
+
+def doctor(file: Path = typer.Argument(None, help="Also check this environment file.")) -> None:
+    """Check that this machine can run environments."""
+    checks: list[Callable[[], Check]] = [_cli, _daemon, _compose, _dirs, _headroom]
+    results: list[Check] = []
+    for check in checks:
+        status, message = check()
+        results.append((status, message))
+        if status == "fail" and check in (_cli, _daemon):
+            break
+    if file is not None and not any(s == "fail" for s, _ in results):
+        results += _file_checks(file)
+    for status, message in results:
+        typer.echo(f"[{status}] {message}")
+    if any(s == "fail" for s, _ in results):
+        raise typer.Exit(1)

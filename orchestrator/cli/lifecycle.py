@@ -1,0 +1,215 @@
+"""Commands that start, use and stop environments: up, run, exec, down, ps, logs, shell,
+cleanup."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from orchestrator.errors import UsageError
+
+
+def _spawn(file: Path, workspace: Path | None, detached: bool, evaluation: bool) -> Any:
+    from orchestrator.runtime import spawn_runtime
+    from orchestrator.spec import load_environment
+
+    env = load_environment(file)
+    for notice in env.notices:
+        typer.echo(f"notice: {notice}", err=True)
+    return spawn_runtime(env, workspace=workspace, detached=detached, is_evaluation=evaluation)
+
+
+def _ports_text(ports: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{p['service']}:{p['container']}/{p['protocol']} -> "
+                     f"{p['host_ip']}:{p['host']}" for p in ports)
+
+
+def up(
+    file: Path = typer.Argument(..., help="Environment file."),
+    workspace: Path = typer.Option(None, "--workspace", "-w", help="Host workspace folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable output."),
+    evaluation: bool = typer.Option(False, "--eval", help="Also run setup.eval_commands."),
+) -> None:
+    """Bring an environment up and leave it running; print its id and ports."""
+    rt = _spawn(file, workspace, detached=True, evaluation=evaluation)
+    try:
+        rt.detach()
+    except UsageError:
+        rt.cleanup()
+        raise
+    info = {"id": rt.project.name, "env": rt.env.name, "container": rt.container,
+            "ports": rt.ports, "exec_mode": rt.exec_mode}
+    if as_json:
+        typer.echo(json.dumps(info))
+    else:
+        typer.echo(rt.project.name)  # alone on stdout, so ID=$(orchestrator up ...) works
+        if rt.ports:
+            typer.echo(f"ports: {_ports_text(rt.ports)}", err=True)
+
+
+def run(
+    file: Path = typer.Argument(..., help="Environment file."),
+    command: list[str] = typer.Argument(..., help="Command to run (after --)."),
+    workspace: Path = typer.Option(None, "--workspace", "-w", help="Host workspace folder."),
+    timeout: float = typer.Option(None, "--timeout", "-t", help="Kill the command after this "
+                                  "many seconds."),
+    evaluation: bool = typer.Option(False, "--eval", help="Also run setup.eval_commands."),
+) -> None:
+    """Bring an environment up, run one command in it, take it down. The command's exit code
+    becomes ours (124 on timeout)."""
+    argv = _argv(command)
+    with _spawn(file, workspace, detached=False, evaluation=evaluation) as rt:
+        result = None
+        for event in rt.stream(argv, timeout=timeout):
+            if event.kind == "finished":
+                result = event.result
+            else:
+                stream = sys.stdout if event.kind == "stdout" else sys.stderr
+                stream.write(event.text)
+                stream.flush()
+    assert result is not None
+    if result.timed_out:
+        typer.echo(f"error: timed out after {timeout:g}s", err=True)
+        raise typer.Exit(124)
+    raise typer.Exit(result.exit_code)
+
+
+def _argv(command: list[str]) -> str | list[str]:
+    """Words after `--`: one word runs through the shell, several run as argv."""
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no command given: write it after --")
+    return command[0] if len(command) == 1 else command
+
+
+def _docker_cmd() -> list[str]:
+    from orchestrator.project import docker_client
+
+    return [str(c) for c in docker_client().client_config.docker_cmd]
+
+
+def _main_container(ref: str) -> tuple[str, str]:
+    from orchestrator.project import find_project
+
+    info = find_project(ref)
+    mains = [cid for cid, service, _ in info.containers if service == "main"]
+    if not mains:
+        raise UsageError(f"{info.name} has no main container (was it stopped?)")
+    return info.name, mains[0]
+
+
+def exec_(
+    ref: str = typer.Argument(..., help="Environment id (or a unique part of it)."),
+    command: list[str] = typer.Argument(..., help="Command to run (after --)."),
+) -> None:
+    """Run a command in a running environment; its exit code becomes ours."""
+    _, container = _main_container(ref)
+    words = _argv(command)
+    argv = ["/bin/sh", "-c", words] if isinstance(words, str) else words
+    flags = ["-i"] if not sys.stdin.isatty() else ["-it"] if sys.stdout.isatty() else ["-i"]
+    code = subprocess.call([*_docker_cmd(), "exec", *flags, container, *argv])
+    raise typer.Exit(code)
+
+
+def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
+    """Open an interactive shell in a running environment."""
+    from orchestrator.project import docker_client
+
+    _, container = _main_container(ref)
+    client = docker_client()
+    probe = client.container.execute(container, ["/bin/sh", "-c", "command -v bash || true"])
+    sh = (probe or "").strip() or "/bin/sh"
+    client.container.execute(container, [sh], interactive=True, tty=sys.stdin.isatty())
+
+
+def down(
+    ref: str = typer.Argument(None, help="Environment id (or a unique part of it)."),
+    all_: bool = typer.Option(False, "--all", help="Take down every environment of ours."),
+) -> None:
+    """Take an environment down: containers, networks and volumes."""
+    from orchestrator.project import find_project, reap, remove_project
+
+    if all_:
+        for name in reap(all_projects=True):
+            typer.echo(f"removed {name}")
+        return
+    if not ref:
+        raise UsageError("name an environment id, or pass --all")
+    info = find_project(ref)
+    remove_project(info)
+    typer.echo(f"removed {info.name}")
+
+
+def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """List our environments with their owner, state and published ports."""
+    from orchestrator.project import docker_client, list_projects
+
+    client = docker_client()
+    rows = []
+    for info in list_projects(client):
+        ports = []
+        ids = [cid for cid, _, _ in info.containers]
+        for c in client.container.inspect(ids) if ids else []:
+            service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
+            for key, binds in sorted((c.network_settings.ports or {}).items()):
+                for b in binds or []:
+                    port, _, proto = key.partition("/")
+                    ports.append({"service": service, "container": int(port), "protocol": proto,
+                                  "host_ip": b.get("HostIp", ""), "host": int(b["HostPort"])})
+        states = sorted({state for _, _, state in info.containers}) or ["no containers"]
+        rows.append({"id": info.name, "env": info.env, "owner": info.owner,
+                     "state": ",".join(states), "containers": len(info.containers),
+                     "networks": len(info.networks), "ports": ports})
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo("no environments")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("ID", "ENV", "OWNER", "STATE", "PORTS", box=None)
+    for r in rows:
+        table.add_row(r["id"], r["env"], r["owner"], r["state"], _ports_text(r["ports"]))
+    Console().print(table)
+
+
+def logs(
+    ref: str = typer.Argument(..., help="Environment id."),
+    service: str = typer.Argument(None, help="Only this service."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+    tail: int = typer.Option(None, "--tail", "-n", help="Only the last N lines."),
+) -> None:
+    """Print the logs of an environment's containers."""
+    from orchestrator.project import find_project
+
+    info = find_project(ref)
+    argv = [*_docker_cmd(), "compose", "-p", info.name, "logs", "--no-color"]
+    if follow:
+        argv.append("-f")
+    if tail is not None:
+        argv += ["--tail", str(tail)]
+    if service:
+        argv.append(service)
+    raise typer.Exit(subprocess.call(argv))
+
+
+def cleanup(
+    all_: bool = typer.Option(False, "--all", help="Remove all of ours, also those whose owner "
+                              "still runs and those started with `up`."),
+) -> None:
+    """Remove our environments whose owner process is gone. Never touches anything that does
+    not carry our labels."""
+    from orchestrator.project import reap
+
+    removed = reap(all_projects=all_)
+    for name in removed:
+        typer.echo(f"removed {name}")
+    typer.echo(f"{len(removed)} environment(s) removed")
