@@ -106,8 +106,9 @@ _WRITE = (
     'cat > "$p" 2>/dev/null || { [ -d "$d" ] || exit 2; exit 13; }'
 )
 _READ = (
-    'p=$1; [ -e "$p" ] || exit 2; [ -d "$p" ] && exit 21; '
-    'n=$(wc -c < "$p" 2>/dev/null) || exit 13; '
+    'p=$1; [ -d "$p" ] && exit 21; '
+    'e=$( (: < "$p") 2>&1 ) || case "$e" in *ermission*) exit 13 ;; *) exit 2 ;; esac; '
+    'n=$(wc -c < "$p") || exit 13; '
     'n=$((n + 0)); if [ "$n" -gt "$2" ]; then echo "$n"; exit 27; fi; exec cat -- "$p"'
 )
 

@@ -17,6 +17,7 @@ from orchestrator.runtime import procutil
 from orchestrator.runtime.base import Chunks, Command, Runtime
 from orchestrator.runtime.executor.client import FILES, ExecutorClient
 from orchestrator.runtime.executor.plain import run_plain
+from orchestrator.runtime.results import Outcome
 
 log = logging.getLogger("orchestrator.docker")
 EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
@@ -151,9 +152,12 @@ class ComposeRuntime(Runtime):
         ex = self._executor_ready()
         if ex is None:
             return (yield from run_plain(self._docker_cmd, self.container, cmd))
+        started = procutil.time.monotonic()
         try:
             return (yield from ex.run(cmd, procutil.GRACE))
         except ExecutorLost:
+            if self._killed:  # kill() ended it, as SIGKILL ends a process
+                return Outcome(137, False, procutil.time.monotonic() - started)
             ex.close()  # the next command starts a fresh one
             raise
 

@@ -38,13 +38,16 @@ class ExecutorClient:
         self._dead = threading.Event()
         self._stderr: collections.deque[bytes] = collections.deque(maxlen=50)
         self.info: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
 
     # ----- process -------------------------------------------------------------------------
     def start(self) -> None:
         self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, bufsize=0)
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._threads = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for t in self._threads:
+            t.start()
 
     def wait_ready(self, timeout: float) -> bool:
         """True once the executor said READY; False if it died or did not answer in time."""
@@ -75,6 +78,11 @@ class ExecutorClient:
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
+        for t in self._threads:
+            t.join(2)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
         self._dead.set()
 
     def _read(self) -> None:

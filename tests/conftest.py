@@ -1,0 +1,105 @@
+"""Shared test plumbing: Docker detection (skip locally, fail under CI=true), automatic
+markers, and the leak check that fails any Docker test leaving our labelled objects behind."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON_IMAGE = os.environ.get("ORCHESTRATOR_PYTHON_IMAGE", "orchestrator-test/python:3.11")
+BUSYBOX_IMAGE = os.environ.get("ORCHESTRATOR_BUSYBOX_IMAGE", "orchestrator-test/busybox:1")
+LABEL = "org.orchestrator.managed=1"
+
+
+def _ok(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=20, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@functools.cache
+def docker_problem() -> str | None:
+    """Why Docker tests cannot run here, or None when they can."""
+    if not _ok(["docker", "info"]):
+        return "no reachable Docker engine (run scripts/bootstrap-docker)"
+    if not _ok(["docker", "compose", "version"]):
+        return "the Docker Compose v2 plugin is missing (run scripts/bootstrap-docker)"
+    for image in (PYTHON_IMAGE, BUSYBOX_IMAGE):
+        if not _ok(["docker", "image", "inspect", image]):
+            return f"test image {image} is missing (run scripts/build-images)"
+    return None
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("backend", "") if callspec else ""
+        if "docker" in path.parts or str(backend).startswith("docker"):
+            item.add_marker(pytest.mark.docker)
+    problem = docker_problem() if any("docker" in i.keywords for i in items) else None
+    if problem is None:
+        return
+    for item in items:
+        if "docker" in item.keywords:
+            if in_ci():
+                item.add_marker(pytest.mark.usefixtures("_docker_required_in_ci"))
+            else:
+                item.add_marker(pytest.mark.skip(reason=f"Docker test skipped: {problem}"))
+
+
+@pytest.fixture
+def _docker_required_in_ci() -> None:
+    pytest.fail(f"CI=true but Docker tests cannot run: {docker_problem()}")
+
+
+def labelled_ids() -> set[str]:
+    """Ids of every container, network and volume carrying our label."""
+    ids: set[str] = set()
+    for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
+        out = subprocess.run(["docker", *kind, "--filter", f"label={LABEL}"],
+                             capture_output=True, text=True, check=False)
+        ids |= {f"{kind[0]}:{i}" for i in out.stdout.split()}
+    return ids
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Fail a module of Docker tests that leaves labelled containers, networks or volumes."""
+    uses_docker = any("docker" in item.keywords for item in request.session.items
+                      if item.module is request.module)
+    if not uses_docker or docker_problem() is not None:
+        yield
+        return
+    before = labelled_ids()
+    yield
+    leaked = labelled_ids() - before
+    if leaked:
+        for ident in leaked:  # remove only what this module created, by id
+            kind, _, i = ident.partition(":")
+            argv = {"ps": ["rm", "-f", "-v"], "network": ["network", "rm"],
+                    "volume": ["volume", "rm", "-f"]}[kind]
+            subprocess.run(["docker", *argv, i], capture_output=True, check=False)
+        pytest.fail(f"{request.module.__name__} leaked Docker objects: {sorted(leaked)}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Keep project folders of test runs out of the user's state dir."""
+    old = os.environ.get("ORCHESTRATOR_STATE_DIR")
+    os.environ["ORCHESTRATOR_STATE_DIR"] = str(tmp_path_factory.getbasetemp() / "state")
+    yield
+    if old is None:
+        os.environ.pop("ORCHESTRATOR_STATE_DIR", None)
+    else:
+        os.environ["ORCHESTRATOR_STATE_DIR"] = old
