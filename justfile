@@ -1,0 +1,49 @@
+# orchestrator: common tasks. `just --list` shows them all.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+py := ".venv/bin/python"
+
+# Install the engine (if missing), the virtualenv and the test images
+setup:
+    scripts/bootstrap
+
+# Run the whole test suite (Docker tests included)
+test *ARGS: setup
+    {{py}} -m pytest {{ARGS}}
+
+# Lint with ruff
+lint:
+    {{py}} -m ruff check orchestrator tests bench
+
+# Check formatting with ruff
+fmt-check:
+    {{py}} -m ruff format --check orchestrator tests bench
+
+# Format the code
+fmt:
+    {{py}} -m ruff format orchestrator tests bench
+
+# Type-check the package (strict)
+typecheck:
+    {{py}} -m mypy
+
+# Format check, lint, types and tests
+check: fmt-check lint typecheck test
+
+# Bring up the multi-service example, reach the sidecar by name, take it down
+demo: setup
+    #!/usr/bin/env bash
+    set -euo pipefail
+    id=$(.venv/bin/orchestrator up environments/multi-service.yaml)
+    trap '.venv/bin/orchestrator down "$id"' EXIT
+    .venv/bin/orchestrator ps
+    .venv/bin/orchestrator exec "$id" -- python3 -c "import urllib.request as u; print(u.urlopen('http://web:8080/').read().decode())"
+
+# Benchmarks side by side (writes bench/results/)
+bench: setup
+    .venv/bin/python -m pip install -q -e '.[bench]'
+    {{py}} -m bench
+
+# Build (or reuse) the local test images
+images:
+    scripts/build-images

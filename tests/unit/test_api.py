@@ -1,0 +1,62 @@
+"""The public API is pinned, imports lazily, and backends register as documented."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import orchestrator
+from orchestrator import UsageError, load_environment_text
+from orchestrator.runtime.local import LocalRuntime
+from orchestrator.runtime.registry import get_runtime_class, register_runtime, runtime_names
+
+PINNED = [
+    "BackendUnavailable", "CommandFailed", "CommandTimeout", "DockerError", "Environment",
+    "ExecutorLost", "HealthcheckFailed", "OrchestratorError", "OutputLimitExceeded", "Policy",
+    "PolicyError", "Runtime", "RuntimeClosed", "RuntimeResult", "SetupFailed", "SpawnOptions",
+    "SpecError", "StartupError", "StreamEvent", "UsageError", "__version__", "load_environment",
+    "load_environment_text", "register_runtime", "runtime_names", "spawn_runtime",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert orchestrator.__all__ == sorted(PINNED)
+    for name in PINNED:
+        assert getattr(orchestrator, name) is not None
+
+
+def test_import_pulls_in_no_docker_library_or_pydantic() -> None:
+    code = ("import sys, orchestrator; "
+            "print(any(m.startswith(('python_on_whales', 'pydantic', 'jinja2')) for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_errors_inherit_builtins() -> None:
+    assert issubclass(orchestrator.SpecError, ValueError)
+    assert issubclass(orchestrator.CommandTimeout, TimeoutError)
+    assert issubclass(orchestrator.SpecError, orchestrator.OrchestratorError)
+
+
+def test_registry_knows_builtins_and_registers_new() -> None:
+    assert {"docker", "local"} <= set(runtime_names())
+
+    @register_runtime("test-extra")
+    class Extra(LocalRuntime):
+        pass
+
+    assert get_runtime_class("test-extra") is Extra and "test-extra" in runtime_names()
+
+
+def test_unknown_backend_lists_known_ones() -> None:
+    with pytest.raises(UsageError, match="known backends: .*docker.*local"):
+        get_runtime_class("nope")
+
+
+def test_spawn_runtime_dispatches_on_backend(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = load_environment_text("version: 1\nname: l\nbackend: local\n")
+    with orchestrator.spawn_runtime(env, workspace=tmp_path) as rt:
+        assert isinstance(rt, LocalRuntime)
+        assert rt.execute("pwd").stdout.strip() == str(tmp_path)

@@ -1,0 +1,173 @@
+"""The compiler: merge rules, network rules, policy, determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from orchestrator import PolicyError, SpecError, load_environment_text
+from orchestrator.compile.render import CompileOptions, compile_project
+from orchestrator.spec.models import Mount, PortMap
+from orchestrator.spec.policy import Policy
+
+BASE = "version: 1\nname: t\nimage: img:1\nuser: '1000:1000'\n"
+
+
+def build(text: str, tmp_path: Path, **kw: object) -> tuple[dict, object]:  # type: ignore[type-arg]
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    env = load_environment_text(text, source="env.yaml", base_dir=tmp_path)
+    opts = CompileOptions(project="p", workspace=tmp_path / "ws", **kw)  # type: ignore[arg-type]
+    compiled = compile_project(env, opts)
+    return YAML(typ="safe").load(compiled.compose_yaml), compiled
+
+
+def volumes(doc: dict) -> dict[str, dict]:  # type: ignore[type-arg]
+    return {v["target"]: v for v in doc["services"]["main"]["volumes"]}
+
+
+def test_workspace_mount_and_overrides_by_container_path(tmp_path: Path) -> None:
+    (tmp_path / "ws" / "data").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    text = BASE + "mounts: [{source: ./data, target: /data, read_only: true}]\n"
+    doc, _ = build(text, tmp_path, extra_mounts=[Mount(source=str(tmp_path / "other"),
+                                                       target="/data")])
+    vols = volumes(doc)
+    assert vols["/workspace"]["source"] == str(tmp_path / "ws")
+    assert vols["/data"]["source"] == str(tmp_path / "other")  # spawn mounts win
+    assert vols["/data"]["read_only"] is False
+
+
+def test_file_mount_overrides_workspace_at_same_path(tmp_path: Path) -> None:
+    (tmp_path / "ws" / "x").mkdir(parents=True)
+    doc, _ = build(BASE + "mounts: [{source: ./x, target: /workspace}]\n", tmp_path)
+    assert volumes(doc)["/workspace"]["source"] == str(tmp_path / "ws" / "x")
+
+
+def test_mount_inside_workdir_is_an_error_but_sibling_is_not(tmp_path: Path) -> None:
+    (tmp_path / "ws" / "d").mkdir(parents=True)
+    with pytest.raises(SpecError, match="inside workdir"):
+        build(BASE + "mounts: [{source: ./d, target: /workspace/sub}]\n", tmp_path)
+    doc, _ = build(BASE + "mounts: [{source: ./d, target: /workspace2}]\n", tmp_path)
+    assert "/workspace2" in volumes(doc)
+
+
+def test_static_assets_read_only_and_not_shadowed(tmp_path: Path) -> None:
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "ws" / "d").mkdir(parents=True)
+    text = BASE + "static_assets: [{name: a, path: assets, save_path: tests}]\n"
+    doc, _ = build(text, tmp_path)
+    assert volumes(doc)["/static/tests"]["read_only"] is True
+    with pytest.raises(SpecError, match="shadow"):
+        build(text + "mounts: [{source: ./d, target: /static/tests}]\n", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("privileged: true\n", "privileged"),
+        ("pid: host\n", "host pid"),
+        ("cap_add: [SYS_ADMIN]\n", "SYS_ADMIN"),
+        ("cap_add: [ALL]\n", "ALL"),
+        ("devices: [/dev/kvm]\n", "devices"),
+        ("services: {db: {image: x, privileged: true}}\n", "services.db.privileged"),
+        ("mounts: [{source: /var/run/docker.sock, target: /d.sock}]\n", "socket"),
+        ("mounts: [{source: /etc, target: /hostetc}]\n", "outside the allowed roots"),
+    ],
+)
+def test_policy(tmp_path: Path, extra: str, needle: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        build(BASE + extra, tmp_path)
+    assert needle in str(info.value)
+
+
+def test_policy_resolves_symlinks(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "sneaky").symlink_to("/etc")
+    with pytest.raises(PolicyError, match="outside"):
+        build(BASE + "mounts: [{source: ./sneaky, target: /x}]\n", tmp_path)
+
+
+def test_policy_extra_roots(tmp_path: Path) -> None:
+    doc, _ = build(BASE + "mounts: [{source: /etc, target: /hostetc, read_only: true}]\n",
+                   tmp_path, policy=Policy((Path("/etc"),)))
+    assert "/hostetc" in volumes(doc)
+
+
+def test_cap_add_narrow_is_allowed(tmp_path: Path) -> None:
+    doc, _ = build(BASE + "cap_add: [NET_ADMIN]\n", tmp_path)
+    assert doc["services"]["main"]["cap_add"] == ["NET_ADMIN"]
+
+
+def test_no_network_when_nothing_to_reach(tmp_path: Path) -> None:
+    doc, c = build(BASE, tmp_path)
+    assert doc["services"]["main"]["network_mode"] == "none" and "networks" not in doc
+    assert not c.has_network  # type: ignore[attr-defined]
+
+
+def test_services_get_an_internal_network_with_our_subnet(tmp_path: Path) -> None:
+    doc, _ = build(BASE + "services: {db: {image: x}}\n", tmp_path, subnet="10.213.0.32/27",
+                   labels={"org.orchestrator.managed": "1"})
+    net = doc["networks"]["default"]
+    assert net["internal"] is True and net["ipam"]["config"][0]["subnet"] == "10.213.0.32/27"
+    assert net["labels"] == {"org.orchestrator.managed": "1"}
+    assert doc["services"]["db"]["labels"] == {"org.orchestrator.managed": "1"}
+
+
+def test_ports_published_on_loopback_and_need_outbound(tmp_path: Path) -> None:
+    doc, c = build(BASE + "network: {ports: [{container: 80}, {container: 81, host: 9001}]}\n",
+                   tmp_path)
+    assert doc["services"]["main"]["ports"] == ["127.0.0.1::80/tcp", "127.0.0.1:9001:81/tcp"]
+    assert doc["networks"]["default"]["internal"] is False
+    assert any("outbound" in w for w in c.warnings)  # type: ignore[attr-defined]
+
+
+def test_spawn_ports(tmp_path: Path) -> None:
+    doc, _ = build(BASE, tmp_path, extra_ports=[PortMap(container=5000)])
+    assert doc["services"]["main"]["ports"] == ["127.0.0.1::5000/tcp"]
+
+
+def test_host_mode_ignores_ports_and_falls_back_off_linux(tmp_path: Path) -> None:
+    text = BASE + "network: {mode: host, ports: [{container: 80}]}\n"
+    doc, c = build(text, tmp_path)
+    assert doc["services"]["main"]["network_mode"] == "host"
+    assert "ports" not in doc["services"]["main"]
+    assert any("ignored" in w for w in c.warnings)  # type: ignore[attr-defined]
+    doc, c = build(text, tmp_path, platform="darwin")
+    assert "network_mode" not in doc["services"]["main"]
+    assert any("only on Linux" in w for w in c.warnings)  # type: ignore[attr-defined]
+
+
+def test_loopback_bind_host_rewritten_in_bridge_mode(tmp_path: Path) -> None:
+    text = BASE + "network: {bind_host: 127.0.0.1, outbound: true}\n"
+    doc, c = build(text, tmp_path)
+    assert doc["services"]["main"]["environment"]["ORCHESTRATOR_BIND_HOST"] == "0.0.0.0"
+    assert any("rewritten" in w for w in c.warnings)  # type: ignore[attr-defined]
+    doc, _ = build(text.replace("outbound: true", "mode: host"), tmp_path)
+    assert doc["services"]["main"]["environment"]["ORCHESTRATOR_BIND_HOST"] == "127.0.0.1"
+
+
+def test_dollar_and_quotes_survive_compose(tmp_path: Path) -> None:
+    doc, _ = build(BASE + "env: {A: 'x$HOME\"y'}\n", tmp_path)
+    assert doc["services"]["main"]["environment"]["A"] == 'x$$HOME"y'  # $$: no interpolation
+
+
+def test_env_passthrough(tmp_path: Path) -> None:
+    doc, _ = build(BASE + "env_passthrough: [KEEP]\n", tmp_path,
+                   host_env={"KEEP": "1", "DROP": "2"})
+    env = doc["services"]["main"]["environment"]
+    assert env["KEEP"] == "1" and "DROP" not in env
+
+
+def test_user_host_uses_huid(tmp_path: Path) -> None:
+    doc, _ = build(BASE.replace("'1000:1000'", "host"), tmp_path,
+                   host_env={"HUID": "501", "HGID": "20"})
+    assert doc["services"]["main"]["user"] == "501:20"
+
+
+def test_rendering_is_deterministic(tmp_path: Path) -> None:
+    text = BASE + "env: {B: '2', A: '1'}\nservices: {z: {image: z}, a: {image: a}}\n"
+    _, one = build(text, tmp_path, labels={"b": "1", "a": "2"}, subnet="10.0.0.0/27")
+    _, two = build(text, tmp_path, labels={"a": "2", "b": "1"}, subnet="10.0.0.0/27")
+    assert one.compose_yaml == two.compose_yaml  # type: ignore[attr-defined]

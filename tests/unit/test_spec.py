@@ -1,0 +1,135 @@
+"""The loader: strict schema, errors with file:line:column and a fix, versions, migration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import SpecError, load_environment, load_environment_text
+from orchestrator.spec.loader import migrated_yaml
+
+BASE = "version: 1\nname: t\nimage: img:1\n"
+
+
+def issues(text: str, tmp_path: Path | None = None) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_environment_text(text, source="env.yaml", base_dir=tmp_path)
+    return [str(i) for i in info.value.issues]
+
+
+def test_minimal_file_gets_documented_defaults() -> None:
+    env = load_environment_text(BASE)
+    spec = env.spec
+    assert (spec.backend, spec.workdir, spec.user, spec.network.mode) == (
+        "docker", "/workspace", "host", "bridge")
+    assert spec.network.outbound is False and spec.workspace.mount is True
+
+
+def test_unknown_key_names_line_and_suggests() -> None:
+    [msg] = issues(BASE + "workdri: /x\n")
+    assert msg.startswith("env.yaml:4:1: workdri: unknown key")
+    assert "did you mean 'workdir'" in msg
+
+
+def test_nested_unknown_key_in_service() -> None:
+    text = BASE + "services:\n  web:\n    image: b\n    helthcheck: {}\n"
+    [msg] = issues(text)
+    assert msg.startswith("env.yaml:7:5: services.web.helthcheck") and "'healthcheck'" in msg
+
+
+def test_wrong_literal_lists_allowed_values() -> None:
+    [msg] = issues(BASE + "network: {mode: bridged}\n")
+    assert "env.yaml:4:17: network.mode" in msg and "'bridge', 'host' or 'none'" in msg
+
+
+def test_several_issues_are_all_reported_in_line_order() -> None:
+    found = issues(BASE + "user: nobody\nresources: {cpus: -1}\n")
+    assert len(found) == 2 and found[0].startswith("env.yaml:4") and found[1].startswith(
+        "env.yaml:5")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("name: t\nimage: i\n", "missing schema version"),
+        ("version: 7\nname: t\nimage: i\n", "unknown schema version 7"),
+        ("version: 1\nname: T!\nimage: i\n", "name"),
+        ("version: 1\nname: t\n", "exactly one of `image` or `build`"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("", "empty file"),
+        ("version: 1\nname: [\n", "malformed YAML"),
+        ("version: 1\nversion: 1\n", "duplicate key"),
+        (BASE + "services: {main: {image: x}}\n", "`main` is the name"),
+        (BASE + "env: {1BAD: x}\n", "env.1BAD"),
+    ],
+)
+def test_bad_files(text: str, needle: str) -> None:
+    assert any(needle in m for m in issues(text))
+
+
+def test_numbers_in_env_become_text_but_booleans_do_not() -> None:
+    assert load_environment_text(BASE + "env: {A: 1, B: 2.5}\n").spec.env == {"A": "1",
+                                                                             "B": "2.5"}
+    assert any("env.B" in m for m in issues(BASE + "env: {B: true}\n"))
+
+
+def test_missing_asset_path_is_an_error(tmp_path: Path) -> None:
+    text = BASE + "static_assets: [{name: t, path: nope, save_path: t}]\n"
+    [msg] = issues(text, tmp_path)
+    assert "env.yaml:4" in msg and "asset path does not exist" in msg
+
+
+def test_missing_file_and_folder(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="file not found"):
+        load_environment(tmp_path / "nope.yaml")
+    with pytest.raises(SpecError, match="is a folder"):
+        load_environment(tmp_path)
+
+
+LEGACY = """\
+type: docker
+name: legacy-env
+docker:
+  image: img:1
+  workdir: /work
+  mount_workspace: true
+  network: host
+  extra_mounts: {/tmp/data: {bind: /data, mode: ro}}
+environment:
+  env: {A: b}
+setup:
+  eval_commands: [echo hi]
+commands:
+  command: uv run
+"""
+
+
+def test_legacy_format_migrates_with_a_notice(tmp_path: Path) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text(LEGACY)
+    env = load_environment(path)
+    spec = env.spec
+    assert (spec.version, spec.image, spec.workdir, spec.network.mode) == (1, "img:1", "/work",
+                                                                           "host")
+    assert spec.mounts[0].target == "/data" and spec.mounts[0].read_only
+    assert spec.env == {"A": "b"} and spec.setup.eval_commands == ["echo hi"]
+    assert spec.commands == {"command": "uv run"}
+    assert any("legacy format" in n for n in env.notices)
+    v1 = migrated_yaml(path)
+    assert v1.startswith("version: 1\n")
+    again = tmp_path / "new.yaml"
+    again.write_text(v1)
+    assert load_environment(again).spec == spec
+
+
+def test_legacy_errors_point_at_the_legacy_key() -> None:
+    text = LEGACY.replace("workdir: /work", "workdir: relative")
+    [msg] = issues(text)
+    assert msg.startswith("env.yaml:5:12: workdir")
+
+
+def test_digest_is_stable_and_sensitive() -> None:
+    a = load_environment_text(BASE).digest
+    assert a == load_environment_text(BASE).digest
+    assert a != load_environment_text(BASE + "env: {X: y}\n").digest
