@@ -253,7 +253,9 @@ def start_project(
 
     try:
         return _retry_subnet(attempt)
-    except BaseException:
+    except (DockerError, StartupError):
+        raise  # attempt() already removed what it made
+    except BaseException:  # interrupted mid-start: remove whatever exists
         _remove_quietly(project)
         raise
 
@@ -317,7 +319,7 @@ class ProjectInfo:
 def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     """Every project carrying our labels, from its containers and networks."""
     client = client or docker_client()
-    flt = {"label": f"{LABEL_MANAGED}=1"}
+    flt = [("label", f"{LABEL_MANAGED}=1")]
     found: dict[str, ProjectInfo] = {}
     with docker_errors("listing projects"):
         for c in client.container.list(all=True, filters=flt):
@@ -367,7 +369,7 @@ def reap(all_projects: bool = False, client: DockerClient | None = None) -> list
 def remove_by_label(name: str, client: DockerClient | None = None) -> int:
     """Remove every container, network and volume carrying project label `name`, by id."""
     client = client or docker_client()
-    flt = {"label": f"{LABEL_PROJECT}={name}"}
+    flt = [("label", f"{LABEL_PROJECT}={name}")]
     removed = 0
     with docker_errors(f"removing project {name}"):
         ids = [c.id for c in client.container.list(all=True, filters=flt)]

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
+
+
+@pytest.fixture
+def make_env(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Write an environment file from the lines given; return its path."""
+
+    def make(body: str, name: str = "t", image: str = PYTHON_IMAGE) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"version: 1\nname: {name}\nimage: {image}\n{body}")
+        return path
+
+    return make
+
+
+__all__ = ["BUSYBOX_IMAGE", "PYTHON_IMAGE"]
