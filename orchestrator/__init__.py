@@ -50,9 +50,20 @@ _EXPORTS = {
     **{
         name: "orchestrator.errors"
         for name in (
-            "OrchestratorError", "SpecError", "PolicyError", "UsageError", "BackendUnavailable",
-            "DockerError", "StartupError", "SetupFailed", "HealthcheckFailed", "RuntimeClosed",
-            "CommandFailed", "CommandTimeout", "ExecutorLost", "OutputLimitExceeded",
+            "OrchestratorError",
+            "SpecError",
+            "PolicyError",
+            "UsageError",
+            "BackendUnavailable",
+            "DockerError",
+            "StartupError",
+            "SetupFailed",
+            "HealthcheckFailed",
+            "RuntimeClosed",
+            "CommandFailed",
+            "CommandTimeout",
+            "ExecutorLost",
+            "OutputLimitExceeded",
         )
     },
 }

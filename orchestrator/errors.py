@@ -76,7 +76,11 @@ class DockerError(OrchestratorError, RuntimeError):
     """A Docker or Compose command failed. Keeps the command, its exit code and stderr."""
 
     def __init__(
-        self, message: str, *, command: list[str] | None = None, returncode: int | None = None,
+        self,
+        message: str,
+        *,
+        command: list[str] | None = None,
+        returncode: int | None = None,
         stderr: str = "",
     ) -> None:
         self.command = command or []

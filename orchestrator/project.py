@@ -4,6 +4,7 @@ reap the ones whose owner is gone. Knows nothing of how commands run."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import random
@@ -127,11 +128,16 @@ def wrap(action: str, exc: DockerException) -> OrchestratorError:
     stderr = (exc.stderr or "") if isinstance(exc.stderr, str) else ""
     text = stderr + (exc.stdout or "" if isinstance(exc.stdout, str) else "")
     if "Cannot connect to the Docker daemon" in text or "docker daemon running" in text:
-        return BackendUnavailable("the Docker engine is not reachable: start it (Docker Desktop, "
-                                  "or `dockerd`; on our machines run scripts/bootstrap-docker)")
-    return DockerError(f"{action} failed (exit {exc.return_code})",
-                       command=[str(c) for c in exc.docker_command], returncode=exc.return_code,
-                       stderr=stderr)
+        return BackendUnavailable(
+            "the Docker engine is not reachable: start it (Docker Desktop, "
+            "or `dockerd`; on our machines run scripts/bootstrap-docker)"
+        )
+    return DockerError(
+        f"{action} failed (exit {exc.return_code})",
+        command=[str(c) for c in exc.docker_command],
+        returncode=exc.return_code,
+        stderr=stderr,
+    )
 
 
 @contextmanager
@@ -141,7 +147,9 @@ def docker_errors(action: str) -> Iterator[None]:
     except DockerException as exc:
         raise wrap(action, exc) from exc
     except FileNotFoundError as exc:
-        raise BackendUnavailable("the docker CLI is not installed (see `orchestrator doctor`)") from exc
+        raise BackendUnavailable(
+            "the docker CLI is not installed (see `orchestrator doctor`)"
+        ) from exc
 
 
 @dataclass
@@ -155,8 +163,11 @@ class Project:
 
     def __post_init__(self) -> None:
         compose = self.directory / "compose.yaml"
-        self.client = docker_client(compose_files=[compose], compose_project_name=self.name,
-                                    compose_project_directory=self.directory)
+        self.client = docker_client(
+            compose_files=[compose],
+            compose_project_name=self.name,
+            compose_project_directory=self.directory,
+        )
 
     @property
     def main_container(self) -> str:
@@ -172,8 +183,9 @@ class Project:
             if keep:
                 self.client.compose.stop(timeout=STOP_TIMEOUT)
             else:
-                self.client.compose.down(remove_orphans=True, volumes=True, timeout=STOP_TIMEOUT,
-                                         quiet=True)
+                self.client.compose.down(
+                    remove_orphans=True, volumes=True, timeout=STOP_TIMEOUT, quiet=True
+                )
         if not keep:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -191,8 +203,15 @@ class Project:
                 for key, binds in sorted((c.network_settings.ports or {}).items()):
                     port, _, proto = key.partition("/")
                     for b in binds or []:
-                        out.append({"service": service, "container": int(port), "protocol": proto,
-                                    "host_ip": b.get("HostIp", ""), "host": int(b["HostPort"])})
+                        out.append(
+                            {
+                                "service": service,
+                                "container": int(port),
+                                "protocol": proto,
+                                "host_ip": b.get("HostIp", ""),
+                                "host": int(b["HostPort"]),
+                            }
+                        )
         return out
 
     def service_states(self) -> list[tuple[str, str, str]]:
@@ -208,8 +227,9 @@ class Project:
 
     def logs(self, service: str | None = None, tail: int | None = None) -> str:
         with docker_errors("reading logs"):
-            text = self.client.compose.logs(services=[service] if service else [],
-                                            tail=str(tail) if tail else None)
+            text = self.client.compose.logs(
+                services=[service] if service else [], tail=str(tail) if tail else None
+            )
         return text if isinstance(text, str) else ""
 
 
@@ -225,8 +245,11 @@ def _retry_subnet(attempt: Callable[[], T], tries: int = 8) -> T:
 
 
 def start_project(
-    env: Environment, make_options: Callable[[str, dict[str, str], str | None], CompileOptions],
-    *, detached: bool = False, extra_files: dict[str, bytes] | None = None,
+    env: Environment,
+    make_options: Callable[[str, dict[str, str], str | None], CompileOptions],
+    *,
+    detached: bool = False,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Project:
     """Compile, write and bring up a project; on any failure remove everything it created."""
     name = project_name(env.name)
@@ -264,10 +287,9 @@ def _remove_quietly(project: Project) -> None:
     try:
         project.down()
     except OrchestratorError:
-        try:
+        # if the engine is gone too, `orchestrator cleanup` finds the rest by label later
+        with contextlib.suppress(OrchestratorError):
             remove_by_label(project.name)
-        except OrchestratorError:
-            pass  # the engine is gone too; `orchestrator cleanup` finds the rest by label
     shutil.rmtree(project.directory, ignore_errors=True)
 
 
@@ -278,8 +300,11 @@ def _diagnose(project: Project, exc: DockerError) -> OrchestratorError:
         states = project.service_states()
     except OrchestratorError:
         return exc
-    bad = [(svc, state, health) for svc, state, health in states
-           if svc != MAIN and (health == "unhealthy" or state in ("exited", "dead"))]
+    bad = [
+        (svc, state, health)
+        for svc, state, health in states
+        if svc != MAIN and (health == "unhealthy" or state in ("exited", "dead"))
+    ]
     if not bad:
         return exc
     parts = []
@@ -319,7 +344,7 @@ class ProjectInfo:
 def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     """Every project carrying our labels, from its containers and networks."""
     client = client or docker_client()
-    flt = [("label", f"{LABEL_MANAGED}=1")]
+    flt: Any = [("label", f"{LABEL_MANAGED}=1")]
     found: dict[str, ProjectInfo] = {}
     with docker_errors("listing projects"):
         for c in client.container.list(all=True, filters=flt):
@@ -369,18 +394,18 @@ def reap(all_projects: bool = False, client: DockerClient | None = None) -> list
 def remove_by_label(name: str, client: DockerClient | None = None) -> int:
     """Remove every container, network and volume carrying project label `name`, by id."""
     client = client or docker_client()
-    flt = [("label", f"{LABEL_PROJECT}={name}")]
+    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
     removed = 0
     with docker_errors(f"removing project {name}"):
         ids = [c.id for c in client.container.list(all=True, filters=flt)]
         if ids:
             client.container.remove(ids, force=True, volumes=True)
             removed += len(ids)
-        nets = [n.id for n in client.network.list(filters=flt)]
+        nets: Any = [n.id for n in client.network.list(filters=flt)]
         if nets:
             client.network.remove(nets)
             removed += len(nets)
-        vols = [v.name for v in client.volume.list(filters=flt)]
+        vols: Any = [v.name for v in client.volume.list(filters=flt)]
         if vols:
             client.volume.remove(vols)
             removed += len(vols)

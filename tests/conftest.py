@@ -67,8 +67,12 @@ def labelled_ids() -> set[str]:
     """Ids of every container, network and volume carrying our label."""
     ids: set[str] = set()
     for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
-        out = subprocess.run(["docker", *kind, "--filter", f"label={LABEL}"],
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["docker", *kind, "--filter", f"label={LABEL}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         ids |= {f"{kind[0]}:{i}" for i in out.stdout.split()}
     return ids
 
@@ -76,8 +80,9 @@ def labelled_ids() -> set[str]:
 @pytest.fixture(scope="module", autouse=True)
 def _no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """Fail a module of Docker tests that leaves labelled containers, networks or volumes."""
-    uses_docker = any("docker" in item.keywords for item in request.session.items
-                      if item.module is request.module)
+    uses_docker = any(
+        "docker" in item.keywords for item in request.session.items if item.module is request.module
+    )
     if not uses_docker or docker_problem() is not None:
         yield
         return
@@ -87,8 +92,11 @@ def _no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     if leaked:
         for ident in leaked:  # remove only what this module created, by id
             kind, _, i = ident.partition(":")
-            argv = {"ps": ["rm", "-f", "-v"], "network": ["network", "rm"],
-                    "volume": ["volume", "rm", "-f"]}[kind]
+            argv = {
+                "ps": ["rm", "-f", "-v"],
+                "network": ["network", "rm"],
+                "volume": ["volume", "rm", "-f"],
+            }[kind]
             subprocess.run(["docker", *argv, i], capture_output=True, check=False)
         pytest.fail(f"{request.module.__name__} leaked Docker objects: {sorted(leaked)}")
 

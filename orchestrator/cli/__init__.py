@@ -30,18 +30,33 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Run code-evaluation and AI-agent sandboxes from versioned environment files."""
 
 
-for command in (lifecycle.up, lifecycle.run, lifecycle.exec_, lifecycle.down, lifecycle.ps,
-                lifecycle.logs, lifecycle.shell, spec_cmds.render, spec_cmds.validate,
-                spec_cmds.schema, spec_cmds.migrate, doctor, lifecycle.cleanup):
+for command in (
+    lifecycle.up,
+    lifecycle.run,
+    lifecycle.exec_,
+    lifecycle.down,
+    lifecycle.ps,
+    lifecycle.logs,
+    lifecycle.shell,
+    spec_cmds.render,
+    spec_cmds.validate,
+    spec_cmds.schema,
+    spec_cmds.migrate,
+    doctor,
+    lifecycle.cleanup,
+):
     name = command.__name__.rstrip("_")
-    app.command(name=name, context_settings={"allow_interspersed_args": False}
-                if name in ("run", "exec") else None)(command)
+    app.command(
+        name=name,
+        context_settings={"allow_interspersed_args": False} if name in ("run", "exec") else None,
+    )(command)
 
 
 def main() -> None:

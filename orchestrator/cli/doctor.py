@@ -22,7 +22,10 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 def _cli() -> Check:
     path = shutil.which("docker")
     if not path:
-        return "fail", "docker CLI not found: install Docker (on our machines: scripts/bootstrap-docker)"
+        return (
+            "fail",
+            "docker CLI not found: install Docker (on our machines: scripts/bootstrap-docker)",
+        )
     out = _run(["docker", "version", "--format", "{{.Client.Version}}"])
     return "pass", f"docker CLI {out.stdout.strip() or '?'} at {path}"
 
@@ -30,8 +33,10 @@ def _cli() -> Check:
 def _daemon() -> Check:
     out = _run(["docker", "version", "--format", "{{.Server.Version}}"])
     if out.returncode != 0:
-        return "fail", ("Docker engine not reachable: start it (Docker Desktop or dockerd; "
-                        "on our machines scripts/bootstrap-docker)")
+        return "fail", (
+            "Docker engine not reachable: start it (Docker Desktop or dockerd; "
+            "on our machines scripts/bootstrap-docker)"
+        )
     return "pass", f"Docker engine {out.stdout.strip()}"
 
 
@@ -73,12 +78,16 @@ def _headroom() -> Check:
             continue
         net = ipaddress.ip_network(f"{dest}/{mask}", strict=False)
         if net.overlaps(pool) and not fields[0].startswith(("br-", "docker")):
-            return "warn", (f"subnet pool {pool} overlaps host route {net} on {fields[0]}: set "
-                            f"{POOL_ENV} to a free private range")
+            return "warn", (
+                f"subnet pool {pool} overlaps host route {net} on {fields[0]}: set "
+                f"{POOL_ENV} to a free private range"
+            )
     out = _run(["docker", "network", "ls", "-q", "--filter", "label=org.orchestrator.managed=1"])
     used = len(out.stdout.split())
-    return "pass", (f"network headroom: {total - used} of {total} /{prefix} subnets free in "
-                    f"{pool} (Docker's default pools alone hold ~30 networks)")
+    return "pass", (
+        f"network headroom: {total - used} of {total} /{prefix} subnets free in "
+        f"{pool} (Docker's default pools alone hold ~30 networks)"
+    )
 
 
 def _file_checks(file: Path) -> list[Check]:
@@ -97,18 +106,40 @@ def _file_checks(file: Path) -> list[Check]:
     images = [env.spec.image] + [s.image for s in env.spec.services.values()]
     for image in filter(None, images):
         if _run(["docker", "image", "inspect", image]).returncode != 0:
-            checks.append(("fail", f"image {image} not present (no registry is used to pull: "
-                                   "build it, e.g. `just images`)"))
+            checks.append(
+                (
+                    "fail",
+                    f"image {image} not present (no registry is used to pull: "
+                    "build it, e.g. `just images`)",
+                )
+            )
             continue
         checks.append(("pass", f"image {image} present"))
     if env.spec.image and checks[-1][0] == "pass":
-        probe = _run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
-                      env.spec.image, "-c", "import sys; print(sys.version_info[:2])"])
+        probe = _run(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "--entrypoint",
+                "python3",
+                env.spec.image,
+                "-c",
+                "import sys; print(sys.version_info[:2])",
+            ]
+        )
         if probe.returncode == 0:
             checks.append(("pass", f"fast executor can run in {env.spec.image} (python3 present)"))
         else:
-            checks.append(("warn", f"no python3 in {env.spec.image}: commands use plain "
-                                   "`docker exec` (about 20x slower per command)"))
+            checks.append(
+                (
+                    "warn",
+                    f"no python3 in {env.spec.image}: commands use plain "
+                    "`docker exec` (about 20x slower per command)",
+                )
+            )
     return checks
 
 

@@ -25,8 +25,10 @@ def _spawn(file: Path, workspace: Path | None, detached: bool, evaluation: bool)
 
 
 def _ports_text(ports: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{p['service']}:{p['container']}/{p['protocol']} -> "
-                     f"{p['host_ip']}:{p['host']}" for p in ports)
+    return ", ".join(
+        f"{p['service']}:{p['container']}/{p['protocol']} -> {p['host_ip']}:{p['host']}"
+        for p in ports
+    )
 
 
 def up(
@@ -42,8 +44,13 @@ def up(
     except UsageError:
         rt.cleanup()
         raise
-    info = {"id": rt.project.name, "env": rt.env.name, "container": rt.container,
-            "ports": rt.ports, "exec_mode": rt.exec_mode}
+    info = {
+        "id": rt.project.name,
+        "env": rt.env.name,
+        "container": rt.container,
+        "ports": rt.ports,
+        "exec_mode": rt.exec_mode,
+    }
     if as_json:
         typer.echo(json.dumps(info))
     else:
@@ -56,8 +63,9 @@ def run(
     file: Path = typer.Argument(..., help="Environment file."),
     command: list[str] = typer.Argument(..., help="Command to run (after --)."),
     workspace: Path = typer.Option(None, "--workspace", "-w", help="Host workspace folder."),
-    timeout: float = typer.Option(None, "--timeout", "-t", help="Kill the command after this "
-                                  "many seconds."),
+    timeout: float = typer.Option(
+        None, "--timeout", "-t", help="Kill the command after this many seconds."
+    ),
     evaluation: bool = typer.Option(False, "--eval", help="Also run setup.eval_commands."),
 ) -> None:
     """Bring an environment up, run one command in it, take it down. The command's exit code
@@ -124,7 +132,7 @@ def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
     _, container = _main_container(ref)
     client = docker_client()
     probe = client.container.execute(container, ["/bin/sh", "-c", "command -v bash || true"])
-    sh = (probe or "").strip() or "/bin/sh"
+    sh = str(probe or "").strip() or "/bin/sh"
     client.container.execute(container, [sh], interactive=True, tty=sys.stdin.isatty())
 
 
@@ -151,7 +159,7 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable outp
     from orchestrator.project import docker_client, list_projects
 
     client = docker_client()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for info in list_projects(client):
         ports = []
         ids = [cid for cid, _, _ in info.containers]
@@ -160,12 +168,27 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable outp
             for key, binds in sorted((c.network_settings.ports or {}).items()):
                 for b in binds or []:
                     port, _, proto = key.partition("/")
-                    ports.append({"service": service, "container": int(port), "protocol": proto,
-                                  "host_ip": b.get("HostIp", ""), "host": int(b["HostPort"])})
+                    ports.append(
+                        {
+                            "service": service,
+                            "container": int(port),
+                            "protocol": proto,
+                            "host_ip": b.get("HostIp", ""),
+                            "host": int(b["HostPort"]),
+                        }
+                    )
         states = sorted({state for _, _, state in info.containers}) or ["no containers"]
-        rows.append({"id": info.name, "env": info.env, "owner": info.owner,
-                     "state": ",".join(states), "containers": len(info.containers),
-                     "networks": len(info.networks), "ports": ports})
+        rows.append(
+            {
+                "id": info.name,
+                "env": info.env,
+                "owner": info.owner,
+                "state": ",".join(states),
+                "containers": len(info.containers),
+                "networks": len(info.networks),
+                "ports": ports,
+            }
+        )
     if as_json:
         typer.echo(json.dumps(rows))
         return
@@ -202,8 +225,11 @@ def logs(
 
 
 def cleanup(
-    all_: bool = typer.Option(False, "--all", help="Remove all of ours, also those whose owner "
-                              "still runs and those started with `up`."),
+    all_: bool = typer.Option(
+        False,
+        "--all",
+        help="Remove all of ours, also those whose owner still runs and those started with `up`.",
+    ),
 ) -> None:
     """Remove our environments whose owner process is gone. Never touches anything that does
     not carry our labels."""

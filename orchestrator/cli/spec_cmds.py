@@ -39,8 +39,9 @@ def validate(files: list[Path] = typer.Argument(..., help="Environment files to 
 
 def render(
     file: Path = typer.Argument(..., help="Environment file."),
-    workspace: Path = typer.Option(None, "--workspace", "-w", help="Host workspace folder "
-                                   "(default: the current folder)."),
+    workspace: Path = typer.Option(
+        None, "--workspace", "-w", help="Host workspace folder (default: the current folder)."
+    ),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the project folder here."),
 ) -> None:
     """Print the Compose YAML an environment file compiles to."""
@@ -53,8 +54,9 @@ def render(
         raise SpecError(f"{file}: backend {env.backend!r} has no Compose project to render")
     ws = (workspace or Path.cwd()).resolve()
     labels = {LABEL_MANAGED: "1", LABEL_ENV: env.name, LABEL_DIGEST: env.digest}
-    compiled = compile_project(env, CompileOptions(project=f"orch-{env.name}-preview",
-                                                   workspace=ws, labels=labels))
+    compiled = compile_project(
+        env, CompileOptions(project=f"orch-{env.name}-preview", workspace=ws, labels=labels)
+    )
     _notices(compiled.warnings)
     if out is not None:
         compiled.write(out)

@@ -33,7 +33,7 @@ def resolve_env(
 
 
 def resolve_user(user: str, host_env: Mapping[str, str] | None = None) -> str:
-    """"host" -> HUID:HGID (or the caller's ids), "root" -> 0:0, otherwise as written."""
+    """ "host" -> HUID:HGID (or the caller's ids), "root" -> 0:0, otherwise as written."""
     if user == "root":
         return "0:0"
     if user == "host":
@@ -49,8 +49,10 @@ def container_bind_host(spec: EnvironmentV1, network_mode: str) -> tuple[str, st
     so it becomes 0.0.0.0. Returns (bind host, notice or None)."""
     asked = spec.network.bind_host
     if network_mode == "bridge" and asked in LOOPBACK:
-        return "0.0.0.0", (f"network.bind_host {asked} rewritten to 0.0.0.0: in bridge mode a "
-                           "loopback address is unreachable through published ports")
+        return "0.0.0.0", (
+            f"network.bind_host {asked} rewritten to 0.0.0.0: in bridge mode a "
+            "loopback address is unreachable through published ports"
+        )
     return asked, None
 
 

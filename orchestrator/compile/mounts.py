@@ -36,8 +36,12 @@ def _inside(child: str, parent: str) -> bool:
 
 def static_mounts(env: Environment) -> list[ResolvedMount]:
     return [
-        ResolvedMount((env.base_dir / a.path).resolve(), f"{STATIC_ROOT}/{a.save_path}", True,
-                      f"static_assets.{i}")
+        ResolvedMount(
+            (env.base_dir / a.path).resolve(),
+            f"{STATIC_ROOT}/{a.save_path}",
+            True,
+            f"static_assets.{i}",
+        )
         for i, a in enumerate(env.spec.static_assets)
     ]
 
@@ -55,37 +59,65 @@ def resolve_mounts(
         merged[workdir] = ResolvedMount(workspace, workdir, False, "workspace")
     layers = [("mounts", spec.mounts), ("spawn mounts", extra)]
     for origin, mounts in layers:
-        for i, m in enumerate(mounts):
-            target = posixpath.normpath(m.target)
+        for i, spec_mount in enumerate(mounts):
+            target = posixpath.normpath(spec_mount.target)
             where = f"{origin}.{i}" if origin == "mounts" else f"{origin}[{i}]"
             if _inside(target, workdir):
-                issues.append(SpecIssue(env.source, None, None, where + ".target",
-                                        f"mount target {target} is inside workdir {workdir}",
-                                        "put files inside the workspace instead, or mount "
-                                        "outside the workdir"))
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        where + ".target",
+                        f"mount target {target} is inside workdir {workdir}",
+                        "put files inside the workspace instead, or mount outside the workdir",
+                    )
+                )
                 continue
-            source = Path(m.source).expanduser()
+            source = Path(spec_mount.source).expanduser()
             if not source.is_absolute():
                 source = workspace / source
-            merged[target] = ResolvedMount(source.resolve(), target, m.read_only, where)
+            merged[target] = ResolvedMount(source.resolve(), target, spec_mount.read_only, where)
     statics = static_mounts(env)
     for s in statics:
         for m in merged.values():
             if m.target == s.target or _inside(s.target, m.target) or _inside(m.target, s.target):
-                issues.append(SpecIssue(env.source, None, None, m.origin,
-                                        f"mount at {m.target} would shadow static asset "
-                                        f"{s.target}", "static assets are read-only and may not "
-                                        "be shadowed; choose another target"))
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        m.origin,
+                        f"mount at {m.target} would shadow static asset {s.target}",
+                        "static assets are read-only and may not "
+                        "be shadowed; choose another target",
+                    )
+                )
         if not s.source.exists():
-            issues.append(SpecIssue(env.source, None, None, s.origin + ".path",
-                                    f"asset path does not exist: {s.source}", ""))
+            issues.append(
+                SpecIssue(
+                    env.source,
+                    None,
+                    None,
+                    s.origin + ".path",
+                    f"asset path does not exist: {s.source}",
+                    "",
+                )
+            )
     user_mounts = [m for m in merged.values() if m.origin != "workspace"]
     for m in user_mounts:
         if not m.source.exists():
-            issues.append(SpecIssue(env.source, None, None, m.origin + ".source",
-                                    f"mount source does not exist: {m.source}",
-                                    "create it first, or fix the path (relative paths resolve "
-                                    "against the workspace)"))
+            issues.append(
+                SpecIssue(
+                    env.source,
+                    None,
+                    None,
+                    m.origin + ".source",
+                    f"mount source does not exist: {m.source}",
+                    "create it first, or fix the path (relative paths resolve "
+                    "against the workspace)",
+                )
+            )
     return sorted([*merged.values(), *statics], key=lambda m: m.target), issues
 
 

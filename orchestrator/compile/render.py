@@ -110,11 +110,21 @@ def _build(env: Environment, build: Any) -> dict[str, Any] | None:
     if build is None:
         return None
     ctx = (env.base_dir / build.context).resolve()
-    return {"context": str(ctx), "dockerfile": build.dockerfile, "args": dict(sorted(build.args.items()))}
+    return {
+        "context": str(ctx),
+        "dockerfile": build.dockerfile,
+        "args": dict(sorted(build.args.items())),
+    }
 
 
-def _service(env: Environment, name: str, svc: Service, opts: CompileOptions,
-             policy_issues: list[SpecIssue], ports: list[str]) -> dict[str, Any]:
+def _service(
+    env: Environment,
+    name: str,
+    svc: Service,
+    opts: CompileOptions,
+    policy_issues: list[SpecIssue],
+    ports: list[str],
+) -> dict[str, Any]:
     mounts = []
     for i, m in enumerate(svc.mounts):
         src = Path(m.source).expanduser()
@@ -122,7 +132,8 @@ def _service(env: Environment, name: str, svc: Service, opts: CompileOptions,
         mounts.append(ResolvedMount(src, m.target, m.read_only, f"services.{name}.mounts.{i}"))
     roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
     policy_issues += check_mount_sources(
-        env.source, ((m.origin + ".source", m.source) for m in mounts), roots)
+        env.source, ((m.origin + ".source", m.source) for m in mounts), roots
+    )
     command = svc.command
     return {
         "name": name,
@@ -150,7 +161,8 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
     policy_issues = check_hardening(env.source, "", spec)
     policy_issues += check_mount_sources(
-        env.source, ((m.origin + ".source", m.source) for m in user_mounts(mounts)), roots)
+        env.source, ((m.origin + ".source", m.source) for m in user_mounts(mounts)), roots
+    )
     for name, svc in spec.services.items():
         policy_issues += check_hardening(env.source, f"services.{name}.", svc)
 
@@ -167,8 +179,10 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         warnings.append(notice)
     published = bool(main_ports) or any(s.ports for s in spec.services.values())
     if published and not spec.network.outbound:
-        warnings.append("published ports need a non-internal network, so outbound traffic is "
-                        "possible from this project")
+        warnings.append(
+            "published ports need a non-internal network, so outbound traffic is "
+            "possible from this project"
+        )
     if mode == "bridge" and not spec.services and not main_ports:
         mode = "none"  # nothing to reach and nothing reachable: no network at all
         if spec.network.outbound:
@@ -213,8 +227,13 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     compose = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())
     entry = jinja.get_template("entry.sh.j2").render(project=opts.project)
     return CompiledProject(
-        project=opts.project, compose_yaml=compose, files={f"{SANDBOX_DIR}/entry.sh": entry},
-        warnings=tuple(warnings), mounts=tuple(mounts), env=container_env, user=user,
-        network_mode=mode, has_network=has_network,
+        project=opts.project,
+        compose_yaml=compose,
+        files={f"{SANDBOX_DIR}/entry.sh": entry},
+        warnings=tuple(warnings),
+        mounts=tuple(mounts),
+        env=container_env,
+        user=user,
+        network_mode=mode,
+        has_network=has_network,
     )
-

@@ -215,8 +215,10 @@ class Runtime(ABC):
     def detach(self) -> None:
         """Let the environment outlive this object (for `orchestrator up`): release local
         resources without stopping it. Backends that cannot do that raise UsageError."""
-        raise UsageError(f"the {self.name} backend cannot keep an environment running after "
-                         "this process; use `orchestrator run` instead")
+        raise UsageError(
+            f"the {self.name} backend cannot keep an environment running after "
+            "this process; use `orchestrator run` instead"
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -224,8 +226,13 @@ class Runtime(ABC):
 
     # ----- commands ------------------------------------------------------------------------
     def _command(
-        self, command: str | Sequence[str], env: Mapping[str, str] | None, stdin: Any,
-        cwd: str | None, user: str | None, timeout: float | None,
+        self,
+        command: str | Sequence[str],
+        env: Mapping[str, str] | None,
+        stdin: Any,
+        cwd: str | None,
+        user: str | None,
+        timeout: float | None,
     ) -> Command:
         self._check_open()
         if self._killed:
@@ -259,11 +266,17 @@ class Runtime(ABC):
     def _result(self, out: TailBuffer, err: TailBuffer, outcome: Outcome) -> RuntimeResult:
         setup = self.setup_result
         return RuntimeResult(
-            exit_code=outcome.exit_code, stdout=decode(out.value()), stderr=decode(err.value()),
-            elapsed=outcome.elapsed, timed_out=outcome.timed_out,
-            truncated=out.truncated or err.truncated, stdout_truncated=out.truncated,
-            stderr_truncated=err.truncated, oom_killed=outcome.oom_killed,
-            setup_stdout=setup.stdout if setup else "", setup_stderr=setup.stderr if setup else "",
+            exit_code=outcome.exit_code,
+            stdout=decode(out.value()),
+            stderr=decode(err.value()),
+            elapsed=outcome.elapsed,
+            timed_out=outcome.timed_out,
+            truncated=out.truncated or err.truncated,
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            oom_killed=outcome.oom_killed,
+            setup_stdout=setup.stdout if setup else "",
+            setup_stderr=setup.stderr if setup else "",
         )
 
     def _collect(self, cmd: Command, limit: int) -> tuple[TailBuffer, TailBuffer, Outcome]:
@@ -279,9 +292,16 @@ class Runtime(ABC):
             gen.close()
 
     def execute(
-        self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
-        stdin: str | bytes | None = None, cwd: str | None = None, user: str | None = None,
-        timeout: float | None = None, check: bool = False, output_limit: int | None = None,
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        output_limit: int | None = None,
     ) -> RuntimeResult:
         """Run a command to completion. A str runs through /bin/sh -c; a list runs as argv.
         `cwd` is relative to the workdir; `user` is "uid[:gid]", "root" or "host"."""
@@ -293,9 +313,15 @@ class Runtime(ABC):
         return result
 
     def stream(
-        self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
-        stdin: None = None, cwd: str | None = None, user: str | None = None,
-        timeout: float | None = None, output_limit: int | None = None,
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
     ) -> Iterator[StreamEvent]:
         """Yield output as it arrives, then a "finished" event carrying the result. Breaking
         out of the loop kills the command."""
@@ -323,8 +349,9 @@ class Runtime(ABC):
                 tail = dec.decode(b"", final=True)
                 if tail:
                     yield StreamEvent(kind, tail)  # type: ignore[arg-type]
-            yield StreamEvent("finished", result=self._result(bufs["stdout"], bufs["stderr"],
-                                                              outcome))
+            yield StreamEvent(
+                "finished", result=self._result(bufs["stdout"], bufs["stderr"], outcome)
+            )
         finally:
             gen.close()
 
@@ -337,7 +364,7 @@ class Runtime(ABC):
         data = content.encode() if isinstance(content, str) else bytes(content)
         target = self._path(path)
         cmd = self._command(["/bin/sh", "-c", _WRITE, "sh", target], None, data, None, user, None)
-        out, err, outcome = self._collect(cmd, 64 * 1024)
+        _, err, outcome = self._collect(cmd, 64 * 1024)
         _file_error(outcome.exit_code, target, "write", decode(err.value()))
 
     def read_file(
@@ -346,13 +373,16 @@ class Runtime(ABC):
         """Return a file's content as text (UTF-8) or bytes."""
         limit = limit or default_file_limit()
         target = self._path(path)
-        cmd = self._command(["/bin/sh", "-c", _READ, "sh", target, str(limit)], None, None, None,
-                            user, None)
+        cmd = self._command(
+            ["/bin/sh", "-c", _READ, "sh", target, str(limit)], None, None, None, user, None
+        )
         out, err, outcome = self._collect(cmd, limit + 1)
         if outcome.exit_code == _TOO_BIG:
             size = decode(out.value()).strip()
-            raise OutputLimitExceeded(f"{target} is {size} bytes, over the read limit of {limit} "
-                                      f"(pass limit= or set {FILE_LIMIT_ENV})")
+            raise OutputLimitExceeded(
+                f"{target} is {size} bytes, over the read limit of {limit} "
+                f"(pass limit= or set {FILE_LIMIT_ENV})"
+            )
         _file_error(outcome.exit_code, target, "read", decode(err.value()))
         data = out.value()
         return decode(data) if text else data
@@ -380,9 +410,13 @@ class Runtime(ABC):
             elapsed += r.elapsed
             if not r.ok:
                 why = "timed out" if r.timed_out else f"exited with {r.exit_code}"
-                raise SetupFailed(f"setup command {command!r} {why}", command=command,
-                                  exit_code=r.exit_code, stdout="".join(stdout),
-                                  stderr="".join(stderr))
+                raise SetupFailed(
+                    f"setup command {command!r} {why}",
+                    command=command,
+                    exit_code=r.exit_code,
+                    stdout="".join(stdout),
+                    stderr="".join(stderr),
+                )
         self.setup_result = RuntimeResult(0, "".join(stdout), "".join(stderr), elapsed)
 
 

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -49,29 +50,50 @@ class ComposeRuntime(Runtime):
         opts = self.options
 
         def make_options(name: str, labels: dict[str, str], subnet: str | None) -> CompileOptions:
-            return CompileOptions(project=name, workspace=workspace, labels=labels,
-                                  extra_mounts=opts.mounts, extra_ports=opts.ports,
-                                  env_vars=opts.env_vars, subnet=subnet, policy=opts.policy)
+            return CompileOptions(
+                project=name,
+                workspace=workspace,
+                labels=labels,
+                extra_mounts=opts.mounts,
+                extra_ports=opts.ports,
+                env_vars=opts.env_vars,
+                subnet=subnet,
+                policy=opts.policy,
+            )
 
         files = {f"{SANDBOX_DIR}/{f.name}": f.read_bytes() for f in FILES}
-        self.project = start_project(self.env, make_options, extra_files=files,
-                                     detached=opts.detached)
+        self.project = start_project(
+            self.env, make_options, extra_files=files, detached=opts.detached
+        )
         compiled = self.project.compiled
         assert compiled is not None
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
         self._docker_cmd = [str(c) for c in self.project.client.client_config.docker_cmd]
-        if any(p.ports for p in self.env.spec.services.values()) or "ports" in compiled.compose_yaml:
+        if (
+            any(p.ports for p in self.env.spec.services.values())
+            or "ports" in compiled.compose_yaml
+        ):
             self.ports = self.project.ports()
         if self.exec_mode != "plain":
             self._executor = self._new_executor()  # starts now, overlapping with the caller
 
     def _new_executor(self) -> ExecutorClient:
         assert self.project is not None
-        client = ExecutorClient([*self._docker_cmd, "exec", "-i", "-u", "0",
-                                 self.project.main_container, "python3", "-u",
-                                 f"{SANDBOX_MOUNT}/agent.py"])
+        client = ExecutorClient(
+            [
+                *self._docker_cmd,
+                "exec",
+                "-i",
+                "-u",
+                "0",
+                self.project.main_container,
+                "python3",
+                "-u",
+                f"{SANDBOX_MOUNT}/agent.py",
+            ]
+        )
         client.start()
         return client
 
@@ -93,8 +115,10 @@ class ComposeRuntime(Runtime):
         if self.exec_mode == "executor":
             raise ExecutorLost(f"the executor cannot run in this image: {reason}")
         self.exec_mode = "plain"
-        message = (f"{self.env.name}: the fast executor cannot run in this image ({reason}); "
-                   "falling back to plain `docker exec` per command")
+        message = (
+            f"{self.env.name}: the fast executor cannot run in this image ({reason}); "
+            "falling back to plain `docker exec` per command"
+        )
         log.warning(message)
         self.warnings.append(message)
         return None
@@ -152,12 +176,12 @@ class ComposeRuntime(Runtime):
         ex = self._executor_ready()
         if ex is None:
             return (yield from run_plain(self._docker_cmd, self.container, cmd))
-        started = procutil.time.monotonic()
+        started = time.monotonic()
         try:
             return (yield from ex.run(cmd, procutil.GRACE))
         except ExecutorLost:
             if self._killed:  # kill() ended it, as SIGKILL ends a process
-                return Outcome(137, False, procutil.time.monotonic() - started)
+                return Outcome(137, False, time.monotonic() - started)
             ex.close()  # the next command starts a fresh one
             raise
 

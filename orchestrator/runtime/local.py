@@ -10,6 +10,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -128,27 +129,31 @@ class LocalRuntime(Runtime):
         if (uid, gid) == (os.getuid(), os.getgid()):
             return None
         if os.geteuid() != 0:
-            raise UsageError(f"the local backend runs as the host user; running as {user} "
-                             "needs the caller to be root")
+            raise UsageError(
+                f"the local backend runs as the host user; running as {user} "
+                "needs the caller to be root"
+            )
         return uid, gid
 
     def _run(self, cmd: Command) -> Chunks:
         env = {**self._env, **cmd.env}
-        started = procutil.time.monotonic()
+        started = time.monotonic()
         try:
-            proc = procutil.spawn(cmd.argv, env, cmd.cwd, self._ids(cmd.user),
-                                  with_stdin=cmd.stdin is not None)
+            proc = procutil.spawn(
+                cmd.argv, env, cmd.cwd, self._ids(cmd.user), with_stdin=cmd.stdin is not None
+            )
         except OSError as exc:
             code, message = procutil.spawn_error(exc, cmd.argv, cmd.cwd)
             yield "stderr", message
-            return Outcome(code, False, procutil.time.monotonic() - started)
+            return Outcome(code, False, time.monotonic() - started)
         with self._procs_lock:
             self._procs.add(proc)
         done = False
         try:
             stdin = [cmd.stdin] if cmd.stdin is not None else None
             code, timed_out, elapsed = yield from procutil.pump(
-                proc, stdin, cmd.timeout, started=started)
+                proc, stdin, cmd.timeout, started=started
+            )
             done = True
             return Outcome(code, timed_out, elapsed)
         finally:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Callable, Dict, Generator, Iterable, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Generator, Iterable, List, Optional, Tuple
 
 GRACE = 0.5
 """Seconds between SIGTERM and SIGKILL on timeout."""
@@ -40,7 +40,7 @@ def exit_status(returncode: int) -> int:
 
 
 def _ppid_map() -> Dict[int, int]:
-    out = {}
+    out: Dict[int, int] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -54,7 +54,7 @@ def _ppid_map() -> Dict[int, int]:
         except OSError:
             continue
         # the command name may hold spaces and parentheses: split after the last ')'
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) > 1:
             out[int(name)] = int(fields[1])
     return out
@@ -97,7 +97,7 @@ def spawn(
     with_stdin: bool = False,
 ) -> subprocess.Popen:  # type: ignore[type-arg]
     """Start `argv` as a new session. Raises OSError when it cannot start."""
-    kwargs = {}
+    kwargs: Dict[str, Any] = {}
     if user is not None and (user[0] != os.geteuid() or user[1] != os.getegid()):
         uid, gid = user
         if sys.version_info >= (3, 9):
@@ -119,7 +119,7 @@ def spawn(
         cwd=cwd,
         start_new_session=True,
         close_fds=True,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 
@@ -197,7 +197,8 @@ def pump(
             if exited_at is None and proc.poll() is not None:
                 exited_at = now  # leftovers of its group keep running, by design
             if exited_at is not None and (
-                now - last_data >= DRAIN and now - exited_at >= DRAIN or now - exited_at > DRAIN_MAX
+                (now - last_data >= DRAIN and now - exited_at >= DRAIN)
+                or now - exited_at > DRAIN_MAX
             ):
                 break
             if deadline is not None and not timed_out and now >= deadline:

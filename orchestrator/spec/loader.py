@@ -51,7 +51,8 @@ class Environment:
         """Hash of the normalized spec and the template version (short, stable)."""
         payload = json.dumps(
             {"spec": self.spec.model_dump(mode="json"), "templates": TEMPLATE_VERSION},
-            sort_keys=True, separators=(",", ":"),
+            sort_keys=True,
+            separators=(",", ":"),
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -65,7 +66,9 @@ def _yaml() -> YAML:
 def _plain(node: Any) -> Any:
     """ruamel's round-trip containers and scalars as plain Python values."""
     if isinstance(node, dict):
-        return {(_plain(k) if not isinstance(k, str) else str(k)): _plain(v) for k, v in node.items()}
+        return {
+            (_plain(k) if not isinstance(k, str) else str(k)): _plain(v) for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_plain(v) for v in node]
     if isinstance(node, bool) or node is None:
@@ -128,7 +131,7 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
     return model
 
 
-def _fix_for(err: dict[str, Any], loc: Loc) -> str:
+def _fix_for(err: Any, loc: Loc) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1])
@@ -153,13 +156,12 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
     out: list[str | int] = []
     node = data
     for step in loc:
-        if isinstance(node, dict) and step in node:
+        if (isinstance(node, dict) and step in node) or (
+            isinstance(node, list) and isinstance(step, int) and step < len(node)
+        ):
             out.append(step)
             node = node[step]
-        elif isinstance(node, list) and isinstance(step, int) and step < len(node):
-            out.append(step)
-            node = node[step]
-        elif isinstance(node, dict | list) and not out or isinstance(step, int):
+        elif (isinstance(node, dict | list) and not out) or isinstance(step, int):
             out.append(step)
             node = None
         elif isinstance(node, dict):
@@ -176,14 +178,17 @@ def _issues_from(
         loc = _clean_loc(err["loc"], data)
         yaml_loc = loc
         if where is not None:  # migrated legacy file: point at the legacy key
-            yaml_loc = next((where[p] for n in range(len(loc), 0, -1)
-                             if (p := loc[:n]) in where), ())
+            yaml_loc = next(
+                (where[p] for n in range(len(loc), 0, -1) if (p := loc[:n]) in where), ()
+            )
         line, col = _position(root, yaml_loc, key=err["type"] == "extra_forbidden")
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown key"
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(
-            err["input"], dict | list
+        elif (
+            "input" in err
+            and err["type"] not in ("missing",)
+            and not isinstance(err["input"], dict | list)
         ):
             message += f" (got {err['input']!r})"
         field_path = ".".join(str(s) for s in loc)
@@ -202,10 +207,13 @@ def parse_yaml(text: str, source: str) -> Any:
         fix = "fix the YAML syntax at that position"
         if "duplicate key" in problem:
             fix = "each key may appear once per mapping; remove one of them"
-        raise SpecError(SpecIssue(source, line, col, "", f"malformed YAML: {problem}", fix)) from exc
+        raise SpecError(
+            SpecIssue(source, line, col, "", f"malformed YAML: {problem}", fix)
+        ) from exc
     except (YAMLError, ValueError, TypeError, RecursionError) as exc:
-        raise SpecError(SpecIssue(source, None, None, "", f"malformed YAML: {exc}",
-                                  "fix the YAML syntax")) from exc
+        raise SpecError(
+            SpecIssue(source, None, None, "", f"malformed YAML: {exc}", "fix the YAML syntax")
+        ) from exc
 
 
 def load_environment_text(
@@ -215,24 +223,51 @@ def load_environment_text(
     root = parse_yaml(text, source)
     if not isinstance(root, dict):
         got = "an empty file" if root is None else f"a {type(root).__name__}"
-        raise SpecError(SpecIssue(source, 1, 1, "", f"expected a mapping at the top, got {got}",
-                                  "start from `orchestrator schema` or a file in environments/"))
+        raise SpecError(
+            SpecIssue(
+                source,
+                1,
+                1,
+                "",
+                f"expected a mapping at the top, got {got}",
+                "start from `orchestrator schema` or a file in environments/",
+            )
+        )
     data = _plain(root)
     notices: list[str] = []
     where: dict[Loc, Loc] | None = None
     if looks_legacy(data):
         data, where, notices = migrate_legacy(data)
-        notices.insert(0, f"{source}: legacy format (no `version`) migrated to v1; "
-                          f"`orchestrator migrate {source}` prints the v1 file")
+        notices.insert(
+            0,
+            f"{source}: legacy format (no `version`) migrated to v1; "
+            f"`orchestrator migrate {source}` prints the v1 file",
+        )
     version = data.get("version")
     if version is None:
-        raise SpecError(SpecIssue(source, 1, 1, "version", "missing schema version",
-                                  "add `version: 1` as the first line"))
+        raise SpecError(
+            SpecIssue(
+                source,
+                1,
+                1,
+                "version",
+                "missing schema version",
+                "add `version: 1` as the first line",
+            )
+        )
     if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
         line, col = _position(root, ("version",))
         supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
-        raise SpecError(SpecIssue(source, line, col, "version", f"unknown schema version {version!r}",
-                                  f"supported versions: {supported}"))
+        raise SpecError(
+            SpecIssue(
+                source,
+                line,
+                col,
+                "version",
+                f"unknown schema version {version!r}",
+                f"supported versions: {supported}",
+            )
+        )
     try:
         spec = EnvironmentV1.model_validate(data)
     except ValidationError as exc:
@@ -249,9 +284,16 @@ def _check_assets(env: Environment, root: Any) -> None:
         path = (env.base_dir / asset.path).resolve()
         if not path.exists():
             line, col = _position(root, ("static_assets", i, "path"))
-            issues.append(SpecIssue(env.source, line, col, f"static_assets.{i}.path",
-                                    f"asset path does not exist: {path}",
-                                    "paths are relative to the environment file's folder"))
+            issues.append(
+                SpecIssue(
+                    env.source,
+                    line,
+                    col,
+                    f"static_assets.{i}.path",
+                    f"asset path does not exist: {path}",
+                    "paths are relative to the environment file's folder",
+                )
+            )
     if issues:
         raise SpecError(issues)
 
@@ -262,16 +304,32 @@ def load_environment(path: str | Path) -> Environment:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(SpecIssue(str(p), None, None, "", "file not found",
-                                  "check the path; shipped files are in environments/")) from None
+        raise SpecError(
+            SpecIssue(
+                str(p),
+                None,
+                None,
+                "",
+                "file not found",
+                "check the path; shipped files are in environments/",
+            )
+        ) from None
     except IsADirectoryError:
-        raise SpecError(SpecIssue(str(p), None, None, "", "is a folder, not a file",
-                                  "pass the .yaml file itself")) from None
+        raise SpecError(
+            SpecIssue(
+                str(p), None, None, "", "is a folder, not a file", "pass the .yaml file itself"
+            )
+        ) from None
     except UnicodeDecodeError as exc:
-        raise SpecError(SpecIssue(str(p), None, None, "", f"not UTF-8 text ({exc.reason})",
-                                  "save the file as UTF-8")) from None
+        raise SpecError(
+            SpecIssue(
+                str(p), None, None, "", f"not UTF-8 text ({exc.reason})", "save the file as UTF-8"
+            )
+        ) from None
     except OSError as exc:
-        raise SpecError(SpecIssue(str(p), None, None, "", f"cannot read: {exc.strerror}", "")) from None
+        raise SpecError(
+            SpecIssue(str(p), None, None, "", f"cannot read: {exc.strerror}", "")
+        ) from None
     return load_environment_text(text, source=str(p), base_dir=p.resolve().parent)
 
 
@@ -285,6 +343,6 @@ def migrated_yaml(path: str | Path) -> str:
     out = io.StringIO()
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
-    yaml.sort_base_mapping_type_on_output = False  # type: ignore[attr-defined]
+    yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
     yaml.dump(data, out)
     return out.getvalue()

@@ -87,8 +87,14 @@ def migrate_legacy(data: dict[str, Any]) -> tuple[dict[str, Any], dict[Loc, Loc]
             where[("mounts",)] = ("docker", "extra_mounts")
         out["network"] = _network(docker.get("network"), notices)
         where[("network",)] = ("docker", "network")
-        leftover = set(docker) - {"image", "workdir", "user", "mount_workspace", "extra_mounts",
-                                  "network"}
+        leftover = set(docker) - {
+            "image",
+            "workdir",
+            "user",
+            "mount_workspace",
+            "extra_mounts",
+            "network",
+        }
         for key in sorted(leftover):
             out.setdefault("docker." + key, docker[key])
 
@@ -105,9 +111,7 @@ def migrate_legacy(data: dict[str, Any]) -> tuple[dict[str, Any], dict[Loc, Loc]
         where[("setup",)] = ("setup",)
     if "commands" in data:
         cmds = data["commands"]
-        out["commands"] = (
-            {k: str(v) for k, v in cmds.items()} if isinstance(cmds, dict) else cmds
-        )
+        out["commands"] = {k: str(v) for k, v in cmds.items()} if isinstance(cmds, dict) else cmds
         where[("commands",)] = ("commands",)
     if out.get("user") is None and out["backend"] == "docker":
         out["user"] = "host"

@@ -52,8 +52,11 @@ def check_hardening(source: str, prefix: str, opts: Hardening) -> list[SpecIssue
         bad("devices", "host devices are not allowed", "remove `devices`")
     for cap in opts.cap_add:
         if cap.upper() in FORBIDDEN_CAPS:
-            bad("cap_add", f"capability {cap} is not allowed",
-                "ask only for the narrow capability you need, e.g. NET_ADMIN")
+            bad(
+                "cap_add",
+                f"capability {cap} is not allowed",
+                "ask only for the narrow capability you need, e.g. NET_ADMIN",
+            )
     return issues
 
 
@@ -65,16 +68,29 @@ def check_mount_sources(
     for field_path, path in mounts:
         real = path.resolve()
         if str(real) in DOCKER_SOCKETS or real.name in ("docker.sock", "containerd.sock"):
-            issues.append(SpecIssue(source, None, None, field_path,
-                                    f"mounting the container engine's socket ({real}) is not allowed",
-                                    "a sandbox must never control the engine; remove this mount"))
+            issues.append(
+                SpecIssue(
+                    source,
+                    None,
+                    None,
+                    field_path,
+                    f"mounting the container engine's socket ({real}) is not allowed",
+                    "a sandbox must never control the engine; remove this mount",
+                )
+            )
             continue
         if not any(real == r or real.is_relative_to(r) for r in roots):
             allowed = ", ".join(str(r) for r in roots)
-            issues.append(SpecIssue(source, None, None, field_path,
-                                    f"mount source {real} is outside the allowed roots",
-                                    f"use a path under {allowed}, or add its folder to "
-                                    f"{ROOTS_ENV}"))
+            issues.append(
+                SpecIssue(
+                    source,
+                    None,
+                    None,
+                    field_path,
+                    f"mount source {real} is outside the allowed roots",
+                    f"use a path under {allowed}, or add its folder to {ROOTS_ENV}",
+                )
+            )
     return issues
 
 

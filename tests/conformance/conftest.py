@@ -32,8 +32,11 @@ def env_text(backend: str) -> str:
         "  eval_commands: ['echo eval >> .eval-count']",
     ]
     if kind == "docker":
-        lines += [f"image: {PYTHON_IMAGE}", f"user: '{NON_ROOT}'",
-                  "resources: {memory: 1g, pids: 512}"]
+        lines += [
+            f"image: {PYTHON_IMAGE}",
+            f"user: '{NON_ROOT}'",
+            "resources: {memory: 1g, pids: 512}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -61,8 +64,9 @@ def spawn(backend: str, folder: Path, **kwargs: object) -> Runtime:
     os.environ["ORCH_PASS"] = "passed"
     os.environ["ORCH_NOPASS"] = "hidden"
     try:
-        return spawn_runtime(load_environment(path), env_vars={"OVERRIDE": "spawn",
-                                                               "SPAWN_VAR": "1"}, **kwargs)
+        return spawn_runtime(
+            load_environment(path), env_vars={"OVERRIDE": "spawn", "SPAWN_VAR": "1"}, **kwargs
+        )
     finally:
         if old is None:
             os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)

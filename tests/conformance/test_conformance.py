@@ -25,8 +25,10 @@ MiB = 1024 * 1024
 def survivors(rt: Runtime, marker: str) -> str:
     """Processes whose command line holds `marker` (the pattern never matches itself)."""
     pattern = marker[:-1] + "[" + marker[-1] + "]"
-    script = ("for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f 2>/dev/null "
-              f"| grep -q '{pattern}' && echo $f; done; true")
+    script = (
+        "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f 2>/dev/null "
+        f"| grep -q '{pattern}' && echo $f; done; true"
+    )
     return rt.execute(script, user="root" if os.geteuid() == 0 else None).stdout.strip()
 
 
@@ -96,8 +98,7 @@ def test_50mb_output_no_deadlock_tail_kept(rt: Runtime) -> None:
 
 
 def test_large_output_on_both_streams(rt: Runtime) -> None:
-    r = rt.execute("head -c 3000000 /dev/zero >&2 & head -c 3000000 /dev/zero; wait",
-                   timeout=60)
+    r = rt.execute("head -c 3000000 /dev/zero >&2 & head -c 3000000 /dev/zero; wait", timeout=60)
     assert len(r.stdout) == 3000000 and len(r.stderr) == 3000000 and not r.truncated
 
 
@@ -156,8 +157,10 @@ def test_only_listed_host_vars_pass_through(rt: Runtime) -> None:
 
 
 def test_default_cwd_is_workdir(rt: Runtime) -> None:
-    assert rt.execute("pwd").stdout.strip() == os.path.realpath(rt.workdir) or \
-        rt.execute("pwd").stdout.strip() == rt.workdir
+    assert (
+        rt.execute("pwd").stdout.strip() == os.path.realpath(rt.workdir)
+        or rt.execute("pwd").stdout.strip() == rt.workdir
+    )
 
 
 def test_relative_cwd(rt: Runtime) -> None:
@@ -236,8 +239,10 @@ def test_background_process_does_not_hold_the_call(rt: Runtime) -> None:
     s = unique_sleep()
     r = rt.execute(f"sleep {s} & echo started", timeout=20)
     assert r.exit_code == 0 and r.stdout == "started\n" and r.elapsed < 5
-    rt.execute(f"pkill -f 'sleep {s}' || kill $(pgrep -f 'sleep {s}') || true", user="root"
-               if os.geteuid() == 0 else None)
+    rt.execute(
+        f"pkill -f 'sleep {s}' || kill $(pgrep -f 'sleep {s}') || true",
+        user="root" if os.geteuid() == 0 else None,
+    )
 
 
 # ----- streaming -----------------------------------------------------------------------------
@@ -294,8 +299,10 @@ def test_write_creates_parents_and_read_bytes(rt: Runtime) -> None:
 def test_50mib_binary_file_round_trip(rt: Runtime) -> None:
     data = os.urandom(50 * MiB)
     rt.write_file("big.bin", data)
-    assert hashlib.sha256(rt.read_file("big.bin", text=False)).digest() == \
-        hashlib.sha256(data).digest()  # type: ignore[arg-type]
+    assert (
+        hashlib.sha256(rt.read_file("big.bin", text=False)).digest()
+        == hashlib.sha256(data).digest()
+    )  # type: ignore[arg-type]
     rt.execute("rm big.bin")
 
 
@@ -372,8 +379,9 @@ def test_failing_setup_raises_with_output(backend: str, tmp_path) -> None:  # ty
 
     path = tmp_path / "env.yaml"
     (tmp_path / "assets").mkdir()
-    path.write_text(env_text(backend).replace("'echo ran >> .setup-count'",
-                                              "'echo boom >&2; exit 9'"))
+    path.write_text(
+        env_text(backend).replace("'echo ran >> .setup-count'", "'echo boom >&2; exit 9'")
+    )
     from orchestrator import load_environment, spawn_runtime
 
     os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain" if backend == "docker-plain" else "auto"
@@ -389,8 +397,13 @@ def test_failing_setup_raises_with_output(backend: str, tmp_path) -> None:  # ty
 def test_cleanup_is_idempotent_and_closes(fresh: Runtime) -> None:
     fresh.cleanup()
     fresh.cleanup()
-    for call in (lambda: fresh.execute("true"), lambda: fresh.read_file("x"),
-                 lambda: fresh.write_file("x", "y"), fresh.poll, fresh.kill):
+    for call in (
+        lambda: fresh.execute("true"),
+        lambda: fresh.read_file("x"),
+        lambda: fresh.write_file("x", "y"),
+        fresh.poll,
+        fresh.kill,
+    ):
         with pytest.raises(RuntimeClosed):
             call()
 
@@ -406,8 +419,7 @@ def test_poll_and_kill(fresh: Runtime) -> None:
 def test_kill_stops_running_commands(fresh: Runtime) -> None:
     s = unique_sleep()
     results = []
-    t = threading.Thread(target=lambda: results.append(fresh.execute(f"sleep {s}",
-                                                                     timeout=60)))
+    t = threading.Thread(target=lambda: results.append(fresh.execute(f"sleep {s}", timeout=60)))
     t.start()
     time.sleep(1.0)
     fresh.kill()

@@ -22,17 +22,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def project_objects(name: str) -> list[str]:
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=org.orchestrator.project={name}"],
-                         capture_output=True, text=True)
-    nets = subprocess.run(["docker", "network", "ls", "-q", "--filter",
-                           f"label=org.orchestrator.project={name}"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=org.orchestrator.project={name}"],
+        capture_output=True,
+        text=True,
+    )
+    nets = subprocess.run(
+        ["docker", "network", "ls", "-q", "--filter", f"label=org.orchestrator.project={name}"],
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.split() + nets.stdout.split()
 
 
 def test_multi_service_by_name_and_published_port() -> None:
     with spawn_runtime(ROOT / "environments" / "multi-service.yaml") as rt:
-        r = rt.execute(["python3", "-c", "import urllib.request as u; "
-                        "print(u.urlopen('http://web:8080/').read().decode())"], timeout=20)
+        r = rt.execute(
+            [
+                "python3",
+                "-c",
+                "import urllib.request as u; print(u.urlopen('http://web:8080/').read().decode())",
+            ],
+            timeout=20,
+        )
         assert r.stdout == "hello from web\n\n", r.stderr
         [port] = rt.ports
         assert port["service"] == "web" and port["host_ip"] == "127.0.0.1"
@@ -48,7 +60,8 @@ def test_unhealthy_service_is_named_with_its_logs_and_cleaned(make_env) -> None:
         "services:\n  db:\n"
         f"    image: {BUSYBOX_IMAGE}\n"
         "    command: [sh, -c, 'echo db-log-line; sleep 600']\n"
-        "    healthcheck: {test: [CMD, 'false'], interval: 200ms, retries: 2}\n")
+        "    healthcheck: {test: [CMD, 'false'], interval: 200ms, retries: 2}\n"
+    )
     before = labelled_ids()
     with pytest.raises(HealthcheckFailed) as info:
         spawn_runtime(path)
@@ -68,13 +81,26 @@ def test_missing_image_is_a_clear_error_and_leaves_nothing(make_env) -> None:  #
 def test_no_network_by_default_and_internal_with_services(make_env) -> None:  # type: ignore[no-untyped-def]
     with spawn_runtime(make_env("")) as rt:
         assert rt.execute("ls /sys/class/net").stdout.split() == ["lo"]
-    with spawn_runtime(make_env(f"services: {{db: {{image: {BUSYBOX_IMAGE}, "
-                                "command: [sleep, '600']}}\n")) as rt:
-        nets = subprocess.run(["docker", "network", "ls", "-q", "--filter",
-                               f"label=org.orchestrator.project={rt.project.name}"],
-                              capture_output=True, text=True).stdout.split()
-        info = json.loads(subprocess.run(["docker", "network", "inspect", *nets],
-                                         capture_output=True, text=True).stdout)
+    with spawn_runtime(
+        make_env(f"services: {{db: {{image: {BUSYBOX_IMAGE}, command: [sleep, '600']}}}}\n")
+    ) as rt:
+        nets = subprocess.run(
+            [
+                "docker",
+                "network",
+                "ls",
+                "-q",
+                "--filter",
+                f"label=org.orchestrator.project={rt.project.name}",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        info = json.loads(
+            subprocess.run(
+                ["docker", "network", "inspect", *nets], capture_output=True, text=True
+            ).stdout
+        )
         assert [n["Internal"] for n in info] == [True]
         assert info[0]["IPAM"]["Config"][0]["Subnet"].startswith("10.213.")
 
@@ -93,8 +119,9 @@ def test_user_host_owns_workspace_files(make_env, tmp_path, monkeypatch) -> None
 
 def test_memory_hog_is_reported_out_of_memory(make_env) -> None:  # type: ignore[no-untyped-def]
     with spawn_runtime(make_env("resources: {memory: 64m}\n")) as rt:
-        r = rt.execute(["python3", "-c", "x = bytearray(400 * 1024 * 1024); print('survived')"],
-                       timeout=60)
+        r = rt.execute(
+            ["python3", "-c", "x = bytearray(400 * 1024 * 1024); print('survived')"], timeout=60
+        )
         assert r.exit_code == 137 and r.oom_killed and "survived" not in r.stdout
         assert rt.execute("echo alive").stdout == "alive\n"
 
@@ -102,7 +129,7 @@ def test_memory_hog_is_reported_out_of_memory(make_env) -> None:  # type: ignore
 def test_fork_bomb_is_contained(make_env) -> None:  # type: ignore[no-untyped-def]
     with spawn_runtime(make_env("resources: {pids: 64}\n")) as rt:
         r = rt.execute("bomb() { bomb | bomb & }; bomb; sleep 2", timeout=4)
-        assert r.timed_out or r.exit_code != 0 or True  # what matters is what follows
+        assert "fork" in r.stderr.lower()  # the pids limit stopped it
         time.sleep(1)
         assert rt.execute("echo alive", timeout=30).stdout == "alive\n"
     assert subprocess.run(["true"]).returncode == 0  # the host is fine too
@@ -136,9 +163,20 @@ def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-un
         t = threading.Thread(target=in_flight)
         t.start()
         time.sleep(0.5)
-        subprocess.run(["docker", "exec", "-u", "0", rt.container, "sh", "-c",
-                        "for p in /proc/[0-9]*; do grep -q 'agen[t].py' $p/cmdline 2>/dev/null "
-                        "&& kill -9 ${p#/proc/}; done; true"], check=True)
+        subprocess.run(
+            [
+                "docker",
+                "exec",
+                "-u",
+                "0",
+                rt.container,
+                "sh",
+                "-c",
+                "for p in /proc/[0-9]*; do grep -q 'agen[t].py' $p/cmdline 2>/dev/null "
+                "&& kill -9 ${p#/proc/}; done; true",
+            ],
+            check=True,
+        )
         t.join(20)
         assert len(errors) == 1 and isinstance(errors[0], ExecutorLost)
         assert rt.execute("echo back").stdout == "back\n"
@@ -167,11 +205,14 @@ def test_keep_after_cleanup_keeps_stopped_containers(make_env) -> None:  # type:
 
 def test_reaper_removes_projects_of_dead_owners_only(make_env) -> None:  # type: ignore[no-untyped-def]
     path = make_env("")
-    code = (f"import os; from orchestrator import spawn_runtime; rt = spawn_runtime({str(path)!r}); "
-            "print(rt.project.name, flush=True); os._exit(0)")
+    code = (
+        f"import os; from orchestrator import spawn_runtime; rt = spawn_runtime({str(path)!r}); "
+        "print(rt.project.name, flush=True); os._exit(0)"
+    )
     env = {**os.environ}
-    orphan = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, check=True).stdout.strip()
+    orphan = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
     with spawn_runtime(path) as mine:
         removed = reap()
         assert orphan in removed and mine.project.name not in removed
@@ -181,25 +222,46 @@ def test_reaper_removes_projects_of_dead_owners_only(make_env) -> None:  # type:
 
 def test_cli_up_exec_ps_down_multi_service() -> None:
     cli = [sys.executable, "-m", "orchestrator"]
-    up = subprocess.run([*cli, "up", "--json", str(ROOT / "environments" / "multi-service.yaml")],
-                        capture_output=True, text=True, timeout=120)
+    up = subprocess.run(
+        [*cli, "up", "--json", str(ROOT / "environments" / "multi-service.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert up.returncode == 0, up.stderr
     info = json.loads(up.stdout)
     try:
-        r = subprocess.run([*cli, "exec", info["id"], "--", "wget", "-q", "-O-",
-                            "http://web:8080/"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [*cli, "exec", info["id"], "--", "wget", "-q", "-O-", "http://web:8080/"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if r.returncode != 0:  # the python image has no wget: use python
-            r = subprocess.run([*cli, "exec", info["id"], "--", "python3", "-c",
-                                "import urllib.request as u;"
-                                "print(u.urlopen('http://web:8080/').read().decode(), end='')"],
-                               capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                [
+                    *cli,
+                    "exec",
+                    info["id"],
+                    "--",
+                    "python3",
+                    "-c",
+                    "import urllib.request as u;"
+                    "print(u.urlopen('http://web:8080/').read().decode(), end='')",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         assert r.returncode == 0 and r.stdout == "hello from web\n", r.stderr
-        ps = json.loads(subprocess.run([*cli, "ps", "--json"], capture_output=True,
-                                       text=True).stdout)
+        ps = json.loads(
+            subprocess.run([*cli, "ps", "--json"], capture_output=True, text=True).stdout
+        )
         [row] = [p for p in ps if p["id"] == info["id"]]
         assert row["owner"] == "detached" and row["ports"][0]["host"] == info["ports"][0]["host"]
-        body = urllib.request.urlopen(f"http://127.0.0.1:{row['ports'][0]['host']}/",
-                                      timeout=10).read()
+        body = urllib.request.urlopen(
+            f"http://127.0.0.1:{row['ports'][0]['host']}/", timeout=10
+        ).read()
         assert body == b"hello from web\n"
         assert subprocess.run([*cli, "exec", info["id"], "--", "exit 7"]).returncode == 7
     finally:
@@ -208,7 +270,16 @@ def test_cli_up_exec_ps_down_multi_service() -> None:
 
 
 def test_doctor_passes() -> None:
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "doctor",
-                        str(ROOT / "environments" / "python.yaml")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "doctor",
+            str(ROOT / "environments" / "python.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout
     assert "[fail]" not in r.stdout and "[pass] Docker engine" in r.stdout

@@ -16,15 +16,15 @@ N = 64
 @pytest.mark.slow
 def test_64_environments_with_own_networks_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "env.yaml"
-    path.write_text(f"version: 1\nname: many\nimage: {PYTHON_IMAGE}\n"
-                    "network: {outbound: true}\n")
+    path.write_text(f"version: 1\nname: many\nimage: {PYTHON_IMAGE}\nnetwork: {{outbound: true}}\n")
     env = load_environment(path)
     before = labelled_ids()
 
     def one(i: int) -> tuple[str, str]:
         with spawn_runtime(env, workspace=tmp_path / f"ws{i}") as rt:
-            r = rt.execute(f"echo {i}; cat /sys/class/net/eth0/address >/dev/null && echo net",
-                           timeout=60)
+            r = rt.execute(
+                f"echo {i}; cat /sys/class/net/eth0/address >/dev/null && echo net", timeout=60
+            )
             return r.stdout, rt.project.name
 
     with ThreadPoolExecutor(max_workers=N) as pool:

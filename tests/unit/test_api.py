@@ -13,11 +13,32 @@ from orchestrator.runtime.local import LocalRuntime
 from orchestrator.runtime.registry import get_runtime_class, register_runtime, runtime_names
 
 PINNED = [
-    "BackendUnavailable", "CommandFailed", "CommandTimeout", "DockerError", "Environment",
-    "ExecutorLost", "HealthcheckFailed", "OrchestratorError", "OutputLimitExceeded", "Policy",
-    "PolicyError", "Runtime", "RuntimeClosed", "RuntimeResult", "SetupFailed", "SpawnOptions",
-    "SpecError", "StartupError", "StreamEvent", "UsageError", "__version__", "load_environment",
-    "load_environment_text", "register_runtime", "runtime_names", "spawn_runtime",
+    "BackendUnavailable",
+    "CommandFailed",
+    "CommandTimeout",
+    "DockerError",
+    "Environment",
+    "ExecutorLost",
+    "HealthcheckFailed",
+    "OrchestratorError",
+    "OutputLimitExceeded",
+    "Policy",
+    "PolicyError",
+    "Runtime",
+    "RuntimeClosed",
+    "RuntimeResult",
+    "SetupFailed",
+    "SpawnOptions",
+    "SpecError",
+    "StartupError",
+    "StreamEvent",
+    "UsageError",
+    "__version__",
+    "load_environment",
+    "load_environment_text",
+    "register_runtime",
+    "runtime_names",
+    "spawn_runtime",
 ]
 
 
@@ -28,8 +49,10 @@ def test_all_is_pinned() -> None:
 
 
 def test_import_pulls_in_no_docker_library_or_pydantic() -> None:
-    code = ("import sys, orchestrator; "
-            "print(any(m.startswith(('python_on_whales', 'pydantic', 'jinja2')) for m in sys.modules))")
+    code = (
+        "import sys, orchestrator; "
+        "print(any(m.startswith(('python_on_whales', 'pydantic', 'jinja2')) for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"
 
@@ -51,7 +74,7 @@ def test_registry_knows_builtins_and_registers_new() -> None:
 
 
 def test_unknown_backend_lists_known_ones() -> None:
-    with pytest.raises(UsageError, match="known backends: .*docker.*local"):
+    with pytest.raises(UsageError, match=r"known backends: .*docker.*local"):
         get_runtime_class("nope")
 
 

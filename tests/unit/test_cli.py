@@ -11,15 +11,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_version_and_help() -> None:
     assert cli("--version").stdout.startswith("orchestrator ")
     out = cli("--help").stdout
-    for verb in ("up", "run", "exec", "down", "ps", "logs", "shell", "render", "validate",
-                 "schema", "doctor", "cleanup", "migrate"):
+    for verb in (
+        "up",
+        "run",
+        "exec",
+        "down",
+        "ps",
+        "logs",
+        "shell",
+        "render",
+        "validate",
+        "schema",
+        "doctor",
+        "cleanup",
+        "migrate",
+    ):
         assert verb in out
 
 
@@ -73,11 +91,15 @@ def test_migrate(tmp_path: Path) -> None:
     old = tmp_path / "old.yaml"
     old.write_text("type: local\nname: l\nenvironment: {env: {A: b}}\n")
     r = cli("migrate", str(old))
-    assert r.returncode == 0 and r.stdout.startswith("version: 1\n") and "backend: local" in r.stdout
+    assert (
+        r.returncode == 0 and r.stdout.startswith("version: 1\n") and "backend: local" in r.stdout
+    )
 
 
 def test_run_on_local_backend_passes_exit_code_and_streams() -> None:
-    r = cli("run", str(ROOT / "environments" / "local.yaml"), "--", "echo out; echo err >&2; exit 5")
+    r = cli(
+        "run", str(ROOT / "environments" / "local.yaml"), "--", "echo out; echo err >&2; exit 5"
+    )
     assert (r.returncode, r.stdout, r.stderr) == (5, "out\n", "err\n")
 
 

@@ -31,8 +31,9 @@ def test_workspace_mount_and_overrides_by_container_path(tmp_path: Path) -> None
     (tmp_path / "ws" / "data").mkdir(parents=True)
     (tmp_path / "other").mkdir()
     text = BASE + "mounts: [{source: ./data, target: /data, read_only: true}]\n"
-    doc, _ = build(text, tmp_path, extra_mounts=[Mount(source=str(tmp_path / "other"),
-                                                       target="/data")])
+    doc, _ = build(
+        text, tmp_path, extra_mounts=[Mount(source=str(tmp_path / "other"), target="/data")]
+    )
     vols = volumes(doc)
     assert vols["/workspace"]["source"] == str(tmp_path / "ws")
     assert vols["/data"]["source"] == str(tmp_path / "other")  # spawn mounts win
@@ -90,8 +91,11 @@ def test_policy_resolves_symlinks(tmp_path: Path) -> None:
 
 
 def test_policy_extra_roots(tmp_path: Path) -> None:
-    doc, _ = build(BASE + "mounts: [{source: /etc, target: /hostetc, read_only: true}]\n",
-                   tmp_path, policy=Policy((Path("/etc"),)))
+    doc, _ = build(
+        BASE + "mounts: [{source: /etc, target: /hostetc, read_only: true}]\n",
+        tmp_path,
+        policy=Policy((Path("/etc"),)),
+    )
     assert "/hostetc" in volumes(doc)
 
 
@@ -107,8 +111,12 @@ def test_no_network_when_nothing_to_reach(tmp_path: Path) -> None:
 
 
 def test_services_get_an_internal_network_with_our_subnet(tmp_path: Path) -> None:
-    doc, _ = build(BASE + "services: {db: {image: x}}\n", tmp_path, subnet="10.213.0.32/27",
-                   labels={"org.orchestrator.managed": "1"})
+    doc, _ = build(
+        BASE + "services: {db: {image: x}}\n",
+        tmp_path,
+        subnet="10.213.0.32/27",
+        labels={"org.orchestrator.managed": "1"},
+    )
     net = doc["networks"]["default"]
     assert net["internal"] is True and net["ipam"]["config"][0]["subnet"] == "10.213.0.32/27"
     assert net["labels"] == {"org.orchestrator.managed": "1"}
@@ -116,8 +124,9 @@ def test_services_get_an_internal_network_with_our_subnet(tmp_path: Path) -> Non
 
 
 def test_ports_published_on_loopback_and_need_outbound(tmp_path: Path) -> None:
-    doc, c = build(BASE + "network: {ports: [{container: 80}, {container: 81, host: 9001}]}\n",
-                   tmp_path)
+    doc, c = build(
+        BASE + "network: {ports: [{container: 80}, {container: 81, host: 9001}]}\n", tmp_path
+    )
     assert doc["services"]["main"]["ports"] == ["127.0.0.1::80/tcp", "127.0.0.1:9001:81/tcp"]
     assert doc["networks"]["default"]["internal"] is False
     assert any("outbound" in w for w in c.warnings)  # type: ignore[attr-defined]
@@ -154,15 +163,17 @@ def test_dollar_and_quotes_survive_compose(tmp_path: Path) -> None:
 
 
 def test_env_passthrough(tmp_path: Path) -> None:
-    doc, _ = build(BASE + "env_passthrough: [KEEP]\n", tmp_path,
-                   host_env={"KEEP": "1", "DROP": "2"})
+    doc, _ = build(
+        BASE + "env_passthrough: [KEEP]\n", tmp_path, host_env={"KEEP": "1", "DROP": "2"}
+    )
     env = doc["services"]["main"]["environment"]
     assert env["KEEP"] == "1" and "DROP" not in env
 
 
 def test_user_host_uses_huid(tmp_path: Path) -> None:
-    doc, _ = build(BASE.replace("'1000:1000'", "host"), tmp_path,
-                   host_env={"HUID": "501", "HGID": "20"})
+    doc, _ = build(
+        BASE.replace("'1000:1000'", "host"), tmp_path, host_env={"HUID": "501", "HGID": "20"}
+    )
     assert doc["services"]["main"]["user"] == "501:20"
 
 

@@ -21,11 +21,15 @@ services: {db: {image: x, healthcheck: {test: [CMD, true]}}}
 setup: {commands: [echo]}
 """
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                    st.text(max_size=20))
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)
+)
 keys = st.one_of(st.sampled_from(sorted(EnvironmentV1.model_fields)), st.text(max_size=10))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)), max_leaves=20)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
+    max_leaves=20,
+)
 
 
 def load(text: str) -> None:
@@ -44,7 +48,7 @@ def test_random_text(text: str) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, len(VALID) - 1), st.integers(0, 20), st.text(max_size=8))
 def test_mutated_valid_file(pos: int, cut: int, insert: str) -> None:
-    load(VALID[:pos] + insert + VALID[pos + cut:])
+    load(VALID[:pos] + insert + VALID[pos + cut :])
 
 
 @settings(max_examples=300, deadline=None)

@@ -33,19 +33,30 @@ def test_shipped_environment_renders_to_golden(path: Path, tmp_path: Path) -> No
         pytest.skip("local environments have no Compose project")
     ws = tmp_path / "ws"
     ws.mkdir()
-    compiled = compile_project(env, CompileOptions(project=f"golden-{env.name}", workspace=ws,
-                                                   labels=LABELS, subnet="10.213.0.0/27",
-                                                   host_env=HOST))
+    compiled = compile_project(
+        env,
+        CompileOptions(
+            project=f"golden-{env.name}",
+            workspace=ws,
+            labels=LABELS,
+            subnet="10.213.0.0/27",
+            host_env=HOST,
+        ),
+    )
     text = compiled.compose_yaml.replace(str(ws), "<WORKSPACE>").replace(str(ROOT), "<ROOT>")
     golden = GOLDEN / f"{path.stem}.compose.yaml"
     if os.environ.get("ORCHESTRATOR_UPDATE_GOLDEN"):
         golden.write_text(text)
     assert golden.exists(), "no golden file: run with ORCHESTRATOR_UPDATE_GOLDEN=1"
     assert text == golden.read_text()
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"],
-                                                 capture_output=True).returncode == 0:
+    if (
+        shutil.which("docker")
+        and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+    ):
         compiled.write(tmp_path / "project")
-        out = subprocess.run(["docker", "compose", "-f", str(tmp_path / "project" /
-                                                            "compose.yaml"), "config", "-q"],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            ["docker", "compose", "-f", str(tmp_path / "project" / "compose.yaml"), "config", "-q"],
+            capture_output=True,
+            text=True,
+        )
         assert out.returncode == 0, out.stderr

@@ -22,7 +22,11 @@ def test_minimal_file_gets_documented_defaults() -> None:
     env = load_environment_text(BASE)
     spec = env.spec
     assert (spec.backend, spec.workdir, spec.user, spec.network.mode) == (
-        "docker", "/workspace", "host", "bridge")
+        "docker",
+        "/workspace",
+        "host",
+        "bridge",
+    )
     assert spec.network.outbound is False and spec.workspace.mount is True
 
 
@@ -45,8 +49,9 @@ def test_wrong_literal_lists_allowed_values() -> None:
 
 def test_several_issues_are_all_reported_in_line_order() -> None:
     found = issues(BASE + "user: nobody\nresources: {cpus: -1}\n")
-    assert len(found) == 2 and found[0].startswith("env.yaml:4") and found[1].startswith(
-        "env.yaml:5")
+    assert (
+        len(found) == 2 and found[0].startswith("env.yaml:4") and found[1].startswith("env.yaml:5")
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,8 +74,7 @@ def test_bad_files(text: str, needle: str) -> None:
 
 
 def test_numbers_in_env_become_text_but_booleans_do_not() -> None:
-    assert load_environment_text(BASE + "env: {A: 1, B: 2.5}\n").spec.env == {"A": "1",
-                                                                             "B": "2.5"}
+    assert load_environment_text(BASE + "env: {A: 1, B: 2.5}\n").spec.env == {"A": "1", "B": "2.5"}
     assert any("env.B" in m for m in issues(BASE + "env: {B: true}\n"))
 
 
@@ -110,8 +114,12 @@ def test_legacy_format_migrates_with_a_notice(tmp_path: Path) -> None:
     path.write_text(LEGACY)
     env = load_environment(path)
     spec = env.spec
-    assert (spec.version, spec.image, spec.workdir, spec.network.mode) == (1, "img:1", "/work",
-                                                                           "host")
+    assert (spec.version, spec.image, spec.workdir, spec.network.mode) == (
+        1,
+        "img:1",
+        "/work",
+        "host",
+    )
     assert spec.mounts[0].target == "/data" and spec.mounts[0].read_only
     assert spec.env == {"A": "b"} and spec.setup.eval_commands == ["echo hi"]
     assert spec.commands == {"command": "uv run"}

@@ -13,8 +13,8 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import procutil  # noqa: E402
-import wire  # noqa: E402
+import procutil
+import wire
 
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
@@ -48,8 +48,17 @@ class Agent:
                 pass
 
     def serve(self):
-        self.send(wire.READY, 0, json.dumps({"pid": os.getpid(), "oom": oom_kills() is not None,
-                                             "python": sys.version.split()[0]}).encode())
+        self.send(
+            wire.READY,
+            0,
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "oom": oom_kills() is not None,
+                    "python": sys.version.split()[0],
+                }
+            ).encode(),
+        )
         while True:
             frame = wire.read_frame(self.inp)
             if frame is None:
@@ -91,13 +100,20 @@ class Agent:
                 env["HOME"] = home_of(ids[0])
         before = oom_kills()
         try:
-            proc = procutil.spawn(req["argv"], env, req.get("cwd"), ids,
-                                  with_stdin=bool(req.get("stdin")))
+            proc = procutil.spawn(
+                req["argv"], env, req.get("cwd"), ids, with_stdin=bool(req.get("stdin"))
+            )
         except OSError as exc:
             code, message = procutil.spawn_error(exc, req["argv"], req.get("cwd"))
             self.send(wire.ERR, cid, message)
-            self.finish(cid, {"exit_code": code, "timed_out": False,
-                              "elapsed": procutil.time.monotonic() - started})
+            self.finish(
+                cid,
+                {
+                    "exit_code": code,
+                    "timed_out": False,
+                    "elapsed": procutil.time.monotonic() - started,
+                },
+            )
             return
         self.procs[cid] = proc
         stdin = self.feed(cid) if cid in self.stdin else None
@@ -110,8 +126,9 @@ class Agent:
             code, timed_out, elapsed = stop.value
         after = oom_kills()
         oom = before is not None and after is not None and after > before and code == 137
-        self.finish(cid, {"exit_code": code, "timed_out": timed_out, "elapsed": elapsed,
-                          "oom_killed": oom})
+        self.finish(
+            cid, {"exit_code": code, "timed_out": timed_out, "elapsed": elapsed, "oom_killed": oom}
+        )
 
     def finish(self, cid, outcome):
         self.procs.pop(cid, None)

@@ -5,6 +5,7 @@ commands in flight get ExecutorLost and the owner starts a new one for the next 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import queue
 import subprocess
@@ -42,10 +43,17 @@ class ExecutorClient:
 
     # ----- process -------------------------------------------------------------------------
     def start(self) -> None:
-        self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, bufsize=0)
-        self._threads = [threading.Thread(target=self._read, daemon=True),
-                         threading.Thread(target=self._read_stderr, daemon=True)]
+        self._proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+        )
+        self._threads = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
         for t in self._threads:
             t.start()
 
@@ -109,11 +117,9 @@ class ExecutorClient:
 
     def _send(self, kind: int, cid: int, payload: bytes = b"") -> None:
         assert self._proc is not None and self._proc.stdin is not None
-        with self._write_lock:
-            try:
-                self._proc.stdin.write(wire.pack(kind, cid, payload))
-            except (BrokenPipeError, OSError, ValueError):
-                pass  # the reader notices the death and fails the command
+        # on a broken pipe the reader notices the death and fails the command
+        with self._write_lock, contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            self._proc.stdin.write(wire.pack(kind, cid, payload))
 
     # ----- commands ------------------------------------------------------------------------
     def run(self, cmd: Command, grace: float) -> Chunks:
@@ -121,8 +127,14 @@ class ExecutorClient:
             cid = next(self._ids)
         q: queue.Queue[tuple[int, bytes]] = queue.Queue()
         self._queues[cid] = q
-        request = {"argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd, "user": cmd.user,
-                   "timeout": cmd.timeout, "stdin": cmd.stdin is not None}
+        request = {
+            "argv": cmd.argv,
+            "env": cmd.env,
+            "cwd": cmd.cwd,
+            "user": cmd.user,
+            "timeout": cmd.timeout,
+            "stdin": cmd.stdin is not None,
+        }
         done = False
         try:
             if self._dead.is_set():
@@ -133,8 +145,11 @@ class ExecutorClient:
                 for i in range(0, len(view), 1 << 20):
                     self._send(wire.STDIN, cid, bytes(view[i : i + (1 << 20)]))
                 self._send(wire.STDIN_EOF, cid)
-            backstop = (time.monotonic() + cmd.timeout + grace + BACKSTOP
-                        if cmd.timeout is not None else None)
+            backstop = (
+                time.monotonic() + cmd.timeout + grace + BACKSTOP
+                if cmd.timeout is not None
+                else None
+            )
             killed = False
             while True:
                 wait = None if backstop is None else max(0.05, backstop - time.monotonic())
@@ -145,7 +160,7 @@ class ExecutorClient:
                         self._send(wire.KILL, cid)
                         killed, backstop = True, time.monotonic() + BACKSTOP
                         continue
-                    raise ExecutorLost("executor stopped answering; it will be restarted")
+                    raise ExecutorLost("executor stopped answering; it will be restarted") from None
                 if kind == wire.OUT:
                     yield "stdout", payload
                 elif kind == wire.ERR:
@@ -153,11 +168,17 @@ class ExecutorClient:
                 elif kind == wire.EXIT:
                     done = True
                     info = json.loads(payload.decode())
-                    return Outcome(info["exit_code"], info["timed_out"], info["elapsed"],
-                                   bool(info.get("oom_killed")))
+                    return Outcome(
+                        info["exit_code"],
+                        info["timed_out"],
+                        info["elapsed"],
+                        bool(info.get("oom_killed")),
+                    )
                 else:
-                    raise ExecutorLost("the in-container executor died while the command ran"
-                                       + (f": {self.stderr_tail}" if self.stderr_tail else ""))
+                    raise ExecutorLost(
+                        "the in-container executor died while the command ran"
+                        + (f": {self.stderr_tail}" if self.stderr_tail else "")
+                    )
         finally:
             if not done and not self._dead.is_set():
                 self._send(wire.KILL, cid)  # caller gave up: the command must not outlive it

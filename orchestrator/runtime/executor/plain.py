@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 import uuid
 
 from orchestrator.runtime import procutil
@@ -48,16 +49,33 @@ def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
 
     def killer(sig: int) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")
-        subprocess.run([*docker_cmd, "exec", "-u", "0", container, "/bin/sh", "-c", KILL_TREE,
-                        "sh", pidfile, name], capture_output=True, timeout=30, check=False)
+        subprocess.run(
+            [
+                *docker_cmd,
+                "exec",
+                "-u",
+                "0",
+                container,
+                "/bin/sh",
+                "-c",
+                KILL_TREE,
+                "sh",
+                pidfile,
+                name,
+            ],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
 
-    started = procutil.time.monotonic()
+    started = time.monotonic()
     proc = procutil.spawn(argv, None, None, with_stdin=cmd.stdin is not None)
     done = False
     try:
         stdin = [cmd.stdin] if cmd.stdin is not None else None
         code, timed_out, elapsed = yield from procutil.pump(
-            proc, stdin, cmd.timeout, killer=killer, started=started)
+            proc, stdin, cmd.timeout, killer=killer, started=started
+        )
         done = True
         return Outcome(code, timed_out, elapsed)
     finally:

@@ -1,0 +1,1 @@
+"""Benchmarks that compare orchestrator with the raw alternatives side by side, in one run."""

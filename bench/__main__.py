@@ -1,0 +1,263 @@
+"""`python -m bench` (or `just bench`): one run, every path side by side on this machine.
+Writes bench/results/latest.{md,json} and latency.png."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.measure import Sample, ShellPipe, timed
+from orchestrator import load_environment, spawn_runtime
+from orchestrator.compile.render import CompileOptions, compile_project
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "results"
+PY_ENV = ROOT / "environments" / "python.yaml"
+
+
+def exec_paths(n: int) -> list[Sample]:
+    env = load_environment(PY_ENV)
+    out: list[Sample] = []
+    out.append(timed("plain subprocess on the host", lambda: subprocess.run(["true"]), n))
+    with spawn_runtime(ROOT / "environments" / "local.yaml") as local:
+        out.append(timed("orchestrator local execute", lambda: local.execute(["true"]), n))
+    with spawn_runtime(env, disable_setup=True) as rt:
+        container, project = rt.container, rt.project
+        out.append(timed("orchestrator docker execute", lambda: rt.execute(["true"]), n))
+        try:
+            import docker  # type: ignore[import-untyped]
+
+            api = docker.from_env().containers.get(container)
+            out.append(
+                timed(
+                    "Docker Engine API exec (docker-py)",
+                    lambda: api.exec_run(["true"]),
+                    max(10, n // 4),
+                )
+            )
+        except ImportError:
+            print("docker-py not installed: skipping that path (pip install '.[bench]')")
+        pow_client = project.client
+        out.append(
+            timed(
+                "python-on-whales container.execute",
+                lambda: pow_client.container.execute(container, ["true"]),
+                max(10, n // 4),
+            )
+        )
+        out.append(
+            timed(
+                "docker exec CLI",
+                lambda: subprocess.run(["docker", "exec", container, "true"], check=True),
+                max(10, n // 4),
+            )
+        )
+        compose = [
+            "docker",
+            "compose",
+            "-p",
+            project.name,
+            "-f",
+            str(project.directory / "compose.yaml"),
+        ]
+        out.append(
+            timed(
+                "docker compose exec",
+                lambda: subprocess.run(
+                    [*compose, "exec", "-T", "main", "true"], check=True, capture_output=True
+                ),
+                max(10, n // 4),
+            )
+        )
+        pipe = ShellPipe(container)
+        out.append(timed("shell in the container over a pipe (floor)", lambda: pipe.run("true"), n))
+        pipe.close()
+    return out
+
+
+def output_and_stream(n: int) -> list[Sample]:
+    out = []
+    for label, path in (("local", ROOT / "environments" / "local.yaml"), ("docker", PY_ENV)):
+        with spawn_runtime(path, disable_setup=True) as rt:
+            out.append(
+                timed(
+                    f"{label}: execute with 1 MB output",
+                    lambda rt=rt: rt.execute("head -c 1048576 /dev/zero"),
+                    n,
+                )
+            )
+
+            def first_byte(rt=rt) -> None:  # type: ignore[no-untyped-def]
+                gen = rt.stream("echo x; sleep 0.05")
+                next(iter(gen))
+                for _ in gen:
+                    pass
+
+            out.append(timed(f"{label}: time to first streamed byte", first_byte, n))
+    return out
+
+
+def up_down(n: int) -> list[Sample]:
+    env = load_environment(PY_ENV)
+    up_s, down_s, raw_up, raw_down = [], [], [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        rt = spawn_runtime(env, disable_setup=True)
+        rt.execute("true")  # ready to run a command, executor included
+        up_s.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        rt.cleanup()
+        down_s.append(time.perf_counter() - t)
+    with tempfile.TemporaryDirectory() as d:
+        ws = Path(d) / "ws"
+        ws.mkdir()
+        compiled = compile_project(
+            env,
+            CompileOptions(
+                project="bench-raw", workspace=ws, labels={"org.orchestrator.managed": "1"}
+            ),
+        )
+        compiled.write(Path(d) / "p")
+        (Path(d) / "p" / "sandbox" / "entry.sh").write_text(compiled.files["sandbox/entry.sh"])
+        base = ["docker", "compose", "-f", str(Path(d) / "p" / "compose.yaml"), "-p", "bench-raw"]
+        for _ in range(n):
+            t = time.perf_counter()
+            subprocess.run([*base, "up", "-d"], check=True, capture_output=True)
+            raw_up.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            subprocess.run([*base, "down", "-t", "2"], check=True, capture_output=True)
+            raw_down.append(time.perf_counter() - t)
+    return [
+        Sample("orchestrator up (spawn, ready to exec)", up_s),
+        Sample("raw docker compose up -d", raw_up),
+        Sample("orchestrator down (cleanup)", down_s),
+        Sample("raw docker compose down", raw_down),
+    ]
+
+
+def concurrency(levels: list[int]) -> list[Sample]:
+    path = Path(tempfile.mkdtemp()) / "env.yaml"
+    path.write_text(
+        "version: 1\nname: sweep\nimage: orchestrator-test/python:3.11\nnetwork: {outbound: true}\n"
+    )
+    env = load_environment(path)
+    out = []
+    for k in levels:
+
+        def one(_: int) -> bool:
+            try:
+                with spawn_runtime(env, disable_setup=True) as rt:
+                    return rt.execute("true").exit_code == 0
+            except Exception:
+                return False
+
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=k) as pool:
+            ok = list(pool.map(one, range(k)))
+        out.append(
+            Sample(
+                f"{k} environments at once (wall)",
+                [time.perf_counter() - t],
+                failures=ok.count(False),
+            )
+        )
+    return out
+
+
+def load_render(n: int) -> Sample:
+    ws = Path(tempfile.mkdtemp())
+
+    def go() -> None:
+        env = load_environment(ROOT / "environments" / "multi-service.yaml")
+        compile_project(env, CompileOptions(project="bench", workspace=ws))
+
+    return timed("load + validate + render (multi-service)", go, n)
+
+
+def table(title: str, samples: list[Sample], floor: float | None, ref: float | None) -> str:
+    lines = [
+        f"### {title}",
+        "",
+        "| path | p50 ms | p90 ms | × floor | × compose exec | failures |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in samples:
+        xf = f"{s.p50 / floor:.1f}" if floor else ""
+        xr = f"{s.p50 / ref:.2f}" if ref else ""
+        lines.append(
+            f"| {s.name} | {s.p50 * 1000:.2f} | {s.p90 * 1000:.2f} | {xf} | {xr} | {s.failures} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(samples: list[Sample], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install '.[bench]')")
+        return
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = [s.name for s in samples]
+    ax.barh(names, [s.p50 * 1000 for s in samples], color="#4a7ab5")
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 latency of `true`, ms (log scale)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-n", type=int, default=200, help="iterations of the fast paths")
+    parser.add_argument("--levels", default="1,8,32,64", help="concurrency sweep levels")
+    parser.add_argument("--up-runs", type=int, default=5)
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    ex = exec_paths(args.n)
+    by = {s.name: s for s in ex}
+    floor = by["plain subprocess on the host"].p50
+    ref = by["docker compose exec"].p50
+    docker_overhead = by["orchestrator docker execute"].p50
+    other = output_and_stream(max(20, args.n // 4))
+    ud = up_down(args.up_runs)
+    sweep = concurrency([int(x) for x in args.levels.split(",") if x])
+    lr = load_render(50)
+    machine = f"{platform.node()}: {platform.platform()}, Python {sys.version.split()[0]}"
+    md = [
+        f"# Benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"Machine: {machine}",
+        "",
+        table("Exec of `true`", ex, floor, ref),
+        table("Output and streaming", other, floor, None),
+        table("Up and down", ud, None, None),
+        f"`up` ratio (orchestrator / raw compose up -d): {ud[0].p50 / ud[1].p50:.2f}",
+        "",
+        table("Concurrency sweep (each: up, run `true`, down)", sweep, None, None),
+        table("Environment files", [lr], None, None),
+        f"Docker `execute` p50: {docker_overhead * 1000:.2f} ms, "
+        f"{ref / docker_overhead:.0f}× faster than `docker compose exec`.",
+        "",
+    ]
+    (OUT / "latest.md").write_text("\n".join(md))
+    data = {
+        s.name: {"p50": s.p50, "p90": s.p90, "n": len(s.times), "failures": s.failures}
+        for s in [*ex, *other, *ud, *sweep, lr]
+    }
+    (OUT / "latest.json").write_text(json.dumps({"machine": machine, "results": data}, indent=2))
+    plot(ex, OUT / "latency.png")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Timing helpers and the raw exec paths the orchestrator is compared against."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class Sample:
+    name: str
+    times: list[float]
+    failures: int = 0
+
+    def pct(self, q: float) -> float:
+        data = sorted(self.times)
+        if not data:
+            return float("nan")
+        return data[min(len(data) - 1, int(q * len(data)))]
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.times) if self.times else float("nan")
+
+    @property
+    def p90(self) -> float:
+        return self.pct(0.9)
+
+
+def timed(name: str, fn: Callable[[], object], n: int, warmup: int = 3) -> Sample:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return Sample(name, times)
+
+
+class ShellPipe:
+    """A shell already running inside the container, fed over a pipe: the floor."""
+
+    def __init__(self, container: str) -> None:
+        self.proc = subprocess.Popen(
+            ["docker", "exec", "-i", container, "/bin/sh"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
+
+    def run(self, command: str) -> None:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(f"{command}; echo __done__\n".encode())
+        line = b""
+        while not line.endswith(b"__done__\n"):
+            line += self.proc.stdout.read(1)
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait()
