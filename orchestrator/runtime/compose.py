@@ -91,6 +91,8 @@ class ComposeRuntime(Runtime):
                 self.project.main_container,
                 "python3",
                 "-u",
+                "-I",  # isolated: no user site, no PYTHON* variables of the sandbox
+                "-S",  # no site import: a faster start
                 f"{SANDBOX_MOUNT}/agent.py",
             ]
         )
@@ -124,13 +126,15 @@ class ComposeRuntime(Runtime):
         return None
 
     def _close(self) -> None:
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+        ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.shutdown()  # it exits while the project goes down; reaped below
         try:
             if self.project is not None:
                 self.project.down(keep=self.env.spec.keep_after_cleanup)
         finally:
+            if ex is not None:
+                ex.close()
             if self._temp_workspace is not None:
                 shutil.rmtree(self._temp_workspace, ignore_errors=True)
 

@@ -75,13 +75,18 @@ class ExecutorClient:
     def stderr_tail(self) -> str:
         return b"".join(self._stderr).decode("utf-8", "replace").strip()
 
+    def shutdown(self) -> None:
+        """Ask the executor to stop (it kills what still runs and exits); do not wait."""
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+
     def close(self) -> None:
         proc = self._proc
         if proc is None:
             return
+        self.shutdown()
         try:
-            if proc.stdin:
-                proc.stdin.close()  # the executor kills what still runs and exits
             proc.wait(2)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
