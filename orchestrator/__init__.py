@@ -29,7 +29,8 @@ if TYPE_CHECKING:
         StartupError,
         UsageError,
     )
-    from orchestrator.runtime.base import Runtime, SpawnOptions
+    from orchestrator.runtime.base import Runtime
+    from orchestrator.runtime.options import SpawnOptions
     from orchestrator.runtime.registry import register_runtime, runtime_names, spawn_runtime
     from orchestrator.runtime.results import RuntimeResult, StreamEvent
     from orchestrator.spec.loader import Environment, load_environment, load_environment_text
@@ -44,7 +45,7 @@ _EXPORTS = {
     "register_runtime": "orchestrator.runtime.registry",
     "runtime_names": "orchestrator.runtime.registry",
     "Runtime": "orchestrator.runtime.base",
-    "SpawnOptions": "orchestrator.runtime.base",
+    "SpawnOptions": "orchestrator.runtime.options",
     "RuntimeResult": "orchestrator.runtime.results",
     "StreamEvent": "orchestrator.runtime.results",
     **{

@@ -109,7 +109,7 @@ def _limits(r: Resources) -> dict[str, Any]:
     return out
 
 
-def _build(env: Environment, build: Any) -> dict[str, Any] | None:
+def _build(env: Environment, build: Any, service: str) -> dict[str, Any] | None:
     if build is None:
         return None
     ctx = (env.base_dir / build.context).resolve()
@@ -117,6 +117,9 @@ def _build(env: Environment, build: Any) -> dict[str, Any] | None:
         "context": str(ctx),
         "dockerfile": build.dockerfile,
         "args": dict(sorted(build.args.items())),
+        # one tag per environment and digest: rebuilt only when the spec changes, and not
+        # one image per project left behind
+        "tag": f"orchestrator-build/{env.name}-{service}:{env.digest}",
     }
 
 
@@ -141,7 +144,7 @@ def _service(
     return {
         "name": name,
         "image": svc.image,
-        "build": _build(env, svc.build),
+        "build": _build(env, svc.build, name),
         "command": command,
         "command_is_list": isinstance(command, list),
         "env": dict(sorted(svc.env.items())),
@@ -208,7 +211,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "labels": dict(sorted(opts.labels.items())),
         "main": {
             "image": spec.image,
-            "build": _build(env, spec.build),
+            "build": _build(env, spec.build, MAIN),
             "workdir": spec.workdir,
             "user": user,
             "env": container_env,

@@ -1,6 +1,7 @@
 """Run commands and move files in a live environment, with one protocol for every backend."""
 
-from orchestrator.runtime.base import Runtime, SpawnOptions
+from orchestrator.runtime.base import Runtime
+from orchestrator.runtime.options import SpawnOptions
 from orchestrator.runtime.registry import (
     get_runtime_class,
     register_runtime,

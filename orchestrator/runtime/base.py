@@ -7,28 +7,32 @@ is written once here on top of them, so every backend keeps the same semantics.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import posixpath
-import shlex
 import threading
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from orchestrator.compile.common import substitute_static
 from orchestrator.errors import (
     CommandFailed,
     CommandTimeout,
-    OrchestratorError,
-    OutputLimitExceeded,
     RuntimeClosed,
-    SandboxFileNotFound,
-    SandboxIsADirectory,
-    SandboxPermissionError,
     SetupFailed,
     UsageError,
+)
+from orchestrator.runtime import files
+from orchestrator.runtime.options import (
+    SETUP_TIMEOUT_ENV,
+    Chunks,
+    Command,
+    SpawnOptions,
+    default_file_limit,
+    default_output_limit,
 )
 from orchestrator.runtime.results import (
     Outcome,
@@ -39,78 +43,18 @@ from orchestrator.runtime.results import (
     decoder,
 )
 from orchestrator.spec.loader import Environment
-from orchestrator.spec.models import Mount, PortMap
-from orchestrator.spec.policy import Policy
 
-MiB = 1024 * 1024
-OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"
-FILE_LIMIT_ENV = "ORCHESTRATOR_FILE_LIMIT"
-SETUP_TIMEOUT_ENV = "ORCHESTRATOR_SETUP_TIMEOUT"
-
-Chunks = Generator[tuple[str, bytes], None, Outcome]
+_live: weakref.WeakSet[Runtime] = weakref.WeakSet()
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise UsageError(f"{name} must be a whole number of bytes, got {raw!r}") from None
-
-
-def default_output_limit() -> int:
-    return _env_int(OUTPUT_LIMIT_ENV, 10 * MiB)
-
-
-def default_file_limit() -> int:
-    return _env_int(FILE_LIMIT_ENV, 100 * MiB)
-
-
-@dataclass(frozen=True)
-class SpawnOptions:
-    """How one runtime is spawned from an environment."""
-
-    workspace: Path | None = None
-    """Host workspace; None makes a temporary one, removed at cleanup."""
-    mounts: tuple[Mount, ...] = ()
-    ports: tuple[PortMap, ...] = ()
-    env_vars: Mapping[str, str] = field(default_factory=dict)
-    is_evaluation: bool = False
-    is_resume: bool = False
-    disable_setup: bool = False
-    policy: Policy = field(default_factory=Policy.from_env)
-    detached: bool = False
-    """Started for `orchestrator up`: lives on after this process, until `down`/`cleanup`."""
-
-
-@dataclass(frozen=True)
-class Command:
-    """One command, normalized: argv, the call's extra env, absolute cwd, user "uid:gid"."""
-
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    user: str | None
-    timeout: float | None
-    stdin: bytes | None
-
-
-# Exit codes of the file helper scripts below.
-_NOT_FOUND, _IS_DIR, _DENIED, _TOO_BIG = 2, 21, 13, 27
-_WRITE = (
-    'p=$1; d=${p%/*}; [ -n "$d" ] || d=/; '
-    '[ -d "$p" ] && exit 21; '
-    'if ! mkdir -p -- "$d" 2>/dev/null; then [ -e "$d" ] && [ ! -d "$d" ] && exit 2; exit 13; fi; '
-    'cat > "$p" 2>/dev/null || { [ -d "$d" ] || exit 2; exit 13; }'
-)
-_READ = (
-    'p=$1; [ -d "$p" ] && exit 21; '
-    'e=$( (: < "$p") 2>&1 ) || case "$e" in *ermission*) exit 13 ;; *) exit 2 ;; esac; '
-    'n=$(wc -c < "$p") || exit 13; '
-    'n=$((n + 0)); if [ "$n" -gt "$2" ]; then echo "$n"; exit 27; fi; exec cat -- "$p"'
-)
+@atexit.register
+def _cleanup_at_exit() -> None:
+    """Safety net for runtimes a caller forgot to clean up; `with` is the way to use them.
+    A process killed outright leaves its projects to `orchestrator cleanup` (owner gone)."""
+    for rt in list(_live):
+        if not rt.closed and not rt.options.detached:
+            with contextlib.suppress(Exception):
+                rt.cleanup()
 
 
 class Runtime(ABC):
@@ -171,6 +115,7 @@ class Runtime(ABC):
     def spawn(cls, env: Environment, options: SpawnOptions | None = None) -> Runtime:
         """Start the environment and run its setup; on any failure remove what was started."""
         rt = cls(env, options or SpawnOptions())
+        _live.add(rt)
         try:
             rt._start()
             if not rt.options.disable_setup:
@@ -363,9 +308,9 @@ class Runtime(ABC):
         """Write text or bytes (line endings kept as given), creating parent folders."""
         data = content.encode() if isinstance(content, str) else bytes(content)
         target = self._path(path)
-        cmd = self._command(["/bin/sh", "-c", _WRITE, "sh", target], None, data, None, user, None)
+        cmd = self._command(files.write_argv(target), None, data, None, user, None)
         _, err, outcome = self._collect(cmd, 64 * 1024)
-        _file_error(outcome.exit_code, target, "write", decode(err.value()))
+        files.raise_for(outcome.exit_code, target, "write", decode(err.value()))
 
     def read_file(
         self, path: str, *, text: bool = True, user: str | None = None, limit: int | None = None
@@ -373,18 +318,12 @@ class Runtime(ABC):
         """Return a file's content as text (UTF-8) or bytes."""
         limit = limit or default_file_limit()
         target = self._path(path)
-        cmd = self._command(
-            ["/bin/sh", "-c", _READ, "sh", target, str(limit)], None, None, None, user, None
-        )
+        cmd = self._command(files.read_argv(target, limit), None, None, None, user, None)
         out, err, outcome = self._collect(cmd, limit + 1)
-        if outcome.exit_code == _TOO_BIG:
-            size = decode(out.value()).strip()
-            raise OutputLimitExceeded(
-                f"{target} is {size} bytes, over the read limit of {limit} "
-                f"(pass limit= or set {FILE_LIMIT_ENV})"
-            )
-        _file_error(outcome.exit_code, target, "read", decode(err.value()))
         data = out.value()
+        files.raise_for(
+            outcome.exit_code, target, "read", decode(err.value()), limit, decode(data[:32]).strip()
+        )
         return decode(data) if text else data
 
     # ----- setup ---------------------------------------------------------------------------
@@ -425,19 +364,3 @@ def _check(result: RuntimeResult, timeout: float | None) -> None:
         raise CommandTimeout(result, timeout or 0.0)
     if result.exit_code != 0:
         raise CommandFailed(result, result.exit_code)
-
-
-def _file_error(code: int, path: str, verb: str, stderr: str) -> None:
-    if code == 0:
-        return
-    if code == _NOT_FOUND:
-        raise SandboxFileNotFound(f"cannot {verb} {path}: no such file or folder")
-    if code == _IS_DIR:
-        raise SandboxIsADirectory(f"cannot {verb} {path}: it is a folder")
-    if code in (_DENIED, 1):
-        raise SandboxPermissionError(f"cannot {verb} {path}: permission denied")
-    raise OrchestratorError(f"cannot {verb} {path}: helper exited {code}: {stderr.strip()}")
-
-
-def shell_join(argv: Sequence[str]) -> str:
-    return shlex.join(argv)

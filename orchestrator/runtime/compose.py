@@ -15,9 +15,10 @@ from orchestrator.compile.render import SANDBOX_DIR, SANDBOX_MOUNT, CompileOptio
 from orchestrator.errors import ExecutorLost, OrchestratorError
 from orchestrator.project import Project, docker_errors, start_project
 from orchestrator.runtime import procutil
-from orchestrator.runtime.base import Chunks, Command, Runtime
+from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.executor.client import FILES, ExecutorClient
 from orchestrator.runtime.executor.plain import run_plain
+from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
 
 log = logging.getLogger("orchestrator.docker")
@@ -111,8 +112,8 @@ class ComposeRuntime(Runtime):
         if ex.wait_ready(READY_TIMEOUT):
             self.exec_mode = "executor"
             return ex
+        ex.close()  # also collects what it printed before dying
         reason = ex.stderr_tail or "no answer"
-        ex.close()
         self._executor = None
         if self.exec_mode == "executor":
             raise ExecutorLost(f"the executor cannot run in this image: {reason}")

@@ -17,7 +17,8 @@ from typing import ClassVar
 from orchestrator.compile.common import resolve_env
 from orchestrator.errors import UsageError
 from orchestrator.runtime import procutil
-from orchestrator.runtime.base import Chunks, Command, Runtime
+from orchestrator.runtime.base import Runtime
+from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
 
 #: Host variables every local command gets, so that programs can be found at all.

@@ -13,7 +13,8 @@ from typing import TypeVar
 from pydantic import ValidationError
 
 from orchestrator.errors import SpecError, UsageError
-from orchestrator.runtime.base import Runtime, SpawnOptions
+from orchestrator.runtime.base import Runtime
+from orchestrator.runtime.options import SpawnOptions
 from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy

@@ -68,29 +68,15 @@ def check_mount_sources(
     for field_path, path in mounts:
         real = path.resolve()
         if str(real) in DOCKER_SOCKETS or real.name in ("docker.sock", "containerd.sock"):
-            issues.append(
-                SpecIssue(
-                    source,
-                    None,
-                    None,
-                    field_path,
-                    f"mounting the container engine's socket ({real}) is not allowed",
-                    "a sandbox must never control the engine; remove this mount",
-                )
-            )
-            continue
-        if not any(real == r or real.is_relative_to(r) for r in roots):
+            message = f"mounting the container engine's socket ({real}) is not allowed"
+            fix = "a sandbox must never control the engine; remove this mount"
+        elif not any(real == r or real.is_relative_to(r) for r in roots):
             allowed = ", ".join(str(r) for r in roots)
-            issues.append(
-                SpecIssue(
-                    source,
-                    None,
-                    None,
-                    field_path,
-                    f"mount source {real} is outside the allowed roots",
-                    f"use a path under {allowed}, or add its folder to {ROOTS_ENV}",
-                )
-            )
+            message = f"mount source {real} is outside the allowed roots"
+            fix = f"use a path under {allowed}, or add its folder to {ROOTS_ENV}"
+        else:
+            continue
+        issues.append(SpecIssue(source, None, None, field_path, message, fix))
     return issues
 
 

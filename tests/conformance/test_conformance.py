@@ -425,3 +425,28 @@ def test_kill_stops_running_commands(fresh: Runtime) -> None:
     fresh.kill()
     t.join(20)
     assert not t.is_alive()
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+def test_memory_stays_bounded_while_a_command_prints_a_gigabyte(rt: Runtime) -> None:
+    base, peak, done = _rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        r = rt.execute("head -c 1073741824 /dev/zero; echo tail", output_limit=MiB, timeout=120)
+    finally:
+        done.set()
+        sampler.join()
+    assert r.exit_code == 0 and r.truncated and r.stdout.endswith("\x00tail\n")
+    assert peak[0] - base < 150 * MiB, f"grew by {(peak[0] - base) // MiB} MiB"

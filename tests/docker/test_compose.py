@@ -283,3 +283,77 @@ def test_doctor_passes() -> None:
     )
     assert r.returncode == 0, r.stdout
     assert "[fail]" not in r.stdout and "[pass] Docker engine" in r.stdout
+
+
+def test_host_networking(make_env) -> None:  # type: ignore[no-untyped-def]
+    host_nets = sorted(os.listdir("/sys/class/net"))
+    with spawn_runtime(make_env("network: {mode: host}\n")) as rt:
+        assert rt.execute("ls /sys/class/net").stdout.split() == host_nets
+
+
+def test_resource_limits_reach_the_cgroup(make_env) -> None:  # type: ignore[no-untyped-def]
+    with spawn_runtime(make_env("resources: {memory: 96m, cpus: 0.5, pids: 50}\n")) as rt:
+        script = (
+            "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max /sys/fs/cgroup/pids.max "
+            "2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes "
+            "/sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/pids/pids.max"
+        )
+        values = rt.execute(script).stdout.split()
+    assert values[0] == str(96 * 1024 * 1024)
+    assert values[1] == "50000"  # half of the 100 ms period
+    assert values[-1] == "50"
+
+
+def test_build_is_tagged_once_per_digest(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "Dockerfile").write_text(f"FROM {BUSYBOX_IMAGE}\nRUN echo built > /built.txt\n")
+    (tmp_path / "env.yaml").write_text("version: 1\nname: built\nbuild: {context: .}\n")
+    from orchestrator import load_environment
+
+    env = load_environment(tmp_path / "env.yaml")
+    tag = f"orchestrator-build/built-main:{env.digest}"
+    try:
+        for _ in range(2):
+            with spawn_runtime(env) as rt:
+                assert rt.execute("cat /built.txt").stdout == "built\n"
+                project = rt.project.name
+        images = subprocess.run(
+            ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert tag in images and not any(i.startswith(project) for i in images)
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+def test_daemon_down_gives_one_clear_message(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            str(ROOT / "environments" / "busybox.yaml"),
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 3 and "Docker engine is not reachable" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_forgotten_runtime_is_removed_at_interpreter_exit(make_env) -> None:  # type: ignore[no-untyped-def]
+    path = make_env("")
+    code = (
+        f"from orchestrator import spawn_runtime; rt = spawn_runtime({str(path)!r}); "
+        "print(rt.project.name, flush=True)"
+    )
+    name = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert name.startswith("orch-t-") and project_objects(name) == []

@@ -83,3 +83,44 @@ def test_spawn_runtime_dispatches_on_backend(tmp_path) -> None:  # type: ignore[
     with orchestrator.spawn_runtime(env, workspace=tmp_path) as rt:
         assert isinstance(rt, LocalRuntime)
         assert rt.execute("pwd").stdout.strip() == str(tmp_path)
+
+
+def test_entry_point_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    from orchestrator.runtime import registry
+
+    ep = EntryPoint(
+        "from-plugin", "orchestrator.runtime.local:LocalRuntime", registry.ENTRY_POINT_GROUP
+    )
+    monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == ep.group else [])
+    assert "from-plugin" in runtime_names()
+    assert issubclass(get_runtime_class("from-plugin"), LocalRuntime)
+
+
+def test_wheel_carries_templates_and_environments(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(root),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    [wheel] = tmp_path.glob("orchestrator-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "orchestrator/_data/templates/compose.yaml.j2" in names
+    assert "orchestrator/_data/environments/python.yaml" in names
+    assert "orchestrator/runtime/executor/agent.py" in names

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ExecutorLost
-from orchestrator.runtime.base import Chunks, Command
 from orchestrator.runtime.executor import wire
+from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
 
 HERE = Path(__file__).resolve().parent
 #: Files copied into the sandbox folder so the executor can run inside the container.
 FILES = (HERE / "agent.py", HERE / "wire.py", HERE.parent / "procutil.py")
+QUEUE_FRAMES = 256
+"""Frames (each at most 64 KiB of output) buffered per command before backpressure."""
 BACKSTOP = 5.0
 """Seconds past a command's own timeout (and grace) before the host stops waiting for the
 executor and declares it lost."""
@@ -101,19 +103,46 @@ class ExecutorClient:
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         stream = self._proc.stdout
+        if self._greeting(stream):
+            self._frames(stream)
+        self._dead.set()
+        for cid in list(self._queues):
+            self._deliver(cid, -1, b"")
+
+    def _greeting(self, stream: Any) -> bool:
+        """Read the READY frame. Anything else is the docker CLI explaining why the executor
+        could not start (it prints that on stdout): keep it for the error message."""
+        head = stream.read(wire.HEADER.size)
+        if len(head) == wire.HEADER.size:
+            kind, _, size = wire.HEADER.unpack(head)
+            if kind == wire.READY and size < 4096:
+                self.info = json.loads(stream.read(size).decode())
+                self._ready.set()
+                return True
+        self._stderr.append(head + stream.read(4096))
+        return False
+
+    def _frames(self, stream: Any) -> None:
         while True:
             frame = wire.read_frame(stream)
             if frame is None:
                 break
             kind, cid, payload = frame
-            if kind == wire.READY:
-                self.info = json.loads(payload.decode())
-                self._ready.set()
-            elif cid in self._queues:
-                self._queues[cid].put((kind, payload))
-        self._dead.set()
-        for q in list(self._queues.values()):
-            q.put((-1, b""))
+            self._deliver(cid, kind, payload)
+
+    def _deliver(self, cid: int, kind: int, payload: bytes) -> None:
+        """Hand a frame to its command. The queue is bounded, so a slow consumer slows the
+        executor down instead of piling output up in memory; a command nobody listens to
+        any more is dropped."""
+        while True:
+            q = self._queues.get(cid)
+            if q is None:
+                return
+            try:
+                q.put((kind, payload), timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -130,7 +159,7 @@ class ExecutorClient:
     def run(self, cmd: Command, grace: float) -> Chunks:
         with self._id_lock:
             cid = next(self._ids)
-        q: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        q: queue.Queue[tuple[int, bytes]] = queue.Queue(maxsize=QUEUE_FRAMES)
         self._queues[cid] = q
         request = {
             "argv": cmd.argv,

@@ -11,7 +11,7 @@ import time
 import uuid
 
 from orchestrator.runtime import procutil
-from orchestrator.runtime.base import Chunks, Command
+from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
 
 # `sh -c WRAP PIDFILE argv...`: $0 is the pid file; exec keeps the pid.

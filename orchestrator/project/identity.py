@@ -1,0 +1,96 @@
+"""Who a project is: its name, labels, owner, folder and subnet."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from orchestrator.spec.loader import Environment
+
+L = "org.orchestrator."
+LABEL_MANAGED = L + "managed"
+LABEL_PROJECT = L + "project"
+LABEL_ENV = L + "env"
+LABEL_DIGEST = L + "digest"
+LABEL_OWNER_PID = L + "owner.pid"
+LABEL_OWNER_START = L + "owner.start"
+LABEL_OWNER_HOST = L + "owner.host"
+LABEL_STARTED = L + "started"
+LABEL_DIR = L + "dir"
+DETACHED = "0"
+"""Owner pid of a project started by `orchestrator up`: it lives until `down` or `cleanup --all`."""
+
+POOL_ENV = "ORCHESTRATOR_SUBNET_POOL"
+PREFIX_ENV = "ORCHESTRATOR_SUBNET_PREFIX"
+DEFAULT_POOL = "10.213.0.0/16"
+DEFAULT_PREFIX = 27
+
+
+def state_dir() -> Path:
+    """Where project folders live: $ORCHESTRATOR_STATE_DIR, else $XDG_STATE_HOME/orchestrator."""
+    explicit = os.environ.get("ORCHESTRATOR_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "orchestrator"
+
+
+def _process_start(pid: int) -> str:
+    """Start time of a process in clock ticks since boot ('' where /proc is absent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return ""
+    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+
+
+def owner_alive(labels: dict[str, str]) -> bool:
+    """Whether the process that owns a project still runs (detached projects count as alive)."""
+    pid = labels.get(LABEL_OWNER_PID, DETACHED)
+    if pid == DETACHED or labels.get(LABEL_OWNER_HOST) != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    start = labels.get(LABEL_OWNER_START, "")
+    return not start or _process_start(int(pid)) in ("", start)
+
+
+def project_name(env_name: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in env_name.lower())[:30]
+    return f"orch-{safe}-{uuid.uuid4().hex[:8]}"
+
+
+def project_labels(env: Environment, name: str, directory: Path, detached: bool) -> dict[str, str]:
+    pid = os.getpid()
+    return {
+        LABEL_MANAGED: "1",
+        LABEL_PROJECT: name,
+        LABEL_ENV: env.name,
+        LABEL_DIGEST: env.digest,
+        LABEL_OWNER_PID: DETACHED if detached else str(pid),
+        LABEL_OWNER_START: "" if detached else _process_start(pid),
+        LABEL_OWNER_HOST: socket.gethostname(),
+        LABEL_STARTED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        LABEL_DIR: str(directory),
+    }
+
+
+def pick_subnet(rng: random.Random | None = None) -> str:
+    """A random small subnet from our pool. Docker's default address pools hold only ~30
+    networks; giving each project an explicit subnet from a large pool of our own lifts that
+    limit. Collisions with a live network are retried by the caller."""
+    pool = ipaddress.ip_network(os.environ.get(POOL_ENV, DEFAULT_POOL))
+    prefix = int(os.environ.get(PREFIX_ENV, DEFAULT_PREFIX))
+    count = 2 ** (prefix - pool.prefixlen)
+    index = (rng or random.SystemRandom()).randrange(count)
+    size = 2 ** (pool.max_prefixlen - prefix)
+    return str(ipaddress.ip_network((int(pool.network_address) + index * size, prefix)))

@@ -1,0 +1,188 @@
+"""Bring one compose project up and down; a failed start removes what it created."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from python_on_whales import DockerClient
+
+from orchestrator.compile.render import MAIN, CompiledProject, CompileOptions, compile_project
+from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorError, StartupError
+from orchestrator.project.engine import docker_client, docker_errors
+from orchestrator.project.identity import pick_subnet, project_labels, project_name, state_dir
+from orchestrator.project.inventory import remove_by_label
+from orchestrator.spec.loader import Environment
+
+STOP_TIMEOUT = 2
+T = TypeVar("T")
+
+
+@dataclass
+class Project:
+    """One compose project on disk and, once up, in the engine."""
+
+    name: str
+    directory: Path
+    compiled: CompiledProject | None = None
+    client: DockerClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        compose = self.directory / "compose.yaml"
+        self.client = docker_client(
+            compose_files=[compose],
+            compose_project_name=self.name,
+            compose_project_directory=self.directory,
+        )
+
+    @property
+    def main_container(self) -> str:
+        return f"{self.name}-{MAIN}-1"
+
+    def up(self) -> None:
+        with docker_errors(f"starting project {self.name}"):
+            self.client.compose.up(detach=True, quiet=True)
+
+    def down(self, keep: bool = False) -> None:
+        """Remove containers, networks and volumes (or only stop them with keep=True)."""
+        with docker_errors(f"removing project {self.name}"):
+            if keep:
+                self.client.compose.stop(timeout=STOP_TIMEOUT)
+            else:
+                self.client.compose.down(
+                    remove_orphans=True, volumes=True, timeout=STOP_TIMEOUT, quiet=True
+                )
+        if not keep:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def kill(self) -> None:
+        with docker_errors(f"killing project {self.name}"):
+            self.client.compose.kill()
+
+    def ports(self) -> list[dict[str, Any]]:
+        """Published ports as [{service, container, protocol, host_ip, host}] (ephemeral ones
+        resolved)."""
+        out = []
+        with docker_errors("reading published ports"):
+            for c in self.client.compose.ps():
+                service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
+                for key, binds in sorted((c.network_settings.ports or {}).items()):
+                    port, _, proto = key.partition("/")
+                    for b in binds or []:
+                        out.append(
+                            {
+                                "service": service,
+                                "container": int(port),
+                                "protocol": proto,
+                                "host_ip": b.get("HostIp", ""),
+                                "host": int(b["HostPort"]),
+                            }
+                        )
+        return out
+
+    def service_states(self) -> list[tuple[str, str, str]]:
+        """(service, state, health) for every container of the project."""
+        with docker_errors("listing project containers"):
+            containers = self.client.compose.ps(all=True)
+        out = []
+        for c in containers:
+            service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
+            health = c.state.health.status if c.state.health else ""
+            out.append((service, c.state.status or "", health or ""))
+        return out
+
+    def logs(self, service: str | None = None, tail: int | None = None) -> str:
+        with docker_errors("reading logs"):
+            text = self.client.compose.logs(
+                services=[service] if service else [], tail=str(tail) if tail else None
+            )
+        return text if isinstance(text, str) else ""
+
+
+def _retry_subnet(attempt: Callable[[], T], tries: int = 8) -> T:
+    for i in range(tries):
+        try:
+            return attempt()
+        except DockerError as exc:
+            overlap = "overlaps" in exc.stderr or "overlapping" in exc.stderr
+            if not overlap or i == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_project(
+    env: Environment,
+    make_options: Callable[[str, dict[str, str], str | None], CompileOptions],
+    *,
+    detached: bool = False,
+    extra_files: dict[str, bytes] | None = None,
+) -> Project:
+    """Compile, write and bring up a project; on any failure remove everything it created."""
+    name = project_name(env.name)
+    directory = state_dir() / "projects" / name
+    labels = project_labels(env, name, directory, detached)
+    compiled = compile_project(env, make_options(name, labels, None))  # spec errors: nothing made
+    project = Project(name, directory, compiled)
+
+    def attempt() -> Project:
+        subnet = pick_subnet() if compiled.has_network else None
+        project.compiled = compile_project(env, make_options(name, labels, subnet))
+        project.compiled.write(directory)
+        for rel, data in (extra_files or {}).items():
+            (directory / rel).write_bytes(data)
+        try:
+            project.up()
+        except DockerError as exc:
+            err = _diagnose(project, exc)
+            _remove_quietly(project)
+            if err is exc:
+                raise
+            raise err from exc
+        return project
+
+    try:
+        return _retry_subnet(attempt)
+    except (DockerError, StartupError):
+        raise  # attempt() already removed what it made
+    except BaseException:  # interrupted mid-start: remove whatever exists
+        _remove_quietly(project)
+        raise
+
+
+def _remove_quietly(project: Project) -> None:
+    try:
+        project.down()
+    except OrchestratorError:
+        # if the engine is gone too, `orchestrator cleanup` finds the rest by label later
+        with contextlib.suppress(OrchestratorError):
+            remove_by_label(project.name)
+    shutil.rmtree(project.directory, ignore_errors=True)
+
+
+def _diagnose(project: Project, exc: DockerError) -> OrchestratorError:
+    """A failed `up` because a service never became healthy (or died) becomes an error that
+    names the service and shows its last log lines."""
+    try:
+        states = project.service_states()
+    except OrchestratorError:
+        return exc
+    bad = [
+        (svc, state, health)
+        for svc, state, health in states
+        if svc != MAIN and (health == "unhealthy" or state in ("exited", "dead"))
+    ]
+    if not bad:
+        return exc
+    parts = []
+    for svc, state, health in bad:
+        try:
+            logs = project.logs(svc, tail=20).strip()
+        except OrchestratorError:
+            logs = ""
+        why = "never became healthy" if health == "unhealthy" else f"stopped ({state})"
+        parts.append(f"service {svc!r} {why}; last log lines:\n{logs or '(no output)'}")
+    return HealthcheckFailed(f"project {project.name} did not start: " + "\n".join(parts))

@@ -1,0 +1,67 @@
+"""How a runtime is spawned, how one command is described, and the size limits."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.errors import UsageError
+from orchestrator.runtime.results import Outcome
+from orchestrator.spec.models import Mount, PortMap
+from orchestrator.spec.policy import Policy
+
+MiB = 1024 * 1024
+OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"
+FILE_LIMIT_ENV = "ORCHESTRATOR_FILE_LIMIT"
+SETUP_TIMEOUT_ENV = "ORCHESTRATOR_SETUP_TIMEOUT"
+
+Chunks = Generator[tuple[str, bytes], None, Outcome]
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{name} must be a whole number of bytes, got {raw!r}") from None
+
+
+def default_output_limit() -> int:
+    return _env_int(OUTPUT_LIMIT_ENV, 10 * MiB)
+
+
+def default_file_limit() -> int:
+    return _env_int(FILE_LIMIT_ENV, 100 * MiB)
+
+
+@dataclass(frozen=True)
+class SpawnOptions:
+    """How one runtime is spawned from an environment."""
+
+    workspace: Path | None = None
+    """Host workspace; None makes a temporary one, removed at cleanup."""
+    mounts: tuple[Mount, ...] = ()
+    ports: tuple[PortMap, ...] = ()
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    is_evaluation: bool = False
+    is_resume: bool = False
+    disable_setup: bool = False
+    policy: Policy = field(default_factory=Policy.from_env)
+    detached: bool = False
+    """Started for `orchestrator up`: lives on after this process, until `down`/`cleanup`."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command, normalized: argv, the call's extra env, absolute cwd, user "uid:gid"."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    user: str | None
+    timeout: float | None
+    stdin: bytes | None
