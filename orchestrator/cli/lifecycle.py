@@ -120,20 +120,18 @@ def exec_(
     _, container = _main_container(ref)
     words = _argv(command)
     argv = ["/bin/sh", "-c", words] if isinstance(words, str) else words
-    flags = ["-i"] if not sys.stdin.isatty() else ["-it"] if sys.stdout.isatty() else ["-i"]
+    flags = ["-it"] if sys.stdin.isatty() and sys.stdout.isatty() else ["-i"]
     code = subprocess.call([*_docker_cmd(), "exec", *flags, container, *argv])
     raise typer.Exit(code)
 
 
 def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
-    """Open an interactive shell in a running environment."""
-    from orchestrator.project import docker_client
-
+    """Open an interactive shell (bash where the image has it) in a running environment."""
     _, container = _main_container(ref)
-    client = docker_client()
-    probe = client.container.execute(container, ["/bin/sh", "-c", "command -v bash || true"])
-    sh = str(probe or "").strip() or "/bin/sh"
-    client.container.execute(container, [sh], interactive=True, tty=sys.stdin.isatty())
+    flags = ["-it"] if sys.stdin.isatty() and sys.stdout.isatty() else ["-i"]
+    pick = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
+    code = subprocess.call([*_docker_cmd(), "exec", *flags, container, "/bin/sh", "-c", pick])
+    raise typer.Exit(code)
 
 
 def down(

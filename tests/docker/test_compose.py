@@ -264,6 +264,16 @@ def test_cli_up_exec_ps_down_multi_service() -> None:
         ).read()
         assert body == b"hello from web\n"
         assert subprocess.run([*cli, "exec", info["id"], "--", "exit 7"]).returncode == 7
+        logs = subprocess.run([*cli, "logs", info["id"], "web"], capture_output=True, text=True)
+        assert logs.returncode == 0 and "web: serving on 8080" in logs.stdout
+        shell = subprocess.run(
+            [*cli, "shell", info["id"]],
+            input="echo $((6 * 7))\nexit\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shell.returncode == 0 and shell.stdout.strip().endswith("42")
     finally:
         down = subprocess.run([*cli, "down", info["id"]], capture_output=True, text=True)
     assert down.returncode == 0 and project_objects(info["id"]) == []
