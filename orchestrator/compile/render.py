@@ -54,6 +54,8 @@ class CompiledProject:
     """bridge | host | none: how the main sandbox is networked after the rules applied."""
     has_network: bool
     """Whether the project defines its own network (needs an address pool)."""
+    published: bool
+    """Whether any port is published on the host."""
 
     def write(self, directory: Path) -> Path:
         """Write the project into `directory` (created, private); return compose.yaml's path."""
@@ -242,4 +244,5 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         user=user,
         network_mode=mode,
         has_network=has_network,
+        published=published,
     )

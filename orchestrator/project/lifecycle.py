@@ -103,10 +103,11 @@ class Project:
         return text if isinstance(text, str) else ""
 
 
-def _retry_subnet(attempt: Callable[[], T], tries: int = 8) -> T:
+def _retry_subnet(attempt: Callable[[int], T], tries: int = 8) -> T:
+    """Run attempt(0), attempt(1), ... while the engine says our subnet overlaps another."""
     for i in range(tries):
         try:
-            return attempt()
+            return attempt(i)
         except DockerError as exc:
             overlap = "overlaps" in exc.stderr or "overlapping" in exc.stderr
             if not overlap or i == tries - 1:
@@ -125,12 +126,16 @@ def start_project(
     name = project_name(env.name)
     directory = state_dir() / "projects" / name
     labels = project_labels(env, name, directory, detached)
-    compiled = compile_project(env, make_options(name, labels, None))  # spec errors: nothing made
-    project = Project(name, directory, compiled)
+    # Spec and policy errors surface here, before anything exists. The subnet is only used
+    # when the project has a network of its own; a retry recompiles with a fresh one.
+    project = Project(
+        name, directory, compile_project(env, make_options(name, labels, pick_subnet()))
+    )
 
-    def attempt() -> Project:
-        subnet = pick_subnet() if compiled.has_network else None
-        project.compiled = compile_project(env, make_options(name, labels, subnet))
+    def attempt(retry: int) -> Project:
+        if retry:  # the subnet was taken meanwhile: compile again with another
+            project.compiled = compile_project(env, make_options(name, labels, pick_subnet()))
+        assert project.compiled is not None
         project.compiled.write(directory)
         for rel, data in (extra_files or {}).items():
             (directory / rel).write_bytes(data)

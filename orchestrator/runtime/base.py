@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from orchestrator.compile.common import substitute_static
+from orchestrator.compile.common import resolve_user, substitute_static
 from orchestrator.errors import (
     CommandFailed,
     CommandTimeout,
@@ -204,8 +204,6 @@ class Runtime(ABC):
         )
 
     def _user(self, user: str | None) -> str | None:
-        from orchestrator.compile.common import resolve_user
-
         return resolve_user(user) if user is not None else self.default_user
 
     def _result(self, out: TailBuffer, err: TailBuffer, outcome: Outcome) -> RuntimeResult:

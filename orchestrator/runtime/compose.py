@@ -72,10 +72,7 @@ class ComposeRuntime(Runtime):
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
         self._docker_cmd = [str(c) for c in self.project.client.client_config.docker_cmd]
-        if (
-            any(p.ports for p in self.env.spec.services.values())
-            or "ports" in compiled.compose_yaml
-        ):
+        if compiled.published:
             self.ports = self.project.ports()
         if self.exec_mode != "plain":
             self._executor = self._new_executor()  # starts now, overlapping with the caller

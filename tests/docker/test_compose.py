@@ -367,3 +367,40 @@ def test_forgotten_runtime_is_removed_at_interpreter_exit(make_env) -> None:  # 
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert name.startswith("orch-t-") and project_objects(name) == []
+
+
+def test_taken_subnet_is_retried_with_another(make_env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.project import lifecycle
+
+    taken, free = "10.213.250.0/27", "10.213.250.32/27"
+    net = subprocess.run(
+        [
+            "docker",
+            "network",
+            "create",
+            "--subnet",
+            taken,
+            "--label",
+            "org.orchestrator.managed=1",
+            "--label",
+            "org.orchestrator.project=test-occupier",
+            "orch-test-occupier",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    picks = iter([taken, free])
+    monkeypatch.setattr(lifecycle, "pick_subnet", lambda: next(picks))
+    try:
+        with spawn_runtime(make_env("network: {outbound: true}\n")) as rt:
+            info = json.loads(
+                subprocess.run(
+                    ["docker", "network", "inspect", f"{rt.project.name}_default"],
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            )
+            assert info[0]["IPAM"]["Config"][0]["Subnet"] == free
+    finally:
+        subprocess.run(["docker", "network", "rm", net], capture_output=True)
