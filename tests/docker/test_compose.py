@@ -148,7 +148,7 @@ def test_labels_name_owner_env_and_digest(make_env) -> None:  # type: ignore[no-
 
 
 def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-untyped-def]
-    with spawn_runtime(make_env("")) as rt:
+    with spawn_runtime(make_env("user: '1000:1000'\n")) as rt:
         assert rt.execute("true").exit_code == 0 and rt.exec_mode == "executor"
         import threading
 
@@ -156,7 +156,7 @@ def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-un
 
         def in_flight() -> None:
             try:
-                rt.execute("sleep 30", timeout=60)
+                rt.execute("sleep 31337 & sleep 31337; wait", timeout=60)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -180,6 +180,13 @@ def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-un
         t.join(20)
         assert len(errors) == 1 and isinstance(errors[0], ExecutorLost)
         assert rt.execute("echo back").stdout == "back\n"
+        # the new executor killed what the dead one had left running
+        left = rt.execute(
+            "for p in /proc/[0-9]*; do tr '\\000' ' ' < $p/cmdline 2>/dev/null "
+            "| grep -q 'sleep 3133[7]' && echo $p; done; true",
+            user="root",
+        )
+        assert left.stdout == ""
 
 
 def test_image_without_python_falls_back_to_plain_exec(make_env) -> None:  # type: ignore[no-untyped-def]

@@ -16,6 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procutil
 import wire
 
+STATE = "/run/orchestrator-executor"
+"""Root-only folder: one file per executor, listing the sessions of its running commands."""
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -30,6 +32,53 @@ def oom_kills():
         except (OSError, ValueError):
             continue
     return None
+
+
+def session_of(pid):
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[3]) if len(fields) > 3 else None
+
+
+def reap_orphans():
+    """Kill what a dead executor of this container left running. Each command leads its own
+    session; executors record those sessions in STATE, and /proc/PID/stat (readable whatever
+    the uid) says which processes still belong to them."""
+    try:
+        names = os.listdir(STATE)
+    except OSError:
+        return
+    for name in names:
+        if not name.isdigit() or alive(name):
+            continue
+        path = os.path.join(STATE, name)
+        try:
+            with open(path) as fh:
+                sessions = {int(line) for line in fh if line.strip().isdigit()}
+        except OSError:
+            sessions = set()
+        for pid in os.listdir("/proc"):
+            if pid.isdigit() and session_of(pid) in sessions:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def alive(pid):
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 class Agent:
@@ -116,6 +165,7 @@ class Agent:
             )
             return
         self.procs[cid] = proc
+        self.record()
         stdin = self.feed(cid) if cid in self.stdin else None
         gen = procutil.pump(proc, stdin, req.get("timeout"), started=started)
         try:
@@ -130,8 +180,19 @@ class Agent:
             cid, {"exit_code": code, "timed_out": timed_out, "elapsed": elapsed, "oom_killed": oom}
         )
 
+    def record(self):
+        """Write the sessions of the running commands (for reap_orphans of a successor)."""
+        try:
+            path = os.path.join(STATE, str(os.getpid()))
+            with open(path + ".tmp", "w") as fh:
+                fh.write("".join("%d\n" % p.pid for p in list(self.procs.values())))
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass  # not root, or no /run: orphans then live until the environment goes down
+
     def finish(self, cid, outcome):
-        self.procs.pop(cid, None)
+        if self.procs.pop(cid, None) is not None:
+            self.record()
         self.stdin.pop(cid, None)
         self.send(wire.EXIT, cid, json.dumps(outcome).encode())
 
@@ -146,4 +207,9 @@ def home_of(uid):
 
 
 if __name__ == "__main__":
+    try:
+        os.makedirs(STATE, mode=0o700, exist_ok=True)
+    except OSError:
+        pass
+    reap_orphans()
     Agent(sys.stdin.buffer, sys.stdout.buffer).serve()

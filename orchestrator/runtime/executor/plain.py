@@ -1,7 +1,8 @@
 """The plain-exec path: one `docker exec` per command, for images where the executor cannot
 run (no python3). Still kills the whole tree inside the container on timeout: the command
-records its pid, and a second exec walks /proc from it with POSIX sh (no `timeout`, `setsid`
-or `pkill` needed in the image)."""
+runs with a unique marker in its environment, which every descendant inherits, and a second
+exec kills each process whose /proc/PID/environ holds it (POSIX sh, tr and grep; no
+`timeout`, `setsid` or `pkill` needed in the image, and nothing left behind in it)."""
 
 from __future__ import annotations
 
@@ -14,30 +15,21 @@ from orchestrator.runtime import procutil
 from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
 
-# `sh -c WRAP PIDFILE argv...`: $0 is the pid file; exec keeps the pid.
-WRAP = 'echo $$ > "$0" 2>/dev/null; exec "$@"'
-# `sh -c KILL_TREE sh PIDFILE SIGNAL`: signal the recorded process and all its descendants.
-KILL_TREE = r"""
-read -r root < "$1" 2>/dev/null || exit 0
-sig=$2; pids=" $root "; changed=1
-while [ "$changed" = 1 ]; do
-  changed=0
-  for s in /proc/[0-9]*/stat; do
-    read -r l < "$s" 2>/dev/null || continue
-    pid=${l%% *}; rest=${l##*) }; set -- $rest
-    case "$pids" in *" $pid "*) continue ;; esac
-    case "$pids" in *" $2 "*) pids="$pids$pid "; changed=1 ;; esac
-  done
+MARK = "ORCHESTRATOR_CMD"
+# `sh -c KILL_MARKED sh TOKEN SIGNAL`
+KILL_MARKED = r"""
+m="ORCHESTRATOR_CMD=$1"
+for e in /proc/[0-9]*/environ; do
+  tr '\000' '\n' < "$e" 2>/dev/null | grep -qx "$m" || continue
+  p=${e#/proc/}; kill -"$2" "${p%/environ}" 2>/dev/null
 done
-kill -"$sig" $pids 2>/dev/null
-[ "$sig" = KILL ] && rm -f "$1"
 exit 0
 """
 
 
 def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
-    pidfile = f"/tmp/.orchestrator-{uuid.uuid4().hex}.pid"
-    argv = [*docker_cmd, "exec"]
+    token = uuid.uuid4().hex
+    argv = [*docker_cmd, "exec", "-e", f"{MARK}={token}"]
     if cmd.stdin is not None:
         argv.append("-i")
     if cmd.user:
@@ -45,22 +37,25 @@ def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
     argv += ["-w", cmd.cwd]
     for key, value in cmd.env.items():
         argv += ["-e", f"{key}={value}"]
-    argv += [container, "/bin/sh", "-c", WRAP, pidfile, *cmd.argv]
+    # through sh, so a missing program is 127 with the message on stderr, as everywhere else
+    argv += [container, "/bin/sh", "-c", 'exec "$@"', "sh", *cmd.argv]
 
     def killer(sig: int) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")
+        # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
+        # cannot read another uid's environ; the same uid can, and may signal it
+        user = ["-u", cmd.user] if cmd.user else []
         subprocess.run(
             [
                 *docker_cmd,
                 "exec",
-                "-u",
-                "0",
+                *user,
                 container,
                 "/bin/sh",
                 "-c",
-                KILL_TREE,
+                KILL_MARKED,
                 "sh",
-                pidfile,
+                token,
                 name,
             ],
             capture_output=True,
