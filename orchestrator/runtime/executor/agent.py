@@ -16,8 +16,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procutil
 import wire
 
-STATE = "/run/orchestrator-executor"
-"""Root-only folder: one file per executor, listing the sessions of its running commands."""
+STATE = (
+    "/dev/shm/orchestrator-executor" if os.path.isdir("/dev/shm") else "/run/orchestrator-executor"
+)
+"""Root-only folder (on tmpfs where there is one): one file per executor, listing the
+sessions of its running commands."""
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
