@@ -154,27 +154,15 @@ def down(
 
 def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List our environments with their owner, state and published ports."""
-    from orchestrator.project import docker_client, list_projects
+    from orchestrator.project import docker_client, docker_errors, list_projects
+    from orchestrator.project.engine import published_ports
 
     client = docker_client()
     rows: list[dict[str, Any]] = []
     for info in list_projects(client):
-        ports = []
         ids = [cid for cid, _, _ in info.containers]
-        for c in client.container.inspect(ids) if ids else []:
-            service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
-            for key, binds in sorted((c.network_settings.ports or {}).items()):
-                for b in binds or []:
-                    port, _, proto = key.partition("/")
-                    ports.append(
-                        {
-                            "service": service,
-                            "container": int(port),
-                            "protocol": proto,
-                            "host_ip": b.get("HostIp", ""),
-                            "host": int(b["HostPort"]),
-                        }
-                    )
+        with docker_errors("reading published ports"):
+            ports = published_ports(client.container.inspect(ids)) if ids else []
         states = sorted({state for _, _, state in info.containers}) or ["no containers"]
         rows.append(
             {

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from python_on_whales import DockerClient
+from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
 from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
@@ -50,3 +50,24 @@ def docker_errors(action: str) -> Iterator[None]:
         raise BackendUnavailable(
             "the docker CLI is not installed (see `orchestrator doctor`)"
         ) from exc
+
+
+def published_ports(containers: Iterable[Container]) -> list[dict[str, Any]]:
+    """Published ports of containers as [{service, container, protocol, host_ip, host}],
+    with ephemeral host ports resolved."""
+    out = []
+    for c in containers:
+        service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
+        for key, binds in sorted((c.network_settings.ports or {}).items()):
+            port, _, proto = key.partition("/")
+            out += [
+                {
+                    "service": service,
+                    "container": int(port),
+                    "protocol": proto,
+                    "host_ip": b.get("HostIp", ""),
+                    "host": int(b["HostPort"]),
+                }
+                for b in binds or []
+            ]
+    return out

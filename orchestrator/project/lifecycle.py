@@ -13,7 +13,7 @@ from python_on_whales import DockerClient
 
 from orchestrator.compile.render import MAIN, CompiledProject, CompileOptions, compile_project
 from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorError, StartupError
-from orchestrator.project.engine import docker_client, docker_errors
+from orchestrator.project.engine import docker_client, docker_errors, published_ports
 from orchestrator.project.identity import pick_subnet, project_labels, project_name, state_dir
 from orchestrator.project.inventory import remove_by_label
 from orchestrator.spec.loader import Environment
@@ -66,23 +66,8 @@ class Project:
     def ports(self) -> list[dict[str, Any]]:
         """Published ports as [{service, container, protocol, host_ip, host}] (ephemeral ones
         resolved)."""
-        out = []
         with docker_errors("reading published ports"):
-            for c in self.client.compose.ps():
-                service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
-                for key, binds in sorted((c.network_settings.ports or {}).items()):
-                    port, _, proto = key.partition("/")
-                    for b in binds or []:
-                        out.append(
-                            {
-                                "service": service,
-                                "container": int(port),
-                                "protocol": proto,
-                                "host_ip": b.get("HostIp", ""),
-                                "host": int(b["HostPort"]),
-                            }
-                        )
-        return out
+            return published_ports(self.client.compose.ps())
 
     def service_states(self) -> list[tuple[str, str, str]]:
         """(service, state, health) for every container of the project."""
