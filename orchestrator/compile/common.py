@@ -44,6 +44,12 @@ def resolve_user(user: str, host_env: Mapping[str, str] | None = None) -> str:
     return user
 
 
+def parse_ids(user: str) -> tuple[int, int]:
+    """ "uid[:gid]" as numbers (the gid defaults to the uid)."""
+    uid, _, gid = user.partition(":")
+    return int(uid), int(gid or uid)
+
+
 def container_bind_host(spec: EnvironmentV1, network_mode: str) -> tuple[str, str | None]:
     """In bridge mode a loopback bind address cannot be reached through published ports,
     so it becomes 0.0.0.0. Returns (bind host, notice or None)."""

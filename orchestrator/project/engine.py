@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -52,12 +52,17 @@ def docker_errors(action: str) -> Iterator[None]:
         ) from exc
 
 
+def service_of(labels: Mapping[str, str] | None, default: str = "") -> str:
+    """The Compose service a container belongs to, from its labels."""
+    return (labels or {}).get("com.docker.compose.service", default)
+
+
 def published_ports(containers: Iterable[Container]) -> list[dict[str, Any]]:
     """Published ports of containers as [{service, container, protocol, host_ip, host}],
     with ephemeral host ports resolved."""
     out = []
     for c in containers:
-        service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
+        service = service_of(c.config.labels, c.name)
         for key, binds in sorted((c.network_settings.ports or {}).items()):
             port, _, proto = key.partition("/")
             out += [

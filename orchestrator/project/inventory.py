@@ -10,7 +10,7 @@ from typing import Any
 from python_on_whales import DockerClient
 
 from orchestrator.errors import ProjectNotFound
-from orchestrator.project.engine import docker_client, docker_errors
+from orchestrator.project.engine import docker_client, docker_errors, service_of
 from orchestrator.project.identity import (
     DETACHED,
     LABEL_DIR,
@@ -58,7 +58,7 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
             labels = dict(c.config.labels or {})
             name = labels.get(LABEL_PROJECT, "")
             info = found.setdefault(name, ProjectInfo(name, labels, [], []))
-            service = labels.get("com.docker.compose.service", "")
+            service = service_of(labels)
             info.containers.append((c.id[:12], service, c.state.status or ""))
         for n in client.network.list(filters=flt):
             labels = dict(n.labels or {})
@@ -81,8 +81,9 @@ def find_project(ref: str, client: DockerClient | None = None) -> ProjectInfo:
 
 
 def remove_project(info: ProjectInfo, client: DockerClient | None = None) -> None:
-    """Remove a project by the ids of what carries its label, then its folder."""
-    remove_by_label(info.name, client)
+    """Remove a project by the ids already listed for it, then its folder."""
+    containers = [cid for cid, _, _ in info.containers]
+    _remove(client or docker_client(), info.name, containers, info.networks)
     if info.directory is not None and info.directory.is_relative_to(state_dir()):
         shutil.rmtree(info.directory, ignore_errors=True)
 
@@ -102,18 +103,21 @@ def remove_by_label(name: str, client: DockerClient | None = None) -> int:
     """Remove every container, network and volume carrying project label `name`, by id."""
     client = client or docker_client()
     flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
-    removed = 0
+    with docker_errors(f"listing project {name}"):
+        containers = [c.id for c in client.container.list(all=True, filters=flt)]
+        networks = [n.id for n in client.network.list(filters=flt)]
+    return _remove(client, name, containers, networks)
+
+
+def _remove(client: DockerClient, name: str, containers: list[str], networks: list[str]) -> int:
+    """Remove these containers and networks, and the volumes labelled with the project."""
+    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
     with docker_errors(f"removing project {name}"):
-        ids = [c.id for c in client.container.list(all=True, filters=flt)]
-        if ids:
-            client.container.remove(ids, force=True, volumes=True)
-            removed += len(ids)
-        nets: Any = [n.id for n in client.network.list(filters=flt)]
-        if nets:
-            client.network.remove(nets)
-            removed += len(nets)
-        vols: Any = [v.name for v in client.volume.list(filters=flt)]
-        if vols:
-            client.volume.remove(vols)
-            removed += len(vols)
-    return removed
+        if containers:
+            client.container.remove(containers, force=True, volumes=True)
+        if networks:  # the stub asks for list[Network | str]; a list of ids is what we have
+            client.network.remove(networks)  # type: ignore[arg-type]
+        volumes: Any = [v.name for v in client.volume.list(filters=flt)]
+        if volumes:
+            client.volume.remove(volumes)
+    return len(containers) + len(networks) + len(volumes)

@@ -13,7 +13,12 @@ from python_on_whales import DockerClient
 
 from orchestrator.compile.render import MAIN, CompiledProject, CompileOptions, compile_project
 from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorError, StartupError
-from orchestrator.project.engine import docker_client, docker_errors, published_ports
+from orchestrator.project.engine import (
+    docker_client,
+    docker_errors,
+    published_ports,
+    service_of,
+)
 from orchestrator.project.identity import pick_subnet, project_labels, project_name, state_dir
 from orchestrator.project.inventory import remove_by_label
 from orchestrator.spec.loader import Environment
@@ -28,7 +33,7 @@ class Project:
 
     name: str
     directory: Path
-    compiled: CompiledProject | None = None
+    compiled: CompiledProject
     client: DockerClient = field(init=False)
 
     def __post_init__(self) -> None:
@@ -75,7 +80,7 @@ class Project:
             containers = self.client.compose.ps(all=True)
         out = []
         for c in containers:
-            service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
+            service = service_of(c.config.labels, c.name)
             health = c.state.health.status if c.state.health else ""
             out.append((service, c.state.status or "", health or ""))
         return out
@@ -120,7 +125,6 @@ def start_project(
     def attempt(retry: int) -> Project:
         if retry:  # the subnet was taken meanwhile: compile again with another
             project.compiled = compile_project(env, make_options(name, labels, pick_subnet()))
-        assert project.compiled is not None
         project.compiled.write(directory)
         for rel, data in (extra_files or {}).items():
             (directory / rel).write_bytes(data)

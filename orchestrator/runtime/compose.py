@@ -3,6 +3,7 @@ to through the in-container executor (or plain `docker exec` where it cannot run
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from orchestrator.compile.common import parse_ids
+from orchestrator.compile.mounts import STATIC_ROOT
 from orchestrator.compile.render import SANDBOX_DIR, SANDBOX_MOUNT, CompileOptions
 from orchestrator.errors import ExecutorLost, OrchestratorError
 from orchestrator.project import Project, docker_errors, start_project
@@ -62,12 +65,10 @@ class ComposeRuntime(Runtime):
                 policy=opts.policy,
             )
 
-        files = {f"{SANDBOX_DIR}/{f.name}": f.read_bytes() for f in FILES}
         self.project = start_project(
-            self.env, make_options, extra_files=files, detached=opts.detached
+            self.env, make_options, extra_files=_executor_files(), detached=opts.detached
         )
         compiled = self.project.compiled
-        assert compiled is not None
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
@@ -162,11 +163,11 @@ class ComposeRuntime(Runtime):
         return self.env.spec.workdir
 
     def static_path(self, name: str) -> str:
-        return f"/static/{self.env.spec.static_asset(name).save_path}"
+        return f"{STATIC_ROOT}/{self.env.spec.static_asset(name).save_path}"
 
     @property
     def default_user(self) -> str | None:
-        return self.project.compiled.user if self.project and self.project.compiled else None
+        return self.project.compiled.user if self.project else None
 
     @property
     def container(self) -> str:
@@ -188,12 +189,17 @@ class ComposeRuntime(Runtime):
             raise
 
 
+@functools.cache
+def _executor_files() -> dict[str, bytes]:
+    """The executor's sources, copied into every project's sandbox folder (read once)."""
+    return {f"{SANDBOX_DIR}/{f.name}": f.read_bytes() for f in FILES}
+
+
 def _give(path: Path, user: str) -> None:
     """Let the sandbox user write the temporary workspace we made for it."""
-    uid_s, _, gid_s = user.partition(":")
     try:
         if os.geteuid() == 0:
-            os.chown(path, int(uid_s), int(gid_s or uid_s))
+            os.chown(path, *parse_ids(user))
         else:
             path.chmod(0o777)
     except (OSError, ValueError) as exc:

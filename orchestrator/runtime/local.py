@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from orchestrator.compile.common import resolve_env
+from orchestrator.compile.common import parse_ids, resolve_env
 from orchestrator.errors import UsageError
 from orchestrator.runtime import procutil
 from orchestrator.runtime.base import Runtime
@@ -125,8 +125,7 @@ class LocalRuntime(Runtime):
     def _ids(self, user: str | None) -> tuple[int, int] | None:
         if user is None:
             return None
-        uid_s, _, gid_s = user.partition(":")
-        uid, gid = int(uid_s), int(gid_s or uid_s)
+        uid, gid = parse_ids(user)
         if (uid, gid) == (os.getuid(), os.getgid()):
             return None
         if os.geteuid() != 0:

@@ -76,8 +76,6 @@ def _as_mount(m: Mount | Mapping[str, object] | str) -> Mount:
 
 
 def _parse_mount(m: Mapping[str, object] | str) -> Mount:
-    if isinstance(m, Mount):
-        return m
     if isinstance(m, str):  # "src:dst[:ro]"
         parts = m.split(":")
         return Mount(source=parts[0], target=parts[1], read_only=parts[2:] == ["ro"])

@@ -6,7 +6,6 @@ JSON Schema generated from these classes, so editors can complete and check envi
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -256,12 +255,3 @@ class EnvironmentV1(Hardening):
                 return asset
         known = ", ".join(a.name for a in self.static_assets) or "none"
         raise KeyError(f"no static asset named {name!r} (known: {known})")
-
-
-def memory_bytes(text: str) -> int:
-    """Parse a Compose-style memory size ("512m") into bytes."""
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([bkmg]?)", text.lower())
-    if not match:
-        raise ValueError(f"not a memory size: {text!r}")
-    factor = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[match.group(2)]
-    return int(float(match.group(1)) * factor)
