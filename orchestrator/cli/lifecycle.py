@@ -102,14 +102,18 @@ def _docker_cmd() -> list[str]:
     return [str(c) for c in docker_client().client_config.docker_cmd]
 
 
-def _main_container(ref: str) -> tuple[str, str]:
+def _main_exec(ref: str) -> list[str]:
+    """`docker exec` flags and the main container of environment `ref`, as its user."""
     from orchestrator.project import find_project
 
     info = find_project(ref)
     mains = [cid for cid, service, _ in info.containers if service == "main"]
     if not mains:
         raise UsageError(f"{info.name} has no main container (was it stopped?)")
-    return info.name, mains[0]
+    flags = ["-it"] if sys.stdin.isatty() and sys.stdout.isatty() else ["-i"]
+    if info.main_user:
+        flags += ["-u", info.main_user]
+    return [*_docker_cmd(), "exec", *flags, mains[0]]
 
 
 def exec_(
@@ -117,21 +121,15 @@ def exec_(
     command: list[str] = typer.Argument(..., help="Command to run (after --)."),
 ) -> None:
     """Run a command in a running environment; its exit code becomes ours."""
-    _, container = _main_container(ref)
     words = _argv(command)
     argv = ["/bin/sh", "-c", words] if isinstance(words, str) else words
-    flags = ["-it"] if sys.stdin.isatty() and sys.stdout.isatty() else ["-i"]
-    code = subprocess.call([*_docker_cmd(), "exec", *flags, container, *argv])
-    raise typer.Exit(code)
+    raise typer.Exit(subprocess.call([*_main_exec(ref), *argv]))
 
 
 def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
     """Open an interactive shell (bash where the image has it) in a running environment."""
-    _, container = _main_container(ref)
-    flags = ["-it"] if sys.stdin.isatty() and sys.stdout.isatty() else ["-i"]
     pick = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
-    code = subprocess.call([*_docker_cmd(), "exec", *flags, container, "/bin/sh", "-c", pick])
-    raise typer.Exit(code)
+    raise typer.Exit(subprocess.call([*_main_exec(ref), "/bin/sh", "-c", pick]))
 
 
 def down(

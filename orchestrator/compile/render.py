@@ -14,16 +14,32 @@ from typing import Any
 import jinja2
 
 from orchestrator._resources import data_dir
-from orchestrator.compile.common import container_bind_host, resolve_env, resolve_user
-from orchestrator.compile.mounts import ResolvedMount, resolve_mounts, user_mounts
+from orchestrator.compile.common import (
+    LOOPBACK,
+    container_bind_host,
+    resolve_env,
+    resolve_user,
+)
+from orchestrator.compile.mounts import ResolvedMount, resolve_mounts
 from orchestrator.errors import SpecError, SpecIssue
 from orchestrator.spec.loader import Environment
-from orchestrator.spec.models import Mount, PortMap, Resources, Service
-from orchestrator.spec.policy import Policy, check_hardening, check_mount_sources, raise_if
+from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
+from orchestrator.spec.policy import (
+    DEFAULT_CAPS,
+    HOST_NETWORK_ENV,
+    HardeningReport,
+    Policy,
+    check_hardening,
+    check_host_paths,
+    check_workspace,
+    raise_if,
+)
 
 MAIN = "main"
 SANDBOX_DIR = "sandbox"
 SANDBOX_MOUNT = "/.orchestrator"
+USER_LABEL = "org.orchestrator.user"
+"""On the main container: the user commands run as ("uid:gid"), for `orchestrator exec`."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +124,23 @@ def _limits(r: Resources) -> dict[str, Any]:
         out["cpus"] = r.cpus
     if r.pids:
         out["pids_limit"] = r.pids
+    if r.tmp:
+        out["tmpfs"] = f"/tmp:size={r.tmp},mode=1777"
+    if r.disk:
+        out["storage_opt"] = {"size": r.disk}
     return out
 
 
-def _build(env: Environment, build: Any, service: str) -> dict[str, Any] | None:
+def build_paths(env: Environment, build: Build | None, where: str) -> list[tuple[str, Path]]:
+    """The host paths a build reads: its context and its Dockerfile."""
+    if build is None:
+        return []
+    ctx = (env.base_dir / build.context).resolve()
+    dockerfile = ctx / (build.dockerfile or "Dockerfile")
+    return [(f"{where}.context", ctx), (f"{where}.dockerfile", dockerfile)]
+
+
+def _build(env: Environment, build: Build | None, service: str) -> dict[str, Any] | None:
     if build is None:
         return None
     ctx = (env.base_dir / build.context).resolve()
@@ -130,18 +159,24 @@ def _service(
     name: str,
     svc: Service,
     opts: CompileOptions,
-    policy_issues: list[SpecIssue],
-    ports: list[str],
+    report: HardeningReport,
+    roots: list[Path],
 ) -> dict[str, Any]:
     mounts = []
     for i, m in enumerate(svc.mounts):
         src = Path(m.source).expanduser()
         src = (src if src.is_absolute() else opts.workspace / src).resolve()
         mounts.append(ResolvedMount(src, m.target, m.read_only, f"services.{name}.mounts.{i}"))
-    roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
-    policy_issues += check_mount_sources(
-        env.source, ((m.origin + ".source", m.source) for m in mounts), roots
+    report.issues += check_host_paths(
+        env.source,
+        [
+            *((m.origin + ".source", m.source) for m in mounts),
+            *build_paths(env, svc.build, f"services.{name}.build"),
+        ],
+        roots,
     )
+    caps = check_hardening(env.source, f"services.{name}.", svc, opts.policy, report)
+    report.warnings += _exposed(svc.ports, f"services.{name}.ports")
     command = svc.command
     return {
         "name": name,
@@ -150,46 +185,85 @@ def _service(
         "command": command,
         "command_is_list": isinstance(command, list),
         "env": dict(sorted(svc.env.items())),
-        "ports": ports,
+        "ports": _ports(svc.ports),
         "user": resolve_user(svc.user, opts.host_env) if svc.user else None,
         "limits": _limits(svc.resources),
-        "cap_add": svc.cap_add,
+        "caps": [*DEFAULT_CAPS, *caps],
         "mounts": mounts,
         "healthcheck": svc.healthcheck,
         "healthcheck_is_list": isinstance(svc.healthcheck.test, list) if svc.healthcheck else False,
     }
 
 
+def _exposed(ports: Sequence[PortMap], where: str) -> list[str]:
+    """Warnings for ports published beyond this machine."""
+    return [
+        f"WARNING: {where}: port {p.container} is published on {p.host_ip}, reachable "
+        "from other machines; use 127.0.0.1 unless that is intended"
+        for p in ports
+        if p.host_ip not in LOOPBACK
+    ]
+
+
+def _network_mode(env: Environment, opts: CompileOptions, report: HardeningReport) -> str:
+    mode = env.spec.network.mode
+    if mode == "host" and not opts.policy.allow_host_network:
+        report.issues.append(
+            SpecIssue(
+                env.source,
+                None,
+                None,
+                "network.mode",
+                "host networking is not allowed: the sandbox would share the host's network, "
+                "including every service listening on 127.0.0.1",
+                f"use bridge with `ports`, or let the caller opt in with {HOST_NETWORK_ENV}=1",
+            )
+        )
+    elif mode == "host":
+        report.warnings.append(
+            f"WARNING: network.mode host allowed by policy opt-in ({HOST_NETWORK_ENV}): the "
+            "sandbox shares the host's network and reaches every host service"
+        )
+    if mode == "host" and not opts.platform.startswith("linux"):
+        report.warnings.append(
+            f"network.mode host works only on Linux; using bridge on {opts.platform}"
+        )
+        mode = "bridge"
+    return mode
+
+
 def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     """Apply the merge, network and policy rules and render the project. Raises SpecError
     (PolicyError for policy violations) listing every problem found."""
     spec = env.spec
-    warnings = list(env.notices)
     mounts, issues = resolve_mounts(env, opts.workspace, list(opts.extra_mounts))
     roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
-    policy_issues = check_hardening(env.source, "", spec)
-    policy_issues += check_mount_sources(
-        env.source, ((m.origin + ".source", m.source) for m in user_mounts(mounts)), roots
+    report = HardeningReport(warnings=list(env.notices))
+    report.issues += check_workspace(opts.workspace) if spec.workspace.mount else []
+    report.issues += check_host_paths(
+        env.source,
+        [
+            *((m.origin + ".source", m.source) for m in mounts if m.origin != "workspace"),
+            *build_paths(env, spec.build, "build"),
+        ],
+        roots,
     )
-    for name, svc in spec.services.items():
-        policy_issues += check_hardening(env.source, f"services.{name}.", svc)
-
-    mode = spec.network.mode
-    if mode == "host" and not opts.platform.startswith("linux"):
-        warnings.append(f"network.mode host works only on Linux; using bridge on {opts.platform}")
-        mode = "bridge"
+    main_caps = check_hardening(env.source, "", spec, opts.policy, report)
+    mode = _network_mode(env, opts, report)
+    warnings = report.warnings
     main_ports = [*spec.network.ports, *opts.extra_ports]
     if mode != "bridge" and main_ports:
         warnings.append(f"network.ports ignored: the main sandbox uses {mode} networking")
         main_ports = []
+    warnings += _exposed(main_ports, "network.ports")
     bind_host, notice = container_bind_host(spec, mode)
     if notice:
         warnings.append(notice)
     published = bool(main_ports) or any(s.ports for s in spec.services.values())
     if published and not spec.network.outbound:
         warnings.append(
-            "published ports need a non-internal network, so outbound traffic is "
-            "possible from this project"
+            "published ports need a non-internal network, so outbound traffic (and the "
+            "host, through the network's gateway) is reachable from this project"
         )
     if mode == "bridge" and not spec.services and not main_ports:
         mode = "none"  # nothing to reach and nothing reachable: no network at all
@@ -199,10 +273,9 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     internal = not (spec.network.outbound or published)
 
     services = [
-        _service(env, name, svc, opts, policy_issues, _ports(svc.ports))
-        for name, svc in sorted(spec.services.items())
+        _service(env, name, svc, opts, report, roots) for name, svc in sorted(spec.services.items())
     ]
-    raise_if(policy_issues)
+    raise_if(report.issues)
     if issues:
         raise SpecError(issues)
 
@@ -220,8 +293,11 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
             "mounts": mounts,
             "ports": _ports(main_ports),
             "limits": _limits(spec.resources),
-            "cap_add": spec.cap_add,
+            "caps": [*DEFAULT_CAPS, *main_caps],
             "network_mode": mode,
+            "labels": dict(sorted({**opts.labels, USER_LABEL: user}.items()))
+            if opts.labels
+            else {},
         },
         "services": services,
         "has_network": has_network,

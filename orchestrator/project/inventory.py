@@ -9,6 +9,7 @@ from typing import Any
 
 from python_on_whales import DockerClient
 
+from orchestrator.compile.render import MAIN, USER_LABEL
 from orchestrator.errors import ProjectNotFound
 from orchestrator.project.engine import docker_client, docker_errors, service_of
 from orchestrator.project.identity import (
@@ -25,13 +26,15 @@ from orchestrator.project.identity import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass
 class ProjectInfo:
     name: str
     labels: dict[str, str]
     containers: list[tuple[str, str, str]]
     """(id, service, state)"""
     networks: list[str]
+    main_user: str = ""
+    """The user commands run as in the main container ("uid:gid"; "" if unknown)."""
 
     @property
     def env(self) -> str:
@@ -60,6 +63,8 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
             info = found.setdefault(name, ProjectInfo(name, labels, [], []))
             service = service_of(labels)
             info.containers.append((c.id[:12], service, c.state.status or ""))
+            if service == MAIN:
+                info.main_user = labels.get(USER_LABEL, "")
         for n in client.network.list(filters=flt):
             labels = dict(n.labels or {})
             name = labels.get(LABEL_PROJECT, "")

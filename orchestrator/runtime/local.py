@@ -20,6 +20,7 @@ from orchestrator.runtime import procutil
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
+from orchestrator.spec.policy import check_host_paths, raise_if
 
 #: Host variables every local command gets, so that programs can be found at all.
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL")
@@ -76,6 +77,17 @@ class LocalRuntime(Runtime):
             self._workspace.mkdir()
         self._static = self._tmp / "static"
         self._static.mkdir()
+        roots = self.options.policy.mount_roots(self.env.base_dir, self.options.workspace)
+        raise_if(
+            check_host_paths(
+                self.env.source,
+                [
+                    (f"static_assets.{i}", self.env.base_dir / a.path)
+                    for i, a in enumerate(spec.static_assets)
+                ],
+                roots,
+            )
+        )
         for asset in spec.static_assets:
             src = (self.env.base_dir / asset.path).resolve()
             dst = self._static / asset.save_path

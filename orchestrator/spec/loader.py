@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import types
 import typing
 from collections.abc import Iterator
@@ -23,7 +24,14 @@ from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
 from orchestrator.spec.models import SUPPORTED_VERSIONS, EnvironmentV1
 
 #: Bumped whenever templates change what a spec compiles to; part of every digest.
-TEMPLATE_VERSION = "1"
+TEMPLATE_VERSION = "2"
+MAX_BYTES_ENV = "ORCHESTRATOR_MAX_SPEC_BYTES"
+MAX_BYTES = 128 * 1024
+"""Largest environment file we parse (real ones are a few KiB; YAML parsing costs ~6 s/MiB)."""
+MAX_VALUES = 50_000
+"""Most values (mapping entries, list items, scalars) a file may expand to through aliases."""
+MAX_TEXT = 8 * 1024 * 1024
+"""Most characters of text a file may expand to through aliases."""
 
 
 @dataclass(frozen=True)
@@ -63,14 +71,42 @@ def _yaml() -> YAML:
     return yaml
 
 
-def _plain(node: Any) -> Any:
+class _Budget:
+    """Counts what `_plain` expands, so an alias bomb stops early instead of eating memory."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.values = 0
+        self.text = 0
+
+    def spend(self, node: Any) -> None:
+        self.values += 1
+        if isinstance(node, str):
+            self.text += len(node)
+        if self.values > MAX_VALUES or self.text > MAX_TEXT:
+            raise SpecError(
+                SpecIssue(
+                    self.source,
+                    None,
+                    None,
+                    "",
+                    f"the file expands to more than {MAX_VALUES} values or {MAX_TEXT} "
+                    "characters (YAML aliases repeating each other?)",
+                    "write the values out, or use fewer nested aliases",
+                )
+            )
+
+
+def _plain(node: Any, budget: _Budget) -> Any:
     """ruamel's round-trip containers and scalars as plain Python values."""
+    budget.spend(node)
     if isinstance(node, dict):
         return {
-            (_plain(k) if not isinstance(k, str) else str(k)): _plain(v) for k, v in node.items()
+            (_plain(k, budget) if not isinstance(k, str) else str(k)): _plain(v, budget)
+            for k, v in node.items()
         }
     if isinstance(node, list):
-        return [_plain(v) for v in node]
+        return [_plain(v, budget) for v in node]
     if isinstance(node, bool) or node is None:
         return node
     for base in (str, int, float):
@@ -196,7 +232,25 @@ def _issues_from(
     return sorted(issues, key=lambda i: (i.line or 0, i.column or 0))
 
 
+def max_spec_bytes() -> int:
+    raw = os.environ.get(MAX_BYTES_ENV)
+    return int(raw) if raw and raw.isdigit() else MAX_BYTES
+
+
 def parse_yaml(text: str, source: str) -> Any:
+    limit = max_spec_bytes()
+    if len(text) > limit:
+        raise SpecError(
+            SpecIssue(
+                source,
+                None,
+                None,
+                "",
+                f"the file is over the limit of {limit} characters",
+                f"environment files are small; split data out into static assets "
+                f"(or raise {MAX_BYTES_ENV})",
+            )
+        )
     try:
         return _yaml().load(text)
     except MarkedYAMLError as exc:
@@ -233,7 +287,7 @@ def load_environment_text(
                 "start from `orchestrator schema` or a file in environments/",
             )
         )
-    data = _plain(root)
+    data = _plain(root, _Budget(source))
     notices: list[str] = []
     where: dict[Loc, Loc] | None = None
     if looks_legacy(data):
@@ -302,7 +356,12 @@ def load_environment(path: str | Path) -> Environment:
     """Read, migrate if needed, and validate an environment file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block open()
+            raise SpecError(
+                SpecIssue(str(p), None, None, "", "not a regular file", "pass the .yaml file")
+            )
+        with p.open("rb") as fh:  # no more than the limit: a huge file must not stall us
+            text = fh.read(max_spec_bytes() + 1).decode("utf-8")
     except FileNotFoundError:
         raise SpecError(
             SpecIssue(

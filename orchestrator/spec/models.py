@@ -102,7 +102,8 @@ class PortMap(Strict):
     host: int | None = Field(default=None, ge=1, le=65535)
     """Host port; omit for an ephemeral one (reported by `rt.ports` and `orchestrator ps`)."""
     host_ip: str = "127.0.0.1"
-    """Host address to bind; loopback by default so nothing is exposed beyond this machine."""
+    """Host address to bind; loopback by default so nothing is exposed beyond this machine
+    (any other address gets a warning)."""
     protocol: Literal["tcp", "udp"] = "tcp"
     """Transport protocol."""
 
@@ -111,26 +112,70 @@ class Network(Strict):
     """Networking of the main sandbox."""
 
     mode: Literal["bridge", "host", "none"] = "bridge"
-    """bridge: own network; host: the host's network (Linux only); none: no network at all."""
+    """bridge: own network; host: the host's network (Linux only, and only when the caller
+    opts in with ORCHESTRATOR_ALLOW_HOST_NETWORK=1); none: no network at all."""
     ports: list[PortMap] = Field(default_factory=list)
     """Ports to publish (bridge mode only)."""
     outbound: bool = False
-    """Allow traffic out of the sandbox. Off by default: the project network is internal
-    (or absent). Publishing ports needs a non-internal network, so ports imply outbound."""
+    """Allow traffic out of the sandbox. Off by default: the project network is internal,
+    with no address on the host side, so neither the outside nor the host is reachable (or
+    there is no network at all). Publishing ports needs a routed network, so ports imply
+    outbound."""
     bind_host: str = "0.0.0.0"
     """Address servers in the sandbox should listen on; exported as ORCHESTRATOR_BIND_HOST.
     In bridge mode a loopback value is rewritten to 0.0.0.0 so published ports reach it."""
+
+
+MIN_MEMORY = 6 * 1024 * 1024
+"""The engine refuses memory limits under 6 MiB."""
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def size_bytes(value: str) -> int:
+    """Bytes of a size written as 512m, 2g, 1.5G or 1048576."""
+    unit = value[-1].lower() if value[-1].isalpha() else ""
+    number = value[: -1 if unit else None]
+    return int(float(number) * _UNITS[unit])
+
+
+def _positive_size(value: str | None, minimum: int = 1) -> str | None:
+    if value is None:
+        return None
+    size = size_bytes(value)
+    if size == 0:
+        raise ValueError("0 is not a limit (the engine would read it as 'no limit'); omit it")
+    if size < minimum:
+        raise ValueError(f"must be at least {minimum // (1024 * 1024)}m")
+    return value
 
 
 class Resources(Strict):
     """Limits enforced by the container runtime."""
 
     memory: str | None = Field(default=None, pattern=MEMORY_RE)
-    """Memory limit, e.g. 512m or 2g. A process over it is killed and reported as out-of-memory."""
+    """Memory limit, e.g. 512m or 2g (at least 6m; omit for none). A process over it is killed
+    and reported as out-of-memory."""
     cpus: float | None = Field(default=None, gt=0)
     """CPU limit, in cores."""
     pids: int | None = Field(default=None, gt=0)
     """Maximum number of processes (contains fork bombs)."""
+    tmp: str | None = Field(default=None, pattern=MEMORY_RE)
+    """Size of a private tmpfs at /tmp, e.g. 256m. Its pages count against
+    `memory`, so a sandbox cannot fill the host's disk through /tmp."""
+    disk: str | None = Field(default=None, pattern=MEMORY_RE)
+    """Size limit of the container's writable layer, e.g. 2g. Needs an engine
+    whose storage driver enforces it (overlay2 on xfs with pquota, btrfs, zfs); elsewhere the
+    start fails with an error that says so. Bind mounts (the workspace) are not counted."""
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        return _positive_size(value, MIN_MEMORY)
+
+    @field_validator("tmp", "disk")
+    @classmethod
+    def _size(cls, value: str | None) -> str | None:
+        return _positive_size(value)
 
 
 class Healthcheck(Strict):
@@ -154,7 +199,10 @@ class Hardening(Strict):
     privileged: bool = False
     """Privileged mode (always refused by the default policy)."""
     cap_add: list[str] = Field(default_factory=list)
-    """Extra Linux capabilities, e.g. NET_ADMIN. ALL and SYS_ADMIN are refused."""
+    """Extra Linux capabilities. Every container drops ALL and keeps a small set (CHOWN,
+    DAC_OVERRIDE, FOWNER, FSETID, KILL, SETUID, SETGID, SETPCAP, NET_BIND_SERVICE,
+    AUDIT_WRITE); a file may add MKNOD, NET_RAW, SETFCAP or SYS_CHROOT. Anything else needs the
+    caller's opt-in (ORCHESTRATOR_ALLOW_CAPS); ALL never."""
     devices: list[str] = Field(default_factory=list)
     """Host devices (refused by the default policy)."""
     pid: Literal["private", "host"] = "private"

@@ -1,8 +1,21 @@
-"""The security policy: what no environment may ask for, checked before anything runs."""
+"""The security policy: what no environment may ask for, checked before anything runs.
+
+Three rules, each in one place:
+- every host path an environment names (static assets, mounts, service mounts, build
+  contexts and Dockerfiles, the workspace) passes one check: under an allowed root after
+  resolving `..` and symlinks, never an engine socket, never a folder holding host secrets;
+- capabilities come from an allow-list: every container drops ALL and gets back a small
+  documented set; a file may add Docker's other defaults, anything else needs the caller's
+  opt-in (never the file's), with a warning;
+- host networking needs the caller's opt-in too.
+The opt-ins live in `Policy` (or ORCHESTRATOR_* variables), which the environment file
+cannot set: whoever runs the sandbox decides, not whoever wrote the file.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -11,37 +24,178 @@ from pathlib import Path
 from orchestrator.errors import PolicyError, SpecIssue
 from orchestrator.spec.models import Hardening
 
-FORBIDDEN_CAPS = frozenset({"ALL", "SYS_ADMIN", "CAP_SYS_ADMIN", "CAP_ALL"})
-DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock")
 ROOTS_ENV = "ORCHESTRATOR_ALLOWED_MOUNT_ROOTS"
+CAPS_ENV = "ORCHESTRATOR_ALLOW_CAPS"
+HOST_NETWORK_ENV = "ORCHESTRATOR_ALLOW_HOST_NETWORK"
+
+DEFAULT_CAPS = (
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+)
+"""What every container keeps after `cap_drop: [ALL]`: enough to own files, switch users
+and signal processes. Raw sockets, mknod, chroot and file capabilities are gone."""
+FILE_CAPS = frozenset({*DEFAULT_CAPS, "MKNOD", "NET_RAW", "SETFCAP", "SYS_CHROOT"})
+"""What an environment file may add on its own: the rest of Docker's default set."""
+NEVER_CAPS = frozenset({"ALL"})
+
+ENGINE_SOCKETS = ("docker.sock", "containerd.sock", "podman.sock", "dockershim.sock")
+SECRET_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/var/lib/docker")
+"""Host folders no sandbox may see, nor any folder that contains one (such as / or /var)."""
+SECRET_HOME_DIRS = (".ssh", ".docker", ".aws", ".kube", ".gnupg", ".config/gcloud")
+
+
+def _norm_cap(cap: str) -> str:
+    cap = cap.strip().upper()
+    return cap.removeprefix("CAP_")
+
+
+def _truthy(raw: str | None) -> bool:
+    return (raw or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
 class Policy:
-    """Mount sources must lie under one of `allowed_mount_roots` (after resolving `..` and
-    symlinks). The defaults are the environment file's folder, the workspace and the system
-    temp dir; extra roots come from ORCHESTRATOR_ALLOWED_MOUNT_ROOTS (os.pathsep-separated)."""
+    """What the caller allows beyond the defaults. The environment file cannot change it.
+
+    Host paths must lie under an allowed root (after resolving `..` and symlinks): the
+    environment file's folder and the workspace, plus `extra_mount_roots`
+    (ORCHESTRATOR_ALLOWED_MOUNT_ROOTS, os.pathsep-separated). A root that is, or contains,
+    the system temp folder or a secret folder (/, /tmp, /var, ...) never counts."""
 
     extra_mount_roots: tuple[Path, ...] = field(default=())
+    allow_caps: frozenset[str] = field(default=frozenset())
+    """Capabilities beyond FILE_CAPS that files may ask for (ORCHESTRATOR_ALLOW_CAPS,
+    comma-separated). ALL is never allowed; neither is privileged mode."""
+    allow_host_network: bool = False
+    """Let files use `network.mode: host` (ORCHESTRATOR_ALLOW_HOST_NETWORK=1)."""
 
     @classmethod
     def from_env(cls) -> Policy:
         raw = os.environ.get(ROOTS_ENV, "")
-        return cls(tuple(Path(p) for p in raw.split(os.pathsep) if p))
+        caps = os.environ.get(CAPS_ENV, "")
+        return cls(
+            extra_mount_roots=tuple(Path(p) for p in raw.split(os.pathsep) if p),
+            allow_caps=frozenset(_norm_cap(c) for c in caps.split(",") if c.strip()),
+            allow_host_network=_truthy(os.environ.get(HOST_NETWORK_ENV)),
+        )
 
     def mount_roots(self, env_dir: Path, workspace: Path | None) -> list[Path]:
-        roots = [env_dir, Path(tempfile.gettempdir()), *self.extra_mount_roots]
+        roots = [env_dir, *self.extra_mount_roots]
         if workspace is not None:
             roots.append(workspace)
-        return [r.resolve() for r in roots]
+        resolved = [r.expanduser().resolve() for r in roots]
+        return [r for r in dict.fromkeys(resolved) if not _too_broad(r)]
 
 
-def check_hardening(source: str, prefix: str, opts: Hardening) -> list[SpecIssue]:
-    """Refuse privileged mode, host namespaces, devices and dangerous capabilities."""
+def secret_paths() -> list[Path]:
+    home = Path(os.environ.get("HOME") or "/root")
+    paths = [Path(p) for p in SECRET_DIRS] + [home / d for d in SECRET_HOME_DIRS]
+    engine = os.environ.get("DOCKER_HOST", "")
+    if engine.startswith("unix://"):
+        paths.append(Path(engine.removeprefix("unix://")))
+    return [*paths, *(p.resolve() for p in paths)]
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _temp_dirs() -> list[Path]:
+    dirs = {Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")}
+    return [*dirs, *(d.resolve() for d in dirs)]
+
+
+def _too_broad(path: Path) -> bool:
+    """A folder that is, or contains, a shared temp folder or a secret folder."""
+    if path == Path(path.anchor):
+        return True
+    return any(t.is_relative_to(path) for t in (*_temp_dirs(), *secret_paths()))
+
+
+def _host_path_problem(real: Path, roots: list[Path]) -> tuple[str, str] | None:
+    """(message, fix) when `real` (already resolved) may not reach a sandbox."""
+    if real.name in ENGINE_SOCKETS or _is_socket(real):
+        return (
+            f"{real} is a socket; mounting a container engine's socket (or any host "
+            "socket) is not allowed",
+            "a sandbox must never control the engine or host services; remove it",
+        )
+    for secret in secret_paths():
+        if real == secret or real.is_relative_to(secret) or secret.is_relative_to(real):
+            return (
+                f"{real} is or contains {secret}, which no sandbox may see",
+                "name a folder of your project instead",
+            )
+    for temp in _temp_dirs():
+        if temp.is_relative_to(real):
+            return (
+                f"{real} is or contains the shared temp folder {temp} (other jobs' files)",
+                "name a folder of your own instead",
+            )
+    if not any(real == r or real.is_relative_to(r) for r in roots):
+        allowed = ", ".join(str(r) for r in roots) or "none"
+        return (
+            f"{real} is outside the allowed roots ({allowed})",
+            f"use a path under the environment file's folder or the workspace, or add its "
+            f"folder to {ROOTS_ENV}",
+        )
+    return None
+
+
+def check_host_paths(
+    source: str, paths: Iterable[tuple[str, Path]], roots: list[Path]
+) -> list[SpecIssue]:
+    """`paths` are (field path, host path) pairs; every one must pass the host-path rule."""
     issues = []
+    for field_path, path in paths:
+        problem = _host_path_problem(path.expanduser().resolve(), roots)
+        if problem is not None:
+            issues.append(SpecIssue(source, None, None, field_path, *problem))
+    return issues
+
+
+def check_workspace(workspace: Path) -> list[SpecIssue]:
+    """The caller's workspace is mounted read-write: it may not hold secrets or be shared."""
+    real = workspace.expanduser().resolve()
+    if _too_broad(real):
+        return [
+            SpecIssue(
+                "<spawn>",
+                None,
+                None,
+                "workspace",
+                f"workspace {real} is or contains a system, secret or shared temp folder",
+                "pass a folder of its own (or none: a private one is made)",
+            )
+        ]
+    return []
+
+
+@dataclass
+class HardeningReport:
+    issues: list[SpecIssue] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_hardening(
+    source: str, prefix: str, opts: Hardening, policy: Policy, report: HardeningReport
+) -> list[str]:
+    """Refuse privileged mode, host namespaces, devices and capabilities outside the
+    allow-list; return the normalized capabilities to add."""
 
     def bad(name: str, message: str, fix: str) -> None:
-        issues.append(SpecIssue(source, None, None, prefix + name, message, fix))
+        report.issues.append(SpecIssue(source, None, None, prefix + name, message, fix))
 
     if opts.privileged:
         bad("privileged", "privileged containers are not allowed", "remove `privileged: true`")
@@ -50,34 +204,25 @@ def check_hardening(source: str, prefix: str, opts: Hardening) -> list[SpecIssue
             bad(ns, f"the host {ns} namespace is not allowed", f"remove `{ns}: host`")
     if opts.devices:
         bad("devices", "host devices are not allowed", "remove `devices`")
-    for cap in opts.cap_add:
-        if cap.upper() in FORBIDDEN_CAPS:
+    caps = []
+    for cap in dict.fromkeys(_norm_cap(c) for c in opts.cap_add):
+        if cap in NEVER_CAPS:
+            bad("cap_add", f"capability {cap} is never allowed", "name the capabilities you need")
+        elif cap in FILE_CAPS:
+            caps.append(cap)
+        elif cap in policy.allow_caps:
+            caps.append(cap)
+            report.warnings.append(
+                f"WARNING: {prefix}cap_add grants {cap} by policy opt-in ({CAPS_ENV}): "
+                "code in the sandbox can use it against the host kernel"
+            )
+        else:
             bad(
                 "cap_add",
-                f"capability {cap} is not allowed",
-                "ask only for the narrow capability you need, e.g. NET_ADMIN",
+                f"capability {cap} is not allowed (allowed: {', '.join(sorted(FILE_CAPS))})",
+                f"drop it, or let the caller opt in with {CAPS_ENV}={cap}",
             )
-    return issues
-
-
-def check_mount_sources(
-    source: str, mounts: Iterable[tuple[str, Path]], roots: list[Path]
-) -> list[SpecIssue]:
-    """`mounts` are (field path, resolved host path) pairs."""
-    issues = []
-    for field_path, path in mounts:
-        real = path.resolve()
-        if str(real) in DOCKER_SOCKETS or real.name in ("docker.sock", "containerd.sock"):
-            message = f"mounting the container engine's socket ({real}) is not allowed"
-            fix = "a sandbox must never control the engine; remove this mount"
-        elif not any(real == r or real.is_relative_to(r) for r in roots):
-            allowed = ", ".join(str(r) for r in roots)
-            message = f"mount source {real} is outside the allowed roots"
-            fix = f"use a path under {allowed}, or add its folder to {ROOTS_ENV}"
-        else:
-            continue
-        issues.append(SpecIssue(source, None, None, field_path, message, fix))
-    return issues
+    return [c for c in caps if c not in DEFAULT_CAPS]
 
 
 def raise_if(issues: list[SpecIssue]) -> None:

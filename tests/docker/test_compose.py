@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import HealthcheckFailed, OrchestratorError, spawn_runtime
+from orchestrator import HealthcheckFailed, OrchestratorError, Policy, PolicyError, spawn_runtime
 from orchestrator.errors import ExecutorLost
 from orchestrator.project import list_projects, reap
 from tests.conftest import BUSYBOX_IMAGE, labelled_ids
@@ -302,10 +302,16 @@ def test_doctor_passes() -> None:
     assert "[fail]" not in r.stdout and "[pass] Docker engine" in r.stdout
 
 
-def test_host_networking(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_host_networking_needs_the_callers_opt_in(make_env) -> None:  # type: ignore[no-untyped-def]
     host_nets = sorted(os.listdir("/sys/class/net"))
-    with spawn_runtime(make_env("network: {mode: host}\n")) as rt:
+    path = make_env("network: {mode: host}\n")
+    before = labelled_ids()
+    with pytest.raises(PolicyError, match="host networking is not allowed"):
+        spawn_runtime(path)
+    assert labelled_ids() == before
+    with spawn_runtime(path, policy=Policy(allow_host_network=True)) as rt:
         assert rt.execute("ls /sys/class/net").stdout.split() == host_nets
+        assert any("WARNING: network.mode host" in w for w in rt.warnings)
 
 
 def test_resource_limits_reach_the_cgroup(make_env) -> None:  # type: ignore[no-untyped-def]

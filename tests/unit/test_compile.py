@@ -74,7 +74,8 @@ def test_static_assets_read_only_and_not_shadowed(tmp_path: Path) -> None:
         ("devices: [/dev/kvm]\n", "devices"),
         ("services: {db: {image: x, privileged: true}}\n", "services.db.privileged"),
         ("mounts: [{source: /var/run/docker.sock, target: /d.sock}]\n", "socket"),
-        ("mounts: [{source: /etc, target: /hostetc}]\n", "outside the allowed roots"),
+        ("mounts: [{source: /etc, target: /hostetc}]\n", "which no sandbox may see"),
+        ("mounts: [{source: /opt, target: /o}]\n", "outside the allowed roots"),
     ],
 )
 def test_policy(tmp_path: Path, extra: str, needle: str) -> None:
@@ -86,22 +87,25 @@ def test_policy(tmp_path: Path, extra: str, needle: str) -> None:
 def test_policy_resolves_symlinks(tmp_path: Path) -> None:
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "sneaky").symlink_to("/etc")
-    with pytest.raises(PolicyError, match="outside"):
+    with pytest.raises(PolicyError, match="no sandbox may see"):
         build(BASE + "mounts: [{source: ./sneaky, target: /x}]\n", tmp_path)
 
 
-def test_policy_extra_roots(tmp_path: Path) -> None:
-    doc, _ = build(
-        BASE + "mounts: [{source: /etc, target: /hostetc, read_only: true}]\n",
-        tmp_path,
-        policy=Policy((Path("/etc"),)),
-    )
-    assert "/hostetc" in volumes(doc)
+def test_policy_extra_roots(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    text = BASE + f"mounts: [{{source: {elsewhere}, target: /data, read_only: true}}]\n"
+    with pytest.raises(PolicyError, match="outside the allowed roots"):
+        build(text, tmp_path)
+    doc, _ = build(text, tmp_path, policy=Policy((elsewhere,)))
+    assert "/data" in volumes(doc)
 
 
-def test_cap_add_narrow_is_allowed(tmp_path: Path) -> None:
-    doc, _ = build(BASE + "cap_add: [NET_ADMIN]\n", tmp_path)
-    assert doc["services"]["main"]["cap_add"] == ["NET_ADMIN"]
+def test_cap_add_from_the_file_only_within_dockers_defaults(tmp_path: Path) -> None:
+    doc, _ = build(BASE + "cap_add: [net_raw, CAP_SYS_CHROOT]\n", tmp_path)
+    main = doc["services"]["main"]
+    assert main["cap_drop"] == ["ALL"]
+    assert {"NET_RAW", "SYS_CHROOT", "SETUID", "KILL"} <= set(main["cap_add"])
+    assert main["security_opt"] == ["no-new-privileges:true"]
 
 
 def test_no_network_when_nothing_to_reach(tmp_path: Path) -> None:
@@ -119,6 +123,8 @@ def test_services_get_an_internal_network_with_our_subnet(tmp_path: Path) -> Non
     )
     net = doc["networks"]["default"]
     assert net["internal"] is True and net["ipam"]["config"][0]["subnet"] == "10.213.0.32/27"
+    # no address on the host side of the bridge: the host is unreachable from the sandbox
+    assert net["driver_opts"] == {"com.docker.network.bridge.inhibit_ipv4": "true"}
     assert net["labels"] == {"org.orchestrator.managed": "1"}
     assert doc["services"]["db"]["labels"] == {"org.orchestrator.managed": "1"}
 
@@ -129,6 +135,7 @@ def test_ports_published_on_loopback_and_need_outbound(tmp_path: Path) -> None:
     )
     assert doc["services"]["main"]["ports"] == ["127.0.0.1::80/tcp", "127.0.0.1:9001:81/tcp"]
     assert doc["networks"]["default"]["internal"] is False
+    assert "driver_opts" not in doc["networks"]["default"]  # published ports need a gateway
     assert any("outbound" in w for w in c.warnings)  # type: ignore[attr-defined]
 
 
@@ -137,13 +144,16 @@ def test_spawn_ports(tmp_path: Path) -> None:
     assert doc["services"]["main"]["ports"] == ["127.0.0.1::5000/tcp"]
 
 
+HOST_OK = Policy(allow_host_network=True)
+
+
 def test_host_mode_ignores_ports_and_falls_back_off_linux(tmp_path: Path) -> None:
     text = BASE + "network: {mode: host, ports: [{container: 80}]}\n"
-    doc, c = build(text, tmp_path)
+    doc, c = build(text, tmp_path, policy=HOST_OK)
     assert doc["services"]["main"]["network_mode"] == "host"
     assert "ports" not in doc["services"]["main"]
     assert any("ignored" in w for w in c.warnings)  # type: ignore[attr-defined]
-    doc, c = build(text, tmp_path, platform="darwin")
+    doc, c = build(text, tmp_path, platform="darwin", policy=HOST_OK)
     assert "network_mode" not in doc["services"]["main"]
     assert any("only on Linux" in w for w in c.warnings)  # type: ignore[attr-defined]
 
@@ -153,7 +163,7 @@ def test_loopback_bind_host_rewritten_in_bridge_mode(tmp_path: Path) -> None:
     doc, c = build(text, tmp_path)
     assert doc["services"]["main"]["environment"]["ORCHESTRATOR_BIND_HOST"] == "0.0.0.0"
     assert any("rewritten" in w for w in c.warnings)  # type: ignore[attr-defined]
-    doc, _ = build(text.replace("outbound: true", "mode: host"), tmp_path)
+    doc, _ = build(text.replace("outbound: true", "mode: host"), tmp_path, policy=HOST_OK)
     assert doc["services"]["main"]["environment"]["ORCHESTRATOR_BIND_HOST"] == "127.0.0.1"
 
 
@@ -171,10 +181,15 @@ def test_env_passthrough(tmp_path: Path) -> None:
 
 
 def test_user_host_uses_huid(tmp_path: Path) -> None:
-    doc, _ = build(
-        BASE.replace("'1000:1000'", "host"), tmp_path, host_env={"HUID": "501", "HGID": "20"}
+    doc, compiled = build(
+        BASE.replace("'1000:1000'", "host"),
+        tmp_path,
+        host_env={"HUID": "501", "HGID": "20"},
+        labels={"org.orchestrator.managed": "1"},
     )
-    assert doc["services"]["main"]["user"] == "501:20"
+    assert compiled.user == "501:20"  # type: ignore[attr-defined]
+    assert doc["services"]["main"]["labels"]["org.orchestrator.user"] == "501:20"
+    assert doc["services"]["main"]["user"] == "0:0"  # only PID 1; commands run as 501:20
 
 
 def test_rendering_is_deterministic(tmp_path: Path) -> None:

@@ -141,3 +141,59 @@ def test_digest_is_stable_and_sensitive() -> None:
     a = load_environment_text(BASE).digest
     assert a == load_environment_text(BASE).digest
     assert a != load_environment_text(BASE + "env: {X: y}\n").digest
+
+
+def _bomb(levels: int) -> str:
+    lines = [
+        "version: 1",
+        "name: bomb",
+        "image: x",
+        "commands:",
+        "  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]",
+    ]
+    for i in range(1, levels):
+        prev, cur = chr(96 + i), chr(97 + i)
+        lines.append(f"  {cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_yaml_alias_bomb_is_refused_quickly_and_in_little_memory() -> None:
+    import resource
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    with pytest.raises(SpecError, match="expands to more than"):
+        load_environment_text(_bomb(9))  # 9**9 = 387 million values if expanded
+    assert time.monotonic() - started < 2
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 200
+
+
+def test_a_few_aliases_are_fine() -> None:
+    env = load_environment_text(
+        "version: 1\nname: t\nimage: x\nenv: &e {A: '1'}\nservices: {db: {image: y, env: *e}}\n"
+    )
+    assert env.spec.services["db"].env == {"A": "1"}
+
+
+def test_huge_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    import time
+
+    path = tmp_path / "big.yaml"
+    path.write_text("version: 1\nname: t\nimage: x\nenv:\n" + "  K: v\n" * (10 * 1024 * 1024 // 7))
+    started = time.monotonic()
+    with pytest.raises(SpecError, match="over the limit"):
+        load_environment(path)
+    assert time.monotonic() - started < 2
+
+
+def test_fifo_and_deep_nesting_are_clear_errors(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "env.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecError, match="not a regular file"):
+        load_environment(fifo)
+    with pytest.raises(SpecError, match="malformed YAML"):
+        load_environment_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
