@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         OutputLimitExceeded,
         PolicyError,
         RuntimeClosed,
+        SandboxUnavailable,
         SetupFailed,
         SpecError,
         StartupError,
@@ -64,6 +65,7 @@ _EXPORTS = {
             "CommandFailed",
             "CommandTimeout",
             "ExecutorLost",
+            "SandboxUnavailable",
             "OutputLimitExceeded",
         )
     },

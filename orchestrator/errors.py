@@ -134,6 +134,12 @@ class ExecutorLost(OrchestratorError, ConnectionError):
     """The in-container executor died while a command was in flight."""
 
 
+class SandboxUnavailable(OrchestratorError, ConnectionError):
+    """The sandbox itself is gone, stopped, paused or cannot start a process: the command did
+    not run to its end. This is the environment failing, not the command, so a harness
+    should not grade it as the code's result."""
+
+
 class OutputLimitExceeded(OrchestratorError, OSError):
     """A file is larger than the read limit."""
 

@@ -3,6 +3,7 @@ codes: 2 for usage and spec errors, 3 when the backend is unavailable, 1 otherwi
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -59,7 +60,14 @@ for command in (
     )(command)
 
 
+def _exit_on(signum: int, frame: object) -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so `with` blocks take their sandboxes down."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on)
     try:
         app()
     except OrchestratorError as exc:

@@ -57,6 +57,9 @@ def up(
         typer.echo(rt.project.name)  # alone on stdout, so ID=$(orchestrator up ...) works
         if rt.ports:
             typer.echo(f"ports: {_ports_text(rt.ports)}", err=True)
+    from orchestrator.project.inventory import wait_for_reaper
+
+    wait_for_reaper()
 
 
 def run(
@@ -133,11 +136,16 @@ def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
 
 
 def down(
-    ref: str = typer.Argument(None, help="Environment id (or a unique part of it)."),
+    ref: str = typer.Argument(
+        None, help="Environment id: the full id, its last 8 characters, or a unique prefix."
+    ),
     all_: bool = typer.Option(False, "--all", help="Take down every environment of ours."),
+    force: bool = typer.Option(
+        False, "--force", help="Also when the process that started it still runs."
+    ),
 ) -> None:
     """Take an environment down: containers, networks and volumes."""
-    from orchestrator.project import find_project, reap, remove_project
+    from orchestrator.project import find_project, owner_alive, reap, remove_project
 
     if all_:
         for name in reap(all_projects=True):
@@ -146,16 +154,23 @@ def down(
     if not ref:
         raise UsageError("name an environment id, or pass --all")
     info = find_project(ref)
+    if info.owner != "detached" and owner_alive(info.labels) and not force:
+        raise UsageError(
+            f"{info.name} belongs to a running process ({info.owner}), which still uses it; "
+            "pass --force to take it down anyway"
+        )
     remove_project(info)
     typer.echo(f"removed {info.name}")
 
 
 def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List our environments with their owner, state and published ports."""
-    from orchestrator.project import docker_client, docker_errors, list_projects
+    from orchestrator.project import docker_client, docker_errors, list_projects, reap
     from orchestrator.project.engine import published_ports
 
     client = docker_client()
+    for name in reap(client=client):  # owners gone: nothing of theirs should be listed
+        typer.echo(f"removed {name} (its owner process is gone)", err=True)
     rows: list[dict[str, Any]] = []
     for info in list_projects(client):
         ids = [cid for cid, _, _ in info.containers]

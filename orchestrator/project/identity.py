@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import random
@@ -40,7 +41,7 @@ def state_dir() -> Path:
     return Path(base) / "orchestrator"
 
 
-def _process_start(pid: int) -> str:
+def process_start(pid: int) -> str:
     """Start time of a process in clock ticks since boot ('' where /proc is absent)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
@@ -61,7 +62,58 @@ def owner_alive(labels: dict[str, str]) -> bool:
     except (PermissionError, ValueError):
         return True
     start = labels.get(LABEL_OWNER_START, "")
-    return not start or _process_start(int(pid)) in ("", start)
+    return not start or process_start(int(pid)) in ("", start)
+
+
+OWNER_FILE = "owner"
+"""In each project folder: "pid start host" of the process that created it."""
+ORPHAN_AGE = 600.0
+"""Seconds after which a project folder without an owner file counts as abandoned."""
+
+
+def projects_dir() -> Path:
+    return state_dir() / "projects"
+
+
+def claim_folder(directory: Path) -> None:
+    """Create a project folder and record who made it, before anything else goes in, so a
+    start killed half-way leaves a folder the reaper can tell is abandoned."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pid = os.getpid()
+    (directory / OWNER_FILE).write_text(f"{pid} {process_start(pid)} {socket.gethostname()}\n")
+
+
+def folder_owner(folder: Path) -> dict[str, str] | None:
+    """The owner labels recorded in a project folder (None without a readable owner file)."""
+    try:
+        pid, start, host = (folder / OWNER_FILE).read_text().split()
+    except (OSError, ValueError):
+        return None
+    return {LABEL_OWNER_PID: pid, LABEL_OWNER_START: start, LABEL_OWNER_HOST: host}
+
+
+def project_folders() -> list[Path]:
+    try:
+        return [d for d in projects_dir().iterdir() if d.is_dir()]
+    except OSError:
+        return []
+
+
+def orphan_folders(live_projects: set[str]) -> list[Path]:
+    """Project folders of no live project whose creator is gone."""
+    out = []
+    for folder in project_folders():
+        if folder.name in live_projects:
+            continue
+        owner = folder_owner(folder)
+        if owner is not None:
+            if not owner_alive(owner):
+                out.append(folder)
+            continue
+        with contextlib.suppress(OSError):  # no owner file: abandoned once old enough
+            if time.time() - folder.stat().st_mtime > ORPHAN_AGE:
+                out.append(folder)
+    return out
 
 
 def project_name(env_name: str) -> str:
@@ -77,7 +129,7 @@ def project_labels(env: Environment, name: str, directory: Path, detached: bool)
         LABEL_ENV: env.name,
         LABEL_DIGEST: env.digest,
         LABEL_OWNER_PID: DETACHED if detached else str(pid),
-        LABEL_OWNER_START: "" if detached else _process_start(pid),
+        LABEL_OWNER_START: "" if detached else process_start(pid),
         LABEL_OWNER_HOST: socket.gethostname(),
         LABEL_STARTED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         LABEL_DIR: str(directory),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +13,7 @@ from typing import Any
 from python_on_whales import DockerClient
 
 from orchestrator.compile.render import MAIN, USER_LABEL
-from orchestrator.errors import ProjectNotFound
+from orchestrator.errors import OrchestratorError, ProjectNotFound
 from orchestrator.project.engine import docker_client, docker_errors, service_of
 from orchestrator.project.identity import (
     DETACHED,
@@ -21,7 +24,10 @@ from orchestrator.project.identity import (
     LABEL_OWNER_PID,
     LABEL_PROJECT,
     LABEL_STARTED,
+    folder_owner,
+    orphan_folders,
     owner_alive,
+    project_folders,
     state_dir,
 )
 
@@ -72,17 +78,31 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
-def find_project(ref: str, client: DockerClient | None = None) -> ProjectInfo:
-    """A project by full name or unique prefix or suffix (the short id)."""
-    projects = list_projects(client)
-    exact = [p for p in projects if p.name == ref]
-    matches = exact or [p for p in projects if p.name.startswith(ref) or p.name.endswith(ref)]
+MIN_PREFIX = 6
+
+
+def match_project(ref: str, names: list[str]) -> str:
+    """The one name `ref` means: the full name, its short id (the 8 hex digits at the end),
+    or a unique prefix of at least MIN_PREFIX characters. Nothing looser: `down o` must not
+    take down whatever happens to contain an "o"."""
+    if ref in names:
+        return ref
+    short = [n for n in names if n.rsplit("-", 1)[-1] == ref]
+    prefixed = [n for n in names if len(ref) >= MIN_PREFIX and n.startswith(ref)]
+    matches = short or prefixed
     if len(matches) == 1:
         return matches[0]
-    if not matches:
-        known = ", ".join(p.name for p in projects) or "none running"
-        raise ProjectNotFound(f"no environment {ref!r} (known: {known})")
-    raise ProjectNotFound(f"{ref!r} matches several: {', '.join(p.name for p in matches)}")
+    if matches:
+        raise ProjectNotFound(f"{ref!r} matches several: {', '.join(matches)}; give more of it")
+    known = ", ".join(names) or "none running"
+    hint = f" (a prefix needs at least {MIN_PREFIX} characters)" if len(ref) < MIN_PREFIX else ""
+    raise ProjectNotFound(f"no environment {ref!r}{hint}; known: {known}")
+
+
+def find_project(ref: str, client: DockerClient | None = None) -> ProjectInfo:
+    """A project by full name, short id or unique prefix (see `match_project`)."""
+    projects = {p.name: p for p in list_projects(client)}
+    return projects[match_project(ref, list(projects))]
 
 
 def remove_project(info: ProjectInfo, client: DockerClient | None = None) -> None:
@@ -94,14 +114,71 @@ def remove_project(info: ProjectInfo, client: DockerClient | None = None) -> Non
 
 
 def reap(all_projects: bool = False, client: DockerClient | None = None) -> list[str]:
-    """Remove our projects whose owner process is gone (or all of ours). Never touches
-    anything without our labels."""
+    """Remove our projects whose owner process is gone (or all of ours), and project folders
+    that no project and no live owner account for (a start killed half-way). Never touches
+    anything without our labels, nor folders outside our state folder."""
     removed = []
-    for info in list_projects(client):
+    projects = list_projects(client)
+    for info in projects:
         if all_projects or not owner_alive(info.labels):
             remove_project(info, client)
             removed.append(info.name)
+    live = {p.name for p in projects if p.name not in removed}
+    for folder in orphan_folders(live):
+        if _has_objects(folder.name, client):  # created since we listed: not an orphan
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder.name)
     return removed
+
+
+def orphan_folders_of(owner: dict[str, str]) -> list[str]:
+    """Remove the project folders this owner created that hold no project (a start it did
+    not finish); return their names."""
+    removed = []
+    for folder in project_folders():
+        if folder_owner(folder) == owner and not _has_objects(folder.name, None):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed
+
+
+def _has_objects(name: str, client: DockerClient | None) -> bool:
+    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
+    with docker_errors(f"listing project {name}"):
+        return bool((client or docker_client()).container.list(all=True, filters=flt))
+
+
+_last_reap = 0.0
+_reap_lock = threading.Lock()
+_reaper: threading.Thread | None = None
+REAP_EVERY = 30.0
+"""Seconds between two background reaps of one process (each lists our objects once)."""
+
+
+def reap_soon() -> None:
+    """Reap dead owners' projects in a background thread, at most once per REAP_EVERY
+    seconds per process: every spawn calls it, so leftovers of crashed runs do not pile up,
+    and it costs the spawn nothing."""
+    global _last_reap, _reaper
+    with _reap_lock:
+        now = time.monotonic()
+        if _last_reap and now - _last_reap < REAP_EVERY:
+            return
+        _last_reap = now
+
+    def run() -> None:
+        with contextlib.suppress(OrchestratorError):
+            reap()
+
+    _reaper = threading.Thread(target=run, name="orchestrator-reaper", daemon=True)
+    _reaper.start()
+
+
+def wait_for_reaper(timeout: float = 10.0) -> None:
+    """Let a background reap finish (a short-lived process such as `orchestrator up`)."""
+    if _reaper is not None:
+        _reaper.join(timeout)
 
 
 def remove_by_label(name: str, client: DockerClient | None = None) -> int:

@@ -19,8 +19,15 @@ from orchestrator.project.engine import (
     published_ports,
     service_of,
 )
-from orchestrator.project.identity import pick_subnet, project_labels, project_name, state_dir
-from orchestrator.project.inventory import remove_by_label
+from orchestrator.project.guardian import ensure_guardian
+from orchestrator.project.identity import (
+    claim_folder,
+    pick_subnet,
+    project_labels,
+    project_name,
+    projects_dir,
+)
+from orchestrator.project.inventory import reap_soon, remove_by_label
 from orchestrator.spec.loader import Environment
 
 STOP_TIMEOUT = 2
@@ -54,6 +61,10 @@ class Project:
 
     def down(self, keep: bool = False) -> None:
         """Remove containers, networks and volumes (or only stop them with keep=True)."""
+        if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
+            remove_by_label(self.name)
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return
         with docker_errors(f"removing project {self.name}"):
             if keep:
                 self.client.compose.stop(timeout=STOP_TIMEOUT)
@@ -114,16 +125,24 @@ def start_project(
 ) -> Project:
     """Compile, write and bring up a project; on any failure remove everything it created."""
     name = project_name(env.name)
-    directory = state_dir() / "projects" / name
+    directory = projects_dir() / name
+    claim_folder(directory)
+    reap_soon()  # leftovers of crashed runs, in the background
+    if not detached:
+        ensure_guardian()  # removes this process's projects if it dies without cleaning up
     labels = project_labels(env, name, directory, detached)
-    # Spec and policy errors surface here, before anything exists. The subnet is only used
+    # Spec and policy errors surface here, before anything runs. The subnet is only used
     # when the project has a network of its own; a retry recompiles with a fresh one.
-    project = Project(
-        name, directory, compile_project(env, make_options(name, labels, pick_subnet()))
-    )
+    try:
+        compiled = compile_project(env, make_options(name, labels, pick_subnet()))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    project = Project(name, directory, compiled)
 
     def attempt(retry: int) -> Project:
         if retry:  # the subnet was taken meanwhile: compile again with another
+            claim_folder(directory)  # the failed attempt removed it
             project.compiled = compile_project(env, make_options(name, labels, pick_subnet()))
         project.compiled.write(directory)
         for rel, data in (extra_files or {}).items():

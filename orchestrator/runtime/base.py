@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import os
 import posixpath
+import re
 import threading
 import weakref
 from abc import ABC, abstractmethod
@@ -188,19 +189,21 @@ class Runtime(ABC):
             argv = [substitute_static(str(a), self.static_path) for a in command]
             if not argv:
                 raise UsageError("empty command")
-        if timeout is not None and timeout <= 0:
-            raise UsageError(f"timeout must be positive, got {timeout}")
+        if timeout is not None and not 0 < timeout < float("inf"):
+            raise UsageError(f"timeout must be a positive number of seconds, got {timeout}")
         if isinstance(stdin, str):
             stdin = stdin.encode()
         elif stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
             raise UsageError("stdin must be str or bytes")
-        return Command(
-            argv=argv,
-            env={str(k): str(v) for k, v in (env or {}).items()},
-            cwd=posixpath.normpath(posixpath.join(self.workdir, cwd)) if cwd else self.workdir,
-            user=self._user(user),
-            timeout=timeout,
-            stdin=bytes(stdin) if stdin is not None else None,
+        return _validated(
+            Command(
+                argv=argv,
+                env={str(k): str(v) for k, v in (env or {}).items()},
+                cwd=posixpath.normpath(posixpath.join(self.workdir, cwd)) if cwd else self.workdir,
+                user=self._user(user),
+                timeout=timeout,
+                stdin=bytes(stdin) if stdin is not None else None,
+            )
         )
 
     def _user(self, user: str | None) -> str | None:
@@ -355,6 +358,26 @@ class Runtime(ABC):
                     stderr="".join(stderr),
                 )
         self.setup_result = RuntimeResult(0, "".join(stdout), "".join(stderr), elapsed)
+
+
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$")
+
+
+def _validated(cmd: Command) -> Command:
+    """Refuse what no process could be started with, before any backend sees it."""
+    for i, arg in enumerate(cmd.argv):
+        if "\0" in arg:
+            raise UsageError(f"command argument {i} contains a NUL byte, which no program can take")
+    for key, value in cmd.env.items():
+        if not key or "=" in key or "\0" in key:
+            raise UsageError(f"environment variable name {key!r} is invalid (empty, '=' or NUL)")
+        if "\0" in value:
+            raise UsageError(f"environment variable {key} contains a NUL byte")
+    if "\0" in cmd.cwd:
+        raise UsageError("cwd contains a NUL byte")
+    if cmd.user is not None and not _USER.match(cmd.user):
+        raise UsageError(f"user {cmd.user!r} is not a name, uid, name:group or uid:gid")
+    return cmd
 
 
 def _check(result: RuntimeResult, timeout: float | None) -> None:

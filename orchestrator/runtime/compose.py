@@ -7,16 +7,21 @@ import functools
 import logging
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator.compile.common import parse_ids
 from orchestrator.compile.mounts import STATIC_ROOT
-from orchestrator.compile.render import SANDBOX_DIR, SANDBOX_MOUNT, CompileOptions
-from orchestrator.errors import ExecutorLost, OrchestratorError
-from orchestrator.project import Project, docker_errors, start_project
+from orchestrator.compile.render import MAIN, SANDBOX_DIR, SANDBOX_MOUNT, CompileOptions
+from orchestrator.errors import (
+    DockerError,
+    ExecutorLost,
+    OrchestratorError,
+    SandboxUnavailable,
+    StartupError,
+)
+from orchestrator.project import LABEL_DIR, Project, docker_errors, start_project
 from orchestrator.runtime import procutil
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.executor.client import FILES, ExecutorClient
@@ -42,21 +47,23 @@ class ComposeRuntime(Runtime):
         self._docker_cmd: list[str] = []
 
     # ----- lifecycle -----------------------------------------------------------------------
-    def _workspace(self) -> Path:
+    def _workspace(self, directory: Path) -> Path:
+        """The caller's workspace, or a private one inside the project folder, so that it
+        goes with the project (`down`, the reaper) whoever removes it."""
         if self.options.workspace is not None:
             self.options.workspace.mkdir(parents=True, exist_ok=True)
             return self.options.workspace
-        self._temp_workspace = Path(tempfile.mkdtemp(prefix=f"orch-ws-{self.env.name}-"))
+        self._temp_workspace = directory / "workspace"
+        self._temp_workspace.mkdir(exist_ok=True)
         return self._temp_workspace
 
     def _start(self) -> None:
-        workspace = self._workspace()
         opts = self.options
 
         def make_options(name: str, labels: dict[str, str], subnet: str | None) -> CompileOptions:
             return CompileOptions(
                 project=name,
-                workspace=workspace,
+                workspace=self._workspace(Path(labels[LABEL_DIR])),
                 labels=labels,
                 extra_mounts=opts.mounts,
                 extra_ports=opts.ports,
@@ -73,10 +80,16 @@ class ComposeRuntime(Runtime):
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
         self._docker_cmd = [str(c) for c in self.project.client.client_config.docker_cmd]
+        if self.exec_mode != "plain":
+            self._executor = self._new_executor()  # starts now, overlapping the ports query
         if compiled.published:
             self.ports = self.project.ports()
-        if self.exec_mode != "plain":
-            self._executor = self._new_executor()  # starts now, overlapping with the caller
+        # The executor's greeting proves the main container runs; without one, ask the engine.
+        try:
+            if self._executor_ready() is None and (lost := self._lost()) is not None:
+                raise lost
+        except SandboxUnavailable as exc:
+            raise StartupError(f"the environment did not start: {exc}") from exc
 
     def _new_executor(self) -> ExecutorClient:
         assert self.project is not None
@@ -93,6 +106,8 @@ class ComposeRuntime(Runtime):
                 "-I",  # isolated: no user site, no PYTHON* variables of the sandbox
                 "-S",  # no site import: a faster start
                 f"{SANDBOX_MOUNT}/agent.py",
+                # owned: when this process dies, by any signal, the sandbox stops itself
+                *([] if self.options.detached else ["--owned"]),
             ]
         )
         client.start()
@@ -113,6 +128,9 @@ class ComposeRuntime(Runtime):
         ex.close()  # also collects what it printed before dying
         reason = ex.stderr_tail or "no answer"
         self._executor = None
+        lost = self._lost()
+        if lost is not None:
+            raise lost
         if self.exec_mode == "executor":
             raise ExecutorLost(f"the executor cannot run in this image: {reason}")
         self.exec_mode = "plain"
@@ -133,7 +151,7 @@ class ComposeRuntime(Runtime):
                 self.project.down(keep=self.env.spec.keep_after_cleanup)
         finally:
             if ex is not None:
-                ex.close()
+                ex.close(release=False)
             if self._temp_workspace is not None:
                 shutil.rmtree(self._temp_workspace, ignore_errors=True)
 
@@ -157,6 +175,33 @@ class ComposeRuntime(Runtime):
             state = self.project.client.container.inspect(self.project.main_container).state
         return None if state.running else int(state.exit_code or 0)
 
+    def _probe(self) -> str | None:
+        """Why the sandbox cannot run commands (gone, stopped, paused), or None if it can."""
+        assert self.project is not None
+        try:
+            with docker_errors("inspecting the sandbox"):
+                state = self.project.client.container.inspect(self.project.main_container).state
+        except DockerError as exc:
+            return f"its main container is gone ({exc.stderr.strip() or exc})"
+        if state.paused:
+            return "its main container is paused; unpause it, or take the environment down"
+        if state.running:
+            return None
+        why = f"{state.status}, exit code {state.exit_code}"
+        if state.oom_killed:
+            why += ", killed by the out-of-memory killer"
+        if state.error:
+            why += f": {state.error}"
+        try:
+            logs = self.project.logs(MAIN, tail=20).strip()
+        except OrchestratorError:
+            logs = ""
+        return f"its main container is not running ({why}); last log lines:\n{logs or '(none)'}"
+
+    def _lost(self) -> SandboxUnavailable | None:
+        why = self._probe()
+        return SandboxUnavailable(f"{self.env.name}: {why}") if why else None
+
     # ----- paths ---------------------------------------------------------------------------
     @property
     def workdir(self) -> str:
@@ -178,14 +223,23 @@ class ComposeRuntime(Runtime):
     def _run(self, cmd: Command) -> Chunks:
         ex = self._executor_ready()
         if ex is None:
-            return (yield from run_plain(self._docker_cmd, self.container, cmd))
+            outcome = yield from run_plain(self._docker_cmd, self.container, cmd)
+            failed = outcome.exit_code != 0 or outcome.timed_out
+            if failed and not self._killed:  # the command failed, or the sandbox did?
+                lost = self._lost()
+                if lost is not None:
+                    raise lost
+            return outcome
         started = time.monotonic()
         try:
-            return (yield from ex.run(cmd, procutil.GRACE))
-        except ExecutorLost:
+            return (yield from ex.run(cmd, procutil.GRACE, self._lost))
+        except ExecutorLost as exc:
             if self._killed:  # kill() ended it, as SIGKILL ends a process
                 return Outcome(137, False, time.monotonic() - started)
             ex.close()  # the next command starts a fresh one
+            lost = self._lost()
+            if lost is not None:
+                raise lost from exc
             raise
 
 

@@ -3,6 +3,7 @@ Docker. It is also the reference the Docker backend is held to by the conformanc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -11,10 +12,11 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import ClassVar
 
-from orchestrator.compile.common import parse_ids, resolve_env
+from orchestrator.compile.common import resolve_env
 from orchestrator.errors import UsageError
 from orchestrator.runtime import procutil
 from orchestrator.runtime.base import Runtime
@@ -22,6 +24,7 @@ from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
 from orchestrator.spec.policy import check_host_paths, raise_if
 
+MARK = "ORCHESTRATOR_RUNTIME"
 #: Host variables every local command gets, so that programs can be found at all.
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL")
 
@@ -64,6 +67,9 @@ class LocalRuntime(Runtime):
         self._env: dict[str, str] = {}
         self._procs: set[subprocess.Popen[bytes]] = set()
         self._procs_lock = threading.Lock()
+        self._mark = f"{MARK}={uuid.uuid4().hex}"
+        """In every command's environment, so that cleanup finds processes that left the
+        command's tree (`setsid` daemons) and were not killed with it."""
 
     # ----- lifecycle -----------------------------------------------------------------------
     def _start(self) -> None:
@@ -102,6 +108,8 @@ class LocalRuntime(Runtime):
         host = {k: v for k, v in os.environ.items() if k in BASE_ENV}
         bind = spec.network.bind_host
         self._env = {**host, **resolve_env(spec, self.options.env_vars, bind_host=bind)}
+        key, _, value = self._mark.partition("=")
+        self._env[key] = value
 
     def _close(self) -> None:
         self._kill()
@@ -114,6 +122,9 @@ class LocalRuntime(Runtime):
             procs = list(self._procs)
         for proc in procs:
             procutil.kill_tree(proc.pid, signal.SIGKILL)
+        for pid in procutil.marked(self._mark.encode()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
     def _poll(self) -> int | None:
         return None
@@ -137,7 +148,7 @@ class LocalRuntime(Runtime):
     def _ids(self, user: str | None) -> tuple[int, int] | None:
         if user is None:
             return None
-        uid, gid = parse_ids(user)
+        uid, gid = procutil.resolve_ids(user)
         if (uid, gid) == (os.getuid(), os.getgid()):
             return None
         if os.geteuid() != 0:
@@ -151,9 +162,12 @@ class LocalRuntime(Runtime):
         env = {**self._env, **cmd.env}
         started = time.monotonic()
         try:
-            proc = procutil.spawn(
-                cmd.argv, env, cmd.cwd, self._ids(cmd.user), with_stdin=cmd.stdin is not None
-            )
+            ids = self._ids(cmd.user)
+        except procutil.UnknownUser as exc:  # as `docker exec -u` answers it
+            yield "stderr", f"{exc}\n".encode()
+            return Outcome(126, False, time.monotonic() - started)
+        try:
+            proc = procutil.spawn(cmd.argv, env, cmd.cwd, ids, with_stdin=cmd.stdin is not None)
         except OSError as exc:
             code, message = procutil.spawn_error(exc, cmd.argv, cmd.cwd)
             yield "stderr", message

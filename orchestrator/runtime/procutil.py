@@ -73,6 +73,23 @@ def descendants(pid: int) -> List[int]:
     return out
 
 
+def marked(entry: bytes) -> List[int]:
+    """Pids whose environment holds `entry` (b"NAME=value"): processes that left a command's
+    tree (a `setsid` daemon) still inherit its environment. Only processes whose environ we
+    may read are found (our own uid, or any as a privileged user)."""
+    found = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as fh:
+                if entry in fh.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
 def kill_tree(pid: int, sig: int, known: Optional[List[int]] = None) -> List[int]:
     """Signal the process group led by `pid` and every descendant; return the pids signalled
     (pass them back as `known` so processes that were reparented meanwhile are not missed)."""
@@ -87,6 +104,41 @@ def kill_tree(pid: int, sig: int, known: Optional[List[int]] = None) -> List[int
         except OSError:
             pass
     return sorted(pids)
+
+
+class UnknownUser(LookupError):
+    """The user (or group) of a request does not exist where the command would run."""
+
+
+def resolve_ids(user: str) -> Tuple[int, int]:
+    """ "uid", "uid:gid", "name" or "name:group" as numbers, looked up in this system's
+    passwd and group files. A bare uid without a passwd entry gets gid = uid."""
+    name, _, group = user.partition(":")
+    entry = None
+    if name.isdigit():
+        uid = int(name)
+    else:
+        try:
+            import pwd
+
+            entry = pwd.getpwnam(name)
+        except (ImportError, KeyError):
+            raise UnknownUser(
+                "unable to find user %s: no matching entries in passwd file" % name
+            ) from None
+        uid = entry.pw_uid
+    if group.isdigit():
+        return uid, int(group)
+    if group:
+        try:
+            import grp
+
+            return uid, grp.getgrnam(group).gr_gid
+        except (ImportError, KeyError):
+            raise UnknownUser(
+                "unable to find group %s: no matching entries in group file" % group
+            ) from None
+    return uid, entry.pw_gid if entry is not None else uid
 
 
 def spawn(
@@ -149,6 +201,24 @@ def _feed(pipe: IO[bytes], chunks: Iterable[bytes]) -> None:
             pass
 
 
+def _watchdog(
+    proc: subprocess.Popen,  # type: ignore[type-arg]
+    deadline: float,
+    grace: float,
+    kill: Callable[[int], None],
+    finished: threading.Event,
+    timed_out: threading.Event,
+) -> None:
+    """Enforce the deadline whatever the reader is doing: blocked on a consumer that stopped
+    reading, or waiting for a process that closed its pipes."""
+    if finished.wait(max(0.0, deadline - time.monotonic())) or proc.poll() is not None:
+        return
+    timed_out.set()
+    kill(signal.SIGTERM)
+    if not finished.wait(grace):
+        kill(signal.SIGKILL)
+
+
 def pump(
     proc: subprocess.Popen,  # type: ignore[type-arg]
     stdin: Optional[Iterable[bytes]] = None,
@@ -159,66 +229,65 @@ def pump(
 ) -> Generator[Tuple[str, bytes], None, Outcome]:
     """Yield ("stdout"|"stderr", bytes) as output arrives; return (exit code, timed out,
     elapsed). `killer(sig)` replaces the default tree kill (the plain-exec path kills
-    inside the container instead)."""
+    inside the container instead). The timeout is kept by a watchdog thread, so it holds even
+    while the caller is not reading."""
     start = time.monotonic() if started is None else started
     if stdin is not None and proc.stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
     known: List[int] = []
+    kill_lock = threading.Lock()
 
     def kill(sig: int) -> None:
-        if killer is not None:
-            killer(sig)
-        else:
-            known[:] = kill_tree(proc.pid, sig, known)
+        with kill_lock:
+            if killer is not None:
+                killer(sig)
+            else:
+                known[:] = kill_tree(proc.pid, sig, known)
 
+    finished, timed_out = threading.Event(), threading.Event()
+    if timeout is not None:
+        threading.Thread(
+            target=_watchdog,
+            args=(proc, start + timeout, grace, kill, finished, timed_out),
+            daemon=True,
+        ).start()
     sel = selectors.DefaultSelector()
     for pipe, kind in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
         if pipe is not None:
             sel.register(pipe, selectors.EVENT_READ, kind)
-    deadline = start + timeout if timeout is not None else None
-    timed_out = False
-    kill_at: Optional[float] = None
     exited_at: Optional[float] = None
     last_data = start
     try:
-        while sel.get_map():
-            now = time.monotonic()
-            wait = 0.05
-            if deadline is not None and not timed_out:
-                wait = max(0.0, min(wait, deadline - now))
-            for key, _ in sel.select(wait):
-                data = os.read(key.fd, CHUNK)
-                if data:
-                    last_data = time.monotonic()
-                    yield key.data, data
-                else:
-                    sel.unregister(key.fileobj)
+        while True:
+            if sel.get_map():
+                for key, _ in sel.select(0.05):
+                    data = os.read(key.fd, CHUNK)
+                    if data:
+                        last_data = time.monotonic()
+                        yield key.data, data
+                    else:
+                        sel.unregister(key.fileobj)
+            else:  # both pipes closed: wait for the process itself
+                try:
+                    proc.wait(0.05)
+                except subprocess.TimeoutExpired:
+                    pass
             now = time.monotonic()
             if exited_at is None and proc.poll() is not None:
                 exited_at = now  # leftovers of its group keep running, by design
             if exited_at is not None and (
-                (now - last_data >= DRAIN and now - exited_at >= DRAIN)
+                not sel.get_map()
+                or (now - last_data >= DRAIN and now - exited_at >= DRAIN)
                 or now - exited_at > DRAIN_MAX
             ):
                 break
-            if deadline is not None and not timed_out and now >= deadline:
-                timed_out = True
-                kill(signal.SIGTERM)
-                kill_at = now + grace
-            elif kill_at is not None and now >= kill_at:
-                kill(signal.SIGKILL)
-                kill_at = None
-                if exited_at is None:
-                    exited_at = now  # stop waiting on pipes that a dead tree can no longer fill
     finally:
+        finished.set()
         sel.close()
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
-    if timed_out:
-        try:
-            proc.wait(grace + 1.0)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:  # the caller gave up on us: nothing may outlive that
             kill(signal.SIGKILL)
     code = proc.wait()
-    return exit_status(code), timed_out, time.monotonic() - start
+    return exit_status(code), timed_out.is_set(), time.monotonic() - start

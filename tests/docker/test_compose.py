@@ -216,7 +216,7 @@ def test_reaper_removes_projects_of_dead_owners_only(make_env) -> None:  # type:
         f"import os; from orchestrator import spawn_runtime; rt = spawn_runtime({str(path)!r}); "
         "print(rt.project.name, flush=True); os._exit(0)"
     )
-    env = {**os.environ}
+    env = {**os.environ, "ORCHESTRATOR_GUARDIAN": "0"}  # leave the orphan to reap()
     orphan = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     ).stdout.strip()

@@ -19,6 +19,7 @@ PINNED = [
     "DockerError",
     "Environment",
     "ExecutorLost",
+    "SandboxUnavailable",
     "HealthcheckFailed",
     "OrchestratorError",
     "OutputLimitExceeded",

@@ -2,8 +2,14 @@
 runs each command it is sent in its own process group, as the requested user, and streams
 the output back in frames. Timeouts are enforced here, inside the container, where the whole
 process tree can be killed. Standard library only, Python 3.7+.
+
+It never leaves a request unanswered: whatever it cannot do (an unknown user, an argument it
+cannot pass, no process slot left) comes back as an error frame and an exit status. With
+`--owned`, the end of its input means its owner is gone (by any signal): it kills every
+command and stops the container.
 """
 
+import errno
 import json
 import os
 import queue
@@ -22,6 +28,8 @@ STATE = (
 """Root-only folder (on tmpfs where there is one): one file per executor, listing the
 sessions of its running commands."""
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+NO_PROCESS = (errno.EAGAIN, errno.ENOMEM)
+"""fork() errors that mean the sandbox cannot start a process at all (pids or memory)."""
 
 
 def oom_kills():
@@ -84,12 +92,48 @@ def alive(pid):
     return True
 
 
+class Flow:
+    """Credit for one command's output frames; cancelled when the host gave up on it."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.credit = wire.WINDOW
+        self.cancelled = False
+
+    def acquire(self):
+        """Wait for credit to send one frame; False when the frame should be dropped."""
+        with self.cond:
+            while self.credit <= 0 and not self.cancelled:
+                self.cond.wait()
+            self.credit -= 1
+            return not self.cancelled
+
+    def grant(self, count):
+        with self.cond:
+            self.credit += count
+            self.cond.notify_all()
+
+    def cancel(self):
+        with self.cond:
+            self.cancelled = True
+            self.cond.notify_all()
+
+
+class Refused(Exception):
+    """A request the executor cannot honour: (exit status, message, sandbox unavailable)."""
+
+    def __init__(self, code, message, unavailable=False):
+        Exception.__init__(self, message)
+        self.code, self.message, self.unavailable = code, message, unavailable
+
+
 class Agent:
-    def __init__(self, inp, out):
-        self.inp, self.out = inp, out
+    def __init__(self, inp, out, owned):
+        self.inp, self.out, self.owned = inp, out, owned
         self.lock = threading.Lock()
         self.stdin = {}
         self.procs = {}
+        self.flows = {}
 
     def send(self, kind, cid, payload=b""):
         with self.lock:
@@ -100,37 +144,71 @@ class Agent:
                 pass
 
     def serve(self):
-        self.send(
-            wire.READY,
-            0,
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "oom": oom_kills() is not None,
-                    "python": sys.version.split()[0],
-                }
-            ).encode(),
-        )
+        info = {
+            "pid": os.getpid(),
+            "oom": oom_kills() is not None,
+            "python": sys.version.split()[0],
+        }
+        self.send(wire.READY, 0, json.dumps(info).encode())
         while True:
             frame = wire.read_frame(self.inp)
             if frame is None:
                 break
-            kind, cid, payload = frame
-            if kind == wire.RUN:
-                req = json.loads(payload.decode())
-                if req.get("stdin"):
-                    self.stdin[cid] = queue.Queue()
-                threading.Thread(target=self.run, args=(cid, req), daemon=True).start()
-            elif kind == wire.STDIN and cid in self.stdin:
-                self.stdin[cid].put(payload)
-            elif kind == wire.STDIN_EOF and cid in self.stdin:
-                self.stdin[cid].put(None)
-            elif kind == wire.KILL:
-                proc = self.procs.get(cid)
-                if proc is not None:
-                    procutil.kill_tree(proc.pid, signal.SIGKILL)
-        for proc in list(self.procs.values()):  # the host went away: nothing may outlive it
+            self.handle(*frame)
+        for cid in list(self.flows):  # the host went away: nothing may outlive it
+            self.kill(cid)
+        if self.owned:
+            stop_container()
+
+    def handle(self, kind, cid, payload):
+        if kind == wire.RUN:
+            self.start(cid, payload)
+        elif kind == wire.STDIN and cid in self.stdin:
+            self.stdin[cid].put(payload)
+        elif kind == wire.STDIN_EOF and cid in self.stdin:
+            self.stdin[cid].put(None)
+        elif kind == wire.CREDIT and cid in self.flows and len(payload) == wire.COUNT.size:
+            self.flows[cid].grant(wire.COUNT.unpack(payload)[0])
+        elif kind == wire.KILL:
+            self.kill(cid)
+        elif kind == wire.PING:
+            self.send(wire.PONG, cid)
+        elif kind == wire.RELEASE:
+            self.owned = False
+
+    def kill(self, cid):
+        flow = self.flows.get(cid)
+        if flow is not None:
+            flow.cancel()
+        proc = self.procs.get(cid)
+        if proc is not None:
             procutil.kill_tree(proc.pid, signal.SIGKILL)
+        if cid in self.stdin:
+            self.stdin[cid].put(None)
+
+    def start(self, cid, payload):
+        self.flows[cid] = Flow()
+        try:
+            req = json.loads(payload.decode())
+            if req.get("stdin"):
+                self.stdin[cid] = queue.Queue()
+            threading.Thread(target=self.run, args=(cid, req), daemon=True).start()
+        except RuntimeError:  # no thread: the pids limit is reached
+            self.refuse(cid, Refused(126, "cannot start a thread", True))
+        except ValueError as exc:  # includes JSON errors
+            self.refuse(cid, Refused(125, "bad request: %s" % exc))
+
+    def refuse(self, cid, why, elapsed=0.0):
+        self.send(wire.ERR, cid, (why.message.rstrip("\n") + "\n").encode())
+        self.finish(
+            cid,
+            {
+                "exit_code": why.code,
+                "timed_out": False,
+                "elapsed": elapsed,
+                "unavailable": why.message if why.unavailable else "",
+            },
+        )
 
     def feed(self, cid):
         q = self.stdin[cid]
@@ -140,43 +218,59 @@ class Agent:
                 return
             yield chunk
 
-    def run(self, cid, req):
-        started = procutil.time.monotonic()
+    def spawn(self, req):
         env = dict(os.environ)
         env.update(req.get("env") or {})
         ids = None
         if req.get("user"):
-            uid, _, gid = req["user"].partition(":")
-            ids = (int(uid), int(gid or uid))
+            try:
+                ids = procutil.resolve_ids(req["user"])
+            except procutil.UnknownUser as exc:
+                raise Refused(126, str(exc)) from None
             if ids[0] != os.geteuid():
                 env["HOME"] = home_of(ids[0])
-        before = oom_kills()
         try:
-            proc = procutil.spawn(
+            return procutil.spawn(
                 req["argv"], env, req.get("cwd"), ids, with_stdin=bool(req.get("stdin"))
             )
         except OSError as exc:
+            if exc.errno in NO_PROCESS:
+                raise Refused(126, "cannot start a process: %s" % exc.strerror, True) from None
             code, message = procutil.spawn_error(exc, req["argv"], req.get("cwd"))
-            self.send(wire.ERR, cid, message)
-            self.finish(
+            raise Refused(code, message.decode()) from None
+        except (ValueError, TypeError, KeyError) as exc:  # NUL bytes, bad env keys, ...
+            raise Refused(125, "cannot start the command: %s" % exc) from None
+
+    def run(self, cid, req):
+        started = procutil.time.monotonic()
+        before = oom_kills()
+        proc = None
+        try:
+            proc = self.spawn(req)
+            self.procs[cid] = proc
+            self.record()
+            stdin = self.feed(cid) if cid in self.stdin else None
+            gen = procutil.pump(proc, stdin, req.get("timeout"), started=started)
+            flow = self.flows[cid]
+            try:
+                while True:
+                    kind, data = next(gen)
+                    if flow.acquire():
+                        self.send(wire.OUT if kind == "stdout" else wire.ERR, cid, data)
+            except StopIteration as stop:
+                code, timed_out, elapsed = stop.value
+        except Refused as why:
+            self.refuse(cid, why, procutil.time.monotonic() - started)
+            return
+        except Exception as exc:  # a bug or a resource limit: answer, never go silent
+            if proc is not None:
+                procutil.kill_tree(proc.pid, signal.SIGKILL)
+            self.refuse(
                 cid,
-                {
-                    "exit_code": code,
-                    "timed_out": False,
-                    "elapsed": procutil.time.monotonic() - started,
-                },
+                Refused(125, "executor error: %r" % (exc,)),
+                procutil.time.monotonic() - started,
             )
             return
-        self.procs[cid] = proc
-        self.record()
-        stdin = self.feed(cid) if cid in self.stdin else None
-        gen = procutil.pump(proc, stdin, req.get("timeout"), started=started)
-        try:
-            while True:
-                kind, data = next(gen)
-                self.send(wire.OUT if kind == "stdout" else wire.ERR, cid, data)
-        except StopIteration as stop:
-            code, timed_out, elapsed = stop.value
         after = oom_kills()
         oom = before is not None and after is not None and after > before and code == 137
         self.finish(
@@ -197,7 +291,16 @@ class Agent:
         if self.procs.pop(cid, None) is not None:
             self.record()
         self.stdin.pop(cid, None)
+        self.flows.pop(cid, None)
         self.send(wire.EXIT, cid, json.dumps(outcome).encode())
+
+
+def stop_container():
+    """Stop the sandbox: SIGTERM to PID 1 (the init, which passes it to the keep-alive loop)."""
+    try:
+        os.kill(1, signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def home_of(uid):
@@ -215,4 +318,4 @@ if __name__ == "__main__":
     except OSError:
         pass
     reap_orphans()
-    Agent(sys.stdin.buffer, sys.stdout.buffer).serve()
+    Agent(sys.stdin.buffer, sys.stdout.buffer, "--owned" in sys.argv[1:]).serve()

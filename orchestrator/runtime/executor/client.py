@@ -1,6 +1,10 @@
 """Host side of the executor: one long-lived `docker exec -i` per environment, speaking the
 framed protocol of `wire`. Many commands may be in flight at once; if the executor dies,
-commands in flight get ExecutorLost and the owner starts a new one for the next command."""
+commands in flight get ExecutorLost and the owner starts a new one for the next command.
+
+No wait here is unbounded: the reader thread never blocks on a consumer (output is paced per
+command by credit), a silent executor is pinged, and when it does not answer the owner's
+`probe` says whether the sandbox itself is gone or paused (SandboxUnavailable)."""
 
 from __future__ import annotations
 
@@ -11,10 +15,11 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ExecutorLost
+from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.runtime.executor import wire
 from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
@@ -22,11 +27,15 @@ from orchestrator.runtime.results import Outcome
 HERE = Path(__file__).resolve().parent
 #: Files copied into the sandbox folder so the executor can run inside the container.
 FILES = (HERE / "agent.py", HERE / "wire.py", HERE.parent / "procutil.py")
-QUEUE_FRAMES = 256
-"""Frames (each at most 64 KiB of output) buffered per command before backpressure."""
-BACKSTOP = 5.0
-"""Seconds past a command's own timeout (and grace) before the host stops waiting for the
-executor and declares it lost."""
+BACKSTOP = 2.0
+"""Seconds past a command's own timeout (and grace) before the host asks the executor to kill
+it again, and as long again before it declares the executor lost."""
+PING_AFTER = 0.5
+"""Seconds without any frame from the executor before a command waiting on it sends a ping."""
+SILENT = 1.5
+"""Seconds without any frame (pings unanswered) before the owner's probe is asked whether the
+sandbox is still there."""
+Probe = Callable[[], "SandboxUnavailable | None"]
 
 
 class ExecutorClient:
@@ -42,9 +51,12 @@ class ExecutorClient:
         self._stderr: collections.deque[bytes] = collections.deque(maxlen=50)
         self.info: dict[str, Any] = {}
         self._threads: list[threading.Thread] = []
+        self._last_rx = time.monotonic()
+        self._last_ping = 0.0
 
     # ----- process -------------------------------------------------------------------------
     def start(self) -> None:
+        self._last_rx = time.monotonic()
         self._proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.PIPE,
@@ -83,10 +95,14 @@ class ExecutorClient:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
 
-    def close(self) -> None:
+    def close(self, release: bool = True) -> None:
+        """Stop the executor and wait for it. With `release`, tell it first that this is on
+        purpose, so that an executor started with --owned does not stop the sandbox."""
         proc = self._proc
         if proc is None:
             return
+        if release and not self._dead.is_set():
+            self._send(wire.RELEASE, 0)
         self.shutdown()
         try:
             proc.wait(2)
@@ -128,21 +144,16 @@ class ExecutorClient:
             if frame is None:
                 break
             kind, cid, payload = frame
-            self._deliver(cid, kind, payload)
+            self._last_rx = time.monotonic()
+            if kind != wire.PONG:
+                self._deliver(cid, kind, payload)
 
     def _deliver(self, cid: int, kind: int, payload: bytes) -> None:
-        """Hand a frame to its command. The queue is bounded, so a slow consumer slows the
-        executor down instead of piling output up in memory; a command nobody listens to
-        any more is dropped."""
-        while True:
-            q = self._queues.get(cid)
-            if q is None:
-                return
-            try:
-                q.put((kind, payload), timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        """Hand a frame to its command; never blocks (credit bounds what can arrive). A
+        command nobody listens to any more is dropped."""
+        q = self._queues.get(cid)
+        if q is not None:
+            q.put((kind, payload))
 
     def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -156,11 +167,7 @@ class ExecutorClient:
             self._proc.stdin.write(wire.pack(kind, cid, payload))
 
     # ----- commands ------------------------------------------------------------------------
-    def run(self, cmd: Command, grace: float) -> Chunks:
-        with self._id_lock:
-            cid = next(self._ids)
-        q: queue.Queue[tuple[int, bytes]] = queue.Queue(maxsize=QUEUE_FRAMES)
-        self._queues[cid] = q
+    def _request(self, cmd: Command) -> bytes:
         request = {
             "argv": cmd.argv,
             "env": cmd.env,
@@ -169,11 +176,32 @@ class ExecutorClient:
             "timeout": cmd.timeout,
             "stdin": cmd.stdin is not None,
         }
+        return json.dumps(request).encode()
+
+    def _silence(self, probe: Probe | None) -> None:
+        """Called while a command waits with nothing arriving: ping the executor, and when
+        even pings go unanswered ask the probe whether the sandbox is still there."""
+        now = time.monotonic()
+        quiet = now - self._last_rx
+        if quiet >= PING_AFTER and now - self._last_ping >= PING_AFTER:
+            self._last_ping = now
+            self._send(wire.PING, 0)
+        if quiet >= SILENT and probe is not None:
+            lost = probe()
+            if lost is not None:
+                raise lost
+            self._last_rx = time.monotonic()  # the sandbox runs: give the executor time
+
+    def run(self, cmd: Command, grace: float, probe: Probe | None = None) -> Chunks:
+        with self._id_lock:
+            cid = next(self._ids)
+        q: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self._queues[cid] = q
         done = False
         try:
             if self._dead.is_set():
                 raise ExecutorLost(f"executor is not running: {self.stderr_tail}")
-            self._send(wire.RUN, cid, json.dumps(request).encode())
+            self._send(wire.RUN, cid, self._request(cmd))
             if cmd.stdin is not None:
                 view = memoryview(cmd.stdin)
                 for i in range(0, len(view), 1 << 20):
@@ -184,30 +212,28 @@ class ExecutorClient:
                 if cmd.timeout is not None
                 else None
             )
-            killed = False
+            killed, consumed = False, 0
             while True:
-                wait = None if backstop is None else max(0.05, backstop - time.monotonic())
                 try:
-                    kind, payload = q.get(timeout=wait)
+                    kind, payload = q.get(timeout=0.25)
                 except queue.Empty:
+                    self._silence(probe)
+                    if backstop is None or time.monotonic() < backstop:
+                        continue
                     if not killed:  # the executor should have ended it: ask once more
                         self._send(wire.KILL, cid)
                         killed, backstop = True, time.monotonic() + BACKSTOP
                         continue
                     raise ExecutorLost("executor stopped answering; it will be restarted") from None
-                if kind == wire.OUT:
-                    yield "stdout", payload
-                elif kind == wire.ERR:
-                    yield "stderr", payload
+                if kind in (wire.OUT, wire.ERR):
+                    consumed += 1
+                    if consumed >= wire.WINDOW // 2:  # hand the credit back as we read
+                        self._send(wire.CREDIT, cid, wire.COUNT.pack(consumed))
+                        consumed = 0
+                    yield ("stdout" if kind == wire.OUT else "stderr"), payload
                 elif kind == wire.EXIT:
                     done = True
-                    info = json.loads(payload.decode())
-                    return Outcome(
-                        info["exit_code"],
-                        info["timed_out"],
-                        info["elapsed"],
-                        bool(info.get("oom_killed")),
-                    )
+                    return _outcome(json.loads(payload.decode()))
                 else:
                     raise ExecutorLost(
                         "the in-container executor died while the command ran"
@@ -217,3 +243,14 @@ class ExecutorClient:
             if not done and not self._dead.is_set():
                 self._send(wire.KILL, cid)  # caller gave up: the command must not outlive it
             self._queues.pop(cid, None)
+
+
+def _outcome(info: dict[str, Any]) -> Outcome:
+    if info.get("unavailable"):
+        raise SandboxUnavailable(
+            f"the sandbox cannot run the command: {info['unavailable']} (its pids or memory "
+            "limit is reached; the command did not start)"
+        )
+    return Outcome(
+        info["exit_code"], info["timed_out"], info["elapsed"], bool(info.get("oom_killed"))
+    )

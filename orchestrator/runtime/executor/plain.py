@@ -6,6 +6,7 @@ exec kills each process whose /proc/PID/environ holds it (POSIX sh, tr and grep;
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import time
@@ -16,6 +17,9 @@ from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome
 
 MARK = "ORCHESTRATOR_CMD"
+NO_USER = b"unable to find user "
+KILL_TIMEOUT = 5.0
+"""Longest the in-container kill may take (an engine that does not answer)."""
 # `sh -c KILL_MARKED sh TOKEN SIGNAL`
 KILL_MARKED = r"""
 m="ORCHESTRATOR_CMD=$1"
@@ -45,36 +49,37 @@ def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
         # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
         # cannot read another uid's environ; the same uid can, and may signal it
         user = ["-u", cmd.user] if cmd.user else []
-        subprocess.run(
-            [
-                *docker_cmd,
-                "exec",
-                *user,
-                container,
-                "/bin/sh",
-                "-c",
-                KILL_MARKED,
-                "sh",
-                token,
-                name,
-            ],
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
+        kill = [*docker_cmd, "exec", *user, container, "/bin/sh", "-c", KILL_MARKED, "sh"]
+        # a paused or vanished container fails or times out here: the client is killed below
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                [*kill, token, name], capture_output=True, timeout=KILL_TIMEOUT, check=False
+            )
+        if sig == signal.SIGKILL:
+            proc.kill()  # and the local docker client, which a paused sandbox would hold
 
     started = time.monotonic()
     proc = procutil.spawn(argv, None, None, with_stdin=cmd.stdin is not None)
+    stdin = [cmd.stdin] if cmd.stdin is not None else None
+    chunks = procutil.pump(proc, stdin, cmd.timeout, killer=killer, started=started)
     done = False
     try:
-        stdin = [cmd.stdin] if cmd.stdin is not None else None
-        code, timed_out, elapsed = yield from procutil.pump(
-            proc, stdin, cmd.timeout, killer=killer, started=started
-        )
+        first = True
+        while True:
+            try:
+                kind, data = next(chunks)
+            except StopIteration as stop:
+                code, timed_out, elapsed = stop.value
+                break
+            if first and kind == "stdout" and data.startswith(NO_USER):
+                # the docker CLI prints its own refusal on stdout
+                kind, data = "stderr", data.replace(b"\r\n", b"\n")
+            first = False
+            yield kind, data
         done = True
         return Outcome(code, timed_out, elapsed)
     finally:
-        if not done:
-            killer(signal.SIGKILL)
+        if not done:  # the caller gave up: pump kills the tree in the container
+            chunks.close()
             proc.kill()
             proc.wait()

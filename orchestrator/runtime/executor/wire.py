@@ -1,8 +1,14 @@
 """The executor's framed protocol. Standard library only (copied into containers).
 
 A frame is a 9-byte header (kind, command id, payload length; big-endian) and the payload.
-Host -> executor: RUN (JSON request), STDIN (bytes), STDIN_EOF, KILL.
-Executor -> host: READY (JSON), OUT / ERR (bytes), EXIT (JSON outcome).
+Host -> executor: RUN (JSON request), STDIN (bytes), STDIN_EOF, KILL, CREDIT (4-byte count:
+that many more output frames of this command may be sent), PING, RELEASE (the host closes
+this executor on purpose: its end of input does not mean the owner died).
+Executor -> host: READY (JSON), OUT / ERR (bytes), EXIT (JSON outcome), PONG.
+
+Flow control is per command: the executor sends at most WINDOW output frames of a command
+beyond what the host has credited back, so a consumer that stops reading stalls only its own
+command, never the shared pipe.
 """
 
 from __future__ import annotations
@@ -11,9 +17,12 @@ import struct
 from typing import IO, Optional, Tuple
 
 HEADER = struct.Struct(">BII")
-RUN, STDIN, STDIN_EOF, KILL = 1, 2, 3, 4
-READY, OUT, ERR, EXIT = 10, 11, 12, 13
+RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE = 1, 2, 3, 4, 5, 6, 7
+READY, OUT, ERR, EXIT, PONG = 10, 11, 12, 13, 14
 MAX_PAYLOAD = 64 * 1024 * 1024
+WINDOW = 64
+"""Output frames (of at most 64 KiB each) in flight per command before credit is needed."""
+COUNT = struct.Struct(">I")
 
 Frame = Tuple[int, int, bytes]
 

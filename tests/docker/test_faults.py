@@ -1,0 +1,261 @@
+"""Faults injected into live sandboxes: every call returns within a bound, a dead sandbox is
+reported as such (never as the command's own failure), and nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import SandboxUnavailable, StartupError, spawn_runtime
+from orchestrator.runtime.base import Runtime
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = ["executor", "plain"]
+
+
+def docker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60)
+
+
+def spawn(path: Path, mode: str) -> Runtime:
+    os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain" if mode == "plain" else "auto"
+    try:
+        return spawn_runtime(path)
+    finally:
+        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+
+
+def project_state(name: str) -> list[str]:
+    flt = f"label=org.orchestrator.project={name}"
+    return docker("ps", "-a", "--format", "{{.State}}", "--filter", flt).stdout.split()
+
+
+def project_objects(name: str) -> list[str]:
+    flt = f"label=org.orchestrator.project={name}"
+    return (
+        docker("ps", "-aq", "--filter", flt).stdout.split()
+        + docker("network", "ls", "-q", "--filter", flt).stdout.split()
+    )
+
+
+def in_background(fn) -> tuple[threading.Thread, list[object]]:  # type: ignore[no-untyped-def]
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_killed_container_is_sandbox_unavailable_not_a_failed_command(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
+    with spawn(make_env(""), mode) as rt:
+        t, out = in_background(lambda: rt.execute("sleep 30", timeout=60))
+        time.sleep(1)
+        started = time.monotonic()
+        docker("kill", rt.container)
+        t.join(10)
+        assert not t.is_alive() and time.monotonic() - started < 10
+        assert isinstance(out[0], SandboxUnavailable), out
+        assert "not running" in str(out[0]) or "gone" in str(out[0])
+        with pytest.raises(SandboxUnavailable):
+            rt.execute("true", timeout=10)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_paused_container_is_a_clear_error_within_timeout_plus_two(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
+    with spawn(make_env(""), mode) as rt:
+        t, out = in_background(lambda: rt.execute("sleep 30", timeout=3))
+        time.sleep(0.5)
+        started = time.monotonic()
+        docker("pause", rt.container)
+        try:
+            t.join(15)
+            assert not t.is_alive() and time.monotonic() - started < 3 + 2
+            assert isinstance(out[0], SandboxUnavailable) and "paused" in str(out[0]), out
+        finally:
+            docker("unpause", rt.container)
+        assert rt.execute("echo back", timeout=20).stdout == "back\n"
+
+
+HOG = """
+import os, time
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(300)
+            os._exit(0)
+    except OSError:
+        time.sleep(0.001)
+"""
+
+
+def test_exhausted_pids_is_sandbox_unavailable(make_env) -> None:  # type: ignore[no-untyped-def]
+    with spawn(make_env("resources: {pids: 40}\n"), "executor") as rt:
+        # a daemon that outlives its command and takes every process slot that frees up
+        rt.write_file("hog.py", HOG)
+        rt.execute("setsid python3 hog.py >/dev/null 2>&1 & sleep 1", timeout=20)
+        started = time.monotonic()
+        with pytest.raises(SandboxUnavailable, match="cannot"):
+            rt.execute("true", timeout=10)
+        assert time.monotonic() - started < 10
+
+
+def test_main_container_dying_during_start_fails_the_spawn_with_its_logs(tmp_path: Path) -> None:
+    # the sandbox's keep-alive script runs under /bin/sh: make that exit at once
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {PYTHON_IMAGE}\nRUN ln -sf /usr/bin/false /bin/sh\n"
+    )
+    env = tmp_path / "env.yaml"
+    env.write_text("version: 1\nname: dies\nbuild: {context: .}\n")
+    before = labelled_ids()
+    try:
+        with pytest.raises(StartupError, match="not running") as info:
+            spawn_runtime(env)
+        assert "exit code 1" in str(info.value)
+        assert labelled_ids() == before
+    finally:
+        for line in docker("images", "-q", "orchestrator-build/dies-main").stdout.split():
+            docker("rmi", "-f", line)
+
+
+OWNER = """
+import sys, time
+from orchestrator import spawn_runtime
+rt = spawn_runtime(sys.argv[1])
+print(rt.project.name, flush=True)
+time.sleep(600)
+"""
+
+
+def start_owner(path: Path, guardian: bool) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "ORCHESTRATOR_GUARDIAN": "1" if guardian else "0"}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert owner.stdout is not None
+    name = owner.stdout.readline().strip()
+    assert name.startswith("orch-t-"), name
+    return owner, name
+
+
+def wait_until(check, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_owner_death_removes_everything_within_seconds(make_env, sig: int) -> None:  # type: ignore[no-untyped-def]
+    path = make_env(f"services: {{db: {{image: {BUSYBOX_IMAGE}, command: [sleep, '600']}}}}\n")
+    owner, name = start_owner(path, guardian=True)
+    try:
+        assert len(project_objects(name)) == 3  # two containers and the network
+        owner.send_signal(sig)
+        owner.wait(10)
+        assert wait_until(lambda: project_objects(name) == [], 10), project_state(name)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        assert owner.stdout is not None
+        owner.stdout.close()
+
+
+def test_without_a_guardian_the_sandbox_stops_itself_and_ps_removes_it(make_env) -> None:  # type: ignore[no-untyped-def]
+    owner, name = start_owner(make_env(""), guardian=False)
+    try:
+        owner.kill()
+        owner.wait(10)
+        # the executor saw its input end and stopped the container from inside
+        assert wait_until(lambda: "running" not in project_state(name), 10)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        assert owner.stdout is not None
+        owner.stdout.close()
+    ps = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "ps", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ps.returncode == 0, ps.stderr
+    assert name not in [row["id"] for row in json.loads(ps.stdout)]
+    assert project_objects(name) == []
+
+
+def test_down_refuses_a_live_owners_environment_without_force(make_env) -> None:  # type: ignore[no-untyped-def]
+    cli = [sys.executable, "-m", "orchestrator"]
+    with spawn_runtime(make_env("")) as rt:
+        name = rt.project.name
+        r = subprocess.run([*cli, "down", name], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--force" in r.stderr
+        assert rt.execute("echo alive").stdout == "alive\n"
+        r = subprocess.run([*cli, "down", "o"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "at least 6" in r.stderr
+        r = subprocess.run(
+            [*cli, "down", "--force", name[-8:]], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0, r.stderr
+        assert project_objects(name) == []
+
+
+def test_up_and_down_leave_no_folder_and_no_workspace(tmp_path: Path) -> None:
+    cli = [sys.executable, "-m", "orchestrator"]
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}
+    up = subprocess.run(
+        [*cli, "up", str(ROOT / "environments" / "python.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert up.returncode == 0, up.stderr
+    name = up.stdout.strip()
+    folder = tmp_path / "state" / "projects" / name
+    assert (folder / "workspace").is_dir()
+    down = subprocess.run(
+        [*cli, "down", name], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert down.returncode == 0, down.stderr
+    assert not folder.exists() and project_objects(name) == []
+
+
+def test_a_start_killed_half_way_leaves_a_folder_the_next_spawn_reaps(
+    make_env, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.project.identity import projects_dir
+    from orchestrator.project.inventory import reap
+
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from orchestrator.project.identity import claim_folder, projects_dir\n"
+        "d = projects_dir() / 'orch-t-halfdone'\n"
+        "claim_folder(d); (d / 'compose.yaml').write_text('name: x')\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=False)
+    folder = projects_dir() / "orch-t-halfdone"
+    assert folder.exists()
+    assert "orch-t-halfdone" in reap()
+    assert not folder.exists()
