@@ -101,8 +101,9 @@ def _argv(command: list[str]) -> str | list[str]:
 
 def _docker_cmd() -> list[str]:
     from orchestrator.project import docker_client
+    from orchestrator.project.engine import raw_docker
 
-    return [str(c) for c in docker_client().client_config.docker_cmd]
+    return raw_docker(docker_client())  # exec, shell and logs -f last as long as they need
 
 
 def _main_exec(ref: str) -> list[str]:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
-from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
+from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError, UsageError
+
+T = TypeVar("T")
 
 DAEMON_DOWN = (
     "cannot connect to the docker daemon",
@@ -18,8 +23,55 @@ DAEMON_DOWN = (
 )
 
 
-def docker_client(**kwargs: Any) -> DockerClient:
-    return DockerClient(**kwargs)
+ENGINE_TIMEOUT_ENV = "ORCHESTRATOR_ENGINE_TIMEOUT"
+UP_TIMEOUT_ENV = "ORCHESTRATOR_UP_TIMEOUT"
+TIMED_OUT = 124
+"""Exit status of coreutils `timeout` when the bound was reached."""
+
+
+def engine_timeout(name: str = ENGINE_TIMEOUT_ENV, default: float = 120.0) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise UsageError(f"{name} must be a number of seconds, got {raw!r}") from None
+
+
+def up_timeout() -> float:
+    """Bound of `compose up`, which may build images (ORCHESTRATOR_UP_TIMEOUT, 900 s)."""
+    return engine_timeout(UP_TIMEOUT_ENV, 900.0)
+
+
+def docker_client(timeout: float | None = None, **kwargs: Any) -> DockerClient:
+    """A client whose every call is bounded: the docker CLI runs under coreutils `timeout`
+    (its own process group, so a hung Compose plugin dies with it; status 124) where that
+    program exists. Long-lived calls (`docker exec -i` of the executor) use `raw_docker`."""
+    bound = engine_timeout() if timeout is None else timeout
+    call = ["docker"]
+    if shutil.which("timeout"):
+        call = ["timeout", "-k", "5", f"{bound:g}", "docker"]
+    return DockerClient(client_call=call, **kwargs)
+
+
+def raw_docker(client: DockerClient) -> list[str]:
+    """The client's docker command without the time bound, for calls that last."""
+    cmd = [str(c) for c in client.client_config.docker_cmd]
+    if cmd and Path(cmd[0]).name == "timeout":
+        cmd = cmd[4:]  # timeout -k 5 SECONDS docker ...
+    return cmd
+
+
+def engine_call(action: str, fn: Callable[[], T], *, retry: bool = True) -> T:
+    """Run one engine call, converting its errors; when it timed out and is idempotent
+    (`retry`), try once more (hung engine calls happen, rarely)."""
+    for attempt in (0, 1):
+        try:
+            with docker_errors(action):
+                return fn()
+        except DockerError as exc:
+            if not (retry and attempt == 0 and exc.returncode == TIMED_OUT):
+                raise
+    raise AssertionError("unreachable")
 
 
 def wrap(action: str, exc: DockerException) -> OrchestratorError:
@@ -32,8 +84,12 @@ def wrap(action: str, exc: DockerException) -> OrchestratorError:
             "the Docker engine is not reachable: start it (Docker Desktop, "
             "or `dockerd`; on our machines run scripts/bootstrap-docker)"
         )
+    if exc.return_code == TIMED_OUT:
+        action += " timed out (the engine did not answer in time; see ORCHESTRATOR_*_TIMEOUT)"
+    else:
+        action += f" failed (exit {exc.return_code})"
     return DockerError(
-        f"{action} failed (exit {exc.return_code})",
+        action,
         command=[str(c) for c in exc.docker_command],
         returncode=exc.return_code,
         stderr=stderr,

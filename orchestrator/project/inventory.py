@@ -14,7 +14,7 @@ from python_on_whales import DockerClient
 
 from orchestrator.compile.render import MAIN, USER_LABEL
 from orchestrator.errors import OrchestratorError, ProjectNotFound
-from orchestrator.project.engine import docker_client, docker_errors, service_of
+from orchestrator.project.engine import docker_client, docker_errors, engine_call, service_of
 from orchestrator.project.identity import (
     DETACHED,
     LABEL_DIR,
@@ -62,19 +62,22 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     client = client or docker_client()
     flt: Any = [("label", f"{LABEL_MANAGED}=1")]
     found: dict[str, ProjectInfo] = {}
-    with docker_errors("listing projects"):
-        for c in client.container.list(all=True, filters=flt):
-            labels = dict(c.config.labels or {})
-            name = labels.get(LABEL_PROJECT, "")
-            info = found.setdefault(name, ProjectInfo(name, labels, [], []))
-            service = service_of(labels)
-            info.containers.append((c.id[:12], service, c.state.status or ""))
-            if service == MAIN:
-                info.main_user = labels.get(USER_LABEL, "")
-        for n in client.network.list(filters=flt):
-            labels = dict(n.labels or {})
-            name = labels.get(LABEL_PROJECT, "")
-            found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(n.id[:12])
+    containers = engine_call(
+        "listing projects", lambda: client.container.list(all=True, filters=flt)
+    )
+    networks = engine_call("listing project networks", lambda: client.network.list(filters=flt))
+    for c in containers:
+        labels = dict(c.config.labels or {})
+        name = labels.get(LABEL_PROJECT, "")
+        info = found.setdefault(name, ProjectInfo(name, labels, [], []))
+        service = service_of(labels)
+        info.containers.append((c.id[:12], service, c.state.status or ""))
+        if service == MAIN:
+            info.main_user = labels.get(USER_LABEL, "")
+    for n in networks:
+        labels = dict(n.labels or {})
+        name = labels.get(LABEL_PROJECT, "")
+        found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(n.id[:12])
     return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 

@@ -16,8 +16,10 @@ from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorErro
 from orchestrator.project.engine import (
     docker_client,
     docker_errors,
+    engine_call,
     published_ports,
     service_of,
+    up_timeout,
 )
 from orchestrator.project.guardian import ensure_guardian
 from orchestrator.project.identity import (
@@ -42,22 +44,26 @@ class Project:
     directory: Path
     compiled: CompiledProject
     client: DockerClient = field(init=False)
+    """Every call bounded by ORCHESTRATOR_ENGINE_TIMEOUT."""
+    up_client: DockerClient = field(init=False)
+    """For `up`, which may build images: bounded by ORCHESTRATOR_UP_TIMEOUT."""
 
     def __post_init__(self) -> None:
-        compose = self.directory / "compose.yaml"
-        self.client = docker_client(
-            compose_files=[compose],
-            compose_project_name=self.name,
-            compose_project_directory=self.directory,
-        )
+        compose: dict[str, Any] = {
+            "compose_files": [self.directory / "compose.yaml"],
+            "compose_project_name": self.name,
+            "compose_project_directory": self.directory,
+        }
+        self.client = docker_client(**compose)
+        self.up_client = docker_client(up_timeout(), **compose)
 
     @property
     def main_container(self) -> str:
         return f"{self.name}-{MAIN}-1"
 
     def up(self) -> None:
-        with docker_errors(f"starting project {self.name}"):
-            self.client.compose.up(detach=True, quiet=True)
+        with docker_errors(f"starting project {self.name}"):  # not retried: a failed start
+            self.up_client.compose.up(detach=True, quiet=True)  # is removed, then retried
 
     def down(self, keep: bool = False) -> None:
         """Remove containers, networks and volumes (or only stop them with keep=True)."""
@@ -65,30 +71,32 @@ class Project:
             remove_by_label(self.name)
             shutil.rmtree(self.directory, ignore_errors=True)
             return
-        with docker_errors(f"removing project {self.name}"):
-            if keep:
-                self.client.compose.stop(timeout=STOP_TIMEOUT)
-            else:
-                self.client.compose.down(
+        compose = self.client.compose
+        if keep:
+            engine_call(f"stopping project {self.name}", lambda: compose.stop(timeout=STOP_TIMEOUT))
+        else:
+            engine_call(
+                f"removing project {self.name}",
+                lambda: compose.down(
                     remove_orphans=True, volumes=True, timeout=STOP_TIMEOUT, quiet=True
-                )
+                ),
+            )
         if not keep:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def kill(self) -> None:
-        with docker_errors(f"killing project {self.name}"):
-            self.client.compose.kill()
+        engine_call(f"killing project {self.name}", self.client.compose.kill)
 
     def ports(self) -> list[dict[str, Any]]:
         """Published ports as [{service, container, protocol, host_ip, host}] (ephemeral ones
         resolved)."""
-        with docker_errors("reading published ports"):
-            return published_ports(self.client.compose.ps())
+        return published_ports(engine_call("reading published ports", self.client.compose.ps))
 
     def service_states(self) -> list[tuple[str, str, str]]:
         """(service, state, health) for every container of the project."""
-        with docker_errors("listing project containers"):
-            containers = self.client.compose.ps(all=True)
+        containers = engine_call(
+            "listing project containers", lambda: self.client.compose.ps(all=True)
+        )
         out = []
         for c in containers:
             service = service_of(c.config.labels, c.name)
@@ -97,10 +105,12 @@ class Project:
         return out
 
     def logs(self, service: str | None = None, tail: int | None = None) -> str:
-        with docker_errors("reading logs"):
-            text = self.client.compose.logs(
+        text = engine_call(
+            "reading logs",
+            lambda: self.client.compose.logs(
                 services=[service] if service else [], tail=str(tail) if tail else None
-            )
+            ),
+        )
         return text if isinstance(text, str) else ""
 
 

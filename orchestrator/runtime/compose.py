@@ -21,7 +21,8 @@ from orchestrator.errors import (
     SandboxUnavailable,
     StartupError,
 )
-from orchestrator.project import LABEL_DIR, Project, docker_errors, start_project
+from orchestrator.project import LABEL_DIR, Project, start_project
+from orchestrator.project.engine import engine_call, raw_docker
 from orchestrator.runtime import procutil
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.executor.client import FILES, ExecutorClient
@@ -79,7 +80,7 @@ class ComposeRuntime(Runtime):
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
-        self._docker_cmd = [str(c) for c in self.project.client.client_config.docker_cmd]
+        self._docker_cmd = raw_docker(self.project.client)  # exec calls last: no time bound
         if self.exec_mode != "plain":
             self._executor = self._new_executor()  # starts now, overlapping the ports query
         if compiled.published:
@@ -171,16 +172,22 @@ class ComposeRuntime(Runtime):
 
     def _poll(self) -> int | None:
         assert self.project is not None
-        with docker_errors("inspecting the sandbox"):
-            state = self.project.client.container.inspect(self.project.main_container).state
+        state = self._state()
         return None if state.running else int(state.exit_code or 0)
+
+    def _state(self) -> Any:
+        assert self.project is not None
+        project = self.project
+        return engine_call(
+            "inspecting the sandbox",
+            lambda: project.client.container.inspect(project.main_container).state,
+        )
 
     def _probe(self) -> str | None:
         """Why the sandbox cannot run commands (gone, stopped, paused), or None if it can."""
         assert self.project is not None
         try:
-            with docker_errors("inspecting the sandbox"):
-                state = self.project.client.container.inspect(self.project.main_container).state
+            state = self._state()
         except DockerError as exc:
             return f"its main container is gone ({exc.stderr.strip() or exc})"
         if state.paused:

@@ -259,3 +259,23 @@ def test_a_start_killed_half_way_leaves_a_folder_the_next_spawn_reaps(
     assert folder.exists()
     assert "orch-t-halfdone" in reap()
     assert not folder.exists()
+
+
+def test_a_hung_engine_call_is_bounded_and_retried_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from python_on_whales.utils import run
+
+    from orchestrator.errors import DockerError
+    from orchestrator.project.engine import docker_client, engine_call
+
+    monkeypatch.setenv("ORCHESTRATOR_ENGINE_TIMEOUT", "1")
+    client = docker_client()
+    calls = []
+
+    def hangs() -> object:  # `docker events` never returns by itself
+        calls.append(1)
+        return run([*client.client_config.docker_cmd, "events"])
+
+    started = time.monotonic()
+    with pytest.raises(DockerError, match="timed out"):
+        engine_call("waiting on events", hangs)
+    assert len(calls) == 2 and time.monotonic() - started < 2 * (1 + 5) + 2
