@@ -12,7 +12,14 @@ from typing import Any, TypeVar
 from python_on_whales import DockerClient
 
 from orchestrator.compile.render import MAIN, CompiledProject, CompileOptions, compile_project
-from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorError, StartupError
+from orchestrator.errors import (
+    DockerError,
+    HealthcheckFailed,
+    OrchestratorError,
+    SpecError,
+    SpecIssue,
+    StartupError,
+)
 from orchestrator.project.engine import (
     docker_client,
     docker_errors,
@@ -160,7 +167,7 @@ def start_project(
         try:
             project.up()
         except DockerError as exc:
-            err = _diagnose(project, exc)
+            err = _diagnose(project, exc, env.source)
             _remove_quietly(project)
             if err is exc:
                 raise
@@ -186,9 +193,22 @@ def _remove_quietly(project: Project) -> None:
     shutil.rmtree(project.directory, ignore_errors=True)
 
 
-def _diagnose(project: Project, exc: DockerError) -> OrchestratorError:
+def _diagnose(project: Project, exc: DockerError, source: str) -> OrchestratorError:
     """A failed `up` because a service never became healthy (or died) becomes an error that
-    names the service and shows its last log lines."""
+    names the service and shows its last log lines; a disk limit the engine cannot enforce
+    becomes a spec error naming the field."""
+    if "storage-opt" in exc.stderr:
+        return SpecError(
+            SpecIssue(
+                source,
+                None,
+                None,
+                "resources.disk",
+                "this engine cannot limit a container's disk (its storage driver needs "
+                "overlay2 on xfs with pquota, btrfs or zfs for that)",
+                "remove resources.disk here, or bound /tmp with resources.tmp",
+            )
+        )
     try:
         states = project.service_states()
     except OrchestratorError:

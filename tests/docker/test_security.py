@@ -151,3 +151,28 @@ def test_tmp_is_a_bounded_tmpfs(make_env) -> None:  # type: ignore[no-untyped-de
         r = rt.execute("head -c 20000000 /dev/zero > /tmp/fill", timeout=30)
         assert r.exit_code != 0 and "space" in r.stderr.lower()
         assert rt.execute("echo ok").stdout == "ok\n"
+
+
+def test_disk_limit_is_enforced_or_refused_clearly(make_env) -> None:  # type: ignore[no-untyped-def]
+    """Where the storage driver can limit the writable layer, writing past it fails; where it
+    cannot (overlay2 on ext4, as on our machines), the start fails naming the field."""
+    import subprocess
+
+    from orchestrator import SpecError
+
+    driver = subprocess.run(
+        ["docker", "info", "--format", "{{.Driver}} {{json .DriverStatus}}"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    before = labelled_ids()
+    path = make_env("resources: {disk: 64m}\n")
+    if "pquota" in driver or driver.startswith(("btrfs", "zfs")):
+        with spawn_runtime(path) as rt:
+            r = rt.execute("head -c 200000000 /dev/zero > /var/fill", timeout=60)
+            assert r.exit_code != 0 and "space" in r.stderr.lower()
+    else:
+        with pytest.raises(SpecError, match=r"resources\.disk") as info:
+            spawn_runtime(path)
+        assert "resources.tmp" in str(info.value)
+    assert labelled_ids() == before
