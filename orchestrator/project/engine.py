@@ -108,9 +108,12 @@ def docker_errors(action: str) -> Iterator[None]:
         ) from exc
 
 
+COMPOSE_SERVICE = "com.docker.compose.service"
+
+
 def service_of(labels: Mapping[str, str] | None, default: str = "") -> str:
     """The Compose service a container belongs to, from its labels."""
-    return (labels or {}).get("com.docker.compose.service", default)
+    return (labels or {}).get(COMPOSE_SERVICE, default)
 
 
 def published_ports(containers: Iterable[Container]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """One guardian per owner process: when the owner dies, by any signal (SIGKILL included), it
 removes that owner's projects, containers, networks, volumes and folders, by label, and exits.
 
-It is started on the owner's first spawn (`python -m orchestrator.project.guardian`) in a
+It is started on the owner's first spawn (a `python -c` calling `main` below) in a
 session of its own, so that signals sent to the owner's process group do not reach it. It
 learns of the owner's death from the end of its stdin (the owner holds the only write end)
 and, in case a forked child holds that end too, by polling the owner's pid and start time.
@@ -28,9 +28,12 @@ from orchestrator.project.identity import (
 )
 
 GUARDIAN_ENV = "ORCHESTRATOR_GUARDIAN"
+LOG_ENV = "ORCHESTRATOR_GUARDIAN_LOG"
+"""A file the guardians append their errors to (none by default)."""
 POLL = 0.5
 """Seconds between two checks of the owner's pid (when no end of input told us first)."""
 
+ENTRY = "import sys; from orchestrator.project.guardian import main; sys.exit(main(sys.argv[1:]))"
 _lock = threading.Lock()
 _guardian: tuple[int, subprocess.Popen[bytes]] | None = None
 """(owner pid, guardian process): a forked child needs a guardian of its own."""
@@ -45,15 +48,17 @@ def ensure_guardian() -> None:
     with _lock:
         if _guardian is not None and _guardian[0] == pid and _guardian[1].poll() is None:
             return
-        argv = [sys.executable, "-m", "orchestrator.project.guardian", str(pid)]
+        argv = [sys.executable, "-c", ENTRY, str(pid)]
         argv += [process_start(pid), socket.gethostname()]
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        log = os.environ.get(LOG_ENV)
+        with open(log or os.devnull, "ab") as err:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
         _guardian = (pid, proc)
 
 
@@ -103,7 +108,3 @@ def main(argv: list[str]) -> int:
     pid, start, host = argv
     watch(pid, start, host)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import threading
 import time
@@ -11,17 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from python_on_whales import DockerClient
+from python_on_whales.utils import run
 
 from orchestrator.compile.render import MAIN, USER_LABEL
-from orchestrator.errors import OrchestratorError, ProjectNotFound
-from orchestrator.project.engine import docker_client, docker_errors, engine_call, service_of
+from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound
+from orchestrator.project.engine import COMPOSE_SERVICE, docker_client, docker_errors, engine_call
 from orchestrator.project.identity import (
     DETACHED,
+    LABEL_DIGEST,
     LABEL_DIR,
     LABEL_ENV,
     LABEL_MANAGED,
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
+    LABEL_OWNER_START,
     LABEL_PROJECT,
     LABEL_STARTED,
     folder_owner,
@@ -57,27 +61,52 @@ class ProjectInfo:
         return "detached" if pid == DETACHED else f"pid {pid}@{self.labels.get(LABEL_OWNER_HOST)}"
 
 
+LISTED_LABELS = (
+    LABEL_PROJECT,
+    COMPOSE_SERVICE,
+    LABEL_MANAGED,
+    LABEL_ENV,
+    LABEL_DIGEST,
+    LABEL_OWNER_PID,
+    LABEL_OWNER_START,
+    LABEL_OWNER_HOST,
+    LABEL_STARTED,
+    LABEL_DIR,
+    USER_LABEL,
+)
+
+
+def _rows(client: DockerClient, kind: list[str], fields: list[str]) -> list[list[str]]:
+    """One `docker ... ls` call for our objects, each line a JSON array of `fields` (labels
+    JSON-quoted, so any value parses). No object is inspected afterwards: objects removed by
+    someone else meanwhile cannot fail the listing."""
+    labels = [f"{{{{json (.Label {json.dumps(k)})}}}}" for k in LISTED_LABELS]
+    fmt = "[" + ",".join([*fields, *labels]) + "]"
+    argv = [*client.client_config.docker_cmd, *kind, "--filter"]
+    argv += [f"label={LABEL_MANAGED}=1", "--format", fmt]
+    out = engine_call(f"listing ({' '.join(kind)})", lambda: run(argv, return_stderr=False))
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
 def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     """Every project carrying our labels, from its containers and networks."""
     client = client or docker_client()
-    flt: Any = [("label", f"{LABEL_MANAGED}=1")]
     found: dict[str, ProjectInfo] = {}
-    containers = engine_call(
-        "listing projects", lambda: client.container.list(all=True, filters=flt)
-    )
-    networks = engine_call("listing project networks", lambda: client.network.list(filters=flt))
-    for c in containers:
-        labels = dict(c.config.labels or {})
+    n = len(LISTED_LABELS)
+    for cid, state, *values in _rows(
+        client, ["ps", "-a", "--no-trunc"], ["{{json .ID}}", "{{json .State}}"]
+    ):
+        labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         info = found.setdefault(name, ProjectInfo(name, labels, [], []))
-        service = service_of(labels)
-        info.containers.append((c.id[:12], service, c.state.status or ""))
+        service = labels.get(COMPOSE_SERVICE, "")
+        info.containers.append((cid[:12], service, state))
         if service == MAIN:
             info.main_user = labels.get(USER_LABEL, "")
-    for n in networks:
-        labels = dict(n.labels or {})
+    for nid, *values in _rows(client, ["network", "ls", "--no-trunc"], ["{{json .ID}}"]):
+        labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
-        found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(n.id[:12])
+        found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(nid[:12])
     return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
@@ -184,25 +213,49 @@ def wait_for_reaper(timeout: float = 10.0) -> None:
         _reaper.join(timeout)
 
 
+def _listed(client: DockerClient, name: str) -> tuple[list[str], list[str]]:
+    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
+    return engine_call(
+        f"listing project {name}",
+        lambda: (
+            [c.id for c in client.container.list(all=True, filters=flt)],
+            [n.id for n in client.network.list(filters=flt)],
+        ),
+    )
+
+
 def remove_by_label(name: str, client: DockerClient | None = None) -> int:
     """Remove every container, network and volume carrying project label `name`, by id."""
     client = client or docker_client()
-    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
-    with docker_errors(f"listing project {name}"):
-        containers = [c.id for c in client.container.list(all=True, filters=flt)]
-        networks = [n.id for n in client.network.list(filters=flt)]
-    return _remove(client, name, containers, networks)
+    return _remove(client, name, *_listed(client, name))
+
+
+REMOVE_TRIES = 3
 
 
 def _remove(client: DockerClient, name: str, containers: list[str], networks: list[str]) -> int:
-    """Remove these containers and networks, and the volumes labelled with the project."""
+    """Remove these containers and networks, and the volumes labelled with the project.
+    Others may be removing the same project at once (a reaper, the owner's guardian, a
+    `down`); the engine then fails the whole call over the part already gone, so on failure
+    we list what is left and go again: the project ends up removed whoever removes which."""
     flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
-    with docker_errors(f"removing project {name}"):
-        if containers:
-            client.container.remove(containers, force=True, volumes=True)
-        if networks:  # the stub asks for list[Network | str]; a list of ids is what we have
-            client.network.remove(networks)  # type: ignore[arg-type]
-        volumes: Any = [v.name for v in client.volume.list(filters=flt)]
-        if volumes:
-            client.volume.remove(volumes)
-    return len(containers) + len(networks) + len(volumes)
+    count = 0
+    for attempt in range(REMOVE_TRIES):
+        try:
+            with docker_errors(f"removing project {name}"):
+                if containers:
+                    client.container.remove(containers, force=True, volumes=True)
+                if networks:  # the stub asks for list[Network | str]; ids are what we have
+                    client.network.remove(networks)  # type: ignore[arg-type]
+                volumes: Any = [v.name for v in client.volume.list(filters=flt)]
+                if volumes:
+                    client.volume.remove(volumes)
+            return count + len(containers) + len(networks) + len(volumes)
+        except DockerError:
+            left = _listed(client, name)
+            if attempt == REMOVE_TRIES - 1 and (left[0] or left[1]):
+                raise
+            count += len(containers) + len(networks) - len(left[0]) - len(left[1])
+            containers, networks = left
+            time.sleep(0.2 * (attempt + 1))
+    return count
