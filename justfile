@@ -44,6 +44,10 @@ bench: setup
     .venv/bin/python -m pip install -q -e '.[bench]'
     {{py}} -m bench
 
+# Hundreds of environments with random faults: hangs, errors and leaks must all be 0
+soak ENVS="300": setup
+    {{py}} -m bench.soak --envs {{ENVS}}
+
 # Build (or reuse) the local test images
 images:
     scripts/build-images

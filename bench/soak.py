@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -254,6 +255,8 @@ def main() -> int:
     leaked = sorted(ours() - before)
     folders = sorted(p.name for p in (state / "projects").glob("*")) if state.exists() else []
     report(args, outcomes, leaked, folders, elapsed)
+    if not folders:
+        shutil.rmtree(state, ignore_errors=True)
     bad = [o for _, o in outcomes if o != "ok"]
     return 0 if not bad and not leaked and not folders else 1
 

@@ -3,6 +3,7 @@ reported as such (never as the command's own failure), and nothing is left behin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,17 +63,25 @@ def in_background(fn) -> tuple[threading.Thread, list[object]]:  # type: ignore[
     return t, out
 
 
+def fault_during(rt: Runtime, timeout: float, fault: str, after: float) -> tuple[object, float]:
+    """Run `sleep 30` with `timeout`, `docker FAULT` the main container `after` seconds in;
+    return what the call returned or raised, and the seconds from its start to then."""
+    started = time.monotonic()
+    t, out = in_background(lambda: rt.execute("sleep 30", timeout=timeout))
+    time.sleep(after)
+    docker(fault, rt.container)  # type: ignore[attr-defined]
+    t.join(timeout + 15)
+    assert not t.is_alive(), "the call did not return"
+    return out[0], time.monotonic() - started
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_killed_container_is_sandbox_unavailable_not_a_failed_command(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
     with spawn(make_env(""), mode) as rt:
-        t, out = in_background(lambda: rt.execute("sleep 30", timeout=60))
-        time.sleep(1)
-        started = time.monotonic()
-        docker("kill", rt.container)
-        t.join(10)
-        assert not t.is_alive() and time.monotonic() - started < 10
-        assert isinstance(out[0], SandboxUnavailable), out
-        assert "not running" in str(out[0]) or "gone" in str(out[0])
+        outcome, seconds = fault_during(rt, 60, "kill", after=1)
+        assert isinstance(outcome, SandboxUnavailable), outcome
+        assert "not running" in str(outcome) or "gone" in str(outcome)
+        assert seconds < 1 + 5
         with pytest.raises(SandboxUnavailable):
             rt.execute("true", timeout=10)
 
@@ -79,16 +89,12 @@ def test_killed_container_is_sandbox_unavailable_not_a_failed_command(make_env, 
 @pytest.mark.parametrize("mode", MODES)
 def test_paused_container_is_a_clear_error_within_timeout_plus_two(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
     with spawn(make_env(""), mode) as rt:
-        t, out = in_background(lambda: rt.execute("sleep 30", timeout=3))
-        time.sleep(0.5)
-        started = time.monotonic()
-        docker("pause", rt.container)
         try:
-            t.join(15)
-            assert not t.is_alive() and time.monotonic() - started < 3 + 2
-            assert isinstance(out[0], SandboxUnavailable) and "paused" in str(out[0]), out
+            outcome, seconds = fault_during(rt, 3, "pause", after=0.5)
         finally:
             docker("unpause", rt.container)
+        assert isinstance(outcome, SandboxUnavailable) and "paused" in str(outcome), outcome
+        assert seconds < 3 + 2
         assert rt.execute("echo back", timeout=20).stdout == "back\n"
 
 
@@ -142,15 +148,23 @@ time.sleep(600)
 """
 
 
-def start_owner(path: Path, guardian: bool) -> tuple[subprocess.Popen[str], str]:
+@contextlib.contextmanager
+def owner_process(path: Path, guardian: bool) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A separate process that spawns `path` and then sleeps: (the process, project name)."""
     env = {**os.environ, "ORCHESTRATOR_GUARDIAN": "1" if guardian else "0"}
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER, str(path)], stdout=subprocess.PIPE, text=True, env=env
     )
     assert owner.stdout is not None
-    name = owner.stdout.readline().strip()
-    assert name.startswith("orch-t-"), name
-    return owner, name
+    try:
+        name = owner.stdout.readline().strip()
+        assert name.startswith("orch-t-"), name
+        yield owner, name
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        owner.stdout.close()
 
 
 def wait_until(check, seconds: float) -> bool:  # type: ignore[no-untyped-def]
@@ -165,33 +179,19 @@ def wait_until(check, seconds: float) -> bool:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_owner_death_removes_everything_within_seconds(make_env, sig: int) -> None:  # type: ignore[no-untyped-def]
     path = make_env(f"services: {{db: {{image: {BUSYBOX_IMAGE}, command: [sleep, '600']}}}}\n")
-    owner, name = start_owner(path, guardian=True)
-    try:
+    with owner_process(path, guardian=True) as (owner, name):
         assert len(project_objects(name)) == 3  # two containers and the network
         owner.send_signal(sig)
         owner.wait(10)
         assert wait_until(lambda: project_objects(name) == [], 10), project_state(name)
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
-        assert owner.stdout is not None
-        owner.stdout.close()
 
 
 def test_without_a_guardian_the_sandbox_stops_itself_and_ps_removes_it(make_env) -> None:  # type: ignore[no-untyped-def]
-    owner, name = start_owner(make_env(""), guardian=False)
-    try:
+    with owner_process(make_env(""), guardian=False) as (owner, name):
         owner.kill()
         owner.wait(10)
         # the executor saw its input end and stopped the container from inside
         assert wait_until(lambda: "running" not in project_state(name), 10)
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
-        assert owner.stdout is not None
-        owner.stdout.close()
     ps = subprocess.run(
         [sys.executable, "-m", "orchestrator", "ps", "--json"],
         capture_output=True,

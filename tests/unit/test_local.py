@@ -1,0 +1,39 @@
+"""The local backend keeps the leak rules too (no Docker needed)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+from orchestrator import load_environment_text, spawn_runtime
+
+
+def running(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_daemons_that_left_the_command_tree_die_at_cleanup(tmp_path: Path) -> None:
+    env = load_environment_text(
+        "version: 1\nname: l\nbackend: local\n", source="l.yaml", base_dir=tmp_path
+    )
+    seconds = str(30000 + uuid.uuid4().int % 9999)
+    with spawn_runtime(env) as rt:
+        # a new session, reparented away from us: no process tree leads to it any more
+        r = rt.execute(f"setsid sleep {seconds} >/dev/null 2>&1 < /dev/null & echo ok", timeout=10)
+        assert r.stdout == "ok\n"
+        time.sleep(0.3)
+        assert running(f"sleep\0{seconds}"), "the daemon did not start"
+    deadline = time.monotonic() + 5
+    while running(f"sleep\0{seconds}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running(f"sleep\0{seconds}") == []
