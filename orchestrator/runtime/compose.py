@@ -22,7 +22,7 @@ from orchestrator.errors import (
     StartupError,
 )
 from orchestrator.project import LABEL_DIR, Project, start_project
-from orchestrator.project.engine import engine_call, raw_docker
+from orchestrator.project.engine import TIMED_OUT, engine_call, raw_docker
 from orchestrator.runtime import procutil
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.executor.client import FILES, ExecutorClient
@@ -189,6 +189,8 @@ class ComposeRuntime(Runtime):
         try:
             state = self._state()
         except DockerError as exc:
+            if exc.returncode == TIMED_OUT:  # the engine is not answering: say that instead
+                raise
             return f"its main container is gone ({exc.stderr.strip() or exc})"
         if state.paused:
             return "its main container is paused; unpause it, or take the environment down"

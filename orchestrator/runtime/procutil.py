@@ -267,11 +267,8 @@ def pump(
                         yield key.data, data
                     else:
                         sel.unregister(key.fileobj)
-            else:  # both pipes closed: wait for the process itself
-                try:
-                    proc.wait(0.05)
-                except subprocess.TimeoutExpired:
-                    pass
+            else:  # both pipes closed: wait for the process (the watchdog keeps the deadline;
+                proc.wait()  # a timed wait would poll with sleeps and cost a millisecond)
             now = time.monotonic()
             if exited_at is None and proc.poll() is not None:
                 exited_at = now  # leftovers of its group keep running, by design

@@ -249,6 +249,8 @@ class Agent:
             proc = self.spawn(req)
             self.procs[cid] = proc
             self.record()
+            if self.flows[cid].cancelled:  # KILL came while it was starting
+                procutil.kill_tree(proc.pid, signal.SIGKILL)
             stdin = self.feed(cid) if cid in self.stdin else None
             gen = procutil.pump(proc, stdin, req.get("timeout"), started=started)
             flow = self.flows[cid]
