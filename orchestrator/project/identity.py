@@ -67,6 +67,9 @@ def owner_alive(labels: dict[str, str]) -> bool:
 
 OWNER_FILE = "owner"
 """In each project folder: "pid start host" of the process that created it."""
+KEPT_FILE = "kept"
+"""In a project folder: cleanup stopped the project and kept it (keep_after_cleanup), so
+neither a reaper nor the owner's guardian removes it; `cleanup --all` or `down` does."""
 ORPHAN_AGE = 600.0
 """Seconds after which a project folder without an owner file counts as abandoned."""
 
@@ -81,6 +84,10 @@ def claim_folder(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     pid = os.getpid()
     (directory / OWNER_FILE).write_text(f"{pid} {process_start(pid)} {socket.gethostname()}\n")
+
+
+def kept(directory: Path | None) -> bool:
+    return directory is not None and (directory / KEPT_FILE).exists()
 
 
 def folder_owner(folder: Path) -> dict[str, str] | None:

@@ -29,6 +29,7 @@ from orchestrator.project.identity import (
     LABEL_PROJECT,
     LABEL_STARTED,
     folder_owner,
+    kept,
     orphan_folders,
     owner_alive,
     project_folders,
@@ -152,7 +153,7 @@ def reap(all_projects: bool = False, client: DockerClient | None = None) -> list
     removed = []
     projects = list_projects(client)
     for info in projects:
-        if all_projects or not owner_alive(info.labels):
+        if all_projects or not (owner_alive(info.labels) or kept(info.directory)):
             remove_project(info, client)
             removed.append(info.name)
     live = {p.name for p in projects if p.name not in removed}

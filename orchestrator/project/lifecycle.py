@@ -30,6 +30,7 @@ from orchestrator.project.engine import (
 )
 from orchestrator.project.guardian import ensure_guardian
 from orchestrator.project.identity import (
+    KEPT_FILE,
     claim_folder,
     pick_subnet,
     project_labels,
@@ -80,6 +81,7 @@ class Project:
             return
         compose = self.client.compose
         if keep:
+            (self.directory / KEPT_FILE).touch()  # reapers and guardians leave it alone
             engine_call(f"stopping project {self.name}", lambda: compose.stop(timeout=STOP_TIMEOUT))
         else:
             engine_call(

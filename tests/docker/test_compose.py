@@ -67,7 +67,7 @@ def test_unhealthy_service_is_named_with_its_logs_and_cleaned(make_env) -> None:
         spawn_runtime(path)
     assert "service 'db' never became healthy" in str(info.value)
     assert "db-log-line" in str(info.value)
-    assert labelled_ids() == before
+    assert labelled_ids() <= before  # nothing of ours stayed
 
 
 def test_missing_image_is_a_clear_error_and_leaves_nothing(make_env) -> None:  # type: ignore[no-untyped-def]
@@ -75,7 +75,7 @@ def test_missing_image_is_a_clear_error_and_leaves_nothing(make_env) -> None:  #
     with pytest.raises(OrchestratorError) as info:
         spawn_runtime(make_env("", image="orchestrator-test/does-not-exist:0"))
     assert "does-not-exist" in str(info.value)
-    assert labelled_ids() == before
+    assert labelled_ids() <= before  # nothing of ours stayed
 
 
 def test_no_network_by_default_and_internal_with_services(make_env) -> None:  # type: ignore[no-untyped-def]
@@ -308,7 +308,7 @@ def test_host_networking_needs_the_callers_opt_in(make_env) -> None:  # type: ig
     before = labelled_ids()
     with pytest.raises(PolicyError, match="host networking is not allowed"):
         spawn_runtime(path)
-    assert labelled_ids() == before
+    assert labelled_ids() <= before  # nothing of ours stayed
     with spawn_runtime(path, policy=Policy(allow_host_network=True)) as rt:
         assert rt.execute("ls /sys/class/net").stdout.split() == host_nets
         assert any("WARNING: network.mode host" in w for w in rt.warnings)

@@ -31,4 +31,4 @@ def test_64_environments_with_own_networks_at_once(tmp_path) -> None:  # type: i
         results = list(pool.map(one, range(N)))
     assert [out for out, _ in results] == [f"{i}\nnet\n" for i in range(N)]
     assert len({name for _, name in results}) == N
-    assert labelled_ids() == before
+    assert labelled_ids() <= before  # nothing of ours stayed

@@ -133,7 +133,7 @@ def test_main_container_dying_during_start_fails_the_spawn_with_its_logs(tmp_pat
         with pytest.raises(StartupError, match="not running") as info:
             spawn_runtime(env)
         assert "exit code 1" in str(info.value)
-        assert labelled_ids() == before
+        assert labelled_ids() <= before  # nothing of ours stayed
     finally:
         for line in docker("images", "-q", "orchestrator-build/dies-main").stdout.split():
             docker("rmi", "-f", line)
@@ -279,3 +279,32 @@ def test_a_hung_engine_call_is_bounded_and_retried_once(monkeypatch: pytest.Monk
     with pytest.raises(DockerError, match="timed out"):
         engine_call("waiting on events", hangs)
     assert len(calls) == 2 and time.monotonic() - started < 2 * (1 + 5) + 2
+
+
+KEEPER = """
+import sys
+from orchestrator import spawn_runtime
+rt = spawn_runtime(sys.argv[1]); print(rt.project.name, flush=True); rt.cleanup()
+"""
+
+
+def test_kept_projects_outlive_their_owner_until_removed_on_purpose(make_env) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.project import list_projects, reap, remove_project
+
+    path = make_env("keep_after_cleanup: true\n")
+    name = subprocess.run(
+        [sys.executable, "-c", KEEPER, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.strip()
+    try:
+        time.sleep(3)  # the owner is gone: its guardian has looked by now
+        assert name not in reap()
+        [info] = [p for p in list_projects() if p.name == name]
+        assert {state for _, _, state in info.containers} == {"exited"}
+    finally:
+        for info in [p for p in list_projects() if p.name == name]:
+            remove_project(info)
+    assert project_objects(name) == []

@@ -35,7 +35,7 @@ def test_escape_is_refused_before_anything_starts(make_env, body: str) -> None: 
     before = labelled_ids()
     with pytest.raises(PolicyError):
         spawn_runtime(make_env(body))
-    assert labelled_ids() == before
+    assert labelled_ids() <= before  # nothing of ours stayed
 
 
 def test_build_context_outside_the_roots_is_refused(tmp_path: Path) -> None:
@@ -175,4 +175,4 @@ def test_disk_limit_is_enforced_or_refused_clearly(make_env) -> None:  # type: i
         with pytest.raises(SpecError, match=r"resources\.disk") as info:
             spawn_runtime(path)
         assert "resources.tmp" in str(info.value)
-    assert labelled_ids() == before
+    assert labelled_ids() <= before  # nothing of ours stayed
