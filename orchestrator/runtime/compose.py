@@ -122,6 +122,7 @@ class ComposeRuntime(Runtime):
         if ex is None or not ex.alive:
             if ex is not None:
                 log.warning("executor died (%s); starting a new one", ex.stderr_tail or "no output")
+                ex.close()
             ex = self._executor = self._new_executor()
         if ex.wait_ready(READY_TIMEOUT):
             self.exec_mode = "executor"

@@ -308,3 +308,21 @@ def test_kept_projects_outlive_their_owner_until_removed_on_purpose(make_env) ->
         for info in [p for p in list_projects() if p.name == name]:
             remove_project(info)
     assert project_objects(name) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stdin_to_a_paused_sandbox_does_not_block_the_caller(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
+    with spawn(make_env(""), mode) as rt:
+        docker("pause", rt.container)
+        try:
+            started = time.monotonic()
+            t, out = in_background(
+                lambda: rt.execute("cat > /dev/null", stdin=b"x" * (32 << 20), timeout=3)
+            )
+            t.join(15)
+            assert not t.is_alive(), "blocked writing stdin to a paused sandbox"
+            assert isinstance(out[0], SandboxUnavailable) and "paused" in str(out[0]), out
+            assert time.monotonic() - started < 3 + 2
+        finally:
+            docker("unpause", rt.container)
+        assert rt.execute("wc -c", stdin=b"y" * 1000, timeout=20).stdout.strip() == "1000"

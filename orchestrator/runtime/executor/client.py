@@ -35,6 +35,8 @@ PING_AFTER = 0.5
 SILENT = 1.5
 """Seconds without any frame (pings unanswered) before the owner's probe is asked whether the
 sandbox is still there."""
+OUT_BUDGET = 8 * 1024 * 1024
+"""Bytes of frames queued for the executor before a caller sending stdin waits."""
 Probe = Callable[[], "SandboxUnavailable | None"]
 
 
@@ -43,7 +45,9 @@ class ExecutorClient:
         self.argv = argv
         self._proc: subprocess.Popen[bytes] | None = None
         self._queues: dict[int, queue.Queue[tuple[int, bytes]]] = {}
-        self._write_lock = threading.Lock()
+        self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._out_bytes = 0
+        self._out_cond = threading.Condition()
         self._ids = iter(range(1, 2**31))
         self._id_lock = threading.Lock()
         self._ready = threading.Event()
@@ -67,6 +71,7 @@ class ExecutorClient:
         self._threads = [
             threading.Thread(target=self._read, daemon=True),
             threading.Thread(target=self._read_stderr, daemon=True),
+            threading.Thread(target=self._write, daemon=True),
         ]
         for t in self._threads:
             t.start()
@@ -90,10 +95,9 @@ class ExecutorClient:
         return b"".join(self._stderr).decode("utf-8", "replace").strip()
 
     def shutdown(self) -> None:
-        """Ask the executor to stop (it kills what still runs and exits); do not wait."""
-        if self._proc is not None and self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
+        """Ask the executor to stop (it kills what still runs and exits); do not wait. Its
+        input ends once the frames queued before are written."""
+        self._out.put(None)
 
     def close(self, release: bool = True) -> None:
         """Stop the executor and wait for it. With `release`, tell it first that this is on
@@ -160,11 +164,36 @@ class ExecutorClient:
         for line in self._proc.stderr:
             self._stderr.append(line)
 
-    def _send(self, kind: int, cid: int, payload: bytes = b"") -> None:
+    def _write(self) -> None:
+        """The only writer of the executor's input. A sandbox that stops reading (paused,
+        frozen) blocks this thread, never a caller."""
         assert self._proc is not None and self._proc.stdin is not None
-        # on a broken pipe the reader notices the death and fails the command
-        with self._write_lock, contextlib.suppress(BrokenPipeError, OSError, ValueError):
-            self._proc.stdin.write(wire.pack(kind, cid, payload))
+        stdin = self._proc.stdin
+        while (frame := self._out.get()) is not None:
+            # on a broken pipe the reader notices the death and fails the commands
+            with contextlib.suppress(OSError, ValueError):
+                stdin.write(frame)
+            with self._out_cond:
+                self._out_bytes -= len(frame)
+                self._out_cond.notify_all()
+        with contextlib.suppress(OSError):
+            stdin.close()
+
+    def _send(
+        self, kind: int, cid: int, payload: bytes = b"", waiting: Callable[[], None] | None = None
+    ) -> None:
+        """Queue a frame for the writer. With `waiting` (stdin data), wait while more than
+        OUT_BUDGET bytes are queued, calling it every 0.25 s (it may raise)."""
+        frame = wire.pack(kind, cid, payload)
+        while True:
+            with self._out_cond:
+                full = self._out_bytes > OUT_BUDGET and not self._dead.is_set()
+                if not full or waiting is None:
+                    self._out_bytes += len(frame)
+                    break
+                self._out_cond.wait(0.25)
+            waiting()
+        self._out.put(frame)
 
     # ----- commands ------------------------------------------------------------------------
     def _request(self, cmd: Command) -> bytes:
@@ -205,7 +234,8 @@ class ExecutorClient:
             if cmd.stdin is not None:
                 view = memoryview(cmd.stdin)
                 for i in range(0, len(view), 1 << 20):
-                    self._send(wire.STDIN, cid, bytes(view[i : i + (1 << 20)]))
+                    chunk = bytes(view[i : i + (1 << 20)])
+                    self._send(wire.STDIN, cid, chunk, waiting=lambda: self._silence(probe))
                 self._send(wire.STDIN_EOF, cid)
             backstop = (
                 time.monotonic() + cmd.timeout + grace + BACKSTOP
