@@ -170,10 +170,12 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable outp
     from orchestrator.project.engine import published_ports
 
     client = docker_client()
-    for name in reap(client=client):  # owners gone: nothing of theirs should be listed
+    projects = list_projects(client)
+    removed = reap(client=client, projects=projects)  # owners gone: list nothing of theirs
+    for name in removed:
         typer.echo(f"removed {name} (its owner process is gone)", err=True)
     rows: list[dict[str, Any]] = []
-    for info in list_projects(client):
+    for info in (p for p in projects if p.name not in removed):
         ids = [cid for cid, _, _ in info.containers]
         with docker_errors("reading published ports"):
             ports = published_ports(client.container.inspect(ids)) if ids else []

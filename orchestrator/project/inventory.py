@@ -146,12 +146,17 @@ def remove_project(info: ProjectInfo, client: DockerClient | None = None) -> Non
         shutil.rmtree(info.directory, ignore_errors=True)
 
 
-def reap(all_projects: bool = False, client: DockerClient | None = None) -> list[str]:
+def reap(
+    all_projects: bool = False,
+    client: DockerClient | None = None,
+    projects: list[ProjectInfo] | None = None,
+) -> list[str]:
     """Remove our projects whose owner process is gone (or all of ours), and project folders
     that no project and no live owner account for (a start killed half-way). Never touches
-    anything without our labels, nor folders outside our state folder."""
+    anything without our labels, nor folders outside our state folder. `projects`: a listing
+    the caller already made."""
     removed = []
-    projects = list_projects(client)
+    projects = list_projects(client) if projects is None else projects
     for info in projects:
         if all_projects or not (owner_alive(info.labels) or kept(info.directory)):
             remove_project(info, client)

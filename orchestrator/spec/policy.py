@@ -14,6 +14,7 @@ cannot set: whoever runs the sandbox decides, not whoever wrote the file.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import tempfile
@@ -95,13 +96,17 @@ class Policy:
         return [r for r in dict.fromkeys(resolved) if not _too_broad(r)]
 
 
-def secret_paths() -> list[Path]:
-    home = Path(os.environ.get("HOME") or "/root")
-    paths = [Path(p) for p in SECRET_DIRS] + [home / d for d in SECRET_HOME_DIRS]
-    engine = os.environ.get("DOCKER_HOST", "")
+def secret_paths() -> tuple[Path, ...]:
+    """The secret folders, as written and resolved (for this HOME and DOCKER_HOST)."""
+    return _secret_paths(os.environ.get("HOME") or "/root", os.environ.get("DOCKER_HOST", ""))
+
+
+@functools.cache
+def _secret_paths(home: str, engine: str) -> tuple[Path, ...]:
+    paths = [Path(p) for p in SECRET_DIRS] + [Path(home) / d for d in SECRET_HOME_DIRS]
     if engine.startswith("unix://"):
         paths.append(Path(engine.removeprefix("unix://")))
-    return [*paths, *(p.resolve() for p in paths)]
+    return tuple(dict.fromkeys([*paths, *(p.resolve() for p in paths)]))
 
 
 def _is_socket(path: Path) -> bool:
@@ -111,9 +116,14 @@ def _is_socket(path: Path) -> bool:
         return False
 
 
-def _temp_dirs() -> list[Path]:
-    dirs = {Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")}
-    return [*dirs, *(d.resolve() for d in dirs)]
+def _temp_dirs() -> tuple[Path, ...]:
+    return _temp_dirs_for(tempfile.gettempdir())
+
+
+@functools.cache
+def _temp_dirs_for(tmp: str) -> tuple[Path, ...]:
+    dirs = {Path(tmp), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")}
+    return tuple(dict.fromkeys([*dirs, *(d.resolve() for d in dirs)]))
 
 
 def _too_broad(path: Path) -> bool:
