@@ -25,6 +25,8 @@ from orchestrator.project.identity import (
     LABEL_OWNER_PID,
     LABEL_OWNER_START,
     kept,
+    owner_alive,
+    owner_labels,
     process_start,
 )
 
@@ -63,15 +65,9 @@ def ensure_guardian() -> None:
         _guardian = (pid, proc)
 
 
-def _owner_labels(pid: str, start: str, host: str) -> dict[str, str]:
-    return {LABEL_OWNER_PID: pid, LABEL_OWNER_START: start, LABEL_OWNER_HOST: host}
-
-
 def watch(pid: str, start: str, host: str) -> None:
     """Block until the owner is gone, then remove what it owned."""
-    from orchestrator.project.identity import owner_alive
-
-    labels = _owner_labels(pid, start, host)
+    labels = owner_labels(pid, start, host)
     ended = threading.Event()
 
     def read_to_end() -> None:

@@ -90,13 +90,17 @@ def kept(directory: Path | None) -> bool:
     return directory is not None and (directory / KEPT_FILE).exists()
 
 
+def owner_labels(pid: str, start: str, host: str) -> dict[str, str]:
+    return {LABEL_OWNER_PID: pid, LABEL_OWNER_START: start, LABEL_OWNER_HOST: host}
+
+
 def folder_owner(folder: Path) -> dict[str, str] | None:
     """The owner labels recorded in a project folder (None without a readable owner file)."""
     try:
         pid, start, host = (folder / OWNER_FILE).read_text().split()
     except (OSError, ValueError):
         return None
-    return {LABEL_OWNER_PID: pid, LABEL_OWNER_START: start, LABEL_OWNER_HOST: host}
+    return owner_labels(pid, start, host)
 
 
 def project_folders() -> list[Path]:
