@@ -50,7 +50,7 @@ def resolve_mounts(
     env: Environment, workspace: Path, extra: list[Mount]
 ) -> tuple[list[ResolvedMount], list[SpecIssue]]:
     """Merge every mount of the main sandbox; return them sorted by target, and the issues
-    (policy checks on the sources are the caller's: see `user_mounts`)."""
+    (the policy check of every source is the compiler's: `check_host_paths`)."""
     spec = env.spec
     issues: list[SpecIssue] = []
     merged: dict[str, ResolvedMount] = {}
@@ -119,8 +119,3 @@ def resolve_mounts(
                 )
             )
     return sorted([*merged.values(), *statics], key=lambda m: m.target), issues
-
-
-def user_mounts(mounts: list[ResolvedMount]) -> list[ResolvedMount]:
-    """The mounts a user asked for (not the workspace, not the static assets)."""
-    return [m for m in mounts if m.origin != "workspace" and not m.origin.startswith("static")]

@@ -182,9 +182,8 @@ def orphan_folders_of(owner: dict[str, str]) -> list[str]:
 
 
 def _has_objects(name: str, client: DockerClient | None) -> bool:
-    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
-    with docker_errors(f"listing project {name}"):
-        return bool((client or docker_client()).container.list(all=True, filters=flt))
+    containers, networks = _listed(client or docker_client(), name)
+    return bool(containers or networks)
 
 
 _last_reap = 0.0

@@ -70,8 +70,9 @@ class Project:
         return f"{self.name}-{MAIN}-1"
 
     def up(self) -> None:
-        with docker_errors(f"starting project {self.name}"):  # not retried: a failed start
-            self.up_client.compose.up(detach=True, quiet=True)  # is removed, then retried
+        # not engine_call: `up` is not idempotent; start_project removes a failed start
+        with docker_errors(f"starting project {self.name}"):
+            self.up_client.compose.up(detach=True, quiet=True)
 
     def down(self, keep: bool = False) -> None:
         """Remove containers, networks and volumes (or only stop them with keep=True)."""
