@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.errors import BackendUnavailable
+
 _PKG = Path(__file__).resolve().parent
 
 
@@ -15,4 +17,6 @@ def data_dir(name: str) -> Path:
     checkout = _PKG.parent / name
     if checkout.is_dir():
         return checkout
-    raise FileNotFoundError(f"orchestrator data folder {name!r} not found (broken install?)")
+    raise BackendUnavailable(
+        f"orchestrator data folder {name!r} not found (a broken install: reinstall the package)"
+    )

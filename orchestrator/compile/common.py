@@ -4,13 +4,11 @@ command user, the bind host, and `{{static:NAME}}` placeholders."""
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
 
-from orchestrator.spec.models import EnvironmentV1
+from orchestrator.spec.models import STATIC_PLACEHOLDER, EnvironmentV1
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-_STATIC = re.compile(r"\{\{\s*static:([A-Za-z0-9_.-]+)\s*\}\}")
 
 
 def resolve_env(
@@ -44,12 +42,6 @@ def resolve_user(user: str, host_env: Mapping[str, str] | None = None) -> str:
     return user
 
 
-def parse_ids(user: str) -> tuple[int, int]:
-    """ "uid[:gid]" as numbers (the gid defaults to the uid)."""
-    uid, _, gid = user.partition(":")
-    return int(uid), int(gid or uid)
-
-
 def container_bind_host(spec: EnvironmentV1, network_mode: str) -> tuple[str, str | None]:
     """In bridge mode a loopback bind address cannot be reached through published ports,
     so it becomes 0.0.0.0. Returns (bind host, notice or None)."""
@@ -64,4 +56,4 @@ def container_bind_host(spec: EnvironmentV1, network_mode: str) -> tuple[str, st
 
 def substitute_static(command: str, path_of: Callable[[str], str]) -> str:
     """Replace every `{{static:NAME}}` with the asset's path on this backend."""
-    return _STATIC.sub(lambda m: path_of(m.group(1)), command)
+    return STATIC_PLACEHOLDER.sub(lambda m: path_of(m.group(1)), command)

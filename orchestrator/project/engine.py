@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
-from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError, UsageError
+from orchestrator import settings
+from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
+from orchestrator.spec.models import Protocol, PublishedPort
 
 T = TypeVar("T")
 
@@ -30,11 +31,7 @@ TIMED_OUT = 124
 
 
 def engine_timeout(name: str = ENGINE_TIMEOUT_ENV, default: float = 120.0) -> float:
-    raw = os.environ.get(name, "")
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise UsageError(f"{name} must be a number of seconds, got {raw!r}") from None
+    return settings.number(name, default)
 
 
 def up_timeout() -> float:
@@ -116,22 +113,21 @@ def service_of(labels: Mapping[str, str] | None, default: str = "") -> str:
     return (labels or {}).get(COMPOSE_SERVICE, default)
 
 
-def published_ports(containers: Iterable[Container]) -> list[dict[str, Any]]:
-    """Published ports of containers as [{service, container, protocol, host_ip, host}],
-    with ephemeral host ports resolved."""
+def published_ports(containers: Iterable[Container]) -> list[PublishedPort]:
+    """Published ports of containers, with ephemeral host ports resolved."""
     out = []
     for c in containers:
         service = service_of(c.config.labels, c.name)
         for key, binds in sorted((c.network_settings.ports or {}).items()):
             port, _, proto = key.partition("/")
             out += [
-                {
-                    "service": service,
-                    "container": int(port),
-                    "protocol": proto,
-                    "host_ip": b.get("HostIp", ""),
-                    "host": int(b["HostPort"]),
-                }
+                PublishedPort(
+                    service,
+                    int(port),
+                    cast(Protocol, proto),
+                    b.get("HostIp", ""),
+                    int(b["HostPort"]),
+                )
                 for b in binds or []
             ]
     return out

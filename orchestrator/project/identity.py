@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+from orchestrator import settings
+from orchestrator.procutil import stat_fields
 from orchestrator.spec.loader import Environment
 
 L = "org.orchestrator."
@@ -43,11 +45,8 @@ def state_dir() -> Path:
 
 def process_start(pid: int) -> str:
     """Start time of a process in clock ticks since boot ('' where /proc is absent)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return ""
-    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+    fields = stat_fields(pid)
+    return fields[19].decode() if len(fields) > 19 else ""
 
 
 def owner_alive(labels: dict[str, str]) -> bool:
@@ -147,12 +146,24 @@ def project_labels(env: Environment, name: str, directory: Path, detached: bool)
     }
 
 
+def subnet_pool() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int]:
+    """The pool project subnets come from, and their prefix length (both settable)."""
+    pool = settings.network(POOL_ENV, DEFAULT_POOL)
+    prefix = settings.whole(
+        PREFIX_ENV,
+        DEFAULT_PREFIX,
+        unit="prefix bits",
+        low=pool.prefixlen,
+        high=pool.max_prefixlen - 2,
+    )
+    return pool, prefix
+
+
 def pick_subnet(rng: random.Random | None = None) -> str:
     """A random small subnet from our pool. Docker's default address pools hold only ~30
     networks; giving each project an explicit subnet from a large pool of our own lifts that
     limit. Collisions with a live network are retried by the caller."""
-    pool = ipaddress.ip_network(os.environ.get(POOL_ENV, DEFAULT_POOL))
-    prefix = int(os.environ.get(PREFIX_ENV, DEFAULT_PREFIX))
+    pool, prefix = subnet_pool()
     count = 2 ** (prefix - pool.prefixlen)
     index = (rng or random.SystemRandom()).randrange(count)
     size = 2 ** (pool.max_prefixlen - prefix)

@@ -11,17 +11,16 @@ import stat
 import subprocess
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import ClassVar
 
+from orchestrator import procutil
 from orchestrator.compile.common import resolve_env
-from orchestrator.errors import UsageError
-from orchestrator.runtime import procutil
+from orchestrator.errors import SandboxUnavailable, UsageError
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.options import Chunks, Command
-from orchestrator.runtime.results import Outcome
+from orchestrator.runtime.results import Connection, RuntimeInfo
 from orchestrator.spec.policy import check_host_paths, raise_if
 
 MARK = "ORCHESTRATOR_RUNTIME"
@@ -50,6 +49,7 @@ def _writable(root: Path) -> None:
 
 
 class LocalRuntime(Runtime):
+    name: ClassVar[str] = "local"
     deviations: ClassVar[dict[str, str]] = {
         "resources": "no memory, cpu or pid limits: processes run directly on the host",
         "isolation": "no file-system or network isolation; mounts, ports and network are ignored",
@@ -127,7 +127,10 @@ class LocalRuntime(Runtime):
                 os.kill(pid, signal.SIGKILL)
 
     def _poll(self) -> int | None:
-        return None
+        """Alive until kill(); then down (128+SIGKILL) once no process of it is left."""
+        if not self._killed:
+            return None
+        return None if procutil.marked(self._mark.encode()) else 128 + signal.SIGKILL
 
     # ----- paths ---------------------------------------------------------------------------
     @property
@@ -144,47 +147,58 @@ class LocalRuntime(Runtime):
     def static_path(self, name: str) -> str:
         return str(self.static_dir / self.env.spec.static_asset(name).save_path)
 
+    def info(self) -> RuntimeInfo:
+        self._check_open()
+        return RuntimeInfo(
+            id=f"local-{self.env.name}-{self._mark[-8:]}",
+            env=self.env.name,
+            backend=self.name,
+            workdir=self.workdir,
+            user=None,
+            exec_mode="process",
+        )
+
+    def connection(self) -> Connection:
+        self._check_open()
+        env = [f"{k}={v}" for k, v in self._env.items()]
+        enter = 'cd "$1" && exec "${SHELL:-/bin/sh}"'
+        return Connection("local", ("env", "-i", *env, "/bin/sh", "-c", enter, "sh", self.workdir))
+
     # ----- commands ------------------------------------------------------------------------
-    def _ids(self, user: str | None) -> tuple[int, int] | None:
-        if user is None:
-            return None
-        uid, gid = procutil.resolve_ids(user)
-        if (uid, gid) == (os.getuid(), os.getgid()):
-            return None
-        if os.geteuid() != 0:
-            raise UsageError(
-                f"the local backend runs as the host user; running as {user} "
-                "needs the caller to be root"
-            )
-        return uid, gid
+    def _check_user(self, user: str | None) -> None:
+        """Another user needs root here; asking without it is the caller's mistake."""
+        if user is None or os.geteuid() == 0:
+            return
+        with contextlib.suppress(procutil.UnknownUser):  # that one is the command's 126
+            if procutil.resolve_ids(user) != (os.getuid(), os.getgid()):
+                raise UsageError(
+                    f"the local backend runs as the host user; running as {user} "
+                    "needs the caller to be root"
+                )
 
     def _run(self, cmd: Command) -> Chunks:
-        env = {**self._env, **cmd.env}
-        started = time.monotonic()
-        try:
-            ids = self._ids(cmd.user)
-        except procutil.UnknownUser as exc:  # as `docker exec -u` answers it
-            yield "stderr", f"{exc}\n".encode()
-            return Outcome(126, False, time.monotonic() - started)
-        try:
-            proc = procutil.spawn(cmd.argv, env, cmd.cwd, ids, with_stdin=cmd.stdin is not None)
-        except OSError as exc:
-            code, message = procutil.spawn_error(exc, cmd.argv, cmd.cwd)
-            yield "stderr", message
-            return Outcome(code, False, time.monotonic() - started)
-        with self._procs_lock:
-            self._procs.add(proc)
-        done = False
-        try:
-            stdin = [cmd.stdin] if cmd.stdin is not None else None
-            code, timed_out, elapsed = yield from procutil.pump(
-                proc, stdin, cmd.timeout, started=started
-            )
-            done = True
-            return Outcome(code, timed_out, elapsed)
-        finally:
-            if not done:  # the caller stopped listening: the command must not outlive it
-                procutil.kill_tree(proc.pid, signal.SIGKILL)
-                proc.wait()
+        self._check_user(cmd.user)
+        procs, mine = self._procs, []  # for _kill: every command of this runtime
+
+        def started(proc: subprocess.Popen[bytes]) -> None:
             with self._procs_lock:
-                self._procs.discard(proc)
+                procs.add(proc)
+            mine.append(proc)
+
+        try:
+            return (
+                yield from procutil.run(
+                    cmd.argv,
+                    {**self._env, **cmd.env},
+                    cmd.cwd,
+                    cmd.user,
+                    [cmd.stdin] if cmd.stdin is not None else None,
+                    cmd.timeout,
+                    on_start=started,
+                )
+            )
+        except procutil.NoProcess as exc:
+            raise SandboxUnavailable(f"{self.env.name}: {exc.strerror}") from exc
+        finally:
+            with self._procs_lock:
+                procs.difference_update(mine)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.errors import UsageError
-from orchestrator.runtime.results import Outcome
+from orchestrator import settings
+from orchestrator.runtime.results import Outcome, StreamKind
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy
 
@@ -17,25 +16,20 @@ OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"
 FILE_LIMIT_ENV = "ORCHESTRATOR_FILE_LIMIT"
 SETUP_TIMEOUT_ENV = "ORCHESTRATOR_SETUP_TIMEOUT"
 
-Chunks = Generator[tuple[str, bytes], None, Outcome]
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise UsageError(f"{name} must be a whole number of bytes, got {raw!r}") from None
+Chunks = Generator[tuple[StreamKind, bytes], None, Outcome]
+"""What a backend's `_run` is: output as it arrives, then the Outcome."""
 
 
 def default_output_limit() -> int:
-    return _env_int(OUTPUT_LIMIT_ENV, 10 * MiB)
+    return settings.whole(OUTPUT_LIMIT_ENV, 10 * MiB)
 
 
 def default_file_limit() -> int:
-    return _env_int(FILE_LIMIT_ENV, 100 * MiB)
+    return settings.whole(FILE_LIMIT_ENV, 100 * MiB)
+
+
+def setup_timeout() -> float:
+    return settings.number(SETUP_TIMEOUT_ENV, 900.0)
 
 
 @dataclass(frozen=True)

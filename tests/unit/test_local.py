@@ -7,7 +7,9 @@ import time
 import uuid
 from pathlib import Path
 
-from orchestrator import load_environment_text, spawn_runtime
+import pytest
+
+from orchestrator import load_environment_text, procutil, spawn_runtime
 
 
 def running(marker: str) -> list[int]:
@@ -37,3 +39,25 @@ def test_daemons_that_left_the_command_tree_die_at_cleanup(tmp_path: Path) -> No
     while running(f"sleep\0{seconds}") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert running(f"sleep\0{seconds}") == []
+
+
+def test_poll_reports_what_is_not_what_was_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = load_environment_text(
+        "version: 1\nname: l\nbackend: local\n", source="l.yaml", base_dir=tmp_path
+    )
+    seconds = str(30000 + uuid.uuid4().int % 9999)
+    with spawn_runtime(env) as rt:
+        rt.execute(f"setsid sleep {seconds} >/dev/null 2>&1 < /dev/null &", timeout=10)
+        with monkeypatch.context() as m:  # a kill that misses: the daemon lives on
+            m.setattr(os, "kill", lambda pid, sig: None)
+            m.setattr(procutil, "kill_tree", lambda pid, sig, known=None: [])
+            rt.kill()
+        time.sleep(0.3)
+        assert running(f"sleep\0{seconds}") and rt.poll() is None
+        rt.kill()
+        deadline = time.monotonic() + 5
+        while rt.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rt.poll() == 137 and running(f"sleep\0{seconds}") == []

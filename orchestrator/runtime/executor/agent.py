@@ -9,7 +9,6 @@ cannot pass, no process slot left) comes back as an error frame and an exit stat
 command and stops the container.
 """
 
-import errno
 import json
 import os
 import queue
@@ -28,8 +27,6 @@ STATE = (
 """Root-only folder (on tmpfs where there is one): one file per executor, listing the
 sessions of its running commands."""
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-NO_PROCESS = (errno.EAGAIN, errno.ENOMEM)
-"""fork() errors that mean the sandbox cannot start a process at all (pids or memory)."""
 
 
 def oom_kills():
@@ -46,12 +43,7 @@ def oom_kills():
 
 
 def session_of(pid):
-    try:
-        with open("/proc/%s/stat" % pid, "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
+    fields = procutil.stat_fields(pid)
     return int(fields[3]) if len(fields) > 3 else None
 
 
@@ -119,14 +111,6 @@ class Flow:
             self.cond.notify_all()
 
 
-class Refused(Exception):
-    """A request the executor cannot honour: (exit status, message, sandbox unavailable)."""
-
-    def __init__(self, code, message, unavailable=False):
-        Exception.__init__(self, message)
-        self.code, self.message, self.unavailable = code, message, unavailable
-
-
 class Agent:
     def __init__(self, inp, out, owned):
         self.inp, self.out, self.owned = inp, out, owned
@@ -189,25 +173,20 @@ class Agent:
     def start(self, cid, payload):
         self.flows[cid] = Flow()
         try:
-            req = json.loads(payload.decode())
-            if req.get("stdin"):
+            req = wire.decode_request(payload)
+            if req.stdin:
                 self.stdin[cid] = queue.Queue()
             threading.Thread(target=self.run, args=(cid, req), daemon=True).start()
         except RuntimeError:  # no thread: the pids limit is reached
-            self.refuse(cid, Refused(126, "cannot start a thread", True))
+            self.refuse(cid, 126, "cannot start a thread", unavailable=True)
         except ValueError as exc:  # includes JSON errors
-            self.refuse(cid, Refused(125, "bad request: %s" % exc))
+            self.refuse(cid, 125, "bad request: %s" % exc)
 
-    def refuse(self, cid, why, elapsed=0.0):
-        self.send(wire.ERR, cid, (why.message.rstrip("\n") + "\n").encode())
+    def refuse(self, cid, code, message, elapsed=0.0, unavailable=False):
+        """Answer a request the executor cannot honour: an error frame and an exit status."""
+        self.send(wire.ERR, cid, (message.rstrip("\n") + "\n").encode())
         self.finish(
-            cid,
-            {
-                "exit_code": why.code,
-                "timed_out": False,
-                "elapsed": elapsed,
-                "unavailable": why.message if why.unavailable else "",
-            },
+            cid, wire.Exit(code, False, elapsed, unavailable=message if unavailable else "")
         )
 
     def feed(self, cid):
@@ -218,66 +197,50 @@ class Agent:
                 return
             yield chunk
 
-    def spawn(self, req):
-        env = dict(os.environ)
-        env.update(req.get("env") or {})
-        ids = None
-        if req.get("user"):
-            try:
-                ids = procutil.resolve_ids(req["user"])
-            except procutil.UnknownUser as exc:
-                raise Refused(126, str(exc)) from None
-            if ids[0] != os.geteuid():
-                env["HOME"] = home_of(ids[0])
-        try:
-            return procutil.spawn(
-                req["argv"], env, req.get("cwd"), ids, with_stdin=bool(req.get("stdin"))
-            )
-        except OSError as exc:
-            if exc.errno in NO_PROCESS:
-                raise Refused(126, "cannot start a process: %s" % exc.strerror, True) from None
-            code, message = procutil.spawn_error(exc, req["argv"], req.get("cwd"))
-            raise Refused(code, message.decode()) from None
-        except (ValueError, TypeError, KeyError) as exc:  # NUL bytes, bad env keys, ...
-            raise Refused(125, "cannot start the command: %s" % exc) from None
+    def started(self, cid, proc):
+        self.procs[cid] = proc
+        self.record()
+        if self.flows[cid].cancelled:  # KILL came while it was starting
+            procutil.kill_tree(proc.pid, signal.SIGKILL)
 
     def run(self, cid, req):
         started = procutil.time.monotonic()
         before = oom_kills()
-        proc = None
+        env = dict(os.environ)
+        env.update(req.env or {})
+        flow = self.flows[cid]
         try:
-            proc = self.spawn(req)
-            self.procs[cid] = proc
-            self.record()
-            if self.flows[cid].cancelled:  # KILL came while it was starting
-                procutil.kill_tree(proc.pid, signal.SIGKILL)
-            stdin = self.feed(cid) if cid in self.stdin else None
-            gen = procutil.pump(proc, stdin, req.get("timeout"), started=started)
-            flow = self.flows[cid]
+            gen = procutil.run(
+                req.argv,
+                env,
+                req.cwd,
+                req.user,
+                self.feed(cid) if cid in self.stdin else None,
+                req.timeout,
+                started=started,
+                on_start=lambda proc: self.started(cid, proc),
+            )
             try:
                 while True:
                     kind, data = next(gen)
                     if flow.acquire():
                         self.send(wire.OUT if kind == "stdout" else wire.ERR, cid, data)
             except StopIteration as stop:
-                code, timed_out, elapsed = stop.value
-        except Refused as why:
-            self.refuse(cid, why, procutil.time.monotonic() - started)
+                outcome = stop.value
+        except procutil.NoProcess as exc:
+            self.refuse(cid, 126, exc.strerror, procutil.time.monotonic() - started, True)
             return
         except Exception as exc:  # a bug or a resource limit: answer, never go silent
+            proc = self.procs.get(cid)
             if proc is not None:
                 procutil.kill_tree(proc.pid, signal.SIGKILL)
             self.refuse(
-                cid,
-                Refused(125, "executor error: %r" % (exc,)),
-                procutil.time.monotonic() - started,
+                cid, 125, "executor error: %r" % (exc,), procutil.time.monotonic() - started
             )
             return
         after = oom_kills()
-        oom = before is not None and after is not None and after > before and code == 137
-        self.finish(
-            cid, {"exit_code": code, "timed_out": timed_out, "elapsed": elapsed, "oom_killed": oom}
-        )
+        oom = before is not None and after is not None and after > before
+        self.finish(cid, wire.Exit(*outcome[:3], oom_killed=oom and outcome.exit_code == 137))
 
     def record(self):
         """Write the sessions of the running commands (for reap_orphans of a successor)."""
@@ -294,7 +257,7 @@ class Agent:
             self.record()
         self.stdin.pop(cid, None)
         self.flows.pop(cid, None)
-        self.send(wire.EXIT, cid, json.dumps(outcome).encode())
+        self.send(wire.EXIT, cid, wire.encode_exit(outcome))
 
 
 def stop_container():
@@ -303,15 +266,6 @@ def stop_container():
         os.kill(1, signal.SIGTERM)
     except OSError:
         pass
-
-
-def home_of(uid):
-    try:
-        import pwd
-
-        return pwd.getpwuid(uid).pw_dir
-    except (ImportError, KeyError):
-        return "/"
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from orchestrator.runtime.results import Outcome
 
 HERE = Path(__file__).resolve().parent
 #: Files copied into the sandbox folder so the executor can run inside the container.
-FILES = (HERE / "agent.py", HERE / "wire.py", HERE.parent / "procutil.py")
+FILES = (HERE / "agent.py", HERE / "wire.py", HERE.parent.parent / "procutil.py")
 BACKSTOP = 2.0
 """Seconds past a command's own timeout (and grace) before the host asks the executor to kill
 it again, and as long again before it declares the executor lost."""
@@ -196,17 +196,6 @@ class ExecutorClient:
         self._out.put(frame)
 
     # ----- commands ------------------------------------------------------------------------
-    def _request(self, cmd: Command) -> bytes:
-        request = {
-            "argv": cmd.argv,
-            "env": cmd.env,
-            "cwd": cmd.cwd,
-            "user": cmd.user,
-            "timeout": cmd.timeout,
-            "stdin": cmd.stdin is not None,
-        }
-        return json.dumps(request).encode()
-
     def _silence(self, probe: Probe | None) -> None:
         """Called while a command waits with nothing arriving: ping the executor, and when
         even pings go unanswered ask the probe whether the sandbox is still there."""
@@ -230,7 +219,10 @@ class ExecutorClient:
         try:
             if self._dead.is_set():
                 raise ExecutorLost(f"executor is not running: {self.stderr_tail}")
-            self._send(wire.RUN, cid, self._request(cmd))
+            request = wire.Request(
+                cmd.argv, cmd.env, cmd.cwd, cmd.user, cmd.timeout, cmd.stdin is not None
+            )
+            self._send(wire.RUN, cid, wire.encode_request(request))
             if cmd.stdin is not None:
                 view = memoryview(cmd.stdin)
                 for i in range(0, len(view), 1 << 20):
@@ -263,7 +255,7 @@ class ExecutorClient:
                     yield ("stdout" if kind == wire.OUT else "stderr"), payload
                 elif kind == wire.EXIT:
                     done = True
-                    return _outcome(json.loads(payload.decode()))
+                    return _outcome(wire.decode_exit(payload))
                 else:
                     raise ExecutorLost(
                         "the in-container executor died while the command ran"
@@ -275,12 +267,10 @@ class ExecutorClient:
             self._queues.pop(cid, None)
 
 
-def _outcome(info: dict[str, Any]) -> Outcome:
-    if info.get("unavailable"):
+def _outcome(end: wire.Exit) -> Outcome:
+    if end.unavailable:
         raise SandboxUnavailable(
-            f"the sandbox cannot run the command: {info['unavailable']} (its pids or memory "
+            f"the sandbox cannot run the command: {end.unavailable} (its pids or memory "
             "limit is reached; the command did not start)"
         )
-    return Outcome(
-        info["exit_code"], info["timed_out"], info["elapsed"], bool(info.get("oom_killed"))
-    )
+    return Outcome(end.exit_code, end.timed_out, end.elapsed, end.oom_killed)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-import time
 import uuid
 
-from orchestrator.runtime import procutil
+from orchestrator import procutil
+from orchestrator.errors import BackendUnavailable
 from orchestrator.runtime.options import Chunks, Command
-from orchestrator.runtime.results import Outcome
 
 MARK = "ORCHESTRATOR_CMD"
 NO_USER = b"unable to find user "
@@ -44,7 +43,7 @@ def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
     # through sh, so a missing program is 127 with the message on stderr, as everywhere else
     argv += [container, "/bin/sh", "-c", 'exec "$@"', "sh", *cmd.argv]
 
-    def killer(sig: int) -> None:
+    def killer(client: subprocess.Popen[bytes], sig: int) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")
         # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
         # cannot read another uid's environ; the same uid can, and may signal it
@@ -56,30 +55,23 @@ def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
                 [*kill, token, name], capture_output=True, timeout=KILL_TIMEOUT, check=False
             )
         if sig == signal.SIGKILL:
-            proc.kill()  # and the local docker client, which a paused sandbox would hold
+            client.kill()  # and the local docker client, which a paused sandbox would hold
 
-    started = time.monotonic()
-    proc = procutil.spawn(argv, None, None, with_stdin=cmd.stdin is not None)
     stdin = [cmd.stdin] if cmd.stdin is not None else None
-    chunks = procutil.pump(proc, stdin, cmd.timeout, killer=killer, started=started)
-    done = False
+    chunks = procutil.run(argv, None, None, stdin=stdin, timeout=cmd.timeout, killer=killer)
     try:
         first = True
         while True:
             try:
                 kind, data = next(chunks)
             except StopIteration as stop:
-                code, timed_out, elapsed = stop.value
-                break
+                return stop.value  # type: ignore[no-any-return]
+            except procutil.NoProcess as exc:  # this host, not the sandbox, is out of processes
+                raise BackendUnavailable(f"cannot start the docker client: {exc.strerror}") from exc
             if first and kind == "stdout" and data.startswith(NO_USER):
                 # the docker CLI prints its own refusal on stdout
                 kind, data = "stderr", data.replace(b"\r\n", b"\n")
             first = False
             yield kind, data
-        done = True
-        return Outcome(code, timed_out, elapsed)
     finally:
-        if not done:  # the caller gave up: pump kills the tree in the container
-            chunks.close()
-            proc.kill()
-            proc.wait()
+        chunks.close()  # a caller that gave up: the core kills the tree in the container

@@ -6,6 +6,9 @@ that many more output frames of this command may be sent), PING, RELEASE (the ho
 this executor on purpose: its end of input does not mean the owner died).
 Executor -> host: READY (JSON), OUT / ERR (bytes), EXIT (JSON outcome), PONG.
 
+The two JSON payloads, RUN's request and EXIT's outcome, are encoded and decoded only here,
+so both sides spell their keys alike.
+
 Flow control is per command: the executor sends at most WINDOW output frames of a command
 beyond what the host has credited back, so a consumer that stops reading stalls only its own
 command, never the shared pipe.
@@ -13,8 +16,9 @@ command, never the shared pipe.
 
 from __future__ import annotations
 
+import json
 import struct
-from typing import IO, Optional, Tuple
+from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
 
 HEADER = struct.Struct(">BII")
 RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE = 1, 2, 3, 4, 5, 6, 7
@@ -53,3 +57,53 @@ def read_frame(stream: IO[bytes]) -> Optional[Frame]:
     if payload is None:
         return None
     return kind, cid, payload
+
+
+class Request(NamedTuple):
+    """What RUN asks for."""
+
+    argv: List[str]
+    env: Dict[str, str]
+    cwd: Optional[str]
+    user: Optional[str]
+    timeout: Optional[float]
+    stdin: bool
+    """True when STDIN frames (and a STDIN_EOF) follow; else the command reads nothing."""
+
+
+class Exit(NamedTuple):
+    """What EXIT reports."""
+
+    exit_code: int
+    timed_out: bool
+    elapsed: float
+    oom_killed: bool = False
+    unavailable: str = ""
+    """Set when the sandbox could not start the command at all (why, in words)."""
+
+
+def encode_request(req: Request) -> bytes:
+    return json.dumps(req._asdict()).encode()
+
+
+def decode_request(payload: bytes) -> Request:
+    """Raises ValueError (JSON, a missing or mistyped field) for a request it cannot take."""
+    data = json.loads(payload.decode())
+    if not isinstance(data, dict):
+        raise ValueError("the request is not an object")
+    try:
+        req = Request(**data)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(req.argv, list) or not req.argv:
+        raise ValueError("argv must be a non-empty list")
+    return req
+
+
+def encode_exit(outcome: Exit) -> bytes:
+    return json.dumps(outcome._asdict()).encode()
+
+
+def decode_exit(payload: bytes) -> Exit:
+    data: Dict[str, Any] = json.loads(payload.decode())
+    return Exit(**data)

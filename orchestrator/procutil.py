@@ -1,8 +1,12 @@
-"""Run one command as its own process group and pump its output; kill the whole tree on
-timeout. Standard library only, Python 3.7+: this file is also copied into containers, where
-the executor imports it, so the local backend and the Docker backend share these rules.
+"""The one process core: start a command as its own session, pump its output, keep its
+deadline, kill its whole tree. Standard library only, Python 3.7+, and it imports nothing of
+ours: the local backend, the plain-exec path and the in-container executor (this file is
+copied into every container) all run commands through `run`, so they keep the same rules.
 
 Rules kept here:
+- a command that cannot start is an exit status and a message, as a shell gives them
+  (127 not found, 126 not executable or unknown user, 2 missing cwd), never an exception;
+  only "no process can be started at all" (pids or memory limit) raises `NoProcess`;
 - each command starts a new session (its own process group);
 - on timeout: SIGTERM to the group and to every descendant found in /proc (also those that
   left the group), then SIGKILL after a short grace;
@@ -13,6 +17,7 @@ Rules kept here:
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import signal
@@ -20,7 +25,19 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, Dict, Generator, Iterable, List, Optional, Tuple
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Generator,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Tuple,
+)
 
 GRACE = 0.5
 """Seconds between SIGTERM and SIGKILL on timeout."""
@@ -30,8 +47,26 @@ DRAIN_MAX = 2.0
 """Longest we keep reading after the main process exited (a background writer)."""
 CHUNK = 65536
 
-Outcome = Tuple[int, bool, float]
-"""(exit code, timed out, elapsed seconds)."""
+NO_PROCESS = (errno.EAGAIN, errno.ENOMEM)
+"""fork() errors that mean no process can be started at all (pids or memory limit)."""
+
+
+class Outcome(NamedTuple):
+    """How a command ended (its output travels separately)."""
+
+    exit_code: int
+    """128+N when it was killed by signal N."""
+    timed_out: bool
+    elapsed: float
+    oom_killed: bool = False
+
+
+if TYPE_CHECKING:
+    from typing import Literal
+
+    StreamKind = Literal["stdout", "stderr"]
+    Chunk = Tuple[StreamKind, bytes]
+    Killer = Callable[["subprocess.Popen[bytes]", int], None]
 
 
 def exit_status(returncode: int) -> int:
@@ -39,24 +74,31 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def stat_fields(pid: int | str) -> List[bytes]:
+    """The fields of /proc/PID/stat after the command name, which may hold spaces and
+    parentheses (so: split after the last ')'). Field 0 is the state, 1 the parent, 3 the
+    session, 19 the start time. Empty when the process is gone or there is no /proc."""
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return []
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _pids() -> List[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+
+
 def _ppid_map() -> Dict[int, int]:
     out: Dict[int, int] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # the command name may hold spaces and parentheses: split after the last ')'
-        fields = stat[stat.rfind(b")") + 2 :].split()
+    for pid in _pids():
+        fields = stat_fields(pid)
         if len(fields) > 1:
-            out[int(name)] = int(fields[1])
+            out[pid] = int(fields[1])
     return out
 
 
@@ -78,13 +120,11 @@ def marked(entry: bytes) -> List[int]:
     tree (a `setsid` daemon) still inherit its environment. Only processes whose environ we
     may read are found (our own uid, or any as a privileged user)."""
     found = []
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not name.isdigit():
-            continue
+    for pid in _pids():
         try:
-            with open("/proc/%s/environ" % name, "rb") as fh:
+            with open("/proc/%d/environ" % pid, "rb") as fh:
                 if entry in fh.read().split(b"\0"):
-                    found.append(int(name))
+                    found.append(pid)
         except OSError:
             continue
     return found
@@ -110,9 +150,24 @@ class UnknownUser(LookupError):
     """The user (or group) of a request does not exist where the command would run."""
 
 
+class NoProcess(OSError):
+    """No process can be started at all: the pids or memory limit is reached."""
+
+
+def numeric_ids(user: str) -> Optional[Tuple[int, int]]:
+    """ "uid" or "uid:gid" as numbers (a bare uid gets gid = uid); None when a part is a name."""
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or not (gid or uid).isdigit():
+        return None
+    return int(uid), int(gid or uid)
+
+
 def resolve_ids(user: str) -> Tuple[int, int]:
     """ "uid", "uid:gid", "name" or "name:group" as numbers, looked up in this system's
     passwd and group files. A bare uid without a passwd entry gets gid = uid."""
+    numeric = numeric_ids(user)
+    if numeric is not None:
+        return numeric
     name, _, group = user.partition(":")
     entry = None
     if name.isdigit():
@@ -141,49 +196,79 @@ def resolve_ids(user: str) -> Tuple[int, int]:
     return uid, entry.pw_gid if entry is not None else uid
 
 
-def spawn(
+def home_of(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_dir
+    except (ImportError, KeyError):
+        return "/"
+
+
+class _Refused(Exception):
+    """A command that cannot start, as the exit status and message a shell would give."""
+
+    def __init__(self, code: int, message: str) -> None:
+        Exception.__init__(self, message)
+        self.code, self.message = code, message
+
+
+def _start(
     argv: List[str],
     env: Optional[Dict[str, str]],
     cwd: Optional[str],
-    user: Optional[Tuple[int, int]] = None,
-    with_stdin: bool = False,
-) -> subprocess.Popen:  # type: ignore[type-arg]
-    """Start `argv` as a new session. Raises OSError when it cannot start."""
+    user: Optional[str],
+    with_stdin: bool,
+) -> "subprocess.Popen[bytes]":
+    """Start `argv` as a new session, as `user` (switching only when it differs from ours)."""
     kwargs: Dict[str, Any] = {}
-    if user is not None and (user[0] != os.geteuid() or user[1] != os.getegid()):
-        uid, gid = user
-        if sys.version_info >= (3, 9):
-            kwargs = {"user": uid, "group": gid, "extra_groups": []}
-        else:  # pragma: no cover - old Pythons inside containers
+    if user:
+        try:
+            uid, gid = resolve_ids(user)
+        except UnknownUser as exc:  # as `docker exec -u` answers it
+            raise _Refused(126, str(exc)) from None
+        if uid != os.geteuid() or gid != os.getegid():
+            if env is not None and uid != os.geteuid():
+                env = dict(env, HOME=home_of(uid))
+            if sys.version_info >= (3, 9):
+                kwargs = {"user": uid, "group": gid, "extra_groups": []}
+            else:  # pragma: no cover - old Pythons inside containers
 
-            def drop() -> None:
-                os.setgroups([])
-                os.setgid(gid)
-                os.setuid(uid)
+                def drop() -> None:
+                    os.setgroups([])
+                    os.setgid(gid)
+                    os.setuid(uid)
 
-            kwargs = {"preexec_fn": drop}
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-        close_fds=True,
-        **kwargs,
-    )
+                kwargs = {"preexec_fn": drop}
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+            **kwargs,
+        )
+    except OSError as exc:
+        if exc.errno in NO_PROCESS:
+            raise NoProcess(exc.errno, "cannot start a process: %s" % exc.strerror) from None
+        raise _Refused(*_shell_answer(exc, argv, cwd)) from None
+    except (ValueError, TypeError) as exc:  # NUL bytes, bad env keys, ...
+        raise _Refused(125, "cannot start the command: %s" % exc) from None
 
 
-def spawn_error(exc: OSError, argv: List[str], cwd: Optional[str]) -> Tuple[int, bytes]:
+def _shell_answer(exc: OSError, argv: List[str], cwd: Optional[str]) -> Tuple[int, str]:
     """The exit code and message a shell would give for a command that could not start."""
     if isinstance(exc, FileNotFoundError) and cwd and not os.path.isdir(cwd):
-        return 2, ("cannot change directory to %s: No such file or directory\n" % cwd).encode()
+        return 2, "cannot change directory to %s: No such file or directory" % cwd
     if isinstance(exc, FileNotFoundError):
-        return 127, ("%s: command not found\n" % argv[0]).encode()
+        return 127, "%s: command not found" % argv[0]
     if isinstance(exc, PermissionError):
-        return 126, ("%s: permission denied\n" % (argv[0],)).encode()
-    return 126, ("%s: %s\n" % (argv[0], exc.strerror or exc)).encode()
+        return 126, "%s: permission denied" % argv[0]
+    return 126, "%s: %s" % (argv[0], exc.strerror or exc)
 
 
 def _feed(pipe: IO[bytes], chunks: Iterable[bytes]) -> None:
@@ -202,7 +287,7 @@ def _feed(pipe: IO[bytes], chunks: Iterable[bytes]) -> None:
 
 
 def _watchdog(
-    proc: subprocess.Popen,  # type: ignore[type-arg]
+    proc: "subprocess.Popen[bytes]",
     deadline: float,
     grace: float,
     kill: Callable[[int], None],
@@ -220,17 +305,17 @@ def _watchdog(
 
 
 def pump(
-    proc: subprocess.Popen,  # type: ignore[type-arg]
+    proc: "subprocess.Popen[bytes]",
     stdin: Optional[Iterable[bytes]] = None,
     timeout: Optional[float] = None,
     grace: float = GRACE,
-    killer: Optional[Callable[[int], None]] = None,
+    killer: Optional[Killer] = None,
     started: Optional[float] = None,
-) -> Generator[Tuple[str, bytes], None, Outcome]:
-    """Yield ("stdout"|"stderr", bytes) as output arrives; return (exit code, timed out,
-    elapsed). `killer(sig)` replaces the default tree kill (the plain-exec path kills
-    inside the container instead). The timeout is kept by a watchdog thread, so it holds even
-    while the caller is not reading."""
+) -> Generator[Chunk, None, Outcome]:
+    """Yield ("stdout"|"stderr", bytes) as output arrives; return the Outcome. `killer(proc,
+    sig)` replaces the default tree kill (the plain-exec path kills inside the container
+    instead). The timeout is kept by a watchdog thread, so it holds even while the caller is
+    not reading; closing the generator early kills the command."""
     start = time.monotonic() if started is None else started
     if stdin is not None and proc.stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
@@ -240,7 +325,7 @@ def pump(
     def kill(sig: int) -> None:
         with kill_lock:
             if killer is not None:
-                killer(sig)
+                killer(proc, sig)
             else:
                 known[:] = kill_tree(proc.pid, sig, known)
 
@@ -287,4 +372,39 @@ def pump(
         if proc.poll() is None:  # the caller gave up on us: nothing may outlive that
             kill(signal.SIGKILL)
     code = proc.wait()
-    return exit_status(code), timed_out.is_set(), time.monotonic() - start
+    return Outcome(exit_status(code), timed_out.is_set(), time.monotonic() - start)
+
+
+def run(
+    argv: List[str],
+    env: Optional[Dict[str, str]],
+    cwd: Optional[str],
+    user: Optional[str] = None,
+    stdin: Optional[Iterable[bytes]] = None,
+    timeout: Optional[float] = None,
+    killer: Optional[Killer] = None,
+    started: Optional[float] = None,
+    on_start: Optional[Callable[["subprocess.Popen[bytes]"], None]] = None,
+) -> Generator[Chunk, None, Outcome]:
+    """Run one command: yield its output as it arrives, return its Outcome. Whatever keeps it
+    from starting comes back as a shell would report it (see the module rules), except
+    NoProcess. `on_start(proc)` sees the process once it runs. Closing the generator early
+    kills the command's whole tree and reaps it: nothing outlives a caller that gave up."""
+    start = time.monotonic() if started is None else started
+    try:
+        proc = _start(argv, env, cwd, user, stdin is not None)
+    except _Refused as why:
+        yield "stderr", (why.message + "\n").encode()
+        return Outcome(why.code, False, time.monotonic() - start)
+    try:
+        if on_start is not None:
+            on_start(proc)
+        return (yield from pump(proc, stdin, timeout, killer=killer, started=start))
+    finally:
+        if proc.returncode is None:  # abandoned (pump has killed it) or never pumped
+            if proc.poll() is None:
+                kill_tree(proc.pid, signal.SIGKILL)
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait()

@@ -1,0 +1,50 @@
+"""Settings read from `ORCHESTRATOR_*` environment variables: one parser each, so a bad value
+is a UsageError naming the variable, never a bare int()/float() error from deep inside."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+from orchestrator.errors import UsageError
+
+T = TypeVar("T")
+
+
+def _read(name: str, parse: Callable[[str], T], valid: Callable[[T], bool], want: str) -> T | None:
+    """The variable parsed, None when unset or empty; a UsageError naming it when invalid."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = parse(raw)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise UsageError(f"{name} must be {want}, got {raw!r}")
+    return value
+
+
+def number(name: str, default: float, *, unit: str = "seconds") -> float:
+    """A positive number (`unit` only words the error)."""
+    value = _read(name, float, lambda v: 0 < v < float("inf"), f"a positive number of {unit}")
+    return default if value is None else value
+
+
+def whole(name: str, default: int, *, unit: str = "bytes", low: int = 1, high: int = 2**63) -> int:
+    """A whole number between `low` and `high`."""
+    want = f"a whole number of {unit} ({low} to {high})"
+    value = _read(name, int, lambda v: low <= v <= high, want)
+    return default if value is None else value
+
+
+def network(name: str, default: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    value = _read(name, ipaddress.ip_network, lambda _: True, "a network like 10.213.0.0/16")
+    return ipaddress.ip_network(default) if value is None else value
+
+
+def choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _read(name, str, lambda v: v in choices, f"one of {', '.join(choices)}")
+    return default if value is None else value
