@@ -87,7 +87,13 @@ def f_stalled_stream(rt: Runtime) -> None:
     try:
         assert bounded(10 + SLACK, lambda: rt.execute("echo other", timeout=10)).ok
     finally:
-        stream.close()  # type: ignore[attr-defined]
+        stream.close()
+
+
+def _container(rt: Runtime) -> str:
+    container = rt.info().container
+    assert container is not None
+    return container
 
 
 def f_bad_requests(rt: Runtime) -> None:
@@ -106,7 +112,7 @@ def f_kill_executor(rt: Runtime) -> None:
         "for p in /proc/[0-9]*; do grep -q 'agen[t].py' $p/cmdline 2>/dev/null "
         "&& kill -9 ${p#/proc/}; done; true"
     )
-    docker("exec", "-u", "0", rt.container, "sh", "-c", script)  # type: ignore[attr-defined]
+    docker("exec", "-u", "0", _container(rt), "sh", "-c", script)
     try:  # sent while the death is not yet noticed: ExecutorLost (it may or may not have run)
         r = bounded(20 + SLACK, lambda: rt.execute("echo back", timeout=20))
     except ExecutorLost:
@@ -115,7 +121,7 @@ def f_kill_executor(rt: Runtime) -> None:
 
 
 def f_kill_container(rt: Runtime) -> None:
-    docker("kill", rt.container)  # type: ignore[attr-defined]
+    docker("kill", _container(rt))
     try:
         bounded(10 + SLACK, lambda: rt.execute("true", timeout=10))
     except SandboxUnavailable:
@@ -135,19 +141,19 @@ def f_pause(rt: Runtime) -> None:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     time.sleep(0.3)
-    docker("pause", rt.container)  # type: ignore[attr-defined]
+    docker("pause", _container(rt))
     try:
         t.join(3 + 2 + SLACK)
         if t.is_alive():
             raise Hang("paused sandbox: no answer within timeout + 2 s + slack")
         assert box and isinstance(box[0], SandboxUnavailable), box
     finally:
-        docker("unpause", rt.container)  # type: ignore[attr-defined]
+        docker("unpause", _container(rt))
 
 
 OWNER = (
     "import sys, time\nfrom orchestrator import spawn_runtime\n"
-    "rt = spawn_runtime(sys.argv[1]); print(rt.project.name, flush=True); time.sleep(600)\n"
+    "rt = spawn_runtime(sys.argv[1]); print(rt.info().id, flush=True); time.sleep(600)\n"
 )
 
 
@@ -280,8 +286,8 @@ def report(
         "|---|---:|---:|---:|---:|",
     ]
     for fault, c in per.items():
-        total = sum(c.values())
-        lines.append(f"| {fault} | {total} | {c['ok']} | {c['hang']} | {c['error']} |")
+        count = sum(c.values())
+        lines.append(f"| {fault} | {count} | {c['ok']} | {c['hang']} | {c['error']} |")
     total = Counter(o.split(":")[0] for _, o in outcomes)
     lines += [
         f"| **all** | {len(outcomes)} | {total['ok']} | {total['hang']} | {total['error']} |",

@@ -2,7 +2,8 @@
 runtime protocol for every backend.
 
 The public names load lazily, so `import orchestrator` stays fast and pulls in no Docker
-library until a Docker environment is spawned.
+library until a Docker environment is spawned. Type checkers see them through the imports
+below and the literal `__all__`.
 """
 
 from __future__ import annotations
@@ -23,59 +24,95 @@ if TYPE_CHECKING:
         OrchestratorError,
         OutputLimitExceeded,
         PolicyError,
+        ProjectNotFound,
         RuntimeClosed,
+        SandboxFileNotFound,
+        SandboxIsADirectory,
+        SandboxPermissionError,
         SandboxUnavailable,
         SetupFailed,
         SpecError,
+        SpecIssue,
         StartupError,
         UsageError,
     )
     from orchestrator.runtime.base import Runtime
     from orchestrator.runtime.options import SpawnOptions
     from orchestrator.runtime.registry import register_runtime, runtime_names, spawn_runtime
-    from orchestrator.runtime.results import RuntimeResult, StreamEvent
+    from orchestrator.runtime.results import (
+        Connection,
+        ExecMode,
+        RuntimeInfo,
+        RuntimeResult,
+        StreamEvent,
+        StreamKind,
+    )
     from orchestrator.spec.loader import Environment, load_environment, load_environment_text
+    from orchestrator.spec.models import PublishedPort
     from orchestrator.spec.policy import Policy
 
-_EXPORTS = {
-    "load_environment": "orchestrator.spec.loader",
-    "load_environment_text": "orchestrator.spec.loader",
-    "Environment": "orchestrator.spec.loader",
-    "Policy": "orchestrator.spec.policy",
-    "spawn_runtime": "orchestrator.runtime.registry",
-    "register_runtime": "orchestrator.runtime.registry",
-    "runtime_names": "orchestrator.runtime.registry",
-    "Runtime": "orchestrator.runtime.base",
-    "SpawnOptions": "orchestrator.runtime.options",
-    "RuntimeResult": "orchestrator.runtime.results",
-    "StreamEvent": "orchestrator.runtime.results",
-    **{
-        name: "orchestrator.errors"
-        for name in (
-            "OrchestratorError",
-            "SpecError",
-            "PolicyError",
-            "UsageError",
-            "BackendUnavailable",
-            "DockerError",
-            "StartupError",
-            "SetupFailed",
-            "HealthcheckFailed",
-            "RuntimeClosed",
-            "CommandFailed",
-            "CommandTimeout",
-            "ExecutorLost",
-            "SandboxUnavailable",
-            "OutputLimitExceeded",
-        )
-    },
-}
+__all__ = [
+    "BackendUnavailable",
+    "CommandFailed",
+    "CommandTimeout",
+    "Connection",
+    "DockerError",
+    "Environment",
+    "ExecMode",
+    "ExecutorLost",
+    "HealthcheckFailed",
+    "OrchestratorError",
+    "OutputLimitExceeded",
+    "Policy",
+    "PolicyError",
+    "ProjectNotFound",
+    "PublishedPort",
+    "Runtime",
+    "RuntimeClosed",
+    "RuntimeInfo",
+    "RuntimeResult",
+    "SandboxFileNotFound",
+    "SandboxIsADirectory",
+    "SandboxPermissionError",
+    "SandboxUnavailable",
+    "SetupFailed",
+    "SpawnOptions",
+    "SpecError",
+    "SpecIssue",
+    "StartupError",
+    "StreamEvent",
+    "StreamKind",
+    "UsageError",
+    "__version__",
+    "load_environment",
+    "load_environment_text",
+    "register_runtime",
+    "runtime_names",
+    "spawn_runtime",
+]
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+_HOME = {
+    "orchestrator.errors": (
+        "BackendUnavailable CommandFailed CommandTimeout DockerError ExecutorLost "
+        "HealthcheckFailed OrchestratorError OutputLimitExceeded PolicyError ProjectNotFound "
+        "RuntimeClosed SandboxFileNotFound SandboxIsADirectory SandboxPermissionError "
+        "SandboxUnavailable SetupFailed SpecError SpecIssue StartupError UsageError"
+    ),
+    "orchestrator.runtime.base": "Runtime",
+    "orchestrator.runtime.options": "SpawnOptions",
+    "orchestrator.runtime.registry": "register_runtime runtime_names spawn_runtime",
+    "orchestrator.runtime.results": (
+        "Connection ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"
+    ),
+    "orchestrator.spec.loader": "Environment load_environment load_environment_text",
+    "orchestrator.spec.models": "PublishedPort",
+    "orchestrator.spec.policy": "Policy",
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names.split()}
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

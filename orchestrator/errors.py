@@ -10,6 +10,10 @@ with ``raise ... from exc`` at the boundary, keeping their exit code and stderr.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.runtime.results import RuntimeResult
 
 
 class OrchestratorError(Exception):
@@ -117,15 +121,15 @@ class RuntimeClosed(OrchestratorError, RuntimeError):
 class CommandFailed(OrchestratorError, RuntimeError):
     """Raised only with ``check=True`` when a command exits non-zero."""
 
-    def __init__(self, result: object, exit_code: int) -> None:
+    def __init__(self, result: RuntimeResult) -> None:
         self.result = result
-        super().__init__(f"command exited with {exit_code}")
+        super().__init__(f"command exited with {result.exit_code}")
 
 
 class CommandTimeout(OrchestratorError, TimeoutError):
     """Raised only with ``check=True`` when a command ran past its timeout."""
 
-    def __init__(self, result: object, timeout: float) -> None:
+    def __init__(self, result: RuntimeResult, timeout: float) -> None:
         self.result = result
         super().__init__(f"command timed out after {timeout:g}s")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import shutil
 import subprocess
 import tempfile
@@ -61,10 +60,10 @@ def _dirs() -> Check:
 
 
 def _headroom() -> Check:
-    from orchestrator.project import DEFAULT_POOL, DEFAULT_PREFIX, POOL_ENV, PREFIX_ENV
+    from orchestrator.project import POOL_ENV
+    from orchestrator.project.identity import subnet_pool
 
-    pool = ipaddress.ip_network(os.environ.get(POOL_ENV, DEFAULT_POOL))
-    prefix = int(os.environ.get(PREFIX_ENV, DEFAULT_PREFIX))
+    pool, prefix = subnet_pool()
     total = 2 ** (prefix - pool.prefixlen)
     try:
         routes = Path("/proc/net/route").read_text().splitlines()[1:]
@@ -104,7 +103,8 @@ def _file_checks(file: Path) -> list[Check]:
         return [("fail", f"{file}: {exc}")]
     checks: list[Check] = [("pass", f"{file}: valid, policy satisfied")]
     images = [env.spec.image] + [s.image for s in env.spec.services.values()]
-    for image in filter(None, images):
+    present = set()
+    for image in dict.fromkeys(filter(None, images)):
         if _run(["docker", "image", "inspect", image]).returncode != 0:
             checks.append(
                 (
@@ -114,8 +114,9 @@ def _file_checks(file: Path) -> list[Check]:
                 )
             )
             continue
+        present.add(image)
         checks.append(("pass", f"image {image} present"))
-    if env.spec.image and checks[-1][0] == "pass":
+    if env.spec.image in present:  # the executor runs in the main image only
         probe = _run(
             [
                 "docker",

@@ -6,29 +6,38 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from orchestrator.errors import UsageError
 
+if TYPE_CHECKING:
+    from orchestrator.runtime import Runtime
+    from orchestrator.spec import Environment
+    from orchestrator.spec.models import PublishedPort
 
-def _spawn(file: Path, workspace: Path | None, detached: bool, evaluation: bool) -> Any:
-    from orchestrator.runtime import spawn_runtime
+
+def _load(file: Path) -> Environment:
     from orchestrator.spec import load_environment
 
     env = load_environment(file)
     for notice in env.notices:
         typer.echo(f"notice: {notice}", err=True)
+    return env
+
+
+def _spawn(env: Environment, workspace: Path | None, detached: bool, evaluation: bool) -> Runtime:
+    from orchestrator.runtime import spawn_runtime
+
     return spawn_runtime(env, workspace=workspace, detached=detached, is_evaluation=evaluation)
 
 
-def _ports_text(ports: list[dict[str, Any]]) -> str:
-    return ", ".join(
-        f"{p['service']}:{p['container']}/{p['protocol']} -> {p['host_ip']}:{p['host']}"
-        for p in ports
-    )
+def _ports_text(ports: Iterable[PublishedPort]) -> str:
+    return ", ".join(str(p) for p in ports)
 
 
 def up(
@@ -38,25 +47,19 @@ def up(
     evaluation: bool = typer.Option(False, "--eval", help="Also run setup.eval_commands."),
 ) -> None:
     """Bring an environment up and leave it running; print its id and ports."""
-    rt = _spawn(file, workspace, detached=True, evaluation=evaluation)
+    rt = _spawn(_load(file), workspace, detached=True, evaluation=evaluation)
     try:
+        info, connection = rt.info(), rt.connection()
         rt.detach()
     except UsageError:
         rt.cleanup()
         raise
-    info = {
-        "id": rt.project.name,
-        "env": rt.env.name,
-        "container": rt.container,
-        "ports": rt.ports,
-        "exec_mode": rt.exec_mode,
-    }
     if as_json:
-        typer.echo(json.dumps(info))
+        typer.echo(json.dumps({**asdict(info), "connection": list(connection.shell)}))
     else:
-        typer.echo(rt.project.name)  # alone on stdout, so ID=$(orchestrator up ...) works
-        if rt.ports:
-            typer.echo(f"ports: {_ports_text(rt.ports)}", err=True)
+        typer.echo(info.id)  # alone on stdout, so ID=$(orchestrator up ...) works
+        if info.ports:
+            typer.echo(f"ports: {_ports_text(info.ports)}", err=True)
     from orchestrator.project.inventory import wait_for_reaper
 
     wait_for_reaper()
@@ -64,7 +67,10 @@ def up(
 
 def run(
     file: Path = typer.Argument(..., help="Environment file."),
-    command: list[str] = typer.Argument(..., help="Command to run (after --)."),
+    command: list[str] = typer.Argument(None, help="Command to run (after --)."),
+    named: str = typer.Option(
+        None, "--named", help="Run the file's `commands.NAME` ({{static:...}} resolved)."
+    ),
     workspace: Path = typer.Option(None, "--workspace", "-w", help="Host workspace folder."),
     timeout: float = typer.Option(
         None, "--timeout", "-t", help="Kill the command after this many seconds."
@@ -73,8 +79,15 @@ def run(
 ) -> None:
     """Bring an environment up, run one command in it, take it down. The command's exit code
     becomes ours (124 on timeout)."""
-    argv = _argv(command)
-    with _spawn(file, workspace, detached=False, evaluation=evaluation) as rt:
+    env = _load(file)
+    if named is not None and command:
+        raise UsageError("give either a command after -- or --named NAME, not both")
+    if named is not None and named not in env.spec.commands:
+        known = ", ".join(sorted(env.spec.commands)) or "none"
+        raise UsageError(f"{file} has no command named {named!r} (known: {known})")
+    argv = _argv(command) if named is None else ""
+    with _spawn(env, workspace, detached=False, evaluation=evaluation) as rt:
+        argv = argv or rt.file_command(named)
         result = None
         for event in rt.stream(argv, timeout=timeout):
             if event.kind == "finished":
@@ -90,8 +103,9 @@ def run(
     raise typer.Exit(result.exit_code)
 
 
-def _argv(command: list[str]) -> str | list[str]:
+def _argv(command: list[str] | None) -> str | list[str]:
     """Words after `--`: one word runs through the shell, several run as argv."""
+    command = command or []
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -132,8 +146,9 @@ def exec_(
 
 def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
     """Open an interactive shell (bash where the image has it) in a running environment."""
-    pick = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
-    raise typer.Exit(subprocess.call([*_main_exec(ref), "/bin/sh", "-c", pick]))
+    from orchestrator.runtime.compose import SHELL
+
+    raise typer.Exit(subprocess.call([*_main_exec(ref), "/bin/sh", "-c", SHELL]))
 
 
 def down(
@@ -166,33 +181,13 @@ def down(
 
 def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List our environments with their owner, state and published ports."""
-    from orchestrator.project import docker_client, docker_errors, list_projects, reap
-    from orchestrator.project.engine import published_ports
+    from orchestrator.project import project_statuses
 
-    client = docker_client()
-    projects = list_projects(client)
-    removed = reap(client=client, projects=projects)  # owners gone: list nothing of theirs
+    rows, removed = project_statuses()
     for name in removed:
         typer.echo(f"removed {name} (its owner process is gone)", err=True)
-    rows: list[dict[str, Any]] = []
-    for info in (p for p in projects if p.name not in removed):
-        ids = [cid for cid, _, _ in info.containers]
-        with docker_errors("reading published ports"):
-            ports = published_ports(client.container.inspect(ids)) if ids else []
-        states = sorted({state for _, _, state in info.containers}) or ["no containers"]
-        rows.append(
-            {
-                "id": info.name,
-                "env": info.env,
-                "owner": info.owner,
-                "state": ",".join(states),
-                "containers": len(info.containers),
-                "networks": len(info.networks),
-                "ports": ports,
-            }
-        )
     if as_json:
-        typer.echo(json.dumps(rows))
+        typer.echo(json.dumps([asdict(r) for r in rows]))
         return
     if not rows:
         typer.echo("no environments")
@@ -202,7 +197,7 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable outp
 
     table = Table("ID", "ENV", "OWNER", "STATE", "PORTS", box=None)
     for r in rows:
-        table.add_row(r["id"], r["env"], r["owner"], r["state"], _ports_text(r["ports"]))
+        table.add_row(r.id, r.env, r.owner, r.state, _ports_text(r.ports))
     Console().print(table)
 
 

@@ -20,9 +20,11 @@ from orchestrator.project.identity import (
 )
 from orchestrator.project.inventory import (
     ProjectInfo,
+    ProjectStatus,
     find_project,
     list_projects,
     match_project,
+    project_statuses,
     reap,
     remove_by_label,
     remove_project,
@@ -42,6 +44,7 @@ __all__ = [
     "PREFIX_ENV",
     "Project",
     "ProjectInfo",
+    "ProjectStatus",
     "docker_client",
     "docker_errors",
     "find_project",
@@ -49,6 +52,7 @@ __all__ = [
     "match_project",
     "owner_alive",
     "pick_subnet",
+    "project_statuses",
     "reap",
     "remove_by_label",
     "remove_project",

@@ -16,7 +16,13 @@ from python_on_whales.utils import run
 
 from orchestrator.compile.render import MAIN, USER_LABEL
 from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound
-from orchestrator.project.engine import COMPOSE_SERVICE, docker_client, docker_errors, engine_call
+from orchestrator.project.engine import (
+    COMPOSE_SERVICE,
+    docker_client,
+    docker_errors,
+    engine_call,
+    published_ports,
+)
 from orchestrator.project.identity import (
     DETACHED,
     LABEL_DIGEST,
@@ -35,6 +41,7 @@ from orchestrator.project.identity import (
     project_folders,
     state_dir,
 )
+from orchestrator.spec.models import PublishedPort
 
 
 @dataclass
@@ -112,6 +119,50 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
 
 
 MIN_PREFIX = 6
+
+
+@dataclass(frozen=True)
+class ProjectStatus:
+    """One environment as `orchestrator ps` shows it."""
+
+    id: str
+    env: str
+    owner: str
+    state: str
+    """The states of its containers, comma-separated ("no containers" when none)."""
+    containers: int
+    networks: int
+    ports: tuple[PublishedPort, ...]
+    """Published ports of every service."""
+
+
+def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectStatus], list[str]]:
+    """Our environments, after reaping those whose owner is gone (returned second, by name),
+    with the ports of all of them read in one engine call."""
+    client = client or docker_client()
+    projects = list_projects(client)
+    removed = reap(client=client, projects=projects)  # owners gone: list nothing of theirs
+    live = [p for p in projects if p.name not in removed]
+    ids = [cid for p in live for cid, _, _ in p.containers]
+    ports: dict[str, list[PublishedPort]] = {}
+    if ids:
+        containers = engine_call("reading published ports", lambda: client.container.inspect(ids))
+        for c in containers:
+            project = (c.config.labels or {}).get(LABEL_PROJECT, "")
+            ports.setdefault(project, []).extend(published_ports([c]))
+    statuses = [
+        ProjectStatus(
+            id=p.name,
+            env=p.env,
+            owner=p.owner,
+            state=",".join(sorted({state for _, _, state in p.containers})) or "no containers",
+            containers=len(p.containers),
+            networks=len(p.networks),
+            ports=tuple(ports.get(p.name, ())),
+        )
+        for p in live
+    ]
+    return statuses, removed
 
 
 def match_project(ref: str, names: list[str]) -> str:

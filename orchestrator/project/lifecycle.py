@@ -39,6 +39,7 @@ from orchestrator.project.identity import (
 )
 from orchestrator.project.inventory import reap_soon, remove_by_label
 from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import PublishedPort
 
 STOP_TIMEOUT = 2
 T = TypeVar("T")
@@ -97,9 +98,8 @@ class Project:
     def kill(self) -> None:
         engine_call(f"killing project {self.name}", self.client.compose.kill)
 
-    def ports(self) -> list[dict[str, Any]]:
-        """Published ports as [{service, container, protocol, host_ip, host}] (ephemeral ones
-        resolved)."""
+    def ports(self) -> list[PublishedPort]:
+        """Published ports of every service (ephemeral ones resolved)."""
         return published_ports(engine_call("reading published ports", self.client.compose.ps))
 
     def service_states(self) -> list[tuple[str, str, str]]:

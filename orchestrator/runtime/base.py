@@ -1,22 +1,25 @@
 """The runtime protocol: one set of calls for every backend.
 
 A backend implements five primitives (`_start`, `_run`, `_kill`, `_poll`, `_close`) plus
-`workdir` and `static_path`; everything users call (execute, stream, files, setup, lifecycle)
-is written once here on top of them, so every backend keeps the same semantics.
+`workdir`, `static_path` and `info`; everything users call (execute, stream, files, setup,
+lifecycle) is written once here on top of them, so every backend keeps the same semantics.
+
+`{{static:NAME}}` placeholders are resolved in the environment file's own commands (setup,
+`commands`), never in the text a caller passes to `execute`: that text may be model-written,
+and runs exactly as given (use `static_path(NAME)` to build a path).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import posixpath
 import re
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, ClassVar, Literal, overload
 
 from orchestrator.compile.common import resolve_user, substitute_static
 from orchestrator.errors import (
@@ -28,17 +31,20 @@ from orchestrator.errors import (
 )
 from orchestrator.runtime import files
 from orchestrator.runtime.options import (
-    SETUP_TIMEOUT_ENV,
     Chunks,
     Command,
     SpawnOptions,
     default_file_limit,
     default_output_limit,
+    setup_timeout,
 )
 from orchestrator.runtime.results import (
+    Connection,
     Outcome,
+    RuntimeInfo,
     RuntimeResult,
     StreamEvent,
+    StreamKind,
     TailBuffer,
     decode,
     decoder,
@@ -111,6 +117,23 @@ class Runtime(ABC):
         """User commands run as when the call names none ("uid:gid"), None for the backend's."""
         return None
 
+    @abstractmethod
+    def info(self) -> RuntimeInfo:
+        """What this runtime is: id, backend, workdir, user, how commands run, ports."""
+
+    @abstractmethod
+    def connection(self) -> Connection:
+        """How a person opens a shell in the sandbox from the host."""
+
+    def file_command(self, name: str) -> str:
+        """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""
+        try:
+            text = self.env.spec.commands[name]
+        except KeyError:
+            known = ", ".join(sorted(self.env.spec.commands)) or "none"
+            raise UsageError(f"no command named {name!r} in the file (known: {known})") from None
+        return substitute_static(text, self.static_path)
+
     # ----- lifecycle -----------------------------------------------------------------------
     @classmethod
     def spawn(cls, env: Environment, options: SpawnOptions | None = None) -> Runtime:
@@ -147,8 +170,6 @@ class Runtime(ABC):
     def poll(self) -> int | None:
         """None while the environment runs; its exit status once it was killed or died."""
         self._check_open()
-        if self._killed:
-            return 137
         return self._poll()
 
     def kill(self) -> None:
@@ -184,9 +205,9 @@ class Runtime(ABC):
         if self._killed:
             raise RuntimeClosed(f"runtime for {self.env.name!r} was killed")
         if isinstance(command, str):
-            argv = ["/bin/sh", "-c", substitute_static(command, self.static_path)]
+            argv = ["/bin/sh", "-c", command]
         else:
-            argv = [substitute_static(str(a), self.static_path) for a in command]
+            argv = [str(a) for a in command]
             if not argv:
                 raise UsageError("empty command")
         if timeout is not None and not 0 < timeout < float("inf"):
@@ -268,17 +289,20 @@ class Runtime(ABC):
         user: str | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
-    ) -> Iterator[StreamEvent]:
-        """Yield output as it arrives, then a "finished" event carrying the result. Breaking
-        out of the loop kills the command."""
+    ) -> Generator[StreamEvent, None, None]:
+        """Yield output as it arrives, then a "finished" event carrying the result. Closing
+        the generator (or breaking out of a `for` over it) kills the command."""
         if stdin is not None:
-            raise ValueError("stream() takes no stdin; use execute(..., stdin=...)")
+            raise UsageError("stream() takes no stdin; use execute(..., stdin=...)")
         cmd = self._command(command, env, None, cwd, user, timeout)
         return self._stream(cmd, output_limit or default_output_limit())
 
-    def _stream(self, cmd: Command, limit: int) -> Iterator[StreamEvent]:
-        bufs = {"stdout": TailBuffer(limit), "stderr": TailBuffer(limit)}
-        decoders = {"stdout": decoder(), "stderr": decoder()}
+    def _stream(self, cmd: Command, limit: int) -> Generator[StreamEvent, None, None]:
+        bufs: dict[StreamKind, TailBuffer] = {
+            "stdout": TailBuffer(limit),
+            "stderr": TailBuffer(limit),
+        }
+        decoders: dict[StreamKind, Any] = {"stdout": decoder(), "stderr": decoder()}
         gen = self._run(cmd)
         try:
             while True:
@@ -290,11 +314,11 @@ class Runtime(ABC):
                 bufs[kind].add(data)
                 text = decoders[kind].decode(data)
                 if text:
-                    yield StreamEvent(kind, text)  # type: ignore[arg-type]
-            for kind, dec in decoders.items():
+                    yield StreamEvent(kind, text)
+            for name, dec in decoders.items():
                 tail = dec.decode(b"", final=True)
                 if tail:
-                    yield StreamEvent(kind, tail)  # type: ignore[arg-type]
+                    yield StreamEvent(name, tail)
             yield StreamEvent(
                 "finished", result=self._result(bufs["stdout"], bufs["stderr"], outcome)
             )
@@ -313,10 +337,29 @@ class Runtime(ABC):
         _, err, outcome = self._collect(cmd, 64 * 1024)
         files.raise_for(outcome.exit_code, target, "write", decode(err.value()))
 
+    @overload
+    def read_file(
+        self,
+        path: str,
+        *,
+        text: Literal[True] = True,
+        user: str | None = None,
+        limit: int | None = None,
+    ) -> str: ...
+    @overload
+    def read_file(
+        self, path: str, *, text: Literal[False], user: str | None = None, limit: int | None = None
+    ) -> bytes: ...
+    @overload
+    def read_file(
+        self, path: str, *, text: bool, user: str | None = None, limit: int | None = None
+    ) -> str | bytes: ...
     def read_file(
         self, path: str, *, text: bool = True, user: str | None = None, limit: int | None = None
     ) -> str | bytes:
-        """Return a file's content as text (UTF-8) or bytes."""
+        """Return a file's content as text (UTF-8, invalid bytes replaced) or bytes. Raises
+        SandboxFileNotFound, SandboxIsADirectory, SandboxPermissionError (also the built-in
+        errors) or OutputLimitExceeded past `limit` bytes."""
         limit = limit or default_file_limit()
         target = self._path(path)
         cmd = self._command(files.read_argv(target, limit), None, None, None, user, None)
@@ -341,10 +384,10 @@ class Runtime(ABC):
         commands = self._setup_commands()
         if not commands:
             return
-        timeout = float(os.environ.get(SETUP_TIMEOUT_ENV, "900"))
+        timeout = setup_timeout()
         stdout, stderr, elapsed = [], [], 0.0
         for command in commands:
-            r = self.execute(command, timeout=timeout)
+            r = self.execute(substitute_static(command, self.static_path), timeout=timeout)
             stdout.append(r.stdout)
             stderr.append(r.stderr)
             elapsed += r.elapsed
@@ -384,4 +427,4 @@ def _check(result: RuntimeResult, timeout: float | None) -> None:
     if result.timed_out:
         raise CommandTimeout(result, timeout or 0.0)
     if result.exit_code != 0:
-        raise CommandFailed(result, result.exit_code)
+        raise CommandFailed(result)

@@ -9,9 +9,9 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, cast, get_args
 
-from orchestrator.compile.common import parse_ids
+from orchestrator import procutil, settings
 from orchestrator.compile.mounts import STATIC_ROOT
 from orchestrator.compile.render import MAIN, SANDBOX_DIR, SANDBOX_MOUNT, CompileOptions
 from orchestrator.errors import (
@@ -23,26 +23,31 @@ from orchestrator.errors import (
 )
 from orchestrator.project import LABEL_DIR, Project, start_project
 from orchestrator.project.engine import TIMED_OUT, engine_call, raw_docker
-from orchestrator.runtime import procutil
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.executor.client import FILES, ExecutorClient
 from orchestrator.runtime.executor.plain import run_plain
 from orchestrator.runtime.options import Chunks, Command
-from orchestrator.runtime.results import Outcome
+from orchestrator.runtime.results import Connection, Outcome, RuntimeInfo
+from orchestrator.spec.models import PublishedPort
 
 log = logging.getLogger("orchestrator.docker")
 EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
+"""auto (the executor, falling back to plain where it cannot run), executor or plain."""
 READY_TIMEOUT = 15.0
+Mode = Literal["auto", "executor", "plain"]
+SHELL = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
+"""An interactive shell: bash where the image has it."""
 
 
 class ComposeRuntime(Runtime):
+    name: ClassVar[str] = "docker"
     deviations: ClassVar[dict[str, str]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.project: Project | None = None
-        self.ports: list[dict[str, Any]] = []
-        self.exec_mode = os.environ.get(EXEC_MODE_ENV, "auto")
+        self._ports: list[PublishedPort] = []
+        self._mode = cast(Mode, settings.choice(EXEC_MODE_ENV, "auto", get_args(Mode)))
         self._executor: ExecutorClient | None = None
         self._temp_workspace: Path | None = None
         self._docker_cmd: list[str] = []
@@ -81,10 +86,10 @@ class ComposeRuntime(Runtime):
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
         self._docker_cmd = raw_docker(self.project.client)  # exec calls last: no time bound
-        if self.exec_mode != "plain":
+        if self._mode != "plain":
             self._executor = self._new_executor()  # starts now, overlapping the ports query
         if compiled.published:
-            self.ports = self.project.ports()
+            self._ports = self.project.ports()
         # The executor's greeting proves the main container runs; without one, ask the engine.
         try:
             if self._executor_ready() is None and (lost := self._lost()) is not None:
@@ -116,7 +121,7 @@ class ComposeRuntime(Runtime):
 
     def _executor_ready(self) -> ExecutorClient | None:
         """The live executor (restarted if it died), or None in plain mode."""
-        if self.exec_mode == "plain":
+        if self._mode == "plain":
             return None
         ex = self._executor
         if ex is None or not ex.alive:
@@ -125,7 +130,7 @@ class ComposeRuntime(Runtime):
                 ex.close()
             ex = self._executor = self._new_executor()
         if ex.wait_ready(READY_TIMEOUT):
-            self.exec_mode = "executor"
+            self._mode = "executor"
             return ex
         ex.close()  # also collects what it printed before dying
         reason = ex.stderr_tail or "no answer"
@@ -133,9 +138,9 @@ class ComposeRuntime(Runtime):
         lost = self._lost()
         if lost is not None:
             raise lost
-        if self.exec_mode == "executor":
+        if self._mode == "executor":
             raise ExecutorLost(f"the executor cannot run in this image: {reason}")
-        self.exec_mode = "plain"
+        self._mode = "plain"
         message = (
             f"{self.env.name}: the fast executor cannot run in this image ({reason}); "
             "falling back to plain `docker exec` per command"
@@ -225,15 +230,35 @@ class ComposeRuntime(Runtime):
         return self.project.compiled.user if self.project else None
 
     @property
-    def container(self) -> str:
+    def _container(self) -> str:
         assert self.project is not None
         return self.project.main_container
+
+    def info(self) -> RuntimeInfo:
+        self._check_open()
+        assert self.project is not None
+        return RuntimeInfo(
+            id=self.project.name,
+            env=self.env.name,
+            backend=self.name,
+            workdir=self.workdir,
+            user=self.default_user,
+            exec_mode="plain" if self._mode == "plain" else "executor",
+            container=self._container,
+            ports=tuple(self._ports),
+        )
+
+    def connection(self) -> Connection:
+        self._check_open()
+        user = ["-u", self.default_user] if self.default_user else []
+        target = ("-w", self.workdir, self._container, "/bin/sh", "-c", SHELL)
+        return Connection("docker", (*self._docker_cmd, "exec", "-it", *user, *target))
 
     # ----- commands ------------------------------------------------------------------------
     def _run(self, cmd: Command) -> Chunks:
         ex = self._executor_ready()
         if ex is None:
-            outcome = yield from run_plain(self._docker_cmd, self.container, cmd)
+            outcome = yield from run_plain(self._docker_cmd, self._container, cmd)
             failed = outcome.exit_code != 0 or outcome.timed_out
             if failed and not self._killed:  # the command failed, or the sandbox did?
                 lost = self._lost()
@@ -260,10 +285,12 @@ def _executor_files() -> dict[str, bytes]:
 
 
 def _give(path: Path, user: str) -> None:
-    """Let the sandbox user write the temporary workspace we made for it."""
+    """Let the sandbox user write the temporary workspace we made for it (a user given by
+    name exists only in the image: then the folder is opened to all)."""
+    ids = procutil.numeric_ids(user)
     try:
-        if os.geteuid() == 0:
-            os.chown(path, *parse_ids(user))
+        if ids is not None and os.geteuid() == 0:
+            os.chown(path, *ids)
         else:
             path.chmod(0o777)
     except (OSError, ValueError) as exc:

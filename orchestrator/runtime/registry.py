@@ -5,6 +5,7 @@ used; third-party backends register with `register_runtime` or the entry-point g
 from __future__ import annotations
 
 import importlib
+import types
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -30,16 +31,30 @@ R = TypeVar("R", bound=type[Runtime])
 
 
 def register_runtime(name: str) -> Callable[[R], R]:
-    """Class decorator: make a Runtime subclass available as backend `name`."""
+    """Class decorator: make a Runtime subclass available as backend `name`. A class that
+    already has a name of its own (registering an alias) keeps it: the alias is a subclass
+    named `name`, so runtimes spawned through either name report the name they were asked by."""
 
     def deco(cls: R) -> R:
-        if not (isinstance(cls, type) and issubclass(cls, Runtime)):
-            raise UsageError(f"register_runtime({name!r}) needs a Runtime subclass")
-        cls.name = name
-        _registered[name] = cls
+        _register(name, cls, f"register_runtime({name!r})")
         return cls
 
     return deco
+
+
+def _register(name: str, cls: object, what: str) -> type[Runtime]:
+    if not (isinstance(cls, type) and issubclass(cls, Runtime)):
+        raise UsageError(f"{what} is not a Runtime subclass")
+    own = cls.__dict__.get("name")
+    if not own:
+        cls.name = name  # the class's own name (not one inherited), given by its registration
+    elif own != name:
+        module = cls.__module__
+        cls = types.new_class(
+            cls.__name__, (cls,), exec_body=lambda ns: ns.update(name=name, __module__=module)
+        )
+    _registered[name] = cls
+    return cls
 
 
 def _entry_points() -> dict[str, str]:
@@ -58,12 +73,9 @@ def get_runtime_class(name: str) -> type[Runtime]:
     if target is None:
         raise UsageError(f"unknown backend {name!r}; known backends: {', '.join(runtime_names())}")
     module, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    if not (isinstance(cls, type) and issubclass(cls, Runtime)):
-        raise UsageError(f"backend {name!r} ({target}) is not a Runtime subclass")
-    cls.name = name
-    _registered[name] = cls
-    return cls
+    return _register(
+        name, getattr(importlib.import_module(module), attr), f"backend {name!r} ({target})"
+    )
 
 
 def _as_mount(m: Mount | Mapping[str, object] | str) -> Mount:

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import codecs
+import shlex
 from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.procutil import Outcome
+from orchestrator.spec.models import PublishedPort
+
+__all__ = [
+    "Connection",
+    "ExecMode",
+    "Outcome",
+    "PublishedPort",
+    "RuntimeInfo",
+    "RuntimeResult",
+    "StreamEvent",
+    "StreamKind",
+]
+
 DECODE_ERRORS = "replace"
+StreamKind = Literal["stdout", "stderr"]
+"""Which output stream a chunk of output came from."""
 
 
 @dataclass(frozen=True)
@@ -40,18 +57,46 @@ class StreamEvent:
     """One event of `Runtime.stream`: output as it arrives, then "finished" with the result."""
 
     kind: Literal["stdout", "stderr", "finished"]
+    """Output of one stream, or "finished" (last, with `result`)."""
     text: str = ""
     result: RuntimeResult | None = None
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What a backend reports when a command ends (output travels separately)."""
+ExecMode = Literal["executor", "plain", "process"]
+"""How commands reach the sandbox: the in-container executor, one `docker exec` per command
+(images without python3), or host processes (the local backend)."""
 
-    exit_code: int
-    timed_out: bool
-    elapsed: float
-    oom_killed: bool = False
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What a live runtime is, for printing and for harnesses (`orchestrator up --json`)."""
+
+    id: str
+    """The environment's id: its Compose project name on Docker."""
+    env: str
+    """The environment file's `name`."""
+    backend: str
+    workdir: str
+    """Where commands start, as they see it."""
+    user: str | None
+    """Default command user ("uid:gid" or a name); None: the backend's own."""
+    exec_mode: ExecMode
+    container: str | None = None
+    """The main container's id (Docker)."""
+    ports: tuple[PublishedPort, ...] = ()
+    """Published ports of every service."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How a person reaches the sandbox from a terminal on the host."""
+
+    kind: Literal["docker", "local"]
+    shell: tuple[str, ...]
+    """argv of an interactive shell in the workdir, as the sandbox user."""
+
+    def __str__(self) -> str:
+        return shlex.join(self.shell)
 
 
 class TailBuffer:

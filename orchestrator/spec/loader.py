@@ -6,7 +6,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 import types
 import typing
 from collections.abc import Iterator
@@ -19,9 +18,10 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from orchestrator import settings
 from orchestrator.errors import SpecError, SpecIssue
 from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
-from orchestrator.spec.models import SUPPORTED_VERSIONS, EnvironmentV1
+from orchestrator.spec.models import STATIC_PLACEHOLDER, SUPPORTED_VERSIONS, EnvironmentV1
 
 #: Bumped whenever templates change what a spec compiles to; part of every digest.
 TEMPLATE_VERSION = "2"
@@ -233,8 +233,7 @@ def _issues_from(
 
 
 def max_spec_bytes() -> int:
-    raw = os.environ.get(MAX_BYTES_ENV)
-    return int(raw) if raw and raw.isdigit() else MAX_BYTES
+    return settings.whole(MAX_BYTES_ENV, MAX_BYTES)
 
 
 def parse_yaml(text: str, source: str) -> Any:
@@ -333,7 +332,24 @@ def load_environment_text(
 
 
 def _check_assets(env: Environment, root: Any) -> None:
+    """Asset paths exist, and every `{{static:NAME}}` of the file's commands names one."""
     issues = []
+    names = {a.name for a in env.spec.static_assets}
+    for loc, command in env.spec.file_commands():
+        for match in STATIC_PLACEHOLDER.finditer(command):
+            if match.group(1) not in names:
+                line, col = _position(root, loc)
+                known = ", ".join(sorted(names)) or "none"
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        line,
+                        col,
+                        ".".join(map(str, loc)),
+                        f"{match.group(0)} names no static asset (known: {known})",
+                        "add it under static_assets, or fix the name",
+                    )
+                )
     for i, asset in enumerate(env.spec.static_assets):
         path = (env.base_dir / asset.path).resolve()
         if not path.exists():

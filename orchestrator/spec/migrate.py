@@ -57,6 +57,16 @@ def _network(value: Any, notices: list[str]) -> dict[str, Any]:
     return {"mode": "bridge", "outbound": True}
 
 
+def _unmapped(
+    out: dict[str, Any], where: dict[Loc, Loc], section: str, keys: dict[str, Any]
+) -> None:
+    """Legacy keys with no v1 meaning flow through as `section.key`, so validation reports
+    each one at its own line instead of the migration dropping it unseen."""
+    for key, value in keys.items():
+        out.setdefault(f"{section}.{key}", value)
+        where[(f"{section}.{key}",)] = (section, key)
+
+
 def migrate_legacy(data: dict[str, Any]) -> tuple[dict[str, Any], dict[Loc, Loc], list[str]]:
     """Return (v1 mapping, v1 location -> legacy location, notices)."""
     notices: list[str] = []
@@ -95,8 +105,7 @@ def migrate_legacy(data: dict[str, Any]) -> tuple[dict[str, Any], dict[Loc, Loc]
             "extra_mounts",
             "network",
         }
-        for key in sorted(leftover):
-            out.setdefault("docker." + key, docker[key])
+        _unmapped(out, where, "docker", {k: docker[k] for k in sorted(leftover)})
 
     environment = data.get("environment") or {}
     if isinstance(environment, dict):
@@ -106,6 +115,12 @@ def migrate_legacy(data: dict[str, Any]) -> tuple[dict[str, Any], dict[Loc, Loc]
         if environment.get("include_os_env"):
             out["env_passthrough"] = ["*"]
             notices.append("legacy include_os_env: true passes every host variable through")
+    local = data.get("local")
+    if isinstance(local, dict):  # nothing of it has a v1 meaning: name each key, drop none
+        _unmapped(out, where, "local", local)
+    elif local is not None:
+        out["local"] = local
+        where[("local",)] = ("local",)
     if "setup" in data:
         out["setup"] = data["setup"]
         where[("setup",)] = ("setup",)

@@ -6,11 +6,17 @@ JSON Schema generated from these classes, so editors can complete and check envi
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from orchestrator.errors import UsageError
+
 NAME_RE = r"^[a-z0-9][a-z0-9_.-]*$"
+STATIC_PLACEHOLDER = re.compile(r"\{\{\s*static:([A-Za-z0-9_.-]+)\s*\}\}")
+"""`{{static:NAME}}` in the file's own commands: the path of static asset NAME."""
 MEMORY_RE = r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$"
 DURATION_RE = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"
 USER_RE = r"^(host|root|[0-9]+(:[0-9]+)?)$"
@@ -92,6 +98,26 @@ class Setup(Strict):
     """Run after `commands`, only when spawned for evaluation."""
     resume_commands: list[str] = Field(default_factory=list)
     """Run after `commands`, only when resuming from a snapshot."""
+
+
+Protocol = Literal["tcp", "udp", "sctp"]
+"""Transport protocols a port may be published for."""
+
+
+@dataclass(frozen=True)
+class PublishedPort:
+    """A container port reachable from the host."""
+
+    service: str
+    """Compose service: "main" for the sandbox, else the extra service's name."""
+    container: int
+    protocol: Protocol
+    host_ip: str
+    host: int
+    """Host port (an ephemeral one, resolved, when the file left it out)."""
+
+    def __str__(self) -> str:
+        return f"{self.service}:{self.container}/{self.protocol} -> {self.host_ip}:{self.host}"
 
 
 class PortMap(Strict):
@@ -297,9 +323,19 @@ class EnvironmentV1(Hardening):
             raise ValueError(f"static asset names must be unique: {', '.join(dupes)}")
         return self
 
+    def file_commands(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Every command the file itself holds, with its location (setup and `commands`):
+        the only text where `{{static:NAME}}` is resolved."""
+        setup = self.setup
+        located: list[tuple[tuple[str | int, ...], str]] = []
+        for key in ("commands", "eval_commands", "resume_commands"):
+            located += [(("setup", key, i), c) for i, c in enumerate(getattr(setup, key))]
+        located += [(("commands", name), c) for name, c in self.commands.items()]
+        return located
+
     def static_asset(self, name: str) -> StaticAsset:
         for asset in self.static_assets:
             if asset.name == name:
                 return asset
         known = ", ".join(a.name for a in self.static_assets) or "none"
-        raise KeyError(f"no static asset named {name!r} (known: {known})")
+        raise UsageError(f"no static asset named {name!r} (known: {known})")

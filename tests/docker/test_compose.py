@@ -16,7 +16,7 @@ import pytest
 from orchestrator import HealthcheckFailed, OrchestratorError, Policy, PolicyError, spawn_runtime
 from orchestrator.errors import ExecutorLost
 from orchestrator.project import list_projects, reap
-from tests.conftest import BUSYBOX_IMAGE, labelled_ids
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,11 +46,11 @@ def test_multi_service_by_name_and_published_port() -> None:
             timeout=20,
         )
         assert r.stdout == "hello from web\n\n", r.stderr
-        [port] = rt.ports
-        assert port["service"] == "web" and port["host_ip"] == "127.0.0.1"
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port['host']}/", timeout=10).read()
+        [port] = rt.info().ports
+        assert port.service == "web" and port.host_ip == "127.0.0.1"
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port.host}/", timeout=10).read()
         assert body == b"hello from web\n"
-        name = rt.project.name
+        name = rt.info().id
         assert len(project_objects(name)) == 3  # two containers and the network
     assert project_objects(name) == []
 
@@ -91,7 +91,7 @@ def test_no_network_by_default_and_internal_with_services(make_env) -> None:  # 
                 "ls",
                 "-q",
                 "--filter",
-                f"label=org.orchestrator.project={rt.project.name}",
+                f"label=org.orchestrator.project={rt.info().id}",
             ],
             capture_output=True,
             text=True,
@@ -137,8 +137,8 @@ def test_fork_bomb_is_contained(make_env) -> None:  # type: ignore[no-untyped-de
 
 def test_labels_name_owner_env_and_digest(make_env) -> None:  # type: ignore[no-untyped-def]
     with spawn_runtime(make_env("network: {outbound: true}\n", name="labelled")) as rt:
-        assert rt.project.name.startswith("orch-labelled-")
-        [info] = [p for p in list_projects() if p.name == rt.project.name]
+        assert rt.info().id.startswith("orch-labelled-")
+        [info] = [p for p in list_projects() if p.name == rt.info().id]
         labels = info.labels
         assert labels["org.orchestrator.owner.pid"] == str(os.getpid())
         assert labels["org.orchestrator.env"] == "labelled"
@@ -149,7 +149,7 @@ def test_labels_name_owner_env_and_digest(make_env) -> None:  # type: ignore[no-
 
 def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-untyped-def]
     with spawn_runtime(make_env("user: '1000:1000'\n")) as rt:
-        assert rt.execute("true").exit_code == 0 and rt.exec_mode == "executor"
+        assert rt.execute("true").exit_code == 0 and rt.info().exec_mode == "executor"
         import threading
 
         errors: list[BaseException] = []
@@ -169,7 +169,7 @@ def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-un
                 "exec",
                 "-u",
                 "0",
-                rt.container,
+                main_container(rt),
                 "sh",
                 "-c",
                 "for p in /proc/[0-9]*; do grep -q 'agen[t].py' $p/cmdline 2>/dev/null "
@@ -192,13 +192,13 @@ def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-un
 def test_image_without_python_falls_back_to_plain_exec(make_env) -> None:  # type: ignore[no-untyped-def]
     with spawn_runtime(make_env("", image=BUSYBOX_IMAGE)) as rt:
         r = rt.execute("echo hi; exit 3")
-        assert (r.stdout, r.exit_code, rt.exec_mode) == ("hi\n", 3, "plain")
+        assert (r.stdout, r.exit_code, rt.info().exec_mode) == ("hi\n", 3, "plain")
         assert any("falling back" in w for w in rt.warnings)
 
 
 def test_keep_after_cleanup_keeps_stopped_containers(make_env) -> None:  # type: ignore[no-untyped-def]
     rt = spawn_runtime(make_env("keep_after_cleanup: true\n"))
-    name = rt.project.name
+    name = rt.info().id
     rt.cleanup()
     try:
         [info] = [p for p in list_projects() if p.name == name]
@@ -214,7 +214,7 @@ def test_reaper_removes_projects_of_dead_owners_only(make_env) -> None:  # type:
     path = make_env("")
     code = (
         f"import os; from orchestrator import spawn_runtime; rt = spawn_runtime({str(path)!r}); "
-        "print(rt.project.name, flush=True); os._exit(0)"
+        "print(rt.info().id, flush=True); os._exit(0)"
     )
     env = {**os.environ, "ORCHESTRATOR_GUARDIAN": "0"}  # leave the orphan to reap()
     orphan = subprocess.run(
@@ -222,7 +222,7 @@ def test_reaper_removes_projects_of_dead_owners_only(make_env) -> None:  # type:
     ).stdout.strip()
     with spawn_runtime(path) as mine:
         removed = reap()
-        assert orphan in removed and mine.project.name not in removed
+        assert orphan in removed and mine.info().id not in removed
         assert mine.execute("echo still").stdout == "still\n"
     assert project_objects(orphan) == []
 
@@ -302,6 +302,19 @@ def test_doctor_passes() -> None:
     assert "[fail]" not in r.stdout and "[pass] Docker engine" in r.stdout
 
 
+def test_doctor_probes_the_main_image_whatever_the_services(tmp_path: Path) -> None:
+    env = tmp_path / "env.yaml"
+    env.write_text(
+        f"version: 1\nname: doc\nimage: {PYTHON_IMAGE}\n"
+        "services: {db: {image: 'orchestrator-test/absent:0'}}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "doctor", str(env)], capture_output=True, text=True
+    )
+    assert r.returncode == 1 and "[fail] image orchestrator-test/absent:0 not present" in r.stdout
+    assert f"[pass] fast executor can run in {PYTHON_IMAGE}" in r.stdout
+
+
 def test_host_networking_needs_the_callers_opt_in(make_env) -> None:  # type: ignore[no-untyped-def]
     host_nets = sorted(os.listdir("/sys/class/net"))
     path = make_env("network: {mode: host}\n")
@@ -338,7 +351,7 @@ def test_build_is_tagged_once_per_digest(tmp_path) -> None:  # type: ignore[no-u
         for _ in range(2):
             with spawn_runtime(env) as rt:
                 assert rt.execute("cat /built.txt").stdout == "built\n"
-                project = rt.project.name
+                project = rt.info().id
         images = subprocess.run(
             ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"],
             capture_output=True,
@@ -374,7 +387,7 @@ def test_forgotten_runtime_is_removed_at_interpreter_exit(make_env) -> None:  # 
     path = make_env("")
     code = (
         f"from orchestrator import spawn_runtime; rt = spawn_runtime({str(path)!r}); "
-        "print(rt.project.name, flush=True)"
+        "print(rt.info().id, flush=True)"
     )
     name = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -409,7 +422,7 @@ def test_taken_subnet_is_retried_with_another(make_env, monkeypatch) -> None:  #
         with spawn_runtime(make_env("network: {outbound: true}\n")) as rt:
             info = json.loads(
                 subprocess.run(
-                    ["docker", "network", "inspect", f"{rt.project.name}_default"],
+                    ["docker", "network", "inspect", f"{rt.info().id}_default"],
                     capture_output=True,
                     text=True,
                 ).stdout

@@ -25,7 +25,7 @@ def test_64_environments_with_own_networks_at_once(tmp_path) -> None:  # type: i
             r = rt.execute(
                 f"echo {i}; cat /sys/class/net/eth0/address >/dev/null && echo net", timeout=60
             )
-            return r.stdout, rt.project.name
+            return r.stdout, rt.info().id
 
     with ThreadPoolExecutor(max_workers=N) as pool:
         results = list(pool.map(one, range(N)))

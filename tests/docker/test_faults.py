@@ -11,14 +11,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator import SandboxUnavailable, StartupError, spawn_runtime
 from orchestrator.runtime.base import Runtime
-from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ["executor", "plain"]
@@ -69,7 +69,7 @@ def fault_during(rt: Runtime, timeout: float, fault: str, after: float) -> tuple
     started = time.monotonic()
     t, out = in_background(lambda: rt.execute("sleep 30", timeout=timeout))
     time.sleep(after)
-    docker(fault, rt.container)  # type: ignore[attr-defined]
+    docker(fault, main_container(rt))
     t.join(timeout + 15)
     assert not t.is_alive(), "the call did not return"
     return out[0], time.monotonic() - started
@@ -92,7 +92,7 @@ def test_paused_container_is_a_clear_error_within_timeout_plus_two(make_env, mod
         try:
             outcome, seconds = fault_during(rt, 3, "pause", after=0.5)
         finally:
-            docker("unpause", rt.container)
+            docker("unpause", main_container(rt))
         assert isinstance(outcome, SandboxUnavailable) and "paused" in str(outcome), outcome
         assert seconds < 3 + 2
         assert rt.execute("echo back", timeout=20).stdout == "back\n"
@@ -143,7 +143,7 @@ OWNER = """
 import sys, time
 from orchestrator import spawn_runtime
 rt = spawn_runtime(sys.argv[1])
-print(rt.project.name, flush=True)
+print(rt.info().id, flush=True)
 time.sleep(600)
 """
 
@@ -206,7 +206,7 @@ def test_without_a_guardian_the_sandbox_stops_itself_and_ps_removes_it(make_env)
 def test_down_refuses_a_live_owners_environment_without_force(make_env) -> None:  # type: ignore[no-untyped-def]
     cli = [sys.executable, "-m", "orchestrator"]
     with spawn_runtime(make_env("")) as rt:
-        name = rt.project.name
+        name = rt.info().id
         r = subprocess.run([*cli, "down", name], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "--force" in r.stderr
         assert rt.execute("echo alive").stdout == "alive\n"
@@ -241,8 +241,8 @@ def test_up_and_down_leave_no_folder_and_no_workspace(tmp_path: Path) -> None:
 
 
 def test_a_start_killed_half_way_leaves_a_folder_the_next_spawn_reaps(
-    make_env, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    make_env: Callable[..., Path], tmp_path: Path
+) -> None:
     from orchestrator.project.identity import projects_dir
     from orchestrator.project.inventory import reap
 
@@ -284,7 +284,7 @@ def test_a_hung_engine_call_is_bounded_and_retried_once(monkeypatch: pytest.Monk
 KEEPER = """
 import sys
 from orchestrator import spawn_runtime
-rt = spawn_runtime(sys.argv[1]); print(rt.project.name, flush=True); rt.cleanup()
+rt = spawn_runtime(sys.argv[1]); print(rt.info().id, flush=True); rt.cleanup()
 """
 
 
@@ -313,7 +313,7 @@ def test_kept_projects_outlive_their_owner_until_removed_on_purpose(make_env) ->
 @pytest.mark.parametrize("mode", MODES)
 def test_stdin_to_a_paused_sandbox_does_not_block_the_caller(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
     with spawn(make_env(""), mode) as rt:
-        docker("pause", rt.container)
+        docker("pause", main_container(rt))
         try:
             started = time.monotonic()
             t, out = in_background(
@@ -324,5 +324,5 @@ def test_stdin_to_a_paused_sandbox_does_not_block_the_caller(make_env, mode: str
             assert isinstance(out[0], SandboxUnavailable) and "paused" in str(out[0]), out
             assert time.monotonic() - started < 3 + 2
         finally:
-            docker("unpause", rt.container)
+            docker("unpause", main_container(rt))
         assert rt.execute("wc -c", stdin=b"y" * 1000, timeout=20).stdout.strip() == "1000"

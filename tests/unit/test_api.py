@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,23 +17,33 @@ PINNED = [
     "BackendUnavailable",
     "CommandFailed",
     "CommandTimeout",
+    "Connection",
     "DockerError",
     "Environment",
+    "ExecMode",
     "ExecutorLost",
-    "SandboxUnavailable",
     "HealthcheckFailed",
     "OrchestratorError",
     "OutputLimitExceeded",
     "Policy",
     "PolicyError",
+    "ProjectNotFound",
+    "PublishedPort",
     "Runtime",
     "RuntimeClosed",
+    "RuntimeInfo",
     "RuntimeResult",
+    "SandboxFileNotFound",
+    "SandboxIsADirectory",
+    "SandboxPermissionError",
+    "SandboxUnavailable",
     "SetupFailed",
     "SpawnOptions",
     "SpecError",
+    "SpecIssue",
     "StartupError",
     "StreamEvent",
+    "StreamKind",
     "UsageError",
     "__version__",
     "load_environment",
@@ -43,8 +54,8 @@ PINNED = [
 ]
 
 
-def test_all_is_pinned() -> None:
-    assert orchestrator.__all__ == sorted(PINNED)
+def test_all_is_pinned_and_every_name_resolves() -> None:
+    assert orchestrator.__all__ == PINNED
     for name in PINNED:
         assert getattr(orchestrator, name) is not None
 
@@ -97,11 +108,27 @@ def test_entry_point_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == ep.group else [])
     assert "from-plugin" in runtime_names()
     assert issubclass(get_runtime_class("from-plugin"), LocalRuntime)
+    assert get_runtime_class("from-plugin").name == "from-plugin"
+    assert LocalRuntime.name == "local"  # an alias never renames the class it points at
 
 
-def test_wheel_carries_templates_and_environments(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_registering_an_alias_keeps_the_class_name(tmp_path: Path) -> None:
+    from orchestrator.runtime import registry
+
+    try:
+        assert orchestrator.register_runtime("alias-of-local")(LocalRuntime) is LocalRuntime
+        assert LocalRuntime.name == "local"
+        env = load_environment_text("version: 1\nname: l\nbackend: local\n")
+        with orchestrator.spawn_runtime(env, workspace=tmp_path, backend="alias-of-local") as rt:
+            assert isinstance(rt, LocalRuntime) and rt.info().backend == "alias-of-local"
+        with orchestrator.spawn_runtime(env, workspace=tmp_path) as rt:
+            assert rt.info().backend == "local"
+    finally:
+        registry._registered.pop("alias-of-local", None)
+
+
+def test_wheel_carries_templates_environments_and_types(tmp_path: Path) -> None:
     import zipfile
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     subprocess.run(
@@ -125,3 +152,4 @@ def test_wheel_carries_templates_and_environments(tmp_path) -> None:  # type: ig
     assert "orchestrator/_data/templates/compose.yaml.j2" in names
     assert "orchestrator/_data/environments/python.yaml" in names
     assert "orchestrator/runtime/executor/agent.py" in names
+    assert "orchestrator/procutil.py" in names and "orchestrator/py.typed" in names

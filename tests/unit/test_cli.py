@@ -111,3 +111,22 @@ def test_run_timeout_exits_124() -> None:
 def test_up_on_local_backend_is_refused() -> None:
     r = cli("up", str(ROOT / "environments" / "local.yaml"))
     assert r.returncode == 2 and "orchestrator run" in r.stderr
+
+
+def test_run_named_file_command_resolves_static_assets(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "hello.txt").write_text("hello\n")
+    env = tmp_path / "env.yaml"
+    env.write_text(
+        "version: 1\nname: named\nbackend: local\n"
+        "static_assets: [{name: data, path: data, save_path: d}]\n"
+        "commands: {show: 'cat {{static:data}}/hello.txt'}\n"
+    )
+    r = cli("run", "--named", "show", str(env))
+    assert (r.returncode, r.stdout) == (0, "hello\n"), r.stderr
+    literal = cli("run", str(env), "--", "echo", "{{static:data}}")  # caller text: as given
+    assert (literal.returncode, literal.stdout) == (0, "{{static:data}}\n")
+    unknown = cli("run", "--named", "nope", str(env))
+    assert unknown.returncode == 2 and "no command named 'nope' (known: show)" in unknown.stderr
+    both = cli("run", "--named", "show", str(env), "--", "true")
+    assert both.returncode == 2 and "not both" in both.stderr

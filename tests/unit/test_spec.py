@@ -137,6 +137,29 @@ def test_legacy_errors_point_at_the_legacy_key() -> None:
     assert msg.startswith("env.yaml:5:12: workdir")
 
 
+def test_legacy_sections_without_a_v1_meaning_are_reported_not_dropped() -> None:
+    text = "type: local\nname: l\nlocal:\n  shell: bash\ndocker:\n  image: i\n  gpus: all\n"
+    found = issues(text)
+    assert any(m.startswith("env.yaml:4:3: local.shell: unknown key") for m in found), found
+    assert any(m.startswith("env.yaml:7:3: docker.gpus: unknown key") for m in found), found
+    assert load_environment_text("type: local\nname: l\nlocal: {}\n").spec.backend == "local"
+
+
+def test_static_placeholders_must_name_an_asset(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    text = (
+        BASE + "static_assets: [{name: data, path: data, save_path: d}]\n"
+        "setup: {commands: ['cat {{static:data}}/x', 'cat {{static:dta}}/x']}\n"
+        "commands: {test: 'pytest {{ static:tests }}'}\n"
+    )
+    with pytest.raises(SpecError) as info:
+        load_environment_text(text, source="env.yaml", base_dir=tmp_path)
+    found = [str(i) for i in info.value.issues]
+    assert len(found) == 2, found
+    assert "setup.commands.1: {{static:dta}} names no static asset (known: data)" in found[0]
+    assert "commands.test: {{ static:tests }} names no static asset" in found[1]
+
+
 def test_digest_is_stable_and_sensitive() -> None:
     a = load_environment_text(BASE).digest
     assert a == load_environment_text(BASE).digest

@@ -1,0 +1,159 @@
+"""A consumer's program using every public name, run here on the local backend and type-checked
+with `mypy --strict` by the typecheck gate (tests are checked like the package). If a public
+name loses its types, or is added without being exercised, this file fails one of the two."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import orchestrator
+from orchestrator import (
+    BackendUnavailable,
+    CommandFailed,
+    CommandTimeout,
+    Connection,
+    DockerError,
+    Environment,
+    ExecMode,
+    ExecutorLost,
+    HealthcheckFailed,
+    OrchestratorError,
+    OutputLimitExceeded,
+    Policy,
+    PolicyError,
+    ProjectNotFound,
+    PublishedPort,
+    Runtime,
+    RuntimeClosed,
+    RuntimeInfo,
+    RuntimeResult,
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+    SandboxPermissionError,
+    SandboxUnavailable,
+    SetupFailed,
+    SpawnOptions,
+    SpecError,
+    SpecIssue,
+    StartupError,
+    StreamEvent,
+    StreamKind,
+    UsageError,
+    __version__,
+    load_environment,
+    load_environment_text,
+    register_runtime,
+    runtime_names,
+    spawn_runtime,
+)
+
+#: Errors a harness tells apart: the environment failing is not the code's result.
+ENVIRONMENT_FAILED: tuple[type[OrchestratorError], ...] = (
+    BackendUnavailable,
+    DockerError,
+    ExecutorLost,
+    SandboxUnavailable,
+    StartupError,
+    HealthcheckFailed,
+    SetupFailed,
+)
+CALLER_ERRORS: tuple[type[OrchestratorError], ...] = (
+    UsageError,
+    SpecError,
+    PolicyError,
+    ProjectNotFound,
+    RuntimeClosed,
+)
+FILE_ERRORS: tuple[type[OrchestratorError], ...] = (
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+    SandboxPermissionError,
+    OutputLimitExceeded,
+)
+
+
+def grade(rt: Runtime, command: str, timeout: float = 10) -> tuple[int, str]:
+    """What a harness does: run, tell a failed command from a failed environment."""
+    try:
+        result: RuntimeResult = rt.execute(command, timeout=timeout, check=True)
+    except CommandTimeout as exc:
+        return -1, exc.result.stdout
+    except CommandFailed as exc:
+        return exc.result.exit_code, exc.result.stderr
+    return result.exit_code, result.stdout
+
+
+def stream_kinds(rt: Runtime, command: str) -> list[StreamKind]:
+    kinds: list[StreamKind] = []
+    events = rt.stream(command)
+    for event in events:
+        ev: StreamEvent = event
+        if ev.kind != "finished":
+            kinds.append(ev.kind)
+    events.close()
+    return kinds
+
+
+def ports_text(ports: tuple[PublishedPort, ...]) -> list[str]:
+    return [f"{p.service}:{p.container}->{p.host_ip}:{p.host}/{p.protocol}" for p in ports]
+
+
+def describe(rt: Runtime) -> tuple[RuntimeInfo, ExecMode, Connection]:
+    info = rt.info()
+    return info, info.exec_mode, rt.connection()
+
+
+def test_a_consumer_program(tmp_path: Path) -> None:
+    assert __version__ and {"docker", "local"} <= set(runtime_names())
+    text = "version: 1\nname: consumer\nbackend: local\nsetup: {commands: ['echo ready']}\n"
+    env: Environment = load_environment_text(text, source="c.yaml", base_dir=tmp_path)
+    (tmp_path / "env.yaml").write_text(text)
+    assert load_environment(tmp_path / "env.yaml").digest == env.digest
+    with spawn_runtime(env, workspace=tmp_path / "ws", policy=Policy()) as rt:
+        assert grade(rt, "echo hi") == (0, "hi\n")
+        assert grade(rt, "echo no >&2; exit 3") == (3, "no\n")
+        assert grade(rt, "echo started; sleep 30", timeout=0.5) == (-1, "started\n")
+        assert stream_kinds(rt, "echo a; echo b >&2") == ["stdout", "stderr"]
+        info, mode, connection = describe(rt)
+        assert (info.backend, mode, connection.kind, ports_text(info.ports)) == (
+            "local",
+            "process",
+            "local",
+            [],
+        )
+        rt.write_file("f.bin", b"\x00\xff")
+        data: bytes = rt.read_file("f.bin", text=False)
+        text_: str = rt.read_file("f.bin")
+        assert (data, text_) == (b"\x00\xff", "\x00\ufffd")
+        with pytest.raises(FILE_ERRORS):
+            rt.read_file("missing")
+        with pytest.raises(CALLER_ERRORS):
+            rt.static_path("nope")
+        backend = type(rt)
+    options = SpawnOptions(workspace=tmp_path / "ws", policy=Policy(), disable_setup=True)
+    with backend.spawn(env, options) as direct:  # a backend class spawns directly too
+        assert direct.setup_result is None and direct.execute("pwd").ok
+    with pytest.raises(SpecError) as caught:
+        load_environment_text("version: 1\nname: x\nimage: i\nnetwork: {mode: bridged}\n")
+    issue: SpecIssue = caught.value.issues[0]
+    assert issue.field == "network.mode" and issue.line == 4
+    assert not issubclass(RuntimeClosed, ENVIRONMENT_FAILED)
+    try:
+        assert register_runtime("consumer-alias")(backend) is backend
+        with spawn_runtime(env, backend="consumer-alias") as alias:
+            assert alias.info().backend == "consumer-alias" and rt.name == "local"
+    finally:
+        from orchestrator.runtime import registry
+
+        registry._registered.pop("consumer-alias", None)
+
+
+def test_the_program_names_every_public_name() -> None:
+    tree = ast.parse(Path(__file__).read_text())
+    [imported] = [
+        n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "orchestrator"
+    ]
+    assert sorted(a.name for a in imported.names) == sorted(orchestrator.__all__)
