@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import Runtime
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_IMAGE = os.environ.get("ORCHESTRATOR_PYTHON_IMAGE", "orchestrator-test/python:3.11")
 BUSYBOX_IMAGE = os.environ.get("ORCHESTRATOR_BUSYBOX_IMAGE", "orchestrator-test/busybox:1")
@@ -44,8 +46,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         path = Path(str(item.fspath))
         callspec = getattr(item, "callspec", None)
-        backend = callspec.params.get("backend", "") if callspec else ""
-        if "docker" in path.parts or str(backend).startswith("docker"):
+        target = callspec.params.get("conformance_target") if callspec else None
+        if "docker" in path.parts or getattr(target, "backend", "") == "docker":
             item.add_marker(pytest.mark.docker)
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
     if problem is None:
@@ -61,6 +63,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def _docker_required_in_ci() -> None:
     pytest.fail(f"CI=true but Docker tests cannot run: {docker_problem()}")
+
+
+def main_container(rt: Runtime) -> str:
+    """The main container of a Docker runtime (for tests that act on it from outside)."""
+    container = rt.info().container
+    assert container is not None, f"{rt.name} runtime has no container"
+    return container
 
 
 def labelled_ids() -> set[str]:
@@ -81,7 +90,9 @@ def labelled_ids() -> set[str]:
 def _no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """Fail a module of Docker tests that leaves labelled containers, networks or volumes."""
     uses_docker = any(
-        "docker" in item.keywords for item in request.session.items if item.module is request.module
+        "docker" in item.keywords
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
     )
     if not uses_docker or docker_problem() is not None:
         yield

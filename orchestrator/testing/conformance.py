@@ -1,0 +1,536 @@
+"""Behaviour every backend keeps. `from orchestrator.testing.conformance import *` in a test
+module that defines a `conformance_target` fixture (a `Target`) runs every check against it;
+a backend's deliberate deviations are listed once, in its `deviations` mapping, and the
+checks of those rules skip with the reason given there."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import (
+    CommandFailed,
+    OrchestratorError,
+    OutputLimitExceeded,
+    RuntimeClosed,
+    SandboxFileNotFound,
+    SetupFailed,
+    UsageError,
+)
+from orchestrator.runtime.base import Runtime
+from orchestrator.runtime.results import RuntimeResult
+from orchestrator.testing.target import Target
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def rt(conformance_target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """One runtime per target, shared by the module's read-mostly checks."""
+    with conformance_target.spawn(tmp_path_factory.mktemp(f"env-{conformance_target.id}")) as r:
+        yield r
+
+
+@pytest.fixture
+def fresh(conformance_target: Target, tmp_path: Path) -> Iterator[Runtime]:
+    """A runtime of its own, for checks that kill or close it."""
+    runtime = conformance_target.spawn(tmp_path)
+    try:
+        yield runtime
+    finally:
+        runtime.cleanup()
+
+
+def _skip_if(target: Target, rule: str, when: bool = True) -> None:
+    reason = target.deviation(rule)
+    if reason and when:
+        pytest.skip(f"{target.id} deviates from {rule!r}: {reason}")
+
+
+def survivors(rt: Runtime, marker: str) -> str:
+    """Processes whose command line holds `marker` (the pattern never matches itself)."""
+    pattern = marker[:-1] + "[" + marker[-1] + "]"
+    script = (
+        "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f 2>/dev/null "
+        f"| grep -q '{pattern}' && echo $f; done; true"
+    )
+    return rt.execute(script, user="root" if os.geteuid() == 0 else None).stdout.strip()
+
+
+def unique_sleep() -> str:
+    return str(40000 + uuid.uuid4().int % 9999)
+
+
+# ----- exit codes ----------------------------------------------------------------------------
+def test_exit_zero(rt: Runtime) -> None:
+    r = rt.execute("true")
+    assert (r.exit_code, r.ok, r.timed_out) == (0, True, False)
+
+
+@pytest.mark.parametrize("code", [1, 3, 42, 255])
+def test_exit_codes(rt: Runtime, code: int) -> None:
+    assert rt.execute(f"exit {code}").exit_code == code
+
+
+def test_command_not_found_is_127(rt: Runtime) -> None:
+    r = rt.execute(["no-such-binary-xyz"])
+    assert r.exit_code == 127
+
+
+def test_signal_death_reports_128_plus_n(rt: Runtime) -> None:
+    r = rt.execute("kill -TERM $$; sleep 5")
+    assert r.exit_code == 143 and r.elapsed < 4 and not r.timed_out
+    assert rt.execute("kill -KILL $$").exit_code == 137
+
+
+def test_check_raises_only_when_asked(rt: Runtime) -> None:
+    assert rt.execute("exit 4").exit_code == 4
+    with pytest.raises(CommandFailed) as info:
+        rt.execute("exit 4", check=True)
+    assert isinstance(info.value, OrchestratorError) and info.value.result.exit_code == 4
+
+
+# ----- output --------------------------------------------------------------------------------
+def test_stdout_and_stderr_apart(rt: Runtime) -> None:
+    r = rt.execute("echo out1; echo err1 >&2; echo out2; echo err2 >&2")
+    assert r.stdout == "out1\nout2\n" and r.stderr == "err1\nerr2\n"
+
+
+def test_utf8_output(rt: Runtime) -> None:
+    r = rt.execute(["printf", "h\u00e9llo \u2603 \U0001f600\n"])
+    assert r.stdout == "h\u00e9llo \u2603 \U0001f600\n"
+
+
+def test_invalid_utf8_is_replaced(rt: Runtime) -> None:
+    r = rt.execute("printf 'a\\377b'")
+    assert r.stdout == "a\ufffdb"
+
+
+def test_argv_is_passed_literally(rt: Runtime) -> None:
+    args = ["a b", "$HOME", "'q'", '"dq"', "*", ";", ""]
+    r = rt.execute(["printf", "[%s]", *args])
+    assert r.stdout == "".join(f"[{a}]" for a in args)
+
+
+def test_shell_string_supports_pipes(rt: Runtime) -> None:
+    assert rt.execute("printf 'b\\na\\n' | sort | tr -d '\\n'").stdout == "ab"
+
+
+def test_50mb_output_no_deadlock_tail_kept(rt: Runtime) -> None:
+    r = rt.execute("head -c 52428800 /dev/zero | tr '\\0' 'x'; printf END", timeout=120)
+    assert r.exit_code == 0 and r.truncated and r.stdout_truncated and not r.stderr_truncated
+    assert len(r.stdout) == 10 * MiB and r.stdout.endswith("xxEND")
+
+
+def test_large_output_on_both_streams(rt: Runtime) -> None:
+    r = rt.execute("head -c 3000000 /dev/zero >&2 & head -c 3000000 /dev/zero; wait", timeout=60)
+    assert len(r.stdout) == 3000000 and len(r.stderr) == 3000000 and not r.truncated
+
+
+def test_output_limit_per_call(rt: Runtime) -> None:
+    r = rt.execute("seq 1 1000", output_limit=20)
+    assert r.truncated and r.stdout.endswith("999\n1000\n") and len(r.stdout) == 20
+
+
+def test_output_limit_from_environment(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_OUTPUT_LIMIT", "10")
+    r = rt.execute("echo 0123456789abcdef")
+    assert r.truncated and r.stdout == "789abcdef\n"
+
+
+def test_small_output_not_truncated(rt: Runtime) -> None:
+    r = rt.execute("echo hi")
+    assert not r.truncated and not r.stdout_truncated
+
+
+# ----- input ---------------------------------------------------------------------------------
+def test_stdin_text(rt: Runtime) -> None:
+    assert rt.execute(["cat"], stdin="h\u00e9\nline2").stdout == "h\u00e9\nline2"
+
+
+def test_stdin_binary(rt: Runtime) -> None:
+    data = bytes(range(256)) * 100
+    r = rt.execute("sha256sum | cut -d' ' -f1", stdin=data)
+    assert r.stdout.strip() == hashlib.sha256(data).hexdigest()
+
+
+def test_stdin_large(rt: Runtime) -> None:
+    data = os.urandom(20 * MiB)
+    r = rt.execute("wc -c", stdin=data, timeout=60)
+    assert r.stdout.strip() == str(len(data))
+
+
+def test_no_stdin_means_eof(rt: Runtime) -> None:
+    r = rt.execute("cat; echo done", timeout=10)
+    assert r.stdout == "done\n" and not r.timed_out
+
+
+# ----- per-call settings ---------------------------------------------------------------------
+def test_call_env(rt: Runtime) -> None:
+    assert rt.execute("echo $CALL_VAR", env={"CALL_VAR": "x y"}).stdout == "x y\n"
+
+
+def test_env_precedence(rt: Runtime) -> None:
+    r = rt.execute("echo $FILE_VAR $SPAWN_VAR $OVERRIDE")
+    assert r.stdout == "from-file 1 spawn\n"
+    assert rt.execute("echo $OVERRIDE", env={"OVERRIDE": "call"}).stdout == "call\n"
+
+
+def test_only_listed_host_vars_pass_through(rt: Runtime) -> None:
+    r = rt.execute("echo ${ORCH_PASS:-none} ${ORCH_NOPASS:-none}")
+    assert r.stdout == "passed none\n"
+
+
+def test_default_cwd_is_workdir(rt: Runtime) -> None:
+    assert (
+        rt.execute("pwd").stdout.strip() == os.path.realpath(rt.workdir)
+        or rt.execute("pwd").stdout.strip() == rt.workdir
+    )
+
+
+def test_relative_cwd(rt: Runtime) -> None:
+    rt.execute("mkdir -p sub/dir")
+    assert rt.execute("pwd", cwd="sub/dir").stdout.strip().endswith("/sub/dir")
+
+
+def test_missing_cwd_is_an_exit_code_not_an_exception(rt: Runtime) -> None:
+    r = rt.execute("pwd", cwd="does/not/exist")
+    assert r.exit_code != 0
+
+
+def test_user_per_call(rt: Runtime, conformance_target: Target) -> None:
+    _skip_if(conformance_target, "user", when=os.geteuid() != 0)
+    assert rt.execute("id -u", user="root").stdout.strip() == "0"
+    assert rt.execute("id -u", user="1234:1234").stdout.strip() == "1234"
+
+
+def test_default_user(rt: Runtime, conformance_target: Target) -> None:
+    expected = conformance_target.default_uid or str(os.getuid())
+    assert rt.execute("id -u").stdout.strip() == expected
+
+
+def test_concurrent_commands(rt: Runtime) -> None:
+    results: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        results[i] = rt.execute(f"sleep 0.2; echo {i}").stdout
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: f"{i}\n" for i in range(8)}
+
+
+# ----- timeouts ------------------------------------------------------------------------------
+def test_timeout_sets_flag_and_keeps_partial_output(rt: Runtime) -> None:
+    r = rt.execute("echo before; sleep 30; echo after", timeout=1)
+    assert r.timed_out and not r.ok and r.stdout == "before\n"
+    assert 0.9 < r.elapsed < 5
+
+
+@pytest.mark.parametrize(
+    ("script", "stdout"),
+    [
+        ("sh -c 'sleep {s} & sleep {s}' & sleep {s}; wait", ""),  # children and grandchildren
+        ("setsid sleep {s} & sleep {s}; wait", ""),  # a process that left the group
+        ("(sleep {s}; echo late) & echo early; sleep {s}", "early\n"),  # pipe held open
+    ],
+    ids=["grandchildren", "left-the-group", "pipe-held-open"],
+)
+def test_timeout_kills_the_whole_tree(rt: Runtime, script: str, stdout: str) -> None:
+    s = unique_sleep()
+    r = rt.execute(script.format(s=s), timeout=1)
+    assert r.timed_out and r.stdout == stdout and r.elapsed < 5
+    time.sleep(0.3)
+    assert survivors(rt, s) == ""
+
+
+def test_timeout_check_raises_timeout_error(rt: Runtime) -> None:
+    with pytest.raises(TimeoutError):
+        rt.execute("sleep 10", timeout=0.5, check=True)
+
+
+def test_background_process_does_not_hold_the_call(rt: Runtime) -> None:
+    s = unique_sleep()
+    r = rt.execute(f"sleep {s} & echo started", timeout=20)
+    assert r.exit_code == 0 and r.stdout == "started\n" and r.elapsed < 5
+    rt.execute(
+        f"pkill -f 'sleep {s}' || kill $(pgrep -f 'sleep {s}') || true",
+        user="root" if os.geteuid() == 0 else None,
+    )
+
+
+# ----- streaming -----------------------------------------------------------------------------
+def test_stream_order_and_finish(rt: Runtime) -> None:
+    events = list(rt.stream("for i in 1 2 3; do echo $i; sleep 0.1; done; echo e >&2"))
+    assert events[-1].kind == "finished" and events[-1].result is not None
+    out = "".join(e.text for e in events if e.kind == "stdout")
+    assert out == "1\n2\n3\n"
+    assert "".join(e.text for e in events if e.kind == "stderr") == "e\n"
+    assert events[-1].result.stdout == "1\n2\n3\n" and events[-1].result.exit_code == 0
+
+
+def test_stream_is_incremental(rt: Runtime) -> None:
+    start = time.monotonic()
+    for event in rt.stream("echo first; sleep 3; echo second"):
+        assert event.kind == "stdout" and event.text == "first\n"
+        assert time.monotonic() - start < 2.5
+        break
+
+
+def test_stream_timeout_while_silent(rt: Runtime) -> None:
+    events = list(rt.stream("sleep 30", timeout=1))
+    result = events[-1].result
+    assert result is not None and result.timed_out and result.elapsed < 5
+
+
+def test_stream_rejects_stdin(rt: Runtime) -> None:
+    with pytest.raises(UsageError, match="stdin"):
+        rt.stream("cat", stdin="x")  # type: ignore[arg-type]
+
+
+def test_stream_break_kills_the_command(rt: Runtime) -> None:
+    s = unique_sleep()
+    gen = rt.stream(f"echo go; sleep {s}")
+    for _ in gen:
+        break
+    gen.close()
+    time.sleep(0.3)
+    assert survivors(rt, s) == ""
+
+
+# ----- files ---------------------------------------------------------------------------------
+def test_file_text_round_trip_keeps_line_endings(rt: Runtime) -> None:
+    rt.write_file("f/crlf.txt", "a\r\nb\n\u00e9")
+    assert rt.read_file("f/crlf.txt") == "a\r\nb\n\u00e9"
+    assert rt.execute("cat f/crlf.txt").stdout == "a\r\nb\n\u00e9"
+
+
+def test_write_creates_parents_and_read_bytes(rt: Runtime) -> None:
+    rt.write_file("deep/er/x.bin", b"\x00\xff\x01")
+    assert rt.read_file("deep/er/x.bin", text=False) == b"\x00\xff\x01"
+
+
+def test_50mib_binary_file_round_trip(rt: Runtime) -> None:
+    data = os.urandom(50 * MiB)
+    rt.write_file("big.bin", data)
+    assert (
+        hashlib.sha256(rt.read_file("big.bin", text=False)).digest()
+        == hashlib.sha256(data).digest()
+    )
+    rt.execute("rm big.bin")
+
+
+def test_read_missing_file(rt: Runtime) -> None:
+    with pytest.raises(FileNotFoundError):
+        rt.read_file("missing.txt")
+    with pytest.raises(SandboxFileNotFound):
+        rt.read_file("missing.txt")
+
+
+def test_read_and_write_a_folder(rt: Runtime) -> None:
+    rt.execute("mkdir -p adir")
+    with pytest.raises(IsADirectoryError):
+        rt.read_file("adir")
+    with pytest.raises(IsADirectoryError):
+        rt.write_file("adir", "x")
+
+
+def test_permission_denied(rt: Runtime, conformance_target: Target) -> None:
+    _skip_if(conformance_target, "user", when=os.geteuid() != 0)
+    rt.write_file("secret.txt", "s", user="root")
+    rt.execute("chmod 600 secret.txt", user="root")
+    with pytest.raises(PermissionError):
+        rt.read_file("secret.txt", user="65534:65534")
+    rt.execute("mkdir -p locked && chmod 555 locked", user="root")
+    with pytest.raises(PermissionError):
+        rt.write_file("locked/x.txt", "x", user="65534:65534")
+
+
+def test_file_over_limit(rt: Runtime) -> None:
+    rt.write_file("hundred.txt", "x" * 100)
+    with pytest.raises(OutputLimitExceeded):
+        rt.read_file("hundred.txt", limit=10)
+    with pytest.raises(OrchestratorError):
+        rt.read_file("hundred.txt", limit=10)
+
+
+# ----- static assets -------------------------------------------------------------------------
+def test_static_placeholders_resolve_in_file_commands_only(rt: Runtime) -> None:
+    assert rt.execute("cat .static-copy").stdout == "static hello\n"  # a setup command
+    assert rt.execute(rt.file_command("show")).stdout == "static hello\n"
+    assert rt.execute(["cat", f"{rt.static_path('data')}/hello.txt"]).stdout == "static hello\n"
+    # a caller's text runs as given: model-written text cannot reach paths by placeholder
+    r = rt.execute(["echo", "{{static:data}}", "{{static:nope}}"])
+    assert r.stdout == "{{static:data}} {{static:nope}}\n"
+    with pytest.raises(UsageError, match="no static asset named 'nope'"):
+        rt.static_path("nope")
+    with pytest.raises(UsageError, match="no command named 'nope'"):
+        rt.file_command("nope")
+
+
+def test_static_assets_are_read_only(rt: Runtime, conformance_target: Target) -> None:
+    _skip_if(conformance_target, "static-read-only-as-root", when=os.geteuid() == 0)
+    hello = f"{rt.static_path('data')}/hello.txt"
+    r = rt.execute(["sh", "-c", 'echo x > "$1"', "sh", hello])
+    assert r.exit_code != 0
+    assert rt.execute(["cat", hello]).stdout == "static hello\n"
+
+
+# ----- setup ---------------------------------------------------------------------------------
+def test_setup_ran_once_and_output_kept_apart(rt: Runtime) -> None:
+    assert rt.setup_result is not None and "setup-marker" in rt.setup_result.stdout
+    assert rt.execute("cat .setup-count").stdout == "ran\n"
+    r = rt.execute("echo mine")
+    assert r.stdout == "mine\n" and "setup-marker" in r.setup_stdout
+
+
+def test_eval_commands_only_for_evaluation(rt: Runtime) -> None:
+    assert rt.execute("cat .eval-count").exit_code != 0
+
+
+def test_evaluation_and_disabled_setup(conformance_target: Target, tmp_path: Path) -> None:
+    with conformance_target.spawn(tmp_path / "a", is_evaluation=True) as rt:
+        assert rt.execute("cat .eval-count").stdout == "eval\n"
+    with conformance_target.spawn(tmp_path / "b", disable_setup=True) as rt:
+        assert rt.setup_result is None and rt.execute("cat .setup-count").exit_code != 0
+
+
+def test_failing_setup_raises_with_output(conformance_target: Target, tmp_path: Path) -> None:
+    with pytest.raises(SetupFailed) as info:
+        conformance_target.spawn(tmp_path, setup=("echo ok", "echo boom >&2; exit 9"))
+    assert info.value.result_exit_code == 9 and "boom" in info.value.stderr
+
+
+# ----- lifecycle -----------------------------------------------------------------------------
+def test_cleanup_is_idempotent_and_closes(fresh: Runtime) -> None:
+    fresh.cleanup()
+    fresh.cleanup()
+    for call in (
+        lambda: fresh.execute("true"),
+        lambda: fresh.read_file("x"),
+        lambda: fresh.write_file("x", "y"),
+        fresh.poll,
+        fresh.kill,
+    ):
+        with pytest.raises(RuntimeClosed):
+            call()
+
+
+def _poll_until_down(rt: Runtime, within: float = 10.0) -> int | None:
+    deadline = time.monotonic() + within
+    while (status := rt.poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return status
+
+
+def test_poll_and_kill(fresh: Runtime) -> None:
+    fresh.execute(f"setsid sleep {unique_sleep()} >/dev/null 2>&1 < /dev/null &")
+    assert fresh.poll() is None
+    fresh.kill()
+    assert _poll_until_down(fresh) == 137  # down, as by SIGKILL: the daemon died too
+    with pytest.raises(RuntimeClosed):
+        fresh.execute("true")
+
+
+def test_kill_stops_running_commands(fresh: Runtime) -> None:
+    s = unique_sleep()
+    results: list[RuntimeResult] = []
+    t = threading.Thread(target=lambda: results.append(fresh.execute(f"sleep {s}", timeout=60)))
+    t.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    fresh.kill()
+    t.join(20)
+    assert not t.is_alive()
+    [result] = results  # it ended with a result, not an exception in its thread
+    assert result.exit_code == 137 and not result.timed_out and not result.ok
+    assert time.monotonic() - started < 10
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_memory_stays_bounded_while_a_command_prints_a_gigabyte(rt: Runtime) -> None:
+    base, peak, done = _rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        r = rt.execute("head -c 1073741824 /dev/zero; echo tail", output_limit=MiB, timeout=120)
+    finally:
+        done.set()
+        sampler.join()
+    assert r.exit_code == 0 and r.truncated and r.stdout.endswith("\x00tail\n")
+    assert peak[0] - base < 150 * MiB, f"grew by {(peak[0] - base) // MiB} MiB"
+
+
+# ----- hostile input: no request hangs, no deadline slips ------------------------------------
+def test_timeout_holds_after_the_command_closes_its_pipes(rt: Runtime) -> None:
+    started = time.monotonic()
+    r = rt.execute("exec >/dev/null 2>&1; sleep 40", timeout=2)
+    assert r.timed_out and time.monotonic() - started < 2 + 3
+
+
+def test_deadline_holds_while_the_consumer_is_not_reading(rt: Runtime) -> None:
+    late = f"late-{uuid.uuid4().hex[:8]}"
+    stream = rt.stream(f"(sleep 3; touch {late}) & while :; do echo x; done", timeout=1.5)
+    assert next(stream).kind == "stdout"
+    time.sleep(4.5)  # not reading: the command blocks on its full pipe, the deadline passes
+    events = list(stream)
+    assert events[-1].result is not None and events[-1].result.timed_out
+    assert rt.execute(f"test -e {late}").exit_code == 1  # killed at 1.5 s, not at 4.5 s
+
+
+def test_a_stalled_stream_stalls_only_its_own_command(rt: Runtime) -> None:
+    stream = rt.stream("yes spam", timeout=60)
+    assert next(stream).kind == "stdout"  # then stop reading: it may fill only its own window
+    try:
+        time.sleep(1)
+        started = time.monotonic()
+        assert rt.execute("echo other", timeout=10).stdout == "other\n"
+        assert time.monotonic() - started < 5
+    finally:
+        stream.close()
+
+
+def test_unknown_user_is_exit_126_naming_the_user(rt: Runtime) -> None:
+    r = rt.execute("id", user="no-such-user", timeout=10)
+    assert r.exit_code == 126 and "no-such-user" in r.stderr
+    assert rt.execute("echo fine").stdout == "fine\n"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"command": ["echo", "a\0b"]},
+        {"command": "true", "env": {"A=B": "1"}},
+        {"command": "true", "env": {"": "1"}},
+        {"command": "true", "env": {"A": "x\0y"}},
+        {"command": "true", "user": "a b"},
+        {"command": "true", "timeout": float("nan")},
+    ],
+)
+def test_requests_no_process_could_take_are_usage_errors(rt: Runtime, call: dict[str, Any]) -> None:
+    started = time.monotonic()
+    with pytest.raises(UsageError):
+        rt.execute(**call)
+    assert time.monotonic() - started < 1
+    assert rt.execute("echo fine", timeout=10).stdout == "fine\n"

@@ -1,0 +1,100 @@
+"""What the conformance suite runs against: a backend and how to write its environment file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.runtime.base import Runtime
+from orchestrator.runtime.registry import get_runtime_class, spawn_runtime
+from orchestrator.spec.loader import load_environment
+
+
+@dataclass(frozen=True)
+class Target:
+    """One backend configuration under test."""
+
+    backend: str
+    """Registered backend name."""
+    env_lines: tuple[str, ...] = ()
+    """Extra lines of the environment file (image, user, resources ...)."""
+    process_env: Mapping[str, str] = field(default_factory=dict)
+    """Variables set while the runtime is spawned (e.g. ORCHESTRATOR_EXEC_MODE=plain)."""
+    default_uid: str | None = None
+    """What `id -u` prints when a command names no user; None: this process's uid."""
+    label: str = ""
+    """Test id; the backend name when empty."""
+
+    @property
+    def id(self) -> str:
+        return self.label or self.backend
+
+    def deviation(self, rule: str) -> str | None:
+        """The backend's documented reason for not keeping `rule`, if it does not."""
+        return get_runtime_class(self.backend).deviations.get(rule)
+
+    def env_text(self, setup: tuple[str, ...] | None = None) -> str:
+        """The suite's environment file: variables, a static asset, setup and eval commands."""
+        setup = setup or (
+            "echo setup-marker",
+            "echo ran >> .setup-count",
+            "cat {{static:data}}/hello.txt > .static-copy",
+        )
+        lines = [
+            "version: 1",
+            f"name: conf-{self.id}",
+            f"backend: {'local' if self.backend == 'local' else 'docker'}",
+            "env: {FILE_VAR: from-file, OVERRIDE: file}",
+            "env_passthrough: [ORCH_PASS]",
+            "static_assets:",
+            "  - {name: data, path: assets, save_path: data}",
+            "setup:",
+            f"  commands: [{', '.join(repr(c) for c in setup)}]",
+            "  eval_commands: ['echo eval >> .eval-count']",
+            "commands: {show: 'cat {{static:data}}/hello.txt'}",
+            *self.env_lines,
+        ]
+        return "\n".join(lines) + "\n"
+
+    def write_env(self, folder: Path, setup: tuple[str, ...] | None = None) -> Path:
+        (folder / "assets").mkdir(parents=True, exist_ok=True)
+        (folder / "assets" / "hello.txt").write_text("static hello\n")
+        path = folder / "env.yaml"
+        path.write_text(self.env_text(setup))
+        return path
+
+    @contextlib.contextmanager
+    def environment(self) -> Iterator[None]:
+        """Set `process_env` (and the suite's pass-through variables) for a spawn."""
+        wanted = {**self.process_env, "ORCH_PASS": "passed", "ORCH_NOPASS": "hidden"}
+        old = {k: os.environ.get(k) for k in wanted}
+        os.environ.update(wanted)
+        try:
+            yield
+        finally:
+            for key, value in old.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def spawn(
+        self,
+        folder: Path,
+        *,
+        setup: tuple[str, ...] | None = None,
+        is_evaluation: bool = False,
+        disable_setup: bool = False,
+    ) -> Runtime:
+        path = self.write_env(folder, setup)
+        with self.environment():
+            return spawn_runtime(
+                load_environment(path),
+                backend=self.backend,
+                env_vars={"OVERRIDE": "spawn", "SPAWN_VAR": "1"},
+                is_evaluation=is_evaluation,
+                disable_setup=disable_setup,
+            )
