@@ -15,20 +15,20 @@ test *ARGS: setup
 lint:
     {{py}} -m ruff check orchestrator tests bench
 
-# Check formatting with ruff
-fmt-check:
-    {{py}} -m ruff format --check orchestrator tests bench
-
 # Format the code
 fmt:
     {{py}} -m ruff format orchestrator tests bench
 
-# Type-check the package (strict)
+# Type-check package, tests and bench (strict)
 typecheck:
     {{py}} -m mypy
 
-# Format check, lint, types and tests
-check: fmt-check lint typecheck test
+# Format check, lint and types: the gates CI runs before the tests
+static-checks:
+    scripts/static-checks
+
+# Everything CI runs: install, gates, tests
+check: setup static-checks test
 
 # Bring up the multi-service example, reach the sidecar by name, take it down
 demo: setup

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
@@ -18,16 +19,16 @@ BASE = "version: 1\nname: t\nimage: img:1\nuser: '1000:1000'\n"
 
 
 def compile_text(
-    text: str, folder: Path, workspace: Path | None = None, **kw: object
-) -> tuple[dict, CompiledProject]:  # type: ignore[type-arg]
+    text: str, folder: Path, workspace: Path | None = None, **kw: Any
+) -> tuple[dict[str, Any], CompiledProject]:
     ws = workspace or folder / "ws"
     ws.mkdir(exist_ok=True)
     env = load_environment_text(text, source="env.yaml", base_dir=folder)
-    compiled = compile_project(env, CompileOptions(project="p", workspace=ws, **kw))  # type: ignore[arg-type]
+    compiled = compile_project(env, CompileOptions(project="p", workspace=ws, **kw))
     return YAML(typ="safe").load(compiled.compose_yaml), compiled
 
 
-def refused(text: str, folder: Path, **kw: object) -> str:
+def refused(text: str, folder: Path, **kw: Any) -> str:
     with pytest.raises(PolicyError) as info:
         compile_text(text, folder, **kw)
     return str(info.value)
