@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,7 @@ def labelled_ids() -> set[str]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a module of Docker tests that leaves labelled containers, networks or volumes."""
     uses_docker = any(
         "docker" in item.keywords
@@ -113,7 +114,7 @@ def _no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _state_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Keep project folders of test runs out of the user's state dir."""
     old = os.environ.get("ORCHESTRATOR_STATE_DIR")
     os.environ["ORCHESTRATOR_STATE_DIR"] = str(tmp_path_factory.getbasetemp() / "state")

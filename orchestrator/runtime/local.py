@@ -19,8 +19,9 @@ from orchestrator import procutil
 from orchestrator.compile.common import resolve_env
 from orchestrator.errors import SandboxUnavailable, UsageError
 from orchestrator.runtime.base import Runtime
-from orchestrator.runtime.options import Chunks, Command
+from orchestrator.runtime.options import Chunks, Command, SpawnOptions
 from orchestrator.runtime.results import Connection, RuntimeInfo
+from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import check_host_paths, raise_if
 
 MARK = "ORCHESTRATOR_RUNTIME"
@@ -59,8 +60,8 @@ class LocalRuntime(Runtime):
         "does not stop root",
     }
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, env: Environment, options: SpawnOptions) -> None:
+        super().__init__(env, options)
         self._tmp: Path | None = None
         self._workspace: Path | None = None
         self._static: Path | None = None

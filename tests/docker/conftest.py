@@ -1,14 +1,18 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
 
+MakeEnv = Callable[..., Path]
+"""make_env(body, name="t", image=PYTHON_IMAGE) -> the file's path."""
+
 
 @pytest.fixture
-def make_env(tmp_path: Path):  # type: ignore[no-untyped-def]
+def make_env(tmp_path: Path) -> MakeEnv:
     """Write an environment file from the lines given; return its path."""
 
     def make(body: str, name: str = "t", image: str = PYTHON_IMAGE) -> Path:
@@ -19,4 +23,4 @@ def make_env(tmp_path: Path):  # type: ignore[no-untyped-def]
     return make
 
 
-__all__ = ["BUSYBOX_IMAGE", "PYTHON_IMAGE"]
+__all__ = ["BUSYBOX_IMAGE", "PYTHON_IMAGE", "MakeEnv"]

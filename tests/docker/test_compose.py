@@ -17,6 +17,7 @@ from orchestrator import HealthcheckFailed, OrchestratorError, Policy, PolicyErr
 from orchestrator.errors import ExecutorLost
 from orchestrator.project import list_projects, reap
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
+from tests.docker.conftest import MakeEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +56,7 @@ def test_multi_service_by_name_and_published_port() -> None:
     assert project_objects(name) == []
 
 
-def test_unhealthy_service_is_named_with_its_logs_and_cleaned(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_unhealthy_service_is_named_with_its_logs_and_cleaned(make_env: MakeEnv) -> None:
     path = make_env(
         "services:\n  db:\n"
         f"    image: {BUSYBOX_IMAGE}\n"
@@ -70,7 +71,7 @@ def test_unhealthy_service_is_named_with_its_logs_and_cleaned(make_env) -> None:
     assert labelled_ids() <= before  # nothing of ours stayed
 
 
-def test_missing_image_is_a_clear_error_and_leaves_nothing(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_missing_image_is_a_clear_error_and_leaves_nothing(make_env: MakeEnv) -> None:
     before = labelled_ids()
     with pytest.raises(OrchestratorError) as info:
         spawn_runtime(make_env("", image="orchestrator-test/does-not-exist:0"))
@@ -78,7 +79,7 @@ def test_missing_image_is_a_clear_error_and_leaves_nothing(make_env) -> None:  #
     assert labelled_ids() <= before  # nothing of ours stayed
 
 
-def test_no_network_by_default_and_internal_with_services(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_no_network_by_default_and_internal_with_services(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("")) as rt:
         assert rt.execute("ls /sys/class/net").stdout.split() == ["lo"]
     with spawn_runtime(
@@ -105,7 +106,9 @@ def test_no_network_by_default_and_internal_with_services(make_env) -> None:  # 
         assert info[0]["IPAM"]["Config"][0]["Subnet"].startswith("10.213.")
 
 
-def test_user_host_owns_workspace_files(make_env, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_user_host_owns_workspace_files(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HUID", "4321")
     monkeypatch.setenv("HGID", "4322")
     ws = tmp_path / "ws"
@@ -117,7 +120,7 @@ def test_user_host_owns_workspace_files(make_env, tmp_path, monkeypatch) -> None
     assert (st.st_uid, st.st_gid) == (4321, 4322)
 
 
-def test_memory_hog_is_reported_out_of_memory(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_memory_hog_is_reported_out_of_memory(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("resources: {memory: 64m}\n")) as rt:
         r = rt.execute(
             ["python3", "-c", "x = bytearray(400 * 1024 * 1024); print('survived')"], timeout=60
@@ -126,7 +129,7 @@ def test_memory_hog_is_reported_out_of_memory(make_env) -> None:  # type: ignore
         assert rt.execute("echo alive").stdout == "alive\n"
 
 
-def test_fork_bomb_is_contained(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_fork_bomb_is_contained(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("resources: {pids: 64}\n")) as rt:
         r = rt.execute("bomb() { bomb | bomb & }; bomb; sleep 2", timeout=4)
         assert "fork" in r.stderr.lower()  # the pids limit stopped it
@@ -135,7 +138,7 @@ def test_fork_bomb_is_contained(make_env) -> None:  # type: ignore[no-untyped-de
     assert subprocess.run(["true"]).returncode == 0  # the host is fine too
 
 
-def test_labels_name_owner_env_and_digest(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_labels_name_owner_env_and_digest(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("network: {outbound: true}\n", name="labelled")) as rt:
         assert rt.info().id.startswith("orch-labelled-")
         [info] = [p for p in list_projects() if p.name == rt.info().id]
@@ -147,7 +150,7 @@ def test_labels_name_owner_env_and_digest(make_env) -> None:  # type: ignore[no-
         assert len(info.networks) == 1
 
 
-def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_executor_recovers_after_kill_9(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("user: '1000:1000'\n")) as rt:
         assert rt.execute("true").exit_code == 0 and rt.info().exec_mode == "executor"
         import threading
@@ -189,14 +192,14 @@ def test_executor_recovers_after_kill_9(make_env) -> None:  # type: ignore[no-un
         assert left.stdout == ""
 
 
-def test_image_without_python_falls_back_to_plain_exec(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_image_without_python_falls_back_to_plain_exec(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("", image=BUSYBOX_IMAGE)) as rt:
         r = rt.execute("echo hi; exit 3")
         assert (r.stdout, r.exit_code, rt.info().exec_mode) == ("hi\n", 3, "plain")
         assert any("falling back" in w for w in rt.warnings)
 
 
-def test_keep_after_cleanup_keeps_stopped_containers(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_keep_after_cleanup_keeps_stopped_containers(make_env: MakeEnv) -> None:
     rt = spawn_runtime(make_env("keep_after_cleanup: true\n"))
     name = rt.info().id
     rt.cleanup()
@@ -210,7 +213,7 @@ def test_keep_after_cleanup_keeps_stopped_containers(make_env) -> None:  # type:
     assert project_objects(name) == []
 
 
-def test_reaper_removes_projects_of_dead_owners_only(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_reaper_removes_projects_of_dead_owners_only(make_env: MakeEnv) -> None:
     path = make_env("")
     code = (
         f"import os; from orchestrator import spawn_runtime; rt = spawn_runtime({str(path)!r}); "
@@ -315,7 +318,7 @@ def test_doctor_probes_the_main_image_whatever_the_services(tmp_path: Path) -> N
     assert f"[pass] fast executor can run in {PYTHON_IMAGE}" in r.stdout
 
 
-def test_host_networking_needs_the_callers_opt_in(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_host_networking_needs_the_callers_opt_in(make_env: MakeEnv) -> None:
     host_nets = sorted(os.listdir("/sys/class/net"))
     path = make_env("network: {mode: host}\n")
     before = labelled_ids()
@@ -327,7 +330,7 @@ def test_host_networking_needs_the_callers_opt_in(make_env) -> None:  # type: ig
         assert any("WARNING: network.mode host" in w for w in rt.warnings)
 
 
-def test_resource_limits_reach_the_cgroup(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_resource_limits_reach_the_cgroup(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("resources: {memory: 96m, cpus: 0.5, pids: 50}\n")) as rt:
         script = (
             "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max /sys/fs/cgroup/pids.max "
@@ -340,7 +343,7 @@ def test_resource_limits_reach_the_cgroup(make_env) -> None:  # type: ignore[no-
     assert values[-1] == "50"
 
 
-def test_build_is_tagged_once_per_digest(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_build_is_tagged_once_per_digest(tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text(f"FROM {BUSYBOX_IMAGE}\nRUN echo built > /built.txt\n")
     (tmp_path / "env.yaml").write_text("version: 1\nname: built\nbuild: {context: .}\n")
     from orchestrator import load_environment
@@ -362,7 +365,7 @@ def test_build_is_tagged_once_per_digest(tmp_path) -> None:  # type: ignore[no-u
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
-def test_daemon_down_gives_one_clear_message(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_daemon_down_gives_one_clear_message(tmp_path: Path) -> None:
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
     r = subprocess.run(
         [
@@ -383,7 +386,7 @@ def test_daemon_down_gives_one_clear_message(tmp_path) -> None:  # type: ignore[
     assert "Traceback" not in r.stderr
 
 
-def test_forgotten_runtime_is_removed_at_interpreter_exit(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_forgotten_runtime_is_removed_at_interpreter_exit(make_env: MakeEnv) -> None:
     path = make_env("")
     code = (
         f"from orchestrator import spawn_runtime; rt = spawn_runtime({str(path)!r}); "
@@ -395,7 +398,9 @@ def test_forgotten_runtime_is_removed_at_interpreter_exit(make_env) -> None:  # 
     assert name.startswith("orch-t-") and project_objects(name) == []
 
 
-def test_taken_subnet_is_retried_with_another(make_env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_taken_subnet_is_retried_with_another(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from orchestrator.project import lifecycle
 
     taken, free = "10.213.250.0/27", "10.213.250.32/27"

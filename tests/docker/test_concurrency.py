@@ -4,6 +4,7 @@ Plain `docker compose` runs out of address pools near the 32nd; our subnet pool 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ N = 64
 
 
 @pytest.mark.slow
-def test_64_environments_with_own_networks_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_64_environments_with_own_networks_at_once(tmp_path: Path) -> None:
     path = tmp_path / "env.yaml"
     path.write_text(f"version: 1\nname: many\nimage: {PYTHON_IMAGE}\nnetwork: {{outbound: true}}\n")
     env = load_environment(path)

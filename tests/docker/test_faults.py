@@ -19,6 +19,7 @@ import pytest
 from orchestrator import SandboxUnavailable, StartupError, spawn_runtime
 from orchestrator.runtime.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
+from tests.docker.conftest import MakeEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ["executor", "plain"]
@@ -49,7 +50,7 @@ def project_objects(name: str) -> list[str]:
     )
 
 
-def in_background(fn) -> tuple[threading.Thread, list[object]]:  # type: ignore[no-untyped-def]
+def in_background(fn: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
     out: list[object] = []
 
     def run() -> None:
@@ -76,7 +77,9 @@ def fault_during(rt: Runtime, timeout: float, fault: str, after: float) -> tuple
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_killed_container_is_sandbox_unavailable_not_a_failed_command(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_killed_container_is_sandbox_unavailable_not_a_failed_command(
+    make_env: MakeEnv, mode: str
+) -> None:
     with spawn(make_env(""), mode) as rt:
         outcome, seconds = fault_during(rt, 60, "kill", after=1)
         assert isinstance(outcome, SandboxUnavailable), outcome
@@ -87,7 +90,9 @@ def test_killed_container_is_sandbox_unavailable_not_a_failed_command(make_env, 
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_paused_container_is_a_clear_error_within_timeout_plus_two(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_paused_container_is_a_clear_error_within_timeout_plus_two(
+    make_env: MakeEnv, mode: str
+) -> None:
     with spawn(make_env(""), mode) as rt:
         try:
             outcome, seconds = fault_during(rt, 3, "pause", after=0.5)
@@ -110,7 +115,7 @@ while True:
 """
 
 
-def test_exhausted_pids_is_sandbox_unavailable(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_exhausted_pids_is_sandbox_unavailable(make_env: MakeEnv) -> None:
     with spawn(make_env("resources: {pids: 40}\n"), "executor") as rt:
         # a daemon that outlives its command and takes every process slot that frees up
         rt.write_file("hog.py", HOG)
@@ -167,7 +172,7 @@ def owner_process(path: Path, guardian: bool) -> Iterator[tuple[subprocess.Popen
         owner.stdout.close()
 
 
-def wait_until(check, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(check: Callable[[], object], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:
@@ -177,7 +182,7 @@ def wait_until(check, seconds: float) -> bool:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_owner_death_removes_everything_within_seconds(make_env, sig: int) -> None:  # type: ignore[no-untyped-def]
+def test_owner_death_removes_everything_within_seconds(make_env: MakeEnv, sig: int) -> None:
     path = make_env(f"services: {{db: {{image: {BUSYBOX_IMAGE}, command: [sleep, '600']}}}}\n")
     with owner_process(path, guardian=True) as (owner, name):
         assert len(project_objects(name)) == 3  # two containers and the network
@@ -186,7 +191,7 @@ def test_owner_death_removes_everything_within_seconds(make_env, sig: int) -> No
         assert wait_until(lambda: project_objects(name) == [], 10), project_state(name)
 
 
-def test_without_a_guardian_the_sandbox_stops_itself_and_ps_removes_it(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_without_a_guardian_the_sandbox_stops_itself_and_ps_removes_it(make_env: MakeEnv) -> None:
     with owner_process(make_env(""), guardian=False) as (owner, name):
         owner.kill()
         owner.wait(10)
@@ -203,7 +208,7 @@ def test_without_a_guardian_the_sandbox_stops_itself_and_ps_removes_it(make_env)
     assert project_objects(name) == []
 
 
-def test_down_refuses_a_live_owners_environment_without_force(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_down_refuses_a_live_owners_environment_without_force(make_env: MakeEnv) -> None:
     cli = [sys.executable, "-m", "orchestrator"]
     with spawn_runtime(make_env("")) as rt:
         name = rt.info().id
@@ -288,7 +293,7 @@ rt = spawn_runtime(sys.argv[1]); print(rt.info().id, flush=True); rt.cleanup()
 """
 
 
-def test_kept_projects_outlive_their_owner_until_removed_on_purpose(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_kept_projects_outlive_their_owner_until_removed_on_purpose(make_env: MakeEnv) -> None:
     from orchestrator.project import list_projects, reap, remove_project
 
     path = make_env("keep_after_cleanup: true\n")
@@ -311,7 +316,7 @@ def test_kept_projects_outlive_their_owner_until_removed_on_purpose(make_env) ->
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_stdin_to_a_paused_sandbox_does_not_block_the_caller(make_env, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_stdin_to_a_paused_sandbox_does_not_block_the_caller(make_env: MakeEnv, mode: str) -> None:
     with spawn(make_env(""), mode) as rt:
         docker("pause", main_container(rt))
         try:

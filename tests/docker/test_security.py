@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator import PolicyError, spawn_runtime
 from tests.conftest import BUSYBOX_IMAGE, labelled_ids
+from tests.docker.conftest import MakeEnv
 
 # /proc/PID/status CapEff bits (linux/capability.h)
 CAP = {"DAC_READ_SEARCH": 2, "NET_RAW": 13, "SYS_MODULE": 16, "SYS_RAWIO": 17, "SYS_ADMIN": 21}
@@ -31,7 +32,7 @@ CAP.update({"MKNOD": 27, "SYS_PTRACE": 19, "NET_ADMIN": 12, "SETUID": 7, "KILL":
         f"services: {{db: {{image: {BUSYBOX_IMAGE}, mounts: [{{source: /, target: /h}}]}}}}\n",
     ],
 )
-def test_escape_is_refused_before_anything_starts(make_env, body: str) -> None:  # type: ignore[no-untyped-def]
+def test_escape_is_refused_before_anything_starts(make_env: MakeEnv, body: str) -> None:
     before = labelled_ids()
     with pytest.raises(PolicyError):
         spawn_runtime(make_env(body))
@@ -50,7 +51,7 @@ def _caps(status: str) -> int:
     return int(line.split()[1], 16)
 
 
-def test_root_in_the_sandbox_has_only_the_allowed_capabilities(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_root_in_the_sandbox_has_only_the_allowed_capabilities(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("user: root\n")) as rt:
         status = rt.execute("cat /proc/self/status").stdout
         caps = _caps(status)
@@ -64,7 +65,7 @@ def test_root_in_the_sandbox_has_only_the_allowed_capabilities(make_env) -> None
         assert r.exit_code != 0 and "not permitted" in r.stderr.lower()
 
 
-def test_setuid_binaries_do_not_raise_privileges(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_setuid_binaries_do_not_raise_privileges(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("user: '1000:1000'\n")) as rt:
         rt.execute(
             "cp /usr/bin/id /usr/local/bin/suid-id && chmod 4755 /usr/local/bin/suid-id",
@@ -125,7 +126,7 @@ except OSError as exc:
 
 
 @pytest.mark.parametrize(("outbound", "reached"), [(False, False), (True, True)])
-def test_no_outbound_hides_the_host_too(make_env, outbound: bool, reached: bool) -> None:  # type: ignore[no-untyped-def]
+def test_no_outbound_hides_the_host_too(make_env: MakeEnv, outbound: bool, reached: bool) -> None:
     listener = Listener()
     try:
         body = f"network: {{outbound: {str(outbound).lower()}}}\n"
@@ -139,21 +140,21 @@ def test_no_outbound_hides_the_host_too(make_env, outbound: bool, reached: bool)
         listener.close()
 
 
-def test_user_names_resolve_in_the_sandbox_and_unknown_ones_fail_fast(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_user_names_resolve_in_the_sandbox_and_unknown_ones_fail_fast(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("")) as rt:
         assert rt.execute("id -u", user="nobody").stdout.strip() == "65534"
         r = rt.execute("id", user="nobody:no-such-group", timeout=10)
         assert r.exit_code == 126 and "no-such-group" in r.stderr
 
 
-def test_tmp_is_a_bounded_tmpfs(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_tmp_is_a_bounded_tmpfs(make_env: MakeEnv) -> None:
     with spawn_runtime(make_env("resources: {memory: 256m, tmp: 8m}\n")) as rt:
         r = rt.execute("head -c 20000000 /dev/zero > /tmp/fill", timeout=30)
         assert r.exit_code != 0 and "space" in r.stderr.lower()
         assert rt.execute("echo ok").stdout == "ok\n"
 
 
-def test_disk_limit_is_enforced_or_refused_clearly(make_env) -> None:  # type: ignore[no-untyped-def]
+def test_disk_limit_is_enforced_or_refused_clearly(make_env: MakeEnv) -> None:
     """Where the storage driver can limit the writable layer, writing past it fails; where it
     cannot (overlay2 on ext4, as on our machines), the start fails naming the field."""
     import subprocess

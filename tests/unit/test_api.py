@@ -90,7 +90,7 @@ def test_unknown_backend_lists_known_ones() -> None:
         get_runtime_class("nope")
 
 
-def test_spawn_runtime_dispatches_on_backend(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_spawn_runtime_dispatches_on_backend(tmp_path: Path) -> None:
     env = load_environment_text("version: 1\nname: l\nbackend: local\n")
     with orchestrator.spawn_runtime(env, workspace=tmp_path) as rt:
         assert isinstance(rt, LocalRuntime)

@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import PolicyError, SpecError, load_environment_text
-from orchestrator.compile.render import CompileOptions, compile_project
+from orchestrator.compile.render import CompiledProject, CompileOptions, compile_project
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy
 
 BASE = "version: 1\nname: t\nimage: img:1\nuser: '1000:1000'\n"
 
 
-def build(text: str, tmp_path: Path, **kw: object) -> tuple[dict, object]:  # type: ignore[type-arg]
+def build(text: str, tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], CompiledProject]:
     (tmp_path / "ws").mkdir(exist_ok=True)
     env = load_environment_text(text, source="env.yaml", base_dir=tmp_path)
-    opts = CompileOptions(project="p", workspace=tmp_path / "ws", **kw)  # type: ignore[arg-type]
+    opts = CompileOptions(project="p", workspace=tmp_path / "ws", **kw)
     compiled = compile_project(env, opts)
     return YAML(typ="safe").load(compiled.compose_yaml), compiled
 
 
-def volumes(doc: dict) -> dict[str, dict]:  # type: ignore[type-arg]
+def volumes(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {v["target"]: v for v in doc["services"]["main"]["volumes"]}
 
 
@@ -111,7 +112,7 @@ def test_cap_add_from_the_file_only_within_dockers_defaults(tmp_path: Path) -> N
 def test_no_network_when_nothing_to_reach(tmp_path: Path) -> None:
     doc, c = build(BASE, tmp_path)
     assert doc["services"]["main"]["network_mode"] == "none" and "networks" not in doc
-    assert not c.has_network  # type: ignore[attr-defined]
+    assert not c.has_network
 
 
 def test_services_get_an_internal_network_with_our_subnet(tmp_path: Path) -> None:
@@ -136,7 +137,7 @@ def test_ports_published_on_loopback_and_need_outbound(tmp_path: Path) -> None:
     assert doc["services"]["main"]["ports"] == ["127.0.0.1::80/tcp", "127.0.0.1:9001:81/tcp"]
     assert doc["networks"]["default"]["internal"] is False
     assert "driver_opts" not in doc["networks"]["default"]  # published ports need a gateway
-    assert any("outbound" in w for w in c.warnings)  # type: ignore[attr-defined]
+    assert any("outbound" in w for w in c.warnings)
 
 
 def test_spawn_ports(tmp_path: Path) -> None:
@@ -152,17 +153,17 @@ def test_host_mode_ignores_ports_and_falls_back_off_linux(tmp_path: Path) -> Non
     doc, c = build(text, tmp_path, policy=HOST_OK)
     assert doc["services"]["main"]["network_mode"] == "host"
     assert "ports" not in doc["services"]["main"]
-    assert any("ignored" in w for w in c.warnings)  # type: ignore[attr-defined]
+    assert any("ignored" in w for w in c.warnings)
     doc, c = build(text, tmp_path, platform="darwin", policy=HOST_OK)
     assert "network_mode" not in doc["services"]["main"]
-    assert any("only on Linux" in w for w in c.warnings)  # type: ignore[attr-defined]
+    assert any("only on Linux" in w for w in c.warnings)
 
 
 def test_loopback_bind_host_rewritten_in_bridge_mode(tmp_path: Path) -> None:
     text = BASE + "network: {bind_host: 127.0.0.1, outbound: true}\n"
     doc, c = build(text, tmp_path)
     assert doc["services"]["main"]["environment"]["ORCHESTRATOR_BIND_HOST"] == "0.0.0.0"
-    assert any("rewritten" in w for w in c.warnings)  # type: ignore[attr-defined]
+    assert any("rewritten" in w for w in c.warnings)
     doc, _ = build(text.replace("outbound: true", "mode: host"), tmp_path, policy=HOST_OK)
     assert doc["services"]["main"]["environment"]["ORCHESTRATOR_BIND_HOST"] == "127.0.0.1"
 
@@ -187,7 +188,7 @@ def test_user_host_uses_huid(tmp_path: Path) -> None:
         host_env={"HUID": "501", "HGID": "20"},
         labels={"org.orchestrator.managed": "1"},
     )
-    assert compiled.user == "501:20"  # type: ignore[attr-defined]
+    assert compiled.user == "501:20"
     assert doc["services"]["main"]["labels"]["org.orchestrator.user"] == "501:20"
     assert doc["services"]["main"]["user"] == "0:0"  # only PID 1; commands run as 501:20
 
@@ -196,4 +197,4 @@ def test_rendering_is_deterministic(tmp_path: Path) -> None:
     text = BASE + "env: {B: '2', A: '1'}\nservices: {z: {image: z}, a: {image: a}}\n"
     _, one = build(text, tmp_path, labels={"b": "1", "a": "2"}, subnet="10.0.0.0/27")
     _, two = build(text, tmp_path, labels={"a": "2", "b": "1"}, subnet="10.0.0.0/27")
-    assert one.compose_yaml == two.compose_yaml  # type: ignore[attr-defined]
+    assert one.compose_yaml == two.compose_yaml

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -53,7 +54,7 @@ def test_mutated_valid_file(pos: int, cut: int, insert: str) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(keys, values, max_size=8))
-def test_random_structures(data: dict) -> None:  # type: ignore[type-arg]
+def test_random_structures(data: dict[str, Any]) -> None:
     import io
 
     from ruamel.yaml import YAML

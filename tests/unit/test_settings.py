@@ -17,7 +17,9 @@ def test_a_bad_setup_timeout_names_the_variable(
     value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ORCHESTRATOR_SETUP_TIMEOUT", value)
-    env = load_environment_text("version: 1\nname: s\nbackend: local\nsetup: {commands: ['true']}\n")
+    env = load_environment_text(
+        "version: 1\nname: s\nbackend: local\nsetup: {commands: ['true']}\n"
+    )
     with pytest.raises(UsageError, match="ORCHESTRATOR_SETUP_TIMEOUT must be a positive number"):
         spawn_runtime(env, workspace=tmp_path)
 
