@@ -50,6 +50,7 @@ from orchestrator.runtime.results import (
     decoder,
 )
 from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import USER_RE
 
 _live: weakref.WeakSet[Runtime] = weakref.WeakSet()
 
@@ -403,7 +404,7 @@ class Runtime(ABC):
         self.setup_result = RuntimeResult(0, "".join(stdout), "".join(stderr), elapsed)
 
 
-_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$")
+_USER = re.compile(USER_RE)
 
 
 def _validated(cmd: Command) -> Command:

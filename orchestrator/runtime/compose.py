@@ -19,6 +19,8 @@ from orchestrator.errors import (
     ExecutorLost,
     OrchestratorError,
     SandboxUnavailable,
+    SpecError,
+    SpecIssue,
     StartupError,
 )
 from orchestrator.project import LABEL_DIR, Project, start_project
@@ -96,6 +98,26 @@ class ComposeRuntime(Runtime):
                 raise lost
         except SandboxUnavailable as exc:
             raise StartupError(f"the environment did not start: {exc}") from exc
+        self._check_named_user()
+
+    def _check_named_user(self) -> None:
+        """A user the file gives by name exists only in the image: ask it once, at spawn, so
+        a typo fails here, naming the field, and not as 126 on every command."""
+        user = self.default_user
+        if not user or procutil.numeric_ids(user) is not None:
+            return
+        probe = self.execute(["true"], timeout=30)
+        if probe.exit_code == 126 and "unable to find" in probe.stderr:
+            raise SpecError(
+                SpecIssue(
+                    self.env.source,
+                    None,
+                    None,
+                    "user",
+                    f"{probe.stderr.strip()} of the image",
+                    "create the user in the image, or give a uid[:gid]",
+                )
+            )
 
     def _new_executor(self) -> ExecutorClient:
         assert self.project is not None

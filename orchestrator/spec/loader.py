@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.error import MarkedYAMLError
 
 from orchestrator import settings
 from orchestrator.errors import SpecError, SpecIssue
@@ -263,7 +263,8 @@ def parse_yaml(text: str, source: str) -> Any:
         raise SpecError(
             SpecIssue(source, line, col, "", f"malformed YAML: {problem}", fix)
         ) from exc
-    except (YAMLError, ValueError, TypeError, RecursionError) as exc:
+    except Exception as exc:  # YAMLError, RecursionError, and the parser's own slips
+        # ('-_' raises IndexError inside it): bad input is a spec error, never a traceback
         raise SpecError(
             SpecIssue(source, None, None, "", f"malformed YAML: {exc}", "fix the YAML syntax")
         ) from exc

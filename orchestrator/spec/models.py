@@ -19,7 +19,9 @@ STATIC_PLACEHOLDER = re.compile(r"\{\{\s*static:([A-Za-z0-9_.-]+)\s*\}\}")
 """`{{static:NAME}}` in the file's own commands: the path of static asset NAME."""
 MEMORY_RE = r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$"
 DURATION_RE = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"
-USER_RE = r"^(host|root|[0-9]+(:[0-9]+)?)$"
+USER_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$"
+"""A name, name:group, uid or uid:gid (looked up in the container's own passwd and group
+files), or `host` / `root`."""
 ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SUPPORTED_VERSIONS = (1,)
 
@@ -302,7 +304,8 @@ class EnvironmentV1(Hardening):
     resources: Resources = Field(default_factory=Resources)
     """Limits."""
     user: str = Field(default="host", pattern=USER_RE)
-    """User commands run as: "uid[:gid]", host (HUID/HGID or the caller's ids) or root."""
+    """User commands run as: a name, name:group, uid or uid:gid (resolved in the sandbox's own
+    passwd and group files), host (HUID/HGID or the caller's ids) or root."""
     services: dict[Annotated[str, Field(pattern=NAME_RE)], Service] = Field(default_factory=dict)
     """Extra containers, reachable from the main one by name."""
     commands: dict[str, str] = Field(default_factory=dict)

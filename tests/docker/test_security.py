@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import PolicyError, spawn_runtime
+from orchestrator import PolicyError, SpecError, spawn_runtime
 from tests.conftest import BUSYBOX_IMAGE, labelled_ids
 from tests.docker.conftest import MakeEnv
 
@@ -145,6 +145,20 @@ def test_user_names_resolve_in_the_sandbox_and_unknown_ones_fail_fast(make_env: 
         assert rt.execute("id -u", user="nobody").stdout.strip() == "65534"
         r = rt.execute("id", user="nobody:no-such-group", timeout=10)
         assert r.exit_code == 126 and "no-such-group" in r.stderr
+
+
+@pytest.mark.parametrize("mode", ["auto", "plain"])
+def test_the_file_user_may_be_a_name_of_the_image(
+    make_env: MakeEnv, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_EXEC_MODE", mode)
+    with spawn_runtime(make_env("user: nobody:nogroup\n")) as rt:
+        assert rt.execute("id -u; id -g").stdout.split() == ["65534", "65534"]
+        assert rt.execute("touch made && stat -c %u made").stdout.strip() == "65534"
+    before = labelled_ids()
+    with pytest.raises(SpecError, match="user: unable to find user no-such-user") as info:
+        spawn_runtime(make_env("user: no-such-user\n"))
+    assert "give a uid" in str(info.value) and labelled_ids() <= before
 
 
 def test_tmp_is_a_bounded_tmpfs(make_env: MakeEnv) -> None:

@@ -48,7 +48,7 @@ def test_wrong_literal_lists_allowed_values() -> None:
 
 
 def test_several_issues_are_all_reported_in_line_order() -> None:
-    found = issues(BASE + "user: nobody\nresources: {cpus: -1}\n")
+    found = issues(BASE + "user: no body\nresources: {cpus: -1}\n")
     assert (
         len(found) == 2 and found[0].startswith("env.yaml:4") and found[1].startswith("env.yaml:5")
     )
@@ -220,3 +220,19 @@ def test_fifo_and_deep_nesting_are_clear_errors(tmp_path: Path) -> None:
         load_environment(fifo)
     with pytest.raises(SpecError, match="malformed YAML"):
         load_environment_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+
+
+@pytest.mark.parametrize("user", ["app", "app:staff", "1000", "1000:1000", "root", "host"])
+def test_the_file_user_is_a_name_or_ids(user: str) -> None:
+    assert load_environment_text(BASE + f"user: '{user}'\n").spec.user == user
+
+
+@pytest.mark.parametrize("user", ["a b", ":1000", "-rf", "app:"])
+def test_a_malformed_file_user_is_refused_at_its_line(user: str) -> None:
+    [msg] = issues(BASE + f"user: '{user}'\n")
+    assert msg.startswith("env.yaml:4:7: user")
+
+
+def test_text_that_trips_the_yaml_parser_is_a_spec_error() -> None:
+    [msg] = issues("-_")
+    assert "malformed YAML" in msg
