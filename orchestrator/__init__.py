@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         StartupError,
         UsageError,
     )
-    from orchestrator.runtime.base import Runtime
+    from orchestrator.runtime.base import Runtime, Sandbox
     from orchestrator.runtime.options import SpawnOptions
     from orchestrator.runtime.registry import register_runtime, runtime_names, spawn_runtime
     from orchestrator.runtime.results import (
@@ -71,6 +71,7 @@ __all__ = [
     "RuntimeClosed",
     "RuntimeInfo",
     "RuntimeResult",
+    "Sandbox",
     "SandboxFileNotFound",
     "SandboxIsADirectory",
     "SandboxPermissionError",
@@ -98,7 +99,7 @@ _HOME = {
         "RuntimeClosed SandboxFileNotFound SandboxIsADirectory SandboxPermissionError "
         "SandboxUnavailable SetupFailed SpecError SpecIssue StartupError UsageError"
     ),
-    "orchestrator.runtime.base": "Runtime",
+    "orchestrator.runtime.base": "Runtime Sandbox",
     "orchestrator.runtime.options": "SpawnOptions",
     "orchestrator.runtime.registry": "register_runtime runtime_names spawn_runtime",
     "orchestrator.runtime.results": (

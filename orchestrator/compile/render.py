@@ -20,7 +20,7 @@ from orchestrator.compile.common import (
     resolve_env,
     resolve_user,
 )
-from orchestrator.compile.mounts import ResolvedMount, resolve_mounts
+from orchestrator.compile.mounts import ResolvedMount, resolve_mounts, static_mounts
 from orchestrator.errors import SpecError, SpecIssue
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
@@ -189,7 +189,8 @@ def _service(
         "user": resolve_user(svc.user, opts.host_env) if svc.user else None,
         "limits": _limits(svc.resources),
         "caps": [*DEFAULT_CAPS, *caps],
-        "mounts": mounts,
+        # the static assets are checked once, with the main sandbox's
+        "mounts": [*(static_mounts(env) if svc.static_assets else []), *mounts],
         "healthcheck": svc.healthcheck,
         "healthcheck_is_list": isinstance(svc.healthcheck.test, list) if svc.healthcheck else False,
     }

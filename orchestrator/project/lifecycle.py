@@ -68,7 +68,20 @@ class Project:
 
     @property
     def main_container(self) -> str:
-        return f"{self.name}-{MAIN}-1"
+        return self.container_of(MAIN)
+
+    def container_of(self, service: str) -> str:
+        """The container of one service (Compose names it `<project>-<service>-1`)."""
+        return f"{self.name}-{service}-1"
+
+    def working_dir(self, service: str) -> str:
+        """Where `docker exec` starts in that service: its image's WORKDIR, or /."""
+        container = self.container_of(service)
+        config = engine_call(
+            "inspecting a service", lambda: self.client.container.inspect(container).config
+        )
+        workdir = str(config.working_dir or "")  # unset comes back as "" or "."
+        return workdir if workdir.startswith("/") else "/"
 
     def up(self) -> None:
         # not engine_call: `up` is not idempotent; start_project removes a failed start

@@ -53,6 +53,7 @@ from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import USER_RE
 
 _live: weakref.WeakSet[Runtime] = weakref.WeakSet()
+MAIN_SERVICE = "main"
 
 
 @atexit.register
@@ -65,27 +66,10 @@ def _cleanup_at_exit() -> None:
                 rt.cleanup()
 
 
-class Runtime(ABC):
-    """A live environment. Use as a context manager; leaving the block calls `cleanup()`."""
-
-    #: Registered backend name.
-    name: ClassVar[str] = ""
-    #: Conformance rules this backend deliberately does not keep: rule id -> reason.
-    deviations: ClassVar[Mapping[str, str]] = {}
-
-    def __init__(self, env: Environment, options: SpawnOptions) -> None:
-        self.env = env
-        self.options = options
-        self.setup_result: RuntimeResult | None = None
-        self.warnings: list[str] = list(env.notices)
-        self._closed = False
-        self._killed = False
-        self._lock = threading.Lock()
-
-    # ----- what a backend provides -------------------------------------------------------
-    @abstractmethod
-    def _start(self) -> None:
-        """Bring the environment up (cleanup() undoes whatever part of it happened)."""
+class Sandbox(ABC):
+    """Commands and files in one place: the main sandbox (a Runtime) or one of its services.
+    Everything callers use is written here once over `_run`, so every place keeps the same
+    semantics."""
 
     @abstractmethod
     def _run(self, cmd: Command) -> Chunks:
@@ -93,16 +77,8 @@ class Runtime(ABC):
         early must kill the command's whole tree."""
 
     @abstractmethod
-    def _kill(self) -> None:
-        """Kill every process of the environment."""
-
-    @abstractmethod
-    def _poll(self) -> int | None:
-        """None while the environment is alive, else its exit status."""
-
-    @abstractmethod
-    def _close(self) -> None:
-        """Release everything the environment holds. Must tolerate a partial start."""
+    def _check_usable(self) -> None:
+        """Raise RuntimeClosed when no command may run here any more."""
 
     @property
     @abstractmethod
@@ -115,82 +91,12 @@ class Runtime(ABC):
 
     @property
     def default_user(self) -> str | None:
-        """User commands run as when the call names none ("uid:gid"), None for the backend's."""
+        """User commands run as when the call names none, None for the backend's."""
         return None
 
-    @abstractmethod
-    def info(self) -> RuntimeInfo:
-        """What this runtime is: id, backend, workdir, user, how commands run, ports."""
-
-    @abstractmethod
-    def connection(self) -> Connection:
-        """How a person opens a shell in the sandbox from the host."""
-
-    def file_command(self, name: str) -> str:
-        """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""
-        try:
-            text = self.env.spec.commands[name]
-        except KeyError:
-            known = ", ".join(sorted(self.env.spec.commands)) or "none"
-            raise UsageError(f"no command named {name!r} in the file (known: {known})") from None
-        return substitute_static(text, self.static_path)
-
-    # ----- lifecycle -----------------------------------------------------------------------
-    @classmethod
-    def spawn(cls, env: Environment, options: SpawnOptions | None = None) -> Runtime:
-        """Start the environment and run its setup; on any failure remove what was started."""
-        rt = cls(env, options or SpawnOptions())
-        _live.add(rt)
-        try:
-            rt._start()
-            if not rt.options.disable_setup:
-                rt._run_setup()
-        except BaseException:
-            rt.cleanup()
-            raise
-        return rt
-
-    def __enter__(self) -> Runtime:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
-
-    def cleanup(self) -> None:
-        """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def poll(self) -> int | None:
-        """None while the environment runs; its exit status once it was killed or died."""
-        self._check_open()
-        return self._poll()
-
-    def kill(self) -> None:
-        """Kill every process of the environment now (as subprocess's kill). Call cleanup()
-        afterwards to remove it."""
-        self._check_open()
-        self._killed = True
-        self._kill()
-
-    def detach(self) -> None:
-        """Let the environment outlive this object (for `orchestrator up`): release local
-        resources without stopping it. Backends that cannot do that raise UsageError."""
-        raise UsageError(
-            f"the {self.name} backend cannot keep an environment running after "
-            "this process; use `orchestrator run` instead"
-        )
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeClosed(f"runtime for {self.env.name!r} is closed (cleanup() was called)")
+    def _setup_output(self) -> RuntimeResult | None:
+        """The environment's setup output, carried apart in every result (None: no setup)."""
+        return None
 
     # ----- commands ------------------------------------------------------------------------
     def _command(
@@ -202,9 +108,7 @@ class Runtime(ABC):
         user: str | None,
         timeout: float | None,
     ) -> Command:
-        self._check_open()
-        if self._killed:
-            raise RuntimeClosed(f"runtime for {self.env.name!r} was killed")
+        self._check_usable()
         if isinstance(command, str):
             argv = ["/bin/sh", "-c", command]
         else:
@@ -232,7 +136,7 @@ class Runtime(ABC):
         return resolve_user(user) if user is not None else self.default_user
 
     def _result(self, out: TailBuffer, err: TailBuffer, outcome: Outcome) -> RuntimeResult:
-        setup = self.setup_result
+        setup = self._setup_output()
         return RuntimeResult(
             exit_code=outcome.exit_code,
             stdout=decode(out.value()),
@@ -370,6 +274,131 @@ class Runtime(ABC):
             outcome.exit_code, target, "read", decode(err.value()), limit, decode(data[:32]).strip()
         )
         return decode(data) if text else data
+
+
+class Runtime(Sandbox):
+    """A live environment. Use as a context manager; leaving the block calls `cleanup()`."""
+
+    #: Registered backend name.
+    name: ClassVar[str] = ""
+    #: Conformance rules this backend deliberately does not keep: rule id -> reason.
+    deviations: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, env: Environment, options: SpawnOptions) -> None:
+        self.env = env
+        self.options = options
+        self.setup_result: RuntimeResult | None = None
+        self.warnings: list[str] = list(env.notices)
+        self._closed = False
+        self._killed = False
+        self._lock = threading.Lock()
+
+    # ----- what a backend provides -------------------------------------------------------
+    @abstractmethod
+    def _start(self) -> None:
+        """Bring the environment up (cleanup() undoes whatever part of it happened)."""
+
+    @abstractmethod
+    def _kill(self) -> None:
+        """Kill every process of the environment."""
+
+    @abstractmethod
+    def _poll(self) -> int | None:
+        """None while the environment is alive, else its exit status."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release everything the environment holds. Must tolerate a partial start."""
+
+    @abstractmethod
+    def info(self) -> RuntimeInfo:
+        """What this runtime is: id, backend, workdir, user, how commands run, ports."""
+
+    @abstractmethod
+    def connection(self) -> Connection:
+        """How a person opens a shell in the sandbox from the host."""
+
+    def file_command(self, name: str) -> str:
+        """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""
+        try:
+            text = self.env.spec.commands[name]
+        except KeyError:
+            known = ", ".join(sorted(self.env.spec.commands)) or "none"
+            raise UsageError(f"no command named {name!r} in the file (known: {known})") from None
+        return substitute_static(text, self.static_path)
+
+    # ----- lifecycle -----------------------------------------------------------------------
+    @classmethod
+    def spawn(cls, env: Environment, options: SpawnOptions | None = None) -> Runtime:
+        """Start the environment and run its setup; on any failure remove what was started."""
+        rt = cls(env, options or SpawnOptions())
+        _live.add(rt)
+        try:
+            rt._start()
+            if not rt.options.disable_setup:
+                rt._run_setup()
+        except BaseException:
+            rt.cleanup()
+            raise
+        return rt
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def poll(self) -> int | None:
+        """None while the environment runs; its exit status once it was killed or died."""
+        self._check_open()
+        return self._poll()
+
+    def kill(self) -> None:
+        """Kill every process of the environment now (as subprocess's kill). Call cleanup()
+        afterwards to remove it."""
+        self._check_open()
+        self._killed = True
+        self._kill()
+
+    def detach(self) -> None:
+        """Let the environment outlive this object (for `orchestrator up`): release local
+        resources without stopping it. Backends that cannot do that raise UsageError."""
+        raise UsageError(
+            f"the {self.name} backend cannot keep an environment running after "
+            "this process; use `orchestrator run` instead"
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeClosed(f"runtime for {self.env.name!r} is closed (cleanup() was called)")
+
+    def _check_usable(self) -> None:
+        self._check_open()
+        if self._killed:
+            raise RuntimeClosed(f"runtime for {self.env.name!r} was killed")
+
+    def _setup_output(self) -> RuntimeResult | None:
+        return self.setup_result
+
+    def service(self, name: str) -> Sandbox:
+        """Commands and files in service `name` of a multi-container environment ("main" is
+        the sandbox itself). Backends without services know only "main"."""
+        self._check_open()
+        if name == MAIN_SERVICE:
+            return self
+        raise UsageError(f"the {self.name} backend has no service {name!r} (only {MAIN_SERVICE!r})")
 
     # ----- setup ---------------------------------------------------------------------------
     def _setup_commands(self) -> list[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, cast, get_args
 
 from orchestrator import procutil, settings
+from orchestrator.compile.common import resolve_user
 from orchestrator.compile.mounts import STATIC_ROOT
 from orchestrator.compile.render import MAIN, SANDBOX_DIR, SANDBOX_MOUNT, CompileOptions
 from orchestrator.errors import (
@@ -22,14 +23,16 @@ from orchestrator.errors import (
     SpecError,
     SpecIssue,
     StartupError,
+    UsageError,
 )
 from orchestrator.project import LABEL_DIR, Project, start_project
 from orchestrator.project.engine import TIMED_OUT, engine_call, raw_docker
-from orchestrator.runtime.base import Runtime
+from orchestrator.runtime.base import Runtime, Sandbox
 from orchestrator.runtime.executor.client import FILES, ExecutorClient
 from orchestrator.runtime.executor.plain import run_plain
 from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Connection, Outcome, RuntimeInfo
+from orchestrator.runtime.service import ServiceSandbox
 from orchestrator.spec.models import PublishedPort
 
 log = logging.getLogger("orchestrator.docker")
@@ -49,6 +52,7 @@ class ComposeRuntime(Runtime):
         super().__init__(*args, **kwargs)
         self.project: Project | None = None
         self._ports: list[PublishedPort] = []
+        self._services: dict[str, ServiceSandbox] = {}
         self._mode = cast(Mode, settings.choice(EXEC_MODE_ENV, "auto", get_args(Mode)))
         self._executor: ExecutorClient | None = None
         self._temp_workspace: Path | None = None
@@ -203,25 +207,26 @@ class ComposeRuntime(Runtime):
         state = self._state()
         return None if state.running else int(state.exit_code or 0)
 
-    def _state(self) -> Any:
+    def _state(self, service: str = MAIN) -> Any:
         assert self.project is not None
         project = self.project
         return engine_call(
             "inspecting the sandbox",
-            lambda: project.client.container.inspect(project.main_container).state,
+            lambda: project.client.container.inspect(project.container_of(service)).state,
         )
 
-    def _probe(self) -> str | None:
-        """Why the sandbox cannot run commands (gone, stopped, paused), or None if it can."""
+    def _probe(self, service: str = MAIN) -> str | None:
+        """Why a container cannot run commands (gone, stopped, paused), or None if it can."""
         assert self.project is not None
+        what = "its main container" if service == MAIN else f"its service {service!r}"
         try:
-            state = self._state()
+            state = self._state(service)
         except DockerError as exc:
             if exc.returncode == TIMED_OUT:  # the engine is not answering: say that instead
                 raise
-            return f"its main container is gone ({exc.stderr.strip() or exc})"
+            return f"{what} is gone ({exc.stderr.strip() or exc})"
         if state.paused:
-            return "its main container is paused; unpause it, or take the environment down"
+            return f"{what} is paused; unpause it, or take the environment down"
         if state.running:
             return None
         why = f"{state.status}, exit code {state.exit_code}"
@@ -230,14 +235,41 @@ class ComposeRuntime(Runtime):
         if state.error:
             why += f": {state.error}"
         try:
-            logs = self.project.logs(MAIN, tail=20).strip()
+            logs = self.project.logs(service, tail=20).strip()
         except OrchestratorError:
             logs = ""
-        return f"its main container is not running ({why}); last log lines:\n{logs or '(none)'}"
+        return f"{what} is not running ({why}); last log lines:\n{logs or '(none)'}"
 
-    def _lost(self) -> SandboxUnavailable | None:
-        why = self._probe()
+    def _lost(self, service: str = MAIN) -> SandboxUnavailable | None:
+        why = self._probe(service)
         return SandboxUnavailable(f"{self.env.name}: {why}") if why else None
+
+    def service(self, name: str) -> Sandbox:
+        self._check_open()
+        if name == MAIN:
+            return self
+        spec = self.env.spec.services.get(name)
+        if spec is None:
+            known = ", ".join([MAIN, *sorted(self.env.spec.services)])
+            raise UsageError(f"{self.env.name} has no service {name!r} (known: {known})")
+        with self._lock:
+            view = self._services.get(name)
+        if view is None:
+            assert self.project is not None
+            view = ServiceSandbox(
+                name,
+                spec,
+                container=self.project.container_of(name),
+                workdir=self.project.working_dir(name),
+                user=resolve_user(spec.user) if spec.user else None,
+                docker_cmd=self._docker_cmd,
+                static_asset=self.env.spec.static_asset,
+                check_usable=self._check_usable,
+                lost=self._lost,
+            )
+            with self._lock:
+                view = self._services.setdefault(name, view)
+        return view
 
     # ----- paths ---------------------------------------------------------------------------
     @property

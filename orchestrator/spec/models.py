@@ -257,11 +257,15 @@ class Service(Hardening):
     healthcheck: Healthcheck | None = None
     """Wait for this check to pass before the environment is ready."""
     user: str | None = Field(default=None, pattern=USER_RE)
-    """User to run as: "uid:gid", host or root (default: the image's)."""
+    """User to run as: a name, name:group, uid or uid:gid of its image, host or root
+    (default: the image's)."""
     resources: Resources = Field(default_factory=Resources)
     """Limits."""
     mounts: list[Mount] = Field(default_factory=list)
     """Extra bind mounts."""
+    static_assets: bool = True
+    """Mount the environment's static assets here too, read-only at /static, as in the main
+    sandbox."""
 
     @model_validator(mode="after")
     def _image_or_build(self) -> Service:

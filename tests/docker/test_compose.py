@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import HealthcheckFailed, OrchestratorError, Policy, PolicyError, spawn_runtime
+from orchestrator import (
+    HealthcheckFailed,
+    OrchestratorError,
+    Policy,
+    PolicyError,
+    RuntimeClosed,
+    SandboxUnavailable,
+    UsageError,
+    spawn_runtime,
+)
 from orchestrator.errors import ExecutorLost
 from orchestrator.project import list_projects, reap
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
@@ -435,3 +444,43 @@ def test_taken_subnet_is_retried_with_another(
             assert info[0]["IPAM"]["Config"][0]["Subnet"] == free
     finally:
         subprocess.run(["docker", "network", "rm", net], capture_output=True)
+
+
+def test_every_service_is_a_sandbox(tmp_path: Path) -> None:
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "hello.txt").write_text("static hello\n")
+    path = tmp_path / "env.yaml"
+    path.write_text(
+        f"version: 1\nname: svc\nimage: {PYTHON_IMAGE}\n"
+        "static_assets: [{name: data, path: assets, save_path: d}]\n"
+        "network: {ports: [{container: 8000}]}\n"
+        "services:\n"
+        f"  web: {{image: {BUSYBOX_IMAGE}, command: [httpd, -f, -p, '8080'],"
+        " ports: [{container: 8080}]}\n"
+        f"  quiet: {{image: {BUSYBOX_IMAGE}, command: [sleep, '3600'], static_assets: false}}\n"
+    )
+    with spawn_runtime(path) as rt:
+        assert rt.service("main") is rt
+        with pytest.raises(UsageError, match="no service 'nope' \\(known: main, quiet, web\\)"):
+            rt.service("nope")
+        web, quiet = rt.service("web"), rt.service("quiet")
+        r = web.execute(f"cat {web.static_path('data')}/hello.txt; echo err >&2; exit 3")
+        assert (r.exit_code, r.stdout, r.stderr) == (3, "static hello\n", "err\n")
+        web.write_file("/tmp/x.bin", b"\x00\xff")
+        assert web.read_file("/tmp/x.bin", text=False) == b"\x00\xff"
+        assert web.execute("id -u", user="nobody").stdout == "65534\n"
+        s = str(40000 + int(time.time()) % 9999)
+        timed = web.execute(f"sleep {s} & sleep {s}; wait", timeout=1)
+        assert timed.timed_out and timed.elapsed < 5
+        left = web.execute(f"grep -l '[s]leep.{s}' /proc/[0-9]*/cmdline 2>/dev/null; true")
+        assert left.stdout == ""
+        with pytest.raises(UsageError, match="static_assets: false"):
+            quiet.static_path("data")
+        assert quiet.execute("test -e /static/d").exit_code == 1
+        assert {p.service for p in rt.info().ports} == {"main", "web"}
+        subprocess.run(["docker", "kill", f"{rt.info().id}-quiet-1"], capture_output=True)
+        with pytest.raises(SandboxUnavailable, match="its service 'quiet' is not running"):
+            quiet.execute("true", timeout=10)
+        assert rt.execute("echo main still").stdout == "main still\n"
+    with pytest.raises(RuntimeClosed):
+        web.execute("true")

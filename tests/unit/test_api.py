@@ -33,6 +33,7 @@ PINNED = [
     "RuntimeClosed",
     "RuntimeInfo",
     "RuntimeResult",
+    "Sandbox",
     "SandboxFileNotFound",
     "SandboxIsADirectory",
     "SandboxPermissionError",

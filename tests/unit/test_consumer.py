@@ -30,6 +30,7 @@ from orchestrator import (
     RuntimeClosed,
     RuntimeInfo,
     RuntimeResult,
+    Sandbox,
     SandboxFileNotFound,
     SandboxIsADirectory,
     SandboxPermissionError,
@@ -75,7 +76,7 @@ FILE_ERRORS: tuple[type[OrchestratorError], ...] = (
 )
 
 
-def grade(rt: Runtime, command: str, timeout: float = 10) -> tuple[int, str]:
+def grade(rt: Sandbox, command: str, timeout: float = 10) -> tuple[int, str]:
     """What a harness does: run, tell a failed command from a failed environment."""
     try:
         result: RuntimeResult = rt.execute(command, timeout=timeout, check=True)
@@ -114,6 +115,7 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     assert load_environment(tmp_path / "env.yaml").digest == env.digest
     with spawn_runtime(env, workspace=tmp_path / "ws", policy=Policy()) as rt:
         assert grade(rt, "echo hi") == (0, "hi\n")
+        assert grade(rt.service("main"), "echo main") == (0, "main\n")
         assert grade(rt, "echo no >&2; exit 3") == (3, "no\n")
         assert grade(rt, "echo started; sleep 30", timeout=0.5) == (-1, "started\n")
         assert stream_kinds(rt, "echo a; echo b >&2") == ["stdout", "stderr"]

@@ -1,0 +1,69 @@
+"""A service of a Docker environment as a sandbox: `rt.service("web")` runs commands and moves
+files in that container with the same rules as the main one (exit codes, separate streams,
+timeouts that kill the whole tree inside it, users by name). Commands go through plain
+`docker exec`, which needs nothing in the service's image but a POSIX shell."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from orchestrator.compile.mounts import STATIC_ROOT
+from orchestrator.errors import SandboxUnavailable, UsageError
+from orchestrator.runtime.base import Sandbox
+from orchestrator.runtime.executor.plain import run_plain
+from orchestrator.runtime.options import Chunks, Command
+from orchestrator.spec.models import Service, StaticAsset
+
+Lost = Callable[[str], "SandboxUnavailable | None"]
+"""Why a service's container cannot run commands (gone, stopped, paused), or None."""
+
+
+class ServiceSandbox(Sandbox):
+    def __init__(
+        self,
+        name: str,
+        spec: Service,
+        *,
+        container: str,
+        workdir: str,
+        user: str | None,
+        docker_cmd: list[str],
+        static_asset: Callable[[str], StaticAsset],
+        check_usable: Callable[[], None],
+        lost: Lost,
+    ) -> None:
+        self.name = name
+        self.spec = spec
+        self.container = container
+        self._workdir = workdir
+        self._default_user = user
+        self._docker_cmd = docker_cmd
+        self._static_asset = static_asset
+        self._usable = check_usable
+        self._lost = lost
+
+    def _check_usable(self) -> None:
+        self._usable()
+
+    @property
+    def workdir(self) -> str:
+        return self._workdir
+
+    @property
+    def default_user(self) -> str | None:
+        return self._default_user
+
+    def static_path(self, name: str) -> str:
+        if not self.spec.static_assets:
+            raise UsageError(
+                f"service {self.name!r} has no static assets (its `static_assets: false`)"
+            )
+        return f"{STATIC_ROOT}/{self._static_asset(name).save_path}"
+
+    def _run(self, cmd: Command) -> Chunks:
+        outcome = yield from run_plain(self._docker_cmd, self.container, cmd)
+        if outcome.exit_code != 0 or outcome.timed_out:  # the command failed, or the service?
+            lost = self._lost(self.name)
+            if lost is not None:
+                raise lost
+        return outcome
