@@ -9,7 +9,8 @@ Rules kept here:
   only "no process can be started at all" (pids or memory limit) raises `NoProcess`;
 - each command starts a new session (its own process group);
 - on timeout: SIGTERM to the group and to every descendant found in /proc (also those that
-  left the group), then SIGKILL after a short grace;
+  left the group), then SIGKILL after a short grace (sooner once the main process is gone),
+  always, so a process that ignores SIGTERM dies too, before the result is returned;
 - a process killed by signal N reports 128+N;
 - after the main process exits, output is drained briefly; a background process that keeps
   the pipes open does not hold the call (it keeps running, its pipes are closed on our side).
@@ -300,8 +301,8 @@ def _watchdog(
         return
     timed_out.set()
     kill(signal.SIGTERM)
-    if not finished.wait(grace):
-        kill(signal.SIGKILL)
+    finished.wait(grace)  # the main process may end sooner: what it leaves gets no longer
+    kill(signal.SIGKILL)  # whatever outlived SIGTERM (ignored it, or was forking meanwhile)
 
 
 def pump(
@@ -330,12 +331,14 @@ def pump(
                 known[:] = kill_tree(proc.pid, sig, known)
 
     finished, timed_out = threading.Event(), threading.Event()
+    watchdog = None
     if timeout is not None:
-        threading.Thread(
+        watchdog = threading.Thread(
             target=_watchdog,
             args=(proc, start + timeout, grace, kill, finished, timed_out),
             daemon=True,
-        ).start()
+        )
+        watchdog.start()
     sel = selectors.DefaultSelector()
     for pipe, kind in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
         if pipe is not None:
@@ -371,6 +374,8 @@ def pump(
                 pipe.close()
         if proc.poll() is None:  # the caller gave up on us: nothing may outlive that
             kill(signal.SIGKILL)
+        if watchdog is not None and timed_out.is_set():
+            watchdog.join()  # its SIGKILL lands before the result: nothing of it runs on
     code = proc.wait()
     return Outcome(exit_status(code), timed_out.is_set(), time.monotonic() - start)
 

@@ -47,8 +47,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         path = Path(str(item.fspath))
         callspec = getattr(item, "callspec", None)
-        target = callspec.params.get("conformance_target") if callspec else None
-        if "docker" in path.parts or getattr(target, "backend", "") == "docker":
+        params = callspec.params if callspec else {}
+        target = params.get("conformance_target")
+        on_docker = getattr(target, "backend", "") == "docker" or str(
+            params.get("config", "")
+        ).startswith("docker")
+        if "docker" in path.parts or on_docker:
             item.add_marker(pytest.mark.docker)
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
     if problem is None:

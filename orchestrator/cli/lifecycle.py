@@ -146,7 +146,7 @@ def exec_(
 
 def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
     """Open an interactive shell (bash where the image has it) in a running environment."""
-    from orchestrator.runtime.compose import SHELL
+    from orchestrator.runtime.service import SHELL
 
     raise typer.Exit(subprocess.call([*_main_exec(ref), "/bin/sh", "-c", SHELL]))
 

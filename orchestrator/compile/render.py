@@ -148,10 +148,20 @@ def _build(env: Environment, build: Build | None, service: str) -> dict[str, Any
         "context": str(ctx),
         "dockerfile": build.dockerfile,
         "args": dict(sorted(build.args.items())),
-        # one tag per environment and digest: rebuilt only when the spec changes, and not
-        # one image per project left behind
-        "tag": f"orchestrator-build/{env.name}-{service}:{env.digest}",
+        "tag": build_tag(env, service),
     }
+
+
+def build_tag(env: Environment, service: str) -> str:
+    """One tag per environment, service and digest: rebuilt only when the spec changes, and
+    not one image per project left behind."""
+    return f"orchestrator-build/{env.name}-{service}:{env.digest}"
+
+
+def build_tags(env: Environment) -> list[str]:
+    """The tags of every image the environment builds (none when it only uses images)."""
+    builds = {MAIN: env.spec.build, **{n: s.build for n, s in env.spec.services.items()}}
+    return [build_tag(env, name) for name, build in builds.items() if build is not None]
 
 
 def _service(

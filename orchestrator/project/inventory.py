@@ -201,15 +201,19 @@ def reap(
     all_projects: bool = False,
     client: DockerClient | None = None,
     projects: list[ProjectInfo] | None = None,
+    *,
+    include_kept: bool = False,
 ) -> list[str]:
     """Remove our projects whose owner process is gone (or all of ours), and project folders
-    that no project and no live owner account for (a start killed half-way). Never touches
-    anything without our labels, nor folders outside our state folder. `projects`: a listing
-    the caller already made."""
+    that no project and no live owner account for (a start killed half-way). Projects kept
+    on purpose go only with `include_kept` (or `all_projects`). Never touches anything
+    without our labels, nor folders outside our state folder. `projects`: a listing the
+    caller already made."""
     removed = []
     projects = list_projects(client) if projects is None else projects
     for info in projects:
-        if all_projects or not (owner_alive(info.labels) or kept(info.directory)):
+        spared = owner_alive(info.labels) or (kept(info.directory) and not include_kept)
+        if all_projects or not spared:
             remove_project(info, client)
             removed.append(info.name)
     live = {p.name for p in projects if p.name not in removed}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,13 @@ from typing import Any, TypeVar
 
 from python_on_whales import DockerClient
 
-from orchestrator.compile.render import MAIN, CompiledProject, CompileOptions, compile_project
+from orchestrator.compile.render import (
+    MAIN,
+    CompiledProject,
+    CompileOptions,
+    build_tags,
+    compile_project,
+)
 from orchestrator.errors import (
     DockerError,
     HealthcheckFailed,
@@ -110,6 +117,10 @@ class Project:
 
     def kill(self) -> None:
         engine_call(f"killing project {self.name}", self.client.compose.kill)
+
+    def keep(self) -> None:
+        """Mark the project kept: reapers and guardians leave it (running) for `down`."""
+        (self.directory / KEPT_FILE).touch()
 
     def ports(self) -> list[PublishedPort]:
         """Published ports of every service (ephemeral ones resolved)."""
@@ -245,3 +256,29 @@ def _diagnose(project: Project, exc: DockerError, source: str) -> OrchestratorEr
         why = "never became healthy" if health == "unhealthy" else f"stopped ({state})"
         parts.append(f"service {svc!r} {why}; last log lines:\n{logs or '(no output)'}")
     return HealthcheckFailed(f"project {project.name} did not start: " + "\n".join(parts))
+
+
+def _image_exists(client: DockerClient, tag: str) -> bool:
+    return bool(engine_call("looking for an image", lambda: client.image.exists(tag)))
+
+
+def build_images(env: Environment, options: CompileOptions) -> list[str]:
+    """Build the images the environment builds (tagged by digest) unless they exist, so that
+    many spawns at once do not each build them. Returns the tags built."""
+    tags = build_tags(env)
+    client = docker_client()
+    missing = [t for t in tags if not _image_exists(client, t)]
+    if not missing:
+        return []
+    with tempfile.TemporaryDirectory(prefix="orch-build-") as tmp:
+        directory = Path(tmp)
+        compose_file = compile_project(env, options).write(directory)
+        builder = docker_client(
+            up_timeout(),
+            compose_files=[compose_file],
+            compose_project_name=options.project,
+            compose_project_directory=directory,
+        )
+        with docker_errors(f"building the images of {env.name}"):
+            builder.compose.build(quiet=True)
+    return missing

@@ -98,6 +98,10 @@ class Sandbox(ABC):
         """The environment's setup output, carried apart in every result (None: no setup)."""
         return None
 
+    @abstractmethod
+    def connection(self, *, user: str | None = None) -> Connection:
+        """How a person opens a shell here from the host (as `user`, else the default)."""
+
     # ----- commands ------------------------------------------------------------------------
     def _command(
         self,
@@ -314,10 +318,6 @@ class Runtime(Sandbox):
     def info(self) -> RuntimeInfo:
         """What this runtime is: id, backend, workdir, user, how commands run, ports."""
 
-    @abstractmethod
-    def connection(self) -> Connection:
-        """How a person opens a shell in the sandbox from the host."""
-
     def file_command(self, name: str) -> str:
         """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""
         try:
@@ -371,6 +371,11 @@ class Runtime(Sandbox):
         self._check_open()
         self._killed = True
         self._kill()
+
+    def keep(self) -> None:
+        """Keep the environment running after this process, until `orchestrator down` (for
+        a harness told not to clean up). Backends that cannot do that raise UsageError."""
+        raise UsageError(f"the {self.name} backend cannot keep an environment after this process")
 
     def detach(self) -> None:
         """Let the environment outlive this object (for `orchestrator up`): release local

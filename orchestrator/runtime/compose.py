@@ -32,7 +32,7 @@ from orchestrator.runtime.executor.client import FILES, ExecutorClient
 from orchestrator.runtime.executor.plain import run_plain
 from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Connection, Outcome, RuntimeInfo
-from orchestrator.runtime.service import ServiceSandbox
+from orchestrator.runtime.service import ServiceSandbox, shell_connection
 from orchestrator.spec.models import PublishedPort
 
 log = logging.getLogger("orchestrator.docker")
@@ -40,8 +40,6 @@ EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
 """auto (the executor, falling back to plain where it cannot run), executor or plain."""
 READY_TIMEOUT = 15.0
 Mode = Literal["auto", "executor", "plain"]
-SHELL = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
-"""An interactive shell: bash where the image has it."""
 
 
 class ComposeRuntime(Runtime):
@@ -302,11 +300,15 @@ class ComposeRuntime(Runtime):
             ports=tuple(self._ports),
         )
 
-    def connection(self) -> Connection:
+    def connection(self, *, user: str | None = None) -> Connection:
         self._check_open()
-        user = ["-u", self.default_user] if self.default_user else []
-        target = ("-w", self.workdir, self._container, "/bin/sh", "-c", SHELL)
-        return Connection("docker", (*self._docker_cmd, "exec", "-it", *user, *target))
+        return shell_connection(self._docker_cmd, self._container, self.workdir, self._user(user))
+
+    def keep(self) -> None:
+        self._check_open()
+        assert self.project is not None
+        self.project.keep()
+        self.detach()
 
     # ----- commands ------------------------------------------------------------------------
     def _run(self, cmd: Command) -> Chunks:

@@ -159,8 +159,9 @@ class LocalRuntime(Runtime):
             exec_mode="process",
         )
 
-    def connection(self) -> Connection:
+    def connection(self, *, user: str | None = None) -> Connection:
         self._check_open()
+        self._check_user(self._user(user))
         env = [f"{k}={v}" for k, v in self._env.items()]
         enter = 'cd "$1" && exec "${SHELL:-/bin/sh}"'
         return Connection("local", ("env", "-i", *env, "/bin/sh", "-c", enter, "sh", self.workdir))

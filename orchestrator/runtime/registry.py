@@ -5,6 +5,7 @@ used; third-party backends register with `register_runtime` or the entry-point g
 from __future__ import annotations
 
 import importlib
+import os
 import types
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -134,3 +135,26 @@ def spawn_runtime(
         detached=detached,
     )
     return cls.spawn(env, options)
+
+
+def prepare(env: Environment | str | Path, policy: Policy | None = None) -> Environment:
+    """Check an environment once before many spawns: the file, the caller's policy and, on
+    Docker, its images, built now so that spawns starting together do not each build them."""
+    if not isinstance(env, Environment):
+        env = load_environment(env)
+    if env.backend != "docker":
+        return env
+    import tempfile
+
+    from orchestrator.compile.render import CompileOptions, compile_project
+    from orchestrator.project.lifecycle import build_images
+
+    with tempfile.TemporaryDirectory(prefix="orch-prepare-") as tmp:
+        options = CompileOptions(
+            project=f"orch-prepare-{os.getpid()}",
+            workspace=Path(tmp),
+            policy=policy or Policy.from_env(),
+        )
+        compile_project(env, options)  # spec and policy errors, before anything runs
+        build_images(env, options)
+    return env

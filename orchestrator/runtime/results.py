@@ -94,6 +94,8 @@ class Connection:
     kind: Literal["docker", "local"]
     shell: tuple[str, ...]
     """argv of an interactive shell in the workdir, as the sandbox user."""
+    container: str | None = None
+    """The container it enters (Docker)."""
 
     def __str__(self) -> str:
         return shlex.join(self.shell)

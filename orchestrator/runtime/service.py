@@ -5,16 +5,30 @@ timeouts that kill the whole tree inside it, users by name). Commands go through
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from orchestrator.compile.mounts import STATIC_ROOT
 from orchestrator.errors import SandboxUnavailable, UsageError
 from orchestrator.runtime.base import Sandbox
 from orchestrator.runtime.executor.plain import run_plain
 from orchestrator.runtime.options import Chunks, Command
+from orchestrator.runtime.results import Connection
 from orchestrator.spec.models import Service, StaticAsset
 
+SHELL = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
+"""An interactive shell: bash where the image has it."""
 Lost = Callable[[str], "SandboxUnavailable | None"]
+
+
+def shell_connection(
+    docker_cmd: Sequence[str], container: str, workdir: str, user: str | None
+) -> Connection:
+    """`docker exec -it` into a container's workdir, as `user`, with an interactive shell."""
+    who = ["-u", user] if user else []
+    argv = (*docker_cmd, "exec", "-it", *who, "-w", workdir, container, "/bin/sh", "-c", SHELL)
+    return Connection("docker", argv, container)
+
+
 """Why a service's container cannot run commands (gone, stopped, paused), or None."""
 
 
@@ -59,6 +73,10 @@ class ServiceSandbox(Sandbox):
                 f"service {self.name!r} has no static assets (its `static_assets: false`)"
             )
         return f"{STATIC_ROOT}/{self._static_asset(name).save_path}"
+
+    def connection(self, *, user: str | None = None) -> Connection:
+        self._check_usable()
+        return shell_connection(self._docker_cmd, self.container, self.workdir, self._user(user))
 
     def _run(self, cmd: Command) -> Chunks:
         outcome = yield from run_plain(self._docker_cmd, self.container, cmd)

@@ -1,0 +1,144 @@
+"""`python -m bench.inspect_race` (part of `just bench`): the same eval-shaped workload through
+Inspect AI twice, side by side in one run: once on our provider, once on Inspect's own Docker
+sandbox, same image. Each sample runs 20 commands and a file round trip; 8 samples, 4 at a
+time. Writes bench/results/inspect_race.md and prints the table.
+
+This engine (20.10) is older than the 24.0.6 Inspect's Docker sandbox asks for; its version
+check is bypassed here (and said so in the results), nothing else about it is changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "results"
+IMAGE = "orchestrator-test/python:3.11"
+
+TASK = """\
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
+from inspect_ai.solver import Generate, TaskState, solver
+from inspect_ai.util import sandbox
+
+COMMANDS = {commands}
+
+
+@solver
+def work():
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        box = sandbox()
+        for i in range(COMMANDS):
+            r = await box.exec(["sh", "-c", f"echo step {{i}}; echo err >&2"], timeout=60)
+            assert r.success and r.stdout == f"step {{i}}\\n", r
+        await box.write_file("data.txt", "x" * 65536)
+        state.metadata["size"] = len(await box.read_file("data.txt"))
+        return state
+    return solve
+
+
+@scorer(metrics=[accuracy()])
+def done():
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value=CORRECT if state.metadata.get("size") == 65536 else INCORRECT)
+    return score
+
+
+@task
+def race(config: str = "", provider: str = ""):
+    return Task(
+        dataset=[Sample(input=str(i), target="x") for i in range({samples})],
+        solver=work(),
+        scorer=done(),
+        sandbox=(provider, config),
+    )
+"""
+
+COMPOSE = f"""\
+services:
+  default:
+    image: {IMAGE}
+    command: ["tail", "-f", "/dev/null"]
+    init: true
+    network_mode: none
+    x-local: true
+"""
+ENV = f"version: 1\nname: race\nimage: {IMAGE}\nuser: root\n"
+
+
+def _allow_old_engine() -> None:
+    from inspect_ai.util._sandbox.docker import prereqs
+
+    async def accept(*args: object, **kwargs: object) -> None:
+        return None
+
+    prereqs.validate_docker_engine = accept
+
+
+def run_one(folder: Path, provider: str, config: str, at_once: int) -> tuple[float, float, str]:
+    from inspect_ai import eval as inspect_eval
+
+    started = time.perf_counter()
+    [log] = inspect_eval(
+        str(folder / "task.py"),
+        model="mockllm/model",
+        task_args={"provider": provider, "config": str(folder / config)},
+        max_samples=at_once,
+        max_sandboxes=at_once,
+        log_dir=str(folder / "logs" / provider),
+        display="none",
+    )
+    wall = time.perf_counter() - started
+    accuracy = log.results.scores[0].metrics["accuracy"].value if log.results else 0.0
+    return wall, accuracy, log.status
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--at-once", type=int, default=4)
+    parser.add_argument("--commands", type=int, default=20)
+    args = parser.parse_args()
+    _allow_old_engine()
+    folder = Path(tempfile.mkdtemp(prefix="orch-race-"))
+    (folder / "task.py").write_text(TASK.format(commands=args.commands, samples=args.samples))
+    (folder / "compose.yaml").write_text(COMPOSE)
+    (folder / "env.yaml").write_text(ENV)
+    rows: list[dict[str, float | str]] = []
+    walls: list[float] = []
+    for provider, config in (("orchestrator", "env.yaml"), ("docker", "compose.yaml")):
+        wall, accuracy, status = run_one(folder, provider, config, args.at_once)
+        walls.append(wall)
+        rows.append({"provider": provider, "wall_s": wall, "accuracy": accuracy, "status": status})
+    ours, theirs = walls
+    md = [
+        "# Eval race: Inspect AI on our provider vs Inspect's own Docker sandbox",
+        "",
+        f"{args.samples} samples, {args.at_once} at a time; each: {args.commands} commands "
+        f"and a 64 KiB file round trip. Image `{IMAGE}`, model `mockllm/model`, one run, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Inspect's Docker sandbox asks "
+        "for Docker Engine 24.0.6; this machine has 20.10, so its version check was bypassed.",
+        "",
+        "| sandbox | wall s | accuracy | status |",
+        "|---|---:|---:|---|",
+        *(
+            f"| {r['provider']} | {float(r['wall_s']):.1f} | {float(r['accuracy']):.2f} "
+            f"| {r['status']} |"
+            for r in rows
+        ),
+        "",
+        f"Inspect's Docker sandbox / orchestrator: **{theirs / ours:.1f}×**",
+        "",
+    ]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "inspect_race.md").write_text("\n".join(md))
+    (OUT / "inspect_race.json").write_text(json.dumps(rows, indent=2))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

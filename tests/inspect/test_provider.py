@@ -1,0 +1,66 @@
+"""The provider's lifecycle beyond single calls: every service by name, connection(), keeping
+environments for --no-sandbox-cleanup, and `inspect sandbox cleanup orchestrator`."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from inspect_ai.util import SandboxEnvironment
+
+from orchestrator.inspect import OrchestratorSandbox, metadata_env
+from orchestrator.project import list_projects
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
+
+pytestmark = pytest.mark.docker
+
+
+def env_file(folder: Path) -> str:
+    path = folder / "env.yaml"
+    path.write_text(
+        f"version: 1\nname: provider\nimage: {PYTHON_IMAGE}\nuser: '1000:1000'\n"
+        f"services:\n  web: {{image: {BUSYBOX_IMAGE}, command: [sleep, '3600']}}\n"
+    )
+    return str(path)
+
+
+def test_metadata_become_inspect_variables() -> None:
+    assert metadata_env({"word": "a b", "n-1": 2, "skip": {"x": 1}}) == {
+        "SAMPLE_METADATA_WORD": "a b",
+        "SAMPLE_METADATA_N_1": "2",
+    }
+
+
+def test_services_by_name_connection_keep_and_cli_cleanup(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    config = env_file(tmp_path)
+    before = labelled_ids()
+
+    async def scenario() -> str:
+        await OrchestratorSandbox.task_init("t", config)
+        envs: dict[str, SandboxEnvironment] = await OrchestratorSandbox.sample_init(
+            "t", config, {"word": "hi"}
+        )
+        assert list(envs) == ["default", "web"]  # default first, then every service
+        r = await envs["default"].exec(["sh", "-c", "id -u; echo $SAMPLE_METADATA_WORD"])
+        assert r.stdout == "1000\nhi\n"
+        assert (await envs["web"].exec(["hostname"])).success
+        connection = await envs["default"].connection()
+        argv = [a if a != "-it" else "-i" for a in shlex.split(connection.command)]
+        shell = subprocess.run(argv, input="id -u; exit\n", capture_output=True, text=True)
+        assert shell.stdout.strip() == "1000" and connection.container
+        await OrchestratorSandbox.task_cleanup("t", config, cleanup=False)  # keep them
+        box = envs["default"]
+        assert isinstance(box, OrchestratorSandbox)
+        return box.runtime.info().id if not box.runtime.closed else box.runtime.env.name
+
+    kept = asyncio.run(scenario())
+    [info] = [p for p in list_projects() if p.env == "provider"]
+    out = capsys.readouterr().out
+    assert f"kept sandbox {info.name}: remove it with `orchestrator down {info.name}`" in out
+    assert "running" in {state for _, _, state in info.containers}
+    asyncio.run(OrchestratorSandbox.cli_cleanup(info.name))
+    assert f"removed {info.name}" in capsys.readouterr().out
+    assert labelled_ids() <= before and kept
