@@ -43,6 +43,7 @@ demo: setup
 bench: setup
     .venv/bin/python -m pip install -q -e '.[bench]'
     {{py}} -m bench
+    {{py}} -m bench.inspect_race
 
 # Hundreds of environments with random faults: hangs, errors and leaks must all be 0
 soak ENVS="300": setup

@@ -12,6 +12,7 @@ calls block; they run in worker threads, so many samples proceed at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -34,6 +35,7 @@ from inspect_ai.util import (
 from inspect_ai.util._sandbox.environment import HostMapping, PortMapping
 
 from orchestrator.errors import (
+    OrchestratorError,
     OutputLimitExceeded,
     ProjectNotFound,
     SandboxUnavailable,
@@ -45,6 +47,7 @@ from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.models import PublishedPort
 
 PROVIDER = "orchestrator"
+log = logging.getLogger("orchestrator.inspect")
 T = TypeVar("T")
 _NOT_RUNNABLE = re.compile(r"permission denied|not executable", re.IGNORECASE)
 
@@ -55,6 +58,19 @@ async def _call(fn: Callable[[], T]) -> T:
         return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
     except SandboxUnavailable as exc:
         raise SandboxUnavailableError(str(exc)) from exc
+
+
+def _quietly(fn: Callable[[], None]) -> Callable[[], None]:
+    """For a background removal: an engine error is logged, the guardian and `orchestrator
+    cleanup` remove what it could not."""
+
+    def run() -> None:
+        try:
+            fn()
+        except OrchestratorError as exc:
+            log.warning("removing a sample's environment failed: %s", exc)
+
+    return run
 
 
 def _environment(config: SandboxEnvironmentConfigType | None) -> Environment:
@@ -95,6 +111,8 @@ class OrchestratorSandbox(SandboxEnvironment):
     _live: dict[str, Runtime] = {}
     """Environments of samples not cleaned up yet, by id (for task_cleanup)."""
     _live_lock = threading.Lock()
+    _removing: list[threading.Thread] = []
+    """Background removals of finished samples (task_cleanup waits for them)."""
 
     def __init__(self, runtime: Runtime, service: str) -> None:
         super().__init__()
@@ -142,9 +160,10 @@ class OrchestratorSandbox(SandboxEnvironment):
         environments: dict[str, SandboxEnvironment],
         interrupted: bool,
     ) -> None:
-        """Remove the sample's environment. An interrupted sample's is left to task_cleanup,
-        which always comes (as Inspect's own Docker sandbox does), so a cancelled sample
-        never blocks on it."""
+        """Remove the sample's environment, in the background: the next sample need not wait
+        for it (task_cleanup does, and the guardian removes it if this process dies first).
+        An interrupted sample's is left to task_cleanup, as Inspect's own Docker sandbox
+        does."""
         if interrupted:
             return
         runtimes = {e.runtime for e in environments.values() if isinstance(e, cls)}
@@ -152,7 +171,10 @@ class OrchestratorSandbox(SandboxEnvironment):
             with cls._live_lock:
                 for ident in [i for i, r in cls._live.items() if r is runtime]:
                     del cls._live[ident]
-            await _call(runtime.cleanup)
+            remover = threading.Thread(target=_quietly(runtime.cleanup), name="orch-cleanup")
+            remover.start()
+            with cls._live_lock:
+                cls._removing.append(remover)
 
     @classmethod
     async def task_cleanup(
@@ -162,6 +184,9 @@ class OrchestratorSandbox(SandboxEnvironment):
         environment running past this process and say how to remove each."""
         with cls._live_lock:
             left, cls._live = dict(cls._live), {}
+            removing, cls._removing = cls._removing, []
+        for remover in removing:
+            await anyio.to_thread.run_sync(remover.join)
         for ident, runtime in left.items():
             if cleanup:
                 await _call(runtime.cleanup)
