@@ -81,14 +81,15 @@ class Project:
         """The container of one service (Compose names it `<project>-<service>-1`)."""
         return f"{self.name}-{service}-1"
 
-    def working_dir(self, service: str) -> str:
-        """Where `docker exec` starts in that service: its image's WORKDIR, or /."""
+    def exec_defaults(self, service: str) -> tuple[str, str | None]:
+        """Where `docker exec` starts in that service and as whom: its WORKDIR (or /) and its
+        user (None: root)."""
         container = self.container_of(service)
         config = engine_call(
             "inspecting a service", lambda: self.client.container.inspect(container).config
         )
         workdir = str(config.working_dir or "")  # unset comes back as "" or "."
-        return workdir if workdir.startswith("/") else "/"
+        return (workdir if workdir.startswith("/") else "/"), (config.user or None)
 
     def up(self) -> None:
         # not engine_call: `up` is not idempotent; start_project removes a failed start

@@ -7,17 +7,15 @@ import functools
 import logging
 import os
 import shutil
-import time
 from pathlib import Path
-from typing import Any, ClassVar, Literal, cast, get_args
+from typing import Any, ClassVar, cast, get_args
 
 from orchestrator import procutil, settings
 from orchestrator.compile.common import resolve_user
 from orchestrator.compile.mounts import STATIC_ROOT
-from orchestrator.compile.render import MAIN, SANDBOX_DIR, SANDBOX_MOUNT, CompileOptions
+from orchestrator.compile.render import MAIN, SANDBOX_DIR, CompileOptions
 from orchestrator.errors import (
     DockerError,
-    ExecutorLost,
     OrchestratorError,
     SandboxUnavailable,
     SpecError,
@@ -28,18 +26,16 @@ from orchestrator.errors import (
 from orchestrator.project import LABEL_DIR, Project, start_project
 from orchestrator.project.engine import TIMED_OUT, engine_call, raw_docker
 from orchestrator.runtime.base import Runtime, Sandbox
-from orchestrator.runtime.executor.client import FILES, ExecutorClient
-from orchestrator.runtime.executor.plain import run_plain
+from orchestrator.runtime.channel import Channel, Mode
+from orchestrator.runtime.executor.client import FILES
 from orchestrator.runtime.options import Chunks, Command
-from orchestrator.runtime.results import Connection, Outcome, RuntimeInfo
+from orchestrator.runtime.results import Connection, RuntimeInfo
 from orchestrator.runtime.service import ServiceSandbox, shell_connection
 from orchestrator.spec.models import PublishedPort
 
 log = logging.getLogger("orchestrator.docker")
 EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
 """auto (the executor, falling back to plain where it cannot run), executor or plain."""
-READY_TIMEOUT = 15.0
-Mode = Literal["auto", "executor", "plain"]
 
 
 class ComposeRuntime(Runtime):
@@ -52,7 +48,7 @@ class ComposeRuntime(Runtime):
         self._ports: list[PublishedPort] = []
         self._services: dict[str, ServiceSandbox] = {}
         self._mode = cast(Mode, settings.choice(EXEC_MODE_ENV, "auto", get_args(Mode)))
-        self._executor: ExecutorClient | None = None
+        self._main: Channel | None = None
         self._temp_workspace: Path | None = None
         self._docker_cmd: list[str] = []
 
@@ -90,13 +86,13 @@ class ComposeRuntime(Runtime):
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
         self._docker_cmd = raw_docker(self.project.client)  # exec calls last: no time bound
-        if self._mode != "plain":
-            self._executor = self._new_executor()  # starts now, overlapping the ports query
+        self._main = self._channel(MAIN, self.project.main_container)
+        self._main.start()  # greets while the ports are read
         if compiled.published:
             self._ports = self.project.ports()
         # The executor's greeting proves the main container runs; without one, ask the engine.
         try:
-            if self._executor_ready() is None and (lost := self._lost()) is not None:
+            if self._main.ready() is None and (lost := self._lost()) is not None:
                 raise lost
         except SandboxUnavailable as exc:
             raise StartupError(f"the environment did not start: {exc}") from exc
@@ -121,82 +117,50 @@ class ComposeRuntime(Runtime):
                 )
             )
 
-    def _new_executor(self) -> ExecutorClient:
-        assert self.project is not None
-        client = ExecutorClient(
-            [
-                *self._docker_cmd,
-                "exec",
-                "-i",
-                "-u",
-                "0",
-                self.project.main_container,
-                "python3",
-                "-u",
-                "-I",  # isolated: no user site, no PYTHON* variables of the sandbox
-                "-S",  # no site import: a faster start
-                f"{SANDBOX_MOUNT}/agent.py",
-                # owned: when this process dies, by any signal, the sandbox stops itself
-                *([] if self.options.detached else ["--owned"]),
-            ]
-        )
-        client.start()
-        return client
+    def _channel(self, service: str, container: str) -> Channel:
+        """Commands to one container: its own executor, or plain exec."""
+        label = self.env.name if service == MAIN else f"{self.env.name}/{service}"
 
-    def _executor_ready(self) -> ExecutorClient | None:
-        """The live executor (restarted if it died), or None in plain mode."""
-        if self._mode == "plain":
-            return None
-        ex = self._executor
-        if ex is None or not ex.alive:
-            if ex is not None:
-                log.warning("executor died (%s); starting a new one", ex.stderr_tail or "no output")
-                ex.close()
-            ex = self._executor = self._new_executor()
-        if ex.wait_ready(READY_TIMEOUT):
-            self._mode = "executor"
-            return ex
-        ex.close()  # also collects what it printed before dying
-        reason = ex.stderr_tail or "no answer"
-        self._executor = None
-        lost = self._lost()
-        if lost is not None:
-            raise lost
-        if self._mode == "executor":
-            raise ExecutorLost(f"the executor cannot run in this image: {reason}")
-        self._mode = "plain"
-        message = (
-            f"{self.env.name}: the fast executor cannot run in this image ({reason}); "
-            "falling back to plain `docker exec` per command"
+        def warn(message: str) -> None:
+            log.warning(message)
+            self.warnings.append(message)
+
+        return Channel(
+            label=label,
+            docker_cmd=self._docker_cmd,
+            container=container,
+            mode=self._mode,
+            owned=not self.options.detached,
+            lost=lambda: self._lost(service),
+            killed=lambda: self._killed,
+            warn=warn,
         )
-        log.warning(message)
-        self.warnings.append(message)
-        return None
+
+    def _channels(self) -> list[Channel]:
+        return [c for c in (self._main, *(s.channel for s in self._services.values())) if c]
 
     def _close(self) -> None:
-        ex, self._executor = self._executor, None
-        if ex is not None:
-            ex.shutdown()  # it exits while the project goes down; reaped below
+        channels = self._channels()
+        for channel in channels:
+            channel.shutdown()  # they exit while the project goes down; reaped below
         try:
             if self.project is not None:
                 self.project.down(keep=self.env.spec.keep_after_cleanup)
         finally:
-            if ex is not None:
-                ex.close(release=False)
+            for channel in channels:
+                channel.close(release=False)
             if self._temp_workspace is not None:
                 shutil.rmtree(self._temp_workspace, ignore_errors=True)
 
     def detach(self) -> None:
         with self._lock:
             self._closed = True
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+        for channel in self._channels():
+            channel.close()
 
     def _kill(self) -> None:
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+        for channel in self._channels():
+            channel.close()
         if self.project is not None:
             self.project.kill()
 
@@ -254,16 +218,18 @@ class ComposeRuntime(Runtime):
             view = self._services.get(name)
         if view is None:
             assert self.project is not None
+            container = self.project.container_of(name)
+            workdir, image_user = self.project.exec_defaults(name)
             view = ServiceSandbox(
                 name,
                 spec,
-                container=self.project.container_of(name),
-                workdir=self.project.working_dir(name),
-                user=resolve_user(spec.user) if spec.user else None,
+                container=container,
+                workdir=workdir,
+                user=resolve_user(spec.user) if spec.user else image_user,
+                channel=self._channel(name, container),
                 docker_cmd=self._docker_cmd,
                 static_asset=self.env.spec.static_asset,
                 check_usable=self._check_usable,
-                lost=self._lost,
             )
             with self._lock:
                 view = self._services.setdefault(name, view)
@@ -295,7 +261,7 @@ class ComposeRuntime(Runtime):
             backend=self.name,
             workdir=self.workdir,
             user=self.default_user,
-            exec_mode="plain" if self._mode == "plain" else "executor",
+            exec_mode="plain" if self._main is None or self._main.mode == "plain" else "executor",
             container=self._container,
             ports=tuple(self._ports),
         )
@@ -312,26 +278,8 @@ class ComposeRuntime(Runtime):
 
     # ----- commands ------------------------------------------------------------------------
     def _run(self, cmd: Command) -> Chunks:
-        ex = self._executor_ready()
-        if ex is None:
-            outcome = yield from run_plain(self._docker_cmd, self._container, cmd)
-            failed = outcome.exit_code != 0 or outcome.timed_out
-            if failed and not self._killed:  # the command failed, or the sandbox did?
-                lost = self._lost()
-                if lost is not None:
-                    raise lost
-            return outcome
-        started = time.monotonic()
-        try:
-            return (yield from ex.run(cmd, procutil.GRACE, self._lost))
-        except ExecutorLost as exc:
-            if self._killed:  # kill() ended it, as SIGKILL ends a process
-                return Outcome(137, False, time.monotonic() - started)
-            ex.close()  # the next command starts a fresh one
-            lost = self._lost()
-            if lost is not None:
-                raise lost from exc
-            raise
+        assert self._main is not None
+        return (yield from self._main.run(cmd))
 
 
 @functools.cache

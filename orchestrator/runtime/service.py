@@ -1,23 +1,22 @@
 """A service of a Docker environment as a sandbox: `rt.service("web")` runs commands and moves
 files in that container with the same rules as the main one (exit codes, separate streams,
-timeouts that kill the whole tree inside it, users by name). Commands go through plain
-`docker exec`, which needs nothing in the service's image but a POSIX shell."""
+timeouts that kill the whole tree inside it, users by name), through its own executor where
+python3 is there, else plain `docker exec` (which needs nothing but a POSIX shell)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from orchestrator.compile.mounts import STATIC_ROOT
-from orchestrator.errors import SandboxUnavailable, UsageError
+from orchestrator.errors import UsageError
 from orchestrator.runtime.base import Sandbox
-from orchestrator.runtime.executor.plain import run_plain
+from orchestrator.runtime.channel import Channel
 from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Connection
 from orchestrator.spec.models import Service, StaticAsset
 
 SHELL = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
 """An interactive shell: bash where the image has it."""
-Lost = Callable[[str], "SandboxUnavailable | None"]
 
 
 def shell_connection(
@@ -41,10 +40,10 @@ class ServiceSandbox(Sandbox):
         container: str,
         workdir: str,
         user: str | None,
+        channel: Channel,
         docker_cmd: list[str],
         static_asset: Callable[[str], StaticAsset],
         check_usable: Callable[[], None],
-        lost: Lost,
     ) -> None:
         self.name = name
         self.spec = spec
@@ -54,7 +53,7 @@ class ServiceSandbox(Sandbox):
         self._docker_cmd = docker_cmd
         self._static_asset = static_asset
         self._usable = check_usable
-        self._lost = lost
+        self.channel = channel
 
     def _check_usable(self) -> None:
         self._usable()
@@ -79,9 +78,4 @@ class ServiceSandbox(Sandbox):
         return shell_connection(self._docker_cmd, self.container, self.workdir, self._user(user))
 
     def _run(self, cmd: Command) -> Chunks:
-        outcome = yield from run_plain(self._docker_cmd, self.container, cmd)
-        if outcome.exit_code != 0 or outcome.timed_out:  # the command failed, or the service?
-            lost = self._lost(self.name)
-            if lost is not None:
-                raise lost
-        return outcome
+        return (yield from self.channel.run(cmd))

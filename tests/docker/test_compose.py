@@ -25,6 +25,7 @@ from orchestrator import (
 )
 from orchestrator.errors import ExecutorLost
 from orchestrator.project import list_projects, reap
+from orchestrator.runtime.service import ServiceSandbox
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
 from tests.docker.conftest import MakeEnv
 
@@ -484,9 +485,30 @@ def test_every_service_is_a_sandbox(tmp_path: Path) -> None:
             quiet.static_path("data")
         assert quiet.execute("test -e /static/d").exit_code == 1
         assert {p.service for p in rt.info().ports} == {"main", "web"}
+        assert any("svc/web: the fast executor cannot run" in w for w in rt.warnings)
         subprocess.run(["docker", "kill", f"{rt.info().id}-quiet-1"], capture_output=True)
         with pytest.raises(SandboxUnavailable, match="its service 'quiet' is not running"):
             quiet.execute("true", timeout=10)
         assert rt.execute("echo main still").stdout == "main still\n"
     with pytest.raises(RuntimeClosed):
         web.execute("true")
+
+
+def test_a_service_with_python_gets_its_own_executor(make_env: MakeEnv) -> None:
+    body = (
+        "services:\n"
+        f"  worker: {{image: {PYTHON_IMAGE}, command: [sleep, '3600']}}\n"
+        f"  app: {{image: {PYTHON_IMAGE}, command: [sleep, '3600'], user: nobody}}\n"
+    )
+    with spawn_runtime(make_env(body)) as rt:
+        worker, app = rt.service("worker"), rt.service("app")
+        assert isinstance(worker, ServiceSandbox) and isinstance(app, ServiceSandbox)
+        assert worker.execute("id -u").stdout == "0\n" and worker.channel.mode == "executor"
+        assert worker.execute("id -un", user="nobody").stdout == "nobody\n"
+        r = worker.execute("echo out; echo err >&2; exit 5", timeout=10)
+        assert (r.exit_code, r.stdout, r.stderr) == (5, "out\n", "err\n")
+        # a non-root service: its executor (root without capabilities) cannot become its
+        # user, so those commands go by docker exec; root's still go through the executor
+        assert app.execute("id -un").stdout == "nobody\n"
+        assert app.execute("id -u", user="root").stdout == "0\n"
+        assert app.channel.mode == "executor"

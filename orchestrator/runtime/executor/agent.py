@@ -132,6 +132,7 @@ class Agent:
             "pid": os.getpid(),
             "oom": oom_kills() is not None,
             "python": sys.version.split()[0],
+            "setuid": can_switch_users(),
         }
         self.send(wire.READY, 0, json.dumps(info).encode())
         while True:
@@ -258,6 +259,20 @@ class Agent:
         self.stdin.pop(cid, None)
         self.flows.pop(cid, None)
         self.send(wire.EXIT, cid, wire.encode_exit(outcome))
+
+
+def can_switch_users():
+    """Whether commands may run as other users: CAP_SETUID and CAP_SETGID are effective (a
+    root exec into a container whose own user is not root has no capabilities at all)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    caps = int(line.split()[1], 16)
+                    return bool(caps & (1 << 6)) and bool(caps & (1 << 7))
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
 
 
 def stop_container():
