@@ -485,6 +485,10 @@ def test_every_service_is_a_sandbox(tmp_path: Path) -> None:
             quiet.static_path("data")
         assert quiet.execute("test -e /static/d").exit_code == 1
         assert {p.service for p in rt.info().ports} == {"main", "web"}
+        from orchestrator.project import project_statuses
+
+        [status] = [p for p in project_statuses()[0] if p.id == rt.info().id]  # ps --json
+        assert {p.service for p in status.ports} == {"main", "web"}
         assert any("svc/web: the fast executor cannot run" in w for w in rt.warnings)
         subprocess.run(["docker", "kill", f"{rt.info().id}-quiet-1"], capture_output=True)
         with pytest.raises(SandboxUnavailable, match="its service 'quiet' is not running"):

@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from inspect_ai.util import SandboxEnvironment
+from inspect_ai.util import OutputLimitExceededError, SandboxEnvironment, SandboxUnavailableError
+from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 
 from orchestrator.inspect import OrchestratorSandbox, metadata_env
 from orchestrator.project import list_projects
@@ -64,3 +65,65 @@ def test_services_by_name_connection_keep_and_cli_cleanup(tmp_path: Path, capsys
     asyncio.run(OrchestratorSandbox.cli_cleanup(info.name))
     assert f"removed {info.name}" in capsys.readouterr().out
     assert labelled_ids() <= before and kept
+
+
+def test_limits_interruption_and_a_dead_sandbox(tmp_path: Path) -> None:
+    config = env_file(tmp_path)
+    before = labelled_ids()
+
+    async def scenario() -> None:
+        envs = await OrchestratorSandbox.sample_init("t", config, {})
+        box = envs["default"]
+        assert isinstance(box, OrchestratorSandbox)
+        with override_max_exec_output_size(1024), pytest.raises(OutputLimitExceededError) as info:
+            await box.exec(["sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x; echo tail"])
+        assert info.value.truncated_output is not None
+        assert info.value.truncated_output.endswith("xtail\n")
+        with pytest.raises(TimeoutError):
+            await box.exec(["sleep", "10"], timeout=1)
+        with pytest.raises(PermissionError):
+            await box.exec(["/etc/passwd"])
+        await box.write_file("bad.txt", b"\xff\xfe")
+        with pytest.raises(UnicodeDecodeError):
+            await box.read_file("bad.txt")
+        subprocess.run(["docker", "kill", f"{box.runtime.info().id}-web-1"], capture_output=True)
+        with pytest.raises(SandboxUnavailableError, match="service 'web'"):
+            await envs["web"].exec(["true"], timeout=10)
+        # interrupted: left to task_cleanup, which removes it
+        await OrchestratorSandbox.sample_cleanup("t", config, envs, interrupted=True)
+        assert not box.runtime.closed
+        await OrchestratorSandbox.task_cleanup("t", config, cleanup=True)
+        assert box.runtime.closed
+
+    asyncio.run(scenario())
+    assert labelled_ids() <= before
+
+
+def test_task_init_builds_images_once(tmp_path: Path) -> None:
+    from orchestrator.runtime.registry import prepare
+
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {PYTHON_IMAGE}\nRUN echo built > /built\n")
+    path = tmp_path / "env.yaml"
+    path.write_text(
+        f"version: 1\nname: prep-{tmp_path.name[-6:].lower()}\nbuild: {{context: ctx}}\n"
+    )
+    from orchestrator.compile.render import build_tags
+    from orchestrator.spec.loader import load_environment
+
+    [tag] = build_tags(load_environment(path))
+    try:
+        asyncio.run(OrchestratorSandbox.task_init("t", str(path)))
+        assert (
+            subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
+        )
+        from orchestrator.compile.render import CompileOptions
+        from orchestrator.project.lifecycle import build_images
+
+        assert (
+            build_images(load_environment(path), CompileOptions(project="p", workspace=tmp_path))
+            == []
+        )
+        prepare(path)  # and again: nothing to build
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
