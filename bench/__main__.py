@@ -36,7 +36,7 @@ def exec_paths(n: int) -> list[Sample]:
         container, project = rt.project.main_container, rt.project
         out.append(timed("orchestrator docker execute", lambda: rt.execute(["true"]), n))
         try:
-            import docker  # type: ignore[import-untyped]
+            import docker
 
             api = docker.from_env().containers.get(container)
             out.append(

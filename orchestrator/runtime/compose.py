@@ -224,7 +224,7 @@ class ComposeRuntime(Runtime):
                 name,
                 spec,
                 container=container,
-                workdir=workdir,
+                image_workdir=workdir,
                 user=resolve_user(spec.user) if spec.user else image_user,
                 channel=self._channel(name, container),
                 docker_cmd=self._docker_cmd,

@@ -6,6 +6,7 @@ python3 is there, else plain `docker exec` (which needs nothing but a POSIX shel
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from orchestrator.compile.mounts import STATIC_ROOT
 from orchestrator.errors import UsageError
@@ -28,54 +29,41 @@ def shell_connection(
     return Connection("docker", argv, container)
 
 
-"""Why a service's container cannot run commands (gone, stopped, paused), or None."""
-
-
+@dataclass(eq=False)
 class ServiceSandbox(Sandbox):
-    def __init__(
-        self,
-        name: str,
-        spec: Service,
-        *,
-        container: str,
-        workdir: str,
-        user: str | None,
-        channel: Channel,
-        docker_cmd: list[str],
-        static_asset: Callable[[str], StaticAsset],
-        check_usable: Callable[[], None],
-    ) -> None:
-        self.name = name
-        self.spec = spec
-        self.container = container
-        self._workdir = workdir
-        self._default_user = user
-        self._docker_cmd = docker_cmd
-        self._static_asset = static_asset
-        self._usable = check_usable
-        self.channel = channel
+    name: str
+    spec: Service
+    container: str
+    image_workdir: str
+    """Where its commands start: the image's WORKDIR, or /."""
+    user: str | None
+    """Its default user: the service's `user:`, else the image's (None: root)."""
+    channel: Channel
+    docker_cmd: list[str]
+    static_asset: Callable[[str], StaticAsset]
+    check_usable: Callable[[], None]
 
     def _check_usable(self) -> None:
-        self._usable()
+        self.check_usable()
 
     @property
     def workdir(self) -> str:
-        return self._workdir
+        return self.image_workdir
 
     @property
     def default_user(self) -> str | None:
-        return self._default_user
+        return self.user
 
     def static_path(self, name: str) -> str:
         if not self.spec.static_assets:
             raise UsageError(
                 f"service {self.name!r} has no static assets (its `static_assets: false`)"
             )
-        return f"{STATIC_ROOT}/{self._static_asset(name).save_path}"
+        return f"{STATIC_ROOT}/{self.static_asset(name).save_path}"
 
     def connection(self, *, user: str | None = None) -> Connection:
         self._check_usable()
-        return shell_connection(self._docker_cmd, self.container, self.workdir, self._user(user))
+        return shell_connection(self.docker_cmd, self.container, self.workdir, self._user(user))
 
     def _run(self, cmd: Command) -> Chunks:
         return (yield from self.channel.run(cmd))
