@@ -79,7 +79,13 @@ def _environment(config: SandboxEnvironmentConfigType | None) -> Environment:
             'the orchestrator sandbox takes an environment file: sandbox=("orchestrator", '
             f'"env.yaml"), got {config!r}'
         )
-    return load_environment(Path(config))
+    env = load_environment(Path(config))
+    if "default" in env.spec.services:
+        raise UsageError(
+            f"{config}: a service named 'default' would hide the main sandbox, which Inspect "
+            "calls 'default'; rename the service"
+        )
+    return env
 
 
 def metadata_env(metadata: dict[str, Any]) -> dict[str, str]:

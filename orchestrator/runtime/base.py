@@ -1,8 +1,10 @@
 """The runtime protocol: one set of calls for every backend.
 
-A backend implements five primitives (`_start`, `_run`, `_kill`, `_poll`, `_close`) plus
-`workdir`, `static_path` and `info`; everything users call (execute, stream, files, setup,
-lifecycle) is written once here on top of them, so every backend keeps the same semantics.
+A `Sandbox` is a place commands run (the main sandbox, or one service of it): it provides
+`_run`, `workdir`, `static_path` and `connection`, and execute, stream and the file calls are
+written once over them. A `Runtime` is the main sandbox plus the lifecycle: a backend adds
+`_start`, `_kill`, `_poll`, `_close` and `info`, and setup, cleanup, kill and poll are written
+once here, so every backend keeps the same semantics.
 
 `{{static:NAME}}` placeholders are resolved in the environment file's own commands (setup,
 `commands`), never in the text a caller passes to `execute`: that text may be model-written,

@@ -12,6 +12,7 @@ import pytest
 from inspect_ai.util import OutputLimitExceededError, SandboxEnvironment, SandboxUnavailableError
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 
+from orchestrator.errors import UsageError
 from orchestrator.inspect import OrchestratorSandbox, metadata_env
 from orchestrator.project import list_projects
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
@@ -127,3 +128,13 @@ def test_task_init_builds_images_once(tmp_path: Path) -> None:
         prepare(path)  # and again: nothing to build
     finally:
         subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
+
+
+def test_a_service_named_default_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    path = tmp_path / "env.yaml"
+    path.write_text(
+        f"version: 1\nname: d\nimage: {PYTHON_IMAGE}\n"
+        f"services: {{default: {{image: {BUSYBOX_IMAGE}}}}}\n"
+    )
+    with pytest.raises(UsageError, match="service named 'default' would hide the main sandbox"):
+        asyncio.run(OrchestratorSandbox.task_init("t", str(path)))
