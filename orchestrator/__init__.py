@@ -28,8 +28,10 @@ if TYPE_CHECKING:
         RuntimeClosed,
         SandboxFileNotFound,
         SandboxIsADirectory,
+        SandboxNotADirectory,
         SandboxPermissionError,
         SandboxUnavailable,
+        SandboxUnsafeArchive,
         SetupFailed,
         SpecError,
         SpecIssue,
@@ -74,8 +76,10 @@ __all__ = [
     "Sandbox",
     "SandboxFileNotFound",
     "SandboxIsADirectory",
+    "SandboxNotADirectory",
     "SandboxPermissionError",
     "SandboxUnavailable",
+    "SandboxUnsafeArchive",
     "SetupFailed",
     "SpawnOptions",
     "SpecError",
@@ -96,8 +100,9 @@ _HOME = {
     "orchestrator.errors": (
         "BackendUnavailable CommandFailed CommandTimeout DockerError ExecutorLost "
         "HealthcheckFailed OrchestratorError OutputLimitExceeded PolicyError ProjectNotFound "
-        "RuntimeClosed SandboxFileNotFound SandboxIsADirectory SandboxPermissionError "
-        "SandboxUnavailable SetupFailed SpecError SpecIssue StartupError UsageError"
+        "RuntimeClosed SandboxFileNotFound SandboxIsADirectory SandboxNotADirectory "
+        "SandboxPermissionError SandboxUnavailable SandboxUnsafeArchive SetupFailed SpecError "
+        "SpecIssue StartupError UsageError"
     ),
     "orchestrator.runtime.base": "Runtime Sandbox",
     "orchestrator.runtime.options": "SpawnOptions",

@@ -160,6 +160,16 @@ class SandboxPermissionError(OrchestratorError, PermissionError):
     """The command user may not read or write that path."""
 
 
+class SandboxNotADirectory(OrchestratorError, NotADirectoryError):
+    """The path names a file where a folder is needed (upload, download)."""
+
+
+class SandboxUnsafeArchive(OrchestratorError, ValueError):
+    """A folder downloaded from the sandbox would write outside its destination (an absolute
+    name, `..`, a link pointing out, a device); such an archive is refused before anything
+    of it is written."""
+
+
 class ProjectNotFound(OrchestratorError, LookupError):
     """No running environment has that id."""
 

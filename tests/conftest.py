@@ -77,17 +77,32 @@ def main_container(rt: Runtime) -> str:
     return container
 
 
+_SESSION_ROOT: list[str] = []
+"""This test session's temporary root: every project folder of the session lies below it."""
+
+
 def labelled_ids() -> set[str]:
-    """Ids of every container, network and volume carrying our label."""
+    """Ids of every container, network and volume this session made: our label, and a project
+    folder under the session's temporary root. Another run's on the same machine are not ours
+    to count or to remove."""
+    root = _SESSION_ROOT[0] if _SESSION_ROOT else ""
+    folder = '{{.Label "org.orchestrator.dir"}}'
     ids: set[str] = set()
-    for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
+    for kind, ident in (
+        (["ps", "-a"], "{{.ID}}"),
+        (["network", "ls"], "{{.ID}}"),
+        (["volume", "ls"], "{{.Name}}"),
+    ):
         out = subprocess.run(
-            ["docker", *kind, "--filter", f"label={LABEL}"],
+            ["docker", *kind, "--filter", f"label={LABEL}", "--format", f"{ident} {folder}"],
             capture_output=True,
             text=True,
             check=False,
         )
-        ids |= {f"{kind[0]}:{i}" for i in out.stdout.split()}
+        for line in out.stdout.splitlines():
+            name, _, where = line.partition(" ")
+            if name and where.startswith(root):
+                ids.add(f"{kind[0]}:{name}")
     return ids
 
 
@@ -121,6 +136,7 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Keep project folders of test runs out of the user's state dir."""
     old = os.environ.get("ORCHESTRATOR_STATE_DIR")
+    _SESSION_ROOT[:] = [str(tmp_path_factory.getbasetemp())]
     os.environ["ORCHESTRATOR_STATE_DIR"] = str(tmp_path_factory.getbasetemp() / "state")
     yield
     if old is None:

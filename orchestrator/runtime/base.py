@@ -21,18 +21,21 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal, overload
 
 from orchestrator.compile.common import resolve_user, substitute_static
 from orchestrator.errors import (
     CommandFailed,
     CommandTimeout,
+    OutputLimitExceeded,
     RuntimeClosed,
     SetupFailed,
     UsageError,
 )
 from orchestrator.runtime import files
 from orchestrator.runtime.options import (
+    FILE_LIMIT_ENV,
     Chunks,
     Command,
     SpawnOptions,
@@ -280,6 +283,35 @@ class Sandbox(ABC):
             outcome.exit_code, target, "read", decode(err.value()), limit, decode(data[:32]).strip()
         )
         return decode(data) if text else data
+
+    def upload(self, local: str | Path, dest: str, *, user: str | None = None) -> None:
+        """Copy a local folder's content into folder `dest` (created if missing) as one tar
+        stream: modes and symlinks kept, files owned by the command user."""
+        target = self._path(dest)
+        cmd = self._command(
+            files.upload_argv(target), None, files.pack(Path(local)), None, user, None
+        )
+        _, err, outcome = self._collect(cmd, 64 * 1024)
+        files.raise_for_folder(outcome.exit_code, target, "upload into", decode(err.value()))
+
+    def download(
+        self, src: str, local: str | Path, *, user: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        """Copy folder `src`'s content into a local folder as one tar stream, refusing any
+        entry that would land outside it (SandboxUnsafeArchive); returns the names copied.
+        Past `limit` bytes of archive (default: the file read limit) raises
+        OutputLimitExceeded and writes nothing."""
+        limit = limit or default_file_limit()
+        target = self._path(src)
+        cmd = self._command(files.download_argv(target), None, None, None, user, None)
+        out, err, outcome = self._collect(cmd, limit + 1)
+        files.raise_for_folder(outcome.exit_code, target, "download", decode(err.value()))
+        if out.truncated or len(out.value()) > limit:
+            raise OutputLimitExceeded(
+                f"{target} packs to more than the limit of {limit} bytes (pass limit= or set "
+                f"{FILE_LIMIT_ENV})"
+            )
+        return files.unpack(out.value(), Path(local))
 
 
 class Runtime(Sandbox):

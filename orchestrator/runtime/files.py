@@ -7,12 +7,20 @@ make a read-only mark meaningless to a harness that relies on it)."""
 
 from __future__ import annotations
 
+import io
+import stat
+import tarfile
+from pathlib import Path
+
 from orchestrator.errors import (
     OrchestratorError,
     OutputLimitExceeded,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionError,
+    SandboxUnsafeArchive,
+    UsageError,
 )
 from orchestrator.runtime.options import FILE_LIMIT_ENV
 
@@ -61,3 +69,65 @@ def raise_for(code: int, path: str, verb: str, stderr: str, limit: int = 0, size
     if code in (_DENIED, 1):
         raise SandboxPermissionError(f"cannot {verb} {path}: permission denied")
     raise OrchestratorError(f"cannot {verb} {path}: helper exited {code}: {stderr.strip()}")
+
+
+# Folders move as one tar stream: packed on one side, unpacked on the other, as the command
+# user (so the sandbox's own permissions apply), with `-o`: files belong to whoever unpacks.
+UPLOAD = (
+    'd=$1; [ -e "$d" ] && [ ! -d "$d" ] && exit 20; '
+    'mkdir -p -- "$d" 2>/dev/null || exit 13; '
+    'tar -x -o -f - -C "$d" || exit 13'
+)
+DOWNLOAD = (
+    's=$1; [ -e "$s" ] || exit 2; [ -d "$s" ] || exit 20; [ -r "$s" ] && [ -x "$s" ] || exit 13; '
+    'tar -c -f - -C "$s" .'
+)
+_NOT_DIR = 20
+
+
+def upload_argv(dest: str) -> list[str]:
+    """Unpack a tar stream from stdin into the folder `dest` (created if missing)."""
+    return ["/bin/sh", "-c", UPLOAD, "sh", dest]
+
+
+def download_argv(src: str) -> list[str]:
+    """Pack the folder `src` as a tar stream on stdout."""
+    return ["/bin/sh", "-c", DOWNLOAD, "sh", src]
+
+
+def raise_for_folder(code: int, path: str, verb: str, stderr: str) -> None:
+    if code == _NOT_DIR:
+        raise SandboxNotADirectory(f"cannot {verb} {path}: not a directory")
+    raise_for(code, path, verb, stderr)
+
+
+def pack(folder: Path) -> bytes:
+    """A local folder as a tar archive: modes and symlinks kept as they are (a link is stored
+    as a link, never followed), sockets and devices refused."""
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder on this machine")
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(folder.rglob("*")):
+            mode = path.lstat().st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                raise UsageError(f"{path} is neither a file, a folder nor a link: not sent")
+            tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)
+    return out.getvalue()
+
+
+def unpack(data: bytes, folder: Path) -> list[str]:
+    """Unpack an archive from the sandbox into a local folder, refusing anything that would
+    land outside it: absolute names, `..`, links that point out, devices (the sandbox's
+    content is untrusted). Returns the names unpacked."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        members = tar.getmembers()
+        try:
+            for member in members:  # every member is checked before anything is written
+                tarfile.data_filter(member, str(folder))
+            tar.extractall(folder, members=members, filter="data")  # and again as written
+        except tarfile.FilterError as exc:
+            raise SandboxUnsafeArchive(f"refused to unpack into {folder}: {exc}") from exc
+    names = (m.name.removeprefix("./") for m in members)
+    return [n for n in names if n not in ("", ".")]

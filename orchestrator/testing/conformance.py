@@ -22,6 +22,7 @@ from orchestrator.errors import (
     OutputLimitExceeded,
     RuntimeClosed,
     SandboxFileNotFound,
+    SandboxUnsafeArchive,
     SetupFailed,
     UsageError,
 )
@@ -537,3 +538,65 @@ def test_requests_no_process_could_take_are_usage_errors(rt: Runtime, call: dict
         rt.execute(**call)
     assert time.monotonic() - started < 1
     assert rt.execute("echo fine", timeout=10).stdout == "fine\n"
+
+
+# ----- folders -------------------------------------------------------------------------------
+def _tree(root: Path) -> dict[str, tuple[str, str]]:
+    """name -> (kind and mode, content or link target), for comparing two trees."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[name] = ("link", os.readlink(path))
+        elif path.is_dir():
+            out[name] = (f"dir {path.stat().st_mode & 0o777:o}", "")
+        else:
+            out[name] = (f"file {path.stat().st_mode & 0o777:o}", path.read_bytes().hex())
+    return out
+
+
+def test_folder_round_trip_keeps_modes_links_and_bytes(rt: Runtime, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "deep" / "er").mkdir(parents=True)
+    (src / "empty").mkdir()
+    (src / "deep" / "er" / "data.bin").write_bytes(bytes(range(256)) * 64)
+    (src / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "link").symlink_to("deep/er/data.bin")
+    (src / "h\u00e9 llo.txt").write_text("spaces and \u00e9")
+    dest = f"up-{uuid.uuid4().hex[:8]}"
+    rt.upload(src, dest)
+    assert rt.execute(["sh", f"{dest}/run.sh"]).stdout == "ran\n"
+    assert rt.execute(["readlink", f"{dest}/link"]).stdout == "deep/er/data.bin\n"
+    owner = rt.execute(["stat", "-c", "%u", f"{dest}/run.sh"]).stdout.strip()
+    assert owner == rt.execute(["id", "-u"]).stdout.strip()  # the command user's, not ours
+    names = rt.download(dest, tmp_path / "back")
+    assert _tree(tmp_path / "back") == _tree(src)
+    assert sorted(names) == sorted(_tree(src))
+
+
+def test_folder_transfer_errors(rt: Runtime, tmp_path: Path) -> None:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    rt.write_file(f"{name}/file", "x")
+    (tmp_path / "src").mkdir()
+    with pytest.raises(NotADirectoryError):
+        rt.upload(tmp_path / "src", f"{name}/file")
+    with pytest.raises(NotADirectoryError):
+        rt.download(f"{name}/file", tmp_path / "out")
+    with pytest.raises(FileNotFoundError):
+        rt.download(f"{name}/missing", tmp_path / "out")
+    with pytest.raises(UsageError):
+        rt.upload(tmp_path / "no-such-folder", name)
+    rt.write_file(f"{name}/big", "y" * 20000)
+    with pytest.raises(OutputLimitExceeded):
+        rt.download(name, tmp_path / "out", limit=10000)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_download_cannot_write_outside_its_folder(rt: Runtime, tmp_path: Path) -> None:
+    name = f"evil-{uuid.uuid4().hex[:8]}"
+    rt.execute(f"mkdir -p {name} && ln -s /etc {name}/escape && echo ok > {name}/a")
+    out = tmp_path / "out"
+    with pytest.raises(SandboxUnsafeArchive):
+        rt.download(name, out)
+    assert not (out / "a").exists() and not (out / "escape").exists()  # nothing written

@@ -33,8 +33,10 @@ from orchestrator import (
     Sandbox,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionError,
     SandboxUnavailable,
+    SandboxUnsafeArchive,
     SetupFailed,
     SpawnOptions,
     SpecError,
@@ -71,7 +73,9 @@ CALLER_ERRORS: tuple[type[OrchestratorError], ...] = (
 FILE_ERRORS: tuple[type[OrchestratorError], ...] = (
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionError,
+    SandboxUnsafeArchive,
     OutputLimitExceeded,
 )
 
@@ -132,6 +136,11 @@ def test_a_consumer_program(tmp_path: Path) -> None:
         assert (data, text_) == (b"\x00\xff", "\x00\ufffd")
         with pytest.raises(FILE_ERRORS):
             rt.read_file("missing")
+        (tmp_path / "tree" / "sub").mkdir(parents=True)
+        (tmp_path / "tree" / "sub" / "a.txt").write_text("a")
+        rt.upload(tmp_path / "tree", "copied")
+        names: list[str] = rt.download("copied", tmp_path / "back")
+        assert "sub/a.txt" in names and (tmp_path / "back" / "sub" / "a.txt").read_text() == "a"
         with pytest.raises(CALLER_ERRORS):
             rt.static_path("nope")
         backend = type(rt)

@@ -1,0 +1,113 @@
+"""`python -m bench.transfer` (part of `just bench`): a folder tree into and out of a sandbox,
+`rt.upload`/`rt.download` (one tar stream through the executor) side by side with `docker cp`
+and `docker compose cp`, in alternating rounds. Writes bench/results/transfer.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator import load_environment_text, spawn_runtime
+from orchestrator.runtime.compose import ComposeRuntime
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "results"
+ENV = "version: 1\nname: transfer\nimage: orchestrator-test/python:3.11\nuser: root\n"
+
+
+def make_tree(root: Path, megabytes: int, files: int) -> None:
+    size = megabytes * 1024 * 1024 // files
+    for i in range(files):
+        path = root / f"d{i % 20}" / f"f{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+
+
+def timed(fn: Callable[[], object], rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--megabytes", type=int, default=100)
+    parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="orch-transfer-"))
+    tree = work / "tree"
+    make_tree(tree, args.megabytes, args.files)
+    rows: dict[str, list[float]] = {}
+    with spawn_runtime(load_environment_text(ENV), disable_setup=True) as rt:
+        assert isinstance(rt, ComposeRuntime) and rt.project is not None
+        container, project = rt.project.main_container, rt.project
+        compose = [
+            "docker",
+            "compose",
+            "-p",
+            project.name,
+            "-f",
+            str(project.directory / "compose.yaml"),
+        ]
+
+        def fresh(path: Path) -> Path:
+            shutil.rmtree(path, ignore_errors=True)
+            return path
+
+        paths: dict[str, Callable[[], object]] = {
+            "upload: orchestrator rt.upload": lambda: rt.upload(tree, "/tmp/up-o"),
+            "upload: docker cp": lambda: subprocess.run(
+                ["docker", "cp", f"{tree}/.", f"{container}:/tmp/up-d"], check=True
+            ),
+            "upload: docker compose cp": lambda: subprocess.run(
+                [*compose, "cp", f"{tree}/.", "main:/tmp/up-c"], check=True, capture_output=True
+            ),
+            "download: orchestrator rt.download": lambda: rt.download(
+                "/tmp/up-o", fresh(work / "down-o"), limit=4 * args.megabytes * 1024 * 1024
+            ),
+            "download: docker cp": lambda: subprocess.run(
+                ["docker", "cp", f"{container}:/tmp/up-o/.", str(fresh(work / "down-d"))],
+                check=True,
+            ),
+            "download: docker compose cp": lambda: subprocess.run(
+                [*compose, "cp", "main:/tmp/up-o/.", str(fresh(work / "down-c"))],
+                check=True,
+                capture_output=True,
+            ),
+        }
+        for _ in range(args.rounds):  # alternate, so drift on a shared machine hits all alike
+            for name, fn in paths.items():
+                rows.setdefault(name, []).extend(timed(fn, 1))
+    shutil.rmtree(work, ignore_errors=True)
+    med = {name: statistics.median(times) for name, times in rows.items()}
+    lines = [
+        "# Folder transfer",
+        "",
+        f"A tree of {args.files} files, {args.megabytes} MB in all, into and out of a Docker "
+        f"sandbox; median of {args.rounds} alternating rounds, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| path | median s | × docker cp |",
+        "|---|---:|---:|",
+    ]
+    for name, value in med.items():
+        way = name.split(":")[0]
+        lines.append(f"| {name} | {value:.2f} | {value / med[f'{way}: docker cp']:.2f} |")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "transfer.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
