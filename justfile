@@ -44,6 +44,7 @@ bench: setup
     .venv/bin/python -m pip install -q -e '.[bench]'
     {{py}} -m bench
     {{py}} -m bench.inspect_race
+    {{py}} -m bench.transfer
 
 # Hundreds of environments with random faults: hangs, errors and leaks must all be 0
 soak ENVS="300": setup
