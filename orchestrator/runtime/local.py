@@ -11,6 +11,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import ClassVar
@@ -123,9 +124,17 @@ class LocalRuntime(Runtime):
             procs = list(self._procs)
         for proc in procs:
             procutil.kill_tree(proc.pid, signal.SIGKILL)
-        for pid in procutil.marked(self._mark.encode()):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        # Again until a few passes in a row find none: a process forking while a pass read
+        # /proc has a child that pass never saw, and one in the middle of exec() has no
+        # environment to read for an instant (after a second, give up: poll() says it lives).
+        deadline, quiet = time.monotonic() + 1.0, 0
+        while quiet < 3 and time.monotonic() < deadline:
+            found = procutil.marked(self._mark.encode())
+            quiet = 0 if found else quiet + 1
+            for pid in found:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
 
     def _poll(self) -> int | None:
         """Alive until kill(); then down (128+SIGKILL) once no process of it is left."""
