@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.measure import Sample, ShellPipe, timed
+from bench.measure import Sample, ShellPipe, compose_argv, timed
 from orchestrator import Runtime, load_environment, spawn_runtime
 from orchestrator.compile.render import CompileOptions, compile_project
 from orchestrator.runtime.compose import ComposeRuntime
@@ -63,14 +63,7 @@ def exec_paths(n: int) -> list[Sample]:
                 max(10, n // 4),
             )
         )
-        compose = [
-            "docker",
-            "compose",
-            "-p",
-            project.name,
-            "-f",
-            str(project.directory / "compose.yaml"),
-        ]
+        compose = compose_argv(project)
         out.append(
             timed(
                 "docker compose exec",

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from orchestrator.project import Project
+
 
 @dataclass
 class Sample:
@@ -63,3 +65,8 @@ class ShellPipe:
         assert self.proc.stdin
         self.proc.stdin.close()
         self.proc.wait()
+
+
+def compose_argv(project: Project) -> list[str]:
+    """`docker compose` aimed at one of our projects, as a user would type it."""
+    return ["docker", "compose", "-p", project.name, "-f", str(project.directory / "compose.yaml")]

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.measure import compose_argv, timed
 from orchestrator import load_environment_text, spawn_runtime
 from orchestrator.runtime.compose import ComposeRuntime
 
@@ -30,15 +31,6 @@ def make_tree(root: Path, megabytes: int, files: int) -> None:
         path.write_bytes(os.urandom(size))
 
 
-def timed(fn: Callable[[], object], rounds: int) -> list[float]:
-    out = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - started)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--megabytes", type=int, default=100)
@@ -52,14 +44,7 @@ def main() -> None:
     with spawn_runtime(load_environment_text(ENV), disable_setup=True) as rt:
         assert isinstance(rt, ComposeRuntime) and rt.project is not None
         container, project = rt.project.main_container, rt.project
-        compose = [
-            "docker",
-            "compose",
-            "-p",
-            project.name,
-            "-f",
-            str(project.directory / "compose.yaml"),
-        ]
+        compose = compose_argv(project)
 
         def fresh(path: Path) -> Path:
             shutil.rmtree(path, ignore_errors=True)
@@ -88,7 +73,7 @@ def main() -> None:
         }
         for _ in range(args.rounds):  # alternate, so drift on a shared machine hits all alike
             for name, fn in paths.items():
-                rows.setdefault(name, []).extend(timed(fn, 1))
+                rows.setdefault(name, []).extend(timed(name, fn, 1, warmup=0).times)
     shutil.rmtree(work, ignore_errors=True)
     med = {name: statistics.median(times) for name, times in rows.items()}
     lines = [
