@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         StreamEvent,
         StreamKind,
     )
+    from orchestrator.runtime.snapshot import Snapshot, list_snapshots
     from orchestrator.spec.loader import Environment, load_environment, load_environment_text
     from orchestrator.spec.models import PublishedPort
     from orchestrator.spec.policy import Policy
@@ -81,6 +82,7 @@ __all__ = [
     "SandboxUnavailable",
     "SandboxUnsafeArchive",
     "SetupFailed",
+    "Snapshot",
     "SpawnOptions",
     "SpecError",
     "SpecIssue",
@@ -89,6 +91,7 @@ __all__ = [
     "StreamKind",
     "UsageError",
     "__version__",
+    "list_snapshots",
     "load_environment",
     "load_environment_text",
     "register_runtime",
@@ -110,6 +113,7 @@ _HOME = {
     "orchestrator.runtime.results": (
         "Connection ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"
     ),
+    "orchestrator.runtime.snapshot": "Snapshot list_snapshots",
     "orchestrator.spec.loader": "Environment load_environment load_environment_text",
     "orchestrator.spec.models": "PublishedPort",
     "orchestrator.spec.policy": "Policy",

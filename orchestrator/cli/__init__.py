@@ -46,6 +46,7 @@ for command in (
     lifecycle.ps,
     lifecycle.logs,
     lifecycle.shell,
+    lifecycle.snapshot,
     spec_cmds.render,
     spec_cmds.validate,
     spec_cmds.schema,

@@ -30,10 +30,18 @@ def _load(file: Path) -> Environment:
     return env
 
 
-def _spawn(env: Environment, workspace: Path | None, detached: bool, evaluation: bool) -> Runtime:
+def _spawn(
+    env: Environment,
+    workspace: Path | None,
+    detached: bool,
+    evaluation: bool,
+    resume: str | None = None,
+) -> Runtime:
     from orchestrator.runtime import spawn_runtime
 
-    return spawn_runtime(env, workspace=workspace, detached=detached, is_evaluation=evaluation)
+    return spawn_runtime(
+        env, workspace=workspace, detached=detached, is_evaluation=evaluation, resume=resume
+    )
 
 
 def _ports_text(ports: Iterable[PublishedPort]) -> str:
@@ -45,9 +53,12 @@ def up(
     workspace: Path = typer.Option(None, "--workspace", "-w", help="Host workspace folder."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable output."),
     evaluation: bool = typer.Option(False, "--eval", help="Also run setup.eval_commands."),
+    resume: str = typer.Option(
+        None, "--resume", help="Restore this snapshot (a name or a path), then resume_commands."
+    ),
 ) -> None:
     """Bring an environment up and leave it running; print its id and ports."""
-    rt = _spawn(_load(file), workspace, detached=True, evaluation=evaluation)
+    rt = _spawn(_load(file), workspace, detached=True, evaluation=evaluation, resume=resume)
     try:
         info, connection = rt.info(), rt.connection()
         rt.detach()
@@ -120,7 +131,7 @@ def _docker_cmd() -> list[str]:
     return raw_docker(docker_client())  # exec, shell and logs -f last as long as they need
 
 
-def _main_exec(ref: str) -> list[str]:
+def _main_exec(ref: str, interactive: bool = True) -> list[str]:
     """`docker exec` flags and the main container of environment `ref`, as its user."""
     from orchestrator.project import find_project
 
@@ -128,7 +139,8 @@ def _main_exec(ref: str) -> list[str]:
     mains = [cid for cid, service, _ in info.containers if service == "main"]
     if not mains:
         raise UsageError(f"{info.name} has no main container (was it stopped?)")
-    flags = ["-it"] if sys.stdin.isatty() and sys.stdout.isatty() else ["-i"]
+    tty = interactive and sys.stdin.isatty() and sys.stdout.isatty()
+    flags = ["-it"] if tty else ["-i"] if interactive else []
     if info.main_user:
         flags += ["-u", info.main_user]
     return [*_docker_cmd(), "exec", *flags, mains[0]]
@@ -236,3 +248,57 @@ def cleanup(
     for name in removed:
         typer.echo(f"removed {name}")
     typer.echo(f"{len(removed)} environment(s) removed")
+
+
+def snapshot(
+    ref: str = typer.Argument(None, help="Environment id (or a unique part of it)."),
+    output: str = typer.Option(
+        None, "--output", "-o", help="Where: a path, or a name in the snapshots folder."
+    ),
+    list_: bool = typer.Option(False, "--list", help="List the snapshots folder."),
+    remove: str = typer.Option(None, "--rm", help="Remove this snapshot (a name or a path)."),
+) -> None:
+    """Save a running environment's workspace as a snapshot (resume it with `up --resume`);
+    or list or remove snapshots."""
+    from orchestrator.runtime import snapshot as snapshots
+
+    if list_:
+        for snap in snapshots.list_snapshots():
+            typer.echo(f"{snap.name}\t{snap.env}\t{snap.created}\t{snap.size}\t{snap.path}")
+        return
+    if remove:
+        found = snapshots.Snapshot.find(remove)
+        found.remove()
+        typer.echo(f"removed {found.name}")
+        return
+    if not ref:
+        raise UsageError("name an environment id, or pass --list or --rm NAME")
+    snap = snapshots.save(_pack_workspace(ref), *_env_of(ref), output)
+    typer.echo(snap.path)
+
+
+def _env_of(ref: str) -> tuple[str, str]:
+    from orchestrator.project import LABEL_DIGEST, find_project
+
+    info = find_project(ref)
+    return info.env, info.labels.get(LABEL_DIGEST, "")
+
+
+def _pack_workspace(ref: str) -> bytes:
+    """The main container's working folder as a tar stream, packed inside it as its user."""
+    from orchestrator.runtime import files
+
+    *exec_argv, container = _main_exec(ref, interactive=False)
+    workdir = subprocess.run(
+        [*_docker_cmd(), "inspect", "-f", "{{.Config.WorkingDir}}", container],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    packed = subprocess.run(
+        [*exec_argv, container, *files.download_argv(workdir or "/")],
+        capture_output=True,
+        check=False,
+    )
+    files.raise_for_folder(packed.returncode, workdir, "snapshot", packed.stderr.decode())
+    return packed.stdout

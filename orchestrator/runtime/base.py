@@ -33,7 +33,7 @@ from orchestrator.errors import (
     SetupFailed,
     UsageError,
 )
-from orchestrator.runtime import files
+from orchestrator.runtime import files, snapshot
 from orchestrator.runtime.options import (
     FILE_LIMIT_ENV,
     Chunks,
@@ -42,6 +42,7 @@ from orchestrator.runtime.options import (
     default_file_limit,
     default_output_limit,
     setup_timeout,
+    snapshot_limit,
 )
 from orchestrator.runtime.results import (
     Connection,
@@ -54,6 +55,7 @@ from orchestrator.runtime.results import (
     decode,
     decoder,
 )
+from orchestrator.runtime.snapshot import Snapshot
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import USER_RE
 
@@ -287,21 +289,15 @@ class Sandbox(ABC):
     def upload(self, local: str | Path, dest: str, *, user: str | None = None) -> None:
         """Copy a local folder's content into folder `dest` (created if missing) as one tar
         stream: modes and symlinks kept, files owned by the command user."""
+        self._unpack_here(files.pack(Path(local)), dest, user)
+
+    def _unpack_here(self, archive: bytes, dest: str, user: str | None) -> None:
         target = self._path(dest)
-        cmd = self._command(
-            files.upload_argv(target), None, files.pack(Path(local)), None, user, None
-        )
+        cmd = self._command(files.upload_argv(target), None, archive, None, user, None)
         _, err, outcome = self._collect(cmd, 64 * 1024)
         files.raise_for_folder(outcome.exit_code, target, "upload into", decode(err.value()))
 
-    def download(
-        self, src: str, local: str | Path, *, user: str | None = None, limit: int | None = None
-    ) -> list[str]:
-        """Copy folder `src`'s content into a local folder as one tar stream, refusing any
-        entry that would land outside it (SandboxUnsafeArchive); returns the names copied.
-        Past `limit` bytes of archive (default: the file read limit) raises
-        OutputLimitExceeded and writes nothing."""
-        limit = limit or default_file_limit()
+    def _pack_here(self, src: str, user: str | None, limit: int) -> bytes:
         target = self._path(src)
         cmd = self._command(files.download_argv(target), None, None, None, user, None)
         out, err, outcome = self._collect(cmd, limit + 1)
@@ -311,7 +307,17 @@ class Sandbox(ABC):
                 f"{target} packs to more than the limit of {limit} bytes (pass limit= or set "
                 f"{FILE_LIMIT_ENV})"
             )
-        return files.unpack(out.value(), Path(local))
+        return out.value()
+
+    def download(
+        self, src: str, local: str | Path, *, user: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        """Copy folder `src`'s content into a local folder as one tar stream, refusing any
+        entry that would land outside it (SandboxUnsafeArchive); returns the names copied.
+        Past `limit` bytes of archive (default: the file read limit) raises
+        OutputLimitExceeded and writes nothing."""
+        archive = self._pack_here(src, user, limit or default_file_limit())
+        return files.unpack(archive, Path(local))
 
 
 class Runtime(Sandbox):
@@ -369,6 +375,8 @@ class Runtime(Sandbox):
         _live.add(rt)
         try:
             rt._start()
+            if rt.options.resume is not None:
+                rt._restore(rt.options.resume)
             if not rt.options.disable_setup:
                 rt._run_setup()
         except BaseException:
@@ -406,6 +414,20 @@ class Runtime(Sandbox):
         self._killed = True
         self._kill()
 
+    def snapshot(self, dest: str | Path | None = None, *, limit: int | None = None) -> Snapshot:
+        """Save the workspace (the working folder's whole tree) as a snapshot: to the path
+        `dest`, under the name `dest` in the snapshots folder, or a fresh name there. Resume
+        it with spawn_runtime(env, resume=snapshot)."""
+        archive = self._pack_here(self.workdir, None, limit or snapshot_limit())
+        return snapshot.save(archive, self.env.name, self.env.digest, dest)
+
+    def _restore(self, snap: Snapshot) -> None:
+        if snap.digest != self.env.digest:
+            self.warnings.append(
+                f"snapshot {snap.name} was taken from {snap.env!r} as another file; resumed anyway"
+            )
+        self._unpack_here(snap.archive(), self.workdir, None)
+
     def keep(self) -> None:
         """Keep the environment running after this process, until `orchestrator down` (for
         a harness told not to clean up). Backends that cannot do that raise UsageError."""
@@ -442,11 +464,10 @@ class Runtime(Sandbox):
     # ----- setup ---------------------------------------------------------------------------
     def _setup_commands(self) -> list[str]:
         setup = self.env.spec.setup
-        cmds = list(setup.commands)
+        # resumed: the workspace already holds what setup made; its own commands run instead
+        cmds = list(setup.resume_commands if self.options.is_resume else setup.commands)
         if self.options.is_evaluation:
             cmds += setup.eval_commands
-        if self.options.is_resume:
-            cmds += setup.resume_commands
         return cmds
 
     def _run_setup(self) -> None:

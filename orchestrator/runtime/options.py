@@ -8,6 +8,7 @@ from pathlib import Path
 
 from orchestrator import settings
 from orchestrator.runtime.results import Outcome, StreamKind
+from orchestrator.runtime.snapshot import Snapshot
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy
 
@@ -15,6 +16,8 @@ MiB = 1024 * 1024
 OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"
 FILE_LIMIT_ENV = "ORCHESTRATOR_FILE_LIMIT"
 SETUP_TIMEOUT_ENV = "ORCHESTRATOR_SETUP_TIMEOUT"
+SNAPSHOT_LIMIT_ENV = "ORCHESTRATOR_SNAPSHOT_LIMIT"
+GiB = 1024 * MiB
 
 Chunks = Generator[tuple[StreamKind, bytes], None, Outcome]
 """What a backend's `_run` is: output as it arrives, then the Outcome."""
@@ -26,6 +29,10 @@ def default_output_limit() -> int:
 
 def default_file_limit() -> int:
     return settings.whole(FILE_LIMIT_ENV, 100 * MiB)
+
+
+def snapshot_limit() -> int:
+    return settings.whole(SNAPSHOT_LIMIT_ENV, GiB)
 
 
 def setup_timeout() -> float:
@@ -47,6 +54,8 @@ class SpawnOptions:
     policy: Policy = field(default_factory=Policy.from_env)
     detached: bool = False
     """Started for `orchestrator up`: lives on after this process, until `down`/`cleanup`."""
+    resume: Snapshot | None = None
+    """Restore this workspace before setup (which then runs `setup.resume_commands`)."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.options import SpawnOptions
+from orchestrator.runtime.snapshot import Snapshot
 from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy
@@ -114,12 +115,15 @@ def spawn_runtime(
     disable_setup: bool = False,
     *,
     is_resume: bool = False,
+    resume: Snapshot | str | Path | None = None,
     backend: str | None = None,
     policy: Policy | None = None,
     detached: bool = False,
 ) -> Runtime:
     """Bring an environment up on its backend (or `backend`), run its setup, return the live
-    runtime. Use it as a context manager so it is always cleaned up."""
+    runtime. Use it as a context manager so it is always cleaned up. `resume`: a snapshot (or
+    its path or name) whose workspace is restored first; setup then runs
+    `setup.resume_commands` instead of `setup.commands`."""
     if not isinstance(env, Environment):
         env = load_environment(env)
     cls = get_runtime_class(backend or env.backend)
@@ -129,7 +133,8 @@ def spawn_runtime(
         ports=tuple(_as_port(p) for p in ports or ()),
         env_vars=dict(env_vars or {}),
         is_evaluation=is_evaluation,
-        is_resume=is_resume,
+        is_resume=is_resume or resume is not None,
+        resume=Snapshot.find(resume) if isinstance(resume, str | Path) else resume,
         disable_setup=disable_setup,
         policy=policy or Policy.from_env(),
         detached=detached,

@@ -600,3 +600,22 @@ def test_a_download_cannot_write_outside_its_folder(rt: Runtime, tmp_path: Path)
     with pytest.raises(SandboxUnsafeArchive):
         rt.download(name, out)
     assert not (out / "a").exists() and not (out / "escape").exists()  # nothing written
+
+
+# ----- snapshots -----------------------------------------------------------------------------
+def test_snapshot_and_resume(conformance_target: Target, tmp_path: Path) -> None:
+    with conformance_target.spawn(tmp_path / "a") as first:
+        first.write_file("work/notes.txt", "kept\n")
+        first.execute("mkdir -p work/empty && ln -s notes.txt work/link && chmod 700 work")
+        snap = first.snapshot(tmp_path / "snaps" / "one.tar")
+    assert snap.path.is_file() and snap.size > 0 and snap.env == f"conf-{conformance_target.id}"
+    with conformance_target.spawn(tmp_path / "b", resume=snap) as second:
+        assert second.read_file("work/notes.txt") == "kept\n"
+        assert second.execute(["readlink", "work/link"]).stdout == "notes.txt\n"
+        assert second.execute(["stat", "-c", "%a", "work"]).stdout == "700\n"
+        assert second.execute("test -d work/empty").exit_code == 0
+        # setup's own commands did not run again; the resume commands did
+        assert second.read_file(".setup-count") == "ran\n"
+        assert second.read_file(".resume-count") == "resumed\n"
+    snap.remove()
+    assert not snap.path.exists() and not snap.record.exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.registry import get_runtime_class, spawn_runtime
+from orchestrator.runtime.snapshot import Snapshot
 from orchestrator.spec.loader import load_environment
 
 
@@ -54,6 +55,7 @@ class Target:
             "setup:",
             f"  commands: [{', '.join(repr(c) for c in setup)}]",
             "  eval_commands: ['echo eval >> .eval-count']",
+            "  resume_commands: ['echo resumed >> .resume-count']",
             "commands: {show: 'cat {{static:data}}/hello.txt'}",
             *self.env_lines,
         ]
@@ -88,6 +90,7 @@ class Target:
         setup: tuple[str, ...] | None = None,
         is_evaluation: bool = False,
         disable_setup: bool = False,
+        resume: Snapshot | None = None,
     ) -> Runtime:
         path = self.write_env(folder, setup)
         with self.environment():
@@ -97,4 +100,5 @@ class Target:
                 env_vars={"OVERRIDE": "spawn", "SPAWN_VAR": "1"},
                 is_evaluation=is_evaluation,
                 disable_setup=disable_setup,
+                resume=resume,
             )

@@ -516,3 +516,42 @@ def test_a_service_with_python_gets_its_own_executor(make_env: MakeEnv) -> None:
         assert app.execute("id -un").stdout == "nobody\n"
         assert app.execute("id -u", user="root").stdout == "0\n"
         assert app.channel.mode == "executor"
+
+
+def test_cli_snapshot_then_up_resume(make_env: MakeEnv) -> None:
+    cli = [sys.executable, "-m", "orchestrator"]
+    path = make_env(
+        "user: '1000:1000'\nsetup: {commands: ['echo ran >> setup.log'], "
+        "resume_commands: ['echo resumed >> setup.log']}\n",
+        name="snap",
+    )
+    first = subprocess.run([*cli, "up", str(path)], capture_output=True, text=True, check=True)
+    ident = first.stdout.strip()
+    try:
+        subprocess.run([*cli, "exec", ident, "--", "echo mine > work.txt"], check=True)
+        saved = subprocess.run(
+            [*cli, "snapshot", ident, "-o", "cli-snap"], capture_output=True, text=True
+        )
+        assert saved.returncode == 0 and saved.stdout.strip().endswith("cli-snap.tar"), saved
+    finally:
+        subprocess.run([*cli, "down", ident], capture_output=True, check=True)
+    listed = subprocess.run([*cli, "snapshot", "--list"], capture_output=True, text=True)
+    assert "cli-snap\tsnap\t" in listed.stdout
+    second = subprocess.run(
+        [*cli, "up", "--resume", "cli-snap", str(path)], capture_output=True, text=True
+    )
+    assert second.returncode == 0, second.stderr
+    ident = second.stdout.strip()
+    try:
+        shown = subprocess.run(
+            [*cli, "exec", ident, "--", "cat work.txt setup.log"], capture_output=True, text=True
+        )
+        assert shown.stdout == "mine\nran\nresumed\n"
+    finally:
+        subprocess.run([*cli, "down", ident], capture_output=True, check=True)
+    removed = subprocess.run([*cli, "snapshot", "--rm", "cli-snap"], capture_output=True, text=True)
+    assert removed.stdout == "removed cli-snap\n"
+    missing = subprocess.run(
+        [*cli, "up", "--resume", "cli-snap", str(path)], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "no snapshot 'cli-snap'" in missing.stderr

@@ -38,6 +38,7 @@ from orchestrator import (
     SandboxUnavailable,
     SandboxUnsafeArchive,
     SetupFailed,
+    Snapshot,
     SpawnOptions,
     SpecError,
     SpecIssue,
@@ -46,6 +47,7 @@ from orchestrator import (
     StreamKind,
     UsageError,
     __version__,
+    list_snapshots,
     load_environment,
     load_environment_text,
     register_runtime,
@@ -143,10 +145,15 @@ def test_a_consumer_program(tmp_path: Path) -> None:
         assert "sub/a.txt" in names and (tmp_path / "back" / "sub" / "a.txt").read_text() == "a"
         with pytest.raises(CALLER_ERRORS):
             rt.static_path("nope")
+        saved: Snapshot = rt.snapshot("consumer-snap")
+        assert saved in list_snapshots()
         backend = type(rt)
     options = SpawnOptions(workspace=tmp_path / "ws", policy=Policy(), disable_setup=True)
     with backend.spawn(env, options) as direct:  # a backend class spawns directly too
         assert direct.setup_result is None and direct.execute("pwd").ok
+    with spawn_runtime(env, workspace=tmp_path / "resumed", resume="consumer-snap") as again:
+        assert again.read_file("f.bin", text=False) == b"\x00\xff"
+    saved.remove()
     with pytest.raises(SpecError) as caught:
         load_environment_text("version: 1\nname: x\nimage: i\nnetwork: {mode: bridged}\n")
     issue: SpecIssue = caught.value.issues[0]

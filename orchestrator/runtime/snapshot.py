@@ -1,0 +1,98 @@
+"""Snapshots of a workspace: a tar archive of the working folder and a small JSON record beside
+it, in the state folder (or wherever the caller says). `spawn_runtime(env, resume=snapshot)`
+unpacks one into a new environment's workspace, then runs `setup.resume_commands` instead of
+`setup.commands`."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from orchestrator.errors import UsageError
+from orchestrator.project.identity import state_dir
+
+SUFFIX = ".tar"
+
+
+def snapshots_dir() -> Path:
+    return state_dir() / "snapshots"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved workspace."""
+
+    path: Path
+    """The archive (`<name>.tar`); its record is `<name>.json` beside it."""
+    env: str
+    """Name of the environment it was taken from."""
+    digest: str
+    """That environment file's digest (a resume into another one is allowed, and warned)."""
+    created: str
+    size: int
+    """Bytes of the archive."""
+
+    @property
+    def name(self) -> str:
+        return self.path.name.removesuffix(SUFFIX)
+
+    @property
+    def record(self) -> Path:
+        return self.path.with_suffix(".json")
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+
+    def archive(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read snapshot {self.path}: {exc.strerror}") from None
+
+    @classmethod
+    def find(cls, ref: str | Path) -> Snapshot:
+        """A snapshot by its archive's path, or by name in the snapshots folder."""
+        path = Path(ref)
+        if not path.suffix and not path.exists():
+            path = snapshots_dir() / f"{ref}{SUFFIX}"
+        snap = _load(path)
+        if snap is None:
+            known = ", ".join(s.name for s in list_snapshots()) or "none"
+            raise UsageError(f"no snapshot {str(ref)!r} (known: {known})")
+        return snap
+
+
+def _load(path: Path) -> Snapshot | None:
+    try:
+        data = json.loads(path.with_suffix(".json").read_text())
+        return Snapshot(path=path, **{k: data[k] for k in ("env", "digest", "created", "size")})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save(archive: bytes, env: str, digest: str, dest: str | Path | None = None) -> Snapshot:
+    """Write an archive and its record; `dest` is a path, a name, or None for a fresh name."""
+    if dest is None or not (Path(dest).suffix or "/" in str(dest)):
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        name = str(dest) if dest else f"{env}-{stamp}-{uuid.uuid4().hex[:6]}"
+        path = snapshots_dir() / f"{name}{SUFFIX}"
+    else:
+        path = Path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    snap = Snapshot(
+        path, env, digest, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), len(archive)
+    )
+    path.write_bytes(archive)
+    record = {k: v for k, v in asdict(snap).items() if k != "path"}
+    snap.record.write_text(json.dumps(record, indent=1))
+    return snap
+
+
+def list_snapshots() -> list[Snapshot]:
+    """The snapshots in the snapshots folder, oldest first."""
+    found = [_load(record.with_suffix(SUFFIX)) for record in snapshots_dir().glob("*.json")]
+    return sorted((s for s in found if s is not None), key=lambda s: (s.created, s.name))
