@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     )
     from orchestrator.runtime.base import Runtime, Sandbox
     from orchestrator.runtime.options import SpawnOptions
+    from orchestrator.runtime.pool import Pool
     from orchestrator.runtime.registry import register_runtime, runtime_names, spawn_runtime
     from orchestrator.runtime.results import (
         Connection,
@@ -68,6 +69,7 @@ __all__ = [
     "OutputLimitExceeded",
     "Policy",
     "PolicyError",
+    "Pool",
     "ProjectNotFound",
     "PublishedPort",
     "Runtime",
@@ -109,6 +111,7 @@ _HOME = {
     ),
     "orchestrator.runtime.base": "Runtime Sandbox",
     "orchestrator.runtime.options": "SpawnOptions",
+    "orchestrator.runtime.pool": "Pool",
     "orchestrator.runtime.registry": "register_runtime runtime_names spawn_runtime",
     "orchestrator.runtime.results": (
         "Connection ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"

@@ -24,6 +24,7 @@ from orchestrator import (
     OutputLimitExceeded,
     Policy,
     PolicyError,
+    Pool,
     ProjectNotFound,
     PublishedPort,
     Runtime,
@@ -154,6 +155,10 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     with spawn_runtime(env, workspace=tmp_path / "resumed", resume="consumer-snap") as again:
         assert again.read_file("f.bin", text=False) == b"\x00\xff"
     saved.remove()
+    with Pool(env, size=1) as pool:
+        pooled: Runtime = pool.acquire(timeout=30)
+        assert grade(pooled, "echo pooled") == (0, "pooled\n")
+        pool.release(pooled)
     with pytest.raises(SpecError) as caught:
         load_environment_text("version: 1\nname: x\nimage: i\nnetwork: {mode: bridged}\n")
     issue: SpecIssue = caught.value.issues[0]

@@ -1,0 +1,57 @@
+"""The warm pool on the local backend (the Docker one is in tests/docker/test_pool.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import Pool, RuntimeClosed, SetupFailed, UsageError, load_environment_text
+
+
+def env(setup: str = "echo ready > .ready") -> str:
+    return f"version: 1\nname: pooled\nbackend: local\nsetup: {{commands: ['{setup}']}}\n"
+
+
+def test_acquire_hands_out_ready_environments_and_refills(tmp_path: Path) -> None:
+    given = []
+    with Pool(load_environment_text(env()), size=2) as pool:
+        deadline = time.monotonic() + 20
+        while pool.ready < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        started = time.monotonic()
+        first = pool.acquire()
+        assert time.monotonic() - started < 0.5  # it was ready: no start on this path
+        given.append(first)
+        assert first.read_file(".ready") == "ready\n"  # set up before it was handed out
+        second, third = pool.acquire(timeout=20), pool.acquire(timeout=20)
+        given += [second, third]
+        assert len({id(r) for r in given}) == 3 and len({r.workdir for r in given}) == 3
+        pool.release(first)
+        assert first.closed
+    assert all(r.closed for r in given[:1]) and not given[1].closed
+    for r in given[1:]:
+        r.cleanup()
+    with pytest.raises(RuntimeClosed):
+        pool.acquire()
+
+
+def test_close_removes_what_waits_and_what_was_starting() -> None:
+    pool = Pool(load_environment_text(env("sleep 0.5")), size=3)
+    pool.close()  # while starts are in flight: they finish and are removed
+    assert pool.ready == 0
+
+
+def test_a_failing_start_is_raised_by_acquire_and_a_slow_one_times_out() -> None:
+    with Pool(load_environment_text(env("exit 3")), size=1) as pool, pytest.raises(SetupFailed):
+        pool.acquire(timeout=20)
+    with Pool(load_environment_text(env("sleep 3")), size=1) as slow, pytest.raises(TimeoutError):
+        slow.acquire(timeout=0.2)
+
+
+def test_bad_pools_are_usage_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        Pool(load_environment_text(env()), size=0)
+    with pytest.raises(UsageError, match="workspace"):
+        Pool(load_environment_text(env()), size=1, workspace=tmp_path)
