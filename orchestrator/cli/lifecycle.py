@@ -131,29 +131,76 @@ def _docker_cmd() -> list[str]:
     return raw_docker(docker_client())  # exec, shell and logs -f last as long as they need
 
 
-def _main_exec(ref: str, interactive: bool = True) -> list[str]:
-    """`docker exec` flags and the main container of environment `ref`, as its user."""
+def _main(ref: str) -> tuple[str, str | None]:
+    """The main container of environment `ref` and the user its commands run as."""
     from orchestrator.project import find_project
 
     info = find_project(ref)
     mains = [cid for cid, service, _ in info.containers if service == "main"]
     if not mains:
         raise UsageError(f"{info.name} has no main container (was it stopped?)")
+    return mains[0], info.main_user or None
+
+
+def _main_exec(ref: str, interactive: bool = True) -> list[str]:
+    """`docker exec` flags and the main container of environment `ref`, as its user."""
+    container, user = _main(ref)
     tty = interactive and sys.stdin.isatty() and sys.stdout.isatty()
     flags = ["-it"] if tty else ["-i"] if interactive else []
-    if info.main_user:
-        flags += ["-u", info.main_user]
-    return [*_docker_cmd(), "exec", *flags, mains[0]]
+    if user:
+        flags += ["-u", user]
+    return [*_docker_cmd(), "exec", *flags, container]
 
 
 def exec_(
     ref: str = typer.Argument(..., help="Environment id (or a unique part of it)."),
     command: list[str] = typer.Argument(..., help="Command to run (after --)."),
+    timeout: float = typer.Option(
+        None, "--timeout", "-t", help="Kill the command's whole tree after this many seconds."
+    ),
 ) -> None:
-    """Run a command in a running environment; its exit code becomes ours."""
+    """Run a command in a running environment; its exit code becomes ours (124 on timeout)."""
     words = _argv(command)
     argv = ["/bin/sh", "-c", words] if isinstance(words, str) else words
-    raise typer.Exit(subprocess.call([*_main_exec(ref), *argv]))
+    if timeout is None:
+        raise typer.Exit(subprocess.call([*_main_exec(ref), *argv]))
+    if not 0 < timeout < float("inf"):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
+    raise typer.Exit(_exec_with_deadline(ref, argv, timeout))
+
+
+def _exec_with_deadline(ref: str, argv: list[str], timeout: float) -> int:
+    """One `docker exec` whose deadline kills the command's whole tree inside the container
+    (the plain-exec path of the library). Like `run`, it passes no stdin: waiting for an
+    input that never ends would defeat the deadline."""
+    from orchestrator.runtime.executor.plain import run_plain
+    from orchestrator.runtime.options import Command
+
+    container, user = _main(ref)
+    cmd = Command(argv, {}, _workdir(container), user, timeout, None)
+    chunks = run_plain(_docker_cmd(), container, cmd)
+    try:
+        while True:
+            kind, data = next(chunks)
+            stream = sys.stdout.buffer if kind == "stdout" else sys.stderr.buffer
+            stream.write(data)
+            stream.flush()
+    except StopIteration as stop:
+        outcome = stop.value
+    if outcome.timed_out:
+        typer.echo(f"error: timed out after {timeout:g}s", err=True)
+        return 124
+    return int(outcome.exit_code)
+
+
+def _workdir(container: str) -> str:
+    found = subprocess.run(
+        [*_docker_cmd(), "inspect", "-f", "{{.Config.WorkingDir}}", container],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return found or "/"
 
 
 def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
@@ -289,14 +336,9 @@ def _pack_workspace(ref: str) -> bytes:
     from orchestrator.runtime import files
 
     *exec_argv, container = _main_exec(ref, interactive=False)
-    workdir = subprocess.run(
-        [*_docker_cmd(), "inspect", "-f", "{{.Config.WorkingDir}}", container],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    workdir = _workdir(container)
     packed = subprocess.run(
-        [*exec_argv, container, *files.download_argv(workdir or "/")],
+        [*exec_argv, container, *files.download_argv(workdir)],
         capture_output=True,
         check=False,
     )

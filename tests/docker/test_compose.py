@@ -555,3 +555,30 @@ def test_cli_snapshot_then_up_resume(make_env: MakeEnv) -> None:
         [*cli, "up", "--resume", "cli-snap", str(path)], capture_output=True, text=True
     )
     assert missing.returncode == 2 and "no snapshot 'cli-snap'" in missing.stderr
+
+
+def test_cli_exec_timeout_kills_the_tree_and_exits_124(make_env: MakeEnv) -> None:
+    cli = [sys.executable, "-m", "orchestrator"]
+    up = subprocess.run(
+        [*cli, "up", str(make_env("", name="exect"))], capture_output=True, text=True
+    )
+    ident = up.stdout.strip()
+    try:
+        s = str(40000 + int(time.time()) % 9999)
+        r = subprocess.run(
+            [*cli, "exec", "--timeout", "1", ident, "--", f"echo early; sleep {s} & sleep {s}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (r.returncode, r.stdout) == (124, "early\n") and "timed out after 1s" in r.stderr
+        left = subprocess.run(
+            [*cli, "exec", ident, "--", f"grep -l '[s]leep.{s}' /proc/[0-9]*/cmdline; true"],
+            capture_output=True,
+            text=True,
+        )
+        assert left.stdout == ""
+        ok = subprocess.run([*cli, "exec", "-t", "5", ident, "--", "exit 3"], capture_output=True)
+        assert ok.returncode == 3
+    finally:
+        subprocess.run([*cli, "down", ident], capture_output=True, check=True)
