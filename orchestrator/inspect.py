@@ -34,6 +34,7 @@ from inspect_ai.util import (
 )
 from inspect_ai.util._sandbox.environment import HostMapping, PortMapping
 
+from orchestrator.compile.common import MAIN
 from orchestrator.errors import (
     OrchestratorError,
     OutputLimitExceeded,
@@ -41,7 +42,7 @@ from orchestrator.errors import (
     SandboxUnavailable,
     UsageError,
 )
-from orchestrator.runtime.base import MAIN_SERVICE, Runtime, Sandbox
+from orchestrator.runtime.base import Runtime, Sandbox
 from orchestrator.runtime.registry import prepare, spawn_runtime
 from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.models import PublishedPort
@@ -151,12 +152,8 @@ class OrchestratorSandbox(SandboxEnvironment):
         runtime = await _call(lambda: spawn_runtime(env, env_vars=variables))
         with cls._live_lock:
             cls._live[runtime.info().id] = runtime
-        names = [MAIN_SERVICE, *env.spec.services]
-        sandboxes: dict[str, SandboxEnvironment] = {}
-        for name in names:
-            sandbox = await _call(lambda name=name: cls(runtime, name))  # type: ignore[misc]
-            sandboxes["default" if name == MAIN_SERVICE else name] = sandbox
-        return sandboxes
+        names = [MAIN, *env.spec.services]  # "default" first, as Inspect wants
+        return await _call(lambda: {"default" if n == MAIN else n: cls(runtime, n) for n in names})
 
     @classmethod
     async def sample_cleanup(

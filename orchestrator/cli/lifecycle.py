@@ -16,6 +16,7 @@ import typer
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
+    from orchestrator.project import ProjectInfo
     from orchestrator.runtime import Runtime
     from orchestrator.spec import Environment
     from orchestrator.spec.models import PublishedPort
@@ -131,25 +132,28 @@ def _docker_cmd() -> list[str]:
     return raw_docker(docker_client())  # exec, shell and logs -f last as long as they need
 
 
-def _main(ref: str) -> tuple[str, str | None]:
-    """The main container of environment `ref` and the user its commands run as."""
+def _main(ref: str) -> tuple[ProjectInfo, str]:
+    """Environment `ref` (one listing) and its main container."""
     from orchestrator.project import find_project
 
     info = find_project(ref)
     mains = [cid for cid, service, _ in info.containers if service == "main"]
     if not mains:
         raise UsageError(f"{info.name} has no main container (was it stopped?)")
-    return mains[0], info.main_user or None
+    return info, mains[0]
 
 
-def _main_exec(ref: str, interactive: bool = True) -> list[str]:
-    """`docker exec` flags and the main container of environment `ref`, as its user."""
-    container, user = _main(ref)
+def _exec_argv(info: ProjectInfo, container: str, interactive: bool = True) -> list[str]:
+    """`docker exec` into the main container, as the user its commands run as."""
     tty = interactive and sys.stdin.isatty() and sys.stdout.isatty()
     flags = ["-it"] if tty else ["-i"] if interactive else []
-    if user:
-        flags += ["-u", user]
+    if info.main_user:
+        flags += ["-u", info.main_user]
     return [*_docker_cmd(), "exec", *flags, container]
+
+
+def _main_exec(ref: str) -> list[str]:
+    return _exec_argv(*_main(ref))
 
 
 def exec_(
@@ -176,8 +180,8 @@ def _exec_with_deadline(ref: str, argv: list[str], timeout: float) -> int:
     from orchestrator.runtime.executor.plain import run_plain
     from orchestrator.runtime.options import Command
 
-    container, user = _main(ref)
-    cmd = Command(argv, {}, _workdir(container), user, timeout, None)
+    info, container = _main(ref)
+    cmd = Command(argv, {}, _workdir(container), info.main_user or None, timeout, None)
     chunks = run_plain(_docker_cmd(), container, cmd)
     try:
         while True:
@@ -320,25 +324,21 @@ def snapshot(
         return
     if not ref:
         raise UsageError("name an environment id, or pass --list or --rm NAME")
-    snap = snapshots.save(_pack_workspace(ref), *_env_of(ref), output)
+    from orchestrator.project import LABEL_DIGEST
+
+    info, container = _main(ref)
+    archive = _pack_workspace(info, container)
+    snap = snapshots.save(archive, info.env, info.labels.get(LABEL_DIGEST, ""), output)
     typer.echo(snap.path)
 
 
-def _env_of(ref: str) -> tuple[str, str]:
-    from orchestrator.project import LABEL_DIGEST, find_project
-
-    info = find_project(ref)
-    return info.env, info.labels.get(LABEL_DIGEST, "")
-
-
-def _pack_workspace(ref: str) -> bytes:
+def _pack_workspace(info: ProjectInfo, container: str) -> bytes:
     """The main container's working folder as a tar stream, packed inside it as its user."""
     from orchestrator.runtime import files
 
-    *exec_argv, container = _main_exec(ref, interactive=False)
     workdir = _workdir(container)
     packed = subprocess.run(
-        [*exec_argv, container, *files.download_argv(workdir)],
+        [*_exec_argv(info, container, interactive=False), *files.download_argv(workdir)],
         capture_output=True,
         check=False,
     )

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from orchestrator.spec.models import STATIC_PLACEHOLDER, EnvironmentV1
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+MAIN = "main"
+"""The Compose service of the sandbox itself (every other one is an extra service)."""
 
 
 def resolve_env(

@@ -16,6 +16,7 @@ import jinja2
 from orchestrator._resources import data_dir
 from orchestrator.compile.common import (
     LOOPBACK,
+    MAIN,
     container_bind_host,
     resolve_env,
     resolve_user,
@@ -35,7 +36,6 @@ from orchestrator.spec.policy import (
     raise_if,
 )
 
-MAIN = "main"
 SANDBOX_DIR = "sandbox"
 SANDBOX_MOUNT = "/.orchestrator"
 USER_LABEL = "org.orchestrator.user"

@@ -14,7 +14,8 @@ from typing import Any
 from python_on_whales import DockerClient
 from python_on_whales.utils import run
 
-from orchestrator.compile.render import MAIN, USER_LABEL
+from orchestrator.compile.common import MAIN
+from orchestrator.compile.render import USER_LABEL
 from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound
 from orchestrator.project.engine import (
     COMPOSE_SERVICE,

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from python_on_whales import DockerClient
 
+from orchestrator.compile.common import MAIN
 from orchestrator.compile.render import (
-    MAIN,
     CompiledProject,
     CompileOptions,
     build_tags,
@@ -263,7 +263,7 @@ def _image_exists(client: DockerClient, tag: str) -> bool:
     return bool(engine_call("looking for an image", lambda: client.image.exists(tag)))
 
 
-def build_images(env: Environment, options: CompileOptions) -> list[str]:
+def build_images(env: Environment, compiled: CompiledProject) -> list[str]:
     """Build the images the environment builds (tagged by digest) unless they exist, so that
     many spawns at once do not each build them. Returns the tags built."""
     tags = build_tags(env)
@@ -273,11 +273,11 @@ def build_images(env: Environment, options: CompileOptions) -> list[str]:
         return []
     with tempfile.TemporaryDirectory(prefix="orch-build-") as tmp:
         directory = Path(tmp)
-        compose_file = compile_project(env, options).write(directory)
+        compose_file = compiled.write(directory)
         builder = docker_client(
             up_timeout(),
             compose_files=[compose_file],
-            compose_project_name=options.project,
+            compose_project_name=compiled.project,
             compose_project_directory=directory,
         )
         with docker_errors(f"building the images of {env.name}"):

@@ -24,7 +24,7 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, overload
 
-from orchestrator.compile.common import resolve_user, substitute_static
+from orchestrator.compile.common import MAIN, resolve_user, substitute_static
 from orchestrator.errors import (
     CommandFailed,
     CommandTimeout,
@@ -60,7 +60,6 @@ from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import USER_RE
 
 _live: weakref.WeakSet[Runtime] = weakref.WeakSet()
-MAIN_SERVICE = "main"
 
 
 @atexit.register
@@ -457,9 +456,9 @@ class Runtime(Sandbox):
         """Commands and files in service `name` of a multi-container environment ("main" is
         the sandbox itself). Backends without services know only "main"."""
         self._check_open()
-        if name == MAIN_SERVICE:
+        if name == MAIN:
             return self
-        raise UsageError(f"the {self.name} backend has no service {name!r} (only {MAIN_SERVICE!r})")
+        raise UsageError(f"the {self.name} backend has no service {name!r} (only {MAIN!r})")
 
     # ----- setup ---------------------------------------------------------------------------
     def _setup_commands(self) -> list[str]:

@@ -86,8 +86,8 @@ class Channel:
             ex = self._executor
             if ex is None or not ex.alive:
                 if ex is not None:
-                    log.warning("%s: executor died (%s); starting a new one", self.label,
-                                ex.stderr_tail or "no output")  # fmt: skip
+                    why = ex.stderr_tail or "no output"
+                    log.warning("%s: executor died (%s); starting a new one", self.label, why)
                     ex.close()
                 ex = self._executor = self._new_executor()
         if ex.wait_ready(READY_TIMEOUT):

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, ClassVar, cast, get_args
 
 from orchestrator import procutil, settings
-from orchestrator.compile.common import resolve_user
+from orchestrator.compile.common import MAIN, resolve_user
 from orchestrator.compile.mounts import STATIC_ROOT
-from orchestrator.compile.render import MAIN, SANDBOX_DIR, CompileOptions
+from orchestrator.compile.render import SANDBOX_DIR, CompileOptions
 from orchestrator.errors import (
     DockerError,
     OrchestratorError,

@@ -160,6 +160,6 @@ def prepare(env: Environment | str | Path, policy: Policy | None = None) -> Envi
             workspace=Path(tmp),
             policy=policy or Policy.from_env(),
         )
-        compile_project(env, options)  # spec and policy errors, before anything runs
-        build_images(env, options)
+        # spec and policy errors, before anything runs; then the same project builds
+        build_images(env, compile_project(env, options))
     return env

@@ -118,13 +118,12 @@ def test_task_init_builds_images_once(tmp_path: Path) -> None:
         assert (
             subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
         )
-        from orchestrator.compile.render import CompileOptions
+        from orchestrator.compile.render import CompileOptions, compile_project
         from orchestrator.project.lifecycle import build_images
 
-        assert (
-            build_images(load_environment(path), CompileOptions(project="p", workspace=tmp_path))
-            == []
-        )
+        env = load_environment(path)
+        compiled = compile_project(env, CompileOptions(project="p", workspace=tmp_path))
+        assert build_images(env, compiled) == []
         prepare(path)  # and again: nothing to build
     finally:
         subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
