@@ -40,6 +40,7 @@ def _root(
 
 for command in (
     lifecycle.up,
+    lifecycle.pool,
     lifecycle.run,
     lifecycle.exec_,
     lifecycle.down,

@@ -1,5 +1,5 @@
-"""Commands that start, use and stop environments: up, run, exec, down, ps, logs, shell,
-cleanup."""
+"""Commands that start, use and stop environments: up, pool, run, exec, down, ps, logs,
+shell, snapshot, cleanup."""
 
 from __future__ import annotations
 
@@ -57,24 +57,161 @@ def up(
     resume: str = typer.Option(
         None, "--resume", help="Restore this snapshot (a name or a path), then resume_commands."
     ),
+    count: int = typer.Option(
+        1, "--count", "-n", min=1, help="Start this many at once (all or none come up)."
+    ),
+    from_pool: bool = typer.Option(
+        False, "--pool", help="Take ready ones from a running `orchestrator pool` of this file."
+    ),
 ) -> None:
-    """Bring an environment up and leave it running; print its id and ports."""
-    rt = _spawn(_load(file), workspace, detached=True, evaluation=evaluation, resume=resume)
-    try:
-        info, connection = rt.info(), rt.connection()
-        rt.detach()
-    except UsageError:
-        rt.cleanup()
-        raise
-    if as_json:
-        typer.echo(json.dumps({**asdict(info), "connection": list(connection.shell)}))
-    else:
-        typer.echo(info.id)  # alone on stdout, so ID=$(orchestrator up ...) works
-        if info.ports:
-            typer.echo(f"ports: {_ports_text(info.ports)}", err=True)
+    """Bring environments up and leave them running; print their ids (one per line) and
+    ports."""
+    env = _load(file)
+    if count > 1 and workspace is not None:
+        raise UsageError("several environments cannot share one --workspace")
+    if from_pool and (workspace or resume or evaluation):
+        raise UsageError(
+            "--pool hands out environments as their pool set them up: "
+            "it takes no --workspace, --resume or --eval"
+        )
+    claimed = _claim(env, count) if from_pool else []
+    started = _start_many(env, count - len(claimed), workspace, evaluation, resume)
+    for info, ports in [*claimed, *started]:
+        if as_json:
+            typer.echo(json.dumps(info))
+        else:
+            typer.echo(info["id"])  # alone on stdout, so ID=$(orchestrator up ...) works
+            if ports:
+                typer.echo(f"{info['id']} ports: {_ports_text(ports)}", err=True)
     from orchestrator.project.inventory import wait_for_reaper
 
     wait_for_reaper()
+
+
+Started = list[tuple[dict[str, object], tuple["PublishedPort", ...]]]
+"""What `up` prints of each environment: its JSON record, and its ports."""
+
+
+def _claim(env: Environment, count: int) -> Started:
+    """Up to `count` environments taken from running pools of this file."""
+    from orchestrator.project import claim_from_pool, project_statuses
+
+    claimed: list[ProjectInfo] = []
+    while len(claimed) < count and (info := claim_from_pool(env.digest)) is not None:
+        claimed.append(info)
+    if not claimed:
+        typer.echo(f"no pool of {env.name} has one ready: starting", err=True)
+        return []
+    statuses = {r.id: r for r in project_statuses()[0]}
+    out: Started = []
+    for info in claimed:
+        _, container = _main(info.name)
+        status = statuses.get(info.name)
+        ports = status.ports if status else ()
+        record: dict[str, object] = {
+            "id": info.name,
+            "env": info.env,
+            "backend": "docker",
+            "workdir": _workdir(container),
+            "user": info.main_user or None,
+            "exec_mode": "plain",
+            "container": container,
+            "ports": [asdict(p) for p in ports],
+            "connection": [*_exec_argv(info, container, interactive=False), "/bin/sh"],
+            "pool": status.pool if status else "",
+        }
+        out.append((record, ports))
+    return out
+
+
+def _start_many(
+    env: Environment, count: int, workspace: Path | None, evaluation: bool, resume: str | None
+) -> Started:
+    """Start `count` environments at once (a bar on a terminal); if any fails, remove the
+    others and raise its error: a script gets all the ids it asked for, or none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.compile.render import build_tags
+    from orchestrator.runtime.registry import prepare
+
+    if count == 0:
+        return []
+    from orchestrator.cli.progress import progress_bar
+
+    if build_tags(env):
+        with progress_bar(f"building the images of {env.name}", None):
+            prepare(env)
+
+    def one() -> Runtime:
+        return _spawn(env, workspace, detached=True, evaluation=evaluation, resume=resume)
+
+    runtimes: list[Runtime] = []
+    with (
+        progress_bar(f"starting {env.name}", count) as bar,
+        ThreadPoolExecutor(max_workers=min(count, 16)) as pool,
+    ):
+        futures = [pool.submit(one) for _ in range(count)]
+        try:
+            for future in futures:
+                runtimes.append(future.result())
+                bar.advance()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            for future in futures:  # those that still came up go again
+                if not future.cancelled() and future.exception() is None:
+                    future.result().cleanup()
+            raise
+    out: Started = []
+    try:
+        for rt in runtimes:
+            info, connection = rt.info(), rt.connection()
+            rt.detach()  # a backend that cannot keep one running says so here
+            out.append(({**asdict(info), "connection": list(connection.shell)}, info.ports))
+    except BaseException:
+        for rt in runtimes:
+            rt.cleanup()  # those detached already are closed: this does nothing to them
+        raise
+    return out
+
+
+SWEEP_EVERY = 0.25
+"""Seconds between two looks of `orchestrator pool` for members claimed by `up --pool`."""
+
+
+def pool(
+    file: Path = typer.Argument(..., help="Environment file."),
+    size: int = typer.Option(4, "--size", "-n", min=1, help="Environments to keep ready."),
+) -> None:
+    """Keep SIZE environments of a file up and set up until stopped (Ctrl-C): `orchestrator
+    up FILE --pool` takes one at once, and the pool starts another in its place. Those
+    still waiting are removed when the pool stops; those taken stay until `down`."""
+    import time
+
+    from orchestrator.cli.progress import progress_bar
+    from orchestrator.runtime.pool import Pool
+    from orchestrator.runtime.registry import prepare
+
+    env = prepare(_load(file))
+    if env.backend != "docker":
+        raise UsageError(f"`orchestrator pool` needs the docker backend ({file} is {env.backend})")
+    with Pool(env, size) as warm:
+        typer.echo(
+            f"pool {warm.id}: keeping {size} of {env.name} ready; "
+            f"`orchestrator up {file} --pool` takes one; Ctrl-C stops",
+            err=True,
+        )
+        with progress_bar("ready", size, keep=True) as bar:
+            claimed, last = 0, ""
+            while True:
+                claimed += warm.sweep()
+                ready, starting = warm.ready, warm.starting
+                line = f"ready {ready}/{size}, starting {starting}, taken {claimed}"
+                bar.update(ready, description=f"ready (starting {starting}, taken {claimed})")
+                if line != last and not sys.stderr.isatty():
+                    typer.echo(line, err=True)
+                last = line
+                time.sleep(SWEEP_EVERY)
 
 
 def run(
@@ -225,6 +362,7 @@ def down(
 ) -> None:
     """Take an environment down: containers, networks and volumes."""
     from orchestrator.project import find_project, owner_alive, reap, remove_project
+    from orchestrator.project.identity import kept
 
     if all_:
         for name in reap(all_projects=True):
@@ -233,7 +371,8 @@ def down(
     if not ref:
         raise UsageError("name an environment id, or pass --all")
     info = find_project(ref)
-    if info.owner != "detached" and owner_alive(info.labels) and not force:
+    claimed = kept(info.directory)  # taken from a pool, or kept by a harness: for `down`
+    if info.owner != "detached" and owner_alive(info.labels) and not claimed and not force:
         raise UsageError(
             f"{info.name} belongs to a running process ({info.owner}), which still uses it; "
             "pass --force to take it down anyway"
@@ -258,9 +397,9 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable outp
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("ID", "ENV", "OWNER", "STATE", "PORTS", box=None)
+    table = Table("ID", "ENV", "OWNER", "STATE", "PORTS", "POOL", box=None)
     for r in rows:
-        table.add_row(r.id, r.env, r.owner, r.state, _ports_text(r.ports))
+        table.add_row(r.id, r.env, r.owner, r.state, _ports_text(r.ports), r.pool)
     Console().print(table)
 
 

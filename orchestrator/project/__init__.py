@@ -21,6 +21,7 @@ from orchestrator.project.identity import (
 from orchestrator.project.inventory import (
     ProjectInfo,
     ProjectStatus,
+    claim_from_pool,
     find_project,
     list_projects,
     match_project,
@@ -45,6 +46,7 @@ __all__ = [
     "Project",
     "ProjectInfo",
     "ProjectStatus",
+    "claim_from_pool",
     "docker_client",
     "docker_errors",
     "find_project",

@@ -26,6 +26,7 @@ from orchestrator.project.engine import (
 )
 from orchestrator.project.identity import (
     DETACHED,
+    KEPT_FILE,
     LABEL_DIGEST,
     LABEL_DIR,
     LABEL_ENV,
@@ -42,6 +43,7 @@ from orchestrator.project.identity import (
     project_folders,
     state_dir,
 )
+from orchestrator.project.membership import CLAIMED, READY, membership, move
 from orchestrator.spec.models import PublishedPort
 
 
@@ -135,6 +137,8 @@ class ProjectStatus:
     networks: int
     ports: tuple[PublishedPort, ...]
     """Published ports of every service."""
+    pool: str = ""
+    """"<pool id> <state>" for a member of a warm pool (ready, in-use, claimed), else ""."""
 
 
 def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectStatus], list[str]]:
@@ -160,10 +164,27 @@ def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectSt
             containers=len(p.containers),
             networks=len(p.networks),
             ports=tuple(ports.get(p.name, ())),
+            pool=" ".join(membership(p.directory) or ()),
         )
         for p in live
     ]
     return statuses, removed
+
+
+def claim_from_pool(digest: str, client: DockerClient | None = None) -> ProjectInfo | None:
+    """Take a waiting member of a running pool (`orchestrator pool`) of the environment file
+    with this digest: it becomes the caller's, kept until `down` whatever its pool does next.
+    None when no pool has one ready."""
+    for info in list_projects(client):
+        folder = info.directory
+        if info.labels.get(LABEL_DIGEST) != digest or folder is None:
+            continue
+        if not owner_alive(info.labels):  # its pool is gone; the reaper removes it
+            continue
+        keep = (folder / KEPT_FILE).touch
+        if move(folder, READY, CLAIMED, keep):
+            return info
+    return None
 
 
 def match_project(ref: str, names: list[str]) -> str:

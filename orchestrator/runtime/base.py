@@ -427,6 +427,37 @@ class Runtime(Sandbox):
             )
         self._unpack_here(snap.archive(), self.workdir, None)
 
+    def restore(self, snap: Snapshot) -> None:
+        """Put a running environment back to a snapshot: every process in it is killed (the
+        environment stays up; its services are left as they are), then the working folder
+        is emptied and refilled from the snapshot. No setup command runs."""
+        self._reset(snap.archive())
+
+    #: Who packs and refills the workspace in a reset: someone who can read and remove
+    #: whatever the commands left there (None: the default user).
+    _reset_user: ClassVar[str | None] = None
+
+    def _workspace_archive(self, limit: int | None = None) -> bytes:
+        """The working folder as a tar stream, packed by `_reset_user` (for `_reset`)."""
+        return self._pack_here(self.workdir, self._reset_user, limit or snapshot_limit())
+
+    def _reset(self, archive: bytes) -> None:
+        self._check_usable()
+        self._kill_processes()
+        target = self._path(self.workdir)
+        cmd = self._command(files.replace_argv(target), None, archive, None, self._reset_user, None)
+        _, err, outcome = self._collect(cmd, 64 * 1024)
+        files.raise_for_folder(outcome.exit_code, target, "reset", decode(err.value()))
+
+    def _project_folder(self) -> Path | None:
+        """The folder that stands for this environment outside this process (its project
+        folder), or None for a backend that has none."""
+        return None
+
+    @abstractmethod
+    def _kill_processes(self) -> None:
+        """Kill every process running in the environment, leaving the environment up."""
+
     def keep(self) -> None:
         """Keep the environment running after this process, until `orchestrator down` (for
         a harness told not to clean up). Backends that cannot do that raise UsageError."""

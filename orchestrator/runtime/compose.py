@@ -38,9 +38,42 @@ EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
 """auto (the executor, falling back to plain where it cannot run), executor or plain."""
 
 
+# Kill every process of the main container except the keep-alive (PID 1, the oldest of its
+# children and that one's `sleep`) and this script's own ancestry (the executor, or plain
+# exec). Orphans are reparented to PID 1, so a daemon is found like any other; a process
+# cannot pass for the keep-alive, which started before any command could. Passes repeat
+# until three in a row find nothing, so a fork caught mid-pass is not missed.
+KILL_OTHERS = r"""
+me=$$; keep=" 1 "; p=$$
+while [ "${p:-0}" -gt 0 ]; do
+  keep="$keep$p "; read -r s 2>/dev/null < /proc/$p/stat || break; s=${s##*) }; set -- $s; p=$2
+done
+entry=; first=
+for d in /proc/[0-9]*; do
+  read -r s 2>/dev/null < $d/stat || continue; s=${s##*) }; set -- $s
+  [ "$2" = 1 ] || continue
+  if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then first=${20}; entry=${d#/proc/}; fi
+done
+keep="$keep$entry "; quiet=0; n=0
+while [ $quiet -lt 3 ] && [ $n -lt 500 ]; do
+  n=$((n + 1)); found=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case $keep in *" $p "*) continue ;; esac
+    read -r s 2>/dev/null < $d/stat || continue; s=${s##*) }; set -- $s
+    [ "$1" = Z ] || [ "$2" = "$entry" ] || [ "$2" = "$me" ] && continue
+    kill -9 "$p" 2>/dev/null && found=1
+  done
+  [ $found = 1 ] && quiet=0 || quiet=$((quiet + 1))
+done
+[ $quiet -ge 3 ]
+"""
+
+
 class ComposeRuntime(Runtime):
     name: ClassVar[str] = "docker"
     deviations: ClassVar[dict[str, str]] = {}
+    _reset_user: ClassVar[str | None] = "0:0"  # PID 1's user: may signal and remove anything
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -163,6 +196,17 @@ class ComposeRuntime(Runtime):
             channel.close()
         if self.project is not None:
             self.project.kill()
+
+    def _project_folder(self) -> Path | None:
+        return self.project.directory if self.project else None
+
+    def _kill_processes(self) -> None:
+        result = self.execute(["/bin/sh", "-c", KILL_OTHERS], user=self._reset_user, timeout=60)
+        if not result.ok:
+            raise OrchestratorError(
+                f"{self.env.name}: could not kill the processes left running "
+                f"(exit {result.exit_code}): {result.stderr.strip()}"
+            )
 
     def _poll(self) -> int | None:
         assert self.project is not None

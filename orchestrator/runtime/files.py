@@ -85,6 +85,20 @@ DOWNLOAD = (
 _NOT_DIR = 20
 
 
+# A reset: the folder emptied (whatever its modes), then an archive unpacked in it with the
+# owners it records (run as root in a container, so those are the owners at packing time).
+REPLACE = (
+    'd=$1; [ -d "$d" ] || exit 20; chmod -R u+rwX -- "$d" 2>/dev/null; '
+    'rm -rf -- "$d"/* "$d"/.[!.]* "$d"/..?* || exit 13; '
+    'tar -x -f - -C "$d" || exit 13'
+)
+
+
+def replace_argv(dest: str) -> list[str]:
+    """Empty the folder `dest`, then unpack a tar stream from stdin into it."""
+    return ["/bin/sh", "-c", REPLACE, "sh", dest]
+
+
 def upload_argv(dest: str) -> list[str]:
     """Unpack a tar stream from stdin into the folder `dest` (created if missing)."""
     return ["/bin/sh", "-c", UPLOAD, "sh", dest]

@@ -119,6 +119,9 @@ class LocalRuntime(Runtime):
             _writable(self._tmp)
             shutil.rmtree(self._tmp, ignore_errors=True)
 
+    def _kill_processes(self) -> None:
+        self._kill()
+
     def _kill(self) -> None:
         with self._procs_lock:
             procs = list(self._procs)

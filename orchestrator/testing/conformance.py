@@ -619,3 +619,28 @@ def test_snapshot_and_resume(conformance_target: Target, tmp_path: Path) -> None
         assert second.read_file(".resume-count") == "resumed\n"
     snap.remove()
     assert not snap.path.exists() and not snap.record.exists()
+
+
+def _running(rt: Runtime, needle: str) -> bool:
+    """Whether a process whose command line holds `needle` runs where rt's commands run."""
+    scan = 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < "$f" 2>/dev/null; echo; done'
+    return needle in rt.execute(scan).stdout
+
+
+def test_restore_kills_every_process_and_puts_the_workspace_back(
+    fresh: Runtime, tmp_path: Path
+) -> None:
+    fresh.write_file("work/kept.txt", "before\n")
+    snap = fresh.snapshot(tmp_path / "base.tar")
+    daemon, child = unique_sleep(), unique_sleep()
+    fresh.execute(f"setsid sleep {daemon} >/dev/null 2>&1 < /dev/null &")
+    fresh.execute(f"sleep {child} >/dev/null 2>&1 < /dev/null &")
+    fresh.write_file("work/kept.txt", "changed\n")
+    fresh.execute("echo x > new.txt && mkdir -p locked/in && chmod 000 locked work")
+    assert _running(fresh, f"sleep {daemon}") and _running(fresh, f"sleep {child}")
+    fresh.restore(snap)
+    assert fresh.poll() is None  # still up, and usable
+    assert not _running(fresh, f"sleep {daemon}") and not _running(fresh, f"sleep {child}")
+    assert fresh.read_file("work/kept.txt") == "before\n"
+    assert fresh.execute("ls -A").stdout.split() == sorted([".setup-count", ".static-copy", "work"])
+    assert fresh.read_file(".setup-count") == "ran\n"  # no setup command ran again

@@ -55,3 +55,48 @@ def test_bad_pools_are_usage_errors(tmp_path: Path) -> None:
         Pool(load_environment_text(env()), size=0)
     with pytest.raises(UsageError, match="workspace"):
         Pool(load_environment_text(env()), size=1, workspace=tmp_path)
+
+
+def _filled(pool: Pool, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while pool.ready < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pool.ready == count
+
+
+def test_a_reuse_pool_resets_what_comes_back_and_hands_it_out_again() -> None:
+    with Pool(load_environment_text(env()), size=1, reuse=True) as pool:
+        rt = pool.acquire(timeout=20)
+        rt.write_file(".ready", "scribbled\n")
+        rt.write_file("left-behind.txt", "x")
+        pool.release(rt)
+        assert pool.ready == 1 and not rt.closed
+        again = pool.acquire(timeout=20)
+        assert again is rt  # the same environment, put back as setup left it
+        assert rt.read_file(".ready") == "ready\n"
+        assert rt.execute("ls -A").stdout.split() == [".ready"]
+        with pytest.raises(TimeoutError):  # all of it is out: nothing starts in its place
+            pool.acquire(timeout=0.3)
+        pool.release(rt, reset=False)  # discarded instead: a new one starts
+        assert rt.closed
+        _filled(pool, 1)
+        assert pool.acquire(timeout=20) is not rt
+
+
+def test_a_disposable_pool_keeps_a_reset_one_only_when_it_is_short() -> None:
+    with Pool(load_environment_text(env()), size=1) as pool:
+        rt = pool.acquire(timeout=20)
+        _filled(pool, 1)  # the replacement is up: the pool is full
+        pool.release(rt, reset=True)
+        assert rt.closed and pool.ready == 1
+
+
+def test_only_the_pools_own_environments_go_back() -> None:
+    with (
+        Pool(load_environment_text(env()), size=1) as first,
+        Pool(load_environment_text(env()), size=1) as second,
+    ):
+        rt = first.acquire(timeout=20)
+        with pytest.raises(UsageError, match="not an environment of this pool"):
+            second.release(rt)
+        first.release(rt)
