@@ -82,9 +82,9 @@ _SESSION_ROOT: list[str] = []
 
 
 def labelled_ids() -> set[str]:
-    """Ids of every container, network and volume this session made: our label, and a project
-    folder under the session's temporary root. Another run's on the same machine are not ours
-    to count or to remove."""
+    """Ids of every container, network, volume and snapshot image this session made: our
+    label, and a project (or state) folder under the session's temporary root. Another
+    run's on the same machine are not ours to count or to remove."""
     root = _SESSION_ROOT[0] if _SESSION_ROOT else ""
     folder = '{{.Label "org.orchestrator.dir"}}'
     ids: set[str] = set()
@@ -103,12 +103,36 @@ def labelled_ids() -> set[str]:
             name, _, where = line.partition(" ")
             if name and where.startswith(root):
                 ids.add(f"{kind[0]}:{name}")
-    return ids
+    return ids | _snapshot_images(root)
+
+
+def _snapshot_images(root: str) -> set[str]:
+    """Snapshot images made with a state folder under `root` (`image ls` cannot print
+    labels, so they are inspected)."""
+    state = "org.orchestrator.snapshot.state"
+    listed = subprocess.run(
+        ["docker", "image", "ls", "-q", "--no-trunc", "--filter", f"label={state}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if not listed:
+        return set()
+    fmt = f'{{{{.Id}}}} {{{{index .Config.Labels "{state}"}}}}'
+    out = subprocess.run(
+        ["docker", "image", "inspect", "--format", fmt, *listed],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    found = (line.partition(" ") for line in out.splitlines())
+    return {f"image:{ident}" for ident, _, where in found if where.startswith(root)}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail a module of Docker tests that leaves labelled containers, networks or volumes."""
+    """Fail a module of Docker tests that leaves labelled containers, networks, volumes or
+    snapshot images."""
     uses_docker = any(
         "docker" in item.keywords
         for item in request.session.items
@@ -127,6 +151,7 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
                 "ps": ["rm", "-f", "-v"],
                 "network": ["network", "rm"],
                 "volume": ["volume", "rm", "-f"],
+                "image": ["rmi", "-f"],
             }[kind]
             subprocess.run(["docker", *argv, i], capture_output=True, check=False)
         pytest.fail(f"{request.module.__name__} leaked Docker objects: {sorted(leaked)}")

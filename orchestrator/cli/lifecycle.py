@@ -432,8 +432,10 @@ def cleanup(
 ) -> None:
     """Remove our environments whose owner process is gone. Never touches anything that does
     not carry our labels."""
-    from orchestrator.project import reap
+    from orchestrator.project import images, reap
 
+    for image in images.reap_orphans():
+        typer.echo(f"removed {image} (its snapshot is gone)")
     removed = reap(all_projects=all_)
     for name in removed:
         typer.echo(f"removed {name}")
@@ -447,6 +449,9 @@ def snapshot(
     ),
     list_: bool = typer.Option(False, "--list", help="List the snapshots folder."),
     remove: str = typer.Option(None, "--rm", help="Remove this snapshot (a name or a path)."),
+    filesystem: bool = typer.Option(
+        False, "--filesystem", help="Also save the main container's filesystem (an image)."
+    ),
 ) -> None:
     """Save a running environment's workspace as a snapshot (resume it with `up --resume`);
     or list or remove snapshots."""
@@ -454,7 +459,8 @@ def snapshot(
 
     if list_:
         for snap in snapshots.list_snapshots():
-            typer.echo(f"{snap.name}\t{snap.env}\t{snap.created}\t{snap.size}\t{snap.path}")
+            fields = (snap.name, snap.env, snap.created, snap.size, snap.path, snap.image or "-")
+            typer.echo("\t".join(map(str, fields)))
         return
     if remove:
         found = snapshots.Snapshot.find(remove)
@@ -463,11 +469,13 @@ def snapshot(
         return
     if not ref:
         raise UsageError("name an environment id, or pass --list or --rm NAME")
-    from orchestrator.project import LABEL_DIGEST
+    from orchestrator.project import LABEL_DIGEST, images
 
     info, container = _main(ref)
+    path = snapshots.archive_path(info.env, output)
     archive = _pack_workspace(info, container)
-    snap = snapshots.save(archive, info.env, info.labels.get(LABEL_DIGEST, ""), output)
+    image = images.commit(container, path.with_suffix(".json")) if filesystem else ""
+    snap = snapshots.save(archive, info.env, info.labels.get(LABEL_DIGEST, ""), path, image)
     typer.echo(snap.path)
 
 

@@ -54,6 +54,9 @@ class CompileOptions:
     host_env: Mapping[str, str] | None = None
     platform: str = sys.platform
     policy: Policy = field(default_factory=Policy.from_env)
+    main_image: str = ""
+    """Run this image for the main sandbox instead of the file's image or build (a snapshot
+    of a container's filesystem being resumed)."""
 
 
 @dataclass(frozen=True)
@@ -296,8 +299,8 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "project": opts.project,
         "labels": dict(sorted(opts.labels.items())),
         "main": {
-            "image": spec.image,
-            "build": _build(env, spec.build, MAIN),
+            "image": opts.main_image or spec.image,
+            "build": None if opts.main_image else _build(env, spec.build, MAIN),
             "workdir": spec.workdir,
             "user": user,
             "env": container_env,

@@ -17,6 +17,7 @@ from python_on_whales.utils import run
 from orchestrator.compile.common import MAIN
 from orchestrator.compile.render import USER_LABEL
 from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound
+from orchestrator.project import images
 from orchestrator.project.engine import (
     COMPOSE_SERVICE,
     docker_client,
@@ -238,6 +239,7 @@ def reap(
         if all_projects or not spared:
             remove_project(info, client)
             removed.append(info.name)
+    images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
     live = {p.name for p in projects if p.name not in removed}
     for folder in orphan_folders(live):
         if _has_objects(folder.name, client):  # created since we listed: not an orphan

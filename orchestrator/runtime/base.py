@@ -371,6 +371,8 @@ class Runtime(Sandbox):
     def spawn(cls, env: Environment, options: SpawnOptions | None = None) -> Runtime:
         """Start the environment and run its setup; on any failure remove what was started."""
         rt = cls(env, options or SpawnOptions())
+        if rt.options.resume is not None:
+            rt._check_resumable(rt.options.resume)
         _live.add(rt)
         try:
             rt._start()
@@ -413,12 +415,30 @@ class Runtime(Sandbox):
         self._killed = True
         self._kill()
 
-    def snapshot(self, dest: str | Path | None = None, *, limit: int | None = None) -> Snapshot:
+    def snapshot(
+        self, dest: str | Path | None = None, *, limit: int | None = None, filesystem: bool = False
+    ) -> Snapshot:
         """Save the workspace (the working folder's whole tree) as a snapshot: to the path
-        `dest`, under the name `dest` in the snapshots folder, or a fresh name there. Resume
-        it with spawn_runtime(env, resume=snapshot)."""
+        `dest`, under the name `dest` in the snapshots folder, or a fresh name there. With
+        `filesystem` (Docker), the main container's filesystem is saved too, as an image
+        (removed with the snapshot). Resume it with spawn_runtime(env, resume=snapshot).
+        Take it while no command runs: the two are not one atomic copy."""
+        path = snapshot.archive_path(self.env.name, dest)
         archive = self._pack_here(self.workdir, None, limit or snapshot_limit())
-        return snapshot.save(archive, self.env.name, self.env.digest, dest)
+        image = self._commit(path.with_suffix(".json")) if filesystem else ""
+        return snapshot.save(archive, self.env.name, self.env.digest, path, image)
+
+    def _commit(self, record: Path) -> str:
+        """Save the main container's filesystem as an image owned by `record`; its tag."""
+        raise UsageError(f"the {self.name} backend has no container filesystem to snapshot")
+
+    def _check_resumable(self, snap: Snapshot) -> None:
+        """Refuse, before anything starts, a snapshot this backend cannot resume."""
+        if snap.image:
+            raise UsageError(
+                f"snapshot {snap.name} holds a container filesystem, which only the docker "
+                f"backend resumes (this is {self.name})"
+            )
 
     def _restore(self, snap: Snapshot) -> None:
         if snap.digest != self.env.digest:

@@ -23,7 +23,7 @@ from orchestrator.errors import (
     StartupError,
     UsageError,
 )
-from orchestrator.project import LABEL_DIR, Project, start_project
+from orchestrator.project import LABEL_DIR, Project, images, start_project
 from orchestrator.project.engine import TIMED_OUT, engine_call, raw_docker
 from orchestrator.runtime.base import Runtime, Sandbox
 from orchestrator.runtime.channel import Channel, Mode
@@ -31,6 +31,7 @@ from orchestrator.runtime.executor.client import FILES
 from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Connection, RuntimeInfo
 from orchestrator.runtime.service import ServiceSandbox, shell_connection
+from orchestrator.runtime.snapshot import Snapshot
 from orchestrator.spec.models import PublishedPort
 
 log = logging.getLogger("orchestrator.docker")
@@ -109,6 +110,7 @@ class ComposeRuntime(Runtime):
                 env_vars=opts.env_vars,
                 subnet=subnet,
                 policy=opts.policy,
+                main_image=opts.resume.image if opts.resume else "",
             )
 
         self.project = start_project(
@@ -196,6 +198,18 @@ class ComposeRuntime(Runtime):
             channel.close()
         if self.project is not None:
             self.project.kill()
+
+    def _commit(self, record: Path) -> str:
+        assert self.project is not None
+        self._check_usable()
+        return images.commit(self._container, record, self.project.client)
+
+    def _check_resumable(self, snap: Snapshot) -> None:
+        if snap.image and not images.exists(snap.image):
+            raise UsageError(
+                f"snapshot {snap.name}: its filesystem image {snap.image} is gone "
+                "(removed outside orchestrator); it cannot be resumed"
+            )
 
     def _project_folder(self) -> Path | None:
         return self.project.directory if self.project else None

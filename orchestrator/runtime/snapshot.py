@@ -34,6 +34,9 @@ class Snapshot:
     created: str
     size: int
     """Bytes of the archive."""
+    image: str = ""
+    """On Docker, with filesystem=True: the image holding the main container's filesystem
+    (its changes above the image it ran), which a resume runs instead of the file's image."""
 
     @property
     def name(self) -> str:
@@ -44,6 +47,11 @@ class Snapshot:
         return self.path.with_suffix(".json")
 
     def remove(self) -> None:
+        """Remove the archive, its record and its image."""
+        if self.image:
+            from orchestrator.project import images
+
+            images.remove(self.image)
         self.path.unlink(missing_ok=True)
         self.record.unlink(missing_ok=True)
 
@@ -69,23 +77,27 @@ class Snapshot:
 def _load(path: Path) -> Snapshot | None:
     try:
         data = json.loads(path.with_suffix(".json").read_text())
-        return Snapshot(path=path, **{k: data[k] for k in ("env", "digest", "created", "size")})
+        fields = {k: data[k] for k in ("env", "digest", "created", "size")}
+        return Snapshot(path=path, image=str(data.get("image", "")), **fields)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def save(archive: bytes, env: str, digest: str, dest: str | Path | None = None) -> Snapshot:
-    """Write an archive and its record; `dest` is a path, a name, or None for a fresh name."""
+def archive_path(env: str, dest: str | Path | None = None) -> Path:
+    """Where a snapshot goes: the path `dest`, the name `dest` in the snapshots folder, or
+    a fresh name there."""
     if dest is None or not (Path(dest).suffix or "/" in str(dest)):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         name = str(dest) if dest else f"{env}-{stamp}-{uuid.uuid4().hex[:6]}"
-        path = snapshots_dir() / f"{name}{SUFFIX}"
-    else:
-        path = Path(dest)
+        return snapshots_dir() / f"{name}{SUFFIX}"
+    return Path(dest).absolute()
+
+
+def save(archive: bytes, env: str, digest: str, path: Path, image: str = "") -> Snapshot:
+    """Write an archive (at `path`, from archive_path) and its record."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    snap = Snapshot(
-        path, env, digest, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), len(archive)
-    )
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    snap = Snapshot(path, env, digest, created, len(archive), image)
     path.write_bytes(archive)
     record = {k: v for k, v in asdict(snap).items() if k != "path"}
     snap.record.write_text(json.dumps(record, indent=1))

@@ -528,15 +528,19 @@ def test_cli_snapshot_then_up_resume(make_env: MakeEnv) -> None:
     first = subprocess.run([*cli, "up", str(path)], capture_output=True, text=True, check=True)
     ident = first.stdout.strip()
     try:
-        subprocess.run([*cli, "exec", ident, "--", "echo mine > work.txt"], check=True)
+        subprocess.run(
+            [*cli, "exec", ident, "--", "echo mine > work.txt; echo fs > /tmp/mark"], check=True
+        )
         saved = subprocess.run(
-            [*cli, "snapshot", ident, "-o", "cli-snap"], capture_output=True, text=True
+            [*cli, "snapshot", ident, "-o", "cli-snap", "--filesystem"],
+            capture_output=True,
+            text=True,
         )
         assert saved.returncode == 0 and saved.stdout.strip().endswith("cli-snap.tar"), saved
     finally:
         subprocess.run([*cli, "down", ident], capture_output=True, check=True)
     listed = subprocess.run([*cli, "snapshot", "--list"], capture_output=True, text=True)
-    assert "cli-snap\tsnap\t" in listed.stdout
+    assert "cli-snap\tsnap\t" in listed.stdout and "\torchestrator-snapshot:" in listed.stdout
     second = subprocess.run(
         [*cli, "up", "--resume", "cli-snap", str(path)], capture_output=True, text=True
     )
@@ -544,9 +548,11 @@ def test_cli_snapshot_then_up_resume(make_env: MakeEnv) -> None:
     ident = second.stdout.strip()
     try:
         shown = subprocess.run(
-            [*cli, "exec", ident, "--", "cat work.txt setup.log"], capture_output=True, text=True
+            [*cli, "exec", ident, "--", "cat work.txt setup.log /tmp/mark"],
+            capture_output=True,
+            text=True,
         )
-        assert shown.stdout == "mine\nran\nresumed\n"
+        assert shown.stdout == "mine\nran\nresumed\nfs\n"
     finally:
         subprocess.run([*cli, "down", ident], capture_output=True, check=True)
     removed = subprocess.run([*cli, "snapshot", "--rm", "cli-snap"], capture_output=True, text=True)
@@ -582,3 +588,38 @@ def test_cli_exec_timeout_kills_the_tree_and_exits_124(make_env: MakeEnv) -> Non
         assert ok.returncode == 3
     finally:
         subprocess.run([*cli, "down", ident], capture_output=True, check=True)
+
+
+def test_filesystem_snapshot_resumes_the_container_and_goes_with_it(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    from orchestrator.project import images
+
+    path = make_env("user: '1000:1000'\n", name="fssnap")
+    with spawn_runtime(path) as first:
+        first.execute("mkdir -p /opt/tool && echo built > /opt/tool/out", user="0:0")
+        first.write_file("work.txt", "mine\n")
+        snap = first.snapshot(tmp_path / "fs.tar", filesystem=True)
+    assert snap.image and images.exists(snap.image)
+    with spawn_runtime(path, resume=snap) as second:  # the container's files came back too
+        assert second.execute("cat /opt/tool/out work.txt").stdout == "built\nmine\n"
+        assert second.execute("id -u").stdout == "1000\n"  # still the file's user
+        with pytest.raises(OrchestratorError):  # in use by a running container: kept
+            snap.remove()
+    snap.remove()
+    assert not images.exists(snap.image) and not snap.path.exists()
+    # an image whose snapshot record was deleted by hand is reaped like any leftover
+    with spawn_runtime(path) as third:
+        orphan = third.snapshot(tmp_path / "orphan.tar", filesystem=True)
+    orphan.record.unlink()
+    reap()
+    assert not images.exists(orphan.image)
+    # one whose image was removed outside orchestrator cannot be resumed, and says why
+    with spawn_runtime(path) as fourth:
+        lost = fourth.snapshot(tmp_path / "lost.tar", filesystem=True)
+    images.remove(lost.image)
+    before = labelled_ids()
+    with pytest.raises(UsageError, match=r"image \S+ is gone"):
+        spawn_runtime(path, resume=lost)
+    assert labelled_ids() == before  # refused before anything started
+    lost.remove()

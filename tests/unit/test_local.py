@@ -61,3 +61,17 @@ def test_poll_reports_what_is_not_what_was_asked(
         while rt.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert rt.poll() == 137 and running(f"sleep\0{seconds}") == []
+
+
+def test_no_container_filesystem_to_snapshot_or_resume(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from orchestrator import UsageError
+
+    env = load_environment_text("version: 1\nname: fs\nbackend: local\n")
+    with spawn_runtime(env) as rt:
+        with pytest.raises(UsageError, match="no container filesystem"):
+            rt.snapshot(tmp_path / "s.tar", filesystem=True)
+        snap = rt.snapshot(tmp_path / "s.tar")
+    with pytest.raises(UsageError, match="only the docker backend resumes"):
+        spawn_runtime(env, resume=replace(snap, image="orchestrator-snapshot:x"))
