@@ -19,6 +19,7 @@ Rules kept here:
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import selectors
 import signal
@@ -46,7 +47,11 @@ DRAIN = 0.1
 """Seconds of pipe silence, after the main process exited, before we stop reading."""
 DRAIN_MAX = 2.0
 """Longest we keep reading after the main process exited (a background writer)."""
-CHUNK = 65536
+CHUNK = 1 << 18
+"""Largest read of a command's output: one frame of the executor. The pipes are grown to it
+(Linux), so bulk output (a folder being packed) crosses in a few hundred frames per 100 MB,
+not thousands; the executor's window of frames in flight bounds memory at 64 of them."""
+F_SETPIPE_SZ = 1031  # fcntl's name for it arrived in Python 3.10; the number is Linux's
 
 NO_PROCESS = (errno.EAGAIN, errno.ENOMEM)
 """fork() errors that mean no process can be started at all (pids or memory limit)."""
@@ -342,6 +347,10 @@ def pump(
     sel = selectors.DefaultSelector()
     for pipe, kind in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
         if pipe is not None:
+            try:
+                fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, CHUNK)
+            except OSError:
+                pass  # not Linux, or over /proc/sys/fs/pipe-max-size: the default stays
             sel.register(pipe, selectors.EVENT_READ, kind)
     exited_at: Optional[float] = None
     last_data = start

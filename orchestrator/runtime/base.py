@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import posixpath
 import re
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, overload
 
@@ -28,6 +29,7 @@ from orchestrator.compile.common import MAIN, resolve_user, substitute_static
 from orchestrator.errors import (
     CommandFailed,
     CommandTimeout,
+    OrchestratorError,
     OutputLimitExceeded,
     RuntimeClosed,
     SetupFailed,
@@ -288,12 +290,19 @@ class Sandbox(ABC):
     def upload(self, local: str | Path, dest: str, *, user: str | None = None) -> None:
         """Copy a local folder's content into folder `dest` (created if missing) as one tar
         stream: modes and symlinks kept, files owned by the command user."""
-        self._unpack_here(files.pack(Path(local)), dest, user)
+        stream = files.PackStream(Path(local))
+        try:
+            self._unpack_here(stream, dest, user)
+        except OrchestratorError:
+            if stream.error is None:
+                raise
+        if stream.error is not None:  # the sandbox saw a cut archive; this is why
+            raise stream.error
 
-    def _unpack_here(self, archive: bytes, dest: str, user: str | None) -> None:
+    def _unpack_here(self, archive: bytes | Iterable[bytes], dest: str, user: str | None) -> None:
         target = self._path(dest)
-        cmd = self._command(files.upload_argv(target), None, archive, None, user, None)
-        _, err, outcome = self._collect(cmd, 64 * 1024)
+        cmd = self._command(files.upload_argv(target), None, b"", None, user, None)
+        _, err, outcome = self._collect(dataclasses.replace(cmd, stdin=archive), 64 * 1024)
         files.raise_for_folder(outcome.exit_code, target, "upload into", decode(err.value()))
 
     def _pack_here(self, src: str, user: str | None, limit: int) -> bytes:
@@ -301,12 +310,13 @@ class Sandbox(ABC):
         cmd = self._command(files.download_argv(target), None, None, None, user, None)
         out, err, outcome = self._collect(cmd, limit + 1)
         files.raise_for_folder(outcome.exit_code, target, "download", decode(err.value()))
-        if out.truncated or len(out.value()) > limit:
+        archive = out.value()  # (one copy of what may be a gigabyte)
+        if out.truncated or len(archive) > limit:
             raise OutputLimitExceeded(
                 f"{target} packs to more than the limit of {limit} bytes (pass limit= or set "
                 f"{FILE_LIMIT_ENV})"
             )
-        return out.value()
+        return archive
 
     def download(
         self, src: str, local: str | Path, *, user: str | None = None, limit: int | None = None

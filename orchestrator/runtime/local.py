@@ -20,7 +20,7 @@ from orchestrator import procutil
 from orchestrator.compile.common import resolve_env
 from orchestrator.errors import SandboxUnavailable, UsageError
 from orchestrator.runtime.base import Runtime
-from orchestrator.runtime.options import Chunks, Command, SpawnOptions
+from orchestrator.runtime.options import Chunks, Command, SpawnOptions, stdin_chunks
 from orchestrator.runtime.results import Connection, RuntimeInfo
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import check_host_paths, raise_if
@@ -206,7 +206,7 @@ class LocalRuntime(Runtime):
                     {**self._env, **cmd.env},
                     cmd.cwd,
                     cmd.user,
-                    [cmd.stdin] if cmd.stdin is not None else None,
+                    stdin_chunks(cmd.stdin) if cmd.stdin is not None else None,
                     cmd.timeout,
                     on_start=started,
                 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,4 +67,17 @@ class Command:
     cwd: str
     user: str | None
     timeout: float | None
-    stdin: bytes | None
+    stdin: bytes | Iterable[bytes] | None
+    """What the command reads: bytes, or chunks as they are produced (a folder being packed);
+    None: nothing (end of file at once)."""
+
+
+STDIN_CHUNK = 1 << 20
+
+
+def stdin_chunks(stdin: bytes | Iterable[bytes]) -> Iterator[bytes]:
+    """A command's input in pieces of at most STDIN_CHUNK bytes."""
+    for data in [stdin] if isinstance(stdin, bytes) else stdin:
+        view = memoryview(data)
+        for i in range(0, len(view), STDIN_CHUNK):
+            yield bytes(view[i : i + STDIN_CHUNK])

@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.runtime.executor import wire
-from orchestrator.runtime.options import Chunks, Command
+from orchestrator.runtime.options import Chunks, Command, stdin_chunks
 from orchestrator.runtime.results import Outcome
 
 HERE = Path(__file__).resolve().parent
@@ -224,9 +224,7 @@ class ExecutorClient:
             )
             self._send(wire.RUN, cid, wire.encode_request(request))
             if cmd.stdin is not None:
-                view = memoryview(cmd.stdin)
-                for i in range(0, len(view), 1 << 20):
-                    chunk = bytes(view[i : i + (1 << 20)])
+                for chunk in stdin_chunks(cmd.stdin):
                     self._send(wire.STDIN, cid, chunk, waiting=lambda: self._silence(probe))
                 self._send(wire.STDIN_EOF, cid)
             backstop = (

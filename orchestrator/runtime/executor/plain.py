@@ -13,7 +13,7 @@ import uuid
 
 from orchestrator import procutil
 from orchestrator.errors import BackendUnavailable
-from orchestrator.runtime.options import Chunks, Command
+from orchestrator.runtime.options import Chunks, Command, stdin_chunks
 
 MARK = "ORCHESTRATOR_CMD"
 NO_USER = b"unable to find user "
@@ -57,7 +57,7 @@ def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
         if sig == signal.SIGKILL:
             client.kill()  # and the local docker client, which a paused sandbox would hold
 
-    stdin = [cmd.stdin] if cmd.stdin is not None else None
+    stdin = stdin_chunks(cmd.stdin) if cmd.stdin is not None else None
     chunks = procutil.run(argv, None, None, stdin=stdin, timeout=cmd.timeout, killer=killer)
     try:
         first = True

@@ -25,7 +25,8 @@ RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE = 1, 2, 3, 4, 5, 6, 7
 READY, OUT, ERR, EXIT, PONG = 10, 11, 12, 13, 14
 MAX_PAYLOAD = 64 * 1024 * 1024
 WINDOW = 64
-"""Output frames (of at most 64 KiB each) in flight per command before credit is needed."""
+"""Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit
+is needed."""
 COUNT = struct.Struct(">I")
 
 Frame = Tuple[int, int, bytes]
@@ -36,13 +37,14 @@ def pack(kind: int, cid: int, payload: bytes = b"") -> bytes:
 
 
 def _read_exact(stream: IO[bytes], n: int) -> Optional[bytes]:
-    buf = b""
-    while len(buf) < n:
-        chunk = stream.read(n - len(buf))
-        if not chunk:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        count = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        if not count:
             return None
-        buf += chunk
-    return buf
+        got += count
+    return bytes(buf)
 
 
 def read_frame(stream: IO[bytes]) -> Optional[Frame]:
