@@ -45,6 +45,8 @@ bench: setup
     {{py}} -m bench
     {{py}} -m bench.inspect_race
     {{py}} -m bench.transfer
+    {{py}} -m bench.snapshot
+    {{py}} -m bench.scale
 
 # Hundreds of environments with random faults: hangs, errors and leaks must all be 0
 soak ENVS="300": setup

@@ -434,7 +434,7 @@ class Runtime(Sandbox):
         (removed with the snapshot). Resume it with spawn_runtime(env, resume=snapshot).
         Take it while no command runs: the two are not one atomic copy."""
         path = snapshot.archive_path(self.env.name, dest)
-        archive = self._pack_here(self.workdir, None, limit or snapshot_limit())
+        archive = self._pack_workdir(None, limit or snapshot_limit())
         image = self._commit(path.with_suffix(".json")) if filesystem else ""
         return snapshot.save(archive, self.env.name, self.env.digest, path, image)
 
@@ -469,7 +469,12 @@ class Runtime(Sandbox):
 
     def _workspace_archive(self, limit: int | None = None) -> bytes:
         """The working folder as a tar stream, packed by `_reset_user` (for `_reset`)."""
-        return self._pack_here(self.workdir, self._reset_user, limit or snapshot_limit())
+        return self._pack_workdir(self._reset_user, limit or snapshot_limit())
+
+    def _pack_workdir(self, user: str | None, limit: int) -> bytes:
+        """The working folder as a tar stream (snapshots, pool baselines); a backend that
+        can read it more directly than through a command does so."""
+        return self._pack_here(self.workdir, user, limit)
 
     def _reset(self, archive: bytes) -> None:
         self._check_usable()

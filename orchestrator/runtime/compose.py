@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import posixpath
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar, cast, get_args
@@ -25,6 +26,7 @@ from orchestrator.errors import (
 )
 from orchestrator.project import LABEL_DIR, Project, images, start_project
 from orchestrator.project.engine import TIMED_OUT, engine_call, raw_docker
+from orchestrator.runtime import files
 from orchestrator.runtime.base import Runtime, Sandbox
 from orchestrator.runtime.channel import Channel, Mode
 from orchestrator.runtime.executor.client import FILES
@@ -198,6 +200,19 @@ class ComposeRuntime(Runtime):
             channel.close()
         if self.project is not None:
             self.project.kill()
+
+    def _pack_workdir(self, user: str | None, limit: int) -> bytes:
+        """Where the workdir is the workspace's bind mount, the host packs that folder
+        itself (packing writes nothing, so the content being untrusted does no harm); else,
+        or when the host may not read all of it, the sandbox packs it."""
+        assert self.project is not None
+        workdir = posixpath.normpath(self.workdir)
+        for mount in self.project.compiled.mounts:
+            if mount.target == workdir and mount.origin == "workspace":
+                archive = files.pack_host(mount.source, limit)
+                if archive is not None:
+                    return archive
+        return super()._pack_workdir(user, limit)
 
     def _commit(self, record: Path) -> str:
         assert self.project is not None

@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,12 +143,12 @@ STREAM_CHUNK = 1 << 20
 
 
 class PackStream:
-    """A local folder as a tar stream, packed while it is sent: a thread writes the archive
-    into a pipe and iterating reads it, so packing and sending overlap and the archive is
-    never whole in memory. Modes and symlinks are kept as they are (a link is stored as a
-    link, never followed). A failure while packing (a file vanished or unreadable) ends the
-    stream early and is kept in `error`, for the caller to raise once the other side has
-    given up on the truncated archive."""
+    """A local folder as a tar stream, packed while it is sent (by the host's tar, or where
+    there is none a thread writing Python's tarfile into a pipe), so packing and sending
+    overlap and the archive is never whole in memory. Modes and symlinks are kept as they
+    are (a link is stored as a link, never followed). A failure while packing (a file
+    vanished or unreadable) ends the stream early and is kept in `error`, for the caller to
+    raise once the other side has given up on the truncated archive."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -170,7 +171,7 @@ class PackStream:
             self.error = UsageError(f"cannot pack {exc.filename or self.folder}: {exc.strerror}")
 
     def __iter__(self) -> Iterator[bytes]:
-        tar = shutil.which("tar")
+        tar = shutil.which("tar")  # C, in a process of its own
         if tar is not None:
             yield from self._by_tar(tar)
             return
@@ -187,27 +188,59 @@ class PackStream:
             writer.join()
 
     def _by_tar(self, tar: str) -> Iterator[bytes]:
-        """The host's tar packs (in C, in a process of its own, beside our sending)."""
+        complaints: list[str] = []
+        yield from _tar_chunks(tar, self.folder, complaints)
+        if complaints and self.error is None:
+            self.error = UsageError(f"cannot pack {self.folder}: {complaints[0]}")
+
+
+def _tar_chunks(tar: str, folder: Path, complaints: list[str]) -> Iterator[bytes]:
+    """`folder` packed by the host's tar (in C, in a process of its own, so packing overlaps
+    whatever the caller does with the chunks). A failure of tar's own is appended to
+    `complaints`; closing the iterator early stops tar."""
+    with tempfile.TemporaryFile() as errors:
         proc = subprocess.Popen(
-            [tar, "-c", "-f", "-", "-b", "2048", "-C", str(self.folder), "."],
+            [tar, "-c", "-f", "-", "-b", "2048", "-C", str(folder), "."],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=errors,
             bufsize=0,
         )
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
         with contextlib.suppress(OSError):
             fcntl.fcntl(proc.stdout.fileno(), F_SETPIPE_SZ, STREAM_CHUNK)
+        finished = False
         try:
             while chunk := proc.stdout.read(STREAM_CHUNK):
                 yield chunk
+            finished = True
         finally:
             proc.stdout.close()
-            if proc.poll() is None:
+            if not finished:  # the caller stopped reading: so does tar
                 proc.kill()
-            err = proc.stderr.read().decode(errors="replace").strip()
-            proc.stderr.close()
-            if proc.wait() != 0 and self.error is None and err:
-                self.error = UsageError(f"cannot pack {self.folder}: {err}")
+            if proc.wait() != 0 and finished:
+                errors.seek(0)
+                said = errors.read().decode(errors="replace").strip()
+                complaints.append(said or f"tar exited with {proc.returncode}")
+
+
+def pack_host(folder: Path, limit: int) -> bytes | None:
+    """A folder of this machine packed by the host's tar, for a folder the sandbox sees
+    through a bind mount (its workspace): no trip through the sandbox. None when the host
+    cannot do it whole (no tar, or an entry it may not read): the sandbox packs it then.
+    Past `limit` bytes raises OutputLimitExceeded."""
+    tar = shutil.which("tar")
+    if tar is None or not folder.is_dir():
+        return None
+    complaints: list[str] = []
+    archive = bytearray()
+    for chunk in _tar_chunks(tar, folder, complaints):
+        archive += chunk
+        if len(archive) > limit:
+            raise OutputLimitExceeded(
+                f"{folder} packs to more than the limit of {limit} bytes (pass limit= or set "
+                f"{FILE_LIMIT_ENV})"
+            )
+    return None if complaints else bytes(archive)
 
 
 def unpack(data: bytes, folder: Path) -> list[str]:

@@ -1,0 +1,121 @@
+"""`python -m bench.snapshot` (part of `just bench`): a 100 MB workspace saved and put back,
+side by side with `tar` of the same tree, in alternating rounds.
+
+- orchestrator: `rt.snapshot(path)` (packed in the sandbox, through the executor, to a file),
+  then `rt.restore(snap)` (every process killed, the workspace emptied and refilled).
+- tar on the host: `tar -c` of the workspace folder (a bind mount) to a file, then `rm -rf`
+  of its content and `tar -x` back: the same work with nothing between.
+- tar through docker exec: the same two tars run in the container by `docker exec`.
+
+Also timed: a resume into a new environment (spawn_runtime(resume=...)) against a cold
+spawn of the same file. Writes bench/results/snapshot.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.transfer import make_tree
+from orchestrator import Snapshot, load_environment_text, spawn_runtime
+from orchestrator.runtime.compose import ComposeRuntime
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "results"
+ENV = "version: 1\nname: snapbench\nimage: orchestrator-test/python:3.11\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--megabytes", type=int, default=100)
+    parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="orch-snapbench-"))
+    make_tree(work / "tree", args.megabytes, args.files)
+    env = load_environment_text(ENV)
+    rows: dict[str, list[float]] = {}
+    with spawn_runtime(env, disable_setup=True) as rt:
+        assert isinstance(rt, ComposeRuntime) and rt.project is not None
+        rt.upload(work / "tree", rt.workdir)
+        host = work / "host.tar"
+        folder = rt.project.directory / "workspace"  # the bind mount behind rt.workdir
+        container, user = rt.project.main_container, rt.default_user or "0:0"
+        exec_tar = ["docker", "exec", "-i", "-u", user, "-w", rt.workdir, container]
+        snaps: list[Snapshot] = []
+
+        def ours() -> None:
+            snap = rt.snapshot(work / "ours.tar")
+            rt.restore(snap)
+            snaps.append(snap)
+
+        def host_tar() -> None:
+            subprocess.run(["tar", "-c", "-f", str(host), "-C", str(folder), "."], check=True)
+            for child in folder.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+            subprocess.run(["tar", "-x", "-f", str(host), "-C", str(folder)], check=True)
+
+        def docker_exec_tar() -> None:
+            with (work / "exec.tar").open("wb") as out:
+                subprocess.run([*exec_tar, "tar", "-c", "-f", "-", "."], stdout=out, check=True)
+            subprocess.run([*exec_tar, "sh", "-c", "rm -rf -- ./* ./.[!.]*"], check=True)
+            with (work / "exec.tar").open("rb") as src:
+                subprocess.run([*exec_tar, "tar", "-x", "-f", "-"], stdin=src, check=True)
+
+        paths: dict[str, Callable[[], None]] = {
+            "orchestrator: snapshot + restore": ours,
+            "tar on the host: pack + unpack": host_tar,
+            "tar through docker exec: pack + unpack": docker_exec_tar,
+        }
+        for _ in range(args.rounds):  # alternate, so drift on a shared machine hits all alike
+            for name, fn in paths.items():
+                t = time.perf_counter()
+                fn()
+                rows.setdefault(name, []).append(time.perf_counter() - t)
+        size = snaps[-1].size
+        check = rt.execute("find . -type f | wc -l").stdout.strip()
+        assert int(check) == args.files, f"the workspace holds {check} files after the rounds"
+    resume, cold = [], []
+    for _ in range(max(3, args.rounds // 2)):
+        t = time.perf_counter()
+        with spawn_runtime(env, resume=snaps[-1]) as resumed:
+            resume.append(time.perf_counter() - t)
+            assert resumed.execute("find . -type f | wc -l").stdout.strip() == str(args.files)
+        t = time.perf_counter()
+        with spawn_runtime(env):
+            cold.append(time.perf_counter() - t)
+    shutil.rmtree(work, ignore_errors=True)
+    med = {name: statistics.median(times) for name, times in rows.items()}
+    tar = med["tar on the host: pack + unpack"]
+    lines = [
+        "# Snapshot and restore of a workspace",
+        "",
+        f"{args.files} files, {args.megabytes} MB ({size / 1e6:.0f} MB archive), in a Docker "
+        f"sandbox's workspace; median of {args.rounds} alternating rounds, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| path | median s | × tar on the host |",
+        "|---|---:|---:|",
+        *(f"| {name} | {m:.2f} | {m / tar:.2f} |" for name, m in med.items()),
+        "",
+        f"Resume into a new environment (spawn_runtime(resume=...)): median "
+        f"{statistics.median(resume):.2f} s, against {statistics.median(cold):.2f} s for a "
+        f"cold spawn of the same file.",
+        "",
+    ]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "snapshot.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
