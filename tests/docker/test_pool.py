@@ -143,3 +143,24 @@ def test_cli_up_starts_several_at_once_or_none(make_env: MakeEnv) -> None:
     failed = subprocess.run([*CLI, "up", "-n", "3", str(broken)], capture_output=True, text=True)
     assert failed.returncode == 1 and "exit" in failed.stderr and failed.stdout == ""
     assert labelled_ids() <= before
+
+
+def test_a_killed_pool_leaves_only_what_was_taken(make_env: MakeEnv) -> None:
+    path = make_env("", name="killpool")
+    before = labelled_ids()
+    pool = _PoolProcess(path, 2)
+    pool.wait_for("ready 2/2, starting 0, taken 0")
+    [taken] = _up(str(path), "--pool")
+    pool.proc.kill()  # no unwinding: its guardian removes what it still held
+    pool.stop()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = {r.id for r in project_statuses()[0] if r.env == "killpool"}
+        if left == {taken}:
+            break
+        time.sleep(0.2)
+    try:
+        assert left == {taken}
+    finally:
+        subprocess.run([*CLI, "down", taken], check=True, capture_output=True)
+    assert labelled_ids() <= before
