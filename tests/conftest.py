@@ -49,11 +49,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec else {}
         target = params.get("conformance_target")
-        on_docker = getattr(target, "backend", "") == "docker" or str(
-            params.get("config", "")
-        ).startswith("docker")
+        backend = getattr(target, "backend", "")
+        on_docker = backend in ("docker", "swarm") or str(params.get("config", "")).startswith(
+            "docker"
+        )
         if "docker" in path.parts or on_docker:
             item.add_marker(pytest.mark.docker)
+        if backend == "swarm" or "swarm" in path.parts:
+            item.add_marker(pytest.mark.swarm)
+            item.add_marker(pytest.mark.usefixtures("swarm_cluster"))
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
     if problem is None:
         return
@@ -168,3 +172,74 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("ORCHESTRATOR_STATE_DIR", None)
     else:
         os.environ["ORCHESTRATOR_STATE_DIR"] = old
+
+
+NODE_IMAGE = os.environ.get("ORCHESTRATOR_NODE_IMAGE", "orchestrator-test/node:1")
+SWARM_LABEL = "org.orchestrator.managed=1"
+
+
+def _lines(argv: list[str]) -> list[str]:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+def swarm_ids(manager: str) -> set[str]:
+    """Our services and networks on the Swarm, and our containers on each of its nodes,
+    whose project folder lies under this session's temporary root."""
+    root = _SESSION_ROOT[0] if _SESSION_ROOT else ""
+    found: set[str] = set()
+    m = ["docker", "-H", manager]
+    for kind in (["service", "ls"], ["network", "ls"]):
+        ids = _lines([*m, *kind, "-q", "--filter", f"label={SWARM_LABEL}"])
+        for ident in ids:
+            fmt = '{{index .Spec.Labels "org.orchestrator.dir"}}'
+            if kind[0] == "network":
+                fmt = '{{index .Labels "org.orchestrator.dir"}}'
+            folder = _lines([*m, kind[0], "inspect", "--format", fmt, ident])
+            if folder and folder[0].startswith(root):
+                found.add(f"{kind[0]}:{ident}")
+    for node in _lines([*m, "node", "ls", "-q"]):
+        addr = _lines([*m, "node", "inspect", "--format", "{{.Status.Addr}}", node])[0]
+        fmt = '{{.ID}} {{.Label "org.orchestrator.dir"}}'
+        argv = ["docker", "-H", f"tcp://{addr}:2375", "ps", "-a", "--filter"]
+        for line in _lines([*argv, f"label={SWARM_LABEL}", "--format", fmt]):
+            ident, _, in_folder = line.partition(" ")
+            if in_folder.startswith(root):
+                found.add(f"container:{node}:{ident}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def swarm_cluster() -> Iterator[str]:
+    """A Swarm for the swarm backend's tests: a running `scripts/cluster`, or one started
+    here (and removed after). Fails the session if the tests leave anything on it."""
+    if not _ok(["docker", "image", "inspect", NODE_IMAGE]):
+        why = f"Swarm test skipped: node image {NODE_IMAGE} is missing (run scripts/build-images)"
+        if in_ci():
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    script = str(ROOT / "scripts" / "cluster")
+    started = not _ok(["docker", "network", "inspect", "orch-cluster"])
+    if started:
+        up = subprocess.run([script, "up"], capture_output=True, text=True, check=False)
+        if up.returncode != 0:
+            pytest.fail(f"could not start the test Swarm: {up.stderr.strip()}")
+    line = subprocess.run([script, "env"], capture_output=True, text=True, check=True).stdout
+    manager = line.strip().partition("=")[2]
+    old = {
+        k: os.environ.get(k) for k in ("ORCHESTRATOR_SWARM_HOST", "ORCHESTRATOR_SWARM_NODE_HOST")
+    }
+    os.environ["ORCHESTRATOR_SWARM_HOST"] = manager
+    os.environ["ORCHESTRATOR_SWARM_NODE_HOST"] = "tcp://{addr}:2375"
+    try:
+        yield manager
+        leaked = swarm_ids(manager)
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if started:
+            subprocess.run([script, "down"], capture_output=True, check=False)
+    assert not leaked, f"the tests left these on the Swarm: {sorted(leaked)}"

@@ -17,7 +17,7 @@ from python_on_whales.utils import run
 from orchestrator.compile.common import MAIN
 from orchestrator.compile.render import USER_LABEL
 from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound
-from orchestrator.project import images
+from orchestrator.project import images, swarm
 from orchestrator.project.engine import (
     COMPOSE_SERVICE,
     docker_client,
@@ -242,6 +242,11 @@ def reap(
     images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
     live = {p.name for p in projects if p.name not in removed}
     for folder in orphan_folders(live):
+        if swarm.is_stack_folder(folder):  # a stack on a Swarm whose owner is gone
+            with contextlib.suppress(OrchestratorError):  # the manager is away: next reap
+                swarm.remove_stack_folder(folder)
+                removed.append(folder.name)
+            continue
         if _has_objects(folder.name, client):  # created since we listed: not an orphan
             continue
         shutil.rmtree(folder, ignore_errors=True)
@@ -254,7 +259,13 @@ def orphan_folders_of(owner: dict[str, str]) -> list[str]:
     not finish); return their names."""
     removed = []
     for folder in project_folders():
-        if folder_owner(folder) == owner and not _has_objects(folder.name, None):
+        if folder_owner(folder) != owner:
+            continue
+        if swarm.is_stack_folder(folder):
+            with contextlib.suppress(OrchestratorError):  # the manager is away: next reap
+                swarm.remove_stack_folder(folder)
+                removed.append(folder.name)
+        elif not _has_objects(folder.name, None):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder.name)
     return removed

@@ -154,7 +154,9 @@ class ComposeRuntime(Runtime):
                 )
             )
 
-    def _channel(self, service: str, container: str) -> Channel:
+    def _channel(
+        self, service: str, container: str, docker_cmd: list[str] | None = None
+    ) -> Channel:
         """Commands to one container: its own executor, or plain exec."""
         label = self.env.name if service == MAIN else f"{self.env.name}/{service}"
 
@@ -164,7 +166,7 @@ class ComposeRuntime(Runtime):
 
         return Channel(
             label=label,
-            docker_cmd=self._docker_cmd,
+            docker_cmd=docker_cmd or self._docker_cmd,
             container=container,
             mode=self._mode,
             owned=not self.options.detached,
@@ -252,7 +254,6 @@ class ComposeRuntime(Runtime):
 
     def _probe(self, service: str = MAIN) -> str | None:
         """Why a container cannot run commands (gone, stopped, paused), or None if it can."""
-        assert self.project is not None
         what = "its main container" if service == MAIN else f"its service {service!r}"
         try:
             state = self._state(service)
@@ -270,7 +271,7 @@ class ComposeRuntime(Runtime):
         if state.error:
             why += f": {state.error}"
         try:
-            logs = self.project.logs(service, tail=20).strip()
+            logs = self._logs(service).strip()
         except OrchestratorError:
             logs = ""
         return f"{what} is not running ({why}); last log lines:\n{logs or '(none)'}"
@@ -290,23 +291,35 @@ class ComposeRuntime(Runtime):
         with self._lock:
             view = self._services.get(name)
         if view is None:
-            assert self.project is not None
-            container = self.project.container_of(name)
-            workdir, image_user = self.project.exec_defaults(name)
+            container, docker_cmd = self._locate(name)
+            workdir, image_user = self._exec_defaults(name)
             view = ServiceSandbox(
                 name,
                 spec,
                 container=container,
                 image_workdir=workdir,
                 user=resolve_user(spec.user) if spec.user else image_user,
-                channel=self._channel(name, container),
-                docker_cmd=self._docker_cmd,
+                channel=self._channel(name, container, docker_cmd),
+                docker_cmd=docker_cmd,
                 static_asset=self.env.spec.static_asset,
                 check_usable=self._check_usable,
             )
             with self._lock:
                 view = self._services.setdefault(name, view)
         return view
+
+    def _locate(self, service: str) -> tuple[str, list[str]]:
+        """A service's container, and the docker command that reaches its engine."""
+        assert self.project is not None
+        return self.project.container_of(service), self._docker_cmd
+
+    def _exec_defaults(self, service: str) -> tuple[str, str | None]:
+        assert self.project is not None
+        return self.project.exec_defaults(service)
+
+    def _logs(self, service: str) -> str:
+        assert self.project is not None
+        return self.project.logs(service, tail=20)
 
     # ----- paths ---------------------------------------------------------------------------
     @property

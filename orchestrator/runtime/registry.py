@@ -26,6 +26,7 @@ ENTRY_POINT_GROUP = "orchestrator.runtimes"
 _BUILTIN = {
     "local": "orchestrator.runtime.local:LocalRuntime",
     "docker": "orchestrator.runtime.compose:ComposeRuntime",
+    "swarm": "orchestrator.runtime.swarm:SwarmRuntime",
 }
 _registered: dict[str, type[Runtime]] = {}
 

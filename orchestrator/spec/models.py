@@ -266,6 +266,9 @@ class Service(Hardening):
     static_assets: bool = True
     """Mount the environment's static assets here too, read-only at /static, as in the main
     sandbox."""
+    placement: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Swarm placement constraints for this service, e.g. node.labels.db==true (swarm
+    backend; the others ignore them)."""
 
     @model_validator(mode="after")
     def _image_or_build(self) -> Service:
@@ -283,8 +286,9 @@ class EnvironmentV1(Hardening):
     """Environment name: lower-case letters, digits, '_', '.', '-'."""
     description: str = ""
     """What this environment is for."""
-    backend: Literal["docker", "local"] = "docker"
-    """docker: a Compose project; local: plain subprocesses on the host (trusted code only)."""
+    backend: Literal["docker", "swarm", "local"] = "docker"
+    """docker: a Compose project; swarm: a stack on a Docker Swarm (ORCHESTRATOR_SWARM_HOST,
+    see docs/scale-out.md); local: plain subprocesses on the host (trusted code only)."""
     image: str | None = None
     """Image of the main sandbox (docker backend)."""
     build: Build | None = None
@@ -314,14 +318,17 @@ class EnvironmentV1(Hardening):
     """Extra containers, reachable from the main one by name."""
     commands: dict[str, str] = Field(default_factory=dict)
     """Named command templates for harnesses (free-form, carried as-is)."""
+    placement: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Swarm placement constraints for the main sandbox, e.g. node.labels.gpu==true or
+    node.role==worker (swarm backend; the others ignore them)."""
     keep_after_cleanup: bool = False
     """Keep the containers (stopped) after cleanup, for inspection; `orchestrator cleanup --all`
     removes them later."""
 
     @model_validator(mode="after")
     def _check(self) -> EnvironmentV1:
-        if self.backend == "docker" and (self.image is None) == (self.build is None):
-            raise ValueError("the docker backend needs exactly one of `image` or `build`")
+        if self.backend != "local" and (self.image is None) == (self.build is None):
+            raise ValueError(f"the {self.backend} backend needs exactly one of `image` or `build`")
         if "main" in self.services:
             raise ValueError("`main` is the name of the sandbox itself; rename that service")
         names = [a.name for a in self.static_assets]

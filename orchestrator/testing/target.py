@@ -47,7 +47,7 @@ class Target:
         lines = [
             "version: 1",
             f"name: conf-{self.id}",
-            f"backend: {'local' if self.backend == 'local' else 'docker'}",
+            f"backend: {self.backend if self.backend in ('local', 'swarm') else 'docker'}",
             "env: {FILE_VAR: from-file, OVERRIDE: file}",
             "env_passthrough: [ORCH_PASS]",
             "static_assets:",

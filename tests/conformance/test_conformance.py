@@ -1,6 +1,7 @@
 """The conformance suite (`orchestrator.testing`) against every built-in backend. `docker-plain`
 is the Docker backend with the fast executor switched off, so the fallback path keeps the same
-rules."""
+rules; `swarm` runs on the test Swarm of `scripts/cluster` (started for the session if none
+runs)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,17 @@ TARGETS = [
         process_env={"ORCHESTRATOR_EXEC_MODE": "plain"},
         label="docker-plain",
     ),
+    Target(
+        "swarm",
+        env_lines=(f"image: {PYTHON_IMAGE}", "user: '1000:1000'", "resources: {memory: 1g}"),
+        default_uid="1000",
+    ),
 ]
 
 
 @pytest.fixture(scope="module", params=TARGETS, ids=[t.id for t in TARGETS])
 def conformance_target(request: pytest.FixtureRequest) -> Target:
     target: Target = request.param
+    if target.backend == "swarm":
+        request.getfixturevalue("swarm_cluster")  # before the module's runtime starts
     return target

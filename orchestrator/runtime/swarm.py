@@ -1,0 +1,306 @@
+"""The swarm backend: the environment as a stack on a Docker Swarm, each service one task on
+whichever node Swarm picks. Commands reach a task through the engine of its node, by the same
+executor (or plain exec) as on Compose, so execute, stream, files, timeouts and users behave
+alike. Nothing of this machine is mounted: the executor and the static assets are copied into
+the containers once they run, and the workspace lives in the main container."""
+
+from __future__ import annotations
+
+import functools
+import io
+import shutil
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from python_on_whales.utils import run
+
+from orchestrator.compile.common import MAIN
+from orchestrator.compile.mounts import STATIC_ROOT
+from orchestrator.compile.render import SANDBOX_MOUNT
+from orchestrator.compile.stack import StackOptions, compile_stack
+from orchestrator.errors import (
+    DockerError,
+    HealthcheckFailed,
+    OrchestratorError,
+    SandboxUnavailable,
+    StartupError,
+    UsageError,
+)
+from orchestrator.project.engine import engine_call, up_timeout
+from orchestrator.project.guardian import ensure_guardian
+from orchestrator.project.identity import claim_folder, project_labels, project_name, projects_dir
+from orchestrator.project.swarm import Stack, Task, client_for, manager_host, node_host
+from orchestrator.runtime.base import Runtime
+from orchestrator.runtime.compose import ComposeRuntime
+from orchestrator.runtime.executor.client import FILES
+from orchestrator.runtime.results import RuntimeInfo
+from orchestrator.runtime.snapshot import Snapshot
+
+# Unpack what the sandbox needs as root, owners and modes as archived (root's, read-only),
+# then give the workdir to the sandbox user.
+PREPARE = 'tar -x -f - -C / && mkdir -p -- "$1" && chown -- "$2" "$1"'
+PREPARE_SERVICE = "tar -x -f - -C /"
+
+
+class SwarmRuntime(ComposeRuntime):
+    name: ClassVar[str] = "swarm"
+    deviations: ClassVar[dict[str, str]] = {
+        "static-read-only-as-root": "static assets are copied into the sandbox, read-only by "
+        "mode (owned by root): root in the sandbox can change them",
+    }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stack: Stack | None = None
+        self._tasks: dict[str, Task] = {}
+
+    # ----- lifecycle -----------------------------------------------------------------------
+    def _start(self) -> None:
+        opts = self.options
+        refused = [
+            what
+            for what, given in (
+                ("a host workspace", opts.workspace),
+                ("mounts", opts.mounts),
+                ("ports", opts.ports),
+            )
+            if given
+        ]
+        if refused:
+            raise UsageError(
+                f"the swarm backend takes no {' or '.join(refused)}: the sandbox runs on "
+                "another machine; move files with rt.upload and rt.download"
+            )
+        if opts.detached:
+            raise UsageError(
+                "the swarm backend cannot leave an environment running after this process; "
+                "use the library or `orchestrator run`"
+            )
+        name = project_name(self.env.name)
+        directory = projects_dir() / name
+        claim_folder(directory)
+        ensure_guardian()  # removes the stack if this process dies without cleaning up
+        labels = project_labels(self.env, name, directory, detached=False)
+        stack_opts = StackOptions(
+            project=name, labels=labels, env_vars=opts.env_vars, policy=opts.policy
+        )
+        try:
+            compiled = compile_stack(self.env, stack_opts)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self.warnings += [w for w in compiled.warnings if w not in self.warnings]
+        self.stack = Stack(name, directory, manager_host(), compiled)
+        self.stack.deploy()
+        services = [MAIN, *sorted(self.env.spec.services)]
+        self._tasks = self.stack.wait_running(services, up_timeout())
+        main = self._tasks[MAIN]
+        self._docker_cmd = self.stack.node_cmd(main.node)
+        self._copy_in(MAIN, _main_archive(self.env), [PREPARE, "sh", self.workdir, compiled.user])
+        for service, spec in sorted(self.env.spec.services.items()):
+            if spec.static_assets and self.env.spec.static_assets:
+                self._copy_in(service, _static_archive(self.env), [PREPARE_SERVICE])
+        self._wait_healthy(list(compiled.healthchecked))
+        self._main = self._channel(MAIN, main.container)
+        self._main.start()
+        try:
+            if self._main.ready() is None and (lost := self._lost()) is not None:
+                raise lost
+        except SandboxUnavailable as exc:
+            raise StartupError(f"the environment did not start: {exc}") from exc
+        self._check_named_user()
+
+    def _copy_in(self, service: str, archive: bytes, script: list[str]) -> None:
+        """Unpack an archive into a running service's container, as root."""
+        container, docker_cmd = self._locate(service)
+        argv = [*docker_cmd, "exec", "-i", "-u", "0:0", container, "/bin/sh", "-c", *script]
+        try:
+            engine_call(f"preparing {service}", lambda: run(argv, input=archive), retry=False)
+        except DockerError as exc:
+            raise StartupError(
+                f"{self.env.name}: could not prepare {service!r} (its image needs /bin/sh and "
+                f"tar): {exc.stderr.strip() or exc}"
+            ) from exc
+
+    def _wait_healthy(self, services: list[str]) -> None:
+        """Swarm does not hold one service for another's health: the spawn waits instead."""
+        deadline = time.monotonic() + up_timeout()
+        for service in services:
+            while True:
+                health = getattr(self._state(service).health, "status", None)
+                if health == "healthy":
+                    break
+                if health == "unhealthy" or time.monotonic() > deadline:
+                    logs = self._logs(service).strip()
+                    raise HealthcheckFailed(
+                        f"stack {self._id}: service {service!r} never became healthy; "
+                        f"last log lines:\n{logs or '(no output)'}"
+                    )
+                time.sleep(0.2)
+
+    def _close(self) -> None:
+        channels = self._channels()
+        for channel in channels:
+            channel.shutdown()
+        try:
+            if self.stack is not None:
+                self.stack.remove()
+        finally:
+            for channel in channels:
+                channel.close(release=False)
+
+    def _kill(self) -> None:
+        for channel in self._channels():
+            channel.close()
+        assert self.stack is not None
+        for task in self._tasks.values():  # restart_policy none: a killed task stays down
+            client = client_for(node_host(self.stack.host, task.node))
+            try:
+                engine_call(
+                    "killing a task", functools.partial(client.container.kill, task.container)
+                )
+            except DockerError as exc:
+                if "is not running" not in exc.stderr and "No such container" not in exc.stderr:
+                    raise
+
+    def _poll(self) -> int | None:
+        state = self._state()
+        return None if state.running else int(state.exit_code or 0)
+
+    def _state(self, service: str = MAIN) -> Any:
+        assert self.stack is not None
+        task = self._tasks[service]
+        client = client_for(node_host(self.stack.host, task.node))
+        return engine_call(
+            "inspecting the sandbox", lambda: client.container.inspect(task.container).state
+        )
+
+    def detach(self) -> None:
+        Runtime.detach(self)
+
+    def keep(self) -> None:
+        Runtime.keep(self)
+
+    # ----- where things are ----------------------------------------------------------------
+    @property
+    def _id(self) -> str:
+        return self.stack.name if self.stack else self.env.name
+
+    def _locate(self, service: str) -> tuple[str, list[str]]:
+        assert self.stack is not None
+        task = self._tasks[service]
+        return task.container, self.stack.node_cmd(task.node)
+
+    def _exec_defaults(self, service: str) -> tuple[str, str | None]:
+        assert self.stack is not None
+        task = self._tasks[service]
+        client = client_for(node_host(self.stack.host, task.node))
+        config = engine_call(
+            "inspecting a service", lambda: client.container.inspect(task.container).config
+        )
+        workdir = str(config.working_dir or "")
+        return (workdir if workdir.startswith("/") else "/"), (config.user or None)
+
+    def _logs(self, service: str) -> str:
+        assert self.stack is not None
+        task = self._tasks.get(service)
+        if task is None:
+            return ""
+        client = client_for(node_host(self.stack.host, task.node))
+        text = engine_call("reading logs", lambda: client.container.logs(task.container, tail=20))
+        return text if isinstance(text, str) else ""
+
+    @property
+    def _container(self) -> str:
+        return self._tasks[MAIN].container
+
+    @property
+    def default_user(self) -> str | None:
+        return self.stack.compiled.user if self.stack else None
+
+    def info(self) -> RuntimeInfo:
+        self._check_open()
+        return RuntimeInfo(
+            id=self._id,
+            env=self.env.name,
+            backend=self.name,
+            workdir=self.workdir,
+            user=self.default_user,
+            exec_mode="plain" if self._main is None or self._main.mode == "plain" else "executor",
+            container=self._container,
+            ports=(),
+        )
+
+    def _project_folder(self) -> Path | None:
+        return self.stack.directory if self.stack else None
+
+    # ----- snapshots -----------------------------------------------------------------------
+    def _pack_workdir(self, user: str | None, limit: int) -> bytes:
+        return Runtime._pack_workdir(self, user, limit)  # no host folder: the sandbox packs
+
+    def _commit(self, record: Path) -> str:
+        raise UsageError(
+            "the swarm backend snapshots the workspace only: an image committed on one node "
+            "would not be on the node a resume lands on"
+        )
+
+    def _check_resumable(self, snap: Snapshot) -> None:
+        Runtime._check_resumable(self, snap)
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes | None, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.mode, info.uid, info.gid, info.mtime = mode, 0, 0, int(time.time())
+    if data is None:
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+    else:
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+
+def _static_into(tar: tarfile.TarFile, env: Any) -> None:
+    """The static assets at /static/<save_path>, root's and read-only."""
+    if not env.spec.static_assets:
+        return
+    _add(tar, STATIC_ROOT.lstrip("/"), None, 0o555)
+    for asset in env.spec.static_assets:
+        src = (env.base_dir / asset.path).resolve()
+        dest = f"{STATIC_ROOT.lstrip('/')}/{asset.save_path}"
+        parts = dest.split("/")
+        for i in range(2, len(parts)):
+            _add(tar, "/".join(parts[:i]), None, 0o555)
+        if src.is_dir():
+            _add(tar, dest, None, 0o555)
+            for path in sorted(src.rglob("*")):
+                rel = f"{dest}/{path.relative_to(src).as_posix()}"
+                if path.is_dir():
+                    _add(tar, rel, None, 0o555)
+                elif path.is_file():
+                    _add(
+                        tar, rel, path.read_bytes(), 0o555 if path.stat().st_mode & 0o111 else 0o444
+                    )
+        elif src.is_file():
+            _add(tar, dest, src.read_bytes(), 0o444)
+        else:
+            raise OrchestratorError(f"static asset {asset.name}: {src} is missing")
+
+
+def _main_archive(env: Any) -> bytes:
+    """What the main container needs from here: the executor, and the static assets."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, SANDBOX_MOUNT.lstrip("/"), None, 0o555)
+        for f in FILES:
+            _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{f.name}", f.read_bytes(), 0o444)
+        _static_into(tar, env)
+    return out.getvalue()
+
+
+def _static_archive(env: Any) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _static_into(tar, env)
+    return out.getvalue()
