@@ -37,11 +37,17 @@ def _spawn(
     detached: bool,
     evaluation: bool,
     resume: str | None = None,
+    backend: str | None = None,
 ) -> Runtime:
     from orchestrator.runtime import spawn_runtime
 
     return spawn_runtime(
-        env, workspace=workspace, detached=detached, is_evaluation=evaluation, resume=resume
+        env,
+        workspace=workspace,
+        detached=detached,
+        is_evaluation=evaluation,
+        resume=resume,
+        backend=backend,
     )
 
 
@@ -225,6 +231,9 @@ def run(
         None, "--timeout", "-t", help="Kill the command after this many seconds."
     ),
     evaluation: bool = typer.Option(False, "--eval", help="Also run setup.eval_commands."),
+    on: str = typer.Option(
+        None, "--on", help="Run on this backend instead of the file's (e.g. swarm)."
+    ),
 ) -> None:
     """Bring an environment up, run one command in it, take it down. The command's exit code
     becomes ours (124 on timeout)."""
@@ -235,7 +244,7 @@ def run(
         known = ", ".join(sorted(env.spec.commands)) or "none"
         raise UsageError(f"{file} has no command named {named!r} (known: {known})")
     argv = _argv(command) if named is None else ""
-    with _spawn(env, workspace, detached=False, evaluation=evaluation) as rt:
+    with _spawn(env, workspace, detached=False, evaluation=evaluation, backend=on) as rt:
         argv = argv or rt.file_command(named)
         result = None
         for event in rt.stream(argv, timeout=timeout):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,11 +180,24 @@ class Stack:
             self._nodes[node] = raw_docker(client_for(node_host(self.host, node)))
         return self._nodes[node]
 
-    def remove(self) -> None:
+    def remove(self, tasks: list[Task] | None = None) -> None:
         """Remove the stack (services, their containers, its network) and wait until Swarm
-        has taken them away, then the project folder."""
+        has taken them away, the containers of `tasks` on their nodes too, then the project
+        folder."""
         if self.deployed:
             remove_stack(self.name, self.host)
+            deadline = time.monotonic() + REMOVE_WAIT
+            for task in tasks or []:
+                cmd = client_for(node_host(self.host, task.node)).client_config.docker_cmd
+                while time.monotonic() < deadline:
+                    gone = subprocess.run(
+                        [*cmd, "container", "inspect", task.container],
+                        capture_output=True,
+                        check=False,
+                    )
+                    if gone.returncode != 0:
+                        break
+                    time.sleep(0.1)
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

@@ -146,7 +146,7 @@ class SwarmRuntime(ComposeRuntime):
             channel.shutdown()
         try:
             if self.stack is not None:
-                self.stack.remove()
+                self.stack.remove(list(self._tasks.values()))
         finally:
             for channel in channels:
                 channel.close(release=False)

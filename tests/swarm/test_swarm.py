@@ -1,0 +1,129 @@
+"""The swarm backend on the test Swarm (`scripts/cluster`): placement, services on other
+nodes, a start that cannot succeed, and an owner killed mid-run. (Execute, files, timeouts
+and users are the conformance suite's, run on the Swarm too.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import StartupError, spawn_runtime
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, swarm_ids
+
+
+def _node_of(manager: str, container: str) -> str:
+    """The hostname of the node running `container` (asked of every node's engine)."""
+    out = subprocess.run(
+        ["docker", "-H", manager, "node", "ls", "--format", "{{.ID}} {{.Hostname}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for line in out.splitlines():
+        node, hostname = line.split()
+        addr = subprocess.run(
+            ["docker", "-H", manager, "node", "inspect", "--format", "{{.Status.Addr}}", node],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        found = subprocess.run(
+            ["docker", "-H", f"tcp://{addr}:2375", "inspect", container],
+            capture_output=True,
+            check=False,
+        )
+        if found.returncode == 0:
+            return hostname
+    raise AssertionError(f"no node runs {container}")
+
+
+def _env(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "env.yaml"
+    path.write_text(f"version: 1\nname: sw\nbackend: swarm\nimage: {PYTHON_IMAGE}\n{body}")
+    return path
+
+
+def test_placement_and_a_service_on_another_node(swarm_cluster: str, tmp_path: Path) -> None:
+    path = _env(
+        tmp_path,
+        "placement: ['node.hostname==node-2']\n"
+        "services:\n"
+        "  web:\n"
+        f"    image: {BUSYBOX_IMAGE}\n"
+        "    placement: ['node.hostname==node-3']\n"
+        "    command: ['sh', '-c', 'mkdir -p /tmp/w && echo up > /tmp/w/index.html && "
+        "sleep 2 && httpd -f -p 8080 -h /tmp/w']\n"
+        "    healthcheck: {test: ['CMD', 'wget', '-qO-', 'http://127.0.0.1:8080/']}\n",
+    )
+    with spawn_runtime(path) as rt:
+        assert _node_of(swarm_cluster, rt.info().container or "") == "node-2"
+        web = rt.service("web")
+        assert _node_of(swarm_cluster, web.connection().container or "") == "node-3"
+        # the spawn waited for web's health (it sleeps 2 s before serving): no retry here
+        got = rt.execute(
+            "python3 -c \"import urllib.request as u; print(u.urlopen('http://web:8080/').read())\""
+        )
+        assert got.stdout == "b'up\\n'\n", got.stderr
+
+
+def test_an_image_no_node_has_fails_the_start_and_leaves_nothing(
+    swarm_cluster: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "env.yaml"
+    path.write_text("version: 1\nname: sw\nbackend: swarm\nimage: orchestrator-test/nowhere:1\n")
+    before = swarm_ids(swarm_cluster)
+    with pytest.raises(StartupError, match="main"):
+        spawn_runtime(path)
+    assert swarm_ids(swarm_cluster) <= before
+
+
+def test_a_killed_owner_leaves_no_stack(swarm_cluster: str, tmp_path: Path) -> None:
+    path = _env(tmp_path, "")
+    before = swarm_ids(swarm_cluster)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from orchestrator import spawn_runtime; "
+            f"rt = spawn_runtime({str(path)!r}); print('up', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
+    assert child.stdout is not None and child.stdout.readline() == "up\n"
+    assert swarm_ids(swarm_cluster) > before  # the stack runs
+    child.kill()
+    child.wait()
+    child.stdout.close()
+    deadline = time.monotonic() + 60
+    while swarm_ids(swarm_cluster) - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not swarm_ids(swarm_cluster) - before  # its guardian took the stack down
+
+
+def test_cli_run_on_swarm(swarm_cluster: str, tmp_path: Path) -> None:
+    path = tmp_path / "env.yaml"
+    path.write_text(f"version: 1\nname: cli\nimage: {PYTHON_IMAGE}\n")  # a docker file
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            "--on",
+            "swarm",
+            str(path),
+            "--",
+            "echo out; echo err >&2; exit 3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (3, "out\n") and "err\n" in done.stderr

@@ -1,0 +1,58 @@
+"""The swarm stack compiler: what Swarm cannot do is a spec error naming the field, and the
+security policy holds as on Compose (no cluster needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import PolicyError, SpecError, load_environment, load_environment_text
+from orchestrator.compile.stack import StackOptions, compile_stack
+
+BASE = "version: 1\nname: st\nbackend: swarm\n"
+
+
+def _fields(text: str) -> set[str]:
+    with pytest.raises(SpecError) as info:
+        compile_stack(load_environment_text(BASE + text), StackOptions(project="p"))
+    return {issue.field for issue in info.value.issues}
+
+
+def test_what_swarm_cannot_do_names_its_field() -> None:
+    assert _fields("build: {context: .}\n") == {"build"}
+    assert _fields("image: i\nmounts: [{source: /srv, target: /srv}]\n") == {"mounts"}
+    assert _fields("image: i\nnetwork: {ports: [{container: 8080}]}\n") == {"network.ports"}
+    assert _fields("image: i\nresources: {pids: 64, disk: 1g}\n") == {
+        "resources.pids",
+        "resources.disk",
+    }
+    assert _fields("image: i\nkeep_after_cleanup: true\n") == {"keep_after_cleanup"}
+    assert _fields("image: i\nservices: {db: {image: d, ports: [{container: 5432}]}}\n") == {
+        "services.db.ports"
+    }
+
+
+def test_limits_placement_and_labels_become_swarms() -> None:
+    env = load_environment_text(
+        BASE + "image: i\nuser: '1000:1000'\nresources: {memory: 256m, cpus: 0.5, tmp: 64m}\n"
+        "placement: ['node.role==worker']\nnetwork: {outbound: true}\n"
+        "services: {db: {image: d, placement: ['node.labels.db==true']}}\n"
+    )
+    stack = compile_stack(env, StackOptions(project="p", labels={"org.orchestrator.x": "1"}))
+    text = stack.stack_yaml
+    assert 'memory: "256m"' in text and 'cpus: "0.5"' in text and "/tmp:size=64m" in text
+    assert '- "node.role==worker"' in text and '- "node.labels.db==true"' in text
+    assert "internal: false" in text and "restart_policy: {condition: none}" in text
+    assert '"org.orchestrator.user": "1000:1000"' in text
+    assert any("no-new-privileges" in w for w in stack.warnings)
+
+
+def test_the_policy_holds(tmp_path: Path) -> None:
+    (tmp_path / "env.yaml").write_text(
+        BASE + "image: i\nprivileged: true\nstatic_assets: [{name: s, path: /etc, save_path: s}]\n"
+    )
+    with pytest.raises(PolicyError) as info:
+        compile_stack(load_environment(tmp_path / "env.yaml"), StackOptions(project="p"))
+    fields = {issue.field for issue in info.value.issues}
+    assert {"privileged", "static_assets.0"} <= fields
