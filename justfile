@@ -47,6 +47,15 @@ bench: setup
     {{py}} -m bench.transfer
     {{py}} -m bench.snapshot
     {{py}} -m bench.scale
+    {{py}} -m bench.swarm
+
+# A Swarm of N engines on this machine, for the swarm backend (tests start one themselves)
+cluster-up N="3": setup
+    scripts/cluster up {{N}}
+
+# Remove the test Swarm
+cluster-down:
+    scripts/cluster down
 
 # Hundreds of environments with random faults: hangs, errors and leaks must all be 0
 soak ENVS="300": setup

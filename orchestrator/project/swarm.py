@@ -225,28 +225,34 @@ def node_host(manager: str, node: str) -> str:
 
 
 def remove_stack(name: str, host: str) -> None:
-    """`docker stack rm`, then wait (bounded) until no service or network of it is left."""
-    client = client_for(host)
-    cmd = client.client_config.docker_cmd
-    try:
-        engine_call(f"removing stack {name}", lambda: run([*cmd, "stack", "rm", name]))
-    except DockerError as exc:
-        if "Nothing found in stack" not in exc.stderr and "nothing found" not in exc.stderr.lower():
-            raise
+    """`docker stack rm` until no service or network of the stack is left (bounded): Swarm
+    refuses to remove a network while a task of it is still being taken down, so the first
+    call may leave the network for a later one."""
+    cmd = client_for(host).client_config.docker_cmd
     flt = f"label={LABEL_PROJECT}={name}"
-    deadline = time.monotonic() + REMOVE_WAIT
-    while time.monotonic() < deadline:
-        left = engine_call(
-            f"waiting for stack {name} to go",
+
+    def left() -> str:
+        return engine_call(
+            f"listing what is left of stack {name}",
             lambda: (
                 str(run([*cmd, "service", "ls", "-q", "--filter", flt], return_stderr=False))
                 + str(run([*cmd, "network", "ls", "-q", "--filter", flt], return_stderr=False))
             ),
         )
-        if not left.strip():
+
+    deadline = time.monotonic() + REMOVE_WAIT
+    last: DockerError | None = None
+    while True:
+        try:
+            engine_call(f"removing stack {name}", lambda: run([*cmd, "stack", "rm", name]))
+        except DockerError as exc:  # partly removed: what is left goes on the next pass
+            last = exc
+        if not left().strip():
             return
-        time.sleep(0.25)
-    raise OrchestratorError(f"stack {name} was removed but Swarm still lists parts of it")
+        if time.monotonic() > deadline:
+            why = f": {last.stderr.strip()}" if last is not None else ""
+            raise OrchestratorError(f"stack {name}: Swarm still lists parts of it{why}")
+        time.sleep(0.5)
 
 
 def is_stack_folder(folder: Path) -> bool:
