@@ -55,7 +55,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         if "docker" in path.parts or on_docker:
             item.add_marker(pytest.mark.docker)
-        if backend == "swarm" or "swarm" in path.parts:
+        if (
+            backend == "swarm"
+            or "swarm" in path.parts
+            or getattr(target, "id", "") == "docker-remote"
+        ):
             item.add_marker(pytest.mark.swarm)
             item.add_marker(pytest.mark.usefixtures("swarm_cluster"))
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
@@ -243,3 +247,13 @@ def swarm_cluster() -> Iterator[str]:
         if started:
             subprocess.run([script, "down"], capture_output=True, check=False)
     assert not leaked, f"the tests left these on the Swarm: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="session")
+def remote_engine(swarm_cluster: str) -> str:
+    """Another engine than this machine's: the last node of the test Swarm (plain Compose
+    projects run there as on any engine)."""
+    nodes = _lines(["docker", "-H", swarm_cluster, "node", "ls", "-q"])
+    fmt = "{{.Status.Addr}}"
+    addr = _lines(["docker", "-H", swarm_cluster, "node", "inspect", "--format", fmt, nodes[-1]])
+    return f"tcp://{addr[0]}:2375"

@@ -3,7 +3,9 @@ codes: 2 for usage and spec errors, 3 when the backend is unavailable, 1 otherwi
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 
 import typer
@@ -11,7 +13,7 @@ import typer
 from orchestrator._version import __version__
 from orchestrator.cli import lifecycle, spec_cmds
 from orchestrator.cli.doctor import doctor
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, UsageError
 
 app = typer.Typer(
     name="orchestrator",
@@ -34,8 +36,33 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    host: str = typer.Option(
+        None, "--host", "-H", help="The Docker engine to use (any `docker --host` address)."
+    ),
+    context: str = typer.Option(None, "--context", help="Or a Docker context's engine."),
 ) -> None:
     """Run code-evaluation and AI-agent sandboxes from versioned environment files."""
+    if host and context:
+        raise UsageError("give --host or --context, not both")
+    if context:
+        host = _context_host(context)
+    if host:  # every engine call of this run, and its guardian, go there
+        from orchestrator.project.engine import DOCKER_HOST_ENV
+
+        os.environ[DOCKER_HOST_ENV] = host
+
+
+def _context_host(name: str) -> str:
+    fmt = "{{.Endpoints.docker.Host}}"
+    found = subprocess.run(
+        ["docker", "context", "inspect", "--format", fmt, name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode != 0 or not found.stdout.strip():
+        raise UsageError(f"no Docker context {name!r}: {found.stderr.strip()}")
+    return found.stdout.strip()
 
 
 for command in (

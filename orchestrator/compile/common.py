@@ -10,6 +10,9 @@ from orchestrator.spec.models import STATIC_PLACEHOLDER, EnvironmentV1
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 MAIN = "main"
+KEEP_ALIVE = "trap 'exit 0' TERM INT HUP; while :; do sleep 86400 & wait $!; done"
+"""The main sandbox's PID 1 where no entry script is mounted (a remote engine, a Swarm);
+the same loop as templates/entry.sh.j2."""
 """The Compose service of the sandbox itself (every other one is an extra service)."""
 
 

@@ -15,6 +15,7 @@ import jinja2
 
 from orchestrator._resources import data_dir
 from orchestrator.compile.common import (
+    KEEP_ALIVE,
     LOOPBACK,
     MAIN,
     container_bind_host,
@@ -57,6 +58,10 @@ class CompileOptions:
     main_image: str = ""
     """Run this image for the main sandbox instead of the file's image or build (a snapshot
     of a container's filesystem being resumed)."""
+    remote: bool = False
+    """The engine may be another machine: nothing of this one is bind-mounted (the executor
+    and the static assets are copied in once the containers run; the workspace lives in the
+    main container), and a mount of a host folder is a spec error."""
 
 
 @dataclass(frozen=True)
@@ -289,6 +294,23 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     services = [
         _service(env, name, svc, opts, report, roots) for name, svc in sorted(spec.services.items())
     ]
+    if opts.remote:  # no folder of this machine reaches the containers
+        for m in [*mounts, *(m for s in services for m in s["mounts"])]:
+            if not (m.origin == "workspace" or m.origin.startswith("static_assets")):
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        m.origin,
+                        f"{m.source} is a folder of this machine; the engine "
+                        "(ORCHESTRATOR_DOCKER_HOST) may be another one",
+                        "ship files in static_assets or move them with rt.upload",
+                    )
+                )
+        mounts = []
+        for svc_context in services:
+            svc_context["mounts"] = []
     raise_if(report.issues)
     if issues:
         raise SpecError(issues)
@@ -319,6 +341,8 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "subnet": opts.subnet,
         "sandbox_dir": SANDBOX_DIR,
         "sandbox_mount": SANDBOX_MOUNT,
+        "remote": opts.remote,
+        "keep_alive": KEEP_ALIVE,
     }
     jinja = _jinja()
     rendered = jinja.get_template("compose.yaml.j2").render(context)

@@ -9,7 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.compile.common import container_bind_host, resolve_env, resolve_user
+from orchestrator.compile.common import (
+    KEEP_ALIVE,
+    container_bind_host,
+    resolve_env,
+    resolve_user,
+)
 from orchestrator.compile.mounts import static_mounts
 from orchestrator.compile.render import USER_LABEL, _jinja
 from orchestrator.errors import SpecError, SpecIssue
@@ -24,8 +29,6 @@ from orchestrator.spec.policy import (
     raise_if,
 )
 
-KEEP_ALIVE = "trap 'exit 0' TERM INT HUP; while :; do sleep 86400 & wait $!; done"
-"""The main sandbox's PID 1 (as the Compose backend's entry script; inline, no file)."""
 NO_NEW_PRIVILEGES = (
     "swarm backend: Swarm services do not take no-new-privileges, so a setuid program in the "
     "image can still raise a command's privileges inside its container (capabilities stay "

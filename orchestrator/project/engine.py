@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -39,11 +40,28 @@ def up_timeout() -> float:
     return engine_timeout(UP_TIMEOUT_ENV, 900.0)
 
 
+DOCKER_HOST_ENV = "ORCHESTRATOR_DOCKER_HOST"
+
+
+def engine_host() -> str:
+    """The engine this process works with: ORCHESTRATOR_DOCKER_HOST, else DOCKER_HOST (any
+    `docker --host` address), else "" for the docker CLI's default."""
+    return (os.environ.get(DOCKER_HOST_ENV) or os.environ.get("DOCKER_HOST") or "").strip()
+
+
+def is_remote(host: str) -> bool:
+    """Whether an engine address may be another machine, whose folders are not ours to
+    bind-mount (every address but a local socket)."""
+    return bool(host) and not host.startswith(("unix://", "npipe://"))
+
+
 def docker_client(timeout: float | None = None, **kwargs: Any) -> DockerClient:
     """A client whose every call is bounded: the docker CLI runs under coreutils `timeout`
     (its own process group, so a hung Compose plugin dies with it; status 124) where that
     program exists. Long-lived calls (`docker exec -i` of the executor) use `raw_docker`."""
     bound = engine_timeout() if timeout is None else timeout
+    if "host" not in kwargs and (host := engine_host()):
+        kwargs["host"] = host  # fixed now: later calls reach the same engine whatever happens
     call = ["docker"]
     if shutil.which("timeout"):
         call = ["timeout", "-k", "5", f"{bound:g}", "docker"]

@@ -69,6 +69,9 @@ OWNER_FILE = "owner"
 KEPT_FILE = "kept"
 """In a project folder: cleanup stopped the project and kept it (keep_after_cleanup), so
 neither a reaper nor the owner's guardian removes it; `cleanup --all` or `down` does."""
+ENGINE_FILE = "engine"
+"""In the folder of a project on another machine's engine: that engine's address, so a
+reaper or a guardian working with another engine still removes it there."""
 ORPHAN_AGE = 600.0
 """Seconds after which a project folder without an owner file counts as abandoned."""
 
@@ -168,3 +171,11 @@ def pick_subnet(rng: random.Random | None = None) -> str:
     index = (rng or random.SystemRandom()).randrange(count)
     size = 2 ** (pool.max_prefixlen - prefix)
     return str(ipaddress.ip_network((int(pool.network_address) + index * size, prefix)))
+
+
+def folder_engine(folder: Path) -> str | None:
+    """The engine address a project folder records (None: the engine of whoever asks)."""
+    try:
+        return (folder / ENGINE_FILE).read_text().strip()
+    except OSError:
+        return None

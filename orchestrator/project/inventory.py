@@ -37,6 +37,7 @@ from orchestrator.project.identity import (
     LABEL_OWNER_START,
     LABEL_PROJECT,
     LABEL_STARTED,
+    folder_engine,
     folder_owner,
     kept,
     orphan_folders,
@@ -247,6 +248,9 @@ def reap(
                 swarm.remove_stack_folder(folder)
                 removed.append(folder.name)
             continue
+        if _removed_elsewhere(folder, client):
+            removed.append(folder.name)
+            continue
         if _has_objects(folder.name, client):  # created since we listed: not an orphan
             continue
         shutil.rmtree(folder, ignore_errors=True)
@@ -265,10 +269,25 @@ def orphan_folders_of(owner: dict[str, str]) -> list[str]:
             with contextlib.suppress(OrchestratorError):  # the manager is away: next reap
                 swarm.remove_stack_folder(folder)
                 removed.append(folder.name)
+        elif _removed_elsewhere(folder):
+            removed.append(folder.name)
         elif not _has_objects(folder.name, None):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder.name)
     return removed
+
+
+def _removed_elsewhere(folder: Path, client: DockerClient | None = None) -> bool:
+    """For the folder of a project on another engine than `client`'s: remove the project
+    there (by label, by id), then the folder; False for a project of `client`'s engine."""
+    host = folder_engine(folder)
+    here = (client or docker_client()).client_config.host or ""
+    if host is None or host == here:
+        return False
+    with contextlib.suppress(OrchestratorError):  # that engine is away: the next reap
+        remove_by_label(folder.name, docker_client(host=host))
+        shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _has_objects(name: str, client: DockerClient | None) -> bool:

@@ -31,12 +31,15 @@ from orchestrator.project.engine import (
     docker_client,
     docker_errors,
     engine_call,
+    engine_host,
+    is_remote,
     published_ports,
     service_of,
     up_timeout,
 )
 from orchestrator.project.guardian import ensure_guardian
 from orchestrator.project.identity import (
+    ENGINE_FILE,
     KEPT_FILE,
     claim_folder,
     pick_subnet,
@@ -172,6 +175,8 @@ def start_project(
     name = project_name(env.name)
     directory = projects_dir() / name
     claim_folder(directory)
+    if is_remote(host := engine_host()):
+        (directory / ENGINE_FILE).write_text(host + "\n")
     reap_soon()  # leftovers of crashed runs, in the background
     if not detached:
         ensure_guardian()  # removes this process's projects if it dies without cleaning up

@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar, cast, get_args
 
+from python_on_whales.utils import run
+
 from orchestrator import procutil, settings
 from orchestrator.compile.common import MAIN, resolve_user
 from orchestrator.compile.mounts import STATIC_ROOT
@@ -25,8 +27,8 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.project import LABEL_DIR, Project, images, start_project
-from orchestrator.project.engine import TIMED_OUT, engine_call, raw_docker
-from orchestrator.runtime import files
+from orchestrator.project.engine import TIMED_OUT, engine_call, engine_host, is_remote, raw_docker
+from orchestrator.runtime import copyin, files
 from orchestrator.runtime.base import Runtime, Sandbox
 from orchestrator.runtime.channel import Channel, Mode
 from orchestrator.runtime.executor.client import FILES
@@ -101,6 +103,12 @@ class ComposeRuntime(Runtime):
 
     def _start(self) -> None:
         opts = self.options
+        remote = is_remote(engine_host())
+        if remote and opts.workspace is not None:
+            raise UsageError(
+                f"the engine at {engine_host()} may be another machine: a host workspace "
+                "cannot be mounted there; move files with rt.upload and rt.download"
+            )
 
         def make_options(name: str, labels: dict[str, str], subnet: str | None) -> CompileOptions:
             return CompileOptions(
@@ -113,6 +121,7 @@ class ComposeRuntime(Runtime):
                 subnet=subnet,
                 policy=opts.policy,
                 main_image=opts.resume.image if opts.resume else "",
+                remote=remote,
             )
 
         self.project = start_project(
@@ -123,6 +132,8 @@ class ComposeRuntime(Runtime):
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
         self._docker_cmd = raw_docker(self.project.client)  # exec calls last: no time bound
+        if remote:
+            self._copy_in_all(compiled.user)
         self._main = self._channel(MAIN, self.project.main_container)
         self._main.start()  # greets while the ports are read
         if compiled.published:
@@ -134,6 +145,31 @@ class ComposeRuntime(Runtime):
         except SandboxUnavailable as exc:
             raise StartupError(f"the environment did not start: {exc}") from exc
         self._check_named_user()
+
+    def _copy_in_all(self, user: str) -> None:
+        """Nothing of this machine is mounted: copy the executor and the static assets into
+        the main container, the static assets into each service that shows them, and give
+        the workdir to the sandbox user."""
+        self._copy_in(
+            MAIN, copyin.main_archive(self.env), [copyin.PREPARE, "sh", self.workdir, user]
+        )
+        if not self.env.spec.static_assets:
+            return
+        for service, spec in sorted(self.env.spec.services.items()):
+            if spec.static_assets:
+                self._copy_in(service, copyin.static_archive(self.env), [copyin.PREPARE_SERVICE])
+
+    def _copy_in(self, service: str, archive: bytes, script: list[str]) -> None:
+        """Unpack an archive into a running service's container, as root."""
+        container, docker_cmd = self._locate(service)
+        argv = [*docker_cmd, "exec", "-i", "-u", "0:0", container, "/bin/sh", "-c", *script]
+        try:
+            engine_call(f"preparing {service}", lambda: run(argv, input=archive), retry=False)
+        except DockerError as exc:
+            raise StartupError(
+                f"{self.env.name}: could not prepare {service!r} (its image needs /bin/sh and "
+                f"tar): {exc.stderr.strip() or exc}"
+            ) from exc
 
     def _check_named_user(self) -> None:
         """A user the file gives by name exists only in the image: ask it once, at spawn, so

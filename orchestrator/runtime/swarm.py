@@ -7,23 +7,16 @@ the containers once they run, and the workspace lives in the main container."""
 from __future__ import annotations
 
 import functools
-import io
 import shutil
-import tarfile
 import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from python_on_whales.utils import run
-
 from orchestrator.compile.common import MAIN
-from orchestrator.compile.mounts import STATIC_ROOT
-from orchestrator.compile.render import SANDBOX_MOUNT
 from orchestrator.compile.stack import StackOptions, compile_stack
 from orchestrator.errors import (
     DockerError,
     HealthcheckFailed,
-    OrchestratorError,
     SandboxUnavailable,
     StartupError,
     UsageError,
@@ -34,14 +27,8 @@ from orchestrator.project.identity import claim_folder, project_labels, project_
 from orchestrator.project.swarm import Stack, Task, client_for, manager_host, node_host
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.compose import ComposeRuntime
-from orchestrator.runtime.executor.client import FILES
 from orchestrator.runtime.results import RuntimeInfo
 from orchestrator.runtime.snapshot import Snapshot
-
-# Unpack what the sandbox needs as root, owners and modes as archived (root's, read-only),
-# then give the workdir to the sandbox user.
-PREPARE = 'tar -x -f - -C / && mkdir -p -- "$1" && chown -- "$2" "$1"'
-PREPARE_SERVICE = "tar -x -f - -C /"
 
 
 class SwarmRuntime(ComposeRuntime):
@@ -98,10 +85,7 @@ class SwarmRuntime(ComposeRuntime):
         self._tasks = self.stack.wait_running(services, up_timeout())
         main = self._tasks[MAIN]
         self._docker_cmd = self.stack.node_cmd(main.node)
-        self._copy_in(MAIN, _main_archive(self.env), [PREPARE, "sh", self.workdir, compiled.user])
-        for service, spec in sorted(self.env.spec.services.items()):
-            if spec.static_assets and self.env.spec.static_assets:
-                self._copy_in(service, _static_archive(self.env), [PREPARE_SERVICE])
+        self._copy_in_all(compiled.user)
         self._wait_healthy(list(compiled.healthchecked))
         self._main = self._channel(MAIN, main.container)
         self._main.start()
@@ -111,18 +95,6 @@ class SwarmRuntime(ComposeRuntime):
         except SandboxUnavailable as exc:
             raise StartupError(f"the environment did not start: {exc}") from exc
         self._check_named_user()
-
-    def _copy_in(self, service: str, archive: bytes, script: list[str]) -> None:
-        """Unpack an archive into a running service's container, as root."""
-        container, docker_cmd = self._locate(service)
-        argv = [*docker_cmd, "exec", "-i", "-u", "0:0", container, "/bin/sh", "-c", *script]
-        try:
-            engine_call(f"preparing {service}", lambda: run(argv, input=archive), retry=False)
-        except DockerError as exc:
-            raise StartupError(
-                f"{self.env.name}: could not prepare {service!r} (its image needs /bin/sh and "
-                f"tar): {exc.stderr.strip() or exc}"
-            ) from exc
 
     def _wait_healthy(self, services: list[str]) -> None:
         """Swarm does not hold one service for another's health: the spawn waits instead."""
@@ -248,59 +220,3 @@ class SwarmRuntime(ComposeRuntime):
 
     def _check_resumable(self, snap: Snapshot) -> None:
         Runtime._check_resumable(self, snap)
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes | None, mode: int) -> None:
-    info = tarfile.TarInfo(name)
-    info.mode, info.uid, info.gid, info.mtime = mode, 0, 0, int(time.time())
-    if data is None:
-        info.type = tarfile.DIRTYPE
-        tar.addfile(info)
-    else:
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-
-
-def _static_into(tar: tarfile.TarFile, env: Any) -> None:
-    """The static assets at /static/<save_path>, root's and read-only."""
-    if not env.spec.static_assets:
-        return
-    _add(tar, STATIC_ROOT.lstrip("/"), None, 0o555)
-    for asset in env.spec.static_assets:
-        src = (env.base_dir / asset.path).resolve()
-        dest = f"{STATIC_ROOT.lstrip('/')}/{asset.save_path}"
-        parts = dest.split("/")
-        for i in range(2, len(parts)):
-            _add(tar, "/".join(parts[:i]), None, 0o555)
-        if src.is_dir():
-            _add(tar, dest, None, 0o555)
-            for path in sorted(src.rglob("*")):
-                rel = f"{dest}/{path.relative_to(src).as_posix()}"
-                if path.is_dir():
-                    _add(tar, rel, None, 0o555)
-                elif path.is_file():
-                    _add(
-                        tar, rel, path.read_bytes(), 0o555 if path.stat().st_mode & 0o111 else 0o444
-                    )
-        elif src.is_file():
-            _add(tar, dest, src.read_bytes(), 0o444)
-        else:
-            raise OrchestratorError(f"static asset {asset.name}: {src} is missing")
-
-
-def _main_archive(env: Any) -> bytes:
-    """What the main container needs from here: the executor, and the static assets."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add(tar, SANDBOX_MOUNT.lstrip("/"), None, 0o555)
-        for f in FILES:
-            _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{f.name}", f.read_bytes(), 0o444)
-        _static_into(tar, env)
-    return out.getvalue()
-
-
-def _static_archive(env: Any) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _static_into(tar, env)
-    return out.getvalue()

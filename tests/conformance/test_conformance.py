@@ -1,9 +1,12 @@
 """The conformance suite (`orchestrator.testing`) against every built-in backend. `docker-plain`
 is the Docker backend with the fast executor switched off, so the fallback path keeps the same
 rules; `swarm` runs on the test Swarm of `scripts/cluster` (started for the session if none
-runs)."""
+runs), and `docker-remote` is the Docker backend on the engine of one of its nodes: another
+engine, whose machine shares no folder with ours."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -22,6 +25,7 @@ TARGETS = [
         process_env={"ORCHESTRATOR_EXEC_MODE": "plain"},
         label="docker-plain",
     ),
+    Target("docker", env_lines=DOCKER_LINES, default_uid="1000", label="docker-remote"),
     Target(
         "swarm",
         env_lines=(f"image: {PYTHON_IMAGE}", "user: '1000:1000'", "resources: {memory: 1g}"),
@@ -35,4 +39,7 @@ def conformance_target(request: pytest.FixtureRequest) -> Target:
     target: Target = request.param
     if target.backend == "swarm":
         request.getfixturevalue("swarm_cluster")  # before the module's runtime starts
+    if target.id == "docker-remote":  # the Docker backend on another machine's engine
+        engine = request.getfixturevalue("remote_engine")
+        target = dataclasses.replace(target, process_env={"ORCHESTRATOR_DOCKER_HOST": engine})
     return target

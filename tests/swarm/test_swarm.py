@@ -127,3 +127,48 @@ def test_cli_run_on_swarm(swarm_cluster: str, tmp_path: Path) -> None:
         timeout=120,
     )
     assert (done.returncode, done.stdout) == (3, "out\n") and "err\n" in done.stderr
+
+
+def test_cli_on_another_engine(remote_engine: str, tmp_path: Path) -> None:
+    """`--host`: the whole life of an environment on another machine's engine."""
+    cli = [sys.executable, "-m", "orchestrator", "--host", remote_engine]
+    path = tmp_path / "env.yaml"
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    (assets / "a.txt").write_text("asset\n")
+    path.write_text(
+        f"version: 1\nname: far\nimage: {PYTHON_IMAGE}\nuser: '1000:1000'\n"
+        "static_assets: [{name: a, path: assets, save_path: a}]\n"
+        "setup: {commands: ['cat {{static:a}}/a.txt > copied']}\n"
+    )
+    up = subprocess.run([*cli, "up", str(path)], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        local = subprocess.run(
+            ["docker", "ps", "-q", "--filter", f"name={ident}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert local.stdout == ""  # not on this machine's engine
+        shown = subprocess.run(
+            [*cli, "exec", ident, "--", "cat copied; id -u"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.stdout == "asset\n1000\n", shown.stderr
+    finally:
+        subprocess.run([*cli, "down", ident], check=True, capture_output=True, timeout=120)
+    listed = subprocess.run([*cli, "ps", "--json"], capture_output=True, text=True, check=True)
+    assert ident not in listed.stdout
+    mounted = tmp_path / "m.yaml"
+    mounted.write_text(
+        f"version: 1\nname: far\nimage: {PYTHON_IMAGE}\n"
+        f"mounts: [{{source: {tmp_path}, target: /m}}]\n"
+    )
+    refused = subprocess.run(
+        [*cli, "run", str(mounted), "--", "true"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "mounts.0" in refused.stderr
