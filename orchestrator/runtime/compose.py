@@ -138,7 +138,12 @@ class ComposeRuntime(Runtime):
         self._main.start()  # greets while the ports are read
         if compiled.published:
             self._ports = self.project.ports()
-        # The executor's greeting proves the main container runs; without one, ask the engine.
+        self._confirm_started()
+
+    def _confirm_started(self) -> None:
+        """The executor's greeting proves the main container runs (without one, the engine
+        is asked); then the file's user is looked up once."""
+        assert self._main is not None
         try:
             if self._main.ready() is None and (lost := self._lost()) is not None:
                 raise lost
@@ -374,11 +379,14 @@ class ComposeRuntime(Runtime):
         assert self.project is not None
         return self.project.main_container
 
+    @property
+    def _id(self) -> str:
+        return self.project.name if self.project else self.env.name
+
     def info(self) -> RuntimeInfo:
         self._check_open()
-        assert self.project is not None
         return RuntimeInfo(
-            id=self.project.name,
+            id=self._id,
             env=self.env.name,
             backend=self.name,
             workdir=self.workdir,

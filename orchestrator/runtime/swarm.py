@@ -17,8 +17,6 @@ from orchestrator.compile.stack import StackOptions, compile_stack
 from orchestrator.errors import (
     DockerError,
     HealthcheckFailed,
-    SandboxUnavailable,
-    StartupError,
     UsageError,
 )
 from orchestrator.project.engine import engine_call, up_timeout
@@ -27,7 +25,6 @@ from orchestrator.project.identity import claim_folder, project_labels, project_
 from orchestrator.project.swarm import Stack, Task, client_for, manager_host, node_host
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.compose import ComposeRuntime
-from orchestrator.runtime.results import RuntimeInfo
 from orchestrator.runtime.snapshot import Snapshot
 
 
@@ -89,12 +86,7 @@ class SwarmRuntime(ComposeRuntime):
         self._wait_healthy(list(compiled.healthchecked))
         self._main = self._channel(MAIN, main.container)
         self._main.start()
-        try:
-            if self._main.ready() is None and (lost := self._lost()) is not None:
-                raise lost
-        except SandboxUnavailable as exc:
-            raise StartupError(f"the environment did not start: {exc}") from exc
-        self._check_named_user()
+        self._confirm_started()
 
     def _wait_healthy(self, services: list[str]) -> None:
         """Swarm does not hold one service for another's health: the spawn waits instead."""
@@ -191,19 +183,6 @@ class SwarmRuntime(ComposeRuntime):
     @property
     def default_user(self) -> str | None:
         return self.stack.compiled.user if self.stack else None
-
-    def info(self) -> RuntimeInfo:
-        self._check_open()
-        return RuntimeInfo(
-            id=self._id,
-            env=self.env.name,
-            backend=self.name,
-            workdir=self.workdir,
-            user=self.default_user,
-            exec_mode="plain" if self._main is None or self._main.mode == "plain" else "executor",
-            container=self._container,
-            ports=(),
-        )
 
     def _project_folder(self) -> Path | None:
         return self.stack.directory if self.stack else None
