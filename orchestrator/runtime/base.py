@@ -163,9 +163,16 @@ class Sandbox(ABC):
             setup_stderr=setup.stderr if setup else "",
         )
 
-    def _collect(self, cmd: Command, limit: int) -> tuple[TailBuffer, TailBuffer, Outcome]:
+    def _run_bulk(self, cmd: Command) -> Chunks:
+        """A command printing a folder's archive: where a backend has a cheaper path for many
+        bytes out than for many commands, it takes it."""
+        return self._run(cmd)
+
+    def _collect(
+        self, cmd: Command, limit: int, *, bulk: bool = False
+    ) -> tuple[TailBuffer, TailBuffer, Outcome]:
         out, err = TailBuffer(limit), TailBuffer(limit)
-        gen = self._run(cmd)
+        gen = self._run_bulk(cmd) if bulk else self._run(cmd)
         try:
             while True:
                 kind, data = next(gen)
@@ -308,7 +315,7 @@ class Sandbox(ABC):
     def _pack_here(self, src: str, user: str | None, limit: int) -> bytes:
         target = self._path(src)
         cmd = self._command(files.download_argv(target), None, None, None, user, None)
-        out, err, outcome = self._collect(cmd, limit + 1)
+        out, err, outcome = self._collect(cmd, limit + 1, bulk=True)
         files.raise_for_folder(outcome.exit_code, target, "download", decode(err.value()))
         archive = out.value()  # (one copy of what may be a gigabyte)
         if out.truncated or len(archive) > limit:
@@ -324,9 +331,37 @@ class Sandbox(ABC):
         """Copy folder `src`'s content into a local folder as one tar stream, refusing any
         entry that would land outside it (SandboxUnsafeArchive); returns the names copied.
         Past `limit` bytes of archive (default: the file read limit) raises
-        OutputLimitExceeded and writes nothing."""
-        archive = self._pack_here(src, user, limit or default_file_limit())
-        return files.unpack(archive, Path(local))
+        OutputLimitExceeded and writes nothing. The archive is unpacked as it arrives, into
+        a private folder inside `local` that is moved into place only once every entry has
+        passed and the sandbox's side succeeded."""
+        target = self._path(src)
+        cmd = self._command(files.download_argv(target), None, None, None, user, None)
+        err, ended = TailBuffer(64 * 1024), []
+
+        def archive() -> Generator[bytes, None, None]:
+            gen = self._run_bulk(cmd)
+            try:
+                while True:
+                    kind, data = next(gen)
+                    if kind == "stdout":
+                        yield data
+                    else:
+                        err.add(data)
+            except StopIteration as stop:
+                ended.append(stop.value)
+            finally:
+                gen.close()  # stopped early (refused, over the limit): the command is killed
+
+        stream = archive()
+        try:
+            staged = files.stage(stream, Path(local), limit or default_file_limit())
+        finally:
+            stream.close()
+        outcome: Outcome = ended[0]
+        if outcome.exit_code != 0:
+            staged.discard()
+            files.raise_for_folder(outcome.exit_code, target, "download", decode(err.value()))
+        return staged.commit()
 
 
 class Runtime(Sandbox):

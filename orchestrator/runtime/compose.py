@@ -411,6 +411,10 @@ class ComposeRuntime(Runtime):
         assert self._main is not None
         return (yield from self._main.run(cmd))
 
+    def _run_bulk(self, cmd: Command) -> Chunks:
+        assert self._main is not None
+        return (yield from self._main.run(cmd, bulk=True))
+
 
 @functools.cache
 def _executor_files() -> dict[str, bytes]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import os
 import shutil
 import stat
@@ -17,7 +16,7 @@ import subprocess
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from orchestrator.errors import (
@@ -243,18 +242,112 @@ def pack_host(folder: Path, limit: int) -> bytes | None:
     return None if complaints else bytes(archive)
 
 
-def unpack(data: bytes, folder: Path) -> list[str]:
-    """Unpack an archive from the sandbox into a local folder, refusing anything that would
-    land outside it: absolute names, `..`, links that point out, devices (the sandbox's
-    content is untrusted). Returns the names unpacked."""
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write all of `data`; False when the reading end is closed."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except BrokenPipeError:
+        return False
+    return True
+
+
+class Staged:
+    """An archive from the sandbox unpacked into a private folder inside the destination,
+    as it arrived: `commit()` moves it into place, `discard()` removes it. Nothing reaches
+    the destination itself unless every entry passed."""
+
+    def __init__(self, folder: Path, staging: Path, names: list[str]) -> None:
+        self.folder, self.staging, self.names = folder, staging, names
+
+    def commit(self) -> list[str]:
+        for entry in sorted(self.staging.iterdir()):
+            _merge(entry, self.folder / entry.name)
+        self.staging.rmdir()
+        return self.names
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _merge(src: Path, dst: Path) -> None:
+    """Move `src` to `dst`; folders merge into existing folders, anything else replaces."""
+    if dst.is_dir() and not dst.is_symlink():
+        if src.is_dir() and not src.is_symlink():
+            for child in sorted(src.iterdir()):
+                _merge(child, dst / child.name)
+            shutil.copystat(src, dst, follow_symlinks=False)
+            src.rmdir()
+            return
+        shutil.rmtree(dst)
+    os.replace(src, dst)
+
+
+def stage(chunks: Iterable[bytes], folder: Path, limit: int) -> Staged:
+    """Unpack a tar stream from the sandbox while it arrives, into a private folder inside
+    `folder`, refusing anything that would land outside it: absolute names, `..`, links that
+    point out, devices (the sandbox's content is untrusted). Refused, cut short or past
+    `limit` bytes, the private folder goes and the error is raised. The caller commits."""
     folder.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        members = tar.getmembers()
+    staging = Path(tempfile.mkdtemp(prefix=".orchestrator-download-", dir=folder))
+    read_fd, write_fd = os.pipe()
+    names: list[str] = []
+    failure: list[BaseException] = []
+
+    def unpack() -> None:
         try:
-            for member in members:  # every member is checked before anything is written
-                tarfile.data_filter(member, str(folder))
-            tar.extractall(folder, members=members, filter="data")  # and again as written
-        except tarfile.FilterError as exc:
+            with (
+                os.fdopen(read_fd, "rb") as pipe,
+                tarfile.open(fileobj=pipe, mode="r|", bufsize=STREAM_CHUNK) as tar,
+            ):
+                # 1 MiB copies instead of 16 KiB (the stub does not know the attribute)
+                tar.copybufsize = STREAM_CHUNK  # type: ignore[attr-defined]
+
+                def recorded() -> Iterator[tarfile.TarInfo]:
+                    for member in tar:
+                        names.append(member.name)
+                        yield member
+
+                # extractall: a folder's own mode (read-only, say) is set after its content
+                tar.extractall(staging, members=recorded(), filter="data")
+        except BaseException as exc:  # handed to the caller below
+            failure.append(exc)
+
+    reader = threading.Thread(target=unpack, daemon=True)
+    reader.start()
+    received, open_pipe = 0, True
+    try:
+        for chunk in chunks:
+            received += len(chunk)
+            if received > limit:
+                raise OutputLimitExceeded(
+                    f"the folder packs to more than the limit of {limit} bytes (pass "
+                    f"limit= or set {FILE_LIMIT_ENV})"
+                )
+            if open_pipe and not _write_all(write_fd, chunk):
+                open_pipe = False  # the unpacking ended: at the archive's end, or failed
+                os.close(write_fd)
+                reader.join()
+                if failure:
+                    break  # no need to read the rest of a refused archive
+                # else: the padding after the archive's end; read it so the command ends
+    except BaseException:
+        if open_pipe:
+            os.close(write_fd)
+        reader.join()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if open_pipe:
+        os.close(write_fd)
+    reader.join()
+    if failure:
+        exc = failure[0]
+        if isinstance(exc, tarfile.TarError) and received == 0:
+            return Staged(folder, staging, [])  # nothing came: the sandbox's side says why
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, tarfile.FilterError):
             raise SandboxUnsafeArchive(f"refused to unpack into {folder}: {exc}") from exc
-    names = (m.name.removeprefix("./") for m in members)
-    return [n for n in names if n not in ("", ".")]
+        raise OrchestratorError(f"cannot unpack into {folder}: {exc}") from exc
+    clean = (n.removeprefix("./") for n in names)
+    return Staged(folder, staging, [n for n in clean if n not in ("", ".")])

@@ -67,3 +67,6 @@ class ServiceSandbox(Sandbox):
 
     def _run(self, cmd: Command) -> Chunks:
         return (yield from self.channel.run(cmd))
+
+    def _run_bulk(self, cmd: Command) -> Chunks:
+        return (yield from self.channel.run(cmd, bulk=True))

@@ -599,7 +599,19 @@ def test_a_download_cannot_write_outside_its_folder(rt: Runtime, tmp_path: Path)
     out = tmp_path / "out"
     with pytest.raises(SandboxUnsafeArchive):
         rt.download(name, out)
-    assert not (out / "a").exists() and not (out / "escape").exists()  # nothing written
+    assert list(out.iterdir()) == []  # nothing written, not even the private staging folder
+
+
+def test_a_download_merges_into_what_the_folder_holds(rt: Runtime, tmp_path: Path) -> None:
+    name = f"merge-{uuid.uuid4().hex[:8]}"
+    rt.execute(f"mkdir -p {name}/d && echo new > {name}/d/same && echo add > {name}/d/added")
+    out = tmp_path / "out"
+    (out / "d").mkdir(parents=True)
+    (out / "d" / "same").write_text("old\n")
+    (out / "mine").write_text("kept\n")
+    assert sorted(rt.download(name, out)) == ["d", "d/added", "d/same"]
+    assert (out / "d" / "same").read_text() == "new\n" and (out / "d" / "added").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["d", "mine"]  # no staging folder left
 
 
 # ----- snapshots -----------------------------------------------------------------------------
