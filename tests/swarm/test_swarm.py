@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -172,3 +174,90 @@ def test_cli_on_another_engine(remote_engine: str, tmp_path: Path) -> None:
         [*cli, "run", str(mounted), "--", "true"], capture_output=True, text=True
     )
     assert refused.returncode == 2 and "mounts.0" in refused.stderr
+
+
+@pytest.fixture
+def registry(swarm_cluster: str, tmp_path: Path) -> Iterator[str]:
+    """Debian's docker-registry serving on the test Swarm's network gateway, as
+    docs/scale-out.md tells for real hosts; its address."""
+    import shutil
+    import socket
+
+    from tests.conftest import in_ci
+
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        why = "docker-registry is not installed (scripts/build-images installs it as root)"
+        if in_ci():
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    gateway = subprocess.run(
+        [
+            "docker",
+            "network",
+            "inspect",
+            "-f",
+            "{{(index .IPAM.Config 0).Gateway}}",
+            "orch-cluster",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    with socket.socket() as probe:  # a free port on that address
+        probe.bind((gateway, 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        "version: 0.1\nstorage: {filesystem: {rootdirectory: "
+        f"{tmp_path / 'data'}}}}}\nhttp: {{addr: '{gateway}:{port}'}}\n"
+    )
+    server = subprocess.Popen(
+        [binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex((gateway, port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield f"{gateway}:{port}"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_an_image_reaches_the_nodes_through_a_local_registry(
+    swarm_cluster: str, registry: str, tmp_path: Path
+) -> None:
+    """Pushed once (here from the manager's engine), pulled by the node a task lands on."""
+    image = f"{registry}/team/sandbox:{uuid.uuid4().hex[:8]}"
+    manager = ["docker", "-H", swarm_cluster]
+    subprocess.run([*manager, "tag", PYTHON_IMAGE, image], check=True)
+    try:
+        subprocess.run([*manager, "push", "-q", image], check=True, capture_output=True)
+    finally:
+        subprocess.run([*manager, "rmi", image], check=True, capture_output=True)
+    path = tmp_path / "env.yaml"
+    path.write_text(
+        f"version: 1\nname: reg\nbackend: swarm\nimage: {image}\n"
+        "placement: ['node.hostname==node-3']\n"
+    )
+    with spawn_runtime(path) as rt:
+        assert rt.execute("python3 -c 'print(6 * 7)'").stdout == "42\n"
+        node3 = _node_engine(swarm_cluster, "node-3")
+    pulled = subprocess.run(["docker", "-H", node3, "image", "inspect", image], capture_output=True)
+    assert pulled.returncode == 0  # node-3 had only the test images before: it pulled this one
+    subprocess.run(["docker", "-H", node3, "rmi", image], check=True, capture_output=True)
+
+
+def _node_engine(manager: str, hostname: str) -> str:
+    fmt = "{{.Status.Addr}}"
+    addr = subprocess.run(
+        ["docker", "-H", manager, "node", "inspect", "--format", fmt, hostname],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return f"tcp://{addr}:2375"
