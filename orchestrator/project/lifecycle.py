@@ -62,6 +62,8 @@ class Project:
     name: str
     directory: Path
     compiled: CompiledProject
+    host: str = ""
+    """Its engine ("": the process's)."""
     client: DockerClient = field(init=False)
     """Every call bounded by ORCHESTRATOR_ENGINE_TIMEOUT."""
     up_client: DockerClient = field(init=False)
@@ -73,6 +75,8 @@ class Project:
             "compose_project_name": self.name,
             "compose_project_directory": self.directory,
         }
+        if self.host:
+            compose["host"] = self.host
         self.client = docker_client(**compose)
         self.up_client = docker_client(up_timeout(), **compose)
 
@@ -170,13 +174,15 @@ def start_project(
     *,
     detached: bool = False,
     extra_files: dict[str, bytes] | None = None,
+    host: str = "",
 ) -> Project:
-    """Compile, write and bring up a project; on any failure remove everything it created."""
+    """Compile, write and bring up a project (on engine `host`, else the process's); on any
+    failure remove everything it created."""
     name = project_name(env.name)
     directory = projects_dir() / name
     claim_folder(directory)
-    if is_remote(host := engine_host()):
-        (directory / ENGINE_FILE).write_text(host + "\n")
+    if is_remote(engine := host or engine_host()):
+        (directory / ENGINE_FILE).write_text(engine + "\n")
     reap_soon()  # leftovers of crashed runs, in the background
     if not detached:
         ensure_guardian()  # removes this process's projects if it dies without cleaning up
@@ -188,7 +194,7 @@ def start_project(
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    project = Project(name, directory, compiled)
+    project = Project(name, directory, compiled, host)
 
     def attempt(retry: int) -> Project:
         if retry:  # the subnet was taken meanwhile: compile again with another

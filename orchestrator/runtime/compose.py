@@ -27,7 +27,14 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.project import LABEL_DIR, Project, images, start_project
-from orchestrator.project.engine import TIMED_OUT, engine_call, engine_host, is_remote, raw_docker
+from orchestrator.project.engine import (
+    TIMED_OUT,
+    docker_client,
+    engine_call,
+    engine_host,
+    is_remote,
+    raw_docker,
+)
 from orchestrator.runtime import copyin, files
 from orchestrator.runtime.base import Runtime, Sandbox
 from orchestrator.runtime.channel import Channel, Mode
@@ -103,10 +110,11 @@ class ComposeRuntime(Runtime):
 
     def _start(self) -> None:
         opts = self.options
-        remote = is_remote(engine_host())
+        host = opts.host or engine_host()
+        remote = is_remote(host)
         if remote and opts.workspace is not None:
             raise UsageError(
-                f"the engine at {engine_host()} may be another machine: a host workspace "
+                f"the engine at {host} may be another machine: a host workspace "
                 "cannot be mounted there; move files with rt.upload and rt.download"
             )
 
@@ -125,7 +133,11 @@ class ComposeRuntime(Runtime):
             )
 
         self.project = start_project(
-            self.env, make_options, extra_files=_executor_files(), detached=opts.detached
+            self.env,
+            make_options,
+            extra_files=_executor_files(),
+            detached=opts.detached,
+            host=opts.host or "",
         )
         compiled = self.project.compiled
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
@@ -263,7 +275,8 @@ class ComposeRuntime(Runtime):
         return images.commit(self._container, record, self.project.client)
 
     def _check_resumable(self, snap: Snapshot) -> None:
-        if snap.image and not images.exists(snap.image):
+        engine = docker_client(host=self.options.host) if self.options.host else None
+        if snap.image and not images.exists(snap.image, engine):
             raise UsageError(
                 f"snapshot {snap.name}: its filesystem image {snap.image} is gone "
                 "(removed outside orchestrator); it cannot be resumed"

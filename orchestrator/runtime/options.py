@@ -56,6 +56,9 @@ class SpawnOptions:
     """Started for `orchestrator up`: lives on after this process, until `down`/`cleanup`."""
     resume: Snapshot | None = None
     """Restore this workspace before setup (which then runs `setup.resume_commands`)."""
+    host: str | None = None
+    """The engine (any `docker --host` address; for swarm, the manager); None: the
+    process's (ORCHESTRATOR_DOCKER_HOST, DOCKER_HOST, or the local engine)."""
 
 
 @dataclass(frozen=True)

@@ -120,11 +120,13 @@ def spawn_runtime(
     backend: str | None = None,
     policy: Policy | None = None,
     detached: bool = False,
+    host: str | None = None,
 ) -> Runtime:
     """Bring an environment up on its backend (or `backend`), run its setup, return the live
     runtime. Use it as a context manager so it is always cleaned up. `resume`: a snapshot (or
     its path or name) whose workspace is restored first; setup then runs
-    `setup.resume_commands` instead of `setup.commands`."""
+    `setup.resume_commands` instead of `setup.commands`. `host`: the engine to start it on
+    (any `docker --host` address; for swarm, the manager), instead of the process's."""
     if not isinstance(env, Environment):
         env = load_environment(env)
     cls = get_runtime_class(backend or env.backend)
@@ -139,6 +141,7 @@ def spawn_runtime(
         disable_setup=disable_setup,
         policy=policy or Policy.from_env(),
         detached=detached,
+        host=host or None,
     )
     return cls.spawn(env, options)
 

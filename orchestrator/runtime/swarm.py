@@ -76,7 +76,7 @@ class SwarmRuntime(ComposeRuntime):
             shutil.rmtree(directory, ignore_errors=True)
             raise
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
-        self.stack = Stack(name, directory, manager_host(), compiled)
+        self.stack = Stack(name, directory, opts.host or manager_host(), compiled)
         self.stack.deploy()
         services = [MAIN, *sorted(self.env.spec.services)]
         self._tasks = self.stack.wait_running(services, up_timeout())

@@ -261,3 +261,18 @@ def _node_engine(manager: str, hostname: str) -> str:
         check=True,
     ).stdout.strip()
     return f"tcp://{addr}:2375"
+
+
+def test_a_spawn_on_another_engine(remote_engine: str, tmp_path: Path) -> None:
+    """spawn_runtime(host=...): this environment there, the process's engine untouched."""
+    path = tmp_path / "env.yaml"
+    path.write_text(f"version: 1\nname: spawnfar\nimage: {PYTHON_IMAGE}\nuser: '1000:1000'\n")
+    far = ["docker", "-H", remote_engine]
+    with spawn_runtime(path, host=remote_engine) as rt:
+        container = rt.info().container or ""
+        assert rt.execute("id -u").stdout == "1000\n"
+        here = subprocess.run(["docker", "inspect", container], capture_output=True)
+        there = subprocess.run([*far, "inspect", container], capture_output=True)
+        assert (here.returncode, there.returncode) == (1, 0)
+    gone = subprocess.run([*far, "inspect", container], capture_output=True)
+    assert gone.returncode == 1
