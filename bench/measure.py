@@ -7,8 +7,20 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.project import Project
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "results"
+
+
+def report(name: str, lines: list[str]) -> None:
+    """Write bench/results/<name>.md and print it."""
+    text = "\n".join(lines).rstrip("\n") + "\n"
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.md").write_text(text)
+    print(text, end="")
 
 
 @dataclass

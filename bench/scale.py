@@ -16,13 +16,11 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
+from bench.measure import report
 from orchestrator import Runtime, load_environment_text, spawn_runtime
 from orchestrator.project.identity import projects_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results"
 ENV = (
     "version: 1\nname: scale\nimage: orchestrator-test/python:3.11\n"
     "setup: {commands: ['echo up > .ready']}\n"
@@ -121,9 +119,7 @@ def main() -> None:
         "",
         *(f"- {f}" for f in failures[:20]),
     ]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "scale.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    report("scale", lines)
     sys.exit(1 if failures or leaked or folders or alive != args.envs else 0)
 
 

@@ -22,12 +22,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.measure import report
 from bench.transfer import make_tree
 from orchestrator import Snapshot, load_environment_text, spawn_runtime
 from orchestrator.runtime.compose import ComposeRuntime
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results"
 ENV = "version: 1\nname: snapbench\nimage: orchestrator-test/python:3.11\n"
 
 
@@ -112,9 +111,7 @@ def main() -> None:
         f"cold spawn of the same file.",
         "",
     ]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "snapshot.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    report("snapshot", lines)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,11 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
+from bench.measure import ROOT, report
 from orchestrator import Runtime, load_environment_text, spawn_runtime
 from orchestrator.runtime.swarm import SwarmRuntime
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results"
 SCRIPT = str(ROOT / "scripts" / "cluster")
 ENV = (
     "version: 1\nname: swbench\nbackend: swarm\nimage: orchestrator-test/python:3.11\n"
@@ -111,9 +109,7 @@ def main() -> None:
         "",
         *(f"- {n} node(s): {why}" for n, r in rows.items() for why in r.failures),
     ]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "swarm.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    report("swarm", lines)
 
 
 if __name__ == "__main__":

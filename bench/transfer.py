@@ -14,12 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.measure import compose_argv, timed
+from bench.measure import compose_argv, report, timed
 from orchestrator import load_environment_text, spawn_runtime
 from orchestrator.runtime.compose import ComposeRuntime
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results"
 ENV = "version: 1\nname: transfer\nimage: orchestrator-test/python:3.11\nuser: root\n"
 
 
@@ -89,9 +87,7 @@ def main() -> None:
     for name, value in med.items():
         way = name.split(":")[0]
         lines.append(f"| {name} | {value:.2f} | {value / med[f'{way}: docker cp']:.2f} |")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "transfer.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    report("transfer", lines)
 
 
 if __name__ == "__main__":

@@ -230,20 +230,13 @@ def swarm_cluster() -> Iterator[str]:
             pytest.fail(f"could not start the test Swarm: {up.stderr.strip()}")
     line = subprocess.run([script, "env"], capture_output=True, text=True, check=True).stdout
     manager = line.strip().partition("=")[2]
-    old = {
-        k: os.environ.get(k) for k in ("ORCHESTRATOR_SWARM_HOST", "ORCHESTRATOR_SWARM_NODE_HOST")
-    }
-    os.environ["ORCHESTRATOR_SWARM_HOST"] = manager
-    os.environ["ORCHESTRATOR_SWARM_NODE_HOST"] = "tcp://{addr}:2375"
     try:
-        yield manager
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("ORCHESTRATOR_SWARM_HOST", manager)
+            patch.setenv("ORCHESTRATOR_SWARM_NODE_HOST", "tcp://{addr}:2375")
+            yield manager
         leaked = swarm_ids(manager)
     finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         if started:
             subprocess.run([script, "down"], capture_output=True, check=False)
     assert not leaked, f"the tests left these on the Swarm: {sorted(leaked)}"

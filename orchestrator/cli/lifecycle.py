@@ -102,16 +102,14 @@ def _claim(env: Environment, count: int) -> Started:
     """Up to `count` environments taken from running pools of this file."""
     from orchestrator.project import claim_from_pool, project_statuses
 
-    claimed: list[ProjectInfo] = []
-    while len(claimed) < count and (info := claim_from_pool(env.digest)) is not None:
-        claimed.append(info)
+    claimed = claim_from_pool(env.digest, count)
     if not claimed:
         typer.echo(f"no pool of {env.name} has one ready: starting", err=True)
         return []
     statuses = {r.id: r for r in project_statuses()[0]}
     out: Started = []
     for info in claimed:
-        _, container = _main(info.name)
+        container = _main_container(info)
         status = statuses.get(info.name)
         ports = status.ports if status else ()
         record: dict[str, object] = {
@@ -283,10 +281,14 @@ def _main(ref: str) -> tuple[ProjectInfo, str]:
     from orchestrator.project import find_project
 
     info = find_project(ref)
+    return info, _main_container(info)
+
+
+def _main_container(info: ProjectInfo) -> str:
     mains = [cid for cid, service, _ in info.containers if service == "main"]
     if not mains:
         raise UsageError(f"{info.name} has no main container (was it stopped?)")
-    return info, mains[0]
+    return mains[0]
 
 
 def _exec_argv(info: ProjectInfo, container: str, interactive: bool = True) -> list[str]:

@@ -173,20 +173,24 @@ def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectSt
     return statuses, removed
 
 
-def claim_from_pool(digest: str, client: DockerClient | None = None) -> ProjectInfo | None:
-    """Take a waiting member of a running pool (`orchestrator pool`) of the environment file
-    with this digest: it becomes the caller's, kept until `down` whatever its pool does next.
-    None when no pool has one ready."""
+def claim_from_pool(
+    digest: str, count: int = 1, client: DockerClient | None = None
+) -> list[ProjectInfo]:
+    """Take up to `count` waiting members of running pools (`orchestrator pool`) of the
+    environment file with this digest: they become the caller's, kept until `down` whatever
+    their pool does next. Empty when no pool has one ready."""
+    claimed: list[ProjectInfo] = []
     for info in list_projects(client):
         folder = info.directory
+        if len(claimed) == count:
+            break
         if info.labels.get(LABEL_DIGEST) != digest or folder is None:
             continue
         if not owner_alive(info.labels):  # its pool is gone; the reaper removes it
             continue
-        keep = (folder / KEPT_FILE).touch
-        if move(folder, READY, CLAIMED, keep):
-            return info
-    return None
+        if move(folder, READY, CLAIMED, (folder / KEPT_FILE).touch):
+            claimed.append(info)
+    return claimed
 
 
 def match_project(ref: str, names: list[str]) -> str:

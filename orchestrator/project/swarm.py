@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +67,7 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.client = client_for(self.host)
-        self._nodes: dict[str, list[str]] = {}
+        self._nodes: dict[str, DockerClient] = {}
         self.deployed = False
         """Whether a deploy was tried that may have created something."""
 
@@ -97,43 +96,31 @@ class Stack:
             raise
 
     def tasks(self) -> dict[str, Task]:
-        """The newest task of each service of the stack."""
+        """The newest task of each service of the stack (two engine calls: the stack's task
+        names, then all its tasks inspected at once)."""
         cmd = self.client.client_config.docker_cmd
-        services = engine_call(
-            "listing stack services",
+        listed = engine_call(
+            "listing stack tasks",
             lambda: run(
-                [
-                    *cmd,
-                    "service",
-                    "ls",
-                    "--filter",
-                    f"label={LABEL_PROJECT}={self.name}",
-                    "--format",
-                    "{{.ID}} {{.Name}}",
-                ],
+                [*cmd, "stack", "ps", "--no-trunc", "--format", "{{.ID}} {{.Name}}", self.name],
                 return_stderr=False,
             ),
         )
-        names = dict(line.split(" ", 1) for line in str(services).splitlines() if line.strip())
+        # a task is named <stack>_<service>.<slot>
+        names = {
+            ident: name.removeprefix(self.name + "_").rpartition(".")[0]
+            for ident, _, name in (line.partition(" ") for line in str(listed).splitlines())
+            if ident
+        }
         if not names:
-            return {}
-        ids = engine_call(
-            "listing stack tasks",
-            lambda: run([*cmd, "stack", "ps", "-q", "--no-trunc", self.name], return_stderr=False),
-        )
-        task_ids = [t for t in str(ids).split() if t]
-        if not task_ids:
             return {}
         raw = engine_call(
             "inspecting stack tasks",
-            lambda: run([*cmd, "inspect", "--type", "task", *task_ids], return_stderr=False),
+            lambda: run([*cmd, "inspect", "--type", "task", *names], return_stderr=False),
         )
         newest: dict[str, tuple[str, Task]] = {}
-        prefix = self.name + "_"
         for item in json.loads(str(raw)):
-            service_id = str(item.get("ServiceID", ""))  # `service ls` shows ids cut short
-            found = [n for i, n in names.items() if service_id.startswith(i)]
-            service = found[0].removeprefix(prefix) if found else ""
+            service = names.get(str(item.get("ID", "")), "")
             status = item.get("Status") or {}
             container = status.get("ContainerStatus") or {}
             task = Task(
@@ -174,11 +161,15 @@ class Stack:
                 )
             time.sleep(0.2)
 
+    def node_client(self, node: str) -> DockerClient:
+        """A client of the engine of node `node` (its address asked of the manager once)."""
+        if node not in self._nodes:
+            self._nodes[node] = client_for(node_host(self.host, node))
+        return self._nodes[node]
+
     def node_cmd(self, node: str) -> list[str]:
         """The docker command for the engine of node `node` (no time bound: exec lasts)."""
-        if node not in self._nodes:
-            self._nodes[node] = raw_docker(client_for(node_host(self.host, node)))
-        return self._nodes[node]
+        return raw_docker(self.node_client(node))
 
     def remove(self, tasks: list[Task] | None = None) -> None:
         """Remove the stack (services, their containers, its network) and wait until Swarm
@@ -188,15 +179,8 @@ class Stack:
             remove_stack(self.name, self.host)
             deadline = time.monotonic() + REMOVE_WAIT
             for task in tasks or []:
-                cmd = client_for(node_host(self.host, task.node)).client_config.docker_cmd
-                while time.monotonic() < deadline:
-                    gone = subprocess.run(
-                        [*cmd, "container", "inspect", task.container],
-                        capture_output=True,
-                        check=False,
-                    )
-                    if gone.returncode != 0:
-                        break
+                client = self.node_client(task.node)
+                while time.monotonic() < deadline and client.container.exists(task.container):
                     time.sleep(0.1)
         shutil.rmtree(self.directory, ignore_errors=True)
 

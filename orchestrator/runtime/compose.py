@@ -170,11 +170,12 @@ class ComposeRuntime(Runtime):
         self._copy_in(
             MAIN, copyin.main_archive(self.env), [copyin.PREPARE, "sh", self.workdir, user]
         )
-        if not self.env.spec.static_assets:
+        showing = [n for n, s in sorted(self.env.spec.services.items()) if s.static_assets]
+        if not self.env.spec.static_assets or not showing:
             return
-        for service, spec in sorted(self.env.spec.services.items()):
-            if spec.static_assets:
-                self._copy_in(service, copyin.static_archive(self.env), [copyin.PREPARE_SERVICE])
+        static = copyin.static_archive(self.env)
+        for service in showing:
+            self._copy_in(service, static, [copyin.PREPARE_SERVICE])
 
     def _copy_in(self, service: str, archive: bytes, script: list[str]) -> None:
         """Unpack an archive into a running service's container, as root."""

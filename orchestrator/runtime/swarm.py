@@ -22,7 +22,7 @@ from orchestrator.errors import (
 from orchestrator.project.engine import engine_call, up_timeout
 from orchestrator.project.guardian import ensure_guardian
 from orchestrator.project.identity import claim_folder, project_labels, project_name, projects_dir
-from orchestrator.project.swarm import Stack, Task, client_for, manager_host, node_host
+from orchestrator.project.swarm import Stack, Task, manager_host
 from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.compose import ComposeRuntime
 from orchestrator.runtime.snapshot import Snapshot
@@ -120,7 +120,7 @@ class SwarmRuntime(ComposeRuntime):
             channel.close()
         assert self.stack is not None
         for task in self._tasks.values():  # restart_policy none: a killed task stays down
-            client = client_for(node_host(self.stack.host, task.node))
+            client = self.stack.node_client(task.node)
             try:
                 engine_call(
                     "killing a task", functools.partial(client.container.kill, task.container)
@@ -136,7 +136,7 @@ class SwarmRuntime(ComposeRuntime):
     def _state(self, service: str = MAIN) -> Any:
         assert self.stack is not None
         task = self._tasks[service]
-        client = client_for(node_host(self.stack.host, task.node))
+        client = self.stack.node_client(task.node)
         return engine_call(
             "inspecting the sandbox", lambda: client.container.inspect(task.container).state
         )
@@ -160,7 +160,7 @@ class SwarmRuntime(ComposeRuntime):
     def _exec_defaults(self, service: str) -> tuple[str, str | None]:
         assert self.stack is not None
         task = self._tasks[service]
-        client = client_for(node_host(self.stack.host, task.node))
+        client = self.stack.node_client(task.node)
         config = engine_call(
             "inspecting a service", lambda: client.container.inspect(task.container).config
         )
@@ -172,7 +172,7 @@ class SwarmRuntime(ComposeRuntime):
         task = self._tasks.get(service)
         if task is None:
             return ""
-        client = client_for(node_host(self.stack.host, task.node))
+        client = self.stack.node_client(task.node)
         text = engine_call("reading logs", lambda: client.container.logs(task.container, tail=20))
         return text if isinstance(text, str) else ""
 
