@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 import shutil
 import stat
@@ -242,17 +243,6 @@ def pack_host(folder: Path, limit: int) -> bytes | None:
     return None if complaints else bytes(archive)
 
 
-def _write_all(fd: int, data: bytes) -> bool:
-    """Write all of `data`; False when the reading end is closed."""
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-    except BrokenPipeError:
-        return False
-    return True
-
-
 class Staged:
     """An archive from the sandbox unpacked into a private folder inside the destination,
     as it arrived: `commit()` moves it into place, `discard()` removes it. Nothing reaches
@@ -284,6 +274,52 @@ def _merge(src: Path, dst: Path) -> None:
     os.replace(src, dst)
 
 
+class _Incoming(io.RawIOBase):
+    """The archive's chunks as the file tarfile reads, pulled as tarfile asks (no thread,
+    no pipe: the sandbox's side runs ahead in its own process) and counted against the
+    limit."""
+
+    def __init__(self, chunks: Iterable[bytes], limit: int) -> None:
+        super().__init__()
+        self._chunks = iter(chunks)
+        self._chunk, self._at = b"", 0
+        self.limit, self.received = limit, 0
+
+    def _pull(self) -> bool:
+        for chunk in self._chunks:
+            self.received += len(chunk)
+            if self.received > self.limit:
+                raise OutputLimitExceeded(
+                    f"the folder packs to more than the limit of {self.limit} bytes (pass "
+                    f"limit= or set {FILE_LIMIT_ENV})"
+                )
+            if chunk:
+                self._chunk, self._at = chunk, 0
+                return True
+        return False
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if self._at >= len(self._chunk) and not self._pull():
+            return b""
+        chunk, at = self._chunk, self._at
+        end = len(chunk) if size < 0 else min(len(chunk), at + size)
+        self._at = end
+        return chunk if at == 0 and end == len(chunk) else chunk[at:end]
+
+    def drain(self) -> None:
+        """Read what follows the archive's end (tar's padding), so the command can end."""
+        while self._pull():
+            pass
+
+
+# tarfile copies what it has buffered on every read: small reads copy less (1 MiB reads
+# cost more than the whole unpacking besides); file data is then copied in big blocks.
+READ_SIZE, COPY_SIZE = 1 << 16, 1 << 20
+
+
 def stage(chunks: Iterable[bytes], folder: Path, limit: int) -> Staged:
     """Unpack a tar stream from the sandbox while it arrives, into a private folder inside
     `folder`, refusing anything that would land outside it: absolute names, `..`, links that
@@ -291,63 +327,29 @@ def stage(chunks: Iterable[bytes], folder: Path, limit: int) -> Staged:
     `limit` bytes, the private folder goes and the error is raised. The caller commits."""
     folder.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".orchestrator-download-", dir=folder))
-    read_fd, write_fd = os.pipe()
+    incoming = _Incoming(chunks, limit)
     names: list[str] = []
-    failure: list[BaseException] = []
-
-    def unpack() -> None:
-        try:
-            with (
-                os.fdopen(read_fd, "rb") as pipe,
-                tarfile.open(fileobj=pipe, mode="r|", bufsize=STREAM_CHUNK) as tar,
-            ):
-                # 1 MiB copies instead of 16 KiB (the stub does not know the attribute)
-                tar.copybufsize = STREAM_CHUNK  # type: ignore[attr-defined]
-
-                def recorded() -> Iterator[tarfile.TarInfo]:
-                    for member in tar:
-                        names.append(member.name)
-                        yield member
-
-                # extractall: a folder's own mode (read-only, say) is set after its content
-                tar.extractall(staging, members=recorded(), filter="data")
-        except BaseException as exc:  # handed to the caller below
-            failure.append(exc)
-
-    reader = threading.Thread(target=unpack, daemon=True)
-    reader.start()
-    received, open_pipe = 0, True
     try:
-        for chunk in chunks:
-            received += len(chunk)
-            if received > limit:
-                raise OutputLimitExceeded(
-                    f"the folder packs to more than the limit of {limit} bytes (pass "
-                    f"limit= or set {FILE_LIMIT_ENV})"
-                )
-            if open_pipe and not _write_all(write_fd, chunk):
-                open_pipe = False  # the unpacking ended: at the archive's end, or failed
-                os.close(write_fd)
-                reader.join()
-                if failure:
-                    break  # no need to read the rest of a refused archive
-                # else: the padding after the archive's end; read it so the command ends
-    except BaseException:
-        if open_pipe:
-            os.close(write_fd)
-        reader.join()
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if open_pipe:
-        os.close(write_fd)
-    reader.join()
-    if failure:
-        exc = failure[0]
-        if isinstance(exc, tarfile.TarError) and received == 0:
+        with tarfile.open(fileobj=incoming, mode="r|", bufsize=READ_SIZE) as tar:
+            tar.copybufsize = COPY_SIZE  # type: ignore[attr-defined]
+
+            def recorded() -> Iterator[tarfile.TarInfo]:
+                for member in tar:
+                    names.append(member.name)
+                    yield member
+
+            # extractall: a folder's own mode (read-only, say) is set after its content
+            tar.extractall(staging, members=recorded(), filter="data")
+        incoming.drain()
+    except tarfile.TarError as exc:
+        if incoming.received == 0 and not isinstance(exc, tarfile.FilterError):
             return Staged(folder, staging, [])  # nothing came: the sandbox's side says why
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, tarfile.FilterError):
             raise SandboxUnsafeArchive(f"refused to unpack into {folder}: {exc}") from exc
         raise OrchestratorError(f"cannot unpack into {folder}: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     clean = (n.removeprefix("./") for n in names)
     return Staged(folder, staging, [n for n in clean if n not in ("", ".")])
