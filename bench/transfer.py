@@ -44,34 +44,41 @@ def main() -> None:
         container, project = rt.project.main_container, rt.project
         compose = compose_argv(project)
 
-        def fresh(path: Path) -> Path:
-            shutil.rmtree(path, ignore_errors=True)
-            return path
+        rt.upload(tree, "/tmp/src")  # what the downloads read
 
-        paths: dict[str, Callable[[], object]] = {
-            "upload: orchestrator rt.upload": lambda: rt.upload(tree, "/tmp/up-o"),
-            "upload: docker cp": lambda: subprocess.run(
-                ["docker", "cp", f"{tree}/.", f"{container}:/tmp/up-d"], check=True
-            ),
-            "upload: docker compose cp": lambda: subprocess.run(
-                [*compose, "cp", f"{tree}/.", "main:/tmp/up-c"], check=True, capture_output=True
-            ),
-            "download: orchestrator rt.download": lambda: rt.download(
-                "/tmp/up-o", fresh(work / "down-o"), limit=4 * args.megabytes * 1024 * 1024
-            ),
-            "download: docker cp": lambda: subprocess.run(
-                ["docker", "cp", f"{container}:/tmp/up-o/.", str(fresh(work / "down-d"))],
-                check=True,
-            ),
-            "download: docker compose cp": lambda: subprocess.run(
-                [*compose, "cp", "main:/tmp/up-o/.", str(fresh(work / "down-c"))],
-                check=True,
-                capture_output=True,
-            ),
-        }
-        for _ in range(args.rounds):  # alternate, so drift on a shared machine hits all alike
-            for name, fn in paths.items():
+        def paths(n: int) -> dict[str, Callable[[], object]]:
+            """Each run writes a new folder: nothing is deleted while the rounds run, so no
+            path pays for the file system reclaiming what another path removed."""
+            down = work / f"round-{n}"
+            down.mkdir()
+            return {
+                "upload: orchestrator rt.upload": lambda: rt.upload(tree, f"/tmp/up-o-{n}"),
+                "upload: docker cp": lambda: subprocess.run(
+                    ["docker", "cp", f"{tree}/.", f"{container}:/tmp/up-d-{n}"], check=True
+                ),
+                "upload: docker compose cp": lambda: subprocess.run(
+                    [*compose, "cp", f"{tree}/.", f"main:/tmp/up-c-{n}"],
+                    check=True,
+                    capture_output=True,
+                ),
+                "download: orchestrator rt.download": lambda: rt.download(
+                    "/tmp/src", down / "o", limit=4 * args.megabytes * 1024 * 1024
+                ),
+                "download: docker cp": lambda: subprocess.run(
+                    ["docker", "cp", f"{container}:/tmp/src/.", str(down / "d")], check=True
+                ),
+                "download: docker compose cp": lambda: subprocess.run(
+                    [*compose, "cp", "main:/tmp/src/.", str(down / "c")],
+                    check=True,
+                    capture_output=True,
+                ),
+            }
+
+        for n in range(args.rounds):  # alternate, so drift on a shared machine hits all alike
+            for name, fn in paths(n).items():
                 rows.setdefault(name, []).extend(timed(name, fn, 1, warmup=0).times)
+            counts = {len(list((work / f"round-{n}" / way).rglob("*"))) for way in "odc"}
+            assert counts == {args.files + 20}, f"the downloads differ: {counts}"
     shutil.rmtree(work, ignore_errors=True)
     med = {name: statistics.median(times) for name, times in rows.items()}
     lines = [

@@ -317,11 +317,14 @@ def pump(
     grace: float = GRACE,
     killer: Optional[Killer] = None,
     started: Optional[float] = None,
+    out: Optional[int] = None,
 ) -> Generator[Chunk, None, Outcome]:
     """Yield ("stdout"|"stderr", bytes) as output arrives; return the Outcome. `killer(proc,
     sig)` replaces the default tree kill (the plain-exec path kills inside the container
     instead). The timeout is kept by a watchdog thread, so it holds even while the caller is
-    not reading; closing the generator early kills the command."""
+    not reading; closing the generator early kills the command. `out`: a file descriptor
+    (the read end of a FIFO, the caller's to close) that carries the command's standard
+    output instead; what the process itself prints on stdout then counts as stderr."""
     start = time.monotonic() if started is None else started
     if stdin is not None and proc.stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
@@ -345,23 +348,34 @@ def pump(
         )
         watchdog.start()
     sel = selectors.DefaultSelector()
-    for pipe, kind in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+    sources = [(proc.stdout, "stdout" if out is None else "stderr"), (proc.stderr, "stderr")]
+    for pipe, kind in sources:
         if pipe is not None:
             try:
                 fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, CHUNK)
             except OSError:
                 pass  # not Linux, or over /proc/sys/fs/pipe-max-size: the default stays
             sel.register(pipe, selectors.EVENT_READ, kind)
+    if out is not None:
+        sel.register(out, selectors.EVENT_READ, "stdout")
     exited_at: Optional[float] = None
     last_data = start
+    held = 0.0  # seconds the caller held a chunk since the process exited: not silence
     try:
         while True:
             if sel.get_map():
                 for key, _ in sel.select(0.05):
-                    data = os.read(key.fd, CHUNK)
+                    try:
+                        data = os.read(key.fd, CHUNK)
+                    except BlockingIOError:  # a FIFO: woken, then nothing to read
+                        continue
                     if data:
                         last_data = time.monotonic()
                         yield key.data, data
+                        back = time.monotonic()
+                        if exited_at is not None:
+                            held += back - last_data
+                        last_data = back
                     else:
                         sel.unregister(key.fileobj)
             else:  # both pipes closed: wait for the process (the watchdog keeps the deadline;
@@ -371,8 +385,8 @@ def pump(
                 exited_at = now  # leftovers of its group keep running, by design
             if exited_at is not None and (
                 not sel.get_map()
-                or (now - last_data >= DRAIN and now - exited_at >= DRAIN)
-                or now - exited_at > DRAIN_MAX
+                or (now - last_data >= DRAIN and now - exited_at - held >= DRAIN)
+                or now - exited_at - held > DRAIN_MAX
             ):
                 break
     finally:
@@ -399,11 +413,13 @@ def run(
     killer: Optional[Killer] = None,
     started: Optional[float] = None,
     on_start: Optional[Callable[["subprocess.Popen[bytes]"], None]] = None,
+    out: Optional[int] = None,
 ) -> Generator[Chunk, None, Outcome]:
     """Run one command: yield its output as it arrives, return its Outcome. Whatever keeps it
     from starting comes back as a shell would report it (see the module rules), except
-    NoProcess. `on_start(proc)` sees the process once it runs. Closing the generator early
-    kills the command's whole tree and reaps it: nothing outlives a caller that gave up."""
+    NoProcess. `on_start(proc)` sees the process once it runs; `out` is as for `pump`. Closing
+    the generator early kills the command's whole tree and reaps it: nothing outlives a caller
+    that gave up."""
     start = time.monotonic() if started is None else started
     try:
         proc = _start(argv, env, cwd, user, stdin is not None)
@@ -413,7 +429,7 @@ def run(
     try:
         if on_start is not None:
             on_start(proc)
-        return (yield from pump(proc, stdin, timeout, killer=killer, started=start))
+        return (yield from pump(proc, stdin, timeout, killer=killer, started=start, out=out))
     finally:
         if proc.returncode is None:  # abandoned (pump has killed it) or never pumped
             if proc.poll() is None:

@@ -1,18 +1,30 @@
 """How commands reach one container of a Docker environment (the main sandbox or a service):
 its in-container executor, started once and restarted if it dies, or plain `docker exec` per
-command where the executor cannot run (no python3) or cannot act as the command's user."""
+command where the executor cannot run (no python3) or cannot act as the command's user.
+
+A folder's archive (bulk output) takes a shorter way where the container sees a folder of
+this machine (its sandbox folder, bind-mounted read-only): the command writes into a FIFO
+made there, which this process reads directly, so the bytes skip the engine's exec stream
+(the container's runtime shim, the daemon and the docker client each copy them)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Literal
 
 from orchestrator import procutil
 from orchestrator.compile.render import SANDBOX_MOUNT
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
+from orchestrator.procutil import F_SETPIPE_SZ
 from orchestrator.runtime.executor.client import ExecutorClient
 from orchestrator.runtime.executor.plain import run_plain
 from orchestrator.runtime.options import Chunks, Command
@@ -23,6 +35,12 @@ READY_TIMEOUT = 15.0
 Mode = Literal["auto", "executor", "plain"]
 ROOT = (None, "0", "0:0")
 """Users a root executor without CAP_SETUID can still run commands as (itself)."""
+# `sh -c TO_FIFO sh FIFO ARGV...`: ARGV's output into the FIFO; 98 where it cannot be written
+TO_FIFO = 'f=$1; shift; [ -p "$f" ] && [ -w "$f" ] || exit 98; exec "$@" > "$f"'
+NO_FIFO = 98
+PROBE_TIMEOUT = 5.0
+"""Longest the one-time FIFO check may take: an engine in a VM (its bind mounts copy files,
+not FIFOs) leaves the writer waiting for a reader that never comes."""
 
 
 class Channel:
@@ -37,6 +55,7 @@ class Channel:
         lost: Callable[[], SandboxUnavailable | None],
         killed: Callable[[], bool],
         warn: Callable[[str], None],
+        shared: Path | None = None,
     ) -> None:
         self.label = label
         self.mode = mode
@@ -48,6 +67,10 @@ class Channel:
         self._warn = warn
         self._executor: ExecutorClient | None = None
         self._lock = threading.Lock()
+        # the host folder the container sees at SANDBOX_MOUNT, and whether a FIFO made there
+        # reaches this process (None: not yet tried)
+        self._shared = shared
+        self._fifo_ok: bool | None = None if shared is not None else False
 
     # ----- the executor ----------------------------------------------------------------------
     def start(self) -> None:
@@ -125,18 +148,20 @@ class Channel:
     def run(self, cmd: Command, *, bulk: bool = False) -> Chunks:
         """Run one command. `bulk` (a folder packed for download) goes by plain exec: its
         output then crosses one process less than through the executor, which matters for
-        100 MB more than the exec's start-up does."""
+        100 MB more than the exec's start-up does; and through a FIFO where one works."""
+        if bulk and self._fifo_works(cmd):
+            assert self._shared is not None
+            with _fifo(self._shared) as (inside, fd):
+                argv = ["/bin/sh", "-c", TO_FIFO, "sh", inside, *cmd.argv]
+                outcome = yield from self._plain(dataclasses.replace(cmd, argv=argv), fd)
+            if outcome.exit_code != NO_FIFO:
+                return outcome
+            self._fifo_ok = False  # not for this user: nothing was written; the usual way
         ex = None if bulk else self.ready()
         if ex is not None and not (ex.info.get("setuid", True) or cmd.user in ROOT):
             ex = None  # root without CAP_SETUID here (a non-root service): docker exec -u
         if ex is None:
-            outcome = yield from run_plain(self._docker_cmd, self._container, cmd)
-            failed = outcome.exit_code != 0 or outcome.timed_out
-            if failed and not self._killed():  # the command failed, or the container did?
-                lost = self._lost()
-                if lost is not None:
-                    raise lost
-            return outcome
+            return (yield from self._plain(cmd))
         started = time.monotonic()
         try:
             return (yield from ex.run(cmd, procutil.GRACE, self._lost))
@@ -148,3 +173,57 @@ class Channel:
             if lost is not None:
                 raise lost from exc
             raise
+
+    def _plain(self, cmd: Command, out: int | None = None) -> Chunks:
+        outcome = yield from run_plain(self._docker_cmd, self._container, cmd, out)
+        failed = outcome.exit_code != 0 or outcome.timed_out
+        if failed and not self._killed():  # the command failed, or the container did?
+            lost = self._lost()
+            if lost is not None:
+                raise lost
+        return outcome
+
+    def _fifo_works(self, cmd: Command) -> bool:
+        """Whether a FIFO in the shared folder, written in the container, is read here (the
+        engine runs on this machine's kernel): tried once, by a command that writes "ok"."""
+        if self._fifo_ok is None:
+            assert self._shared is not None
+            with _fifo(self._shared) as (inside, fd):
+                probe = Command(
+                    argv=["/bin/sh", "-c", 'printf ok > "$1"', "sh", inside],
+                    env={},
+                    cwd="/",
+                    user=cmd.user,
+                    timeout=PROBE_TIMEOUT,
+                    stdin=None,
+                )
+                for _ in self.run(probe):
+                    pass
+                try:
+                    self._fifo_ok = os.read(fd, 2) == b"ok"
+                except BlockingIOError:  # nothing came
+                    self._fifo_ok = False
+            if not self._fifo_ok:
+                log.info("%s: folder downloads go through the engine's exec stream", self.label)
+        return self._fifo_ok
+
+
+@contextlib.contextmanager
+def _fifo(folder: Path) -> Iterator[tuple[str, int]]:
+    """A new FIFO in the shared folder: its path in the container, and its read end here
+    (opened without waiting for a writer). Any sandbox user may write it: what comes out
+    of the sandbox is untrusted wherever it passes."""
+    name = f"out-{uuid.uuid4().hex}"
+    path = folder / name
+    os.mkfifo(path)
+    try:
+        path.chmod(0o622)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            with contextlib.suppress(OSError):  # bigger reads where Linux allows it
+                fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
+            yield f"{SANDBOX_MOUNT}/{name}", fd
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)

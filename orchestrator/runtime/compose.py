@@ -96,6 +96,7 @@ class ComposeRuntime(Runtime):
         self._main: Channel | None = None
         self._temp_workspace: Path | None = None
         self._docker_cmd: list[str] = []
+        self._shared: Path | None = None  # this machine's folder the containers see, if any
 
     # ----- lifecycle -----------------------------------------------------------------------
     def _workspace(self, directory: Path) -> Path:
@@ -146,6 +147,8 @@ class ComposeRuntime(Runtime):
         self._docker_cmd = raw_docker(self.project.client)  # exec calls last: no time bound
         if remote:
             self._copy_in_all(compiled.user)
+        else:  # every container sees it at SANDBOX_MOUNT: downloads come through FIFOs there
+            self._shared = self.project.directory / SANDBOX_DIR
         self._main = self._channel(MAIN, self.project.main_container)
         self._main.start()  # greets while the ports are read
         if compiled.published:
@@ -227,6 +230,7 @@ class ComposeRuntime(Runtime):
             lost=lambda: self._lost(service),
             killed=lambda: self._killed,
             warn=warn,
+            shared=self._shared,
         )
 
     def _channels(self) -> list[Channel]:

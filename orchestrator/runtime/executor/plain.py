@@ -30,7 +30,11 @@ exit 0
 """
 
 
-def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
+def run_plain(
+    docker_cmd: list[str], container: str, cmd: Command, out: int | None = None
+) -> Chunks:
+    """`cmd` by one `docker exec`. `out`: the read end of a FIFO the command's output goes
+    to instead of through the engine (see `procutil.pump`)."""
     token = uuid.uuid4().hex
     argv = [*docker_cmd, "exec", "-e", f"{MARK}={token}"]
     if cmd.stdin is not None:
@@ -58,7 +62,9 @@ def run_plain(docker_cmd: list[str], container: str, cmd: Command) -> Chunks:
             client.kill()  # and the local docker client, which a paused sandbox would hold
 
     stdin = stdin_chunks(cmd.stdin) if cmd.stdin is not None else None
-    chunks = procutil.run(argv, None, None, stdin=stdin, timeout=cmd.timeout, killer=killer)
+    chunks = procutil.run(
+        argv, None, None, stdin=stdin, timeout=cmd.timeout, killer=killer, out=out
+    )
     try:
         first = True
         while True:

@@ -1,0 +1,106 @@
+"""Folder downloads from a Docker sandbox on this machine come through a FIFO in the sandbox
+folder, not the engine's exec stream: what the sandbox can do to that FIFO, a user who cannot
+reach it, and a download stopped half way."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import OutputLimitExceeded, spawn_runtime
+from orchestrator.runtime import channel
+from orchestrator.runtime.compose import ComposeRuntime
+from orchestrator.runtime.executor import plain
+from orchestrator.runtime.options import Chunks, Command
+from tests.docker.conftest import MakeEnv
+
+TREE = "mkdir -p tree/d && for i in $(seq 40); do head -c 50000 /dev/urandom > tree/d/f$i; done"
+
+
+def _fifos(rt: ComposeRuntime) -> list[str]:
+    assert rt.project is not None
+    return [p.name for p in (rt.project.directory / "sandbox").iterdir() if p.is_fifo()]
+
+
+def _same(rt: ComposeRuntime, out: Path) -> bool:
+    here = sorted(
+        f"{p.relative_to(out).as_posix()} {p.stat().st_size}" for p in out.rglob("*") if p.is_file()
+    )
+    there = rt.execute("cd tree && find . -type f -exec stat -c '%n %s' {} + | cut -c3- | sort")
+    return here == there.stdout.splitlines()
+
+
+def test_a_download_comes_through_a_fifo_that_is_gone_after(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outs: list[int | None] = []
+    real = plain.run_plain
+
+    def spy(docker_cmd: list[str], container: str, cmd: Command, out: int | None = None) -> Chunks:
+        outs.append(out)
+        return real(docker_cmd, container, cmd, out)
+
+    monkeypatch.setattr(channel, "run_plain", spy)
+    with spawn_runtime(make_env("", name="fifo")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        rt.execute(TREE, check=True)
+        rt.download("tree", tmp_path / "out")
+        assert _same(rt, tmp_path / "out")
+        assert outs and all(out is not None for out in outs)  # no byte through the engine
+        assert _fifos(rt) == []
+
+
+def test_a_sandbox_holding_the_fifo_open_cannot_hold_a_download(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    """A process of the sandbox opens every FIFO it sees and keeps it open: the end of file
+    never comes, yet the download ends once the packer has exited and the FIFO is quiet."""
+    with spawn_runtime(make_env("", name="holder")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        rt.execute(TREE, check=True)
+        grab = (
+            'while :; do for f in /.orchestrator/out-*; do [ -p "$f" ] || continue; '
+            '[ -e "/tmp/held-${f##*/}" ] && continue; touch "/tmp/held-${f##*/}"; '
+            'sleep 60 > "$f" & done; done'
+        )
+        rt.execute(f"nohup sh -c '{grab}' >/dev/null 2>&1 &", check=True)
+        for n in range(3):
+            started = time.monotonic()
+            rt.download("tree", tmp_path / f"out{n}")
+            assert time.monotonic() - started < 15
+            assert _same(rt, tmp_path / f"out{n}")
+        held = rt.execute("ls /tmp | grep -c '^held-out-'").stdout.strip()
+        assert int(held) >= 1, "the holder never caught a FIFO: this test tested nothing"
+
+
+def test_a_user_who_cannot_reach_the_fifo_downloads_through_the_engine(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    with spawn_runtime(make_env("user: '1000:1000'\n", name="noreach")) as rt:
+        assert isinstance(rt, ComposeRuntime) and rt.project is not None
+        rt.execute(TREE, check=True)
+        rt.download("tree", tmp_path / "root", user="root")  # checked once, as root: works
+        shared = rt.project.directory / "sandbox"
+        mode = shared.stat().st_mode
+        shared.chmod(0o700)  # now only root may pass
+        try:
+            rt.download("tree", tmp_path / "user")
+        finally:
+            shared.chmod(mode)
+        assert _same(rt, tmp_path / "user") and _fifos(rt) == []
+
+
+def test_a_download_stopped_half_way_leaves_no_packer_running(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    with spawn_runtime(make_env("", name="stopped")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        rt.execute("mkdir big && head -c 20000000 /dev/urandom > big/blob", check=True)
+        with pytest.raises(OutputLimitExceeded):
+            rt.download("big", tmp_path / "out", limit=1_000_000)
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+        scan = 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < "$f"; echo; done'
+        assert "tar -c" not in rt.execute(scan).stdout
+        assert _fifos(rt) == []
