@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -149,11 +149,14 @@ class Channel:
         """Run one command. `bulk` (a folder packed for download) goes by plain exec: its
         output then crosses one process less than through the executor, which matters for
         100 MB more than the exec's start-up does; and through a FIFO where one works."""
-        if bulk and self._fifo_works(cmd):
-            assert self._shared is not None
-            with _fifo(self._shared) as (inside, fd):
-                argv = ["/bin/sh", "-c", TO_FIFO, "sh", inside, *cmd.argv]
-                outcome = yield from self._plain(dataclasses.replace(cmd, argv=argv), fd)
+        shared = self._shared if bulk and self._fifo_works(cmd) else None
+        fifo = _Fifo.make(shared) if shared is not None else None
+        if fifo is not None:
+            try:
+                argv = ["/bin/sh", "-c", TO_FIFO, "sh", fifo.inside, *cmd.argv]
+                outcome = yield from self._plain(dataclasses.replace(cmd, argv=argv), fifo.fd)
+            finally:
+                fifo.close()
             if outcome.exit_code != NO_FIFO:
                 return outcome
             self._fifo_ok = False  # not for this user: nothing was written; the usual way
@@ -188,9 +191,12 @@ class Channel:
         engine runs on this machine's kernel): tried once, by a command that writes "ok"."""
         if self._fifo_ok is None:
             assert self._shared is not None
-            with _fifo(self._shared) as (inside, fd):
+            fifo = _Fifo.make(self._shared)
+            if fifo is None:
+                return False  # tried again next time
+            try:
                 probe = Command(
-                    argv=["/bin/sh", "-c", 'printf ok > "$1"', "sh", inside],
+                    argv=["/bin/sh", "-c", 'printf ok > "$1"', "sh", fifo.inside],
                     env={},
                     cwd="/",
                     user=cmd.user,
@@ -200,30 +206,43 @@ class Channel:
                 for _ in self.run(probe):
                     pass
                 try:
-                    self._fifo_ok = os.read(fd, 2) == b"ok"
+                    self._fifo_ok = os.read(fifo.fd, 2) == b"ok"
                 except BlockingIOError:  # nothing came
                     self._fifo_ok = False
+            finally:
+                fifo.close()
             if not self._fifo_ok:
                 log.info("%s: folder downloads go through the engine's exec stream", self.label)
         return self._fifo_ok
 
 
-@contextlib.contextmanager
-def _fifo(folder: Path) -> Iterator[tuple[str, int]]:
-    """A new FIFO in the shared folder: its path in the container, and its read end here
-    (opened without waiting for a writer). Any sandbox user may write it: what comes out
-    of the sandbox is untrusted wherever it passes."""
-    name = f"out-{uuid.uuid4().hex}"
-    path = folder / name
-    os.mkfifo(path)
-    try:
-        path.chmod(0o622)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+class _Fifo:
+    """A new FIFO in the shared folder: `inside`, its path in the container, and `fd`, its
+    read end here (opened without waiting for a writer). Any sandbox user may write it, none
+    may read it: what comes out of the sandbox is untrusted wherever it passes."""
+
+    def __init__(self, folder: Path) -> None:
+        name = f"out-{uuid.uuid4().hex}"
+        self.path, self.inside = folder / name, f"{SANDBOX_MOUNT}/{name}"
+        os.mkfifo(self.path)
         try:
-            with contextlib.suppress(OSError):  # bigger reads where Linux allows it
-                fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
-            yield f"{SANDBOX_MOUNT}/{name}", fd
-        finally:
-            os.close(fd)
-    finally:
-        path.unlink(missing_ok=True)
+            self.path.chmod(0o622)
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            self.path.unlink(missing_ok=True)
+            raise
+        with contextlib.suppress(OSError):  # bigger reads where Linux allows it
+            fcntl.fcntl(self.fd, F_SETPIPE_SZ, 1 << 20)
+
+    @classmethod
+    def make(cls, folder: Path) -> _Fifo | None:
+        """A FIFO, or None where none can be made (the folder gone, a file system without)."""
+        try:
+            return cls(folder)
+        except OSError as exc:
+            log.info("cannot make a FIFO in %s: %s", folder, exc)
+            return None
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)

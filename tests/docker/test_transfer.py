@@ -4,6 +4,7 @@ reach it, and a download stopped half way."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -104,3 +105,17 @@ def test_a_download_stopped_half_way_leaves_no_packer_running(
         scan = 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < "$f"; echo; done'
         assert "tar -c" not in rt.execute(scan).stdout
         assert _fifos(rt) == []
+
+
+def test_where_no_fifo_can_be_made_downloads_go_through_the_engine(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(path: object, mode: int = 0o666) -> None:
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(os, "mkfifo", refuse)
+    with spawn_runtime(make_env("", name="nofifo")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        rt.execute(TREE, check=True)
+        rt.download("tree", tmp_path / "out")
+        assert _same(rt, tmp_path / "out") and _fifos(rt) == []
