@@ -471,7 +471,8 @@ class Runtime(Sandbox):
         path = snapshot.archive_path(self.env.name, dest)
         archive = self._pack_workdir(None, limit or snapshot_limit())
         image = self._commit(path.with_suffix(".json")) if filesystem else ""
-        return snapshot.save(archive, self.env.name, self.env.digest, path, image)
+        env, host = self.env, self.options.host or ""
+        return snapshot.save(archive, env.name, env.digest, path, image, host)
 
     def _commit(self, record: Path) -> str:
         """Save the main container's filesystem as an image owned by `record`; its tag."""

@@ -282,6 +282,12 @@ class ComposeRuntime(Runtime):
     def _check_resumable(self, snap: Snapshot) -> None:
         engine = docker_client(host=self.options.host) if self.options.host else None
         if snap.image and not images.exists(snap.image, engine):
+            if snap.host != (self.options.host or ""):
+                where = f"the engine at {snap.host}" if snap.host else "the process's own engine"
+                raise UsageError(
+                    f"snapshot {snap.name}: its filesystem image {snap.image} is on {where}; "
+                    "resume it there (spawn_runtime(..., host=...))"
+                )
             raise UsageError(
                 f"snapshot {snap.name}: its filesystem image {snap.image} is gone "
                 "(removed outside orchestrator); it cannot be resumed"

@@ -37,6 +37,9 @@ class Snapshot:
     image: str = ""
     """On Docker, with filesystem=True: the image holding the main container's filesystem
     (its changes above the image it ran), which a resume runs instead of the file's image."""
+    host: str = ""
+    """The engine holding `image` when it was made by `spawn_runtime(host=...)` ("": the
+    process's own engine)."""
 
     @property
     def name(self) -> str:
@@ -50,8 +53,9 @@ class Snapshot:
         """Remove the archive, its record and its image."""
         if self.image:
             from orchestrator.project import images
+            from orchestrator.project.engine import docker_client
 
-            images.remove(self.image)
+            images.remove(self.image, docker_client(host=self.host) if self.host else None)
         self.path.unlink(missing_ok=True)
         self.record.unlink(missing_ok=True)
 
@@ -78,7 +82,8 @@ def _load(path: Path) -> Snapshot | None:
     try:
         data = json.loads(path.with_suffix(".json").read_text())
         fields = {k: data[k] for k in ("env", "digest", "created", "size")}
-        return Snapshot(path=path, image=str(data.get("image", "")), **fields)
+        image, host = (str(data.get(k, "")) for k in ("image", "host"))
+        return Snapshot(path=path, image=image, host=host, **fields)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -93,11 +98,13 @@ def archive_path(env: str, dest: str | Path | None = None) -> Path:
     return Path(dest).absolute()
 
 
-def save(archive: bytes, env: str, digest: str, path: Path, image: str = "") -> Snapshot:
+def save(
+    archive: bytes, env: str, digest: str, path: Path, image: str = "", host: str = ""
+) -> Snapshot:
     """Write an archive (at `path`, from archive_path) and its record."""
     path.parent.mkdir(parents=True, exist_ok=True)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    snap = Snapshot(path, env, digest, created, len(archive), image)
+    snap = Snapshot(path, env, digest, created, len(archive), image, host if image else "")
     path.write_bytes(archive)
     record = {k: v for k, v in asdict(snap).items() if k != "path"}
     snap.record.write_text(json.dumps(record, indent=1))

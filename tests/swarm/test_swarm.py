@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import StartupError, spawn_runtime
+from orchestrator import Snapshot, StartupError, UsageError, spawn_runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, swarm_ids
 
 
@@ -276,3 +276,25 @@ def test_a_spawn_on_another_engine(remote_engine: str, tmp_path: Path) -> None:
         assert (here.returncode, there.returncode) == (1, 0)
     gone = subprocess.run([*far, "inspect", container], capture_output=True)
     assert gone.returncode == 1
+
+
+def test_a_filesystem_snapshot_on_another_engine_is_removed_there(
+    remote_engine: str, tmp_path: Path
+) -> None:
+    """The record keeps the engine that holds the image: removal reaches it there, and a
+    resume on another engine says where the image is."""
+    path = tmp_path / "env.yaml"
+    path.write_text(f"version: 1\nname: snapfar\nimage: {PYTHON_IMAGE}\n")
+    far = ["docker", "-H", remote_engine]
+    with spawn_runtime(path, host=remote_engine) as rt:
+        snap = rt.snapshot(tmp_path / "far.tar", filesystem=True)
+    assert Snapshot.find(snap.path).host == remote_engine
+    assert (
+        subprocess.run([*far, "image", "inspect", snap.image], capture_output=True).returncode == 0
+    )
+    with pytest.raises(UsageError, match=f"is on the engine at {remote_engine}"):
+        spawn_runtime(path, resume=snap)
+    snap.remove()
+    assert (
+        subprocess.run([*far, "image", "inspect", snap.image], capture_output=True).returncode == 1
+    )
