@@ -164,8 +164,9 @@ class Sandbox(ABC):
         )
 
     def _run_bulk(self, cmd: Command) -> Chunks:
-        """A command printing a folder's archive: where a backend has a cheaper path for many
-        bytes out than for many commands, it takes it."""
+        """A command printing a folder's archive, or reading one (its stdin a
+        files.PackStream): where a backend has a cheaper path for many bytes than for many
+        commands, it takes it."""
         return self._run(cmd)
 
     def _collect(
@@ -309,7 +310,8 @@ class Sandbox(ABC):
     def _unpack_here(self, archive: bytes | Iterable[bytes], dest: str, user: str | None) -> None:
         target = self._path(dest)
         cmd = self._command(files.upload_argv(target), None, b"", None, user, None)
-        _, err, outcome = self._collect(dataclasses.replace(cmd, stdin=archive), 64 * 1024)
+        cmd = dataclasses.replace(cmd, stdin=archive)
+        _, err, outcome = self._collect(cmd, 64 * 1024, bulk=isinstance(archive, files.PackStream))
         files.raise_for_folder(outcome.exit_code, target, "upload into", decode(err.value()))
 
     def _pack_here(self, src: str, user: str | None, limit: int) -> bytes:

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Literal
 
@@ -25,18 +25,21 @@ from orchestrator import procutil
 from orchestrator.compile.render import SANDBOX_MOUNT
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.procutil import F_SETPIPE_SZ
+from orchestrator.runtime import files
 from orchestrator.runtime.executor.client import ExecutorClient
 from orchestrator.runtime.executor.plain import run_plain
 from orchestrator.runtime.options import Chunks, Command
-from orchestrator.runtime.results import Outcome
+from orchestrator.runtime.results import Outcome, StreamKind
 
 log = logging.getLogger("orchestrator.docker")
 READY_TIMEOUT = 15.0
 Mode = Literal["auto", "executor", "plain"]
 ROOT = (None, "0", "0:0")
 """Users a root executor without CAP_SETUID can still run commands as (itself)."""
-# `sh -c TO_FIFO sh FIFO ARGV...`: ARGV's output into the FIFO; 98 where it cannot be written
+# `sh -c TO_FIFO sh FIFO ARGV...`: ARGV's output into the FIFO, or (FROM_FIFO) its input from
+# it; 98 where the command's user cannot reach it
 TO_FIFO = 'f=$1; shift; [ -p "$f" ] && [ -w "$f" ] || exit 98; exec "$@" > "$f"'
+FROM_FIFO = 'f=$1; shift; [ -p "$f" ] && [ -r "$f" ] || exit 98; exec "$@" < "$f"'
 NO_FIFO = 98
 PROBE_TIMEOUT = 5.0
 """Longest the one-time FIFO check may take: an engine in a VM (its bind mounts copy files,
@@ -146,21 +149,18 @@ class Channel:
 
     # ----- commands ----------------------------------------------------------------------------
     def run(self, cmd: Command, *, bulk: bool = False) -> Chunks:
-        """Run one command. `bulk` (a folder packed for download) goes by plain exec: its
-        output then crosses one process less than through the executor, which matters for
-        100 MB more than the exec's start-up does; and through a FIFO where one works."""
-        shared = self._shared if bulk and self._fifo_works(cmd) else None
-        fifo = _Fifo.make(shared) if shared is not None else None
-        if fifo is not None:
-            try:
-                argv = ["/bin/sh", "-c", TO_FIFO, "sh", fifo.inside, *cmd.argv]
-                outcome = yield from self._plain(dataclasses.replace(cmd, argv=argv), fifo.fd)
-            finally:
-                fifo.close()
-            if outcome.exit_code != NO_FIFO:
-                return outcome
-            self._fifo_ok = False  # not for this user: nothing was written; the usual way
-        ex = None if bulk else self.ready()
+        """Run one command. `bulk`: a folder's archive, out (the command prints it) or in
+        (its stdin a files.PackStream), through a FIFO where one works; otherwise an
+        archive out goes by plain exec, whose output crosses one process less than through
+        the executor, which matters for 100 MB more than the exec's start-up does."""
+        if bulk and self._fifo_works(cmd):
+            stream = cmd.stdin if isinstance(cmd.stdin, files.PackStream) else None
+            routed = yield from (
+                self._out_by_fifo(cmd) if stream is None else self._in_by_fifo(cmd, stream)
+            )
+            if routed is not None:
+                return routed
+        ex = None if bulk and cmd.stdin is None else self.ready()
         if ex is not None and not (ex.info.get("setuid", True) or cmd.user in ROOT):
             ex = None  # root without CAP_SETUID here (a non-root service): docker exec -u
         if ex is None:
@@ -177,6 +177,49 @@ class Channel:
                 raise lost from exc
             raise
 
+    def _out_by_fifo(
+        self, cmd: Command
+    ) -> Generator[tuple[StreamKind, bytes], None, Outcome | None]:
+        """The command's output through a FIFO; None where that could not be (nothing was
+        written): the caller goes the usual way."""
+        assert self._shared is not None
+        fifo = _Fifo.make(self._shared, into_sandbox=False)
+        if fifo is None:
+            return None
+        try:
+            argv = ["/bin/sh", "-c", TO_FIFO, "sh", fifo.inside, *cmd.argv]
+            outcome = yield from self._plain(dataclasses.replace(cmd, argv=argv), fifo.fd)
+        finally:
+            fifo.close()
+        return self._routed(outcome)
+
+    def _in_by_fifo(
+        self, cmd: Command, stream: files.PackStream
+    ) -> Generator[tuple[StreamKind, bytes], None, Outcome | None]:
+        """The command's input through a FIFO the host's tar writes into; None as above."""
+        assert self._shared is not None
+        fifo = _Fifo.make(self._shared, into_sandbox=True)
+        if fifo is None:
+            return None
+        try:
+            packer = stream.pack_into(fifo.fd)
+            if packer is None:
+                return None
+            try:
+                argv = ["/bin/sh", "-c", FROM_FIFO, "sh", fifo.inside, *cmd.argv]
+                outcome = yield from self.run(dataclasses.replace(cmd, argv=argv, stdin=None))
+            finally:
+                packer.stop()
+        finally:
+            fifo.close()
+        return self._routed(outcome)
+
+    def _routed(self, outcome: Outcome) -> Outcome | None:
+        if outcome.exit_code != NO_FIFO:
+            return outcome
+        self._fifo_ok = False  # not for this user: nothing went through it; the usual way
+        return None
+
     def _plain(self, cmd: Command, out: int | None = None) -> Chunks:
         outcome = yield from run_plain(self._docker_cmd, self._container, cmd, out)
         failed = outcome.exit_code != 0 or outcome.timed_out
@@ -191,7 +234,7 @@ class Channel:
         engine runs on this machine's kernel): tried once, by a command that writes "ok"."""
         if self._fifo_ok is None:
             assert self._shared is not None
-            fifo = _Fifo.make(self._shared)
+            fifo = _Fifo.make(self._shared, into_sandbox=False)
             if fifo is None:
                 return False  # tried again next time
             try:
@@ -217,17 +260,21 @@ class Channel:
 
 
 class _Fifo:
-    """A new FIFO in the shared folder: `inside`, its path in the container, and `fd`, its
-    read end here (opened without waiting for a writer). Any sandbox user may write it, none
-    may read it: what comes out of the sandbox is untrusted wherever it passes."""
+    """A new FIFO in the shared folder: `inside`, its path in the container, and `fd`, our
+    end of it. Out of the sandbox: any sandbox user may write it, none may read it, and we
+    read it (opened without waiting for a writer); what comes out of the sandbox is
+    untrusted wherever it passes. Into the sandbox: any sandbox user may read it, and we
+    hold it open for reading and writing, so the packer writing it never waits for a
+    reader to open it (and never sees one leave: it is stopped once the command ended)."""
 
-    def __init__(self, folder: Path) -> None:
-        name = f"out-{uuid.uuid4().hex}"
+    def __init__(self, folder: Path, into_sandbox: bool) -> None:
+        name = f"{'in' if into_sandbox else 'out'}-{uuid.uuid4().hex}"
         self.path, self.inside = folder / name, f"{SANDBOX_MOUNT}/{name}"
         os.mkfifo(self.path)
         try:
-            self.path.chmod(0o622)
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self.path.chmod(0o644 if into_sandbox else 0o622)
+            flags = os.O_RDWR if into_sandbox else os.O_RDONLY | os.O_NONBLOCK
+            self.fd = os.open(self.path, flags | os.O_CLOEXEC)
         except OSError:
             self.path.unlink(missing_ok=True)
             raise
@@ -235,10 +282,10 @@ class _Fifo:
             fcntl.fcntl(self.fd, F_SETPIPE_SZ, 1 << 20)
 
     @classmethod
-    def make(cls, folder: Path) -> _Fifo | None:
+    def make(cls, folder: Path, into_sandbox: bool) -> _Fifo | None:
         """A FIFO, or None where none can be made (the folder gone, a file system without)."""
         try:
-            return cls(folder)
+            return cls(folder, into_sandbox)
         except OSError as exc:
             log.info("cannot make a FIFO in %s: %s", folder, exc)
             return None

@@ -190,8 +190,47 @@ class PackStream:
     def _by_tar(self, tar: str) -> Iterator[bytes]:
         complaints: list[str] = []
         yield from _tar_chunks(tar, self.folder, complaints)
+        self._complain(complaints)
+
+    def _complain(self, complaints: list[str]) -> None:
         if complaints and self.error is None:
             self.error = UsageError(f"cannot pack {self.folder}: {complaints[0]}")
+
+    def pack_into(self, fd: int) -> TarInto | None:
+        """Start the host's tar writing the archive into `fd` (a FIFO the sandbox reads),
+        or None where this machine has no tar."""
+        tar = shutil.which("tar")
+        return None if tar is None else TarInto(self, tar, fd)
+
+
+class TarInto:
+    """The host's tar packing a PackStream's folder into a file descriptor."""
+
+    def __init__(self, stream: PackStream, tar: str, fd: int) -> None:
+        self._stream = stream
+        self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
+        self._proc = subprocess.Popen(_tar_argv(tar, stream.folder), stdout=fd, stderr=self._errors)
+
+    def stop(self) -> None:
+        """The reading side is done: a tar still waiting to write (the sandbox stopped
+        reading) is killed; a failure of tar's own becomes the stream's error."""
+        try:
+            code = self._proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+            code = 0
+        complaints = []
+        if code != 0:
+            self._errors.seek(0)
+            said = self._errors.read().decode(errors="replace").strip()
+            complaints.append(said or f"tar exited with {code}")
+        self._errors.close()
+        self._stream._complain(complaints)
+
+
+def _tar_argv(tar: str, folder: Path) -> list[str]:
+    return [tar, "-c", "-f", "-", "-b", "2048", "-C", str(folder), "."]
 
 
 def _tar_chunks(tar: str, folder: Path, complaints: list[str]) -> Iterator[bytes]:
@@ -200,10 +239,7 @@ def _tar_chunks(tar: str, folder: Path, complaints: list[str]) -> Iterator[bytes
     `complaints`; closing the iterator early stops tar."""
     with tempfile.TemporaryFile() as errors:
         proc = subprocess.Popen(
-            [tar, "-c", "-f", "-", "-b", "2048", "-C", str(folder), "."],
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            bufsize=0,
+            _tar_argv(tar, folder), stdout=subprocess.PIPE, stderr=errors, bufsize=0
         )
         assert proc.stdout is not None
         with contextlib.suppress(OSError):

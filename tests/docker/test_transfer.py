@@ -1,17 +1,18 @@
-"""Folder downloads from a Docker sandbox on this machine come through a FIFO in the sandbox
-folder, not the engine's exec stream: what the sandbox can do to that FIFO, a user who cannot
-reach it, and a download stopped half way."""
+"""Folders to and from a Docker sandbox on this machine go through FIFOs in the sandbox
+folder, not the engine's exec stream: what the sandbox can do to such a FIFO, a user who
+cannot reach it, and a transfer stopped half way."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator import OutputLimitExceeded, spawn_runtime
-from orchestrator.runtime import channel
+from orchestrator.runtime import channel, files
 from orchestrator.runtime.compose import ComposeRuntime
 from orchestrator.runtime.executor import plain
 from orchestrator.runtime.options import Chunks, Command
@@ -33,23 +34,32 @@ def _same(rt: ComposeRuntime, out: Path) -> bool:
     return here == there.stdout.splitlines()
 
 
-def test_a_download_comes_through_a_fifo_that_is_gone_after(
+def test_folders_go_both_ways_through_fifos_gone_after(
     make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     outs: list[int | None] = []
-    real = plain.run_plain
+    packers: list[files.TarInto | None] = []
+    real_plain, real_pack = plain.run_plain, files.PackStream.pack_into
 
     def spy(docker_cmd: list[str], container: str, cmd: Command, out: int | None = None) -> Chunks:
         outs.append(out)
-        return real(docker_cmd, container, cmd, out)
+        return real_plain(docker_cmd, container, cmd, out)
+
+    def spy_pack(stream: files.PackStream, fd: int) -> files.TarInto | None:
+        packers.append(real_pack(stream, fd))
+        return packers[-1]
 
     monkeypatch.setattr(channel, "run_plain", spy)
+    monkeypatch.setattr(files.PackStream, "pack_into", spy_pack)
     with spawn_runtime(make_env("", name="fifo")) as rt:
         assert isinstance(rt, ComposeRuntime)
         rt.execute(TREE, check=True)
         rt.download("tree", tmp_path / "out")
         assert _same(rt, tmp_path / "out")
         assert outs and all(out is not None for out in outs)  # no byte through the engine
+        rt.upload(tmp_path / "out", "again")
+        assert len(packers) == 1 and packers[0] is not None  # the host's tar into a FIFO
+        assert rt.execute("diff -r tree again").exit_code == 0
         assert _fifos(rt) == []
 
 
@@ -76,7 +86,7 @@ def test_a_sandbox_holding_the_fifo_open_cannot_hold_a_download(
         assert int(held) >= 1, "the holder never caught a FIFO: this test tested nothing"
 
 
-def test_a_user_who_cannot_reach_the_fifo_downloads_through_the_engine(
+def test_a_user_who_cannot_reach_the_fifos_goes_through_the_engine(
     make_env: MakeEnv, tmp_path: Path
 ) -> None:
     with spawn_runtime(make_env("user: '1000:1000'\n", name="noreach")) as rt:
@@ -87,10 +97,12 @@ def test_a_user_who_cannot_reach_the_fifo_downloads_through_the_engine(
         mode = shared.stat().st_mode
         shared.chmod(0o700)  # now only root may pass
         try:
+            rt.upload(tmp_path / "root", "up")
             rt.download("tree", tmp_path / "user")
         finally:
             shared.chmod(mode)
         assert _same(rt, tmp_path / "user") and _fifos(rt) == []
+        assert rt.execute("diff -r tree up && stat -c %u up/d/f1").stdout == "1000\n"
 
 
 def test_a_download_stopped_half_way_leaves_no_packer_running(
@@ -119,3 +131,20 @@ def test_where_no_fifo_can_be_made_downloads_go_through_the_engine(
         rt.execute(TREE, check=True)
         rt.download("tree", tmp_path / "out")
         assert _same(rt, tmp_path / "out") and _fifos(rt) == []
+
+
+def test_an_upload_the_sandbox_refuses_stops_the_hosts_tar(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    tree = tmp_path / "big"
+    tree.mkdir()
+    (tree / "blob").write_bytes(os.urandom(8_000_000))  # more than the FIFO holds
+    with spawn_runtime(make_env("", name="refused")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        rt.write_file("a-file", "x")
+        started = time.monotonic()
+        with pytest.raises(NotADirectoryError):
+            rt.upload(tree, "a-file")
+        assert time.monotonic() - started < 15
+        running = subprocess.run(["pgrep", "-f", f"-C {tree} "], capture_output=True)
+        assert running.stdout == b"" and _fifos(rt) == []
