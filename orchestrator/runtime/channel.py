@@ -9,11 +9,13 @@ made there, which this process reads directly, so the bytes skip the engine's ex
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
 import fcntl
 import logging
 import os
+import termios
 import threading
 import time
 import uuid
@@ -205,6 +207,9 @@ class Channel:
             packer = stream.pack_into(fifo.fd)
             if packer is None:
                 return None
+            # once tar has exited and the sandbox has read all it wrote, our end goes: the
+            # reader then gets its end of file (busybox's tar reads to it)
+            threading.Thread(target=fifo.release_when_read, args=(packer,), daemon=True).start()
             try:
                 argv = ["/bin/sh", "-c", FROM_FIFO, "sh", fifo.inside, *cmd.argv]
                 outcome = yield from self.run(dataclasses.replace(cmd, argv=argv, stdin=None))
@@ -263,12 +268,15 @@ class _Fifo:
     """A new FIFO in the shared folder: `inside`, its path in the container, and `fd`, our
     end of it. Out of the sandbox: any sandbox user may write it, none may read it, and we
     read it (opened without waiting for a writer); what comes out of the sandbox is
-    untrusted wherever it passes. Into the sandbox: any sandbox user may read it, and we
-    hold it open for reading and writing, so the packer writing it never waits for a
-    reader to open it (and never sees one leave: it is stopped once the command ended)."""
+    untrusted wherever it passes. Into the sandbox: any sandbox user may read it. We open it
+    for reading and writing and hand it to the packer, so the packer never waits for a
+    reader to open it and never sees one leave (it is stopped once the command ended); our
+    end keeps what it wrote even if the reader opens after it exited (a FIFO with no end
+    open drops its data), and goes once all of that was read."""
 
     def __init__(self, folder: Path, into_sandbox: bool) -> None:
         name = f"{'in' if into_sandbox else 'out'}-{uuid.uuid4().hex}"
+        self._lock, self._ended = threading.Lock(), threading.Event()
         self.path, self.inside = folder / name, f"{SANDBOX_MOUNT}/{name}"
         os.mkfifo(self.path)
         try:
@@ -290,6 +298,36 @@ class _Fifo:
             log.info("cannot make a FIFO in %s: %s", folder, exc)
             return None
 
+    def release(self) -> None:
+        """Close our end."""
+        with self._lock:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+    def release_when_read(self, packer: files.TarInto) -> None:
+        """Once the packer has exited, wait until nothing it wrote is left unread, then
+        close our end: the reader's end of file."""
+        packer.wait()
+        while True:
+            with self._lock:
+                if self.fd < 0:
+                    return  # closed meanwhile: the command ended
+                left = array.array("i", [0])
+                fcntl.ioctl(self.fd, termios.FIONREAD, left)
+                if left[0] == 0:
+                    os.close(self.fd)
+                    self.fd = -1
+                    break
+            time.sleep(0.002)
+        # A reader that opens only now (the packer failed before writing anything) would
+        # wait for a writer forever: be one for a moment, each time one waits, until the
+        # command has ended.
+        while not self._ended.wait(0.01):
+            with contextlib.suppress(OSError):  # ENXIO: no reader waits
+                os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+
     def close(self) -> None:
-        os.close(self.fd)
+        self._ended.set()
+        self.release()
         self.path.unlink(missing_ok=True)

@@ -211,6 +211,9 @@ class TarInto:
         self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
         self._proc = subprocess.Popen(_tar_argv(tar, stream.folder), stdout=fd, stderr=self._errors)
 
+    def wait(self) -> None:
+        self._proc.wait()
+
     def stop(self) -> None:
         """The reading side is done: a tar still waiting to write (the sandbox stopped
         reading) is killed; a failure of tar's own becomes the stream's error."""

@@ -475,6 +475,9 @@ def test_every_service_is_a_sandbox(tmp_path: Path) -> None:
         assert (r.exit_code, r.stdout, r.stderr) == (3, "static hello\n", "err\n")
         web.write_file("/tmp/x.bin", b"\x00\xff")
         assert web.read_file("/tmp/x.bin", text=False) == b"\x00\xff"
+        web.upload(tmp_path / "assets", "/tmp/folder")  # folders both ways, by its own FIFOs
+        assert web.download("/tmp/folder", tmp_path / "back") == ["hello.txt"]
+        assert (tmp_path / "back" / "hello.txt").read_text() == "static hello\n"
         assert web.execute("id -u", user="nobody").stdout == "65534\n"
         s = str(40000 + int(time.time()) % 9999)
         timed = web.execute(f"sleep {s} & sleep {s}; wait", timeout=1)

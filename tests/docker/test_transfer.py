@@ -4,19 +4,21 @@ cannot reach it, and a transfer stopped half way."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
-import time
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from orchestrator import OutputLimitExceeded, spawn_runtime
+from orchestrator import OutputLimitExceeded, UsageError, spawn_runtime
 from orchestrator.runtime import channel, files
 from orchestrator.runtime.compose import ComposeRuntime
 from orchestrator.runtime.executor import plain
 from orchestrator.runtime.options import Chunks, Command
-from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
 
 TREE = "mkdir -p tree/d && for i in $(seq 40); do head -c 50000 /dev/urandom > tree/d/f$i; done"
 
@@ -24,6 +26,24 @@ TREE = "mkdir -p tree/d && for i in $(seq 40); do head -c 50000 /dev/urandom > t
 def _fifos(rt: ComposeRuntime) -> list[str]:
     assert rt.project is not None
     return [p.name for p in (rt.project.directory / "sandbox").iterdir() if p.is_fifo()]
+
+
+def _within(seconds: float, fn: Callable[[], object]) -> None:
+    """Run fn; fail (not hang) if it has not returned within `seconds`; re-raise its error."""
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still running after {seconds} s"
+    if failure:
+        raise failure[0]
 
 
 def _same(rt: ComposeRuntime, out: Path) -> bool:
@@ -78,10 +98,9 @@ def test_a_sandbox_holding_the_fifo_open_cannot_hold_a_download(
         )
         rt.execute(f"nohup sh -c '{grab}' >/dev/null 2>&1 &", check=True)
         for n in range(3):
-            started = time.monotonic()
-            rt.download("tree", tmp_path / f"out{n}")
-            assert time.monotonic() - started < 15
-            assert _same(rt, tmp_path / f"out{n}")
+            out = tmp_path / f"out{n}"
+            _within(15, functools.partial(rt.download, "tree", out))
+            assert _same(rt, out)
         held = rt.execute("ls /tmp | grep -c '^held-out-'").stdout.strip()
         assert int(held) >= 1, "the holder never caught a FIFO: this test tested nothing"
 
@@ -142,9 +161,24 @@ def test_an_upload_the_sandbox_refuses_stops_the_hosts_tar(
     with spawn_runtime(make_env("", name="refused")) as rt:
         assert isinstance(rt, ComposeRuntime)
         rt.write_file("a-file", "x")
-        started = time.monotonic()
         with pytest.raises(NotADirectoryError):
-            rt.upload(tree, "a-file")
-        assert time.monotonic() - started < 15
+            _within(15, lambda: rt.upload(tree, "a-file"))
         running = subprocess.run(["pgrep", "-f", f"-C {tree} "], capture_output=True)
         assert running.stdout == b"" and _fifos(rt) == []
+
+
+def test_an_upload_whose_packer_fails_at_once_ends_with_its_error(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's tar dies before writing a byte, perhaps before the sandbox opened the
+    FIFO: the sandbox still gets its end of file, and tar's own complaint is the error."""
+    real = files._tar_argv
+    monkeypatch.setattr(files, "_tar_argv", lambda tar, folder: real(tar, tmp_path / "gone"))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_text("x")
+    with spawn_runtime(make_env("", name="packfail", image=BUSYBOX_IMAGE)) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        for _ in range(3):
+            with pytest.raises(UsageError, match="gone"):
+                _within(15, lambda: rt.upload(tmp_path / "src", "dest"))
+        assert _fifos(rt) == []
