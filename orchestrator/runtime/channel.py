@@ -2,10 +2,10 @@
 its in-container executor, started once and restarted if it dies, or plain `docker exec` per
 command where the executor cannot run (no python3) or cannot act as the command's user.
 
-A folder's archive (bulk output) takes a shorter way where the container sees a folder of
-this machine (its sandbox folder, bind-mounted read-only): the command writes into a FIFO
-made there, which this process reads directly, so the bytes skip the engine's exec stream
-(the container's runtime shim, the daemon and the docker client each copy them)."""
+A folder's archive, out of the container or into it, takes a shorter way where the container
+sees a folder of this machine (its sandbox folder, bind-mounted read-only): a FIFO made there,
+written on one side and read on the other, so the bytes skip the engine's exec stream (the
+container's runtime shim, the daemon and the docker client each copy them)."""
 
 from __future__ import annotations
 
@@ -260,7 +260,7 @@ class Channel:
             finally:
                 fifo.close()
             if not self._fifo_ok:
-                log.info("%s: folder downloads go through the engine's exec stream", self.label)
+                log.info("%s: folders go through the engine's exec stream", self.label)
         return self._fifo_ok
 
 
