@@ -1,6 +1,7 @@
 """`python -m bench.transfer` (part of `just bench`): a folder tree into and out of a sandbox,
-`rt.upload`/`rt.download` (one tar stream through the executor) side by side with `docker cp`
-and `docker compose cp`, in alternating rounds. Writes bench/results/transfer.md."""
+`rt.upload`/`rt.download` (one tar stream, through a FIFO in the sandbox folder) side by side
+with `docker cp` and `docker compose cp`, in alternating rounds; then a folder of one small
+file. Writes bench/results/transfer.md."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=100)
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--small-rounds", type=int, default=20)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="orch-transfer-"))
     tree = work / "tree"
@@ -79,6 +81,29 @@ def main() -> None:
                 rows.setdefault(name, []).extend(timed(name, fn, 1, warmup=0).times)
             counts = {len(list((work / f"round-{n}" / way).rglob("*"))) for way in "odc"}
             assert counts == {args.files + 20}, f"the downloads differ: {counts}"
+        small = work / "small"
+        small.mkdir()
+        (small / "result.json").write_text('{"passed": true}\n')
+        few: dict[str, list[float]] = {}
+
+        def small_paths(n: int) -> dict[str, Callable[[], object]]:
+            return {
+                "upload: orchestrator rt.upload": lambda: rt.upload(small, f"/tmp/s-o-{n}"),
+                "upload: docker cp": lambda: subprocess.run(
+                    ["docker", "cp", f"{small}/.", f"{container}:/tmp/s-d-{n}"], check=True
+                ),
+                "download: orchestrator rt.download": lambda: rt.download(
+                    f"/tmp/s-o-{n}", work / f"small-o-{n}"
+                ),
+                "download: docker cp": lambda: subprocess.run(
+                    ["docker", "cp", f"{container}:/tmp/s-d-{n}/.", str(work / f"small-d-{n}")],
+                    check=True,
+                ),
+            }
+
+        for n in range(args.small_rounds):  # a harness's usual folder: one small file
+            for name, fn in small_paths(n).items():
+                few.setdefault(name, []).extend(timed(name, fn, 1, warmup=0).times)
     shutil.rmtree(work, ignore_errors=True)
     med = {name: statistics.median(times) for name, times in rows.items()}
     lines = [
@@ -94,6 +119,18 @@ def main() -> None:
     for name, value in med.items():
         way = name.split(":")[0]
         lines.append(f"| {name} | {value:.2f} | {value / med[f'{way}: docker cp']:.2f} |")
+    small_med = {name: statistics.median(times) for name, times in few.items()}
+    lines += [
+        "",
+        f"A folder of one small file, median of {args.small_rounds} alternating rounds (what "
+        "a harness moves per sample: the command's start-up is most of it).",
+        "",
+        "| path | median ms | × docker cp |",
+        "|---|---:|---:|",
+    ]
+    for name, value in small_med.items():
+        ratio = value / small_med[f"{name.split(':')[0]}: docker cp"]
+        lines.append(f"| {name} | {value * 1000:.1f} | {ratio:.2f} |")
     report("transfer", lines)
 
 

@@ -162,14 +162,19 @@ class Channel:
             )
             if routed is not None:
                 return routed
-        ex = None if bulk and cmd.stdin is None else self.ready()
+        return (yield from self._run(cmd, plain=bulk and cmd.stdin is None))
+
+    def _run(self, cmd: Command, *, plain: bool = False, out: int | None = None) -> Chunks:
+        """By the executor (unless `plain`, or where it cannot run); `out`: a FIFO carrying
+        the command's output (see procutil.pump)."""
+        ex = None if plain else self.ready()
         if ex is not None and not (ex.info.get("setuid", True) or cmd.user in ROOT):
             ex = None  # root without CAP_SETUID here (a non-root service): docker exec -u
         if ex is None:
-            return (yield from self._plain(cmd))
+            return (yield from self._plain(cmd, out))
         started = time.monotonic()
         try:
-            return (yield from ex.run(cmd, procutil.GRACE, self._lost))
+            return (yield from ex.run(cmd, procutil.GRACE, self._lost, out))
         except ExecutorLost as exc:
             if self._killed():  # kill() ended it, as SIGKILL ends a process
                 return Outcome(137, False, time.monotonic() - started)
@@ -190,7 +195,8 @@ class Channel:
             return None
         try:
             argv = ["/bin/sh", "-c", TO_FIFO, "sh", fifo.inside, *cmd.argv]
-            outcome = yield from self._plain(dataclasses.replace(cmd, argv=argv), fifo.fd)
+            # the bytes skip the executor too: it starts the command sooner than docker exec
+            outcome = yield from self._run(dataclasses.replace(cmd, argv=argv), out=fifo.fd)
         finally:
             fifo.close()
         return self._routed(outcome)
@@ -212,7 +218,7 @@ class Channel:
             threading.Thread(target=fifo.release_when_read, args=(packer,), daemon=True).start()
             try:
                 argv = ["/bin/sh", "-c", FROM_FIFO, "sh", fifo.inside, *cmd.argv]
-                outcome = yield from self.run(dataclasses.replace(cmd, argv=argv, stdin=None))
+                outcome = yield from self._run(dataclasses.replace(cmd, argv=argv, stdin=None))
             finally:
                 packer.stop()
         finally:
@@ -251,7 +257,7 @@ class Channel:
                     timeout=PROBE_TIMEOUT,
                     stdin=None,
                 )
-                for _ in self.run(probe):
+                for _ in self._run(probe):
                     pass
                 try:
                     self._fifo_ok = os.read(fifo.fd, 2) == b"ok"

@@ -8,15 +8,16 @@ import functools
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from orchestrator import OutputLimitExceeded, UsageError, spawn_runtime
+from orchestrator import OutputLimitExceeded, UsageError, procutil, spawn_runtime
 from orchestrator.runtime import channel, files
 from orchestrator.runtime.compose import ComposeRuntime
-from orchestrator.runtime.executor import plain
 from orchestrator.runtime.options import Chunks, Command
 from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
 
@@ -57,19 +58,20 @@ def _same(rt: ComposeRuntime, out: Path) -> bool:
 def test_folders_go_both_ways_through_fifos_gone_after(
     make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    outs: list[int | None] = []
+    outs: list[int | None] = []  # for each run of the download helper: its FIFO
     packers: list[files.TarInto | None] = []
-    real_plain, real_pack = plain.run_plain, files.PackStream.pack_into
+    real_run, real_pack = channel.Channel._run, files.PackStream.pack_into
 
-    def spy(docker_cmd: list[str], container: str, cmd: Command, out: int | None = None) -> Chunks:
-        outs.append(out)
-        return real_plain(docker_cmd, container, cmd, out)
+    def spy(self: channel.Channel, cmd: Command, **kwargs: Any) -> Chunks:
+        if files.DOWNLOAD in cmd.argv:
+            outs.append(kwargs.get("out"))
+        return real_run(self, cmd, **kwargs)
 
     def spy_pack(stream: files.PackStream, fd: int) -> files.TarInto | None:
         packers.append(real_pack(stream, fd))
         return packers[-1]
 
-    monkeypatch.setattr(channel, "run_plain", spy)
+    monkeypatch.setattr(channel.Channel, "_run", spy)
     monkeypatch.setattr(files.PackStream, "pack_into", spy_pack)
     with spawn_runtime(make_env("", name="fifo")) as rt:
         assert isinstance(rt, ComposeRuntime)
@@ -182,3 +184,27 @@ def test_an_upload_whose_packer_fails_at_once_ends_with_its_error(
             with pytest.raises(UsageError, match="gone"):
                 _within(15, lambda: rt.upload(tmp_path / "src", "dest"))
         assert _fifos(rt) == []
+
+
+@pytest.mark.parametrize("mode", ["executor", "plain"])
+def test_a_slow_reader_gets_all_an_archive_left_in_the_fifo(
+    make_env: MakeEnv, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The packer is done with the FIFO long before a slow caller has read it all: the time
+    the caller holds each chunk is not quiet, so nothing is cut."""
+    monkeypatch.setenv("ORCHESTRATOR_EXEC_MODE", mode)
+    with spawn_runtime(make_env("", name="slow")) as rt:
+        assert isinstance(rt, ComposeRuntime) and rt._main is not None
+        rt.execute("mkdir big && head -c 1000000 /dev/urandom > big/blob", check=True)
+        cmd = Command(files.download_argv(f"{rt.workdir}/big"), {}, "/", None, None, None)
+        got, chunks = 0, rt._main.run(cmd, bulk=True)
+        while True:
+            try:
+                kind, data = next(chunks)
+            except StopIteration as stop:
+                assert stop.value.exit_code == 0
+                break
+            if kind == "stdout":
+                got += len(data)
+                time.sleep(procutil.DRAIN_MAX / 2)
+        assert got >= 1_000_000 + 1024 and rt.info().exec_mode == mode

@@ -11,7 +11,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import queue
+import select
 import subprocess
 import threading
 import time
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestrator import procutil
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.runtime.executor import wire
 from orchestrator.runtime.options import Chunks, Command, stdin_chunks
@@ -210,7 +213,12 @@ class ExecutorClient:
                 raise lost
             self._last_rx = time.monotonic()  # the sandbox runs: give the executor time
 
-    def run(self, cmd: Command, grace: float, probe: Probe | None = None) -> Chunks:
+    def run(
+        self, cmd: Command, grace: float, probe: Probe | None = None, out: int | None = None
+    ) -> Chunks:
+        """Run one command through the executor. `out`: the read end of a FIFO (non-blocking)
+        the command writes its output into instead; it is read here as it comes, and after
+        the command exits until its end of file or a quiet spell (see `procutil.pump`)."""
         with self._id_lock:
             cid = next(self._ids)
         q: queue.Queue[tuple[int, bytes]] = queue.Queue()
@@ -233,9 +241,24 @@ class ExecutorClient:
                 else None
             )
             killed, consumed = False, 0
+            fifo = _Fifo(out) if out is not None else None
+            ended: Outcome | None = None
             while True:
+                if fifo is not None:
+                    chunk = fifo.read(busy=not q.empty())
+                    if chunk:
+                        yield "stdout", chunk
+                        fifo.handed_back()
+                        continue
+                    if fifo.ended or fifo.finished():
+                        fifo = None
+                        if ended is not None:
+                            done = True
+                            return ended
+                    if ended is not None or q.empty():
+                        continue  # the command's end: only the FIFO is left to read
                 try:
-                    kind, payload = q.get(timeout=0.25)
+                    kind, payload = q.get(timeout=0.25 if fifo is None else 0.0)
                 except queue.Empty:
                     self._silence(probe)
                     if backstop is None or time.monotonic() < backstop:
@@ -253,7 +276,10 @@ class ExecutorClient:
                     yield ("stdout" if kind == wire.OUT else "stderr"), payload
                 elif kind == wire.EXIT:
                     done = True
-                    return _outcome(wire.decode_exit(payload))
+                    if fifo is None:
+                        return _outcome(wire.decode_exit(payload))
+                    ended = _outcome(wire.decode_exit(payload))  # what it wrote comes first
+                    fifo.exited()
                 else:
                     raise ExecutorLost(
                         "the in-container executor died while the command ran"
@@ -263,6 +289,46 @@ class ExecutorClient:
             if not done and not self._dead.is_set():
                 self._send(wire.KILL, cid)  # caller gave up: the command must not outlive it
             self._queues.pop(cid, None)
+
+
+class _Fifo:
+    """The FIFO a command writes its output into, read beside the executor's frames. Its
+    exit is looked at only when the FIFO has nothing to read, so all the command wrote has
+    been read by then; after it, reading goes on until the end of file or, as in
+    `procutil.pump`, DRAIN seconds of quiet (a process it left, or the sandbox, may hold the
+    FIFO open), at most DRAIN_MAX."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.ended = fd, False
+        self._exited_at: float | None = None
+        self._last = time.monotonic()
+
+    def read(self, busy: bool) -> bytes:
+        """A chunk, or b"" (none now); waits a little unless frames are waiting (`busy`)."""
+        wait = 0.0 if busy else 0.05 if self._exited_at is not None else 0.01
+        if not select.select([self.fd], [], [], wait)[0]:
+            return b""
+        try:
+            data = os.read(self.fd, procutil.CHUNK)
+        except BlockingIOError:
+            return b""
+        if not data:
+            self.ended = True
+        return data
+
+    def handed_back(self) -> None:
+        """The caller is done with a chunk: quiet counts from now."""
+        self._last = time.monotonic()
+
+    def exited(self) -> None:
+        self._exited_at = self._last = time.monotonic()
+
+    def finished(self) -> bool:
+        """Whether to stop reading: quiet long enough since the command exited."""
+        if self._exited_at is None:
+            return False
+        now = time.monotonic()
+        return now - self._last >= procutil.DRAIN or now - self._exited_at > procutil.DRAIN_MAX
 
 
 def _outcome(end: wire.Exit) -> Outcome:
