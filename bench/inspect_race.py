@@ -13,9 +13,10 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
+
+from bench.measure import scratch
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results"
@@ -109,7 +110,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     _allow_old_engine()
-    folder = Path(tempfile.mkdtemp(prefix="orch-race-"))
+    folder = scratch("orch-race-")
     (folder / "task.py").write_text(TASK.format(commands=args.commands, samples=args.samples))
     (folder / "compose.yaml").write_text(COMPOSE)
     (folder / "env.yaml").write_text(ENV)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +16,13 @@ from orchestrator.project import Project
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results"
+
+
+def scratch(prefix: str) -> Path:
+    """A new temporary folder, removed when the bench ends."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def report(name: str, lines: list[str]) -> None:

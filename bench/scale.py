@@ -13,11 +13,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bench.measure import report
+from bench.measure import report, scratch
 from orchestrator import Runtime, load_environment_text, spawn_runtime
 from orchestrator.project.identity import projects_dir
 
@@ -54,7 +53,7 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=200)
     parser.add_argument("--starts", type=int, default=32, help="starts in flight at most")
     args = parser.parse_args()
-    os.environ["ORCHESTRATOR_STATE_DIR"] = tempfile.mkdtemp(prefix="orch-scale-")
+    os.environ["ORCHESTRATOR_STATE_DIR"] = str(scratch("orch-scale-"))
     env = load_environment_text(ENV)
     failures: list[str] = []
     starts: list[float] = []

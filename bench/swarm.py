@@ -13,13 +13,12 @@ import argparse
 import os
 import statistics
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from bench.measure import ROOT, report
+from bench.measure import ROOT, report, scratch
 from orchestrator import Runtime, load_environment_text, spawn_runtime
 from orchestrator.runtime.swarm import SwarmRuntime
 
@@ -90,7 +89,7 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=40)
     parser.add_argument("--starts", type=int, default=8)
     args = parser.parse_args()
-    os.environ["ORCHESTRATOR_STATE_DIR"] = tempfile.mkdtemp(prefix="orch-swbench-")
+    os.environ["ORCHESTRATOR_STATE_DIR"] = str(scratch("orch-swbench-"))
     rows = {n: one_size(n, args.envs, args.starts) for n in (1, 3)}
     lines = [
         "# Swarm: environments placed and ready per minute",

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import ClassVar
 
@@ -40,6 +41,15 @@ def _read_only(root: Path) -> None:
     root.chmod(root.stat().st_mode & ~0o222)
 
 
+def _remove(tmp: Path, mark: bytes) -> None:
+    """What a runtime leaves: processes carrying its mark, and its folder."""
+    for pid in procutil.marked(mark):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    _writable(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _writable(root: Path) -> None:
     if not root.exists():
         return
@@ -64,6 +74,7 @@ class LocalRuntime(Runtime):
     def __init__(self, env: Environment, options: SpawnOptions) -> None:
         super().__init__(env, options)
         self._tmp: Path | None = None
+        self._leftovers: weakref.finalize[[Path, bytes], LocalRuntime] | None = None
         self._workspace: Path | None = None
         self._static: Path | None = None
         self._env: dict[str, str] = {}
@@ -77,6 +88,9 @@ class LocalRuntime(Runtime):
     def _start(self) -> None:
         spec = self.env.spec
         self._tmp = Path(tempfile.mkdtemp(prefix=f"orch-local-{spec.name}-"))
+        # a runtime dropped without cleanup (and collected) or still open at exit: its
+        # processes and folder go all the same
+        self._leftovers = weakref.finalize(self, _remove, self._tmp, self._mark.encode())
         if self.options.workspace is not None:
             self._workspace = self.options.workspace
             self._workspace.mkdir(parents=True, exist_ok=True)
@@ -115,9 +129,8 @@ class LocalRuntime(Runtime):
 
     def _close(self) -> None:
         self._kill()
-        if self._tmp is not None:
-            _writable(self._tmp)
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._leftovers is not None:
+            self._leftovers()
 
     def _kill_processes(self) -> None:
         self._kill()

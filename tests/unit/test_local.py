@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import uuid
@@ -75,3 +76,23 @@ def test_no_container_filesystem_to_snapshot_or_resume(tmp_path: Path) -> None:
         snap = rt.snapshot(tmp_path / "s.tar")
     with pytest.raises(UsageError, match="only the docker backend resumes"):
         spawn_runtime(env, resume=replace(snap, image="orchestrator-snapshot:x"))
+
+
+def test_a_runtime_dropped_without_cleanup_leaves_nothing() -> None:
+    """Collected without `with` or cleanup(): its processes and its folder go all the same."""
+    rt = spawn_runtime(load_environment_text("version: 1\nname: dropped\nbackend: local\n"))
+    seconds = str(30000 + uuid.uuid4().int % 9999)
+    rt.execute(f"setsid sleep {seconds} >/dev/null 2>&1 < /dev/null &", timeout=10)
+    token = f"sleep\0{seconds}"
+    folder = Path(rt.info().workdir).parent
+    deadline = time.monotonic() + 5
+    while not running(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert folder.is_dir() and running(token)
+    del rt
+    gc.collect()
+    assert not folder.exists()
+    deadline = time.monotonic() + 5
+    while running(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(token)

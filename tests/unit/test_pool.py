@@ -80,7 +80,8 @@ def test_a_reuse_pool_resets_what_comes_back_and_hands_it_out_again() -> None:
         pool.release(rt, reset=False)  # discarded instead: a new one starts
         assert rt.closed
         _filled(pool, 1)
-        assert pool.acquire(timeout=20) is not rt
+        with pool.acquire(timeout=20) as fresh:
+            assert fresh is not rt
 
 
 def test_a_disposable_pool_keeps_a_reset_one_only_when_it_is_short() -> None:
