@@ -43,6 +43,8 @@ ROOT = (None, "0", "0:0")
 TO_FIFO = 'f=$1; shift; [ -p "$f" ] && [ -w "$f" ] || exit 98; exec "$@" > "$f"'
 FROM_FIFO = 'f=$1; shift; [ -p "$f" ] && [ -r "$f" ] || exit 98; exec "$@" < "$f"'
 NO_FIFO = 98
+LOST_WITHIN = 2.0
+"""How long a dead executor's container may still read as running before we believe it."""
 PROBE_TIMEOUT = 5.0
 """Longest the one-time FIFO check may take: an engine in a VM (its bind mounts copy files,
 not FIFOs) leaves the writer waiting for a reader that never comes."""
@@ -179,10 +181,19 @@ class Channel:
             if self._killed():  # kill() ended it, as SIGKILL ends a process
                 return Outcome(137, False, time.monotonic() - started)
             ex.close()  # the next command starts a fresh one
-            lost = self._lost()
+            lost = self._lost_soon()
             if lost is not None:
                 raise lost from exc
             raise
+
+    def _lost_soon(self, within: float = LOST_WITHIN) -> SandboxUnavailable | None:
+        """Why the container cannot run commands, asked again for a moment while it still
+        reads as running: a killed container takes the executor down before the engine
+        records that it stopped."""
+        deadline = time.monotonic() + within
+        while (lost := self._lost()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return lost
 
     def _out_by_fifo(
         self, cmd: Command
