@@ -255,27 +255,16 @@ class Channel:
         """Whether a FIFO in the shared folder, written in the container, is read here (the
         engine runs on this machine's kernel): tried once, by a command that writes "ok"."""
         if self._fifo_ok is None:
-            assert self._shared is not None
-            fifo = _Fifo.make(self._shared, into_sandbox=False)
-            if fifo is None:
-                return False  # tried again next time
+            probe = Command(["printf", "ok"], {}, "/", cmd.user, PROBE_TIMEOUT, None)
+            said, way = b"", self._out_by_fifo(probe)
             try:
-                probe = Command(
-                    argv=["/bin/sh", "-c", 'printf ok > "$1"', "sh", fifo.inside],
-                    env={},
-                    cwd="/",
-                    user=cmd.user,
-                    timeout=PROBE_TIMEOUT,
-                    stdin=None,
-                )
-                for _ in self._run(probe):
-                    pass
-                try:
-                    self._fifo_ok = os.read(fifo.fd, 2) == b"ok"
-                except BlockingIOError:  # nothing came
-                    self._fifo_ok = False
-            finally:
-                fifo.close()
+                while True:
+                    kind, data = next(way)
+                    said += data if kind == "stdout" else b""
+            except StopIteration as stop:
+                if stop.value is None and self._fifo_ok is None:
+                    return False  # no FIFO could be made: tried again next time
+            self._fifo_ok = said == b"ok"
             if not self._fifo_ok:
                 log.info("%s: folders go through the engine's exec stream", self.label)
         return self._fifo_ok
@@ -304,7 +293,7 @@ class _Fifo:
             self.path.unlink(missing_ok=True)
             raise
         with contextlib.suppress(OSError):  # bigger reads where Linux allows it
-            fcntl.fcntl(self.fd, F_SETPIPE_SZ, 1 << 20)
+            fcntl.fcntl(self.fd, F_SETPIPE_SZ, files.STREAM_CHUNK)
 
     @classmethod
     def make(cls, folder: Path, into_sandbox: bool) -> _Fifo | None:

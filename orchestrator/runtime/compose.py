@@ -147,7 +147,7 @@ class ComposeRuntime(Runtime):
         self._docker_cmd = raw_docker(self.project.client)  # exec calls last: no time bound
         if remote:
             self._copy_in_all(compiled.user)
-        else:  # every container sees it at SANDBOX_MOUNT: downloads come through FIFOs there
+        else:  # every container sees it at SANDBOX_MOUNT: folders go through FIFOs there
             self._shared = self.project.directory / SANDBOX_DIR
         self._main = self._channel(MAIN, self.project.main_container)
         self._main.start()  # greets while the ports are read

@@ -19,6 +19,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 from orchestrator.errors import (
     OrchestratorError,
@@ -190,11 +191,13 @@ class PackStream:
     def _by_tar(self, tar: str) -> Iterator[bytes]:
         complaints: list[str] = []
         yield from _tar_chunks(tar, self.folder, complaints)
-        self._complain(complaints)
+        if complaints:
+            self.failed(complaints[0])
 
-    def _complain(self, complaints: list[str]) -> None:
-        if complaints and self.error is None:
-            self.error = UsageError(f"cannot pack {self.folder}: {complaints[0]}")
+    def failed(self, why: str) -> None:
+        """Keep the first reason packing failed, for the caller to raise."""
+        if self.error is None:
+            self.error = UsageError(f"cannot pack {self.folder}: {why}")
 
     def pack_into(self, fd: int) -> TarInto | None:
         """Start the host's tar writing the archive into `fd` (a FIFO the sandbox reads),
@@ -223,17 +226,19 @@ class TarInto:
             self._proc.kill()
             self._proc.wait()
             code = 0
-        complaints = []
         if code != 0:
-            self._errors.seek(0)
-            said = self._errors.read().decode(errors="replace").strip()
-            complaints.append(said or f"tar exited with {code}")
+            self._stream.failed(_tar_said(self._errors, code))
         self._errors.close()
-        self._stream._complain(complaints)
 
 
 def _tar_argv(tar: str, folder: Path) -> list[str]:
     return [tar, "-c", "-f", "-", "-b", "2048", "-C", str(folder), "."]
+
+
+def _tar_said(errors: IO[bytes], code: int) -> str:
+    """Why tar failed: what it printed (into `errors`), or its exit status."""
+    errors.seek(0)
+    return errors.read().decode(errors="replace").strip() or f"tar exited with {code}"
 
 
 def _tar_chunks(tar: str, folder: Path, complaints: list[str]) -> Iterator[bytes]:
@@ -257,9 +262,7 @@ def _tar_chunks(tar: str, folder: Path, complaints: list[str]) -> Iterator[bytes
             if not finished:  # the caller stopped reading: so does tar
                 proc.kill()
             if proc.wait() != 0 and finished:
-                errors.seek(0)
-                said = errors.read().decode(errors="replace").strip()
-                complaints.append(said or f"tar exited with {proc.returncode}")
+                complaints.append(_tar_said(errors, proc.returncode))
 
 
 def pack_host(folder: Path, limit: int) -> bytes | None:

@@ -241,7 +241,7 @@ class ExecutorClient:
                 else None
             )
             killed, consumed = False, 0
-            fifo = _Fifo(out) if out is not None else None
+            fifo = _FifoReader(out) if out is not None else None
             ended: Outcome | None = None
             while True:
                 if fifo is not None:
@@ -291,7 +291,7 @@ class ExecutorClient:
             self._queues.pop(cid, None)
 
 
-class _Fifo:
+class _FifoReader:
     """The FIFO a command writes its output into, read beside the executor's frames. Its
     exit is looked at only when the FIFO has nothing to read, so all the command wrote has
     been read by then; after it, reading goes on until the end of file or, as in
