@@ -32,6 +32,7 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.procutil import F_SETPIPE_SZ
+from orchestrator.runtime import unpack
 from orchestrator.runtime.options import FILE_LIMIT_ENV
 
 # Exit codes of the file helper scripts below.
@@ -201,7 +202,9 @@ class PackStream:
 
     def pack_into(self, fd: int) -> TarInto | None:
         """Start the host's tar writing the archive into `fd` (a FIFO the sandbox reads),
-        or None where this machine has no tar."""
+        or None where this machine has no tar. `fd` should be a write-only end, so that tar
+        gets EPIPE and ends once no reader is left (its owner died, the sandbox stopped)
+        instead of waiting forever for room in the FIFO."""
         tar = shutil.which("tar")
         return None if tar is None else TarInto(self, tar, fd)
 
@@ -364,34 +367,33 @@ READ_SIZE, COPY_SIZE = 1 << 16, 1 << 20
 
 def stage(chunks: Iterable[bytes], folder: Path, limit: int) -> Staged:
     """Unpack a tar stream from the sandbox while it arrives, into a private folder inside
-    `folder`, refusing anything that would land outside it: absolute names, `..`, links that
-    point out, devices (the sandbox's content is untrusted). Refused, cut short or past
-    `limit` bytes, the private folder goes and the error is raised. The caller commits."""
+    `folder`, by `unpack` (nothing written through a link, nothing that could lead out:
+    absolute names, `..`, links that could point out, devices and FIFOs refuse the archive;
+    setuid bits are dropped). Refused, cut short or past `limit` bytes, the private folder
+    goes and the error is raised. The caller commits; the names it gets are relative."""
     folder.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".orchestrator-download-", dir=folder))
     incoming = _Incoming(chunks, limit)
     names: list[str] = []
     try:
         with tarfile.open(fileobj=incoming, mode="r|", bufsize=READ_SIZE) as tar:
-            tar.copybufsize = COPY_SIZE  # type: ignore[attr-defined]
-
-            def recorded() -> Iterator[tarfile.TarInfo]:
-                for member in tar:
-                    names.append(member.name)
-                    yield member
-
-            # extractall: a folder's own mode (read-only, say) is set after its content
-            tar.extractall(staging, members=recorded(), filter="data")
+            names.extend(n for n in unpack.unpack(tar, staging, COPY_SIZE) if n)
         incoming.drain()
     except tarfile.TarError as exc:
-        if incoming.received == 0 and not isinstance(exc, tarfile.FilterError):
+        if incoming.received == 0:
             return Staged(folder, staging, [])  # nothing came: the sandbox's side says why
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, tarfile.FilterError):
-            raise SandboxUnsafeArchive(f"refused to unpack into {folder}: {exc}") from exc
+        raise OrchestratorError(f"cannot unpack into {folder}: {exc}") from exc
+    except SandboxUnsafeArchive as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise SandboxUnsafeArchive(f"{exc} (nothing was written to {folder})") from None
+    except OrchestratorError:  # over the limit, or the sandbox's side failed
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except OSError as exc:  # an entry this machine cannot hold (a hard link to nothing, say)
+        shutil.rmtree(staging, ignore_errors=True)
         raise OrchestratorError(f"cannot unpack into {folder}: {exc}") from exc
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    clean = (n.removeprefix("./") for n in names)
-    return Staged(folder, staging, [n for n in clean if n not in ("", ".")])
+    return Staged(folder, staging, names)
