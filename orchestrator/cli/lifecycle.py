@@ -373,7 +373,6 @@ def down(
 ) -> None:
     """Take an environment down: containers, networks and volumes."""
     from orchestrator.project import find_project, owner_alive, reap, remove_project
-    from orchestrator.project.identity import kept
 
     if all_:
         for name in reap(all_projects=True):
@@ -382,7 +381,7 @@ def down(
     if not ref:
         raise UsageError("name an environment id, or pass --all")
     info = find_project(ref)
-    claimed = kept(info.directory)  # taken from a pool, or kept by a harness: for `down`
+    claimed = info.kept  # taken from a pool, or kept by a harness: for `down`
     if info.owner != "detached" and owner_alive(info.labels) and not claimed and not force:
         raise UsageError(
             f"{info.name} belongs to a running process ({info.owner}), which still uses it; "
@@ -453,15 +452,30 @@ def cleanup(
     typer.echo(f"{len(removed)} environment(s) removed")
 
 
+SNAPSHOT_TIMEOUT = 600.0
+"""Seconds `orchestrator snapshot` may pack a workspace for, unless --timeout says."""
+
+
 def snapshot(
     ref: str = typer.Argument(None, help="Environment id (or a unique part of it)."),
     output: str = typer.Option(
         None, "--output", "-o", help="Where: a path, or a name in the snapshots folder."
     ),
     list_: bool = typer.Option(False, "--list", help="List the snapshots folder."),
-    remove: str = typer.Option(None, "--rm", help="Remove this snapshot (a name or a path)."),
+    remove: str = typer.Option(
+        None, "--rm", help="Remove this snapshot (its name in the snapshots folder)."
+    ),
     filesystem: bool = typer.Option(
         False, "--filesystem", help="Also save the main container's filesystem (an image)."
+    ),
+    limit: int = typer.Option(
+        None,
+        "--limit",
+        min=1,
+        help="Refuse a workspace that packs to more bytes (default: ORCHESTRATOR_SNAPSHOT_LIMIT).",
+    ),
+    timeout: float = typer.Option(
+        SNAPSHOT_TIMEOUT, "--timeout", "-t", help="Give up packing after this many seconds."
     ),
 ) -> None:
     """Save a running environment's workspace as a snapshot (resume it with `up --resume`);
@@ -474,31 +488,61 @@ def snapshot(
             typer.echo("\t".join(map(str, fields)))
         return
     if remove:
-        found = snapshots.Snapshot.find(remove)
+        found = snapshots.Snapshot.named(remove)  # nothing outside the snapshots folder
         found.remove()
         typer.echo(f"removed {found.name}")
         return
     if not ref:
         raise UsageError("name an environment id, or pass --list or --rm NAME")
     from orchestrator.project import LABEL_DIGEST, images
+    from orchestrator.runtime.options import snapshot_limit
 
+    if not 0 < timeout < float("inf"):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
     info, container = _main(ref)
     path = snapshots.archive_path(info.env, output)
-    archive = _pack_workspace(info, container)
+    archive = _pack_workspace(info, container, limit or snapshot_limit(), timeout)
     image = images.commit(container, path.with_suffix(".json")) if filesystem else ""
     snap = snapshots.save(archive, info.env, info.labels.get(LABEL_DIGEST, ""), path, image)
     typer.echo(snap.path)
 
 
-def _pack_workspace(info: ProjectInfo, container: str) -> bytes:
-    """The main container's working folder as a tar stream, packed inside it as its user."""
+def _pack_workspace(info: ProjectInfo, container: str, limit: int, timeout: float) -> bytes:
+    """The main container's working folder as a tar stream, packed inside it as its user,
+    through the library's plain-exec path: past `limit` bytes, or `timeout` seconds, the
+    packing is killed (its whole tree in the container) and the snapshot refused. Memory
+    stays within `limit` (and 64 KiB of its errors) whatever the workspace holds."""
+    from orchestrator.errors import OrchestratorError, OutputLimitExceeded
     from orchestrator.runtime import files
+    from orchestrator.runtime.executor.plain import run_plain
+    from orchestrator.runtime.options import SNAPSHOT_LIMIT_ENV, Command
+    from orchestrator.runtime.results import TailBuffer, decode
 
     workdir = _workdir(container)
-    packed = subprocess.run(
-        [*_exec_argv(info, container, interactive=False), *files.download_argv(workdir)],
-        capture_output=True,
-        check=False,
-    )
-    files.raise_for_folder(packed.returncode, workdir, "snapshot", packed.stderr.decode())
-    return packed.stdout
+    argv = files.download_argv(workdir)
+    cmd = Command(argv, {}, "/", info.main_user or None, timeout, None)
+    archive, err = bytearray(), TailBuffer(64 * 1024)
+    chunks = run_plain(_docker_cmd(), container, cmd)
+    try:
+        while True:
+            kind, data = next(chunks)
+            if kind != "stdout":
+                err.add(data)
+                continue
+            archive += data
+            if len(archive) > limit:
+                raise OutputLimitExceeded(
+                    f"the workspace {workdir} of {info.name} packs to more than the limit of "
+                    f"{limit} bytes: pass --limit or set {SNAPSHOT_LIMIT_ENV}, or make it smaller"
+                )
+    except StopIteration as stop:
+        outcome = stop.value
+    finally:
+        chunks.close()  # given up: the packing is killed in the container
+    if outcome.timed_out:
+        raise OrchestratorError(
+            f"packing the workspace {workdir} of {info.name} took more than {timeout:g}s and "
+            "was killed: pass a longer --timeout, or make the workspace smaller"
+        )
+    files.raise_for_folder(outcome.exit_code, workdir, "snapshot", decode(err.value()))
+    return bytes(archive)

@@ -24,7 +24,6 @@ from orchestrator.project.identity import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
     LABEL_OWNER_START,
-    kept,
     owner_alive,
     owner_labels,
     process_start,
@@ -91,7 +90,7 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
     removed = []
     keys = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)
     for info in list_projects():
-        if all(info.labels.get(k) == labels[k] for k in keys) and not kept(info.directory):
+        if all(info.labels.get(k) == labels[k] for k in keys) and not info.kept:
             with contextlib.suppress(OrchestratorError):
                 remove_project(info)
                 removed.append(info.name)

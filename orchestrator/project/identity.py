@@ -6,7 +6,9 @@ import contextlib
 import ipaddress
 import os
 import random
+import re
 import socket
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -106,10 +108,60 @@ def folder_owner(folder: Path) -> dict[str, str] | None:
 
 
 def project_folders() -> list[Path]:
+    """The folders in our projects folder (real folders only: never a link out of it)."""
     try:
-        return [d for d in projects_dir().iterdir() if d.is_dir()]
+        return [d for d in projects_dir().iterdir() if d.is_dir() and not d.is_symlink()]
     except OSError:
         return []
+
+
+PROJECT_PREFIX = "orch-"
+"""The start of every project name (see `project_name`)."""
+PROJECT_NAME = re.compile(re.escape(PROJECT_PREFIX) + r"[a-z0-9_-]{1,30}-[0-9a-f]{8}")
+"""What `project_name` makes: only a project named so can be ours."""
+
+
+def is_project_name(name: str) -> bool:
+    return PROJECT_NAME.fullmatch(name) is not None
+
+
+def our_folder(name: str, labelled: str | None) -> Path | None:
+    """The folder of project `name` when it is ours to write and remove, else None.
+
+    Labels are anyone's to set (whoever can start a container), so they never name a folder
+    by themselves: the folder must be the one `start_project` made for that name, directly
+    in our projects folder once resolved (no `..`, no link), a real folder of this user
+    holding the owner file it gets first; and the label `labelled` (the container's
+    `org.orchestrator.dir`) must name that same folder."""
+    if not is_project_name(name) or not labelled:
+        return None
+    label = Path(labelled)
+    if not label.is_absolute() or ".." in label.parts or label.name != name:
+        return None
+    try:
+        base = projects_dir().resolve(strict=True)
+        folder = base / name
+        info = folder.lstat()
+        same = label.resolve(strict=True) == folder
+        owner = (folder / OWNER_FILE).lstat()
+    except (OSError, RuntimeError):  # gone, unreadable, or a loop of links
+        return None
+    if not stat.S_ISDIR(info.st_mode) or not stat.S_ISREG(owner.st_mode):
+        return None
+    if info.st_uid != os.geteuid() or not same:
+        return None
+    return folder
+
+
+def labelled_folder(name: str, labelled: str | None) -> Path | None:
+    """The folder a project's label names, only to look at (is it kept?) when it is not one
+    of ours (another state folder's): an absolute path without `..`, named as the project."""
+    if not is_project_name(name) or not labelled:
+        return None
+    label = Path(labelled)
+    if not label.is_absolute() or ".." in label.parts or label.name != name:
+        return None
+    return label
 
 
 def orphan_folders(live_projects: set[str]) -> list[Path]:
@@ -131,7 +183,7 @@ def orphan_folders(live_projects: set[str]) -> list[Path]:
 
 def project_name(env_name: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in env_name.lower())[:30]
-    return f"orch-{safe}-{uuid.uuid4().hex[:8]}"
+    return f"{PROJECT_PREFIX}{safe}-{uuid.uuid4().hex[:8]}"
 
 
 def project_labels(env: Environment, name: str, directory: Path, detached: bool) -> dict[str, str]:

@@ -47,6 +47,31 @@ def remove(image: str, client: DockerClient | None = None) -> None:
             raise
 
 
+def remove_owned(image: str, record: Path, client: DockerClient | None = None) -> bool:
+    """Remove a snapshot image only when its labels say it is `record`'s and was made with
+    our state folder: a record names any image it likes (it is a file anyone with access to
+    it can write), the labels were set when we committed it. False when it is not (left
+    alone) or gone already."""
+    client = client or docker_client()
+    try:
+        found = engine_call("inspecting a snapshot image", lambda: client.image.inspect(image))
+    except DockerError as exc:
+        if "No such image" in exc.stderr:
+            return False
+        raise
+    labels = found.config.labels or {}
+    mine = labels.get(LABEL_STATE) == str(state_dir().resolve())
+    labelled = labels.get(LABEL_RECORD, "")
+    if not mine or not labelled or _real(labelled) != _real(str(record)):
+        return False
+    remove(image, client)  # the name it was found by: an image tagged elsewhere too stays
+    return True
+
+
+def _real(path: str) -> str:
+    return str(Path(path).resolve())
+
+
 def exists(image: str, client: DockerClient | None = None) -> bool:
     client = client or docker_client()
     return bool(engine_call("looking for an image", lambda: client.image.exists(image)))

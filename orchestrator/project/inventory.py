@@ -37,13 +37,16 @@ from orchestrator.project.identity import (
     LABEL_OWNER_START,
     LABEL_PROJECT,
     LABEL_STARTED,
+    PROJECT_PREFIX,
     folder_engine,
     folder_owner,
+    is_project_name,
     kept,
+    labelled_folder,
     orphan_folders,
+    our_folder,
     owner_alive,
     project_folders,
-    state_dir,
 )
 from orchestrator.project.membership import CLAIMED, READY, membership, move
 from orchestrator.spec.models import PublishedPort
@@ -65,8 +68,15 @@ class ProjectInfo:
 
     @property
     def directory(self) -> Path | None:
-        d = self.labels.get(LABEL_DIR)
-        return Path(d) if d else None
+        """Its project folder when that is ours to change and remove (see `our_folder`);
+        None otherwise, whatever its labels say."""
+        return our_folder(self.name, self.labels.get(LABEL_DIR))
+
+    @property
+    def kept(self) -> bool:
+        """Kept on purpose (see KEPT_FILE), also when its folder is another state folder's
+        (that one is only looked at)."""
+        return kept(self.directory or labelled_folder(self.name, self.labels.get(LABEL_DIR)))
 
     @property
     def owner(self) -> str:
@@ -102,7 +112,10 @@ def _rows(client: DockerClient, kind: list[str], fields: list[str]) -> list[list
 
 
 def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
-    """Every project carrying our labels, from its containers and networks."""
+    """Every project carrying our labels and named as ours (`is_project_name`), from its
+    containers and networks. Anyone who can start a container can set these labels: what
+    they say is used to find objects of ours, never trusted with a host folder (see
+    `ProjectInfo.directory`)."""
     client = client or docker_client()
     found: dict[str, ProjectInfo] = {}
     n = len(LISTED_LABELS)
@@ -111,6 +124,8 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     ):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
+        if not is_project_name(name):
+            continue
         info = found.setdefault(name, ProjectInfo(name, labels, [], []))
         service = labels.get(COMPOSE_SERVICE, "")
         info.containers.append((cid[:12], service, state))
@@ -119,7 +134,8 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     for nid, *values in _rows(client, ["network", "ls", "--no-trunc"], ["{{json .ID}}"]):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
-        found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(nid[:12])
+        if is_project_name(name):
+            found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(nid[:12])
     return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
@@ -195,19 +211,30 @@ def claim_from_pool(
 
 def match_project(ref: str, names: list[str]) -> str:
     """The one name `ref` means: the full name, its short id (the 8 hex digits at the end),
-    or a unique prefix of at least MIN_PREFIX characters. Nothing looser: `down o` must not
-    take down whatever happens to contain an "o"."""
+    its environment's whole name (`orch-web` for `orch-web-0011aabb`), or a unique prefix
+    with at least MIN_PREFIX characters after the `orch-` every name starts with. Nothing
+    looser: `down o` or `down orch-z` must not take down whatever happens to start so."""
     if ref in names:
         return ref
     short = [n for n in names if n.rsplit("-", 1)[-1] == ref]
-    prefixed = [n for n in names if len(ref) >= MIN_PREFIX and n.startswith(ref)]
+    significant = len(ref) - len(PROJECT_PREFIX) if ref.startswith(PROJECT_PREFIX) else 0
+    prefixed = [
+        n
+        for n in names
+        if n.startswith(ref) and (significant >= MIN_PREFIX or n.rsplit("-", 1)[0] == ref)
+    ]
     matches = short or prefixed
     if len(matches) == 1:
         return matches[0]
     if matches:
         raise ProjectNotFound(f"{ref!r} matches several: {', '.join(matches)}; give more of it")
     known = ", ".join(names) or "none running"
-    hint = f" (a prefix needs at least {MIN_PREFIX} characters)" if len(ref) < MIN_PREFIX else ""
+    hint = ""
+    if significant < MIN_PREFIX:
+        hint = (
+            f" (a prefix needs at least {MIN_PREFIX} characters after {PROJECT_PREFIX!r}, "
+            "or the environment's whole name)"
+        )
     raise ProjectNotFound(f"no environment {ref!r}{hint}; known: {known}")
 
 
@@ -218,11 +245,16 @@ def find_project(ref: str, client: DockerClient | None = None) -> ProjectInfo:
 
 
 def remove_project(info: ProjectInfo, client: DockerClient | None = None) -> None:
-    """Remove a project by the ids already listed for it, then its folder."""
+    """Remove a project by the ids already listed for it, then its folder when that is ours
+    (`ProjectInfo.directory`: a folder named by a label alone is left alone). Only a
+    project named as ours is removed at all."""
+    if not is_project_name(info.name):
+        raise ProjectNotFound(f"{info.name!r} is not the name of an environment of ours")
     containers = [cid for cid, _, _ in info.containers]
     _remove(client or docker_client(), info.name, containers, info.networks)
-    if info.directory is not None and info.directory.is_relative_to(state_dir()):
-        shutil.rmtree(info.directory, ignore_errors=True)
+    folder = info.directory
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def reap(
@@ -240,7 +272,7 @@ def reap(
     removed = []
     projects = list_projects(client) if projects is None else projects
     for info in projects:
-        spared = owner_alive(info.labels) or (kept(info.directory) and not include_kept)
+        spared = owner_alive(info.labels) or (info.kept and not include_kept)
         if all_projects or not spared:
             remove_project(info, client)
             removed.append(info.name)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +37,7 @@ from orchestrator.project.engine import (
     engine_host,
     is_remote,
     published_ports,
+    raw_docker,
     service_of,
     up_timeout,
 )
@@ -54,6 +58,22 @@ from orchestrator.spec.models import PublishedPort
 STOP_TIMEOUT = 2
 T = TypeVar("T")
 
+# `sh -c TETHER`, in each extra service of a project with an owner process
+TETHER = r"""
+read -r word
+[ "$word" = release ] && exit 0
+kill -TERM 1 2>/dev/null
+sleep 2 2>/dev/null
+kill -KILL -1 2>/dev/null
+exit 0
+"""
+"""Wait for the end of input; unless it brought the word `release`, stop this container
+from inside: SIGTERM to its init (which passes it on), then SIGKILL to whatever else runs
+as its user (the init then exits with its child: the container stops)."""
+RELEASE = b"release\n"
+TETHER_WAIT = 5.0
+"""Longest `release` waits for the tethers to take their word and exit."""
+
 
 @dataclass
 class Project:
@@ -68,6 +88,8 @@ class Project:
     """Every call bounded by ORCHESTRATOR_ENGINE_TIMEOUT."""
     up_client: DockerClient = field(init=False)
     """For `up`, which may build images: bounded by ORCHESTRATOR_UP_TIMEOUT."""
+    _tethers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+    _tether_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         compose: dict[str, Any] = {
@@ -103,8 +125,52 @@ class Project:
         with docker_errors(f"starting project {self.name}"):
             self.up_client.compose.up(detach=True, quiet=True)
 
+    def tether(self, services: Iterable[str]) -> None:
+        """Tie the extra services' lives to this process, with nothing of ours left to run
+        once it is gone (its guardian may be killed with it): in each, a `docker exec -i`
+        of TETHER waits on an input whose only write end this process holds. When that
+        input ends without the word `release` (this process died, by any signal), the
+        service stops itself from inside, as the main container does through its
+        executor's --owned. A service without /bin/sh is not tied: the next reaper (`ps`,
+        any spawn) removes it. `release()` unties them."""
+        docker = raw_docker(self.client)
+        for service in services:
+            argv = [*docker, "exec", "-i", self.container_of(service), "/bin/sh", "-c", TETHER]
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,  # a terminal's Ctrl-C to us is not our death
+                )
+            except OSError:  # no process slot left: the guardian and the reapers remain
+                continue
+            with self._tether_lock:
+                self._tethers.append(proc)
+
+    def release(self) -> None:
+        """Untie the services from this process (kept, handed over, or being removed):
+        each tether gets the word `release` and exits, leaving its service running."""
+        with self._tether_lock:
+            tethers, self._tethers = self._tethers, []
+        for proc in tethers:
+            if proc.stdin is None:
+                continue
+            with contextlib.suppress(OSError):  # its container is gone already
+                proc.stdin.write(RELEASE)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        deadline = time.monotonic() + TETHER_WAIT
+        for proc in tethers:
+            # never killed: that would end its input, which stops the service; a tether
+            # slow to exit is reaped by a later Popen of this process
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+
     def down(self, keep: bool = False) -> None:
         """Remove containers, networks and volumes (or only stop them with keep=True)."""
+        self.release()
         if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
             remove_by_label(self.name)
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -124,11 +190,13 @@ class Project:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def kill(self) -> None:
+        self.release()
         engine_call(f"killing project {self.name}", self.client.compose.kill)
 
     def keep(self) -> None:
         """Mark the project kept: reapers and guardians leave it (running) for `down`."""
         (self.directory / KEPT_FILE).touch()
+        self.release()
 
     def ports(self) -> list[PublishedPort]:
         """Published ports of every service (ephemeral ones resolved)."""
@@ -214,7 +282,10 @@ def start_project(
         return project
 
     try:
-        return _retry_subnet(attempt)
+        _retry_subnet(attempt)
+        if not detached:  # its services stop when this process dies, guardian or not
+            project.tether(env.spec.services)
+        return project
     except (DockerError, StartupError):
         raise  # attempt() already removed what it made
     except BaseException:  # interrupted mid-start: remove whatever exists

@@ -6,6 +6,8 @@ unpacks one into a new environment's workspace, then runs `setup.resume_commands
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -15,6 +17,7 @@ from orchestrator.errors import UsageError
 from orchestrator.project.identity import state_dir
 
 SUFFIX = ".tar"
+log = logging.getLogger("orchestrator.snapshot")
 
 
 def snapshots_dir() -> Path:
@@ -50,12 +53,22 @@ class Snapshot:
         return self.path.with_suffix(".json")
 
     def remove(self) -> None:
-        """Remove the archive, its record and its image."""
+        """Remove the archive, its record and its image: the image only when its own
+        labels say it is this record's and of our state folder (a record may name any
+        image; one that is not its own is left alone, with a warning)."""
         if self.image:
             from orchestrator.project import images
             from orchestrator.project.engine import docker_client
 
-            images.remove(self.image, docker_client(host=self.host) if self.host else None)
+            engine = docker_client(host=self.host) if self.host else None
+            if not images.remove_owned(self.image, self.record, engine) and images.exists(
+                self.image, engine
+            ):
+                log.warning(
+                    "snapshot %s names image %s, which is not its own: left alone",
+                    self.name,
+                    self.image,
+                )
         self.path.unlink(missing_ok=True)
         self.record.unlink(missing_ok=True)
 
@@ -75,6 +88,29 @@ class Snapshot:
         if snap is None:
             known = ", ".join(s.name for s in list_snapshots()) or "none"
             raise UsageError(f"no snapshot {str(ref)!r} (known: {known})")
+        return snap
+
+    @classmethod
+    def named(cls, name: str) -> Snapshot:
+        """A snapshot of the snapshots folder by its name alone, for removing it: a name
+        with a path separator, or `.`/`..`, or whose files resolve (through links) out of
+        that folder, is refused, so nothing outside it is ever touched."""
+        folder = snapshots_dir()
+        bad = not name or name in (".", "..") or "/" in name or "\0" in name
+        path, record = folder / f"{name}{SUFFIX}", folder / f"{name}.json"
+        if not bad:
+            inside = str(folder.resolve())
+            bad = any(os.path.dirname(os.path.realpath(p)) != inside for p in (path, record))
+        if bad:
+            raise UsageError(
+                f"{name!r} is not a snapshot name: give the name of one in {folder} (see "
+                "`orchestrator snapshot --list`); one saved elsewhere goes by deleting its "
+                ".tar and .json"
+            )
+        snap = _load(path)
+        if snap is None:
+            known = ", ".join(s.name for s in list_snapshots()) or "none"
+            raise UsageError(f"no snapshot {name!r} (known: {known})")
         return snap
 
 

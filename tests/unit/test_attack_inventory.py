@@ -1,0 +1,145 @@
+"""Attacks on what labels, ids and snapshot names may make us touch (no Docker): a label
+naming a folder outside our projects folder, an id of one character, a snapshot name that
+climbs out of the snapshots folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ProjectNotFound, UsageError
+from orchestrator.project import match_project
+from orchestrator.project.identity import (
+    KEPT_FILE,
+    LABEL_DIR,
+    LABEL_PROJECT,
+    claim_folder,
+    projects_dir,
+)
+from orchestrator.project.inventory import ProjectInfo
+from orchestrator.runtime.snapshot import Snapshot, snapshots_dir
+
+NAME = "orch-evil-0badf00d"
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def info(name: str, folder: str) -> ProjectInfo:
+    return ProjectInfo(name, {LABEL_PROJECT: name, LABEL_DIR: folder}, [], [])
+
+
+# ----- item 1: labels never name a host folder to remove ------------------------------------
+def test_a_label_climbing_out_of_the_projects_folder_names_no_folder(state: Path) -> None:
+    victim = state.parent / "victim"
+    victim.mkdir()
+    claim_folder(victim)  # it even looks like a project folder: still not ours
+    climbing = f"{state}/projects/../../victim"
+    assert info(NAME, climbing).directory is None
+    assert info("victim", climbing).directory is None
+    assert info(NAME, str(victim)).directory is None
+
+
+def test_a_link_in_the_projects_folder_is_not_a_project_folder(state: Path) -> None:
+    victim = state.parent / "victim"
+    victim.mkdir()
+    (victim / "owner").write_text("1 1 host\n")
+    projects_dir().mkdir(parents=True)
+    (projects_dir() / NAME).symlink_to(victim)
+    assert info(NAME, str(projects_dir() / NAME)).directory is None
+
+
+def test_only_a_folder_we_made_for_that_very_project_is_ours(state: Path) -> None:
+    folder = projects_dir() / NAME
+    folder.mkdir(parents=True)
+    assert info(NAME, str(folder)).directory is None  # no owner file: not from claim_folder
+    claim_folder(folder)
+    assert info(NAME, str(folder)).directory == folder.resolve()
+    other = "orch-evil-12345678"
+    claim_folder(projects_dir() / other)
+    assert info(NAME, str(projects_dir() / other)).directory is None  # another's folder
+    claim_folder(projects_dir() / "evil")
+    assert info("evil", str(projects_dir() / "evil")).directory is None  # not a name of ours
+
+
+def test_kept_is_only_looked_at_where_the_label_is_plain(state: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "other-state" / "projects" / NAME
+    elsewhere.mkdir(parents=True)
+    (elsewhere / KEPT_FILE).touch()
+    assert info(NAME, str(elsewhere)).kept  # another state folder's kept project: spared
+    assert info(NAME, str(elsewhere)).directory is None  # but never ours to remove
+    assert not info(NAME, f"{elsewhere}/../{NAME}").kept
+
+
+# ----- item 11: a prefix counts only what follows `orch-` -----------------------------------
+NAMES = ["orch-zebra-1a2b3c4d", "orch-python-5e6f7a8b"]
+
+
+@pytest.mark.parametrize("ref", ["orch-z", "orch-", "orch-zebr", "orch-py", "orch-pyth"])
+def test_one_character_after_orch_takes_nothing_down(ref: str) -> None:
+    with pytest.raises(ProjectNotFound, match="at least 6 characters after 'orch-'"):
+        match_project(ref, NAMES)
+
+
+@pytest.mark.parametrize(
+    ("ref", "name"),
+    [
+        ("orch-zebra", "orch-zebra-1a2b3c4d"),  # the environment's whole name
+        ("orch-zebra-1", "orch-zebra-1a2b3c4d"),  # six after the prefix
+        ("orch-python", "orch-python-5e6f7a8b"),
+        ("5e6f7a8b", "orch-python-5e6f7a8b"),
+    ],
+)
+def test_whole_names_and_long_prefixes_still_match(ref: str, name: str) -> None:
+    assert match_project(ref, NAMES) == name
+
+
+# ----- item 12: `snapshot --rm` stays in the snapshots folder -------------------------------
+def plant(where: Path, image: str = "") -> None:
+    """A snapshot's two files, as a crafted record would look."""
+    record = {"env": "x", "digest": "", "created": "", "size": 1, "image": image}
+    where.with_suffix(".json").write_text(json.dumps(record))
+    where.with_suffix(".tar").write_bytes(b"x")
+
+
+@pytest.mark.parametrize("name", ["../../x", "../x", "..", ".", "a/b", "/tmp/x"])
+def test_a_name_with_a_path_in_it_is_refused(state: Path, name: str) -> None:
+    with pytest.raises(UsageError, match="not a snapshot name"):
+        Snapshot.named(name)
+
+
+def test_a_record_linked_out_of_the_snapshots_folder_is_refused(state: Path) -> None:
+    outside = state.parent / "outside"
+    plant(outside)
+    snapshots_dir().mkdir(parents=True)
+    (snapshots_dir() / "linked.json").symlink_to(outside.with_suffix(".json"))
+    (snapshots_dir() / "linked.tar").symlink_to(outside.with_suffix(".tar"))
+    with pytest.raises(UsageError, match="not a snapshot name"):
+        Snapshot.named("linked")
+    plant(snapshots_dir() / "fine")
+    assert Snapshot.named("fine").name == "fine"
+
+
+def test_cli_rm_of_a_climbing_name_deletes_nothing_and_exits_2(state: Path) -> None:
+    snapshots_dir().mkdir(parents=True)
+    victim = state.parent / "x"  # what snapshots/../../x names
+    plant(victim)
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "snapshot", "--rm", "../../x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "not a snapshot name" in r.stderr
+    assert victim.with_suffix(".json").exists() and victim.with_suffix(".tar").exists()
