@@ -225,8 +225,10 @@ def _start(
     cwd: Optional[str],
     user: Optional[str],
     with_stdin: bool,
+    stdio: Tuple[Optional[int], Optional[int]] = (None, None),
 ) -> "subprocess.Popen[bytes]":
-    """Start `argv` as a new session, as `user` (switching only when it differs from ours)."""
+    """Start `argv` as a new session, as `user` (switching only when it differs from ours);
+    `stdio`: file descriptors to give it as stdin and stdout instead of pipes."""
     kwargs: Dict[str, Any] = {}
     if user:
         try:
@@ -246,11 +248,12 @@ def _start(
                     os.setuid(uid)
 
                 kwargs = {"preexec_fn": drop}
+    given = subprocess.PIPE if with_stdin else subprocess.DEVNULL
     try:
         return subprocess.Popen(
             argv,
-            stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
+            stdin=given if stdio[0] is None else stdio[0],
+            stdout=subprocess.PIPE if stdio[1] is None else stdio[1],
             stderr=subprocess.PIPE,
             env=env,
             cwd=cwd,
@@ -414,6 +417,7 @@ def run(
     started: Optional[float] = None,
     on_start: Optional[Callable[["subprocess.Popen[bytes]"], None]] = None,
     out: Optional[int] = None,
+    stdio: Tuple[Optional[int], Optional[int]] = (None, None),
 ) -> Generator[Chunk, None, Outcome]:
     """Run one command: yield its output as it arrives, return its Outcome. Whatever keeps it
     from starting comes back as a shell would report it (see the module rules), except
@@ -422,7 +426,7 @@ def run(
     that gave up."""
     start = time.monotonic() if started is None else started
     try:
-        proc = _start(argv, env, cwd, user, stdin is not None)
+        proc = _start(argv, env, cwd, user, stdin is not None, stdio)
     except _Refused as why:
         yield "stderr", (why.message + "\n").encode()
         return Outcome(why.code, False, time.monotonic() - start)

@@ -5,7 +5,10 @@ command where the executor cannot run (no python3) or cannot act as the command'
 A folder's archive, out of the container or into it, takes a shorter way where the container
 sees a folder of this machine (its sandbox folder, bind-mounted read-only): a FIFO made there,
 written on one side and read on the other, so the bytes skip the engine's exec stream (the
-container's runtime shim, the daemon and the docker client each copy them)."""
+container's runtime shim, the daemon and the docker client each copy them). The FIFO has mode
+0: the executor (root, with CAP_DAC_OVERRIDE) opens it and hands it to the command, so no
+other user of the sandbox can read an upload or write into a download. Where the executor
+cannot (plain `docker exec`), archives take the exec stream."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import dataclasses
 import fcntl
 import logging
 import os
+import tempfile
 import termios
 import threading
 import time
@@ -28,7 +32,8 @@ from orchestrator.compile.render import SANDBOX_MOUNT
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.procutil import F_SETPIPE_SZ
 from orchestrator.runtime import files
-from orchestrator.runtime.executor.client import ExecutorClient
+from orchestrator.runtime.executor import wire
+from orchestrator.runtime.executor.client import ExecutorClient, Fifo
 from orchestrator.runtime.executor.plain import run_plain
 from orchestrator.runtime.options import Chunks, Command
 from orchestrator.runtime.results import Outcome, StreamKind
@@ -38,16 +43,13 @@ READY_TIMEOUT = 15.0
 Mode = Literal["auto", "executor", "plain"]
 ROOT = (None, "0", "0:0")
 """Users a root executor without CAP_SETUID can still run commands as (itself)."""
-# `sh -c TO_FIFO sh FIFO ARGV...`: ARGV's output into the FIFO, or (FROM_FIFO) its input from
-# it; 98 where the command's user cannot reach it
-TO_FIFO = 'f=$1; shift; [ -p "$f" ] && [ -w "$f" ] || exit 98; exec "$@" > "$f"'
-FROM_FIFO = 'f=$1; shift; [ -p "$f" ] && [ -r "$f" ] || exit 98; exec "$@" < "$f"'
-NO_FIFO = 98
+NO_FIFO = wire.NO_FIFO
+"""The exit status of a command whose FIFO the executor could not open (nothing ran)."""
 LOST_WITHIN = 2.0
 """How long a dead executor's container may still read as running before we believe it."""
 PROBE_TIMEOUT = 5.0
-"""Longest the one-time FIFO check may take: an engine in a VM (its bind mounts copy files,
-not FIFOs) leaves the writer waiting for a reader that never comes."""
+"""Longest the one-time FIFO check may take (an engine in a VM: its bind mounts copy files,
+not FIFOs)."""
 
 
 class Channel:
@@ -166,17 +168,27 @@ class Channel:
                 return routed
         return (yield from self._run(cmd, plain=bulk and cmd.stdin is None))
 
-    def _run(self, cmd: Command, *, plain: bool = False, out: int | None = None) -> Chunks:
-        """By the executor (unless `plain`, or where it cannot run); `out`: a FIFO carrying
-        the command's output (see procutil.pump)."""
-        ex = None if plain else self.ready()
-        if ex is not None and not (ex.info.get("setuid", True) or cmd.user in ROOT):
-            ex = None  # root without CAP_SETUID here (a non-root service): docker exec -u
+    def _run(
+        self,
+        cmd: Command,
+        *,
+        plain: bool = False,
+        out: _Fifo | None = None,
+        into: _Fifo | None = None,
+    ) -> Chunks:
+        """By the executor (unless `plain`, or where it cannot run); `out` / `into`: a FIFO
+        carrying the command's output / input, which only the executor can hand over (exit
+        NO_FIFO, nothing run, where it is not used)."""
+        ex = None if plain else self._executor_for(cmd)
+        fifo = out or into
         if ex is None:
-            return (yield from self._plain(cmd, out))
+            if fifo is not None:
+                return Outcome(NO_FIFO, False, 0.0)
+            return (yield from self._plain(cmd))
         started = time.monotonic()
         try:
-            return (yield from ex.run(cmd, procutil.GRACE, self._lost, out))
+            end = fifo.end if fifo is not None else None
+            return (yield from ex.run(cmd, procutil.GRACE, self._lost, end))
         except ExecutorLost as exc:
             if self._killed():  # kill() ended it, as SIGKILL ends a process
                 return Outcome(137, False, time.monotonic() - started)
@@ -185,6 +197,13 @@ class Channel:
             if lost is not None:
                 raise lost from exc
             raise
+
+    def _executor_for(self, cmd: Command) -> ExecutorClient | None:
+        """The executor, where it runs and can run `cmd` as its user."""
+        ex = self.ready()
+        if ex is not None and not (ex.info.get("setuid", True) or cmd.user in ROOT):
+            return None  # root without CAP_SETUID here (a non-root service): docker exec -u
+        return ex
 
     def _lost_soon(self, within: float = LOST_WITHIN) -> SandboxUnavailable | None:
         """Why the container cannot run commands, asked again for a moment while it still
@@ -205,9 +224,8 @@ class Channel:
         if fifo is None:
             return None
         try:
-            argv = ["/bin/sh", "-c", TO_FIFO, "sh", fifo.inside, *cmd.argv]
             # the bytes skip the executor too: it starts the command sooner than docker exec
-            outcome = yield from self._run(dataclasses.replace(cmd, argv=argv), out=fifo.fd)
+            outcome = yield from self._run(cmd, out=fifo)
         finally:
             fifo.close()
         return self._routed(outcome)
@@ -221,15 +239,15 @@ class Channel:
         if fifo is None:
             return None
         try:
-            packer = stream.pack_into(fifo.fd)
+            packer = stream.pack_into(fifo.writer)
+            fifo.drop_writer()  # tar's now: when the sandbox's end goes, tar gets EPIPE
             if packer is None:
                 return None
             # once tar has exited and the sandbox has read all it wrote, our end goes: the
             # reader then gets its end of file (busybox's tar reads to it)
             threading.Thread(target=fifo.release_when_read, args=(packer,), daemon=True).start()
             try:
-                argv = ["/bin/sh", "-c", FROM_FIFO, "sh", fifo.inside, *cmd.argv]
-                outcome = yield from self._run(dataclasses.replace(cmd, argv=argv, stdin=None))
+                outcome = yield from self._run(dataclasses.replace(cmd, stdin=None), into=fifo)
             finally:
                 packer.stop()
         finally:
@@ -242,8 +260,8 @@ class Channel:
         self._fifo_ok = False  # not for this user: nothing went through it; the usual way
         return None
 
-    def _plain(self, cmd: Command, out: int | None = None) -> Chunks:
-        outcome = yield from run_plain(self._docker_cmd, self._container, cmd, out)
+    def _plain(self, cmd: Command) -> Chunks:
+        outcome = yield from run_plain(self._docker_cmd, self._container, cmd)
         failed = outcome.exit_code != 0 or outcome.timed_out
         if failed and not self._killed():  # the command failed, or the container did?
             lost = self._lost()
@@ -252,8 +270,12 @@ class Channel:
         return outcome
 
     def _fifo_works(self, cmd: Command) -> bool:
-        """Whether a FIFO in the shared folder, written in the container, is read here (the
-        engine runs on this machine's kernel): tried once, by a command that writes "ok"."""
+        """Whether a FIFO in the shared folder, opened by the executor in the container, is
+        read here (the engine runs on this machine's kernel, and the executor may open it):
+        tried once, by a command that writes "ok". Never where the executor cannot run
+        `cmd`: a FIFO the command's user opened itself would be one any user could open."""
+        if self._fifo_ok is False or self._executor_for(cmd) is None:
+            return False
         if self._fifo_ok is None:
             probe = Command(["printf", "ok"], {}, "/", cmd.user, PROBE_TIMEOUT, None)
             said, way = b"", self._out_by_fifo(probe)
@@ -272,28 +294,53 @@ class Channel:
 
 class _Fifo:
     """A new FIFO in the shared folder: `inside`, its path in the container, and `fd`, our
-    end of it. Out of the sandbox: any sandbox user may write it, none may read it, and we
-    read it (opened without waiting for a writer); what comes out of the sandbox is
-    untrusted wherever it passes. Into the sandbox: any sandbox user may read it. We open it
-    for reading and writing and hand it to the packer, so the packer never waits for a
-    reader to open it and never sees one leave (it is stopped once the command ended); our
-    end keeps what it wrote even if the reader opens after it exited (a FIFO with no end
-    open drops its data), and goes once all of that was read."""
+    end of it. It has mode 0 before the sandbox can see it (made in a private folder beside
+    the shared one, opened, then moved in): no sandbox user but root (the executor, which
+    hands it to the command) can open it; a root sandbox can do anything in itself anyway,
+    and what comes out of the sandbox stays untrusted wherever it passes.
+    Out of the sandbox we read it (opened without waiting for a writer). Into the sandbox we
+    open it for reading and writing, so we never wait for a reader to open it, and keep that
+    end: a FIFO with no end open drops its data, and the reader may open after the packer
+    exited; it goes once all was read. The packer gets `writer`, a write-only end (see
+    `drop_writer`)."""
 
     def __init__(self, folder: Path, into_sandbox: bool) -> None:
         name = f"{'in' if into_sandbox else 'out'}-{uuid.uuid4().hex}"
-        self._lock, self._ended = threading.Lock(), threading.Event()
-        self.path, self.inside = folder / name, f"{SANDBOX_MOUNT}/{name}"
-        os.mkfifo(self.path)
+        self._lock = threading.Lock()
+        self.path, self.inside, self.into = folder / name, f"{SANDBOX_MOUNT}/{name}", into_sandbox
+        self.fd = self.writer = -1
+        private = Path(tempfile.mkdtemp(prefix=".fifo-", dir=folder.parent))
+        made = private / name
         try:
-            self.path.chmod(0o644 if into_sandbox else 0o622)
+            os.mkfifo(made, 0o600)
             flags = os.O_RDWR if into_sandbox else os.O_RDONLY | os.O_NONBLOCK
-            self.fd = os.open(self.path, flags | os.O_CLOEXEC)
+            self.fd = os.open(made, flags | os.O_CLOEXEC)
+            if into_sandbox:  # (non-blocking only to open: our own end reads)
+                self.writer = os.open(made, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                os.set_blocking(self.writer, True)
+            made.chmod(0)
+            os.rename(made, self.path)
         except OSError:
-            self.path.unlink(missing_ok=True)
+            self.drop_writer()
+            self.release()
             raise
+        finally:
+            made.unlink(missing_ok=True)
+            private.rmdir()
         with contextlib.suppress(OSError):  # bigger reads where Linux allows it
             fcntl.fcntl(self.fd, F_SETPIPE_SZ, files.STREAM_CHUNK)
+
+    @property
+    def end(self) -> Fifo:
+        return Fifo(self.inside, self.fd, self.into)
+
+    def drop_writer(self) -> None:
+        """Close our copy of the packer's end: once the packer holds the only write-only
+        end, it gets EPIPE (it dies) when no reader is left, as when we die mid-upload and
+        the sandbox stops."""
+        if self.writer >= 0:
+            os.close(self.writer)
+            self.writer = -1
 
     @classmethod
     def make(cls, folder: Path, into_sandbox: bool) -> _Fifo | None:
@@ -313,7 +360,9 @@ class _Fifo:
 
     def release_when_read(self, packer: files.TarInto) -> None:
         """Once the packer has exited, wait until nothing it wrote is left unread, then
-        close our end: the reader's end of file."""
+        close our end: the reader's end of file. (A reader that opens only after that, as
+        when the packer failed at once, gets it at once: the executor opens without waiting
+        for a writer, and a FIFO without one reads as ended.)"""
         packer.wait()
         while True:
             with self._lock:
@@ -324,16 +373,10 @@ class _Fifo:
                 if left[0] == 0:
                     os.close(self.fd)
                     self.fd = -1
-                    break
+                    return
             time.sleep(0.002)
-        # A reader that opens only now (the packer failed before writing anything) would
-        # wait for a writer forever: be one for a moment, each time one waits, until the
-        # command has ended.
-        while not self._ended.wait(0.01):
-            with contextlib.suppress(OSError):  # ENXIO: no reader waits
-                os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
 
     def close(self) -> None:
-        self._ended.set()
+        self.drop_writer()
         self.release()
         self.path.unlink(missing_ok=True)

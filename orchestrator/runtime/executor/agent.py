@@ -9,10 +9,13 @@ cannot pass, no process slot left) comes back as an error frame and an exit stat
 command and stops the container.
 """
 
+import errno
+import fcntl
 import json
 import os
 import queue
 import signal
+import stat
 import sys
 import threading
 
@@ -136,7 +139,10 @@ class Agent:
         }
         self.send(wire.READY, 0, json.dumps(info).encode())
         while True:
-            frame = wire.read_frame(self.inp)
+            try:
+                frame = wire.read_frame(self.inp)
+            except ValueError:  # a broken frame: as if the host had gone
+                frame = None
             if frame is None:
                 break
             self.handle(*frame)
@@ -198,7 +204,8 @@ class Agent:
                 return
             yield chunk
 
-    def started(self, cid, proc):
+    def started(self, cid, proc, fifos):
+        close_all(fifos)  # the command holds them now: its end of file is ours no more
         self.procs[cid] = proc
         self.record()
         if self.flows[cid].cancelled:  # KILL came while it was starting
@@ -211,6 +218,11 @@ class Agent:
         env.update(req.env or {})
         flow = self.flows[cid]
         try:
+            fifos = open_fifos(req)
+        except OSError:  # not for us here (no CAP_DAC_OVERRIDE, an engine in a VM)
+            self.finish(cid, wire.Exit(wire.NO_FIFO, False, procutil.time.monotonic() - started))
+            return
+        try:
             gen = procutil.run(
                 req.argv,
                 env,
@@ -219,7 +231,8 @@ class Agent:
                 self.feed(cid) if cid in self.stdin else None,
                 req.timeout,
                 started=started,
-                on_start=lambda proc: self.started(cid, proc),
+                on_start=lambda proc: self.started(cid, proc, fifos),
+                stdio=(fifos[0], fifos[1]),
             )
             try:
                 while True:
@@ -239,6 +252,8 @@ class Agent:
                 cid, 125, "executor error: %r" % (exc,), procutil.time.monotonic() - started
             )
             return
+        finally:
+            close_all(fifos)
         after = oom_kills()
         oom = before is not None and after is not None and after > before
         self.finish(cid, wire.Exit(*outcome[:3], oom_killed=oom and outcome.exit_code == 137))
@@ -259,6 +274,46 @@ class Agent:
         self.stdin.pop(cid, None)
         self.flows.pop(cid, None)
         self.send(wire.EXIT, cid, wire.encode_exit(outcome))
+
+
+def open_fifo(path, flags):
+    """A FIFO of the host's, opened here as root: the host made it mode 0, so that only a
+    process holding CAP_DAC_OVERRIDE opens it (this executor, and a root sandbox, which may
+    do anything in it anyway), never another sandbox user. Non-blocking to open (the host
+    holds the other end already), blocking for the command."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a FIFO")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_fifos(req):
+    """[stdin, stdout]: the request's FIFOs opened, or None for a pipe."""
+    fifos = [None, None]
+    try:
+        if req.stdin_fifo:
+            fifos[0] = open_fifo(req.stdin_fifo, os.O_RDONLY)
+        if req.stdout_fifo:
+            fifos[1] = open_fifo(req.stdout_fifo, os.O_WRONLY)
+    except OSError:
+        close_all(fifos)
+        raise
+    return fifos
+
+
+def close_all(fds):
+    for i, fd in enumerate(fds):
+        if fd is not None:
+            fds[i] = None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def can_switch_users():

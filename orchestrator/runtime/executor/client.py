@@ -4,7 +4,12 @@ commands in flight get ExecutorLost and the owner starts a new one for the next 
 
 No wait here is unbounded: the reader thread never blocks on a consumer (output is paced per
 command by credit), a silent executor is pinged, and when it does not answer the owner's
-`probe` says whether the sandbox itself is gone or paused (SandboxUnavailable)."""
+`probe` says whether the sandbox itself is gone or paused (SandboxUnavailable).
+
+Nor is any buffer: the executor is the image's own python3, which a root sandbox can replace,
+so what it sends is held to the protocol. A frame over procutil.CHUNK bytes, more output
+frames than a command's credit allows, or a frame of a kind the host does not expect ends
+that executor (ExecutorLost for its commands; the next command starts a new one)."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator import procutil
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
@@ -40,14 +45,57 @@ SILENT = 1.5
 sandbox is still there."""
 OUT_BUDGET = 8 * 1024 * 1024
 """Bytes of frames queued for the executor before a caller sending stdin waits."""
+STDERR_TAIL = 16
+"""Chunks (of at most 4 KiB) of the executor's own stderr kept for error messages."""
 Probe = Callable[[], "SandboxUnavailable | None"]
+
+
+class Fifo(NamedTuple):
+    """A FIFO in the folder the container shares with this machine, which the executor opens
+    itself (as root: the FIFO has mode 0, so no other sandbox user can) and gives the
+    command as its standard output (`into` False: `fd` is our non-blocking read end) or its
+    standard input (`into` True: this machine's tar writes it; `fd` is not read here)."""
+
+    inside: str
+    fd: int
+    into: bool
+
+
+class _Inbox:
+    """The frames of one command on their way to its caller. Holds at most what the
+    executor may send: WINDOW output frames plus the credit handed back, then one EXIT."""
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._allowed = wire.WINDOW
+        self._exited = False
+
+    def grant(self, count: int) -> None:
+        with self._lock:
+            self._allowed += count
+
+    def admit(self, kind: int) -> str | None:
+        """None if a frame of `kind` may be queued; otherwise how it breaks the protocol."""
+        with self._lock:
+            if self._exited:
+                return "a frame after the command's exit"
+            if kind in (wire.OUT, wire.ERR):
+                if self._allowed <= 0:
+                    return "more output than the credit it was given"
+                self._allowed -= 1
+            elif kind == wire.EXIT:
+                self._exited = True
+            else:
+                return f"a frame of unexpected kind {kind}"
+        return None
 
 
 class ExecutorClient:
     def __init__(self, argv: list[str]) -> None:
         self.argv = argv
         self._proc: subprocess.Popen[bytes] | None = None
-        self._queues: dict[int, queue.Queue[tuple[int, bytes]]] = {}
+        self._queues: dict[int, _Inbox] = {}
         self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._out_bytes = 0
         self._out_cond = threading.Condition()
@@ -55,7 +103,8 @@ class ExecutorClient:
         self._id_lock = threading.Lock()
         self._ready = threading.Event()
         self._dead = threading.Event()
-        self._stderr: collections.deque[bytes] = collections.deque(maxlen=50)
+        self._stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL)
+        self._fault = ""  # how the executor broke the protocol, once it did
         self.info: dict[str, Any] = {}
         self._threads: list[threading.Thread] = []
         self._last_rx = time.monotonic()
@@ -127,10 +176,16 @@ class ExecutorClient:
         assert self._proc is not None and self._proc.stdout is not None
         stream = self._proc.stdout
         if self._greeting(stream):
-            self._frames(stream)
+            try:
+                self._frames(stream)
+            except wire.BadFrame as exc:
+                self._fault = str(exc)
+            if self._fault:  # not ours any more: it is stopped, its commands fail
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
         self._dead.set()
-        for cid in list(self._queues):
-            self._deliver(cid, -1, b"")
+        for inbox in list(self._queues.values()):
+            inbox.frames.put((-1, b""))
 
     def _greeting(self, stream: Any) -> bool:
         """Read the READY frame. Anything else is the docker CLI explaining why the executor
@@ -139,33 +194,39 @@ class ExecutorClient:
         if len(head) == wire.HEADER.size:
             kind, _, size = wire.HEADER.unpack(head)
             if kind == wire.READY and size < 4096:
-                self.info = json.loads(stream.read(size).decode())
-                self._ready.set()
-                return True
+                with contextlib.suppress(ValueError):
+                    info = json.loads(stream.read(size).decode())
+                    if isinstance(info, dict):
+                        self.info = info
+                        self._ready.set()
+                        return True
         self._stderr.append(head + stream.read(4096))
         return False
 
     def _frames(self, stream: Any) -> None:
-        while True:
-            frame = wire.read_frame(stream)
+        """Hand each frame to its command; never blocks. Until the protocol is broken (see
+        the module), or the stream ends."""
+        while not self._fault:
+            frame = wire.read_frame(stream, limit=procutil.CHUNK)
             if frame is None:
-                break
+                return
             kind, cid, payload = frame
             self._last_rx = time.monotonic()
-            if kind != wire.PONG:
-                self._deliver(cid, kind, payload)
-
-    def _deliver(self, cid: int, kind: int, payload: bytes) -> None:
-        """Hand a frame to its command; never blocks (credit bounds what can arrive). A
-        command nobody listens to any more is dropped."""
-        q = self._queues.get(cid)
-        if q is not None:
-            q.put((kind, payload))
+            if kind == wire.PONG:
+                continue
+            inbox = self._queues.get(cid)
+            if inbox is None:
+                continue  # a command nobody listens to any more: dropped
+            broke = inbox.admit(kind)
+            if broke is not None:
+                self._fault = f"it sent {broke} (command {cid})"
+            else:
+                inbox.frames.put((kind, payload))
 
     def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
-        for line in self._proc.stderr:
-            self._stderr.append(line)
+        while chunk := self._proc.stderr.read(4096):
+            self._stderr.append(chunk)
 
     def _write(self) -> None:
         """The only writer of the executor's input. A sandbox that stops reading (paused,
@@ -214,21 +275,29 @@ class ExecutorClient:
             self._last_rx = time.monotonic()  # the sandbox runs: give the executor time
 
     def run(
-        self, cmd: Command, grace: float, probe: Probe | None = None, out: int | None = None
+        self, cmd: Command, grace: float, probe: Probe | None = None, fifo: Fifo | None = None
     ) -> Chunks:
-        """Run one command through the executor. `out`: the read end of a FIFO (non-blocking)
-        the command writes its output into instead; it is read here as it comes, and after
-        the command exits until its end of file or a quiet spell (see `procutil.pump`)."""
+        """Run one command through the executor. `fifo`: its output (or input) goes through
+        that FIFO instead (see Fifo). Output read from it comes as "stdout" chunks, as it
+        arrives, and after the command exits until the FIFO's end of file, DRAIN seconds of
+        quiet or DRAIN_MAX seconds in all (time the caller holds a chunk not counted), even
+        if bytes keep trickling in: a sandbox process may hold it open and write."""
         with self._id_lock:
             cid = next(self._ids)
-        q: queue.Queue[tuple[int, bytes]] = queue.Queue()
-        self._queues[cid] = q
+        inbox = self._queues[cid] = _Inbox()
         done = False
         try:
             if self._dead.is_set():
-                raise ExecutorLost(f"executor is not running: {self.stderr_tail}")
+                raise ExecutorLost(self._why("the executor is not running"))
             request = wire.Request(
-                cmd.argv, cmd.env, cmd.cwd, cmd.user, cmd.timeout, cmd.stdin is not None
+                cmd.argv,
+                cmd.env,
+                cmd.cwd,
+                cmd.user,
+                cmd.timeout,
+                cmd.stdin is not None,
+                stdout_fifo=fifo.inside if fifo is not None and not fifo.into else None,
+                stdin_fifo=fifo.inside if fifo is not None and fifo.into else None,
             )
             self._send(wire.RUN, cid, wire.encode_request(request))
             if cmd.stdin is not None:
@@ -241,25 +310,28 @@ class ExecutorClient:
                 else None
             )
             killed, consumed = False, 0
-            fifo = _FifoReader(out) if out is not None else None
+            reader = _FifoReader(fifo.fd) if fifo is not None and not fifo.into else None
             ended: Outcome | None = None
             while True:
-                if fifo is not None:
-                    chunk = fifo.read(busy=not q.empty())
-                    if chunk:
-                        yield "stdout", chunk
-                        fifo.handed_back()
-                        continue
-                    if fifo.ended or fifo.finished():
-                        fifo = None
+                if reader is not None:
+                    if reader.finished():
+                        reader = None
                         if ended is not None:
                             done = True
                             return ended
-                    if ended is not None or q.empty():
+                        continue
+                    chunk = reader.read(busy=not inbox.frames.empty())
+                    if chunk:
+                        since = time.monotonic()
+                        yield "stdout", chunk
+                        reader.handed_back(since)
+                    if ended is not None:
                         continue  # the command's end: only the FIFO is left to read
                 try:
-                    kind, payload = q.get(timeout=0.25 if fifo is None else 0.0)
+                    kind, payload = inbox.frames.get(timeout=0.25 if reader is None else 0.0)
                 except queue.Empty:
+                    # looked at however busy the FIFO is: bytes trickling into it must not
+                    # keep a paused sandbox or a lost executor from being noticed
                     self._silence(probe)
                     if backstop is None or time.monotonic() < backstop:
                         continue
@@ -271,37 +343,60 @@ class ExecutorClient:
                 if kind in (wire.OUT, wire.ERR):
                     consumed += 1
                     if consumed >= wire.WINDOW // 2:  # hand the credit back as we read
+                        inbox.grant(consumed)
                         self._send(wire.CREDIT, cid, wire.COUNT.pack(consumed))
                         consumed = 0
                     yield ("stdout" if kind == wire.OUT else "stderr"), payload
                 elif kind == wire.EXIT:
                     done = True
-                    if fifo is None:
-                        return _outcome(wire.decode_exit(payload))
-                    ended = _outcome(wire.decode_exit(payload))  # what it wrote comes first
-                    fifo.exited()
+                    if reader is None:
+                        return self._outcome(payload)
+                    ended = self._outcome(payload)  # what it wrote is read still
+                    reader.exited()
                 else:
-                    raise ExecutorLost(
-                        "the in-container executor died while the command ran"
-                        + (f": {self.stderr_tail}" if self.stderr_tail else "")
-                    )
+                    raise ExecutorLost(self._why("the in-container executor died while it ran"))
         finally:
             if not done and not self._dead.is_set():
                 self._send(wire.KILL, cid)  # caller gave up: the command must not outlive it
             self._queues.pop(cid, None)
 
+    def _why(self, what: str) -> str:
+        """Why this executor cannot go on, for ExecutorLost: `what` happened, or the way it
+        broke the protocol."""
+        if self._fault:
+            return (
+                f"the in-container executor broke the protocol: {self._fault}; it does not "
+                "behave as ours (a root sandbox may have replaced python3) and was stopped. "
+                "The command failed; the next one starts a new executor"
+            )
+        tail = self.stderr_tail
+        return what + (f": {tail}" if tail else "")
+
+    def _outcome(self, payload: bytes) -> Outcome:
+        try:
+            end = wire.decode_exit(payload)
+        except (ValueError, TypeError) as exc:
+            self._fault = f"an exit report that is not one ({exc})"
+            if self._proc is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
+            raise ExecutorLost(self._why("")) from None
+        return _outcome(end)
+
 
 class _FifoReader:
-    """The FIFO a command writes its output into, read beside the executor's frames. Its
-    exit is looked at only when the FIFO has nothing to read, so all the command wrote has
-    been read by then; after it, reading goes on until the end of file or, as in
-    `procutil.pump`, DRAIN seconds of quiet (a process it left, or the sandbox, may hold the
-    FIFO open), at most DRAIN_MAX."""
+    """The FIFO a command writes its output into, read beside the executor's frames. After
+    the command's exit, reading goes on until the end of file or, as in `procutil.pump`,
+    DRAIN seconds of quiet (a process it left, or the sandbox, may hold the FIFO open),
+    and at most DRAIN_MAX seconds of our own time: the time the caller holds a chunk is
+    neither quiet nor counted, so a slow caller loses nothing the packer wrote, while
+    bytes trickling in cannot hold the call."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.ended = fd, False
         self._exited_at: float | None = None
         self._last = time.monotonic()
+        self._held = 0.0  # seconds the caller held chunks since the exit
 
     def read(self, busy: bool) -> bytes:
         """A chunk, or b"" (none now); waits a little unless frames are waiting (`busy`)."""
@@ -316,19 +411,25 @@ class _FifoReader:
             self.ended = True
         return data
 
-    def handed_back(self) -> None:
-        """The caller is done with a chunk: quiet counts from now."""
-        self._last = time.monotonic()
+    def handed_back(self, since: float) -> None:
+        """The caller is done with the chunk handed to it at `since`: quiet counts from now."""
+        self._last = now = time.monotonic()
+        if self._exited_at is not None:
+            self._held += now - max(since, self._exited_at)
 
     def exited(self) -> None:
         self._exited_at = self._last = time.monotonic()
 
     def finished(self) -> bool:
-        """Whether to stop reading: quiet long enough since the command exited."""
+        """Whether to stop reading: the end of file, or after the exit, quiet long enough or
+        reading long enough."""
+        if self.ended:
+            return True
         if self._exited_at is None:
             return False
         now = time.monotonic()
-        return now - self._last >= procutil.DRAIN or now - self._exited_at > procutil.DRAIN_MAX
+        quiet, spent = now - self._last, now - self._exited_at - self._held
+        return quiet >= procutil.DRAIN or spent > procutil.DRAIN_MAX
 
 
 def _outcome(end: wire.Exit) -> Outcome:

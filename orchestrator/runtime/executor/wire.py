@@ -11,7 +11,9 @@ so both sides spell their keys alike.
 
 Flow control is per command: the executor sends at most WINDOW output frames of a command
 beyond what the host has credited back, so a consumer that stops reading stalls only its own
-command, never the shared pipe.
+command, never the shared pipe. The host holds the executor to it (the executor runs the
+image's python3, which a root sandbox may replace): more output than that, or a frame larger
+than the host accepts, ends the executor.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ WINDOW = 64
 """Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit
 is needed."""
 COUNT = struct.Struct(">I")
+NO_FIFO = 98
+"""Exit status of a command whose FIFO the executor could not open (nothing ran)."""
 
 Frame = Tuple[int, int, bytes]
 
@@ -47,14 +51,19 @@ def _read_exact(stream: IO[bytes], n: int) -> Optional[bytes]:
     return bytes(buf)
 
 
-def read_frame(stream: IO[bytes]) -> Optional[Frame]:
-    """The next frame, or None at end of stream (or a broken frame)."""
+class BadFrame(ValueError):
+    """A frame header claiming a payload larger than the reader accepts."""
+
+
+def read_frame(stream: IO[bytes], limit: int = MAX_PAYLOAD) -> Optional[Frame]:
+    """The next frame, or None at end of stream (or a frame cut short). A header claiming
+    more than `limit` bytes raises BadFrame before anything is allocated for it."""
     head = _read_exact(stream, HEADER.size)
     if head is None:
         return None
     kind, cid, size = HEADER.unpack(head)
-    if size > MAX_PAYLOAD:
-        return None
+    if size > limit:
+        raise BadFrame("a frame of %d bytes (at most %d accepted)" % (size, limit))
     payload = _read_exact(stream, size) if size else b""
     if payload is None:
         return None
@@ -71,6 +80,12 @@ class Request(NamedTuple):
     timeout: Optional[float]
     stdin: bool
     """True when STDIN frames (and a STDIN_EOF) follow; else the command reads nothing."""
+    stdout_fifo: Optional[str] = None
+    """A FIFO the executor opens itself (as root) and gives the command as its standard
+    output; nobody else in the sandbox may open it (mode 0). Exit NO_FIFO, before anything
+    runs, where it cannot be opened."""
+    stdin_fifo: Optional[str] = None
+    """Likewise, a FIFO given the command as its standard input."""
 
 
 class Exit(NamedTuple):

@@ -1,0 +1,109 @@
+"""A hostile executor. The executor is the image's own python3, which a root sandbox can
+replace; its stand-in here (a script on this machine, started by ExecutorClient as the real
+one is) ignores the protocol. The host must stay bounded: it never queues more than a
+command's credit allows, never allocates what a frame header claims, and fails the command
+(ExecutorLost) instead of waiting."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ExecutorLost
+from orchestrator.runtime.executor.client import ExecutorClient
+from orchestrator.runtime.options import Command
+
+# READY, then (once the first command's RUN came) `SEND`, then silence with the pipe open
+STAND_IN = """
+import json, struct, sys, time
+H = struct.Struct(">BII")
+out, inp = sys.stdout.buffer, sys.stdin.buffer
+info = json.dumps({"setuid": True, "pid": 1}).encode()
+out.write(H.pack(10, 0, len(info)) + info)
+out.flush()
+kind, cid, size = H.unpack(inp.read(9))
+inp.read(size)
+%s
+out.flush()
+time.sleep(120)
+"""
+FLOOD = "frame = H.pack(11, cid, 1024) + b'x' * 1024\nfor _ in range(%d): out.write(frame)"
+CLAIM = "out.write(H.pack(11, cid, %d))"
+BOUND = 10.0
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Iterator[list[ExecutorClient]]:
+    clients: list[ExecutorClient] = []
+    yield clients
+    for client in clients:
+        client.close()
+
+
+def _start(tmp_path: Path, send: str, clients: list[ExecutorClient]) -> ExecutorClient:
+    script = tmp_path / "python3"
+    script.write_text(STAND_IN % send)
+    client = ExecutorClient([sys.executable, "-I", str(script)])
+    clients.append(client)
+    client.start()
+    assert client.wait_ready(10)
+    return client
+
+
+def _consume(client: ExecutorClient, pause: float) -> tuple[BaseException | None, int, float]:
+    """Read a command's output slowly, for at most BOUND seconds: (what it raised, chunks
+    read, peak bytes allocated meanwhile)."""
+    result: list[BaseException | None] = [None]
+    got = [0]
+    cmd = Command(["true"], {}, "/", None, None, None)
+
+    def consume() -> None:
+        chunks = client.run(cmd, 0.5)
+        try:
+            for _ in chunks:
+                got[0] += 1
+                time.sleep(pause)
+        except BaseException as exc:
+            result[0] = exc
+        finally:
+            chunks.close()
+
+    tracemalloc.start()
+    try:
+        worker = threading.Thread(target=consume, daemon=True)
+        worker.start()
+        worker.join(BOUND)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not worker.is_alive(), f"the command did not fail within {BOUND} s ({got[0]} read)"
+    return result[0], got[0], peak
+
+
+def test_an_executor_that_ignores_credit_is_stopped_before_memory_grows(
+    tmp_path: Path, stand_in: list[ExecutorClient]
+) -> None:
+    """50,000 output frames sent at once, against a consumer reading one every 5 ms."""
+    client = _start(tmp_path, FLOOD % 50_000, stand_in)
+    raised, read, peak = _consume(client, 0.005)
+    assert isinstance(raised, ExecutorLost), raised
+    assert "more output than the credit" in str(raised) and "replaced python3" in str(raised)
+    assert read <= 64  # the window, and no more
+    assert peak < 8 << 20, f"{peak} bytes allocated while the executor flooded"
+    assert not client.alive
+
+
+@pytest.mark.parametrize("claimed", [60 << 20, 2**32 - 1])
+def test_a_frame_header_claiming_a_huge_payload_allocates_nothing(
+    tmp_path: Path, stand_in: list[ExecutorClient], claimed: int
+) -> None:
+    client = _start(tmp_path, CLAIM % claimed, stand_in)
+    raised, _, peak = _consume(client, 0.0)
+    assert isinstance(raised, ExecutorLost), raised
+    assert peak < 8 << 20, f"{peak} bytes allocated for a frame that never came"
