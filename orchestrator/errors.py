@@ -134,6 +134,16 @@ class CommandTimeout(OrchestratorError, TimeoutError):
         super().__init__(f"command timed out after {timeout:g}s")
 
 
+class SandboxFileTimeout(OrchestratorError, TimeoutError):
+    """A file call (read_file, write_file, upload, download) did not end within its deadline:
+    the sandbox held it (a FIFO in the path, a stopped process). Its helpers were killed."""
+
+    def __init__(self, message: str, *, path: str, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        super().__init__(message)
+
+
 class ExecutorLost(OrchestratorError, ConnectionError):
     """The in-container executor died while a command was in flight."""
 

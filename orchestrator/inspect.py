@@ -30,6 +30,7 @@ from inspect_ai.util import (
     SandboxEnvironmentLimits,
     SandboxUnavailableError,
     SandboxUserUnsupportedError,
+    sample_limits,
     sandboxenv,
 )
 from inspect_ai.util._sandbox.environment import HostMapping, PortMapping
@@ -43,6 +44,7 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.runtime.base import Runtime, Sandbox
+from orchestrator.runtime.options import file_timeout
 from orchestrator.runtime.registry import prepare, spawn_runtime
 from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.models import PublishedPort
@@ -50,6 +52,9 @@ from orchestrator.spec.models import PublishedPort
 PROVIDER = "orchestrator"
 log = logging.getLogger("orchestrator.inspect")
 T = TypeVar("T")
+MIN_FILE_DEADLINE = 5.0
+"""Seconds a file call gets even when the sample's time is (nearly) up: Inspect ends the
+sample itself; the call only must not outlive it by long."""
 _NOT_RUNNABLE = re.compile(r"permission denied|not executable", re.IGNORECASE)
 
 
@@ -59,6 +64,22 @@ async def _call(fn: Callable[[], T]) -> T:
         return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
     except SandboxUnavailable as exc:
         raise SandboxUnavailableError(str(exc)) from exc
+
+
+def _file_deadline() -> float:
+    """A file call's deadline: Inspect's API gives none, and our worker thread cannot be
+    cancelled, so the call ends by the sample's own time (or working) limit at the latest,
+    and by ORCHESTRATOR_FILE_TIMEOUT in any case."""
+    deadline = file_timeout()
+    try:
+        limits = sample_limits()
+        left = [limits.time.remaining, limits.working.remaining]
+    except (RuntimeError, LookupError):  # no running sample (a direct call)
+        left = []
+    for remaining in left:
+        if remaining is not None:
+            deadline = min(deadline, max(MIN_FILE_DEADLINE, remaining))
+    return deadline
 
 
 def _quietly(fn: Callable[[], None]) -> Callable[[], None]:
@@ -262,7 +283,8 @@ class OrchestratorSandbox(SandboxEnvironment):
         return ExecResult(result.ok, result.exit_code, result.stdout, result.stderr)
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        await _call(lambda: self.sandbox.write_file(file, contents))
+        deadline = _file_deadline()
+        await _call(lambda: self.sandbox.write_file(file, contents, timeout=deadline))
 
     @overload
     async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
@@ -273,7 +295,11 @@ class OrchestratorSandbox(SandboxEnvironment):
     async def read_file(self, file: str, text: bool = True) -> Union[str | bytes]:  # noqa: UP007
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         try:
-            data = await _call(lambda: self.sandbox.read_file(file, text=False, limit=limit))
+            data = await _call(
+                lambda: self.sandbox.read_file(
+                    file, text=False, limit=limit, timeout=_file_deadline()
+                )
+            )
         except OutputLimitExceeded as exc:
             raise OutputLimitExceededError(
                 SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None

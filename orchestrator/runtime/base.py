@@ -32,17 +32,21 @@ from orchestrator.errors import (
     OrchestratorError,
     OutputLimitExceeded,
     RuntimeClosed,
+    SandboxFileTimeout,
+    SandboxUnavailable,
     SetupFailed,
     UsageError,
 )
 from orchestrator.runtime import files, snapshot
 from orchestrator.runtime.options import (
     FILE_LIMIT_ENV,
+    FILE_TIMEOUT_ENV,
     Chunks,
     Command,
     SpawnOptions,
     default_file_limit,
     default_output_limit,
+    file_timeout,
     setup_timeout,
     snapshot_limit,
 )
@@ -254,13 +258,23 @@ class Sandbox(ABC):
     def _path(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workdir, str(path)))
 
-    def write_file(self, path: str, content: str | bytes, *, user: str | None = None) -> None:
-        """Write text or bytes (line endings kept as given), creating parent folders."""
+    def write_file(
+        self,
+        path: str,
+        content: str | bytes,
+        *,
+        user: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Write text or bytes (line endings kept as given), creating parent folders. Raises
+        SandboxFileTimeout past `timeout` seconds (default: ORCHESTRATOR_FILE_TIMEOUT)."""
         data = content.encode() if isinstance(content, str) else bytes(content)
-        target = self._path(path)
-        cmd = self._command(files.write_argv(target), None, data, None, user, None)
+        target, deadline = self._path(path), _deadline(timeout)
+        cmd = self._command(files.write_argv(target), None, data, None, user, deadline)
         _, err, outcome = self._collect(cmd, 64 * 1024)
-        files.raise_for(outcome.exit_code, target, "write", decode(err.value()))
+        stderr = decode(err.value())
+        _raise_held(outcome, stderr, target, "write", deadline)
+        files.raise_for(outcome.exit_code, target, "write", stderr)
 
     @overload
     def read_file(
@@ -270,55 +284,96 @@ class Sandbox(ABC):
         text: Literal[True] = True,
         user: str | None = None,
         limit: int | None = None,
+        timeout: float | None = None,
     ) -> str: ...
     @overload
     def read_file(
-        self, path: str, *, text: Literal[False], user: str | None = None, limit: int | None = None
+        self,
+        path: str,
+        *,
+        text: Literal[False],
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
     ) -> bytes: ...
     @overload
     def read_file(
-        self, path: str, *, text: bool, user: str | None = None, limit: int | None = None
+        self,
+        path: str,
+        *,
+        text: bool,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
     ) -> str | bytes: ...
     def read_file(
-        self, path: str, *, text: bool = True, user: str | None = None, limit: int | None = None
+        self,
+        path: str,
+        *,
+        text: bool = True,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
     ) -> str | bytes:
         """Return a file's content as text (UTF-8, invalid bytes replaced) or bytes. Raises
         SandboxFileNotFound, SandboxIsADirectory, SandboxPermissionError (also the built-in
-        errors) or OutputLimitExceeded past `limit` bytes."""
+        errors), OutputLimitExceeded past `limit` bytes, or SandboxFileTimeout past `timeout`
+        seconds (default: ORCHESTRATOR_FILE_TIMEOUT; a FIFO in its place never ends)."""
         limit = limit or default_file_limit()
-        target = self._path(path)
-        cmd = self._command(files.read_argv(target, limit), None, None, None, user, None)
+        target, deadline = self._path(path), _deadline(timeout)
+        cmd = self._command(files.read_argv(target, limit), None, None, None, user, deadline)
         out, err, outcome = self._collect(cmd, limit + 1)
-        data = out.value()
-        files.raise_for(
-            outcome.exit_code, target, "read", decode(err.value()), limit, decode(data[:32]).strip()
-        )
+        data, stderr = out.value(), decode(err.value())
+        _raise_held(outcome, stderr, target, "read", deadline)
+        files.raise_for(outcome.exit_code, target, "read", stderr, limit, decode(data[:32]).strip())
         return decode(data) if text else data
 
-    def upload(self, local: str | Path, dest: str, *, user: str | None = None) -> None:
+    def upload(
+        self,
+        local: str | Path,
+        dest: str,
+        *,
+        user: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
         """Copy a local folder's content into folder `dest` (created if missing) as one tar
-        stream: modes and symlinks kept, files owned by the command user."""
+        stream: modes and symlinks kept, files owned by the command user. Raises
+        SandboxFileTimeout past `timeout` seconds (default: ORCHESTRATOR_FILE_TIMEOUT)."""
         stream = files.PackStream(Path(local))
         try:
-            self._unpack_here(stream, dest, user)
+            self._unpack_here(stream, dest, user, timeout)
+        except SandboxFileTimeout:
+            raise  # the sandbox held it: whatever the packer then said is a consequence
         except OrchestratorError:
             if stream.error is None:
                 raise
         if stream.error is not None:  # the sandbox saw a cut archive; this is why
             raise stream.error
 
-    def _unpack_here(self, archive: bytes | Iterable[bytes], dest: str, user: str | None) -> None:
-        target = self._path(dest)
-        cmd = self._command(files.upload_argv(target), None, b"", None, user, None)
+    def _unpack_here(
+        self,
+        archive: bytes | Iterable[bytes],
+        dest: str,
+        user: str | None,
+        timeout: float | None = None,
+    ) -> None:
+        target, deadline = self._path(dest), _deadline(timeout)
+        cmd = self._command(files.upload_argv(target), None, b"", None, user, deadline)
         cmd = dataclasses.replace(cmd, stdin=archive)
         _, err, outcome = self._collect(cmd, 64 * 1024, bulk=isinstance(archive, files.PackStream))
-        files.raise_for_folder(outcome.exit_code, target, "upload into", decode(err.value()))
+        stderr = decode(err.value())
+        _raise_held(outcome, stderr, target, "upload into", deadline)
+        files.raise_for_folder(outcome.exit_code, target, "upload into", stderr)
 
-    def _pack_here(self, src: str, user: str | None, limit: int) -> bytes:
-        target = self._path(src)
-        cmd = self._command(files.download_argv(target), None, None, None, user, None)
+    def _pack_here(
+        self, src: str, user: str | None, limit: int, timeout: float | None = None
+    ) -> bytes:
+        target, deadline = self._path(src), _deadline(timeout)
+        cmd = self._command(files.download_argv(target), None, None, None, user, deadline)
         out, err, outcome = self._collect(cmd, limit + 1, bulk=True)
-        files.raise_for_folder(outcome.exit_code, target, "download", decode(err.value()))
+        stderr = decode(err.value())
+        _raise_held(outcome, stderr, target, "download", deadline)
+        files.raise_for_folder(outcome.exit_code, target, "download", stderr)
         archive = out.value()  # (one copy of what may be a gigabyte)
         if out.truncated or len(archive) > limit:
             raise OutputLimitExceeded(
@@ -328,16 +383,23 @@ class Sandbox(ABC):
         return archive
 
     def download(
-        self, src: str, local: str | Path, *, user: str | None = None, limit: int | None = None
+        self,
+        src: str,
+        local: str | Path,
+        *,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
     ) -> list[str]:
         """Copy folder `src`'s content into a local folder as one tar stream, refusing any
         entry that would land outside it (SandboxUnsafeArchive); returns the names copied.
         Past `limit` bytes of archive (default: the file read limit) raises
-        OutputLimitExceeded and writes nothing. The archive is unpacked as it arrives, into
-        a private folder inside `local` that is moved into place only once every entry has
-        passed and the sandbox's side succeeded."""
-        target = self._path(src)
-        cmd = self._command(files.download_argv(target), None, None, None, user, None)
+        OutputLimitExceeded and writes nothing; past `timeout` seconds (default:
+        ORCHESTRATOR_FILE_TIMEOUT) SandboxFileTimeout, writing nothing. The archive is
+        unpacked as it arrives, into a private folder inside `local` that is moved into
+        place only once every entry has passed and the sandbox's side succeeded."""
+        target, deadline = self._path(src), _deadline(timeout)
+        cmd = self._command(files.download_argv(target), None, None, None, user, deadline)
         err, ended = TailBuffer(64 * 1024), []
 
         def archive() -> Generator[bytes, None, None]:
@@ -357,12 +419,18 @@ class Sandbox(ABC):
         stream = archive()
         try:
             staged = files.stage(stream, Path(local), limit or default_file_limit())
+        except OrchestratorError as exc:  # a cut archive: the deadline may be why
+            if ended:
+                _raise_held(ended[0], decode(err.value()), target, "download", deadline, exc)
+            raise
         finally:
             stream.close()
         outcome: Outcome = ended[0]
-        if outcome.exit_code != 0:
+        if outcome.exit_code != 0 or outcome.timed_out:
             staged.discard()
-            files.raise_for_folder(outcome.exit_code, target, "download", decode(err.value()))
+            stderr = decode(err.value())
+            _raise_held(outcome, stderr, target, "download", deadline)
+            files.raise_for_folder(outcome.exit_code, target, "download", stderr)
         return staged.commit()
 
 
@@ -517,10 +585,13 @@ class Runtime(Sandbox):
     def _reset(self, archive: bytes) -> None:
         self._check_usable()
         self._kill_processes()
-        target = self._path(self.workdir)
-        cmd = self._command(files.replace_argv(target), None, archive, None, self._reset_user, None)
+        target, deadline = self._path(self.workdir), _deadline(None)
+        argv = files.replace_argv(target)
+        cmd = self._command(argv, None, archive, None, self._reset_user, deadline)
         _, err, outcome = self._collect(cmd, 64 * 1024)
-        files.raise_for_folder(outcome.exit_code, target, "reset", decode(err.value()))
+        stderr = decode(err.value())
+        _raise_held(outcome, stderr, target, "reset", deadline)
+        files.raise_for_folder(outcome.exit_code, target, "reset", stderr)
 
     def _project_folder(self) -> Path | None:
         """The folder that stands for this environment outside this process (its project
@@ -614,6 +685,45 @@ def _validated(cmd: Command) -> Command:
     if cmd.user is not None and not _USER.match(cmd.user):
         raise UsageError(f"user {cmd.user!r} is not a name, uid, name:group or uid:gid")
     return cmd
+
+
+def _deadline(timeout: float | None) -> float:
+    """A file call's deadline: the caller's, else ORCHESTRATOR_FILE_TIMEOUT."""
+    return file_timeout() if timeout is None else timeout
+
+
+# What a shell says when it cannot start a process (busybox ash, dash, bash): our helper
+# could not run, which is the sandbox failing, not the file being missing or locked
+_NO_FORK = re.compile(
+    r"^(?:[^:\n]+: )*(?:\d+: )?(?:can't fork|cannot fork|fork: (?:retry: )?"
+    r"(?:resource temporarily unavailable|cannot allocate memory))",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def _raise_held(
+    outcome: Outcome,
+    stderr: str,
+    target: str,
+    verb: str,
+    timeout: float,
+    cause: BaseException | None = None,
+) -> None:
+    """Raise for a file helper that ran out of time, or could not run at all."""
+    if outcome.timed_out:
+        raise SandboxFileTimeout(
+            f"cannot {verb} {target}: not done within {timeout:g} s, so it was stopped "
+            "(something in the sandbox held it: a FIFO in its place, a stopped process); "
+            f"pass timeout= or set {FILE_TIMEOUT_ENV} to allow longer",
+            path=target,
+            timeout=timeout,
+        ) from cause
+    found = _NO_FORK.search(stderr) if outcome.exit_code != 0 else None
+    if found is not None:
+        raise SandboxUnavailable(
+            f"cannot {verb} {target}: the sandbox cannot start a process ({found.group(0)}): "
+            "its pids or memory limit is reached; the file was not touched"
+        ) from cause
 
 
 def _check(result: RuntimeResult, timeout: float | None) -> None:

@@ -1,0 +1,175 @@
+"""Attacks on the deadlines of file calls and of the plain path's kill (issue 19, items 4, 14
+and 15): a sandbox that holds a file call (a FIFO in its place, a stopped `tar`), a child
+that clears its environment to escape the kill, a fork loop that fills the pids limit."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import SandboxUnavailable, spawn_runtime
+from orchestrator.errors import SandboxFileTimeout
+from orchestrator.runtime.base import Runtime
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
+from tests.docker.conftest import MakeEnv
+
+SLACK = 6.0
+"""Seconds a timed-out file call may take past its deadline (kill, grace, engine calls)."""
+# A root sandbox puts a `tar` in place that stops itself at once (where the shell looks tar
+# up in PATH)...
+STOPPED_TAR = (
+    't=$(command -v tar) && rm -f "$t" && printf "#!/bin/sh\\nkill -STOP \\$\\$\\n" > "$t" '
+    '&& chmod 755 "$t"'
+)
+# ... and a sandbox process stops every `tar` as soon as it appears (busybox's shell runs its
+# own tar, whatever PATH holds, in a child that keeps the shell's command line); builtins
+# only, so it spins without forking
+STOP_TAR = (
+    "sh -c 'while :; do for d in /proc/[0-9]*; do [ ${d#/proc/} = $$ ] && continue; "
+    "c=; read -r c 2>/dev/null < $d/cmdline; "
+    'case $c in *"tar -"[cx]" -"*|tar-[cx]*|*/tar-[cx]*) kill -STOP ${d#/proc/} ;; esac; '
+    "done; done' </dev/null >/dev/null 2>&1 &"
+)
+
+
+def stop_tar(rt: Runtime) -> None:
+    rt.execute(STOPPED_TAR, user="root", timeout=10, check=True)
+    rt.execute(STOP_TAR, user="root", timeout=10)
+
+
+CASES = [(PYTHON_IMAGE, "auto"), (BUSYBOX_IMAGE, "plain")]
+
+
+@pytest.fixture(params=CASES, ids=["executor", "plain"])
+def rt(request: pytest.FixtureRequest, make_env: MakeEnv) -> Iterator[Runtime]:
+    image, mode = request.param
+    os.environ["ORCHESTRATOR_EXEC_MODE"] = mode
+    try:
+        runtime = spawn_runtime(make_env("", image=image))
+    finally:
+        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    with runtime:
+        yield runtime
+
+
+def bounded(call: Callable[[], object], within: float) -> tuple[object, float]:
+    """What `call` returned or raised, and how long it took; fails if it outlives `within`
+    seconds (on a hanging call the thread is left behind, the runtime's cleanup ends it)."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:
+            out.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(within)
+    assert not thread.is_alive(), f"the call did not end within {within} s"
+    return out[0], time.monotonic() - started
+
+
+def assert_timed_out(outcome: object, path: str) -> None:
+    assert isinstance(outcome, SandboxFileTimeout), outcome
+    assert isinstance(outcome, TimeoutError)
+    assert path in str(outcome) and "ORCHESTRATOR_FILE_TIMEOUT" in str(outcome)
+
+
+def test_read_file_of_a_fifo_ends_at_its_deadline(rt: Runtime) -> None:
+    rt.execute("mkfifo x", timeout=10, check=True)
+    outcome, seconds = bounded(lambda: rt.read_file("x", timeout=2), 2 + SLACK)
+    assert_timed_out(outcome, "x")
+    assert seconds >= 2
+    assert rt.execute("echo back", timeout=10).stdout == "back\n"
+
+
+def test_write_file_to_a_fifo_ends_at_its_deadline(rt: Runtime) -> None:
+    rt.execute("mkfifo y", timeout=10, check=True)
+    outcome, _ = bounded(lambda: rt.write_file("y", "data", timeout=2), 2 + SLACK)
+    assert_timed_out(outcome, "y")
+
+
+def test_file_calls_have_a_default_deadline(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    rt.execute("mkfifo z", timeout=10, check=True)
+    monkeypatch.setenv("ORCHESTRATOR_FILE_TIMEOUT", "2")
+    outcome, _ = bounded(lambda: rt.read_file("z"), 2 + SLACK)  # no timeout given
+    assert_timed_out(outcome, "z")
+
+
+def test_download_with_its_tar_stopped_ends_at_its_deadline(rt: Runtime, tmp_path: Path) -> None:
+    rt.execute("mkdir -p d && head -c 20000000 /dev/urandom > d/f", timeout=30, check=True)
+    stop_tar(rt)
+    outcome, _ = bounded(lambda: rt.download("d", tmp_path / "out", timeout=3), 3 + SLACK)
+    assert_timed_out(outcome, "d")
+    assert not (tmp_path / "out" / "f").exists()
+
+
+def test_upload_with_its_tar_stopped_ends_at_its_deadline(rt: Runtime, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(os.urandom(3 << 20))  # more than a pipe holds
+    stop_tar(rt)
+    outcome, _ = bounded(lambda: rt.upload(src, "up", timeout=3), 3 + SLACK)
+    assert_timed_out(outcome, "up")
+
+
+# ----- the plain path's kill (busybox: no python3) -------------------------------------------
+@pytest.fixture
+def plain(make_env: MakeEnv) -> Iterator[Runtime]:
+    os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain"
+    try:
+        runtime = spawn_runtime(make_env("resources: {pids: 40}\n", image=BUSYBOX_IMAGE))
+    finally:
+        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    with runtime:
+        yield runtime
+
+
+def sleeping(rt: Runtime, seconds: int) -> list[str]:
+    ps = rt.execute("ps -o pid,args", timeout=20).stdout.splitlines()
+    return [line for line in ps if f"sleep {seconds}" in line]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        """sh -c 'env -i sh -c "sleep 301" & sleep 301'""",
+        "exec env -i sh -c 'sleep 301 & sleep 301'",  # the command's own process too
+        "env -i setsid sh -c 'sleep 301 & sleep 301' & sleep 301",  # a new session, no mark
+    ],
+    ids=["child", "itself", "setsid-child"],
+)
+def test_a_child_that_clears_its_environment_dies_at_the_timeout(
+    plain: Runtime, command: str
+) -> None:
+    result = plain.execute(command, timeout=1)
+    assert result.timed_out
+    assert not sleeping(plain, 301)
+
+
+def test_a_fork_loop_that_fills_the_pids_limit_dies_at_the_timeout(plain: Runtime) -> None:
+    # one loop dies at its first failed fork; what it started holds every slot
+    command = "sleep 302 & (while :; do sleep 302 & done) 2>/dev/null; wait"
+    result = plain.execute(command, timeout=3)
+    assert result.timed_out
+    assert not sleeping(plain, 302)
+    # and the sandbox can start processes again
+    assert plain.execute("echo $(echo ok)", timeout=20).stdout == "ok\n"
+
+
+def test_read_file_with_the_pids_limit_exhausted_is_sandbox_unavailable(plain: Runtime) -> None:
+    plain.write_file("exists.txt", "here")
+    plain.execute("(while :; do sleep 303 & done) >/dev/null 2>&1 &", timeout=10)
+    deadline = time.monotonic() + 10
+    while plain.execute("echo $(echo ok)", timeout=10).exit_code == 0:
+        assert time.monotonic() < deadline, "the pids limit was never reached"
+        time.sleep(0.2)
+    with pytest.raises(SandboxUnavailable, match="cannot start a process"):
+        plain.read_file("exists.txt")

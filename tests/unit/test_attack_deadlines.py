@@ -1,0 +1,72 @@
+"""Attacks on the deadlines of file calls on the local backend (issue 19, item 4): a FIFO in
+place of the file holds a read or a write forever unless the call has a deadline."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import load_environment_text, spawn_runtime
+from orchestrator.errors import SandboxFileTimeout
+from orchestrator.runtime.base import Runtime
+
+SLACK = 4.0
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Iterator[Runtime]:
+    env = load_environment_text(
+        "version: 1\nname: l\nbackend: local\n", source="l.yaml", base_dir=tmp_path
+    )
+    with spawn_runtime(env) as runtime:
+        yield runtime
+
+
+def bounded(call: Callable[[], object], within: float) -> object:
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(within)
+    assert not thread.is_alive(), f"the call did not end within {within} s"
+    return out[0]
+
+
+def test_read_file_of_a_fifo_ends_at_its_deadline(rt: Runtime) -> None:
+    os.mkfifo(Path(rt.workdir, "x"))
+    started = time.monotonic()
+    outcome = bounded(lambda: rt.read_file("x", timeout=1), 1 + SLACK)
+    assert isinstance(outcome, SandboxFileTimeout) and isinstance(outcome, TimeoutError)
+    assert "x" in str(outcome) and "ORCHESTRATOR_FILE_TIMEOUT" in str(outcome)
+    assert time.monotonic() - started >= 1
+
+
+def test_write_file_to_a_fifo_ends_at_the_default_deadline(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    os.mkfifo(Path(rt.workdir, "y"))
+    monkeypatch.setenv("ORCHESTRATOR_FILE_TIMEOUT", "1")
+    outcome = bounded(lambda: rt.write_file("y", "data"), 1 + SLACK)
+    assert isinstance(outcome, SandboxFileTimeout), outcome
+
+
+def test_a_helper_that_cannot_fork_is_sandbox_unavailable() -> None:
+    from orchestrator.errors import SandboxUnavailable
+    from orchestrator.runtime.base import _raise_held
+    from orchestrator.runtime.results import Outcome
+
+    for said in ("sh: can't fork: Resource temporarily unavailable", "sh: 1: Cannot fork"):
+        with pytest.raises(SandboxUnavailable, match="cannot start a process"):
+            _raise_held(Outcome(2, False, 0.1), said, "/w/f", "read", 5.0)
+    _raise_held(Outcome(2, False, 0.1), "tar: ./can't fork: Cannot open", "/w/f", "read", 5.0)
