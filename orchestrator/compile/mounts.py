@@ -15,6 +15,7 @@ from pathlib import Path
 from orchestrator.errors import SpecIssue
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Mount
+from orchestrator.spec.policy import UNREADABLE_FIX, look_up
 
 STATIC_ROOT = "/static"
 
@@ -37,7 +38,7 @@ def _inside(child: str, parent: str) -> bool:
 def static_mounts(env: Environment) -> list[ResolvedMount]:
     return [
         ResolvedMount(
-            (env.base_dir / a.path).resolve(),
+            look_up(Path(a.path), env.base_dir).real,
             f"{STATIC_ROOT}/{a.save_path}",
             True,
             f"static_assets.{i}",
@@ -74,10 +75,20 @@ def resolve_mounts(
                     )
                 )
                 continue
-            source = Path(spec_mount.source).expanduser()
-            if not source.is_absolute():
-                source = workspace / source
-            merged[target] = ResolvedMount(source.resolve(), target, spec_mount.read_only, where)
+            found = look_up(Path(spec_mount.source), workspace, home=True)
+            if found.error is not None:
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        where + ".source",
+                        f"cannot look at mount source {spec_mount.source!r}: {found.error}",
+                        UNREADABLE_FIX,
+                    )
+                )
+                continue
+            merged[target] = ResolvedMount(found.real, target, spec_mount.read_only, where)
     statics = static_mounts(env)
     for s in statics:
         for m in merged.values():
@@ -93,7 +104,8 @@ def resolve_mounts(
                         "be shadowed; choose another target",
                     )
                 )
-        if not s.source.exists():
+        found = look_up(s.source)
+        if found.error is None and not found.exists:  # an error: check_host_paths says it
             issues.append(
                 SpecIssue(
                     env.source,
@@ -106,7 +118,7 @@ def resolve_mounts(
             )
     user_mounts = [m for m in merged.values() if m.origin != "workspace"]
     for m in user_mounts:
-        if not m.source.exists():
+        if not look_up(m.source).exists:
             issues.append(
                 SpecIssue(
                     env.source,

@@ -26,6 +26,7 @@ from orchestrator.spec.policy import (
     Policy,
     check_hardening,
     check_host_paths,
+    env_passthrough_warnings,
     raise_if,
 )
 
@@ -132,11 +133,12 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
         env.source, [(m.origin, m.source) for m in static_mounts(env)], roots
     )
     main_caps = check_hardening(env.source, "", spec, opts.policy, report)
+    report.warnings += env_passthrough_warnings(spec.env_passthrough, opts.policy)
     user = resolve_user(spec.user, opts.host_env)
     bind_host, notice = container_bind_host(spec, "bridge")
     if notice:
         report.warnings.append(notice)
-    container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host)
+    container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
     labels = dict(sorted(opts.labels.items()))
     limits, tmp = _limits(spec.resources)
     main = {

@@ -24,7 +24,7 @@ from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.options import Chunks, Command, SpawnOptions, stdin_chunks
 from orchestrator.runtime.results import Connection, RuntimeInfo
 from orchestrator.spec.loader import Environment
-from orchestrator.spec.policy import check_host_paths, raise_if
+from orchestrator.spec.policy import check_host_paths, env_passthrough_warnings, raise_if
 
 MARK = "ORCHESTRATOR_RUNTIME"
 #: Host variables every local command gets, so that programs can be found at all.
@@ -123,7 +123,13 @@ class LocalRuntime(Runtime):
             self.warnings.append("local backend: mounts, ports and services are ignored")
         host = {k: v for k, v in os.environ.items() if k in BASE_ENV}
         bind = spec.network.bind_host
-        self._env = {**host, **resolve_env(spec, self.options.env_vars, bind_host=bind)}
+        policy = self.options.policy
+        self._env = {
+            **host,
+            **resolve_env(spec, self.options.env_vars, bind_host=bind, policy=policy),
+        }
+        asked = [n for n in spec.env_passthrough if n not in BASE_ENV]  # passed here anyway
+        self.warnings += env_passthrough_warnings(asked, policy)
         key, _, value = self._mark.partition("=")
         self._env[key] = value
 

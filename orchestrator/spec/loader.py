@@ -19,9 +19,10 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from orchestrator import settings
-from orchestrator.errors import SpecError, SpecIssue
+from orchestrator.errors import OrchestratorError, SpecError, SpecIssue
 from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
 from orchestrator.spec.models import STATIC_PLACEHOLDER, SUPPORTED_VERSIONS, EnvironmentV1
+from orchestrator.spec.policy import UNREADABLE_FIX, look_up
 
 #: Bumped whenever templates change what a spec compiles to; part of every digest.
 TEMPLATE_VERSION = "2"
@@ -352,19 +353,19 @@ def _check_assets(env: Environment, root: Any) -> None:
                     )
                 )
     for i, asset in enumerate(env.spec.static_assets):
-        path = (env.base_dir / asset.path).resolve()
-        if not path.exists():
-            line, col = _position(root, ("static_assets", i, "path"))
-            issues.append(
-                SpecIssue(
-                    env.source,
-                    line,
-                    col,
-                    f"static_assets.{i}.path",
-                    f"asset path does not exist: {path}",
-                    "paths are relative to the environment file's folder",
-                )
+        found = look_up(Path(asset.path), env.base_dir)
+        if found.error is None and found.exists:
+            continue
+        line, col = _position(root, ("static_assets", i, "path"))
+        if found.error is not None:
+            message, fix = (
+                f"cannot look at asset path {asset.path!r}: {found.error}",
+                UNREADABLE_FIX,
             )
+        else:
+            message = f"asset path does not exist: {found.real}"
+            fix = "paths are relative to the environment file's folder"
+        issues.append(SpecIssue(env.source, line, col, f"static_assets.{i}.path", message, fix))
     if issues:
         raise SpecError(issues)
 
@@ -379,6 +380,7 @@ def load_environment(path: str | Path) -> Environment:
             )
         with p.open("rb") as fh:  # no more than the limit: a huge file must not stall us
             text = fh.read(max_spec_bytes() + 1).decode("utf-8")
+        folder = p.resolve().parent
     except FileNotFoundError:
         raise SpecError(
             SpecIssue(
@@ -402,11 +404,14 @@ def load_environment(path: str | Path) -> Environment:
                 str(p), None, None, "", f"not UTF-8 text ({exc.reason})", "save the file as UTF-8"
             )
         ) from None
-    except OSError as exc:
+    except OrchestratorError:
+        raise  # a bad ORCHESTRATOR_* setting says so itself
+    except (OSError, RuntimeError, ValueError) as exc:  # EACCES, ELOOP, a NUL byte ...
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
         raise SpecError(
-            SpecIssue(str(p), None, None, "", f"cannot read: {exc.strerror}", "")
+            SpecIssue(str(p), None, None, "", f"cannot read: {why}", "pass a readable file")
         ) from None
-    return load_environment_text(text, source=str(p), base_dir=p.resolve().parent)
+    return load_environment_text(text, source=str(p), base_dir=folder)
 
 
 def migrated_yaml(path: str | Path) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.spec.policy import ENV_ENV
+
 LEGACY_KEYS = frozenset({"type", "docker", "environment", "local"})
 
 Loc = tuple[str | int, ...]
@@ -114,7 +116,12 @@ def migrate_legacy(data: dict[str, Any]) -> tuple[dict[str, Any], dict[Loc, Loc]
             where[("env",)] = ("environment", "env")
         if environment.get("include_os_env"):
             out["env_passthrough"] = ["*"]
-            notices.append("legacy include_os_env: true passes every host variable through")
+            where[("env_passthrough",)] = ("environment", "include_os_env")
+            notices.append(
+                "legacy include_os_env: true became env_passthrough: ['*'], which passes only "
+                f"the host variables the caller allows ({ENV_ENV}=NAME,... or "
+                "Policy(allow_env={...})): none by default"
+            )
     local = data.get("local")
     if isinstance(local, dict):  # nothing of it has a v1 meaning: name each key, drop none
         _unmapped(out, where, "local", local)

@@ -229,8 +229,9 @@ class Hardening(Strict):
     cap_add: list[str] = Field(default_factory=list)
     """Extra Linux capabilities. Every container drops ALL and keeps a small set (CHOWN,
     DAC_OVERRIDE, FOWNER, FSETID, KILL, SETUID, SETGID, SETPCAP, NET_BIND_SERVICE,
-    AUDIT_WRITE); a file may add MKNOD, NET_RAW, SETFCAP or SYS_CHROOT. Anything else needs the
-    caller's opt-in (ORCHESTRATOR_ALLOW_CAPS); ALL never."""
+    AUDIT_WRITE); a file may add NET_RAW, SETFCAP or SYS_CHROOT. Anything else (MKNOD too:
+    device nodes would reach the host through the workspace) needs the caller's opt-in
+    (ORCHESTRATOR_ALLOW_CAPS); ALL never."""
     devices: list[str] = Field(default_factory=list)
     """Host devices (refused by the default policy)."""
     pid: Literal["private", "host"] = "private"
@@ -304,7 +305,9 @@ class EnvironmentV1(Hardening):
     env: dict[EnvKey, EnvValue] = Field(default_factory=dict)
     """Environment variables for every command."""
     env_passthrough: list[str] = Field(default_factory=list)
-    """Host variables passed through ("*" passes all; none by default)."""
+    """Host variables this environment asks for ("*": any). Only those the caller allows
+    pass (`Policy(allow_env=...)`, ORCHESTRATOR_ALLOW_ENV=NAME,...): the file alone passes
+    none, and each one named but not allowed is a warning."""
     setup: Setup = Field(default_factory=Setup)
     """Setup commands."""
     network: Network = Field(default_factory=Network)

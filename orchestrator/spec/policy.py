@@ -7,9 +7,14 @@ Three rules, each in one place:
 - capabilities come from an allow-list: every container drops ALL and gets back a small
   documented set; a file may add Docker's other defaults, anything else needs the caller's
   opt-in (never the file's), with a warning;
-- host networking needs the caller's opt-in too.
+- host networking needs the caller's opt-in too;
+- host variables reach a sandbox only when the file names them (`env_passthrough`) *and* the
+  caller allows them: the file alone passes none.
 The opt-ins live in `Policy` (or ORCHESTRATOR_* variables), which the environment file
 cannot set: whoever runs the sandbox decides, not whoever wrote the file.
+A host path is looked at in one place, `look_up`, which never raises: a path this process
+cannot resolve or stat (/proc/1/root, a symlink loop, a name too long, a NUL byte) is a
+problem reported against the field that named it, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import functools
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +33,7 @@ from orchestrator.spec.models import Hardening
 ROOTS_ENV = "ORCHESTRATOR_ALLOWED_MOUNT_ROOTS"
 CAPS_ENV = "ORCHESTRATOR_ALLOW_CAPS"
 HOST_NETWORK_ENV = "ORCHESTRATOR_ALLOW_HOST_NETWORK"
+ENV_ENV = "ORCHESTRATOR_ALLOW_ENV"
 
 DEFAULT_CAPS = (
     "AUDIT_WRITE",
@@ -43,9 +49,16 @@ DEFAULT_CAPS = (
 )
 """What every container keeps after `cap_drop: [ALL]`: enough to own files, switch users
 and signal processes. Raw sockets, mknod, chroot and file capabilities are gone."""
-FILE_CAPS = frozenset({*DEFAULT_CAPS, "MKNOD", "NET_RAW", "SETFCAP", "SYS_CHROOT"})
-"""What an environment file may add on its own: the rest of Docker's default set."""
+FILE_CAPS = frozenset({*DEFAULT_CAPS, "NET_RAW", "SETFCAP", "SYS_CHROOT"})
+"""What an environment file may add on its own: the rest of Docker's default set but MKNOD
+(a root sandbox would leave device nodes in the bind-mounted workspace, for a host user to
+open): that one, like any other, only the caller grants."""
 NEVER_CAPS = frozenset({"ALL"})
+CAP_RISKS = {
+    "MKNOD": "root in the sandbox can make device nodes, in the host's workspace too, which "
+    "give whoever opens them on the host the device itself",
+}
+"""What a capability granted by opt-in risks, where that is sharper than the general words."""
 
 ENGINE_SOCKETS = ("docker.sock", "containerd.sock", "podman.sock", "dockershim.sock")
 SECRET_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/var/lib/docker")
@@ -77,23 +90,113 @@ class Policy:
     comma-separated). ALL is never allowed; neither is privileged mode."""
     allow_host_network: bool = False
     """Let files use `network.mode: host` (ORCHESTRATOR_ALLOW_HOST_NETWORK=1)."""
+    allow_env: frozenset[str] = field(default=frozenset())
+    """Host variables a file's `env_passthrough` may pass into the sandbox
+    (ORCHESTRATOR_ALLOW_ENV, comma-separated; "*": any). A variable passes only when the file
+    names it (or says "*") and this allows it: the file alone passes none."""
 
     @classmethod
     def from_env(cls) -> Policy:
         raw = os.environ.get(ROOTS_ENV, "")
         caps = os.environ.get(CAPS_ENV, "")
+        names = os.environ.get(ENV_ENV, "")
         return cls(
             extra_mount_roots=tuple(Path(p) for p in raw.split(os.pathsep) if p),
             allow_caps=frozenset(_norm_cap(c) for c in caps.split(",") if c.strip()),
             allow_host_network=_truthy(os.environ.get(HOST_NETWORK_ENV)),
+            allow_env=frozenset(n.strip() for n in names.split(",") if n.strip()),
         )
 
     def mount_roots(self, env_dir: Path, workspace: Path | None) -> list[Path]:
         roots = [env_dir, *self.extra_mount_roots]
         if workspace is not None:
             roots.append(workspace)
-        resolved = [r.expanduser().resolve() for r in roots]
+        resolved = [look_up(r, home=True).real for r in roots]
         return [r for r in dict.fromkeys(resolved) if not _too_broad(r)]
+
+    def allows_env(self, name: str) -> bool:
+        return "*" in self.allow_env or name in self.allow_env
+
+
+def passed_env(names: Sequence[str], policy: Policy, host: Mapping[str, str]) -> dict[str, str]:
+    """The host variables that reach a sandbox: those the file names in `env_passthrough`
+    ("*": any) that the caller's policy also allows."""
+    wanted = host.keys() if "*" in names else [n for n in names if n in host]
+    return {k: host[k] for k in wanted if policy.allows_env(k)}
+
+
+def env_passthrough_warnings(names: Sequence[str], policy: Policy) -> list[str]:
+    """What the file asked to pass through and the caller did not allow (and how to allow
+    it), or that every host variable passes."""
+    out = []
+    refused = [n for n in dict.fromkeys(names) if n != "*" and not policy.allows_env(n)]
+    if refused:
+        listed = ",".join(refused)
+        out.append(
+            f"env_passthrough: host variable(s) {', '.join(refused)} not passed into the "
+            "sandbox: only the caller may pass host variables through; to pass them, the "
+            f"caller sets {ENV_ENV}={listed} or Policy(allow_env={{...}})"
+        )
+    if "*" in names and "*" not in policy.allow_env:
+        allowed = ", ".join(sorted(policy.allow_env)) or "none"
+        out.append(
+            f"env_passthrough: '*' passes only the host variables the caller allows ({allowed}); "
+            f"to pass more, the caller sets {ENV_ENV}=NAME,... or Policy(allow_env={{...}})"
+        )
+    elif "*" in names:
+        out.append(
+            f"WARNING: env_passthrough passes every host variable by policy opt-in "
+            f"({ENV_ENV}=*): the sandbox sees the caller's whole environment, secrets included"
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class HostPath:
+    """A host path as this process sees it, looked up without raising."""
+
+    real: Path
+    """Resolved through `~`, `..` and symlinks; made absolute lexically when that failed."""
+    exists: bool
+    error: str | None = None
+    """Why the path cannot be resolved or looked at (permission denied, a symlink loop, a
+    name too long, a NUL byte, an unknown `~user`), or None."""
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    if isinstance(exc, RuntimeError) and "loop" in str(exc).lower():
+        return "a symlink loop"
+    if isinstance(exc, ValueError) and "null" in str(exc).lower():
+        return "it holds a NUL byte"
+    return str(exc)
+
+
+def look_up(path: Path, base: Path | None = None, *, home: bool = False) -> HostPath:
+    """`path` (a relative one against `base`; a leading `~` expanded with `home`) resolved
+    and checked for existence. Never raises: whatever the host makes of a hostile path
+    (EACCES, ELOOP, ENAMETOOLONG, a NUL byte, an unknown `~user`) is reported in `error`."""
+    joined = path if base is None else base / path
+    try:
+        expanded = path.expanduser() if home else path
+        joined = expanded if base is None else base / expanded
+        real = joined.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        return HostPath(Path(os.path.abspath(joined)), False, _why(exc))
+    try:
+        real.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return HostPath(real, False)
+    except (OSError, ValueError) as exc:
+        return HostPath(real, False, _why(exc))
+    return HostPath(real, True)
+
+
+UNREADABLE_FIX = (
+    "name a file or folder of your project that this user can read (relative paths resolve "
+    "against the environment file's folder; mount sources against the workspace)"
+)
 
 
 def secret_paths() -> tuple[Path, ...]:
@@ -106,7 +209,7 @@ def _secret_paths(home: str, engine: str) -> tuple[Path, ...]:
     paths = [Path(p) for p in SECRET_DIRS] + [Path(home) / d for d in SECRET_HOME_DIRS]
     if engine.startswith("unix://"):
         paths.append(Path(engine.removeprefix("unix://")))
-    return tuple(dict.fromkeys([*paths, *(p.resolve() for p in paths)]))
+    return tuple(dict.fromkeys([*paths, *(look_up(p).real for p in paths)]))
 
 
 def _is_socket(path: Path) -> bool:
@@ -123,7 +226,7 @@ def _temp_dirs() -> tuple[Path, ...]:
 @functools.cache
 def _temp_dirs_for(tmp: str) -> tuple[Path, ...]:
     dirs = {Path(tmp), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")}
-    return tuple(dict.fromkeys([*dirs, *(d.resolve() for d in dirs)]))
+    return tuple(dict.fromkeys([*dirs, *(look_up(d).real for d in dirs)]))
 
 
 def _too_broad(path: Path) -> bool:
@@ -169,7 +272,14 @@ def check_host_paths(
     """`paths` are (field path, host path) pairs; every one must pass the host-path rule."""
     issues = []
     for field_path, path in paths:
-        problem = _host_path_problem(path.expanduser().resolve(), roots)
+        found = look_up(path, home=True)
+        if found.error is not None:
+            problem: tuple[str, str] | None = (
+                f"cannot look at {str(path)!r}: {found.error}",
+                UNREADABLE_FIX,
+            )
+        else:
+            problem = _host_path_problem(found.real, roots)
         if problem is not None:
             issues.append(SpecIssue(source, None, None, field_path, *problem))
     return issues
@@ -177,7 +287,19 @@ def check_host_paths(
 
 def check_workspace(workspace: Path) -> list[SpecIssue]:
     """The caller's workspace is mounted read-write: it may not hold secrets or be shared."""
-    real = workspace.expanduser().resolve()
+    found = look_up(workspace, home=True)
+    if found.error is not None:
+        return [
+            SpecIssue(
+                "<spawn>",
+                None,
+                None,
+                "workspace",
+                f"cannot look at workspace {str(workspace)!r}: {found.error}",
+                "pass a folder of its own that this user can read (or none: a private one is made)",
+            )
+        ]
+    real = found.real
     if _too_broad(real):
         return [
             SpecIssue(
@@ -222,15 +344,18 @@ def check_hardening(
             caps.append(cap)
         elif cap in policy.allow_caps:
             caps.append(cap)
+            risk = CAP_RISKS.get(cap, "code in the sandbox can use it against the host kernel")
             report.warnings.append(
-                f"WARNING: {prefix}cap_add grants {cap} by policy opt-in ({CAPS_ENV}): "
-                "code in the sandbox can use it against the host kernel"
+                f"WARNING: {prefix}cap_add grants {cap} by policy opt-in ({CAPS_ENV}): {risk}"
             )
         else:
+            why = f" ({CAP_RISKS[cap]})" if cap in CAP_RISKS else ""
             bad(
                 "cap_add",
-                f"capability {cap} is not allowed (allowed: {', '.join(sorted(FILE_CAPS))})",
-                f"drop it, or let the caller opt in with {CAPS_ENV}={cap}",
+                f"capability {cap} is not allowed{why}; a file may add "
+                f"{', '.join(sorted(FILE_CAPS - set(DEFAULT_CAPS)))} on its own",
+                f"drop it, or let the caller opt in with {CAPS_ENV}={cap} "
+                f"(Policy(allow_caps={{{cap!r}}}) in the library)",
             )
     return [c for c in caps if c not in DEFAULT_CAPS]
 

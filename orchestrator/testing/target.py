@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -12,6 +13,10 @@ from orchestrator.runtime.base import Runtime
 from orchestrator.runtime.registry import get_runtime_class, spawn_runtime
 from orchestrator.runtime.snapshot import Snapshot
 from orchestrator.spec.loader import load_environment
+from orchestrator.spec.policy import Policy
+
+PASSED = "ORCH_PASS"
+"""The host variable the suite's file names in env_passthrough and the caller allows."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class Target:
             f"name: conf-{self.id}",
             f"backend: {self.backend if self.backend in ('local', 'swarm') else 'docker'}",
             "env: {FILE_VAR: from-file, OVERRIDE: file}",
-            "env_passthrough: [ORCH_PASS]",
+            f"env_passthrough: [{PASSED}]",
             "static_assets:",
             "  - {name: data, path: assets, save_path: data}",
             "setup:",
@@ -71,7 +76,11 @@ class Target:
     @contextlib.contextmanager
     def environment(self) -> Iterator[None]:
         """Set `process_env` (and the suite's pass-through variables) for a spawn."""
-        wanted = {**self.process_env, "ORCH_PASS": "passed", "ORCH_NOPASS": "hidden"}
+        wanted = {
+            **self.process_env,
+            PASSED: "passed",
+            "ORCH_NOPASS": "hidden",
+        }
         old = {k: os.environ.get(k) for k in wanted}
         os.environ.update(wanted)
         try:
@@ -82,6 +91,12 @@ class Target:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+
+    def policy(self) -> Policy:
+        """The caller's policy: the process's (ORCHESTRATOR_*), plus the suite's pass-through
+        variable, which only the caller can let through (the file alone passes none)."""
+        base = Policy.from_env()
+        return dataclasses.replace(base, allow_env=base.allow_env | {PASSED})
 
     def spawn(
         self,
@@ -101,4 +116,5 @@ class Target:
                 is_evaluation=is_evaluation,
                 disable_setup=disable_setup,
                 resume=resume,
+                policy=self.policy(),
             )

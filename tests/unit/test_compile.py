@@ -175,7 +175,10 @@ def test_dollar_and_quotes_survive_compose(tmp_path: Path) -> None:
 
 def test_env_passthrough(tmp_path: Path) -> None:
     doc, _ = build(
-        BASE + "env_passthrough: [KEEP]\n", tmp_path, host_env={"KEEP": "1", "DROP": "2"}
+        BASE + "env_passthrough: [KEEP]\n",
+        tmp_path,
+        host_env={"KEEP": "1", "DROP": "2"},
+        policy=Policy(allow_env=frozenset({"KEEP", "DROP"})),  # the caller lets them through
     )
     env = doc["services"]["main"]["environment"]
     assert env["KEEP"] == "1" and "DROP" not in env
