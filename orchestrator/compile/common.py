@@ -7,13 +7,22 @@ import os
 from collections.abc import Callable, Mapping
 
 from orchestrator.spec.models import STATIC_PLACEHOLDER, EnvironmentV1
+from orchestrator.spec.policy import Policy, passed_env
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 MAIN = "main"
-KEEP_ALIVE = "trap 'exit 0' TERM INT HUP; while :; do sleep 86400 & wait $!; done"
-"""The main sandbox's PID 1 where no entry script is mounted (a remote engine, a Swarm);
-the same loop as templates/entry.sh.j2."""
 """The Compose service of the sandbox itself (every other one is an extra service)."""
+KEEP_ALIVE = (
+    "trap 'exit 0' TERM INT HUP; f=/dev/shm/.orchestrator-keep-alive; "
+    'if rm -f "$f" && mkfifo -m 600 "$f" && exec 3<>"$f"; then rm -f "$f"; '
+    "while :; do read -r _ <&3; done; fi; "
+    "while :; do sleep 86400 & wait $!; done"
+)
+"""What keeps the main sandbox alive (the child of its init; templates/entry.sh.j2 runs
+it too): a shell blocked reading a FIFO only it holds, so it has no child process and runs
+no program of the image after the start. A reset kills everything else, and a root sandbox
+that replaces a program the keep-alive would start again has nothing to replace. Where
+`mkfifo` or /dev/shm is missing, it sleeps in a loop instead."""
 
 
 def resolve_env(
@@ -21,14 +30,13 @@ def resolve_env(
     env_vars: Mapping[str, str] | None,
     host_env: Mapping[str, str] | None = None,
     bind_host: str | None = None,
+    *,
+    policy: Policy | None = None,
 ) -> dict[str, str]:
-    """host (only what the file passes through) < file `env` < spawn `env_vars`."""
+    """host (what the file's `env_passthrough` names *and* the caller's `policy` allows;
+    ORCHESTRATOR_ALLOW_ENV when no policy is given) < file `env` < spawn `env_vars`."""
     host = os.environ if host_env is None else host_env
-    out: dict[str, str] = {}
-    if "*" in spec.env_passthrough:
-        out.update(host)
-    else:
-        out.update({k: host[k] for k in spec.env_passthrough if k in host})
+    out = passed_env(spec.env_passthrough, policy or Policy.from_env(), host)
     out.update(spec.env)
     out["ORCHESTRATOR_BIND_HOST"] = bind_host or spec.network.bind_host
     out.update(env_vars or {})

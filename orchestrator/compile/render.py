@@ -29,11 +29,14 @@ from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
 from orchestrator.spec.policy import (
     DEFAULT_CAPS,
     HOST_NETWORK_ENV,
+    UNREADABLE_FIX,
     HardeningReport,
     Policy,
     check_hardening,
     check_host_paths,
     check_workspace,
+    env_passthrough_warnings,
+    look_up,
     raise_if,
 )
 
@@ -143,7 +146,7 @@ def build_paths(env: Environment, build: Build | None, where: str) -> list[tuple
     """The host paths a build reads: its context and its Dockerfile."""
     if build is None:
         return []
-    ctx = (env.base_dir / build.context).resolve()
+    ctx = look_up(Path(build.context), env.base_dir).real
     dockerfile = ctx / (build.dockerfile or "Dockerfile")
     return [(f"{where}.context", ctx), (f"{where}.dockerfile", dockerfile)]
 
@@ -151,7 +154,7 @@ def build_paths(env: Environment, build: Build | None, where: str) -> list[tuple
 def _build(env: Environment, build: Build | None, service: str) -> dict[str, Any] | None:
     if build is None:
         return None
-    ctx = (env.base_dir / build.context).resolve()
+    ctx = look_up(Path(build.context), env.base_dir).real
     return {
         "context": str(ctx),
         "dockerfile": build.dockerfile,
@@ -182,9 +185,21 @@ def _service(
 ) -> dict[str, Any]:
     mounts = []
     for i, m in enumerate(svc.mounts):
-        src = Path(m.source).expanduser()
-        src = (src if src.is_absolute() else opts.workspace / src).resolve()
-        mounts.append(ResolvedMount(src, m.target, m.read_only, f"services.{name}.mounts.{i}"))
+        where = f"services.{name}.mounts.{i}"
+        found = look_up(Path(m.source), opts.workspace, home=True)
+        if found.error is not None:
+            report.issues.append(
+                SpecIssue(
+                    env.source,
+                    None,
+                    None,
+                    where + ".source",
+                    f"cannot look at mount source {m.source!r}: {found.error}",
+                    UNREADABLE_FIX,
+                )
+            )
+            continue
+        mounts.append(ResolvedMount(found.real, m.target, m.read_only, where))
     report.issues += check_host_paths(
         env.source,
         [
@@ -268,6 +283,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         roots,
     )
     main_caps = check_hardening(env.source, "", spec, opts.policy, report)
+    report.warnings += env_passthrough_warnings(spec.env_passthrough, opts.policy)
     mode = _network_mode(env, opts, report)
     warnings = report.warnings
     main_ports = [*spec.network.ports, *opts.extra_ports]
@@ -316,7 +332,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         raise SpecError(issues)
 
     user = resolve_user(spec.user, opts.host_env)
-    container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host)
+    container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
     context = {
         "project": opts.project,
         "labels": dict(sorted(opts.labels.items())),
@@ -347,7 +363,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     jinja = _jinja()
     rendered = jinja.get_template("compose.yaml.j2").render(context)
     compose = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())
-    entry = jinja.get_template("entry.sh.j2").render(project=opts.project)
+    entry = jinja.get_template("entry.sh.j2").render(project=opts.project, keep_alive=KEEP_ALIVE)
     return CompiledProject(
         project=opts.project,
         compose_yaml=compose,

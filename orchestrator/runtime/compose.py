@@ -50,11 +50,12 @@ EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
 """auto (the executor, falling back to plain where it cannot run), executor or plain."""
 
 
-# Kill every process of the main container except the keep-alive (PID 1, the oldest of its
-# children and that one's `sleep`) and this script's own ancestry (the executor, or plain
-# exec). Orphans are reparented to PID 1, so a daemon is found like any other; a process
-# cannot pass for the keep-alive, which started before any command could. Passes repeat
-# until three in a row find nothing, so a fork caught mid-pass is not missed.
+# Kill every process of the main container except PID 1 (init), the keep-alive (the oldest of
+# its children, which has no child of its own) and this script's own ancestry (the executor,
+# or plain exec). Orphans are reparented to PID 1, so a daemon is found like any other; a
+# process cannot pass for the keep-alive, which started before any command could, and none
+# is spared for being its child. Passes repeat until three in a row find nothing, so a fork
+# caught mid-pass is not missed.
 KILL_OTHERS = r"""
 me=$$; keep=" 1 "; p=$$
 while [ "${p:-0}" -gt 0 ]; do
@@ -73,7 +74,7 @@ while [ $quiet -lt 3 ] && [ $n -lt 500 ]; do
     p=${d#/proc/}
     case $keep in *" $p "*) continue ;; esac
     read -r s 2>/dev/null < $d/stat || continue; s=${s##*) }; set -- $s
-    [ "$1" = Z ] || [ "$2" = "$entry" ] || [ "$2" = "$me" ] && continue
+    [ "$1" = Z ] || [ "$2" = "$me" ] && continue
     kill -9 "$p" 2>/dev/null && found=1
   done
   [ $found = 1 ] && quiet=0 || quiet=$((quiet + 1))
@@ -254,6 +255,8 @@ class ComposeRuntime(Runtime):
             self._closed = True
         for channel in self._channels():
             channel.close()
+        if self.project is not None:
+            self.project.release()  # its services' tethers too (see Project.tether)
 
     def _kill(self) -> None:
         for channel in self._channels():
