@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         ProjectNotFound,
         RuntimeClosed,
         SandboxFileNotFound,
+        SandboxFileTimeout,
         SandboxIsADirectory,
         SandboxNotADirectory,
         SandboxPermissionError,
@@ -78,6 +79,7 @@ __all__ = [
     "RuntimeResult",
     "Sandbox",
     "SandboxFileNotFound",
+    "SandboxFileTimeout",
     "SandboxIsADirectory",
     "SandboxNotADirectory",
     "SandboxPermissionError",
@@ -105,9 +107,9 @@ _HOME = {
     "orchestrator.errors": (
         "BackendUnavailable CommandFailed CommandTimeout DockerError ExecutorLost "
         "HealthcheckFailed OrchestratorError OutputLimitExceeded PolicyError ProjectNotFound "
-        "RuntimeClosed SandboxFileNotFound SandboxIsADirectory SandboxNotADirectory "
-        "SandboxPermissionError SandboxUnavailable SandboxUnsafeArchive SetupFailed SpecError "
-        "SpecIssue StartupError UsageError"
+        "RuntimeClosed SandboxFileNotFound SandboxFileTimeout SandboxIsADirectory "
+        "SandboxNotADirectory SandboxPermissionError SandboxUnavailable SandboxUnsafeArchive "
+        "SetupFailed SpecError SpecIssue StartupError UsageError"
     ),
     "orchestrator.runtime.base": "Runtime Sandbox",
     "orchestrator.runtime.options": "SpawnOptions",
