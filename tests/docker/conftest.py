@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from orchestrator.runtime.compose import ComposeRuntime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
 
 MakeEnv = Callable[..., Path]
@@ -23,4 +25,32 @@ def make_env(tmp_path: Path) -> MakeEnv:
     return make
 
 
-__all__ = ["BUSYBOX_IMAGE", "PYTHON_IMAGE", "MakeEnv"]
+def within(seconds: float, fn: Callable[[], object]) -> object:
+    """fn's result; fails (not hangs) if it has not returned within `seconds`; re-raises."""
+    out: list[object] = []
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still running after {seconds} s"
+    if failure:
+        raise failure[0]
+    return out[0]
+
+
+def same_tree(rt: ComposeRuntime, out: Path) -> bool:
+    here = sorted(
+        f"{p.relative_to(out).as_posix()} {p.stat().st_size}" for p in out.rglob("*") if p.is_file()
+    )
+    there = rt.execute("cd tree && find . -type f -exec stat -c '%n %s' {} + | cut -c3- | sort")
+    return here == there.stdout.splitlines()
+
+
+__all__ = ["BUSYBOX_IMAGE", "PYTHON_IMAGE", "MakeEnv", "same_tree", "within"]

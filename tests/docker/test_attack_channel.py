@@ -9,9 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,8 @@ from orchestrator.runtime.compose import ComposeRuntime
 from orchestrator.runtime.options import Command
 from tests.conftest import main_container
 from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import same_tree as _same
+from tests.docker.conftest import within as _within
 
 TREE = "mkdir -p tree/d && for i in $(seq 40); do head -c 50000 /dev/urandom > tree/d/f$i; done"
 BOUND = 10.0
@@ -129,34 +130,6 @@ while True:
 def _fifos(rt: ComposeRuntime) -> list[str]:
     assert rt.project is not None
     return [p.name for p in (rt.project.directory / "sandbox").iterdir() if p.is_fifo()]
-
-
-def _within(seconds: float, fn: Callable[[], object]) -> object:
-    """fn's result; fails (not hangs) if it has not returned within `seconds`; re-raises."""
-    out: list[object] = []
-    failure: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            failure.append(exc)
-
-    worker = threading.Thread(target=call, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert not worker.is_alive(), f"still running after {seconds} s"
-    if failure:
-        raise failure[0]
-    return out[0]
-
-
-def _same(rt: ComposeRuntime, out: Path) -> bool:
-    here = sorted(
-        f"{p.relative_to(out).as_posix()} {p.stat().st_size}" for p in out.rglob("*") if p.is_file()
-    )
-    there = rt.execute("cd tree && find . -type f -exec stat -c '%n %s' {} + | cut -c3- | sort")
-    return here == there.stdout.splitlines()
 
 
 def _in_background(rt: ComposeRuntime, script: str, user: str) -> None:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,8 @@ from orchestrator.runtime import channel, files
 from orchestrator.runtime.compose import ComposeRuntime
 from orchestrator.runtime.options import Chunks, Command
 from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
+from tests.docker.conftest import same_tree as _same
+from tests.docker.conftest import within as _within
 
 TREE = "mkdir -p tree/d && for i in $(seq 40); do head -c 50000 /dev/urandom > tree/d/f$i; done"
 
@@ -27,32 +27,6 @@ TREE = "mkdir -p tree/d && for i in $(seq 40); do head -c 50000 /dev/urandom > t
 def _fifos(rt: ComposeRuntime) -> list[str]:
     assert rt.project is not None
     return [p.name for p in (rt.project.directory / "sandbox").iterdir() if p.is_fifo()]
-
-
-def _within(seconds: float, fn: Callable[[], object]) -> None:
-    """Run fn; fail (not hang) if it has not returned within `seconds`; re-raise its error."""
-    failure: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            failure.append(exc)
-
-    worker = threading.Thread(target=call, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert not worker.is_alive(), f"still running after {seconds} s"
-    if failure:
-        raise failure[0]
-
-
-def _same(rt: ComposeRuntime, out: Path) -> bool:
-    here = sorted(
-        f"{p.relative_to(out).as_posix()} {p.stat().st_size}" for p in out.rglob("*") if p.is_file()
-    )
-    there = rt.execute("cd tree && find . -type f -exec stat -c '%n %s' {} + | cut -c3- | sort")
-    return here == there.stdout.splitlines()
 
 
 def test_folders_go_both_ways_through_fifos_gone_after(
