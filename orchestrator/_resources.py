@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from pathlib import Path
 
 from orchestrator.errors import BackendUnavailable
@@ -20,3 +22,15 @@ def data_dir(name: str) -> Path:
     raise BackendUnavailable(
         f"orchestrator data folder {name!r} not found (a broken install: reinstall the package)"
     )
+
+
+@functools.cache
+def templates_version() -> str:
+    """A hash of every template's name and content: part of each environment's digest, so a
+    change to what a file compiles to is never missed (no version to bump by hand)."""
+    digest = hashlib.sha256()
+    folder = data_dir("templates")
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]

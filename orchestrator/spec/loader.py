@@ -19,13 +19,12 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from orchestrator import settings
+from orchestrator._resources import templates_version
 from orchestrator.errors import OrchestratorError, SpecError, SpecIssue
 from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
 from orchestrator.spec.models import STATIC_PLACEHOLDER, SUPPORTED_VERSIONS, EnvironmentV1
 from orchestrator.spec.policy import UNREADABLE_FIX, look_up
 
-#: Bumped whenever templates change what a spec compiles to; part of every digest.
-TEMPLATE_VERSION = "2"
 MAX_BYTES_ENV = "ORCHESTRATOR_MAX_SPEC_BYTES"
 MAX_BYTES = 128 * 1024
 """Largest environment file we parse (real ones are a few KiB; YAML parsing costs ~6 s/MiB)."""
@@ -57,9 +56,10 @@ class Environment:
 
     @property
     def digest(self) -> str:
-        """Hash of the normalized spec and the template version (short, stable)."""
+        """Hash of the normalized spec and the templates' content (short, stable)."""
+
         payload = json.dumps(
-            {"spec": self.spec.model_dump(mode="json"), "templates": TEMPLATE_VERSION},
+            {"spec": self.spec.model_dump(mode="json"), "templates": templates_version()},
             sort_keys=True,
             separators=(",", ":"),
         )

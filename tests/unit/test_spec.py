@@ -236,3 +236,25 @@ def test_a_malformed_file_user_is_refused_at_its_line(user: str) -> None:
 def test_text_that_trips_the_yaml_parser_is_a_spec_error() -> None:
     [msg] = issues("-_")
     assert "malformed YAML" in msg
+
+
+def test_the_digest_follows_the_templates_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No template version to bump by hand: a changed template changes every digest."""
+    import shutil
+
+    from orchestrator import _resources
+
+    copy = tmp_path / "templates"
+    shutil.copytree(_resources.data_dir("templates"), copy)
+    monkeypatch.setattr(_resources, "data_dir", lambda name: copy)
+    env = load_environment(Path(__file__).parents[2] / "environments" / "python.yaml")
+    _resources.templates_version.cache_clear()
+    before = env.digest
+    (copy / "entry.sh.j2").write_text((copy / "entry.sh.j2").read_text() + "# changed\n")
+    _resources.templates_version.cache_clear()
+    try:
+        assert env.digest != before
+    finally:
+        _resources.templates_version.cache_clear()
