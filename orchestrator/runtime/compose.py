@@ -35,7 +35,7 @@ from orchestrator.project.engine import (
     is_remote,
     raw_docker,
 )
-from orchestrator.runtime import copyin, files
+from orchestrator.runtime import copyin, files, hostfs
 from orchestrator.runtime.base import Runtime, Sandbox
 from orchestrator.runtime.channel import Channel, Mode
 from orchestrator.runtime.executor.client import FILES
@@ -247,6 +247,10 @@ class ComposeRuntime(Runtime):
         finally:
             for channel in channels:
                 channel.close(release=False)
+            if self.project is not None:
+                for mount in self.project.compiled.mounts:
+                    if mount.origin == "workspace" and mount.source.is_dir():
+                        hostfs.defuse(mount.source)  # no setuid file or device stays behind
             if self._temp_workspace is not None:
                 shutil.rmtree(self._temp_workspace, ignore_errors=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator import Pool, load_environment, spawn_runtime
+from orchestrator import Policy, Pool, load_environment, spawn_runtime
 from tests.docker.conftest import MakeEnv
 
 # Replace `sleep` by a trojan that runs under a name of its own, then end every child of
@@ -65,3 +65,26 @@ def test_restore_leaves_the_keep_alive_without_children(make_env: MakeEnv, tmp_p
         assert rt.poll() is None
         assert rt.execute(TROJAN).stdout == ""
         assert rt.execute("echo alive").stdout == "alive\n"
+
+
+def test_no_setuid_file_or_device_stays_in_the_host_workspace(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    """A root sandbox owns its files as uid 0 on the host: a setuid copy of a shell left in a
+    bind-mounted workspace would give any host user who runs it euid 0. Once the environment
+    ends, none is left (nor a device node, where the caller granted MKNOD)."""
+    workspace = tmp_path / "ws"
+    policy = Policy(allow_caps=frozenset({"MKNOD"}))
+    env = load_environment(make_env("user: root\ncap_add: [MKNOD]\n", name="suid"))
+    with spawn_runtime(env, workspace=workspace, policy=policy) as rt:
+        made = rt.execute(
+            "mkdir -p d && cp /bin/sh d/rootsh && chmod 6755 d/rootsh && "
+            "mknod blk b 7 0 && chmod 666 blk && ln -s /bin/sh link",
+            timeout=30,
+        )
+        assert made.ok, made.stderr
+        assert (workspace / "d" / "rootsh").stat().st_mode & 0o6000  # there while it runs
+    mode = (workspace / "d" / "rootsh").stat().st_mode
+    assert mode & 0o6000 == 0 and mode & 0o755 == 0o755
+    assert not (workspace / "blk").exists() and not (workspace / "blk").is_symlink()
+    assert (workspace / "link").is_symlink()  # links are left, and never followed
