@@ -4,13 +4,18 @@ the host), no device node. The walk never follows a link."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
 from pathlib import Path
 
+from orchestrator.errors import OutputLimitExceeded, SandboxPermissionError
+from orchestrator.runtime.unpack import parts_of
+
 log = logging.getLogger("orchestrator.docker")
-_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NO_LINK = os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN = os.O_RDONLY | os.O_NONBLOCK | _NO_LINK
 
 
 def defuse(root: Path) -> list[str]:
@@ -36,3 +41,36 @@ def defuse(root: Path) -> list[str]:
             except OSError as exc:
                 log.warning("cannot defuse %s in %s: %s", where, root, exc.strerror)
     return changed
+
+
+def read_inside(root: Path, name: str, limit: int = 64 * 1024 * 1024) -> bytes:
+    """The content of file `name` below `root`, for a host-side reader of a sandbox's
+    workspace (a grader): every component is opened with O_NOFOLLOW from `root`, so a link
+    anywhere on the way (`answer.txt` -> /etc/shadow), a FIFO or a device is refused
+    (SandboxPermissionError) instead of followed; past `limit` bytes, OutputLimitExceeded."""
+    parts = parts_of(name)
+    if not parts:
+        raise SandboxPermissionError(f"{name!r}: not a file below {root}")
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts[:-1]:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NO_LINK, dir_fd=fds[-1]))
+        fds.append(os.open(parts[-1], _OPEN, dir_fd=fds[-1]))
+        st = os.fstat(fds[-1])
+        if not stat.S_ISREG(st.st_mode):
+            raise SandboxPermissionError(f"{name!r} in {root} is not a regular file: not read")
+        if st.st_size > limit:
+            raise OutputLimitExceeded(f"{name!r} in {root} is {st.st_size} bytes, over {limit}")
+        with os.fdopen(os.dup(fds[-1]), "rb") as f:
+            return f.read(limit + 1)[:limit]
+    except OSError as exc:
+        if isinstance(exc, OutputLimitExceeded):
+            raise
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise SandboxPermissionError(
+                f"{name!r} in {root} passes through a link: refused"
+            ) from None
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
