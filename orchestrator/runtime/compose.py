@@ -57,13 +57,17 @@ EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
 # is spared for being its child. Passes repeat until three in a row find nothing, so a fork
 # caught mid-pass is not missed.
 KILL_OTHERS = r"""
+fields() {  # /proc/PID/stat after the name, read whole: a name may hold ") " and newlines
+  s=; l=; while IFS= read -r l; do s="$s $l"; done < "$1/stat" || return 1; s="$s $l"
+  s=${s##*) }
+}
 me=$$; keep=" 1 "; p=$$
 while [ "${p:-0}" -gt 0 ]; do
-  keep="$keep$p "; read -r s 2>/dev/null < /proc/$p/stat || break; s=${s##*) }; set -- $s; p=$2
+  keep="$keep$p "; fields /proc/$p 2>/dev/null || break; set -- $s; p=$2
 done
 entry=; first=
 for d in /proc/[0-9]*; do
-  read -r s 2>/dev/null < $d/stat || continue; s=${s##*) }; set -- $s
+  fields $d 2>/dev/null || continue; set -- $s
   [ "$2" = 1 ] || continue
   if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then first=${20}; entry=${d#/proc/}; fi
 done
@@ -73,7 +77,7 @@ while [ $quiet -lt 3 ] && [ $n -lt 500 ]; do
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     case $keep in *" $p "*) continue ;; esac
-    read -r s 2>/dev/null < $d/stat || continue; s=${s##*) }; set -- $s
+    fields $d 2>/dev/null || continue; set -- $s
     [ "$1" = Z ] || [ "$2" = "$me" ] && continue
     kill -9 "$p" 2>/dev/null && found=1
   done

@@ -297,9 +297,13 @@ class Staged:
         self.folder, self.staging, self.names = folder, staging, names
 
     def commit(self) -> list[str]:
-        for entry in sorted(self.staging.iterdir()):
-            _merge(entry, self.folder / entry.name)
-        self.staging.rmdir()
+        try:
+            for entry in sorted(self.staging.iterdir()):
+                _merge(entry, self.folder / entry.name)
+            self.staging.rmdir()
+        except OSError as exc:
+            self.discard()
+            raise OrchestratorError(f"cannot move the download into {self.folder}: {exc}") from exc
         return self.names
 
     def discard(self) -> None:
@@ -316,6 +320,8 @@ def _merge(src: Path, dst: Path) -> None:
             src.rmdir()
             return
         shutil.rmtree(dst)
+    elif dst.is_symlink() and src.is_dir() and not src.is_symlink():
+        dst.unlink()  # a link in the way is replaced, never followed
     os.replace(src, dst)
 
 

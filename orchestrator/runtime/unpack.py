@@ -30,7 +30,7 @@ from typing import IO
 
 from orchestrator.errors import SandboxUnsafeArchive
 
-NAME_MAX, PATH_MAX = 255, 4095
+NAME_MAX, PATH_MAX, MAX_DEPTH = 255, 4095, 256
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CACHED = 64
@@ -45,6 +45,8 @@ def parts_of(name: str) -> tuple[str, ...]:
     if len(name.encode(errors="surrogateescape")) > PATH_MAX:
         raise SandboxUnsafeArchive(f"refused the archive: a name is over {PATH_MAX} bytes")
     parts = tuple(p for p in name.split("/") if p not in ("", "."))
+    if len(parts) > MAX_DEPTH:
+        raise SandboxUnsafeArchive(f"refused the archive: a name is over {MAX_DEPTH} folders deep")
     for part in parts:
         if part == "..":
             raise SandboxUnsafeArchive(f"refused the archive: {name!r} climbs out with '..'")
@@ -118,11 +120,16 @@ class Unpacker:
     def _folder(self, parts: tuple[str, ...], *, create: bool = True) -> int:
         """A descriptor of the folder `parts` below the root, made as needed; a link or a
         file on the way refuses the archive."""
-        if not parts:
-            return self._root
-        if (cached := self._open.get(parts)) is not None:
-            return cached
-        parent = self._folder(parts[:-1], create=create)
+        at, fd = len(parts), self._root
+        while at > 0 and (cached := self._open.get(parts[:at])) is None:
+            at -= 1
+        if at > 0:
+            fd = cached  # type: ignore[assignment]
+        for depth in range(at + 1, len(parts) + 1):
+            fd = self._step(fd, parts[:depth], create)
+        return fd
+
+    def _step(self, parent: int, parts: tuple[str, ...], create: bool) -> int:
         name = parts[-1]
         try:
             fd = os.open(name, _DIR, dir_fd=parent)
@@ -131,7 +138,7 @@ class Unpacker:
                 raise
             os.mkdir(name, 0o700, dir_fd=parent)
             fd = os.open(name, _DIR, dir_fd=parent)
-        except (NotADirectoryError, OSError) as exc:
+        except OSError as exc:
             if isinstance(exc, NotADirectoryError) or exc.errno == errno.ELOOP:  # a link
                 where = "/".join(parts)
                 raise SandboxUnsafeArchive(
@@ -144,17 +151,19 @@ class Unpacker:
         self._open[parts] = fd
         return fd
 
-    def _clear(self, parent: int, name: str) -> None:
-        """Remove what stands at `name` (a repeated entry), without following it."""
+    def _clear(self, parent: int, name: str) -> bool:
+        """Remove what stands at `name` (a repeated entry), without following it. True when
+        a folder went: the folders kept open are forgotten then (`parent` among them)."""
         try:
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         except FileNotFoundError:
-            return
-        self._forget()  # a folder kept open may be the one going
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(name, dir_fd=parent)
-        else:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
             os.unlink(name, dir_fd=parent)
+            return False
+        shutil.rmtree(name, dir_fd=parent)
+        self._forget()  # some were below it
+        return True
 
     # ----- entries ------------------------------------------------------------------------
     def add(self, member: tarfile.TarInfo, data: IO[bytes] | None) -> str:
@@ -169,7 +178,8 @@ class Unpacker:
             raise SandboxUnsafeArchive("refused the archive: an entry with no name")
         parent = self._folder(parts[:-1])
         name = parts[-1]
-        self._clear(parent, name)
+        if self._clear(parent, name):
+            parent = self._folder(parts[:-1])
         if member.issym():
             check_link(member.linkname, len(parts) - 1, member.name)
             os.symlink(member.linkname, name, dir_fd=parent)
@@ -178,6 +188,9 @@ class Unpacker:
             if not source:
                 raise SandboxUnsafeArchive(f"refused the archive: {member.name!r} links nothing")
             at = self._folder(source[:-1], create=False)
+            if stat.S_ISLNK(os.stat(source[-1], dir_fd=at, follow_symlinks=False).st_mode):
+                # the same link again, maybe shallower: its target must hold from here too
+                check_link(os.readlink(source[-1], dir_fd=at), len(parts) - 1, member.name)
             os.link(source[-1], name, src_dir_fd=at, dst_dir_fd=parent, follow_symlinks=False)
         elif member.isreg():
             assert data is not None

@@ -88,3 +88,31 @@ def test_no_setuid_file_or_device_stays_in_the_host_workspace(
     assert mode & 0o6000 == 0 and mode & 0o755 == 0o755
     assert not (workspace / "blk").exists() and not (workspace / "blk").is_symlink()
     assert (workspace / "link").is_symlink()  # links are left, and never followed
+
+
+# A daemon that names itself like a zombie: "x) Z 1" and a newline, which /proc/PID/stat
+# does not escape, so a reader of its first line sees state Z and spares it.
+FAKE_ZOMBIE = r"""
+python3 -c 'import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open("/proc/self/comm", "w").write("x) Z 1\n")
+        for fd in (0, 1, 2):
+            os.close(fd)
+        time.sleep(86398)
+    os._exit(0)'
+"""
+
+
+def test_a_process_named_like_a_zombie_does_not_survive_restore(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    env = load_environment(make_env("user: root\n", name="zombie"))
+    with spawn_runtime(env) as rt:
+        snap = rt.snapshot(tmp_path / "base.tar")
+        assert rt.execute(FAKE_ZOMBIE, timeout=30).ok
+        sleeping = "grep -l 'x) Z 1' /proc/[0-9]*/comm 2>/dev/null || true"
+        assert rt.execute(sleeping).stdout.strip(), "the plant did not start: tested nothing"
+        rt.restore(snap)
+        assert rt.execute(sleeping).stdout.strip() == ""

@@ -217,3 +217,32 @@ def test_no_archive_of_links_reaches_outside(
         if path.is_symlink():
             resolved = Path(os.path.realpath(path))
             assert resolved == dest or dest in resolved.parents, f"{path} -> {resolved}"
+
+
+def test_a_hard_link_cannot_carry_a_link_to_a_shallower_place(room: tuple[Path, Path]) -> None:
+    """`a/s` -> `..` stays inside; the same link hard-linked as `h` would point above."""
+    _, dest = room
+    with pytest.raises(SandboxUnsafeArchive, match="may lead out"):
+        _download(Archive().folder("a").link("a/s", "..").hard("h", "a/s"), dest)
+    assert list(dest.iterdir()) == []
+
+
+def test_a_link_already_in_the_destination_is_replaced_not_followed(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "h").symlink_to(tmp_path)
+    assert _download(Archive().folder("h").entry("h/pwned", data="x"), dest) == ["h", "h/pwned"]
+    assert not (tmp_path / "pwned").exists() and (dest / "h" / "pwned").read_text() == "x"
+
+
+def test_deep_names_are_refused_not_a_crash(tmp_path: Path) -> None:
+    with pytest.raises(SandboxUnsafeArchive, match="deep"):
+        _download(Archive().entry("a/" * 2000 + "f", data="x"), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_replaced_while_others_are_open_keeps_unpacking(tmp_path: Path) -> None:
+    arc = Archive().folder("a").folder("a/b").entry("a/b/f", data="1")
+    arc.entry("a", data="now a file").folder("c").entry("c/g", data="2")
+    assert sorted(_download(arc, tmp_path)) == ["a", "a", "a/b", "a/b/f", "c", "c/g"]
+    assert (tmp_path / "a").read_text() == "now a file" and (tmp_path / "c" / "g").exists()
