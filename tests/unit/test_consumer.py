@@ -33,6 +33,7 @@ from orchestrator import (
     RuntimeResult,
     Sandbox,
     SandboxFileNotFound,
+    SandboxFileTimeout,
     SandboxIsADirectory,
     SandboxNotADirectory,
     SandboxPermissionError,
@@ -75,6 +76,7 @@ CALLER_ERRORS: tuple[type[OrchestratorError], ...] = (
 )
 FILE_ERRORS: tuple[type[OrchestratorError], ...] = (
     SandboxFileNotFound,
+    SandboxFileTimeout,
     SandboxIsADirectory,
     SandboxNotADirectory,
     SandboxPermissionError,

@@ -215,7 +215,14 @@ def test_no_archive_of_links_reaches_outside(
     assert _outside(case, dest) == ["flag"]
     for path in dest.rglob("*"):
         if path.is_symlink():
-            resolved = Path(os.path.realpath(path))
+            try:
+                resolved = path.resolve(strict=True)
+            except RuntimeError:
+                continue  # a loop: it leads nowhere
+            except FileNotFoundError:  # a link to nothing yet: where would it be made?
+                resolved = Path(os.path.realpath(path))
+            except OSError:  # ELOOP from the kernel: a loop too
+                continue
             assert resolved == dest or dest in resolved.parents, f"{path} -> {resolved}"
 
 
