@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,25 @@ def main_container(rt: Runtime) -> str:
     container = rt.info().container
     assert container is not None, f"{rt.name} runtime has no container"
     return container
+
+
+def bounded(call: Callable[[], object], within: float) -> tuple[object, float]:
+    """What `call` returned or raised, and how long it took; fails if it outlives `within`
+    seconds (on a hanging call the thread is left behind, the runtime's cleanup ends it)."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:
+            out.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(within)
+    assert not thread.is_alive(), f"the call did not end within {within} s"
+    return out[0], time.monotonic() - started
 
 
 _SESSION_ROOT: list[str] = []

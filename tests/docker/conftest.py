@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from orchestrator.runtime.compose import ComposeRuntime
-from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
 
 MakeEnv = Callable[..., Path]
 """make_env(body, name="t", image=PYTHON_IMAGE) -> the file's path."""
@@ -27,22 +26,10 @@ def make_env(tmp_path: Path) -> MakeEnv:
 
 def within(seconds: float, fn: Callable[[], object]) -> object:
     """fn's result; fails (not hangs) if it has not returned within `seconds`; re-raises."""
-    out: list[object] = []
-    failure: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            failure.append(exc)
-
-    worker = threading.Thread(target=call, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert not worker.is_alive(), f"still running after {seconds} s"
-    if failure:
-        raise failure[0]
-    return out[0]
+    outcome, _ = bounded(fn, seconds)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def same_tree(rt: ComposeRuntime, out: Path) -> bool:

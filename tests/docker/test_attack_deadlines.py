@@ -5,9 +5,8 @@ that clears its environment to escape the kill, a fork loop that fills the pids 
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from orchestrator import SandboxUnavailable, spawn_runtime
 from orchestrator.errors import SandboxFileTimeout
 from orchestrator.runtime.base import Runtime
-from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
 from tests.docker.conftest import MakeEnv
 
 SLACK = 6.0
@@ -55,25 +54,6 @@ def rt(request: pytest.FixtureRequest, make_env: MakeEnv) -> Iterator[Runtime]:
         os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
     with runtime:
         yield runtime
-
-
-def bounded(call: Callable[[], object], within: float) -> tuple[object, float]:
-    """What `call` returned or raised, and how long it took; fails if it outlives `within`
-    seconds (on a hanging call the thread is left behind, the runtime's cleanup ends it)."""
-    out: list[object] = []
-
-    def run() -> None:
-        try:
-            out.append(call())
-        except BaseException as exc:
-            out.append(exc)
-
-    started = time.monotonic()
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(within)
-    assert not thread.is_alive(), f"the call did not end within {within} s"
-    return out[0], time.monotonic() - started
 
 
 def assert_timed_out(outcome: object, path: str) -> None:

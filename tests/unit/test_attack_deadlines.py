@@ -4,9 +4,8 @@ place of the file holds a read or a write forever unless the call has a deadline
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from orchestrator import load_environment_text, spawn_runtime
 from orchestrator.errors import SandboxFileTimeout
 from orchestrator.runtime.base import Runtime
+from tests.conftest import bounded
 
 SLACK = 4.0
 
@@ -27,26 +27,10 @@ def rt(tmp_path: Path) -> Iterator[Runtime]:
         yield runtime
 
 
-def bounded(call: Callable[[], object], within: float) -> object:
-    out: list[object] = []
-
-    def run() -> None:
-        try:
-            out.append(call())
-        except BaseException as exc:
-            out.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(within)
-    assert not thread.is_alive(), f"the call did not end within {within} s"
-    return out[0]
-
-
 def test_read_file_of_a_fifo_ends_at_its_deadline(rt: Runtime) -> None:
     os.mkfifo(Path(rt.workdir, "x"))
     started = time.monotonic()
-    outcome = bounded(lambda: rt.read_file("x", timeout=1), 1 + SLACK)
+    outcome, _ = bounded(lambda: rt.read_file("x", timeout=1), 1 + SLACK)
     assert isinstance(outcome, SandboxFileTimeout) and isinstance(outcome, TimeoutError)
     assert "x" in str(outcome) and "ORCHESTRATOR_FILE_TIMEOUT" in str(outcome)
     assert time.monotonic() - started >= 1
@@ -57,7 +41,7 @@ def test_write_file_to_a_fifo_ends_at_the_default_deadline(
 ) -> None:
     os.mkfifo(Path(rt.workdir, "y"))
     monkeypatch.setenv("ORCHESTRATOR_FILE_TIMEOUT", "1")
-    outcome = bounded(lambda: rt.write_file("y", "data"), 1 + SLACK)
+    outcome, _ = bounded(lambda: rt.write_file("y", "data"), 1 + SLACK)
     assert isinstance(outcome, SandboxFileTimeout), outcome
 
 
