@@ -16,8 +16,8 @@ from pathlib import Path
 
 from bench.measure import Sample, ShellPipe, compose_argv, timed
 from orchestrator import Pool, Runtime, load_environment, spawn_runtime
-from orchestrator.compile.render import CompileOptions, compile_project
-from orchestrator.runtime.compose import ComposeRuntime
+from orchestrator.backends.docker.render import CompileOptions, compile_project
+from orchestrator.backends.docker.runtime import ComposeRuntime
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results"

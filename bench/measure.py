@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.project import Project
+from orchestrator.backends.docker.lifecycle import Project
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results"

@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.measure import report
 from bench.transfer import make_tree
 from orchestrator import Snapshot, load_environment_text, spawn_runtime
-from orchestrator.runtime.compose import ComposeRuntime
+from orchestrator.backends.docker.runtime import ComposeRuntime
 
 ENV = "version: 1\nname: snapbench\nimage: orchestrator-test/python:3.11\n"
 

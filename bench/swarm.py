@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from bench.measure import ROOT, report, scratch
 from orchestrator import Runtime, load_environment_text, spawn_runtime
-from orchestrator.runtime.swarm import SwarmRuntime
+from orchestrator.backends.swarm.runtime import SwarmRuntime
 
 SCRIPT = str(ROOT / "scripts" / "cluster")
 ENV = (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.measure import compose_argv, report, timed
 from orchestrator import load_environment_text, spawn_runtime
-from orchestrator.runtime.compose import ComposeRuntime
+from orchestrator.backends.docker.runtime import ComposeRuntime
 
 ENV = "version: 1\nname: transfer\nimage: orchestrator-test/python:3.11\nuser: root\n"
 

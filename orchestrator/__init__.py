@@ -39,11 +39,11 @@ if TYPE_CHECKING:
         StartupError,
         UsageError,
     )
-    from orchestrator.runtime.base import Runtime, Sandbox
-    from orchestrator.runtime.options import SpawnOptions
-    from orchestrator.runtime.pool import Pool
-    from orchestrator.runtime.registry import register_runtime, runtime_names, spawn_runtime
-    from orchestrator.runtime.results import (
+    from orchestrator.sandbox.base import Runtime, Sandbox
+    from orchestrator.sandbox.options import SpawnOptions
+    from orchestrator.sandbox.pool import Pool
+    from orchestrator.sandbox.registry import register_runtime, runtime_names, spawn_runtime
+    from orchestrator.sandbox.results import (
         Connection,
         ExecMode,
         RuntimeInfo,
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         StreamEvent,
         StreamKind,
     )
-    from orchestrator.runtime.snapshot import Snapshot, list_snapshots
+    from orchestrator.sandbox.snapshot import Snapshot, list_snapshots
     from orchestrator.spec.loader import Environment, load_environment, load_environment_text
     from orchestrator.spec.models import PublishedPort
     from orchestrator.spec.policy import Policy
@@ -111,14 +111,14 @@ _HOME = {
         "SandboxNotADirectory SandboxPermissionError SandboxUnavailable SandboxUnsafeArchive "
         "SetupFailed SpecError SpecIssue StartupError UsageError"
     ),
-    "orchestrator.runtime.base": "Runtime Sandbox",
-    "orchestrator.runtime.options": "SpawnOptions",
-    "orchestrator.runtime.pool": "Pool",
-    "orchestrator.runtime.registry": "register_runtime runtime_names spawn_runtime",
-    "orchestrator.runtime.results": (
+    "orchestrator.sandbox.base": "Runtime Sandbox",
+    "orchestrator.sandbox.options": "SpawnOptions",
+    "orchestrator.sandbox.pool": "Pool",
+    "orchestrator.sandbox.registry": "register_runtime runtime_names spawn_runtime",
+    "orchestrator.sandbox.results": (
         "Connection ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"
     ),
-    "orchestrator.runtime.snapshot": "Snapshot list_snapshots",
+    "orchestrator.sandbox.snapshot": "Snapshot list_snapshots",
     "orchestrator.spec.loader": "Environment load_environment load_environment_text",
     "orchestrator.spec.models": "PublishedPort",
     "orchestrator.spec.policy": "Policy",

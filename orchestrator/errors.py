@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.runtime.results import RuntimeResult
+    from orchestrator.sandbox.results import RuntimeResult
 
 
 class OrchestratorError(Exception):

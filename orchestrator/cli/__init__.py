@@ -47,7 +47,7 @@ def _root(
     if context:
         host = _context_host(context)
     if host:  # every engine call of this run, and its guardian, go there
-        from orchestrator.project.engine import DOCKER_HOST_ENV
+        from orchestrator.backends.container.engine import DOCKER_HOST_ENV
 
         os.environ[DOCKER_HOST_ENV] = host
 

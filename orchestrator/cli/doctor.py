@@ -47,7 +47,7 @@ def _compose() -> Check:
 
 
 def _dirs() -> Check:
-    from orchestrator.project import state_dir
+    from orchestrator.paths import state_dir
 
     for d in (Path(tempfile.gettempdir()), state_dir()):
         try:
@@ -60,8 +60,7 @@ def _dirs() -> Check:
 
 
 def _headroom() -> Check:
-    from orchestrator.project import POOL_ENV
-    from orchestrator.project.identity import subnet_pool
+    from orchestrator.backends.container.identity import POOL_ENV, subnet_pool
 
     pool, prefix = subnet_pool()
     total = 2 ** (prefix - pool.prefixlen)
@@ -90,7 +89,7 @@ def _headroom() -> Check:
 
 
 def _file_checks(file: Path) -> list[Check]:
-    from orchestrator.compile.render import CompileOptions, compile_project
+    from orchestrator.backends.docker.render import CompileOptions, compile_project
     from orchestrator.errors import SpecError
     from orchestrator.spec import load_environment
 

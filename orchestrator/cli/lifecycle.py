@@ -16,8 +16,8 @@ import typer
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
-    from orchestrator.project import ProjectInfo
-    from orchestrator.runtime import Runtime
+    from orchestrator.backends.container.inventory import ProjectInfo
+    from orchestrator.sandbox.base import Runtime
     from orchestrator.spec import Environment
     from orchestrator.spec.models import PublishedPort
 
@@ -39,7 +39,7 @@ def _spawn(
     resume: str | None = None,
     backend: str | None = None,
 ) -> Runtime:
-    from orchestrator.runtime import spawn_runtime
+    from orchestrator.sandbox.registry import spawn_runtime
 
     return spawn_runtime(
         env,
@@ -89,7 +89,7 @@ def up(
             typer.echo(info["id"])  # alone on stdout, so ID=$(orchestrator up ...) works
             if ports:
                 typer.echo(f"{info['id']} ports: {_ports_text(ports)}", err=True)
-    from orchestrator.project.inventory import wait_for_reaper
+    from orchestrator.backends.container.inventory import wait_for_reaper
 
     wait_for_reaper()
 
@@ -100,7 +100,7 @@ Started = list[tuple[dict[str, object], tuple["PublishedPort", ...]]]
 
 def _claim(env: Environment, count: int) -> Started:
     """Up to `count` environments taken from running pools of this file."""
-    from orchestrator.project import claim_from_pool, project_statuses
+    from orchestrator.backends.container.inventory import claim_from_pool, project_statuses
 
     claimed = claim_from_pool(env.digest, count)
     if not claimed:
@@ -135,8 +135,8 @@ def _start_many(
     others and raise its error: a script gets all the ids it asked for, or none."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator.compile.render import build_tags
-    from orchestrator.runtime.registry import prepare
+    from orchestrator.backends.docker.render import build_tags
+    from orchestrator.sandbox.registry import prepare
 
     if count == 0:
         return []
@@ -193,8 +193,8 @@ def pool(
     import time
 
     from orchestrator.cli.progress import progress_bar
-    from orchestrator.runtime.pool import Pool
-    from orchestrator.runtime.registry import prepare
+    from orchestrator.sandbox.pool import Pool
+    from orchestrator.sandbox.registry import prepare
 
     env = prepare(_load(file))
     if env.backend != "docker":
@@ -270,15 +270,14 @@ def _argv(command: list[str] | None) -> str | list[str]:
 
 
 def _docker_cmd() -> list[str]:
-    from orchestrator.project import docker_client
-    from orchestrator.project.engine import raw_docker
+    from orchestrator.backends.container.engine import docker_client, raw_docker
 
     return raw_docker(docker_client())  # exec, shell and logs -f last as long as they need
 
 
 def _main(ref: str) -> tuple[ProjectInfo, str]:
     """Environment `ref` (one listing) and its main container."""
-    from orchestrator.project import find_project
+    from orchestrator.backends.container.inventory import find_project
 
     info = find_project(ref)
     return info, _main_container(info)
@@ -325,8 +324,8 @@ def _exec_with_deadline(ref: str, argv: list[str], timeout: float) -> int:
     """One `docker exec` whose deadline kills the command's whole tree inside the container
     (the plain-exec path of the library). Like `run`, it passes no stdin: waiting for an
     input that never ends would defeat the deadline."""
-    from orchestrator.runtime.executor.plain import run_plain
-    from orchestrator.runtime.options import Command
+    from orchestrator.backends.container.executor.plain import run_plain
+    from orchestrator.sandbox.options import Command
 
     info, container = _main(ref)
     cmd = Command(argv, {}, _workdir(container), info.main_user or None, timeout, None)
@@ -357,7 +356,7 @@ def _workdir(container: str) -> str:
 
 def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
     """Open an interactive shell (bash where the image has it) in a running environment."""
-    from orchestrator.runtime.service import SHELL
+    from orchestrator.backends.container.service import SHELL
 
     raise typer.Exit(subprocess.call([*_main_exec(ref), "/bin/sh", "-c", SHELL]))
 
@@ -372,7 +371,8 @@ def down(
     ),
 ) -> None:
     """Take an environment down: containers, networks and volumes."""
-    from orchestrator.project import find_project, owner_alive, reap, remove_project
+    from orchestrator.backends.container.identity import owner_alive
+    from orchestrator.backends.container.inventory import find_project, reap, remove_project
 
     if all_:
         for name in reap(all_projects=True):
@@ -393,7 +393,7 @@ def down(
 
 def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List our environments with their owner, state and published ports."""
-    from orchestrator.project import project_statuses
+    from orchestrator.backends.container.inventory import project_statuses
 
     rows, removed = project_statuses()
     for name in removed:
@@ -420,7 +420,7 @@ def logs(
     tail: int = typer.Option(None, "--tail", "-n", help="Only the last N lines."),
 ) -> None:
     """Print the logs of an environment's containers."""
-    from orchestrator.project import find_project
+    from orchestrator.backends.container.inventory import find_project
 
     info = find_project(ref)
     argv = [*_docker_cmd(), "compose", "-p", info.name, "logs", "--no-color"]
@@ -442,7 +442,8 @@ def cleanup(
 ) -> None:
     """Remove our environments whose owner process is gone. Never touches anything that does
     not carry our labels."""
-    from orchestrator.project import images, reap
+    from orchestrator.backends.container import images
+    from orchestrator.backends.container.inventory import reap
 
     for image in images.reap_orphans():
         typer.echo(f"removed {image} (its snapshot is gone)")
@@ -480,7 +481,7 @@ def snapshot(
 ) -> None:
     """Save a running environment's workspace as a snapshot (resume it with `up --resume`);
     or list or remove snapshots."""
-    from orchestrator.runtime import snapshot as snapshots
+    from orchestrator.sandbox import snapshot as snapshots
 
     if list_:
         for snap in snapshots.list_snapshots():
@@ -494,8 +495,9 @@ def snapshot(
         return
     if not ref:
         raise UsageError("name an environment id, or pass --list or --rm NAME")
-    from orchestrator.project import LABEL_DIGEST, images
-    from orchestrator.runtime.options import snapshot_limit
+    from orchestrator.backends.container import images
+    from orchestrator.backends.container.identity import LABEL_DIGEST
+    from orchestrator.sandbox.options import snapshot_limit
 
     if not 0 < timeout < float("inf"):
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
@@ -512,11 +514,11 @@ def _pack_workspace(info: ProjectInfo, container: str, limit: int, timeout: floa
     through the library's plain-exec path: past `limit` bytes, or `timeout` seconds, the
     packing is killed (its whole tree in the container) and the snapshot refused. Memory
     stays within `limit` (and 64 KiB of its errors) whatever the workspace holds."""
+    from orchestrator.backends.container.executor.plain import run_plain
     from orchestrator.errors import OrchestratorError, OutputLimitExceeded
-    from orchestrator.runtime import files
-    from orchestrator.runtime.executor.plain import run_plain
-    from orchestrator.runtime.options import SNAPSHOT_LIMIT_ENV, Command
-    from orchestrator.runtime.results import TailBuffer, decode
+    from orchestrator.sandbox import files
+    from orchestrator.sandbox.options import SNAPSHOT_LIMIT_ENV, Command
+    from orchestrator.sandbox.results import TailBuffer, decode
 
     workdir = _workdir(container)
     argv = files.download_argv(workdir)

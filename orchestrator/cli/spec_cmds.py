@@ -18,7 +18,7 @@ def _notices(notices: tuple[str, ...] | list[str]) -> None:
 
 def validate(files: list[Path] = typer.Argument(..., help="Environment files to check.")) -> None:
     """Check environment files (schema and policy); exit 0 when all are valid, 2 otherwise."""
-    from orchestrator.compile.render import CompileOptions, compile_project
+    from orchestrator.backends.docker.render import CompileOptions, compile_project
     from orchestrator.spec import load_environment
 
     bad = 0
@@ -45,8 +45,8 @@ def render(
     out: Path = typer.Option(None, "--out", "-o", help="Also write the project folder here."),
 ) -> None:
     """Print the Compose YAML an environment file compiles to."""
-    from orchestrator.compile.render import CompileOptions, compile_project
-    from orchestrator.project import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
+    from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
+    from orchestrator.backends.docker.render import CompileOptions, compile_project
     from orchestrator.spec import load_environment
 
     env = load_environment(file)

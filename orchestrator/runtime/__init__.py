@@ -1,14 +1,23 @@
-"""Run commands and move files in a live environment, with one protocol for every backend."""
+"""Deprecated: the protocol moved to `orchestrator.sandbox`, the backends to
+`orchestrator.backends`. Import the public names from `orchestrator` itself."""
 
-from orchestrator.runtime.base import Runtime
-from orchestrator.runtime.options import SpawnOptions
-from orchestrator.runtime.registry import (
+import warnings
+
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.options import SpawnOptions
+from orchestrator.sandbox.registry import (
     get_runtime_class,
     register_runtime,
     runtime_names,
     spawn_runtime,
 )
-from orchestrator.runtime.results import RuntimeResult, StreamEvent
+from orchestrator.sandbox.results import RuntimeResult, StreamEvent
+
+warnings.warn(
+    "orchestrator.runtime is deprecated: import these names from orchestrator",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = [
     "Runtime",

@@ -26,8 +26,8 @@ from orchestrator.errors import (
     SetupFailed,
     UsageError,
 )
-from orchestrator.runtime.base import Runtime
-from orchestrator.runtime.results import RuntimeResult
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.results import RuntimeResult
 from orchestrator.testing.target import Target
 
 MiB = 1024 * 1024

@@ -9,9 +9,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.runtime.base import Runtime
-from orchestrator.runtime.registry import get_runtime_class, spawn_runtime
-from orchestrator.runtime.snapshot import Snapshot
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.registry import get_runtime_class, spawn_runtime
+from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.spec.loader import load_environment
 from orchestrator.spec.policy import Policy
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.compose import ComposeRuntime
+from orchestrator.backends.docker.runtime import ComposeRuntime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
 
 MakeEnv = Callable[..., Path]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import OrchestratorError, SandboxUnavailable, spawn_runtime
-from orchestrator.runtime import files
-from orchestrator.runtime.compose import ComposeRuntime
-from orchestrator.runtime.options import Command
+from orchestrator.backends.docker.runtime import ComposeRuntime
+from orchestrator.sandbox import files
+from orchestrator.sandbox.options import Command
 from tests.conftest import main_container
 from tests.docker.conftest import MakeEnv
 from tests.docker.conftest import same_tree as _same
@@ -233,7 +233,7 @@ def test_a_sandbox_paused_mid_download_is_unavailable_within_a_bound(
 OWNER = """
 import sys
 from orchestrator import spawn_runtime
-from orchestrator.runtime import files
+from orchestrator.sandbox import files
 files.upload_argv = lambda dest: ["/bin/sh", "-c", "head -c 1000 > /dev/null; sleep 600"]
 rt = spawn_runtime(sys.argv[1])
 print(rt.info().id, flush=True)

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator import SandboxUnavailable, spawn_runtime
 from orchestrator.errors import SandboxFileTimeout
-from orchestrator.runtime.base import Runtime
+from orchestrator.sandbox.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
 from tests.docker.conftest import MakeEnv
 

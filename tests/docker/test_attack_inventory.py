@@ -75,7 +75,7 @@ def test_a_foreign_containers_labels_delete_no_host_folder(
     monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(state))
     with foreign_container(labels):
         if how == "reap":
-            from orchestrator.project import reap
+            from orchestrator.backends.container.inventory import reap
 
             reap()
         else:
@@ -105,7 +105,7 @@ def guardian_of(owner: int) -> int:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == owner and b"orchestrator.project.guardian" in cmdline:
+        if ppid == owner and b"orchestrator.backends.container.guardian" in cmdline:
             return int(entry.name)
     raise AssertionError(f"no guardian among the children of {owner}")
 
@@ -122,7 +122,7 @@ def remove_leftovers(name: str) -> None:
         docker("rm", "-f", "-v", ident)
     for ident in docker("network", "ls", "-q", "--filter", flt).stdout.split():
         docker("network", "rm", ident)
-    from orchestrator.project.identity import projects_dir
+    from orchestrator.backends.container.identity import projects_dir
 
     shutil.rmtree(projects_dir() / name, ignore_errors=True)
 
@@ -144,7 +144,7 @@ def test_services_stop_when_the_owner_dies_after_its_guardian(make_env: MakeEnv)
         name = owner.stdout.readline().strip()
         assert name.startswith("orch-t-"), name
         assert len(running(name)) == 3
-        from orchestrator.project.identity import KEPT_FILE, projects_dir
+        from orchestrator.backends.container.identity import KEPT_FILE, projects_dir
 
         # spared by every reaper (other test runs reap dead owners' projects on this engine
         # too): what stops the services here can only be the mechanism under test
@@ -226,7 +226,7 @@ def test_cli_snapshot_packing_has_a_deadline(detached: str) -> None:
 
 # ----- item 12 --------------------------------------------------------------------------------
 def test_cli_rm_of_a_crafted_record_leaves_a_foreign_image_alone() -> None:
-    from orchestrator.runtime.snapshot import snapshots_dir
+    from orchestrator.sandbox.snapshot import snapshots_dir
 
     tag = f"orch-attack-victim:{uuid.uuid4().hex[:12]}"
     assert docker("tag", BUSYBOX_IMAGE, tag).returncode == 0

@@ -23,9 +23,9 @@ from orchestrator import (
     UsageError,
     spawn_runtime,
 )
+from orchestrator.backends.container.inventory import list_projects, reap
+from orchestrator.backends.container.service import ServiceSandbox
 from orchestrator.errors import ExecutorLost
-from orchestrator.project import list_projects, reap
-from orchestrator.runtime.service import ServiceSandbox
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
 from tests.docker.conftest import MakeEnv
 
@@ -223,7 +223,7 @@ def test_keep_after_cleanup_keeps_stopped_containers(make_env: MakeEnv) -> None:
         [info] = [p for p in list_projects() if p.name == name]
         assert {state for _, _, state in info.containers} == {"exited"}
     finally:
-        from orchestrator.project import remove_project
+        from orchestrator.backends.container.inventory import remove_project
 
         remove_project(info)
     assert project_objects(name) == []
@@ -417,7 +417,7 @@ def test_forgotten_runtime_is_removed_at_interpreter_exit(make_env: MakeEnv) -> 
 def test_taken_subnet_is_retried_with_another(
     make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.project import lifecycle
+    from orchestrator.backends.docker import lifecycle
 
     taken, free = "10.213.250.0/27", "10.213.250.32/27"
     net = subprocess.run(
@@ -488,7 +488,7 @@ def test_every_service_is_a_sandbox(tmp_path: Path) -> None:
             quiet.static_path("data")
         assert quiet.execute("test -e /static/d").exit_code == 1
         assert {p.service for p in rt.info().ports} == {"main", "web"}
-        from orchestrator.project import project_statuses
+        from orchestrator.backends.container.inventory import project_statuses
 
         [status] = [p for p in project_statuses()[0] if p.id == rt.info().id]  # ps --json
         assert {p.service for p in status.ports} == {"main", "web"}
@@ -596,7 +596,7 @@ def test_cli_exec_timeout_kills_the_tree_and_exits_124(make_env: MakeEnv) -> Non
 def test_filesystem_snapshot_resumes_the_container_and_goes_with_it(
     make_env: MakeEnv, tmp_path: Path
 ) -> None:
-    from orchestrator.project import images
+    from orchestrator.backends.container import images
 
     path = make_env("user: '1000:1000'\n", name="fssnap")
     with spawn_runtime(path) as first:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import SandboxUnavailable, StartupError, spawn_runtime
-from orchestrator.runtime.base import Runtime
+from orchestrator.sandbox.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
 from tests.docker.conftest import MakeEnv
 
@@ -248,13 +248,13 @@ def test_up_and_down_leave_no_folder_and_no_workspace(tmp_path: Path) -> None:
 def test_a_start_killed_half_way_leaves_a_folder_the_next_spawn_reaps(
     make_env: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from orchestrator.project.identity import projects_dir
-    from orchestrator.project.inventory import reap
+    from orchestrator.backends.container.identity import projects_dir
+    from orchestrator.backends.container.inventory import reap
 
     code = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from orchestrator.project.identity import claim_folder, projects_dir\n"
+        "from orchestrator.backends.container.identity import claim_folder, projects_dir\n"
         "d = projects_dir() / 'orch-t-halfdone'\n"
         "claim_folder(d); (d / 'compose.yaml').write_text('name: x')\n"
         "os.kill(os.getpid(), 9)\n"
@@ -269,8 +269,8 @@ def test_a_start_killed_half_way_leaves_a_folder_the_next_spawn_reaps(
 def test_a_hung_engine_call_is_bounded_and_retried_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from python_on_whales.utils import run
 
+    from orchestrator.backends.container.engine import docker_client, engine_call
     from orchestrator.errors import DockerError
-    from orchestrator.project.engine import docker_client, engine_call
 
     monkeypatch.setenv("ORCHESTRATOR_ENGINE_TIMEOUT", "1")
     client = docker_client()
@@ -294,7 +294,7 @@ rt = spawn_runtime(sys.argv[1]); print(rt.info().id, flush=True); rt.cleanup()
 
 
 def test_kept_projects_outlive_their_owner_until_removed_on_purpose(make_env: MakeEnv) -> None:
-    from orchestrator.project import list_projects, reap, remove_project
+    from orchestrator.backends.container.inventory import list_projects, reap, remove_project
 
     path = make_env("keep_after_cleanup: true\n")
     name = subprocess.run(

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator import Pool, load_environment
-from orchestrator.project import list_projects, project_statuses
+from orchestrator.backends.container.inventory import list_projects, project_statuses
 from tests.conftest import labelled_ids
 from tests.docker.conftest import MakeEnv
 

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from orchestrator import OutputLimitExceeded, UsageError, procutil, spawn_runtime
-from orchestrator.runtime import channel, files
-from orchestrator.runtime.compose import ComposeRuntime
-from orchestrator.runtime.options import Chunks, Command
+from orchestrator.backends.container import channel
+from orchestrator.backends.docker.runtime import ComposeRuntime
+from orchestrator.sandbox import files
+from orchestrator.sandbox.options import Chunks, Command
 from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
 from tests.docker.conftest import same_tree as _same
 from tests.docker.conftest import within as _within

@@ -12,9 +12,9 @@ import pytest
 from inspect_ai.util import OutputLimitExceededError, SandboxEnvironment, SandboxUnavailableError
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 
+from orchestrator.backends.container.inventory import list_projects
 from orchestrator.errors import UsageError
-from orchestrator.inspect import OrchestratorSandbox, metadata_env
-from orchestrator.project import list_projects
+from orchestrator.integrations.inspect import OrchestratorSandbox, metadata_env
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
 
 pytestmark = pytest.mark.docker
@@ -101,7 +101,7 @@ def test_limits_interruption_and_a_dead_sandbox(tmp_path: Path) -> None:
 
 
 def test_task_init_builds_images_once(tmp_path: Path) -> None:
-    from orchestrator.runtime.registry import prepare
+    from orchestrator.sandbox.registry import prepare
 
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {PYTHON_IMAGE}\nRUN echo built > /built\n")
@@ -109,7 +109,7 @@ def test_task_init_builds_images_once(tmp_path: Path) -> None:
     path.write_text(
         f"version: 1\nname: prep-{tmp_path.name[-6:].lower()}\nbuild: {{context: ctx}}\n"
     )
-    from orchestrator.compile.render import build_tags
+    from orchestrator.backends.docker.render import build_tags
     from orchestrator.spec.loader import load_environment
 
     [tag] = build_tags(load_environment(path))
@@ -118,8 +118,8 @@ def test_task_init_builds_images_once(tmp_path: Path) -> None:
         assert (
             subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
         )
-        from orchestrator.compile.render import CompileOptions, compile_project
-        from orchestrator.project.lifecycle import build_images
+        from orchestrator.backends.docker.lifecycle import build_images
+        from orchestrator.backends.docker.render import CompileOptions, compile_project
 
         env = load_environment(path)
         compiled = compile_project(env, CompileOptions(project="p", workspace=tmp_path))

@@ -11,7 +11,7 @@ import pytest
 from inspect_ai.util import SandboxEnvironment
 from inspect_ai.util._sandbox import self_check
 
-from orchestrator.inspect import OrchestratorSandbox
+from orchestrator.integrations.inspect import OrchestratorSandbox
 from tests.conftest import PYTHON_IMAGE
 
 CONFIGS = {

@@ -10,8 +10,8 @@ import pytest
 
 import orchestrator
 from orchestrator import UsageError, load_environment_text
-from orchestrator.runtime.local import LocalRuntime
-from orchestrator.runtime.registry import get_runtime_class, register_runtime, runtime_names
+from orchestrator.backends.local import LocalRuntime
+from orchestrator.sandbox.registry import get_runtime_class, register_runtime, runtime_names
 
 
 def test_all_is_literal_sorted_and_every_name_resolves() -> None:
@@ -61,10 +61,10 @@ def test_spawn_runtime_dispatches_on_backend(tmp_path: Path) -> None:
 def test_entry_point_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib.metadata import EntryPoint
 
-    from orchestrator.runtime import registry
+    from orchestrator.sandbox import registry
 
     ep = EntryPoint(
-        "from-plugin", "orchestrator.runtime.local:LocalRuntime", registry.ENTRY_POINT_GROUP
+        "from-plugin", "orchestrator.backends.local:LocalRuntime", registry.ENTRY_POINT_GROUP
     )
     monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == ep.group else [])
     assert "from-plugin" in runtime_names()
@@ -74,7 +74,7 @@ def test_entry_point_backends(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_registering_an_alias_keeps_the_class_name(tmp_path: Path) -> None:
-    from orchestrator.runtime import registry
+    from orchestrator.sandbox import registry
 
     try:
         assert orchestrator.register_runtime("alias-of-local")(LocalRuntime) is LocalRuntime
@@ -112,5 +112,5 @@ def test_wheel_carries_templates_environments_and_types(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "orchestrator/_data/templates/compose.yaml.j2" in names
     assert "orchestrator/_data/environments/python.yaml" in names
-    assert "orchestrator/runtime/executor/agent.py" in names
+    assert "orchestrator/backends/container/executor/agent.py" in names
     assert "orchestrator/procutil.py" in names and "orchestrator/py.typed" in names

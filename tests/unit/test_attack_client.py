@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.container.executor.client import ExecutorClient
 from orchestrator.errors import ExecutorLost
-from orchestrator.runtime.executor.client import ExecutorClient
-from orchestrator.runtime.options import Command
+from orchestrator.sandbox.options import Command
 
 # READY, then (once the first command's RUN came) `SEND`, then silence with the pipe open
 STAND_IN = """

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator import load_environment_text, spawn_runtime
 from orchestrator.errors import SandboxFileTimeout
-from orchestrator.runtime.base import Runtime
+from orchestrator.sandbox.base import Runtime
 from tests.conftest import bounded
 
 SLACK = 4.0
@@ -47,8 +47,8 @@ def test_write_file_to_a_fifo_ends_at_the_default_deadline(
 
 def test_a_helper_that_cannot_fork_is_sandbox_unavailable() -> None:
     from orchestrator.errors import SandboxUnavailable
-    from orchestrator.runtime.base import _raise_held
-    from orchestrator.runtime.results import Outcome
+    from orchestrator.sandbox.base import _raise_held
+    from orchestrator.sandbox.results import Outcome
 
     for said in ("sh: can't fork: Resource temporarily unavailable", "sh: 1: Cannot fork"):
         with pytest.raises(SandboxUnavailable, match="cannot start a process"):

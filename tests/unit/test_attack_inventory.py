@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ProjectNotFound, UsageError
-from orchestrator.project import match_project
-from orchestrator.project.identity import (
+from orchestrator.backends.container.identity import (
     KEPT_FILE,
     LABEL_DIR,
     LABEL_PROJECT,
     claim_folder,
     projects_dir,
 )
-from orchestrator.project.inventory import ProjectInfo
-from orchestrator.runtime.snapshot import Snapshot, snapshots_dir
+from orchestrator.backends.container.inventory import ProjectInfo, match_project
+from orchestrator.errors import ProjectNotFound, UsageError
+from orchestrator.sandbox.snapshot import Snapshot, snapshots_dir
 
 NAME = "orch-evil-0badf00d"
 

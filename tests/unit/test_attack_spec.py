@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import PolicyError, SpecError, load_environment_text, spawn_runtime
-from orchestrator.compile.common import resolve_env
-from orchestrator.compile.render import CompiledProject, CompileOptions, compile_project
-from orchestrator.compile.stack import StackOptions, compile_stack
+from orchestrator.backends.docker.render import CompiledProject, CompileOptions, compile_project
+from orchestrator.backends.swarm.compile import StackOptions, compile_stack
 from orchestrator.spec.policy import Policy
+from orchestrator.spec.resolve import resolve_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "version: 1\nname: t\nimage: img:1\nuser: '1000:1000'\n"

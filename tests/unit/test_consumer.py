@@ -171,7 +171,7 @@ def test_a_consumer_program(tmp_path: Path) -> None:
         with spawn_runtime(env, backend="consumer-alias") as alias:
             assert alias.info().backend == "consumer-alias" and rt.name == "local"
     finally:
-        from orchestrator.runtime import registry
+        from orchestrator.sandbox import registry
 
         registry._registered.pop("consumer-alias", None)
 

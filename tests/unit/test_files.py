@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import UsageError
-from orchestrator.runtime import files
+from orchestrator.sandbox import files
 
 
 def _tree(root: Path) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import load_environment
-from orchestrator.compile.render import CompileOptions, compile_project
+from orchestrator.backends.docker.render import CompileOptions, compile_project
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import OutputLimitExceeded, SandboxPermissionError
-from orchestrator.runtime import hostfs
+from orchestrator.sandbox import hostfs
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.container.identity import OWNER_FILE, claim_folder, orphan_folders
+from orchestrator.backends.container.inventory import match_project
 from orchestrator.errors import ProjectNotFound
-from orchestrator.project import match_project
-from orchestrator.project.identity import OWNER_FILE, claim_folder, orphan_folders
 
 NAMES = ["orch-python-1a2b3c4d", "orch-python-5e6f7a8b", "orch-web-0011aabb"]
 
@@ -53,8 +53,9 @@ def test_orphan_folders_are_those_of_dead_creators(
     claim_folder(mine)
     claim_folder(running)
     code = (
-        "import sys; from pathlib import Path; from orchestrator.project.identity import "
-        "claim_folder; claim_folder(Path(sys.argv[1]))"
+        "import sys; from pathlib import Path; "
+        "from orchestrator.backends.container.identity import claim_folder; "
+        "claim_folder(Path(sys.argv[1]))"
     )
     subprocess.run([sys.executable, "-c", code, str(dead)], check=True)
     assert sorted(f.name for f in orphan_folders({"running"})) == ["dead"]

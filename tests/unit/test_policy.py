@@ -11,7 +11,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import PolicyError, SpecError, load_environment_text
-from orchestrator.compile.render import CompiledProject, CompileOptions, compile_project
+from orchestrator.backends.docker.render import CompiledProject, CompileOptions, compile_project
 from orchestrator.spec.models import Mount
 from orchestrator.spec.policy import DEFAULT_CAPS, Policy
 

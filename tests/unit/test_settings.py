@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import UsageError, load_environment_text, spawn_runtime
-from orchestrator.project.identity import pick_subnet
+from orchestrator.backends.container.identity import pick_subnet
 from orchestrator.spec.loader import load_environment
 
 
@@ -50,8 +50,8 @@ def test_bad_subnet_settings_name_the_variable(
 
 
 def test_a_bad_exec_mode_is_refused_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.runtime.compose import ComposeRuntime
-    from orchestrator.runtime.options import SpawnOptions
+    from orchestrator.backends.docker.runtime import ComposeRuntime
+    from orchestrator.sandbox.options import SpawnOptions
 
     monkeypatch.setenv("ORCHESTRATOR_EXEC_MODE", "fast")
     env = load_environment_text("version: 1\nname: s\nimage: i\n")

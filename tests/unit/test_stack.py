@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import PolicyError, SpecError, load_environment, load_environment_text
-from orchestrator.compile.stack import StackOptions, compile_stack
+from orchestrator.backends.swarm.compile import StackOptions, compile_stack
 
 BASE = "version: 1\nname: st\nbackend: swarm\n"
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import OrchestratorError, SandboxUnsafeArchive
-from orchestrator.runtime import files
+from orchestrator.sandbox import files
 
 
 class Archive:

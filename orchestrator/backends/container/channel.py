@@ -1,0 +1,382 @@
+"""How commands reach one container of a Docker environment (the main sandbox or a service):
+its in-container executor, started once and restarted if it dies, or plain `docker exec` per
+command where the executor cannot run (no python3) or cannot act as the command's user.
+
+A folder's archive, out of the container or into it, takes a shorter way where the container
+sees a folder of this machine (its sandbox folder, bind-mounted read-only): a FIFO made there,
+written on one side and read on the other, so the bytes skip the engine's exec stream (the
+container's runtime shim, the daemon and the docker client each copy them). The FIFO has mode
+0: the executor (root, with CAP_DAC_OVERRIDE) opens it and hands it to the command, so no
+other user of the sandbox can read an upload or write into a download. Where the executor
+cannot (plain `docker exec`), archives take the exec stream."""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import tempfile
+import termios
+import threading
+import time
+import uuid
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Literal
+
+from orchestrator import procutil
+from orchestrator.backends.container.executor import wire
+from orchestrator.backends.container.executor.client import ExecutorClient, Fifo
+from orchestrator.backends.container.executor.plain import run_plain
+from orchestrator.backends.container.layout import SANDBOX_MOUNT
+from orchestrator.errors import ExecutorLost, SandboxUnavailable
+from orchestrator.procutil import F_SETPIPE_SZ
+from orchestrator.sandbox import files
+from orchestrator.sandbox.options import Chunks, Command
+from orchestrator.sandbox.results import Outcome, StreamKind
+
+log = logging.getLogger("orchestrator.docker")
+READY_TIMEOUT = 15.0
+Mode = Literal["auto", "executor", "plain"]
+ROOT = (None, "0", "0:0")
+"""Users a root executor without CAP_SETUID can still run commands as (itself)."""
+NO_FIFO = wire.NO_FIFO
+"""The exit status of a command whose FIFO the executor could not open (nothing ran)."""
+LOST_WITHIN = 2.0
+"""How long a dead executor's container may still read as running before we believe it."""
+PROBE_TIMEOUT = 5.0
+"""Longest the one-time FIFO check may take (an engine in a VM: its bind mounts copy files,
+not FIFOs)."""
+
+
+class Channel:
+    def __init__(
+        self,
+        *,
+        label: str,
+        docker_cmd: list[str],
+        container: str,
+        mode: Mode,
+        owned: bool,
+        lost: Callable[[], SandboxUnavailable | None],
+        killed: Callable[[], bool],
+        warn: Callable[[str], None],
+        shared: Path | None = None,
+    ) -> None:
+        self.label = label
+        self.mode = mode
+        self._docker_cmd = docker_cmd
+        self._container = container
+        self._owned = owned
+        self._lost = lost
+        self._killed = killed
+        self._warn = warn
+        self._executor: ExecutorClient | None = None
+        self._lock = threading.Lock()
+        # the host folder the container sees at SANDBOX_MOUNT, and whether a FIFO made there
+        # reaches this process (None: not yet tried)
+        self._shared = shared
+        self._fifo_ok: bool | None = None if shared is not None else False
+
+    # ----- the executor ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the executor now (it greets while the caller does other work)."""
+        if self.mode != "plain":
+            with self._lock:
+                if self._executor is None:
+                    self._executor = self._new_executor()
+
+    def _new_executor(self) -> ExecutorClient:
+        client = ExecutorClient(
+            [
+                *self._docker_cmd,
+                "exec",
+                "-i",
+                "-u",
+                "0",
+                self._container,
+                "python3",
+                "-u",
+                "-I",  # isolated: no user site, no PYTHON* variables of the sandbox
+                "-S",  # no site import: a faster start
+                f"{SANDBOX_MOUNT}/agent.py",
+                # owned: when this process dies, by any signal, the container stops itself
+                *(["--owned"] if self._owned else []),
+            ]
+        )
+        client.start()
+        return client
+
+    def ready(self) -> ExecutorClient | None:
+        """The live executor (restarted if it died), or None where commands go plain."""
+        if self.mode == "plain":
+            return None
+        with self._lock:
+            ex = self._executor
+            if ex is None or not ex.alive:
+                if ex is not None:
+                    why = ex.stderr_tail or "no output"
+                    log.warning("%s: executor died (%s); starting a new one", self.label, why)
+                    ex.close()
+                ex = self._executor = self._new_executor()
+        if ex.wait_ready(READY_TIMEOUT):
+            self.mode = "executor"
+            return ex
+        ex.close()  # also collects what it printed before dying
+        reason = ex.stderr_tail or "no answer"
+        with self._lock:
+            if self._executor is ex:
+                self._executor = None
+        lost = self._lost()
+        if lost is not None:
+            raise lost
+        if self.mode == "executor":
+            raise ExecutorLost(f"{self.label}: the executor cannot run in this image: {reason}")
+        self.mode = "plain"
+        self._warn(
+            f"{self.label}: the fast executor cannot run in this image ({reason}); "
+            "falling back to plain `docker exec` per command"
+        )
+        return None
+
+    def shutdown(self) -> None:
+        """Ask the executor to stop, without waiting (the container is going down)."""
+        if self._executor is not None:
+            self._executor.shutdown()
+
+    def close(self, release: bool = True) -> None:
+        with self._lock:
+            ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.close(release=release)
+
+    # ----- commands ----------------------------------------------------------------------------
+    def run(self, cmd: Command, *, bulk: bool = False) -> Chunks:
+        """Run one command. `bulk`: a folder's archive, out (the command prints it) or in
+        (its stdin a files.PackStream), through a FIFO where one works; otherwise an
+        archive out goes by plain exec, whose output crosses one process less than through
+        the executor, which matters for 100 MB more than the exec's start-up does."""
+        if bulk and self._fifo_works(cmd):
+            stream = cmd.stdin if isinstance(cmd.stdin, files.PackStream) else None
+            routed = yield from (
+                self._out_by_fifo(cmd) if stream is None else self._in_by_fifo(cmd, stream)
+            )
+            if routed is not None:
+                return routed
+        return (yield from self._run(cmd, plain=bulk and cmd.stdin is None))
+
+    def _run(
+        self,
+        cmd: Command,
+        *,
+        plain: bool = False,
+        out: _Fifo | None = None,
+        into: _Fifo | None = None,
+    ) -> Chunks:
+        """By the executor (unless `plain`, or where it cannot run); `out` / `into`: a FIFO
+        carrying the command's output / input, which only the executor can hand over (exit
+        NO_FIFO, nothing run, where it is not used)."""
+        ex = None if plain else self._executor_for(cmd)
+        fifo = out or into
+        if ex is None:
+            if fifo is not None:
+                return Outcome(NO_FIFO, False, 0.0)
+            return (yield from self._plain(cmd))
+        started = time.monotonic()
+        try:
+            end = fifo.end if fifo is not None else None
+            return (yield from ex.run(cmd, procutil.GRACE, self._lost, end))
+        except ExecutorLost as exc:
+            if self._killed():  # kill() ended it, as SIGKILL ends a process
+                return Outcome(137, False, time.monotonic() - started)
+            ex.close()  # the next command starts a fresh one
+            lost = self._lost_soon()
+            if lost is not None:
+                raise lost from exc
+            raise
+
+    def _executor_for(self, cmd: Command) -> ExecutorClient | None:
+        """The executor, where it runs and can run `cmd` as its user."""
+        ex = self.ready()
+        if ex is not None and not (ex.info.get("setuid", True) or cmd.user in ROOT):
+            return None  # root without CAP_SETUID here (a non-root service): docker exec -u
+        return ex
+
+    def _lost_soon(self, within: float = LOST_WITHIN) -> SandboxUnavailable | None:
+        """Why the container cannot run commands, asked again for a moment while it still
+        reads as running: a killed container takes the executor down before the engine
+        records that it stopped."""
+        deadline = time.monotonic() + within
+        while (lost := self._lost()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return lost
+
+    def _out_by_fifo(
+        self, cmd: Command
+    ) -> Generator[tuple[StreamKind, bytes], None, Outcome | None]:
+        """The command's output through a FIFO; None where that could not be (nothing was
+        written): the caller goes the usual way."""
+        assert self._shared is not None
+        fifo = _Fifo.make(self._shared, into_sandbox=False)
+        if fifo is None:
+            return None
+        try:
+            # the bytes skip the executor too: it starts the command sooner than docker exec
+            outcome = yield from self._run(cmd, out=fifo)
+        finally:
+            fifo.close()
+        return self._routed(outcome)
+
+    def _in_by_fifo(
+        self, cmd: Command, stream: files.PackStream
+    ) -> Generator[tuple[StreamKind, bytes], None, Outcome | None]:
+        """The command's input through a FIFO the host's tar writes into; None as above."""
+        assert self._shared is not None
+        fifo = _Fifo.make(self._shared, into_sandbox=True)
+        if fifo is None:
+            return None
+        try:
+            packer = stream.pack_into(fifo.writer)
+            fifo.drop_writer()  # tar's now: when the sandbox's end goes, tar gets EPIPE
+            if packer is None:
+                return None
+            # once tar has exited and the sandbox has read all it wrote, our end goes: the
+            # reader then gets its end of file (busybox's tar reads to it)
+            threading.Thread(target=fifo.release_when_read, args=(packer,), daemon=True).start()
+            try:
+                outcome = yield from self._run(dataclasses.replace(cmd, stdin=None), into=fifo)
+            finally:
+                packer.stop()
+        finally:
+            fifo.close()
+        return self._routed(outcome)
+
+    def _routed(self, outcome: Outcome) -> Outcome | None:
+        if outcome.exit_code != NO_FIFO:
+            return outcome
+        self._fifo_ok = False  # not for this user: nothing went through it; the usual way
+        return None
+
+    def _plain(self, cmd: Command) -> Chunks:
+        outcome = yield from run_plain(self._docker_cmd, self._container, cmd)
+        failed = outcome.exit_code != 0 or outcome.timed_out
+        if failed and not self._killed():  # the command failed, or the container did?
+            lost = self._lost()
+            if lost is not None:
+                raise lost
+        return outcome
+
+    def _fifo_works(self, cmd: Command) -> bool:
+        """Whether a FIFO in the shared folder, opened by the executor in the container, is
+        read here (the engine runs on this machine's kernel, and the executor may open it):
+        tried once, by a command that writes "ok". Never where the executor cannot run
+        `cmd`: a FIFO the command's user opened itself would be one any user could open."""
+        if self._fifo_ok is False or self._executor_for(cmd) is None:
+            return False
+        if self._fifo_ok is None:
+            probe = Command(["printf", "ok"], {}, "/", cmd.user, PROBE_TIMEOUT, None)
+            said, way = b"", self._out_by_fifo(probe)
+            try:
+                while True:
+                    kind, data = next(way)
+                    said += data if kind == "stdout" else b""
+            except StopIteration as stop:
+                if stop.value is None and self._fifo_ok is None:
+                    return False  # no FIFO could be made: tried again next time
+            self._fifo_ok = said == b"ok"
+            if not self._fifo_ok:
+                log.info("%s: folders go through the engine's exec stream", self.label)
+        return self._fifo_ok
+
+
+class _Fifo:
+    """A new FIFO in the shared folder: `inside`, its path in the container, and `fd`, our
+    end of it. It has mode 0 before the sandbox can see it (made in a private folder beside
+    the shared one, opened, then moved in): no sandbox user but root (the executor, which
+    hands it to the command) can open it; a root sandbox can do anything in itself anyway,
+    and what comes out of the sandbox stays untrusted wherever it passes.
+    Out of the sandbox we read it (opened without waiting for a writer). Into the sandbox we
+    open it for reading and writing, so we never wait for a reader to open it, and keep that
+    end: a FIFO with no end open drops its data, and the reader may open after the packer
+    exited; it goes once all was read. The packer gets `writer`, a write-only end (see
+    `drop_writer`)."""
+
+    def __init__(self, folder: Path, into_sandbox: bool) -> None:
+        name = f"{'in' if into_sandbox else 'out'}-{uuid.uuid4().hex}"
+        self._lock = threading.Lock()
+        self.path, self.inside, self.into = folder / name, f"{SANDBOX_MOUNT}/{name}", into_sandbox
+        self.fd = self.writer = -1
+        private = Path(tempfile.mkdtemp(prefix=".fifo-", dir=folder.parent))
+        made = private / name
+        try:
+            os.mkfifo(made, 0o600)
+            flags = os.O_RDWR if into_sandbox else os.O_RDONLY | os.O_NONBLOCK
+            self.fd = os.open(made, flags | os.O_CLOEXEC)
+            if into_sandbox:  # (non-blocking only to open: our own end reads)
+                self.writer = os.open(made, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                os.set_blocking(self.writer, True)
+            made.chmod(0)
+            os.rename(made, self.path)
+        except OSError:
+            self.drop_writer()
+            self.release()
+            raise
+        finally:
+            made.unlink(missing_ok=True)
+            private.rmdir()
+        with contextlib.suppress(OSError):  # bigger reads where Linux allows it
+            fcntl.fcntl(self.fd, F_SETPIPE_SZ, files.STREAM_CHUNK)
+
+    @property
+    def end(self) -> Fifo:
+        return Fifo(self.inside, self.fd, self.into)
+
+    def drop_writer(self) -> None:
+        """Close our copy of the packer's end: once the packer holds the only write-only
+        end, it gets EPIPE (it dies) when no reader is left, as when we die mid-upload and
+        the sandbox stops."""
+        if self.writer >= 0:
+            os.close(self.writer)
+            self.writer = -1
+
+    @classmethod
+    def make(cls, folder: Path, into_sandbox: bool) -> _Fifo | None:
+        """A FIFO, or None where none can be made (the folder gone, a file system without)."""
+        try:
+            return cls(folder, into_sandbox)
+        except OSError as exc:
+            log.info("cannot make a FIFO in %s: %s", folder, exc)
+            return None
+
+    def release(self) -> None:
+        """Close our end."""
+        with self._lock:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+    def release_when_read(self, packer: files.TarInto) -> None:
+        """Once the packer has exited, wait until nothing it wrote is left unread, then
+        close our end: the reader's end of file. (A reader that opens only after that, as
+        when the packer failed at once, gets it at once: the executor opens without waiting
+        for a writer, and a FIFO without one reads as ended.)"""
+        packer.wait()
+        while True:
+            with self._lock:
+                if self.fd < 0:
+                    return  # closed meanwhile: the command ended
+                left = array.array("i", [0])
+                fcntl.ioctl(self.fd, termios.FIONREAD, left)
+                if left[0] == 0:
+                    os.close(self.fd)
+                    self.fd = -1
+                    return
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        self.drop_writer()
+        self.release()
+        self.path.unlink(missing_ok=True)

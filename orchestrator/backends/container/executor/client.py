@@ -1,0 +1,441 @@
+"""Host side of the executor: one long-lived `docker exec -i` per environment, speaking the
+framed protocol of `wire`. Many commands may be in flight at once; if the executor dies,
+commands in flight get ExecutorLost and the owner starts a new one for the next command.
+
+No wait here is unbounded: the reader thread never blocks on a consumer (output is paced per
+command by credit), a silent executor is pinged, and when it does not answer the owner's
+`probe` says whether the sandbox itself is gone or paused (SandboxUnavailable).
+
+Nor is any buffer: the executor is the image's own python3, which a root sandbox can replace,
+so what it sends is held to the protocol. A frame over procutil.CHUNK bytes, more output
+frames than a command's credit allows, or a frame of a kind the host does not expect ends
+that executor (ExecutorLost for its commands; the next command starts a new one)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import queue
+import select
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from orchestrator import procutil
+from orchestrator.backends.container.executor import wire
+from orchestrator.errors import ExecutorLost, SandboxUnavailable
+from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
+from orchestrator.sandbox.results import Outcome
+
+HERE = Path(__file__).resolve().parent
+#: Files copied into the sandbox folder so the executor can run inside the container.
+FILES = (HERE / "agent.py", HERE / "wire.py", Path(procutil.__file__).resolve())
+BACKSTOP = 2.0
+"""Seconds past a command's own timeout (and grace) before the host asks the executor to kill
+it again, and as long again before it declares the executor lost."""
+PING_AFTER = 0.5
+"""Seconds without any frame from the executor before a command waiting on it sends a ping."""
+SILENT = 1.5
+"""Seconds without any frame (pings unanswered) before the owner's probe is asked whether the
+sandbox is still there."""
+OUT_BUDGET = 8 * 1024 * 1024
+"""Bytes of frames queued for the executor before a caller sending stdin waits."""
+STDERR_TAIL = 16
+"""Chunks (of at most 4 KiB) of the executor's own stderr kept for error messages."""
+Probe = Callable[[], "SandboxUnavailable | None"]
+
+
+class Fifo(NamedTuple):
+    """A FIFO in the folder the container shares with this machine, which the executor opens
+    itself (as root: the FIFO has mode 0, so no other sandbox user can) and gives the
+    command as its standard output (`into` False: `fd` is our non-blocking read end) or its
+    standard input (`into` True: this machine's tar writes it; `fd` is not read here)."""
+
+    inside: str
+    fd: int
+    into: bool
+
+
+class _Inbox:
+    """The frames of one command on their way to its caller. Holds at most what the
+    executor may send: WINDOW output frames plus the credit handed back, then one EXIT."""
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._allowed = wire.WINDOW
+        self._exited = False
+
+    def grant(self, count: int) -> None:
+        with self._lock:
+            self._allowed += count
+
+    def admit(self, kind: int) -> str | None:
+        """None if a frame of `kind` may be queued; otherwise how it breaks the protocol."""
+        with self._lock:
+            if self._exited:
+                return "a frame after the command's exit"
+            if kind in (wire.OUT, wire.ERR):
+                if self._allowed <= 0:
+                    return "more output than the credit it was given"
+                self._allowed -= 1
+            elif kind == wire.EXIT:
+                self._exited = True
+            else:
+                return f"a frame of unexpected kind {kind}"
+        return None
+
+
+class ExecutorClient:
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._queues: dict[int, _Inbox] = {}
+        self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._out_bytes = 0
+        self._out_cond = threading.Condition()
+        self._ids = iter(range(1, 2**31))
+        self._id_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._dead = threading.Event()
+        self._stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL)
+        self._fault = ""  # how the executor broke the protocol, once it did
+        self.info: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
+        self._last_rx = time.monotonic()
+        self._last_ping = 0.0
+
+    # ----- process -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._last_rx = time.monotonic()
+        self._proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+        )
+        self._threads = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+            threading.Thread(target=self._write, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """True once the executor said READY; False if it died or did not answer in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready.wait(0.01):
+                return True
+            if self._dead.is_set():
+                return False
+        return self._ready.is_set()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and not self._dead.is_set()
+
+    @property
+    def stderr_tail(self) -> str:
+        return b"".join(self._stderr).decode("utf-8", "replace").strip()
+
+    def shutdown(self) -> None:
+        """Ask the executor to stop (it kills what still runs and exits); do not wait. Its
+        input ends once the frames queued before are written."""
+        self._out.put(None)
+
+    def close(self, release: bool = True) -> None:
+        """Stop the executor and wait for it. With `release`, tell it first that this is on
+        purpose, so that an executor started with --owned does not stop the sandbox."""
+        proc = self._proc
+        if proc is None:
+            return
+        if release and not self._dead.is_set():
+            self._send(wire.RELEASE, 0)
+        self.shutdown()
+        try:
+            proc.wait(2)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        for t in self._threads:
+            t.join(2)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self._dead.set()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stream = self._proc.stdout
+        if self._greeting(stream):
+            try:
+                self._frames(stream)
+            except wire.BadFrame as exc:
+                self._fault = str(exc)
+            if self._fault:  # not ours any more: it is stopped, its commands fail
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
+        self._dead.set()
+        for inbox in list(self._queues.values()):
+            inbox.frames.put((-1, b""))
+
+    def _greeting(self, stream: Any) -> bool:
+        """Read the READY frame. Anything else is the docker CLI explaining why the executor
+        could not start (it prints that on stdout): keep it for the error message."""
+        head = stream.read(wire.HEADER.size)
+        if len(head) == wire.HEADER.size:
+            kind, _, size = wire.HEADER.unpack(head)
+            if kind == wire.READY and size < 4096:
+                with contextlib.suppress(ValueError):
+                    info = json.loads(stream.read(size).decode())
+                    if isinstance(info, dict):
+                        self.info = info
+                        self._ready.set()
+                        return True
+        self._stderr.append(head + stream.read(4096))
+        return False
+
+    def _frames(self, stream: Any) -> None:
+        """Hand each frame to its command; never blocks. Until the protocol is broken (see
+        the module), or the stream ends."""
+        while not self._fault:
+            frame = wire.read_frame(stream, limit=procutil.CHUNK)
+            if frame is None:
+                return
+            kind, cid, payload = frame
+            self._last_rx = time.monotonic()
+            if kind == wire.PONG:
+                continue
+            inbox = self._queues.get(cid)
+            if inbox is None:
+                continue  # a command nobody listens to any more: dropped
+            broke = inbox.admit(kind)
+            if broke is not None:
+                self._fault = f"it sent {broke} (command {cid})"
+            else:
+                inbox.frames.put((kind, payload))
+
+    def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        while chunk := self._proc.stderr.read(4096):
+            self._stderr.append(chunk)
+
+    def _write(self) -> None:
+        """The only writer of the executor's input. A sandbox that stops reading (paused,
+        frozen) blocks this thread, never a caller."""
+        assert self._proc is not None and self._proc.stdin is not None
+        stdin = self._proc.stdin
+        while (frame := self._out.get()) is not None:
+            # on a broken pipe the reader notices the death and fails the commands
+            with contextlib.suppress(OSError, ValueError):
+                stdin.write(frame)
+            with self._out_cond:
+                self._out_bytes -= len(frame)
+                self._out_cond.notify_all()
+        with contextlib.suppress(OSError):
+            stdin.close()
+
+    def _send(
+        self, kind: int, cid: int, payload: bytes = b"", waiting: Callable[[], None] | None = None
+    ) -> None:
+        """Queue a frame for the writer. With `waiting` (stdin data), wait while more than
+        OUT_BUDGET bytes are queued, calling it every 0.25 s (it may raise)."""
+        frame = wire.pack(kind, cid, payload)
+        while True:
+            with self._out_cond:
+                full = self._out_bytes > OUT_BUDGET and not self._dead.is_set()
+                if not full or waiting is None:
+                    self._out_bytes += len(frame)
+                    break
+                self._out_cond.wait(0.25)
+            waiting()
+        self._out.put(frame)
+
+    # ----- commands ------------------------------------------------------------------------
+    def _silence(self, probe: Probe | None) -> None:
+        """Called while a command waits with nothing arriving: ping the executor, and when
+        even pings go unanswered ask the probe whether the sandbox is still there."""
+        now = time.monotonic()
+        quiet = now - self._last_rx
+        if quiet >= PING_AFTER and now - self._last_ping >= PING_AFTER:
+            self._last_ping = now
+            self._send(wire.PING, 0)
+        if quiet >= SILENT and probe is not None:
+            lost = probe()
+            if lost is not None:
+                raise lost
+            self._last_rx = time.monotonic()  # the sandbox runs: give the executor time
+
+    def run(
+        self, cmd: Command, grace: float, probe: Probe | None = None, fifo: Fifo | None = None
+    ) -> Chunks:
+        """Run one command through the executor. `fifo`: its output (or input) goes through
+        that FIFO instead (see Fifo). Output read from it comes as "stdout" chunks, as it
+        arrives, and after the command exits until the FIFO's end of file, DRAIN seconds of
+        quiet or DRAIN_MAX seconds in all (time the caller holds a chunk not counted), even
+        if bytes keep trickling in: a sandbox process may hold it open and write."""
+        with self._id_lock:
+            cid = next(self._ids)
+        inbox = self._queues[cid] = _Inbox()
+        done = False
+        try:
+            if self._dead.is_set():
+                raise ExecutorLost(self._why("the executor is not running"))
+            request = wire.Request(
+                cmd.argv,
+                cmd.env,
+                cmd.cwd,
+                cmd.user,
+                cmd.timeout,
+                cmd.stdin is not None,
+                stdout_fifo=fifo.inside if fifo is not None and not fifo.into else None,
+                stdin_fifo=fifo.inside if fifo is not None and fifo.into else None,
+            )
+            self._send(wire.RUN, cid, wire.encode_request(request))
+            if cmd.stdin is not None:
+                for chunk in stdin_chunks(cmd.stdin):
+                    self._send(wire.STDIN, cid, chunk, waiting=lambda: self._silence(probe))
+                self._send(wire.STDIN_EOF, cid)
+            backstop = (
+                time.monotonic() + cmd.timeout + grace + BACKSTOP
+                if cmd.timeout is not None
+                else None
+            )
+            killed, consumed = False, 0
+            reader = _FifoReader(fifo.fd) if fifo is not None and not fifo.into else None
+            ended: Outcome | None = None
+            while True:
+                if reader is not None:
+                    if reader.finished():
+                        reader = None
+                        if ended is not None:
+                            done = True
+                            return ended
+                        continue
+                    chunk = reader.read(busy=not inbox.frames.empty())
+                    if chunk:
+                        since = time.monotonic()
+                        yield "stdout", chunk
+                        reader.handed_back(since)
+                    if ended is not None:
+                        continue  # the command's end: only the FIFO is left to read
+                try:
+                    kind, payload = inbox.frames.get(timeout=0.25 if reader is None else 0.0)
+                except queue.Empty:
+                    # looked at however busy the FIFO is: bytes trickling into it must not
+                    # keep a paused sandbox or a lost executor from being noticed
+                    self._silence(probe)
+                    if backstop is None or time.monotonic() < backstop:
+                        continue
+                    if not killed:  # the executor should have ended it: ask once more
+                        self._send(wire.KILL, cid)
+                        killed, backstop = True, time.monotonic() + BACKSTOP
+                        continue
+                    raise ExecutorLost("executor stopped answering; it will be restarted") from None
+                if kind in (wire.OUT, wire.ERR):
+                    consumed += 1
+                    if consumed >= wire.WINDOW // 2:  # hand the credit back as we read
+                        inbox.grant(consumed)
+                        self._send(wire.CREDIT, cid, wire.COUNT.pack(consumed))
+                        consumed = 0
+                    yield ("stdout" if kind == wire.OUT else "stderr"), payload
+                elif kind == wire.EXIT:
+                    done = True
+                    if reader is None:
+                        return self._outcome(payload)
+                    ended = self._outcome(payload)  # what it wrote is read still
+                    reader.exited()
+                else:
+                    raise ExecutorLost(self._why("the in-container executor died while it ran"))
+        finally:
+            if not done and not self._dead.is_set():
+                self._send(wire.KILL, cid)  # caller gave up: the command must not outlive it
+            self._queues.pop(cid, None)
+
+    def _why(self, what: str) -> str:
+        """Why this executor cannot go on, for ExecutorLost: `what` happened, or the way it
+        broke the protocol."""
+        if self._fault:
+            return (
+                f"the in-container executor broke the protocol: {self._fault}; it does not "
+                "behave as ours (a root sandbox may have replaced python3) and was stopped. "
+                "The command failed; the next one starts a new executor"
+            )
+        tail = self.stderr_tail
+        return what + (f": {tail}" if tail else "")
+
+    def _outcome(self, payload: bytes) -> Outcome:
+        try:
+            end = wire.decode_exit(payload)
+        except (ValueError, TypeError) as exc:
+            self._fault = f"an exit report that is not one ({exc})"
+            if self._proc is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
+            raise ExecutorLost(self._why("")) from None
+        return _outcome(end)
+
+
+class _FifoReader:
+    """The FIFO a command writes its output into, read beside the executor's frames. After
+    the command's exit, reading goes on until the end of file or, as in `procutil.pump`,
+    DRAIN seconds of quiet (a process it left, or the sandbox, may hold the FIFO open),
+    and at most DRAIN_MAX seconds of our own time: the time the caller holds a chunk is
+    neither quiet nor counted, so a slow caller loses nothing the packer wrote, while
+    bytes trickling in cannot hold the call."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.ended = fd, False
+        self._exited_at: float | None = None
+        self._last = time.monotonic()
+        self._held = 0.0  # seconds the caller held chunks since the exit
+
+    def read(self, busy: bool) -> bytes:
+        """A chunk, or b"" (none now); waits a little unless frames are waiting (`busy`)."""
+        wait = 0.0 if busy else 0.05 if self._exited_at is not None else 0.01
+        if not select.select([self.fd], [], [], wait)[0]:
+            return b""
+        try:
+            data = os.read(self.fd, procutil.CHUNK)
+        except BlockingIOError:
+            return b""
+        if not data:
+            self.ended = True
+        return data
+
+    def handed_back(self, since: float) -> None:
+        """The caller is done with the chunk handed to it at `since`: quiet counts from now."""
+        self._last = now = time.monotonic()
+        if self._exited_at is not None:
+            self._held += now - max(since, self._exited_at)
+
+    def exited(self) -> None:
+        self._exited_at = self._last = time.monotonic()
+
+    def finished(self) -> bool:
+        """Whether to stop reading: the end of file, or after the exit, quiet long enough or
+        reading long enough."""
+        if self.ended:
+            return True
+        if self._exited_at is None:
+            return False
+        now = time.monotonic()
+        quiet, spent = now - self._last, now - self._exited_at - self._held
+        return quiet >= procutil.DRAIN or spent > procutil.DRAIN_MAX
+
+
+def _outcome(end: wire.Exit) -> Outcome:
+    if end.unavailable:
+        raise SandboxUnavailable(
+            f"the sandbox cannot run the command: {end.unavailable} (its pids or memory "
+            "limit is reached; the command did not start)"
+        )
+    return Outcome(end.exit_code, end.timed_out, end.elapsed, end.oom_killed)

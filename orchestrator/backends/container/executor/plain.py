@@ -1,0 +1,199 @@
+"""The plain-exec path: one `docker exec` per command, for images where the executor cannot
+run (no python3). Still kills the whole tree inside the container on timeout, by a second
+exec (`KILL_TREE`) that kills: every process of the command's session (docker starts each
+exec as a session of its own; the command names it, `$$`, on the first line of its stderr,
+which is taken off before anyone sees it), every descendant of a process it found, and every
+process whose /proc/PID/environ holds the command's unique marker (a `setsid` daemon), with
+the sessions of those too. So a child that cleared its environment (`env -i`) is found by
+its session or its parent, and one that left the session by its marker; only one that does
+both (and outlives its parent) escapes, as it would escape the executor's kill.
+
+The killer uses shell builtins only (read, kill, case, echo: no `tr`, `grep` or `ps`), so it
+needs one process, the exec itself, however many the command took: a fork loop that filled
+the pids limit cannot stop it (the engine moves an exec into a full cgroup). It freezes what
+it finds (SIGSTOP) until a whole pass finds nothing new, so nothing forks or is reparented
+away while it looks, then sends the signal (and SIGCONT, so a SIGTERM is acted on). Where
+even the exec cannot start (an engine that charges it to the full pids limit), it is retried
+until KILL_TIMEOUT; if it never ran, the command raises SandboxUnavailable: its processes
+may still run, and the sandbox cannot start a process anyway.
+
+POSIX sh only: nothing is installed in the image, and nothing is left behind in it."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+import uuid
+
+from orchestrator import procutil
+from orchestrator.errors import BackendUnavailable, SandboxUnavailable
+from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
+
+MARK = "ORCHESTRATOR_CMD"
+NO_USER = b"unable to find user "
+KILL_TIMEOUT = 5.0
+"""Longest the in-container kill may take, retries included (an engine that does not
+answer, a sandbox that cannot start the killer)."""
+# The command, through sh: first its session on stderr (echo is a builtin everywhere)
+SESSION = b"orchestrator-session:"
+WRAP = 'echo "orchestrator-session:$$" >&2; exec "$@"'
+DONE = "orchestrator-killed:"
+"""The killer's last line, then the sessions it found (passed to the next pass)."""
+# `sh -c KILL_TREE sh TOKEN SIGNAL [SESSION...]`: builtins only (see the module docstring)
+KILL_TREE = r"""
+m="ORCHESTRATOR_CMD=$1"; sig=$2; shift 2; me=$$; sids=" "
+for s in "$@"; do [ "$s" -gt 1 ] 2>/dev/null && sids="$sids$s "; done
+hit=" "; quiet=0; n=0
+while [ $quiet -lt 2 ] && [ $n -lt 300 ]; do
+  n=$((n + 1)); new=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case $hit in *" $p "*) continue ;; esac
+    if [ "$p" = "$me" ] || [ "$p" = 1 ]; then continue; fi
+    read -r st 2>/dev/null < "$d/stat" || continue
+    st=${st##*) }; set -- $st
+    [ "$1" = Z ] && continue
+    take=
+    case $sids in *" $4 "*) take=1 ;; esac
+    case $hit in *" $2 "*) take=1 ;; esac
+    if [ -z "$take" ]; then
+      e=; l=
+      { while IFS= read -r l || [ -n "$l" ]; do e="$e$l"; l=; done; } 2>/dev/null < "$d/environ"
+      case $e in *"$m"*) take=1 ;; esac
+    fi
+    [ -n "$take" ] || continue
+    kill -STOP "$p" 2>/dev/null || continue
+    hit="$hit$p "; new=1
+    if [ "$4" -gt 1 ]; then case $sids in *" $4 "*) ;; *) sids="$sids$4 " ;; esac; fi
+  done
+  if [ $new = 1 ]; then quiet=0; else quiet=$((quiet + 1)); fi
+done
+for p in $hit; do kill -"$sig" "$p" 2>/dev/null; kill -CONT "$p" 2>/dev/null; done
+echo "orchestrator-killed:$sids"
+"""
+_NO_PROCESS = re.compile(
+    rb"can't fork|cannot fork|resource temporarily unavailable|cannot allocate memory",
+    re.IGNORECASE,
+)
+
+
+class _Killer:
+    """Kills one command's processes inside the container (see the module docstring)."""
+
+    def __init__(self, docker_cmd: list[str], container: str, cmd: Command, token: str):
+        # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
+        # cannot read another uid's environ; the same uid can, and may signal it
+        user = ["-u", cmd.user] if cmd.user else []
+        self._argv = [*docker_cmd, "exec", *user, container, "/bin/sh", "-c", KILL_TREE, "sh"]
+        self._token = token
+        self.sessions: list[str] = []
+        """Sessions found by earlier passes: their processes die in later ones, even once
+        nothing marked is left to find them by."""
+        self.no_process = b""
+        """Why the killer could not run at all, when the sandbox cannot start a process."""
+
+    def __call__(self, client: subprocess.Popen[bytes], sig: int) -> None:
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        deadline, pause = time.monotonic() + KILL_TIMEOUT, 0.05
+        while True:
+            said = self._once(name, deadline)
+            if said is None:  # done, or the engine does not answer
+                break
+            self.no_process = said
+            if time.monotonic() + pause >= deadline:
+                break
+            time.sleep(pause)  # a fork loop may free a slot (a shell dies at its failure)
+            pause = min(pause * 2, 0.5)
+        if sig == signal.SIGKILL:
+            client.kill()  # and the local docker client, which a paused sandbox would hold
+
+    def _once(self, name: str, deadline: float) -> bytes | None:
+        """One pass: the words of a sandbox that could not start a process (retry), else
+        None: it ran, or failed otherwise (paused, gone: the caller's probe says so)."""
+        argv = [*self._argv, self._token, name, *self.sessions]
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                timeout=max(0.1, deadline - time.monotonic()),
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        for line in done.stdout.decode(errors="replace").splitlines():
+            if line.startswith(DONE):
+                self.sessions = line.removeprefix(DONE).split()
+                self.no_process = b""
+                return None
+        said = done.stdout + done.stderr
+        return (said.strip() or b"no answer") if _NO_PROCESS.search(said) else None
+
+
+def run_plain(
+    docker_cmd: list[str], container: str, cmd: Command, out: int | None = None
+) -> Chunks:
+    """`cmd` by one `docker exec`. `out`: the read end of a FIFO the command's output goes
+    to instead of through the engine (see `procutil.pump`)."""
+    token = uuid.uuid4().hex
+    argv = [*docker_cmd, "exec", "-e", f"{MARK}={token}"]
+    if cmd.stdin is not None:
+        argv.append("-i")
+    if cmd.user:
+        argv += ["-u", cmd.user]
+    argv += ["-w", cmd.cwd]
+    for key, value in cmd.env.items():
+        argv += ["-e", f"{key}={value}"]
+    # through sh, so a missing program is 127 with the message on stderr, as everywhere else
+    argv += [container, "/bin/sh", "-c", WRAP, "sh", *cmd.argv]
+    killer = _Killer(docker_cmd, container, cmd, token)
+
+    stdin = stdin_chunks(cmd.stdin) if cmd.stdin is not None else None
+    chunks = procutil.run(
+        argv, None, None, stdin=stdin, timeout=cmd.timeout, killer=killer, out=out
+    )
+    try:
+        first = True
+        head: bytes | None = b""  # stderr until the session's line is complete
+        while True:
+            try:
+                kind, data = next(chunks)
+                if head is not None and kind == "stderr":
+                    head, data = _session(head + data, killer)
+                    if not data:
+                        continue
+            except StopIteration as stop:
+                if head:
+                    yield "stderr", head  # not our line after all (the exec failed)
+                if killer.no_process:
+                    raise SandboxUnavailable(
+                        "the sandbox cannot start a process (its pids or memory limit is "
+                        "reached), so the processes of a command that timed out could not "
+                        "be killed and may still run: "
+                        + killer.no_process.decode(errors="replace")[-300:]
+                    ) from None
+                return stop.value  # type: ignore[no-any-return]
+            except procutil.NoProcess as exc:  # this host, not the sandbox, is out of processes
+                raise BackendUnavailable(f"cannot start the docker client: {exc.strerror}") from exc
+            if first and kind == "stdout" and data.startswith(NO_USER):
+                # the docker CLI prints its own refusal on stdout
+                kind, data = "stderr", data.replace(b"\r\n", b"\n")
+            first = False
+            yield kind, data
+    finally:
+        chunks.close()  # a caller that gave up: the core kills the tree in the container
+
+
+def _session(head: bytes, killer: _Killer) -> tuple[bytes | None, bytes]:
+    """Take the command's first stderr line, its session, off `head`: (what is still held,
+    None once done; what goes on to the caller)."""
+    if head.startswith(SESSION) and b"\n" not in head and len(head) < 64:
+        return head, b""  # the line is not complete yet
+    if SESSION.startswith(head):
+        return head, b""
+    line, newline, rest = head.partition(b"\n")
+    if head.startswith(SESSION) and newline and line[len(SESSION) :].isdigit():
+        killer.sessions.append(line[len(SESSION) :].decode())
+        return None, rest
+    return None, head

@@ -1,0 +1,113 @@
+"""One guardian per owner process: when the owner dies, by any signal (SIGKILL included), it
+removes that owner's projects, containers, networks, volumes and folders, by label, and exits.
+
+It is started on the owner's first spawn (a `python -c` calling `main` below) in a
+session of its own, so that signals sent to the owner's process group do not reach it. It
+learns of the owner's death from the end of its stdin (the owner holds the only write end)
+and, in case a forked child holds that end too, by polling the owner's pid and start time.
+Set ORCHESTRATOR_GUARDIAN=0 to go without (the reaper of the next spawn, `ps` or `up` still
+removes what a dead owner left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from orchestrator.backends.container.identity import (
+    LABEL_OWNER_HOST,
+    LABEL_OWNER_PID,
+    LABEL_OWNER_START,
+    owner_alive,
+    owner_labels,
+    process_start,
+)
+from orchestrator.errors import OrchestratorError
+
+GUARDIAN_ENV = "ORCHESTRATOR_GUARDIAN"
+LOG_ENV = "ORCHESTRATOR_GUARDIAN_LOG"
+"""A file the guardians append their errors to (none by default)."""
+POLL = 0.5
+"""Seconds between two checks of the owner's pid (when no end of input told us first)."""
+
+ENTRY = (
+    "import sys; from orchestrator.backends.container.guardian import main; "
+    "sys.exit(main(sys.argv[1:]))"
+)
+_lock = threading.Lock()
+_guardian: tuple[int, subprocess.Popen[bytes]] | None = None
+"""(owner pid, guardian process): a forked child needs a guardian of its own."""
+
+
+def ensure_guardian() -> None:
+    """Start this process's guardian unless it runs (or is switched off)."""
+    global _guardian
+    if os.environ.get(GUARDIAN_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    pid = os.getpid()
+    with _lock:
+        if _guardian is not None and _guardian[0] == pid and _guardian[1].poll() is None:
+            return
+        argv = [sys.executable, "-c", ENTRY, str(pid)]
+        argv += [process_start(pid), socket.gethostname()]
+        log = os.environ.get(LOG_ENV)
+        with open(log or os.devnull, "ab") as err:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
+        _guardian = (pid, proc)
+
+
+def watch(pid: str, start: str, host: str) -> None:
+    """Block until the owner is gone, then remove what it owned."""
+    labels = owner_labels(pid, start, host)
+    ended = threading.Event()
+
+    def read_to_end() -> None:
+        with contextlib.suppress(OSError):
+            while sys.stdin.buffer.read(4096):
+                pass
+        ended.set()
+
+    threading.Thread(target=read_to_end, daemon=True).start()
+    while owner_alive(labels):
+        ended.wait(POLL)
+        if ended.is_set():  # the owner closed its end: check now, then keep polling
+            ended.clear()
+    remove_owned(labels)
+
+
+def remove_owned(labels: dict[str, str]) -> list[str]:
+    """Remove every project (and orphan folder) carrying exactly these owner labels."""
+    from orchestrator.backends.container.inventory import (
+        list_projects,
+        orphan_folders_of,
+        remove_project,
+    )
+
+    removed = []
+    keys = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)
+    for info in list_projects():
+        if all(info.labels.get(k) == labels[k] for k in keys) and not info.kept:
+            with contextlib.suppress(OrchestratorError):
+                remove_project(info)
+                removed.append(info.name)
+    removed += orphan_folders_of(labels)
+    return removed
+
+
+def main(argv: list[str]) -> int:
+    for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's Ctrl-C or hang-up is the owner's
+        signal.signal(sig, signal.SIG_IGN)
+    pid, start, host = argv
+    watch(pid, start, host)
+    return 0

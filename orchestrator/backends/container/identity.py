@@ -1,0 +1,225 @@
+"""Who a project is: its name, labels, owner, folder and subnet."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import random
+import re
+import socket
+import stat
+import time
+import uuid
+from pathlib import Path
+
+from orchestrator import settings
+from orchestrator.paths import state_dir
+from orchestrator.procutil import stat_fields
+from orchestrator.spec.loader import Environment
+
+L = "org.orchestrator."
+LABEL_MANAGED = L + "managed"
+LABEL_PROJECT = L + "project"
+LABEL_ENV = L + "env"
+LABEL_DIGEST = L + "digest"
+LABEL_OWNER_PID = L + "owner.pid"
+LABEL_OWNER_START = L + "owner.start"
+LABEL_OWNER_HOST = L + "owner.host"
+LABEL_STARTED = L + "started"
+LABEL_DIR = L + "dir"
+DETACHED = "0"
+"""Owner pid of a project started by `orchestrator up`: it lives until `down` or `cleanup --all`."""
+
+POOL_ENV = "ORCHESTRATOR_SUBNET_POOL"
+PREFIX_ENV = "ORCHESTRATOR_SUBNET_PREFIX"
+DEFAULT_POOL = "10.213.0.0/16"
+DEFAULT_PREFIX = 27
+
+
+def process_start(pid: int) -> str:
+    """Start time of a process in clock ticks since boot ('' where /proc is absent)."""
+    fields = stat_fields(pid)
+    return fields[19].decode() if len(fields) > 19 else ""
+
+
+def owner_alive(labels: dict[str, str]) -> bool:
+    """Whether the process that owns a project still runs (detached projects count as alive)."""
+    pid = labels.get(LABEL_OWNER_PID, DETACHED)
+    if pid == DETACHED or labels.get(LABEL_OWNER_HOST) != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    start = labels.get(LABEL_OWNER_START, "")
+    return not start or process_start(int(pid)) in ("", start)
+
+
+OWNER_FILE = "owner"
+"""In each project folder: "pid start host" of the process that created it."""
+KEPT_FILE = "kept"
+"""In a project folder: cleanup stopped the project and kept it (keep_after_cleanup), so
+neither a reaper nor the owner's guardian removes it; `cleanup --all` or `down` does."""
+ENGINE_FILE = "engine"
+"""In the folder of a project on another machine's engine: that engine's address, so a
+reaper or a guardian working with another engine still removes it there."""
+ORPHAN_AGE = 600.0
+"""Seconds after which a project folder without an owner file counts as abandoned."""
+
+
+def projects_dir() -> Path:
+    return state_dir() / "projects"
+
+
+def claim_folder(directory: Path) -> None:
+    """Create a project folder and record who made it, before anything else goes in, so a
+    start killed half-way leaves a folder the reaper can tell is abandoned."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pid = os.getpid()
+    (directory / OWNER_FILE).write_text(f"{pid} {process_start(pid)} {socket.gethostname()}\n")
+
+
+def kept(directory: Path | None) -> bool:
+    return directory is not None and (directory / KEPT_FILE).exists()
+
+
+def owner_labels(pid: str, start: str, host: str) -> dict[str, str]:
+    return {LABEL_OWNER_PID: pid, LABEL_OWNER_START: start, LABEL_OWNER_HOST: host}
+
+
+def folder_owner(folder: Path) -> dict[str, str] | None:
+    """The owner labels recorded in a project folder (None without a readable owner file)."""
+    try:
+        pid, start, host = (folder / OWNER_FILE).read_text().split()
+    except (OSError, ValueError):
+        return None
+    return owner_labels(pid, start, host)
+
+
+def project_folders() -> list[Path]:
+    """The folders in our projects folder (real folders only: never a link out of it)."""
+    try:
+        return [d for d in projects_dir().iterdir() if d.is_dir() and not d.is_symlink()]
+    except OSError:
+        return []
+
+
+PROJECT_PREFIX = "orch-"
+"""The start of every project name (see `project_name`)."""
+PROJECT_NAME = re.compile(re.escape(PROJECT_PREFIX) + r"[a-z0-9_-]{1,30}-[0-9a-f]{8}")
+"""What `project_name` makes: only a project named so can be ours."""
+
+
+def is_project_name(name: str) -> bool:
+    return PROJECT_NAME.fullmatch(name) is not None
+
+
+def our_folder(name: str, labelled: str | None) -> Path | None:
+    """The folder of project `name` when it is ours to write and remove, else None.
+
+    Labels are anyone's to set (whoever can start a container), so they never name a folder
+    by themselves: the folder must be the one `start_project` made for that name, directly
+    in our projects folder once resolved (no `..`, no link), a real folder of this user
+    holding the owner file it gets first; and the label `labelled` (the container's
+    `org.orchestrator.dir`) must name that same folder."""
+    if not is_project_name(name) or not labelled:
+        return None
+    label = Path(labelled)
+    if not label.is_absolute() or ".." in label.parts or label.name != name:
+        return None
+    try:
+        base = projects_dir().resolve(strict=True)
+        folder = base / name
+        info = folder.lstat()
+        same = label.resolve(strict=True) == folder
+        owner = (folder / OWNER_FILE).lstat()
+    except (OSError, RuntimeError):  # gone, unreadable, or a loop of links
+        return None
+    if not stat.S_ISDIR(info.st_mode) or not stat.S_ISREG(owner.st_mode):
+        return None
+    if info.st_uid != os.geteuid() or not same:
+        return None
+    return folder
+
+
+def labelled_folder(name: str, labelled: str | None) -> Path | None:
+    """The folder a project's label names, only to look at (is it kept?) when it is not one
+    of ours (another state folder's): an absolute path without `..`, named as the project."""
+    if not is_project_name(name) or not labelled:
+        return None
+    label = Path(labelled)
+    if not label.is_absolute() or ".." in label.parts or label.name != name:
+        return None
+    return label
+
+
+def orphan_folders(live_projects: set[str]) -> list[Path]:
+    """Project folders of no live project whose creator is gone."""
+    out = []
+    for folder in project_folders():
+        if folder.name in live_projects:
+            continue
+        owner = folder_owner(folder)
+        if owner is not None:
+            if not owner_alive(owner):
+                out.append(folder)
+            continue
+        with contextlib.suppress(OSError):  # no owner file: abandoned once old enough
+            if time.time() - folder.stat().st_mtime > ORPHAN_AGE:
+                out.append(folder)
+    return out
+
+
+def project_name(env_name: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in env_name.lower())[:30]
+    return f"{PROJECT_PREFIX}{safe}-{uuid.uuid4().hex[:8]}"
+
+
+def project_labels(env: Environment, name: str, directory: Path, detached: bool) -> dict[str, str]:
+    pid = os.getpid()
+    return {
+        LABEL_MANAGED: "1",
+        LABEL_PROJECT: name,
+        LABEL_ENV: env.name,
+        LABEL_DIGEST: env.digest,
+        LABEL_OWNER_PID: DETACHED if detached else str(pid),
+        LABEL_OWNER_START: "" if detached else process_start(pid),
+        LABEL_OWNER_HOST: socket.gethostname(),
+        LABEL_STARTED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        LABEL_DIR: str(directory),
+    }
+
+
+def subnet_pool() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int]:
+    """The pool project subnets come from, and their prefix length (both settable)."""
+    pool = settings.network(POOL_ENV, DEFAULT_POOL)
+    prefix = settings.whole(
+        PREFIX_ENV,
+        DEFAULT_PREFIX,
+        unit="prefix bits",
+        low=pool.prefixlen,
+        high=pool.max_prefixlen - 2,
+    )
+    return pool, prefix
+
+
+def pick_subnet(rng: random.Random | None = None) -> str:
+    """A random small subnet from our pool. Docker's default address pools hold only ~30
+    networks; giving each project an explicit subnet from a large pool of our own lifts that
+    limit. Collisions with a live network are retried by the caller."""
+    pool, prefix = subnet_pool()
+    count = 2 ** (prefix - pool.prefixlen)
+    index = (rng or random.SystemRandom()).randrange(count)
+    size = 2 ** (pool.max_prefixlen - prefix)
+    return str(ipaddress.ip_network((int(pool.network_address) + index * size, prefix)))
+
+
+def folder_engine(folder: Path) -> str | None:
+    """The engine address a project folder records (None: the engine of whoever asks)."""
+    try:
+        return (folder / ENGINE_FILE).read_text().strip()
+    except OSError:
+        return None

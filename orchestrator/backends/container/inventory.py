@@ -1,0 +1,412 @@
+"""Find our projects by label, and remove them by id (never by a broad filter)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from python_on_whales import DockerClient
+from python_on_whales.utils import run
+
+from orchestrator.backends.container import images
+from orchestrator.backends.container.engine import (
+    COMPOSE_SERVICE,
+    docker_client,
+    docker_errors,
+    engine_call,
+    published_ports,
+)
+from orchestrator.backends.container.identity import (
+    DETACHED,
+    KEPT_FILE,
+    LABEL_DIGEST,
+    LABEL_DIR,
+    LABEL_ENV,
+    LABEL_MANAGED,
+    LABEL_OWNER_HOST,
+    LABEL_OWNER_PID,
+    LABEL_OWNER_START,
+    LABEL_PROJECT,
+    LABEL_STARTED,
+    PROJECT_PREFIX,
+    folder_engine,
+    folder_owner,
+    is_project_name,
+    kept,
+    labelled_folder,
+    orphan_folders,
+    our_folder,
+    owner_alive,
+    project_folders,
+)
+from orchestrator.backends.container.layout import USER_LABEL
+from orchestrator.backends.container.membership import CLAIMED, READY, membership, move
+from orchestrator.backends.swarm import stack as swarm
+from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound
+from orchestrator.spec.models import PublishedPort
+from orchestrator.spec.resolve import MAIN
+
+
+@dataclass
+class ProjectInfo:
+    name: str
+    labels: dict[str, str]
+    containers: list[tuple[str, str, str]]
+    """(id, service, state)"""
+    networks: list[str]
+    main_user: str = ""
+    """The user commands run as in the main container ("uid:gid"; "" if unknown)."""
+
+    @property
+    def env(self) -> str:
+        return self.labels.get(LABEL_ENV, "")
+
+    @property
+    def directory(self) -> Path | None:
+        """Its project folder when that is ours to change and remove (see `our_folder`);
+        None otherwise, whatever its labels say."""
+        return our_folder(self.name, self.labels.get(LABEL_DIR))
+
+    @property
+    def kept(self) -> bool:
+        """Kept on purpose (see KEPT_FILE), also when its folder is another state folder's
+        (that one is only looked at)."""
+        return kept(self.directory or labelled_folder(self.name, self.labels.get(LABEL_DIR)))
+
+    @property
+    def owner(self) -> str:
+        pid = self.labels.get(LABEL_OWNER_PID, DETACHED)
+        return "detached" if pid == DETACHED else f"pid {pid}@{self.labels.get(LABEL_OWNER_HOST)}"
+
+
+LISTED_LABELS = (
+    LABEL_PROJECT,
+    COMPOSE_SERVICE,
+    LABEL_MANAGED,
+    LABEL_ENV,
+    LABEL_DIGEST,
+    LABEL_OWNER_PID,
+    LABEL_OWNER_START,
+    LABEL_OWNER_HOST,
+    LABEL_STARTED,
+    LABEL_DIR,
+    USER_LABEL,
+)
+
+
+def _rows(client: DockerClient, kind: list[str], fields: list[str]) -> list[list[str]]:
+    """One `docker ... ls` call for our objects, each line a JSON array of `fields` (labels
+    JSON-quoted, so any value parses). No object is inspected afterwards: objects removed by
+    someone else meanwhile cannot fail the listing."""
+    labels = [f"{{{{json (.Label {json.dumps(k)})}}}}" for k in LISTED_LABELS]
+    fmt = "[" + ",".join([*fields, *labels]) + "]"
+    argv = [*client.client_config.docker_cmd, *kind, "--filter"]
+    argv += [f"label={LABEL_MANAGED}=1", "--format", fmt]
+    out = engine_call(f"listing ({' '.join(kind)})", lambda: run(argv, return_stderr=False))
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
+    """Every project carrying our labels and named as ours (`is_project_name`), from its
+    containers and networks. Anyone who can start a container can set these labels: what
+    they say is used to find objects of ours, never trusted with a host folder (see
+    `ProjectInfo.directory`)."""
+    client = client or docker_client()
+    found: dict[str, ProjectInfo] = {}
+    n = len(LISTED_LABELS)
+    for cid, state, *values in _rows(
+        client, ["ps", "-a", "--no-trunc"], ["{{json .ID}}", "{{json .State}}"]
+    ):
+        labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
+        name = labels.get(LABEL_PROJECT, "")
+        if not is_project_name(name):
+            continue
+        info = found.setdefault(name, ProjectInfo(name, labels, [], []))
+        service = labels.get(COMPOSE_SERVICE, "")
+        info.containers.append((cid[:12], service, state))
+        if service == MAIN:
+            info.main_user = labels.get(USER_LABEL, "")
+    for nid, *values in _rows(client, ["network", "ls", "--no-trunc"], ["{{json .ID}}"]):
+        labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
+        name = labels.get(LABEL_PROJECT, "")
+        if is_project_name(name):
+            found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(nid[:12])
+    return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
+
+
+MIN_PREFIX = 6
+
+
+@dataclass(frozen=True)
+class ProjectStatus:
+    """One environment as `orchestrator ps` shows it."""
+
+    id: str
+    env: str
+    owner: str
+    state: str
+    """The states of its containers, comma-separated ("no containers" when none)."""
+    containers: int
+    networks: int
+    ports: tuple[PublishedPort, ...]
+    """Published ports of every service."""
+    pool: str = ""
+    """"<pool id> <state>" for a member of a warm pool (ready, in-use, claimed), else ""."""
+
+
+def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectStatus], list[str]]:
+    """Our environments, after reaping those whose owner is gone (returned second, by name),
+    with the ports of all of them read in one engine call."""
+    client = client or docker_client()
+    projects = list_projects(client)
+    removed = reap(client=client, projects=projects)  # owners gone: list nothing of theirs
+    live = [p for p in projects if p.name not in removed]
+    ids = [cid for p in live for cid, _, _ in p.containers]
+    ports: dict[str, list[PublishedPort]] = {}
+    if ids:
+        containers = engine_call("reading published ports", lambda: client.container.inspect(ids))
+        for c in containers:
+            project = (c.config.labels or {}).get(LABEL_PROJECT, "")
+            ports.setdefault(project, []).extend(published_ports([c]))
+    statuses = [
+        ProjectStatus(
+            id=p.name,
+            env=p.env,
+            owner=p.owner,
+            state=",".join(sorted({state for _, _, state in p.containers})) or "no containers",
+            containers=len(p.containers),
+            networks=len(p.networks),
+            ports=tuple(ports.get(p.name, ())),
+            pool=" ".join(membership(p.directory) or ()),
+        )
+        for p in live
+    ]
+    return statuses, removed
+
+
+def claim_from_pool(
+    digest: str, count: int = 1, client: DockerClient | None = None
+) -> list[ProjectInfo]:
+    """Take up to `count` waiting members of running pools (`orchestrator pool`) of the
+    environment file with this digest: they become the caller's, kept until `down` whatever
+    their pool does next. Empty when no pool has one ready."""
+    claimed: list[ProjectInfo] = []
+    for info in list_projects(client):
+        folder = info.directory
+        if len(claimed) == count:
+            break
+        if info.labels.get(LABEL_DIGEST) != digest or folder is None:
+            continue
+        if not owner_alive(info.labels):  # its pool is gone; the reaper removes it
+            continue
+        if move(folder, READY, CLAIMED, (folder / KEPT_FILE).touch):
+            claimed.append(info)
+    return claimed
+
+
+def match_project(ref: str, names: list[str]) -> str:
+    """The one name `ref` means: the full name, its short id (the 8 hex digits at the end),
+    its environment's whole name (`orch-web` for `orch-web-0011aabb`), or a unique prefix
+    with at least MIN_PREFIX characters after the `orch-` every name starts with. Nothing
+    looser: `down o` or `down orch-z` must not take down whatever happens to start so."""
+    if ref in names:
+        return ref
+    short = [n for n in names if n.rsplit("-", 1)[-1] == ref]
+    significant = len(ref) - len(PROJECT_PREFIX) if ref.startswith(PROJECT_PREFIX) else 0
+    prefixed = [
+        n
+        for n in names
+        if n.startswith(ref) and (significant >= MIN_PREFIX or n.rsplit("-", 1)[0] == ref)
+    ]
+    matches = short or prefixed
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ProjectNotFound(f"{ref!r} matches several: {', '.join(matches)}; give more of it")
+    known = ", ".join(names) or "none running"
+    hint = ""
+    if significant < MIN_PREFIX:
+        hint = (
+            f" (a prefix needs at least {MIN_PREFIX} characters after {PROJECT_PREFIX!r}, "
+            "or the environment's whole name)"
+        )
+    raise ProjectNotFound(f"no environment {ref!r}{hint}; known: {known}")
+
+
+def find_project(ref: str, client: DockerClient | None = None) -> ProjectInfo:
+    """A project by full name, short id or unique prefix (see `match_project`)."""
+    projects = {p.name: p for p in list_projects(client)}
+    return projects[match_project(ref, list(projects))]
+
+
+def remove_project(info: ProjectInfo, client: DockerClient | None = None) -> None:
+    """Remove a project by the ids already listed for it, then its folder when that is ours
+    (`ProjectInfo.directory`: a folder named by a label alone is left alone). Only a
+    project named as ours is removed at all."""
+    if not is_project_name(info.name):
+        raise ProjectNotFound(f"{info.name!r} is not the name of an environment of ours")
+    containers = [cid for cid, _, _ in info.containers]
+    _remove(client or docker_client(), info.name, containers, info.networks)
+    folder = info.directory
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def reap(
+    all_projects: bool = False,
+    client: DockerClient | None = None,
+    projects: list[ProjectInfo] | None = None,
+    *,
+    include_kept: bool = False,
+) -> list[str]:
+    """Remove our projects whose owner process is gone (or all of ours), and project folders
+    that no project and no live owner account for (a start killed half-way). Projects kept
+    on purpose go only with `include_kept` (or `all_projects`). Never touches anything
+    without our labels, nor folders outside our state folder. `projects`: a listing the
+    caller already made."""
+    removed = []
+    projects = list_projects(client) if projects is None else projects
+    for info in projects:
+        spared = owner_alive(info.labels) or (info.kept and not include_kept)
+        if all_projects or not spared:
+            remove_project(info, client)
+            removed.append(info.name)
+    images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
+    live = {p.name for p in projects if p.name not in removed}
+    for folder in orphan_folders(live):
+        if swarm.is_stack_folder(folder):  # a stack on a Swarm whose owner is gone
+            with contextlib.suppress(OrchestratorError):  # the manager is away: next reap
+                swarm.remove_stack_folder(folder)
+                removed.append(folder.name)
+            continue
+        if _removed_elsewhere(folder, client):
+            removed.append(folder.name)
+            continue
+        if _has_objects(folder.name, client):  # created since we listed: not an orphan
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder.name)
+    return removed
+
+
+def orphan_folders_of(owner: dict[str, str]) -> list[str]:
+    """Remove the project folders this owner created that hold no project (a start it did
+    not finish); return their names."""
+    removed = []
+    for folder in project_folders():
+        if folder_owner(folder) != owner:
+            continue
+        if swarm.is_stack_folder(folder):
+            with contextlib.suppress(OrchestratorError):  # the manager is away: next reap
+                swarm.remove_stack_folder(folder)
+                removed.append(folder.name)
+        elif _removed_elsewhere(folder):
+            removed.append(folder.name)
+        elif not _has_objects(folder.name, None):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed
+
+
+def _removed_elsewhere(folder: Path, client: DockerClient | None = None) -> bool:
+    """For the folder of a project on another engine than `client`'s: remove the project
+    there (by label, by id), then the folder; False for a project of `client`'s engine."""
+    host = folder_engine(folder)
+    here = (client or docker_client()).client_config.host or ""
+    if host is None or host == here:
+        return False
+    with contextlib.suppress(OrchestratorError):  # that engine is away: the next reap
+        remove_by_label(folder.name, docker_client(host=host))
+        shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+def _has_objects(name: str, client: DockerClient | None) -> bool:
+    containers, networks = _listed(client or docker_client(), name)
+    return bool(containers or networks)
+
+
+_last_reap = 0.0
+_reap_lock = threading.Lock()
+_reaper: threading.Thread | None = None
+REAP_EVERY = 30.0
+"""Seconds between two background reaps of one process (each lists our objects once)."""
+
+
+def reap_soon() -> None:
+    """Reap dead owners' projects in a background thread, at most once per REAP_EVERY
+    seconds per process: every spawn calls it, so leftovers of crashed runs do not pile up,
+    and it costs the spawn nothing."""
+    global _last_reap, _reaper
+    with _reap_lock:
+        now = time.monotonic()
+        if _last_reap and now - _last_reap < REAP_EVERY:
+            return
+        _last_reap = now
+
+    def run() -> None:
+        with contextlib.suppress(OrchestratorError):
+            reap()
+
+    _reaper = threading.Thread(target=run, name="orchestrator-reaper", daemon=True)
+    _reaper.start()
+
+
+def wait_for_reaper(timeout: float = 10.0) -> None:
+    """Let a background reap finish (a short-lived process such as `orchestrator up`)."""
+    if _reaper is not None:
+        _reaper.join(timeout)
+
+
+def _listed(client: DockerClient, name: str) -> tuple[list[str], list[str]]:
+    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
+    return engine_call(
+        f"listing project {name}",
+        lambda: (
+            [c.id for c in client.container.list(all=True, filters=flt)],
+            [n.id for n in client.network.list(filters=flt)],
+        ),
+    )
+
+
+def remove_by_label(name: str, client: DockerClient | None = None) -> int:
+    """Remove every container, network and volume carrying project label `name`, by id."""
+    client = client or docker_client()
+    return _remove(client, name, *_listed(client, name))
+
+
+REMOVE_TRIES = 3
+
+
+def _remove(client: DockerClient, name: str, containers: list[str], networks: list[str]) -> int:
+    """Remove these containers and networks, and the volumes labelled with the project.
+    Others may be removing the same project at once (a reaper, the owner's guardian, a
+    `down`); the engine then fails the whole call over the part already gone, so on failure
+    we list what is left and go again: the project ends up removed whoever removes which."""
+    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
+    count = 0
+    for attempt in range(REMOVE_TRIES):
+        try:
+            with docker_errors(f"removing project {name}"):
+                if containers:
+                    client.container.remove(containers, force=True, volumes=True)
+                if networks:  # the stub asks for list[Network | str]; ids are what we have
+                    client.network.remove(networks)  # type: ignore[arg-type]
+                volumes: Any = [v.name for v in client.volume.list(filters=flt)]
+                if volumes:
+                    client.volume.remove(volumes)
+            return count + len(containers) + len(networks) + len(volumes)
+        except DockerError:
+            left = _listed(client, name)
+            if attempt == REMOVE_TRIES - 1 and (left[0] or left[1]):
+                raise
+            count += len(containers) + len(networks) - len(left[0]) - len(left[1])
+            containers, networks = left
+            time.sleep(0.2 * (attempt + 1))
+    return count

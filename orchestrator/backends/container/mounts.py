@@ -1,0 +1,132 @@
+"""Mount merge rules.
+
+Mounts merge by container path, lowest priority first: the workspace mount, then the file's
+`mounts`, then mounts passed when spawning. Static assets are read-only at /static/<save_path>
+and no other mount may shadow them. A mount target strictly inside `workdir` is an error
+(it would hide part of the workspace).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.backends.container.layout import STATIC_ROOT
+from orchestrator.errors import SpecIssue
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import Mount
+from orchestrator.spec.policy import UNREADABLE_FIX, look_up
+
+
+@dataclass(frozen=True)
+class ResolvedMount:
+    source: Path
+    target: str
+    read_only: bool
+    origin: str
+    """Field path the mount came from, for error messages."""
+
+
+def _inside(child: str, parent: str) -> bool:
+    """True when `child` is strictly below `parent` (/workspace2 is not inside /workspace)."""
+    parent = parent.rstrip("/") or "/"
+    return child != parent and (child + "/").startswith(parent.rstrip("/") + "/")
+
+
+def static_mounts(env: Environment) -> list[ResolvedMount]:
+    return [
+        ResolvedMount(
+            look_up(Path(a.path), env.base_dir).real,
+            f"{STATIC_ROOT}/{a.save_path}",
+            True,
+            f"static_assets.{i}",
+        )
+        for i, a in enumerate(env.spec.static_assets)
+    ]
+
+
+def resolve_mounts(
+    env: Environment, workspace: Path, extra: list[Mount]
+) -> tuple[list[ResolvedMount], list[SpecIssue]]:
+    """Merge every mount of the main sandbox; return them sorted by target, and the issues
+    (the policy check of every source is the compiler's: `check_host_paths`)."""
+    spec = env.spec
+    issues: list[SpecIssue] = []
+    merged: dict[str, ResolvedMount] = {}
+    workdir = posixpath.normpath(spec.workdir)
+    if spec.workspace.mount:
+        merged[workdir] = ResolvedMount(workspace, workdir, False, "workspace")
+    layers = [("mounts", spec.mounts), ("spawn mounts", extra)]
+    for origin, mounts in layers:
+        for i, spec_mount in enumerate(mounts):
+            target = posixpath.normpath(spec_mount.target)
+            where = f"{origin}.{i}" if origin == "mounts" else f"{origin}[{i}]"
+            if _inside(target, workdir):
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        where + ".target",
+                        f"mount target {target} is inside workdir {workdir}",
+                        "put files inside the workspace instead, or mount outside the workdir",
+                    )
+                )
+                continue
+            found = look_up(Path(spec_mount.source), workspace, home=True)
+            if found.error is not None:
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        where + ".source",
+                        f"cannot look at mount source {spec_mount.source!r}: {found.error}",
+                        UNREADABLE_FIX,
+                    )
+                )
+                continue
+            merged[target] = ResolvedMount(found.real, target, spec_mount.read_only, where)
+    statics = static_mounts(env)
+    for s in statics:
+        for m in merged.values():
+            if m.target == s.target or _inside(s.target, m.target) or _inside(m.target, s.target):
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        m.origin,
+                        f"mount at {m.target} would shadow static asset {s.target}",
+                        "static assets are read-only and may not "
+                        "be shadowed; choose another target",
+                    )
+                )
+        found = look_up(s.source)
+        if found.error is None and not found.exists:  # an error: check_host_paths says it
+            issues.append(
+                SpecIssue(
+                    env.source,
+                    None,
+                    None,
+                    s.origin + ".path",
+                    f"asset path does not exist: {s.source}",
+                    "",
+                )
+            )
+    user_mounts = [m for m in merged.values() if m.origin != "workspace"]
+    for m in user_mounts:
+        if not look_up(m.source).exists:
+            issues.append(
+                SpecIssue(
+                    env.source,
+                    None,
+                    None,
+                    m.origin + ".source",
+                    f"mount source does not exist: {m.source}",
+                    "create it first, or fix the path (relative paths resolve "
+                    "against the workspace)",
+                )
+            )
+    return sorted([*merged.values(), *statics], key=lambda m: m.target), issues

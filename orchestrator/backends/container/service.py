@@ -1,0 +1,72 @@
+"""A service of a Docker environment as a sandbox: `rt.service("web")` runs commands and moves
+files in that container with the same rules as the main one (exit codes, separate streams,
+timeouts that kill the whole tree inside it, users by name), through its own executor where
+python3 is there, else plain `docker exec` (which needs nothing but a POSIX shell)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from orchestrator.backends.container.channel import Channel
+from orchestrator.backends.container.layout import STATIC_ROOT
+from orchestrator.errors import UsageError
+from orchestrator.sandbox.base import Sandbox
+from orchestrator.sandbox.options import Chunks, Command
+from orchestrator.sandbox.results import Connection
+from orchestrator.spec.models import Service, StaticAsset
+
+SHELL = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
+"""An interactive shell: bash where the image has it."""
+
+
+def shell_connection(
+    docker_cmd: Sequence[str], container: str, workdir: str, user: str | None
+) -> Connection:
+    """`docker exec -it` into a container's workdir, as `user`, with an interactive shell."""
+    who = ["-u", user] if user else []
+    argv = (*docker_cmd, "exec", "-it", *who, "-w", workdir, container, "/bin/sh", "-c", SHELL)
+    return Connection("docker", argv, container)
+
+
+@dataclass(eq=False)
+class ServiceSandbox(Sandbox):
+    name: str
+    spec: Service
+    container: str
+    image_workdir: str
+    """Where its commands start: the image's WORKDIR, or /."""
+    user: str | None
+    """Its default user: the service's `user:`, else the image's (None: root)."""
+    channel: Channel
+    docker_cmd: list[str]
+    static_asset: Callable[[str], StaticAsset]
+    check_usable: Callable[[], None]
+
+    def _check_usable(self) -> None:
+        self.check_usable()
+
+    @property
+    def workdir(self) -> str:
+        return self.image_workdir
+
+    @property
+    def default_user(self) -> str | None:
+        return self.user
+
+    def static_path(self, name: str) -> str:
+        if not self.spec.static_assets:
+            raise UsageError(
+                f"service {self.name!r} has no static assets (its `static_assets: false`)"
+            )
+        return f"{STATIC_ROOT}/{self.static_asset(name).save_path}"
+
+    def connection(self, *, user: str | None = None) -> Connection:
+        self._check_usable()
+        return shell_connection(self.docker_cmd, self.container, self.workdir, self._user(user))
+
+    def _run(self, cmd: Command) -> Chunks:
+        return (yield from self.channel.run(cmd))
+
+    def _run_bulk(self, cmd: Command) -> Chunks:
+        return (yield from self.channel.run(cmd, bulk=True))

@@ -1,0 +1,367 @@
+"""Bring one compose project up and down; a failed start removes what it created."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from python_on_whales import DockerClient
+
+from orchestrator.backends.container.engine import (
+    docker_client,
+    docker_errors,
+    engine_call,
+    engine_host,
+    is_remote,
+    published_ports,
+    raw_docker,
+    service_of,
+    up_timeout,
+)
+from orchestrator.backends.container.guardian import ensure_guardian
+from orchestrator.backends.container.identity import (
+    ENGINE_FILE,
+    KEPT_FILE,
+    claim_folder,
+    pick_subnet,
+    project_labels,
+    project_name,
+    projects_dir,
+)
+from orchestrator.backends.container.inventory import reap_soon, remove_by_label
+from orchestrator.backends.docker.render import (
+    CompiledProject,
+    CompileOptions,
+    build_tags,
+    compile_project,
+)
+from orchestrator.errors import (
+    DockerError,
+    HealthcheckFailed,
+    OrchestratorError,
+    SpecError,
+    SpecIssue,
+    StartupError,
+)
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import PublishedPort
+from orchestrator.spec.resolve import MAIN
+
+STOP_TIMEOUT = 2
+T = TypeVar("T")
+
+# `sh -c TETHER`, in each extra service of a project with an owner process
+TETHER = r"""
+read -r word
+[ "$word" = release ] && exit 0
+kill -TERM 1 2>/dev/null
+sleep 2 2>/dev/null
+kill -KILL -1 2>/dev/null
+exit 0
+"""
+"""Wait for the end of input; unless it brought the word `release`, stop this container
+from inside: SIGTERM to its init (which passes it on), then SIGKILL to whatever else runs
+as its user (the init then exits with its child: the container stops)."""
+RELEASE = b"release\n"
+TETHER_WAIT = 5.0
+"""Longest `release` waits for the tethers to take their word and exit."""
+
+
+@dataclass
+class Project:
+    """One compose project on disk and, once up, in the engine."""
+
+    name: str
+    directory: Path
+    compiled: CompiledProject
+    host: str = ""
+    """Its engine ("": the process's)."""
+    client: DockerClient = field(init=False)
+    """Every call bounded by ORCHESTRATOR_ENGINE_TIMEOUT."""
+    up_client: DockerClient = field(init=False)
+    """For `up`, which may build images: bounded by ORCHESTRATOR_UP_TIMEOUT."""
+    _tethers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+    _tether_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        compose: dict[str, Any] = {
+            "compose_files": [self.directory / "compose.yaml"],
+            "compose_project_name": self.name,
+            "compose_project_directory": self.directory,
+        }
+        if self.host:
+            compose["host"] = self.host
+        self.client = docker_client(**compose)
+        self.up_client = docker_client(up_timeout(), **compose)
+
+    @property
+    def main_container(self) -> str:
+        return self.container_of(MAIN)
+
+    def container_of(self, service: str) -> str:
+        """The container of one service (Compose names it `<project>-<service>-1`)."""
+        return f"{self.name}-{service}-1"
+
+    def exec_defaults(self, service: str) -> tuple[str, str | None]:
+        """Where `docker exec` starts in that service and as whom: its WORKDIR (or /) and its
+        user (None: root)."""
+        container = self.container_of(service)
+        config = engine_call(
+            "inspecting a service", lambda: self.client.container.inspect(container).config
+        )
+        workdir = str(config.working_dir or "")  # unset comes back as "" or "."
+        return (workdir if workdir.startswith("/") else "/"), (config.user or None)
+
+    def up(self) -> None:
+        # not engine_call: `up` is not idempotent; start_project removes a failed start
+        with docker_errors(f"starting project {self.name}"):
+            self.up_client.compose.up(detach=True, quiet=True)
+
+    def tether(self, services: Iterable[str]) -> None:
+        """Tie the extra services' lives to this process, with nothing of ours left to run
+        once it is gone (its guardian may be killed with it): in each, a `docker exec -i`
+        of TETHER waits on an input whose only write end this process holds. When that
+        input ends without the word `release` (this process died, by any signal), the
+        service stops itself from inside, as the main container does through its
+        executor's --owned. A service without /bin/sh is not tied: the next reaper (`ps`,
+        any spawn) removes it. `release()` unties them."""
+        docker = raw_docker(self.client)
+        for service in services:
+            argv = [*docker, "exec", "-i", self.container_of(service), "/bin/sh", "-c", TETHER]
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,  # a terminal's Ctrl-C to us is not our death
+                )
+            except OSError:  # no process slot left: the guardian and the reapers remain
+                continue
+            with self._tether_lock:
+                self._tethers.append(proc)
+
+    def release(self) -> None:
+        """Untie the services from this process (kept, handed over, or being removed):
+        each tether gets the word `release` and exits, leaving its service running."""
+        with self._tether_lock:
+            tethers, self._tethers = self._tethers, []
+        for proc in tethers:
+            if proc.stdin is None:
+                continue
+            with contextlib.suppress(OSError):  # its container is gone already
+                proc.stdin.write(RELEASE)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        deadline = time.monotonic() + TETHER_WAIT
+        for proc in tethers:
+            # never killed: that would end its input, which stops the service; a tether
+            # slow to exit is reaped by a later Popen of this process
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+
+    def down(self, keep: bool = False) -> None:
+        """Remove containers, networks and volumes (or only stop them with keep=True)."""
+        self.release()
+        if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
+            remove_by_label(self.name)
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return
+        compose = self.client.compose
+        if keep:
+            (self.directory / KEPT_FILE).touch()  # reapers and guardians leave it alone
+            engine_call(f"stopping project {self.name}", lambda: compose.stop(timeout=STOP_TIMEOUT))
+        else:
+            engine_call(
+                f"removing project {self.name}",
+                lambda: compose.down(
+                    remove_orphans=True, volumes=True, timeout=STOP_TIMEOUT, quiet=True
+                ),
+            )
+        if not keep:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def kill(self) -> None:
+        self.release()
+        engine_call(f"killing project {self.name}", self.client.compose.kill)
+
+    def keep(self) -> None:
+        """Mark the project kept: reapers and guardians leave it (running) for `down`."""
+        (self.directory / KEPT_FILE).touch()
+        self.release()
+
+    def ports(self) -> list[PublishedPort]:
+        """Published ports of every service (ephemeral ones resolved)."""
+        return published_ports(engine_call("reading published ports", self.client.compose.ps))
+
+    def service_states(self) -> list[tuple[str, str, str]]:
+        """(service, state, health) for every container of the project."""
+        containers = engine_call(
+            "listing project containers", lambda: self.client.compose.ps(all=True)
+        )
+        out = []
+        for c in containers:
+            service = service_of(c.config.labels, c.name)
+            health = c.state.health.status if c.state.health else ""
+            out.append((service, c.state.status or "", health or ""))
+        return out
+
+    def logs(self, service: str | None = None, tail: int | None = None) -> str:
+        text = engine_call(
+            "reading logs",
+            lambda: self.client.compose.logs(
+                services=[service] if service else [], tail=str(tail) if tail else None
+            ),
+        )
+        return text if isinstance(text, str) else ""
+
+
+def _retry_subnet(attempt: Callable[[int], T], tries: int = 8) -> T:
+    """Run attempt(0), attempt(1), ... while the engine says our subnet overlaps another."""
+    for i in range(tries):
+        try:
+            return attempt(i)
+        except DockerError as exc:
+            overlap = "overlaps" in exc.stderr or "overlapping" in exc.stderr
+            if not overlap or i == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_project(
+    env: Environment,
+    make_options: Callable[[str, dict[str, str], str | None], CompileOptions],
+    *,
+    detached: bool = False,
+    extra_files: dict[str, bytes] | None = None,
+    host: str = "",
+) -> Project:
+    """Compile, write and bring up a project (on engine `host`, else the process's); on any
+    failure remove everything it created."""
+    name = project_name(env.name)
+    directory = projects_dir() / name
+    claim_folder(directory)
+    if is_remote(engine := host or engine_host()):
+        (directory / ENGINE_FILE).write_text(engine + "\n")
+    reap_soon()  # leftovers of crashed runs, in the background
+    if not detached:
+        ensure_guardian()  # removes this process's projects if it dies without cleaning up
+    labels = project_labels(env, name, directory, detached)
+    # Spec and policy errors surface here, before anything runs. The subnet is only used
+    # when the project has a network of its own; a retry recompiles with a fresh one.
+    try:
+        compiled = compile_project(env, make_options(name, labels, pick_subnet()))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    project = Project(name, directory, compiled, host)
+
+    def attempt(retry: int) -> Project:
+        if retry:  # the subnet was taken meanwhile: compile again with another
+            claim_folder(directory)  # the failed attempt removed it
+            project.compiled = compile_project(env, make_options(name, labels, pick_subnet()))
+        project.compiled.write(directory)
+        for rel, data in (extra_files or {}).items():
+            (directory / rel).write_bytes(data)
+        try:
+            project.up()
+        except DockerError as exc:
+            err = _diagnose(project, exc, env.source)
+            _remove_quietly(project)
+            if err is exc:
+                raise
+            raise err from exc
+        return project
+
+    try:
+        _retry_subnet(attempt)
+        if not detached:  # its services stop when this process dies, guardian or not
+            project.tether(env.spec.services)
+        return project
+    except (DockerError, StartupError):
+        raise  # attempt() already removed what it made
+    except BaseException:  # interrupted mid-start: remove whatever exists
+        _remove_quietly(project)
+        raise
+
+
+def _remove_quietly(project: Project) -> None:
+    try:
+        project.down()
+    except OrchestratorError:
+        # if the engine is gone too, `orchestrator cleanup` finds the rest by label later
+        with contextlib.suppress(OrchestratorError):
+            remove_by_label(project.name)
+    shutil.rmtree(project.directory, ignore_errors=True)
+
+
+def _diagnose(project: Project, exc: DockerError, source: str) -> OrchestratorError:
+    """A failed `up` because a service never became healthy (or died) becomes an error that
+    names the service and shows its last log lines; a disk limit the engine cannot enforce
+    becomes a spec error naming the field."""
+    if "storage-opt" in exc.stderr:
+        return SpecError(
+            SpecIssue(
+                source,
+                None,
+                None,
+                "resources.disk",
+                "this engine cannot limit a container's disk (its storage driver needs "
+                "overlay2 on xfs with pquota, btrfs or zfs for that)",
+                "remove resources.disk here, or bound /tmp with resources.tmp",
+            )
+        )
+    try:
+        states = project.service_states()
+    except OrchestratorError:
+        return exc
+    bad = [
+        (svc, state, health)
+        for svc, state, health in states
+        if svc != MAIN and (health == "unhealthy" or state in ("exited", "dead"))
+    ]
+    if not bad:
+        return exc
+    parts = []
+    for svc, state, health in bad:
+        try:
+            logs = project.logs(svc, tail=20).strip()
+        except OrchestratorError:
+            logs = ""
+        why = "never became healthy" if health == "unhealthy" else f"stopped ({state})"
+        parts.append(f"service {svc!r} {why}; last log lines:\n{logs or '(no output)'}")
+    return HealthcheckFailed(f"project {project.name} did not start: " + "\n".join(parts))
+
+
+def _image_exists(client: DockerClient, tag: str) -> bool:
+    return bool(engine_call("looking for an image", lambda: client.image.exists(tag)))
+
+
+def build_images(env: Environment, compiled: CompiledProject) -> list[str]:
+    """Build the images the environment builds (tagged by digest) unless they exist, so that
+    many spawns at once do not each build them. Returns the tags built."""
+    tags = build_tags(env)
+    client = docker_client()
+    missing = [t for t in tags if not _image_exists(client, t)]
+    if not missing:
+        return []
+    with tempfile.TemporaryDirectory(prefix="orch-build-") as tmp:
+        directory = Path(tmp)
+        compose_file = compiled.write(directory)
+        builder = docker_client(
+            up_timeout(),
+            compose_files=[compose_file],
+            compose_project_name=compiled.project,
+            compose_project_directory=directory,
+        )
+        with docker_errors(f"building the images of {env.name}"):
+            builder.compose.build(quiet=True)
+    return missing

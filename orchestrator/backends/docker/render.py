@@ -1,0 +1,373 @@
+"""Compile an Environment into a Compose project (compose.yaml + the sandbox entry script)
+through the Jinja templates. Pure: same input, byte-identical output; runs nothing."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from orchestrator._resources import data_dir
+from orchestrator.backends.container.layout import (
+    KEEP_ALIVE,
+    SANDBOX_DIR,
+    SANDBOX_MOUNT,
+    USER_LABEL,
+    container_bind_host,
+)
+from orchestrator.backends.container.mounts import ResolvedMount, resolve_mounts, static_mounts
+from orchestrator.errors import SpecError, SpecIssue
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
+from orchestrator.spec.policy import (
+    DEFAULT_CAPS,
+    HOST_NETWORK_ENV,
+    UNREADABLE_FIX,
+    HardeningReport,
+    Policy,
+    check_hardening,
+    check_host_paths,
+    check_workspace,
+    env_passthrough_warnings,
+    look_up,
+    raise_if,
+)
+from orchestrator.spec.resolve import LOOPBACK, MAIN, resolve_env, resolve_user
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    project: str
+    workspace: Path
+    labels: Mapping[str, str] = field(default_factory=dict)
+    extra_mounts: Sequence[Mount] = ()
+    extra_ports: Sequence[PortMap] = ()
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    subnet: str | None = None
+    host_env: Mapping[str, str] | None = None
+    platform: str = sys.platform
+    policy: Policy = field(default_factory=Policy.from_env)
+    main_image: str = ""
+    """Run this image for the main sandbox instead of the file's image or build (a snapshot
+    of a container's filesystem being resumed)."""
+    remote: bool = False
+    """The engine may be another machine: nothing of this one is bind-mounted (the executor
+    and the static assets are copied in once the containers run; the workspace lives in the
+    main container), and a mount of a host folder is a spec error."""
+
+
+@dataclass(frozen=True)
+class CompiledProject:
+    project: str
+    compose_yaml: str
+    files: dict[str, str]
+    """Extra files, relative to the project folder (the sandbox entry script)."""
+    warnings: tuple[str, ...]
+    mounts: tuple[ResolvedMount, ...]
+    env: dict[str, str]
+    user: str
+    network_mode: str
+    """bridge | host | none: how the main sandbox is networked after the rules applied."""
+    has_network: bool
+    """Whether the project defines its own network (needs an address pool)."""
+    published: bool
+    """Whether any port is published on the host."""
+
+    def write(self, directory: Path) -> Path:
+        """Write the project into `directory` (created, private); return compose.yaml's path."""
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (directory / SANDBOX_DIR).mkdir(exist_ok=True)
+        for rel, text in self.files.items():
+            (directory / rel).write_text(text, encoding="utf-8")
+        compose = directory / "compose.yaml"
+        compose.write_text(self.compose_yaml, encoding="utf-8")
+        return compose
+
+
+def _q(value: object) -> str:
+    """A YAML scalar, JSON-quoted, with `$` escaped against Compose interpolation."""
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return json.dumps(str(value), ensure_ascii=False).replace("$", "$$")
+
+
+@functools.cache
+def _jinja() -> jinja2.Environment:
+    """One environment per process: templates compile once (about 20 ms each), not per call."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["q"] = _q
+    return env
+
+
+def _ports(ports: Sequence[PortMap]) -> list[str]:
+    out = []
+    for p in ports:
+        host = "" if p.host is None else str(p.host)
+        ip = f"[{p.host_ip}]" if ":" in p.host_ip else p.host_ip
+        out.append(f"{ip}:{host}:{p.container}/{p.protocol}")
+    return out
+
+
+def _limits(r: Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if r.memory:
+        out["mem_limit"] = r.memory
+        out["memswap_limit"] = r.memory  # no swap: over the limit means OOM-killed, not slow
+    if r.cpus:
+        out["cpus"] = r.cpus
+    if r.pids:
+        out["pids_limit"] = r.pids
+    if r.tmp:
+        out["tmpfs"] = f"/tmp:size={r.tmp},mode=1777"
+    if r.disk:
+        out["storage_opt"] = {"size": r.disk}
+    return out
+
+
+def build_paths(env: Environment, build: Build | None, where: str) -> list[tuple[str, Path]]:
+    """The host paths a build reads: its context and its Dockerfile."""
+    if build is None:
+        return []
+    ctx = look_up(Path(build.context), env.base_dir).real
+    dockerfile = ctx / (build.dockerfile or "Dockerfile")
+    return [(f"{where}.context", ctx), (f"{where}.dockerfile", dockerfile)]
+
+
+def _build(env: Environment, build: Build | None, service: str) -> dict[str, Any] | None:
+    if build is None:
+        return None
+    ctx = look_up(Path(build.context), env.base_dir).real
+    return {
+        "context": str(ctx),
+        "dockerfile": build.dockerfile,
+        "args": dict(sorted(build.args.items())),
+        "tag": build_tag(env, service),
+    }
+
+
+def build_tag(env: Environment, service: str) -> str:
+    """One tag per environment, service and digest: rebuilt only when the spec changes, and
+    not one image per project left behind."""
+    return f"orchestrator-build/{env.name}-{service}:{env.digest}"
+
+
+def build_tags(env: Environment) -> list[str]:
+    """The tags of every image the environment builds (none when it only uses images)."""
+    builds = {MAIN: env.spec.build, **{n: s.build for n, s in env.spec.services.items()}}
+    return [build_tag(env, name) for name, build in builds.items() if build is not None]
+
+
+def _service(
+    env: Environment,
+    name: str,
+    svc: Service,
+    opts: CompileOptions,
+    report: HardeningReport,
+    roots: list[Path],
+) -> dict[str, Any]:
+    mounts = []
+    for i, m in enumerate(svc.mounts):
+        where = f"services.{name}.mounts.{i}"
+        found = look_up(Path(m.source), opts.workspace, home=True)
+        if found.error is not None:
+            report.issues.append(
+                SpecIssue(
+                    env.source,
+                    None,
+                    None,
+                    where + ".source",
+                    f"cannot look at mount source {m.source!r}: {found.error}",
+                    UNREADABLE_FIX,
+                )
+            )
+            continue
+        mounts.append(ResolvedMount(found.real, m.target, m.read_only, where))
+    report.issues += check_host_paths(
+        env.source,
+        [
+            *((m.origin + ".source", m.source) for m in mounts),
+            *build_paths(env, svc.build, f"services.{name}.build"),
+        ],
+        roots,
+    )
+    caps = check_hardening(env.source, f"services.{name}.", svc, opts.policy, report)
+    report.warnings += _exposed(svc.ports, f"services.{name}.ports")
+    command = svc.command
+    return {
+        "name": name,
+        "image": svc.image,
+        "build": _build(env, svc.build, name),
+        "command": command,
+        "command_is_list": isinstance(command, list),
+        "env": dict(sorted(svc.env.items())),
+        "ports": _ports(svc.ports),
+        "user": resolve_user(svc.user, opts.host_env) if svc.user else None,
+        "limits": _limits(svc.resources),
+        "caps": [*DEFAULT_CAPS, *caps],
+        # the static assets are checked once, with the main sandbox's
+        "mounts": [*(static_mounts(env) if svc.static_assets else []), *mounts],
+        "healthcheck": svc.healthcheck,
+        "healthcheck_is_list": isinstance(svc.healthcheck.test, list) if svc.healthcheck else False,
+    }
+
+
+def _exposed(ports: Sequence[PortMap], where: str) -> list[str]:
+    """Warnings for ports published beyond this machine."""
+    return [
+        f"WARNING: {where}: port {p.container} is published on {p.host_ip}, reachable "
+        "from other machines; use 127.0.0.1 unless that is intended"
+        for p in ports
+        if p.host_ip not in LOOPBACK
+    ]
+
+
+def _network_mode(env: Environment, opts: CompileOptions, report: HardeningReport) -> str:
+    mode = env.spec.network.mode
+    if mode == "host" and not opts.policy.allow_host_network:
+        report.issues.append(
+            SpecIssue(
+                env.source,
+                None,
+                None,
+                "network.mode",
+                "host networking is not allowed: the sandbox would share the host's network, "
+                "including every service listening on 127.0.0.1",
+                f"use bridge with `ports`, or let the caller opt in with {HOST_NETWORK_ENV}=1",
+            )
+        )
+    elif mode == "host":
+        report.warnings.append(
+            f"WARNING: network.mode host allowed by policy opt-in ({HOST_NETWORK_ENV}): the "
+            "sandbox shares the host's network and reaches every host service"
+        )
+    if mode == "host" and not opts.platform.startswith("linux"):
+        report.warnings.append(
+            f"network.mode host works only on Linux; using bridge on {opts.platform}"
+        )
+        mode = "bridge"
+    return mode
+
+
+def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
+    """Apply the merge, network and policy rules and render the project. Raises SpecError
+    (PolicyError for policy violations) listing every problem found."""
+    spec = env.spec
+    mounts, issues = resolve_mounts(env, opts.workspace, list(opts.extra_mounts))
+    roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
+    report = HardeningReport(warnings=list(env.notices))
+    report.issues += check_workspace(opts.workspace) if spec.workspace.mount else []
+    report.issues += check_host_paths(
+        env.source,
+        [
+            *((m.origin + ".source", m.source) for m in mounts if m.origin != "workspace"),
+            *build_paths(env, spec.build, "build"),
+        ],
+        roots,
+    )
+    main_caps = check_hardening(env.source, "", spec, opts.policy, report)
+    report.warnings += env_passthrough_warnings(spec.env_passthrough, opts.policy)
+    mode = _network_mode(env, opts, report)
+    warnings = report.warnings
+    main_ports = [*spec.network.ports, *opts.extra_ports]
+    if mode != "bridge" and main_ports:
+        warnings.append(f"network.ports ignored: the main sandbox uses {mode} networking")
+        main_ports = []
+    warnings += _exposed(main_ports, "network.ports")
+    bind_host, notice = container_bind_host(spec, mode)
+    if notice:
+        warnings.append(notice)
+    published = bool(main_ports) or any(s.ports for s in spec.services.values())
+    if published and not spec.network.outbound:
+        warnings.append(
+            "published ports need a non-internal network, so outbound traffic (and the "
+            "host, through the network's gateway) is reachable from this project"
+        )
+    if mode == "bridge" and not spec.services and not main_ports:
+        mode = "none"  # nothing to reach and nothing reachable: no network at all
+        if spec.network.outbound:
+            mode = "bridge"
+    has_network = bool(spec.services) or mode == "bridge"
+    internal = not (spec.network.outbound or published)
+
+    services = [
+        _service(env, name, svc, opts, report, roots) for name, svc in sorted(spec.services.items())
+    ]
+    if opts.remote:  # no folder of this machine reaches the containers
+        for m in [*mounts, *(m for s in services for m in s["mounts"])]:
+            if not (m.origin == "workspace" or m.origin.startswith("static_assets")):
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        m.origin,
+                        f"{m.source} is a folder of this machine; the engine "
+                        "(ORCHESTRATOR_DOCKER_HOST) may be another one",
+                        "ship files in static_assets or move them with rt.upload",
+                    )
+                )
+        mounts = []
+        for svc_context in services:
+            svc_context["mounts"] = []
+    raise_if(report.issues)
+    if issues:
+        raise SpecError(issues)
+
+    user = resolve_user(spec.user, opts.host_env)
+    container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
+    context = {
+        "project": opts.project,
+        "labels": dict(sorted(opts.labels.items())),
+        "main": {
+            "image": opts.main_image or spec.image,
+            "build": None if opts.main_image else _build(env, spec.build, MAIN),
+            "workdir": spec.workdir,
+            "user": user,
+            "env": container_env,
+            "mounts": mounts,
+            "ports": _ports(main_ports),
+            "limits": _limits(spec.resources),
+            "caps": [*DEFAULT_CAPS, *main_caps],
+            "network_mode": mode,
+            "labels": dict(sorted({**opts.labels, USER_LABEL: user}.items()))
+            if opts.labels
+            else {},
+        },
+        "services": services,
+        "has_network": has_network,
+        "internal": internal,
+        "subnet": opts.subnet,
+        "sandbox_dir": SANDBOX_DIR,
+        "sandbox_mount": SANDBOX_MOUNT,
+        "remote": opts.remote,
+        "keep_alive": KEEP_ALIVE,
+    }
+    jinja = _jinja()
+    rendered = jinja.get_template("compose.yaml.j2").render(context)
+    compose = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())
+    entry = jinja.get_template("entry.sh.j2").render(project=opts.project, keep_alive=KEEP_ALIVE)
+    return CompiledProject(
+        project=opts.project,
+        compose_yaml=compose,
+        files={f"{SANDBOX_DIR}/entry.sh": entry},
+        warnings=tuple(warnings),
+        mounts=tuple(mounts),
+        env=container_env,
+        user=user,
+        network_mode=mode,
+        has_network=has_network,
+        published=published,
+    )

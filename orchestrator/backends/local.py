@@ -1,0 +1,237 @@
+"""The local backend: plain subprocesses on the host, for trusted code and machines without
+Docker. It is also the reference the Docker backend is held to by the conformance suite."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import ClassVar
+
+from orchestrator import procutil
+from orchestrator.errors import SandboxUnavailable, UsageError
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.options import Chunks, Command, SpawnOptions, stdin_chunks
+from orchestrator.sandbox.results import Connection, RuntimeInfo
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.policy import check_host_paths, env_passthrough_warnings, raise_if
+from orchestrator.spec.resolve import resolve_env
+
+MARK = "ORCHESTRATOR_RUNTIME"
+#: Host variables every local command gets, so that programs can be found at all.
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL")
+
+
+def _read_only(root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*filenames, *dirnames]:
+            p = Path(dirpath, name)
+            mode = p.lstat().st_mode
+            if not stat.S_ISLNK(mode):
+                p.chmod(mode & ~0o222)
+    root.chmod(root.stat().st_mode & ~0o222)
+
+
+def _remove(tmp: Path, mark: bytes) -> None:
+    """What a runtime leaves: processes carrying its mark, and its folder."""
+    for pid in procutil.marked(mark):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    _writable(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _writable(root: Path) -> None:
+    if not root.exists():
+        return
+    root.chmod(root.stat().st_mode | 0o700)
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            p = Path(dirpath, name)
+            p.chmod(p.stat().st_mode | 0o700)
+
+
+class LocalRuntime(Runtime):
+    name: ClassVar[str] = "local"
+    deviations: ClassVar[dict[str, str]] = {
+        "resources": "no memory, cpu or pid limits: processes run directly on the host",
+        "isolation": "no file-system or network isolation; mounts, ports and network are ignored",
+        "user": "commands run as the host user; another uid needs the caller to be root",
+        "oom": "no memory limit, so nothing is reported as out-of-memory",
+        "static-read-only-as-root": "static assets are read-only by file mode only, which "
+        "does not stop root",
+    }
+
+    def __init__(self, env: Environment, options: SpawnOptions) -> None:
+        super().__init__(env, options)
+        self._tmp: Path | None = None
+        self._leftovers: weakref.finalize[[Path, bytes], LocalRuntime] | None = None
+        self._workspace: Path | None = None
+        self._static: Path | None = None
+        self._env: dict[str, str] = {}
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        self._procs_lock = threading.Lock()
+        self._mark = f"{MARK}={uuid.uuid4().hex}"
+        """In every command's environment, so that cleanup finds processes that left the
+        command's tree (`setsid` daemons) and were not killed with it."""
+
+    # ----- lifecycle -----------------------------------------------------------------------
+    def _start(self) -> None:
+        spec = self.env.spec
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"orch-local-{spec.name}-"))
+        # a runtime dropped without cleanup (and collected) or still open at exit: its
+        # processes and folder go all the same
+        self._leftovers = weakref.finalize(self, _remove, self._tmp, self._mark.encode())
+        if self.options.workspace is not None:
+            self._workspace = self.options.workspace
+            self._workspace.mkdir(parents=True, exist_ok=True)
+        else:
+            self._workspace = self._tmp / "workspace"
+            self._workspace.mkdir()
+        self._static = self._tmp / "static"
+        self._static.mkdir()
+        roots = self.options.policy.mount_roots(self.env.base_dir, self.options.workspace)
+        raise_if(
+            check_host_paths(
+                self.env.source,
+                [
+                    (f"static_assets.{i}", self.env.base_dir / a.path)
+                    for i, a in enumerate(spec.static_assets)
+                ],
+                roots,
+            )
+        )
+        for asset in spec.static_assets:
+            src = (self.env.base_dir / asset.path).resolve()
+            dst = self._static / asset.save_path
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, dst, symlinks=True)
+            else:
+                shutil.copy2(src, dst)
+        _read_only(self._static)
+        if spec.mounts or self.options.mounts or spec.network.ports or spec.services:
+            self.warnings.append("local backend: mounts, ports and services are ignored")
+        host = {k: v for k, v in os.environ.items() if k in BASE_ENV}
+        bind = spec.network.bind_host
+        policy = self.options.policy
+        self._env = {
+            **host,
+            **resolve_env(spec, self.options.env_vars, bind_host=bind, policy=policy),
+        }
+        asked = [n for n in spec.env_passthrough if n not in BASE_ENV]  # passed here anyway
+        self.warnings += env_passthrough_warnings(asked, policy)
+        key, _, value = self._mark.partition("=")
+        self._env[key] = value
+
+    def _close(self) -> None:
+        self._kill()
+        if self._leftovers is not None:
+            self._leftovers()
+
+    def _kill_processes(self) -> None:
+        self._kill()
+
+    def _kill(self) -> None:
+        with self._procs_lock:
+            procs = list(self._procs)
+        for proc in procs:
+            procutil.kill_tree(proc.pid, signal.SIGKILL)
+        # Again until a few passes in a row find none: a process forking while a pass read
+        # /proc has a child that pass never saw, and one in the middle of exec() has no
+        # environment to read for an instant (after a second, give up: poll() says it lives).
+        deadline, quiet = time.monotonic() + 1.0, 0
+        while quiet < 3 and time.monotonic() < deadline:
+            found = procutil.marked(self._mark.encode())
+            quiet = 0 if found else quiet + 1
+            for pid in found:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+    def _poll(self) -> int | None:
+        """Alive until kill(); then down (128+SIGKILL) once no process of it is left."""
+        if not self._killed:
+            return None
+        return None if procutil.marked(self._mark.encode()) else 128 + signal.SIGKILL
+
+    # ----- paths ---------------------------------------------------------------------------
+    @property
+    def workdir(self) -> str:
+        assert self._workspace is not None, "runtime not started"
+        return str(self._workspace)
+
+    @property
+    def static_dir(self) -> Path:
+        """The per-runtime read-only folder holding the static assets."""
+        assert self._static is not None, "runtime not started"
+        return self._static
+
+    def static_path(self, name: str) -> str:
+        return str(self.static_dir / self.env.spec.static_asset(name).save_path)
+
+    def info(self) -> RuntimeInfo:
+        self._check_open()
+        return RuntimeInfo(
+            id=f"local-{self.env.name}-{self._mark[-8:]}",
+            env=self.env.name,
+            backend=self.name,
+            workdir=self.workdir,
+            user=None,
+            exec_mode="process",
+        )
+
+    def connection(self, *, user: str | None = None) -> Connection:
+        self._check_open()
+        self._check_user(self._user(user))
+        env = [f"{k}={v}" for k, v in self._env.items()]
+        enter = 'cd "$1" && exec "${SHELL:-/bin/sh}"'
+        return Connection("local", ("env", "-i", *env, "/bin/sh", "-c", enter, "sh", self.workdir))
+
+    # ----- commands ------------------------------------------------------------------------
+    def _check_user(self, user: str | None) -> None:
+        """Another user needs root here; asking without it is the caller's mistake."""
+        if user is None or os.geteuid() == 0:
+            return
+        with contextlib.suppress(procutil.UnknownUser):  # that one is the command's 126
+            if procutil.resolve_ids(user) != (os.getuid(), os.getgid()):
+                raise UsageError(
+                    f"the local backend runs as the host user; running as {user} "
+                    "needs the caller to be root"
+                )
+
+    def _run(self, cmd: Command) -> Chunks:
+        self._check_user(cmd.user)
+        procs, mine = self._procs, []  # for _kill: every command of this runtime
+
+        def started(proc: subprocess.Popen[bytes]) -> None:
+            with self._procs_lock:
+                procs.add(proc)
+            mine.append(proc)
+
+        try:
+            return (
+                yield from procutil.run(
+                    cmd.argv,
+                    {**self._env, **cmd.env},
+                    cmd.cwd,
+                    cmd.user,
+                    stdin_chunks(cmd.stdin) if cmd.stdin is not None else None,
+                    cmd.timeout,
+                    on_start=started,
+                )
+            )
+        except procutil.NoProcess as exc:
+            raise SandboxUnavailable(f"{self.env.name}: {exc.strerror}") from exc
+        finally:
+            with self._procs_lock:
+                procs.difference_update(mine)

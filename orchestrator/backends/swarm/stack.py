@@ -1,0 +1,255 @@
+"""The swarm backend's deployment layer: a stack on a Swarm manager, found again by its
+labels, its tasks located on whichever node runs them, and removed with everything it made.
+
+The manager is reached at ORCHESTRATOR_SWARM_HOST (any `docker --host` address; default this
+machine's engine); a node's engine, to exec into the task it runs, through
+ORCHESTRATOR_SWARM_NODE_HOST, a template with {addr} (the node's Swarm address) and
+{hostname} (default: the manager itself, for a task on the manager's own node). Each stack
+has a project folder in the state folder, as a Compose project does, holding the stack file,
+the owner, and the manager's address, so a reaper or the owner's guardian can remove it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from python_on_whales import DockerClient
+from python_on_whales.utils import run
+
+from orchestrator.backends.container.engine import (
+    docker_client,
+    engine_call,
+    raw_docker,
+    up_timeout,
+)
+from orchestrator.backends.container.identity import LABEL_PROJECT
+from orchestrator.backends.swarm.compile import CompiledStack
+from orchestrator.errors import DockerError, OrchestratorError, StartupError, UsageError
+
+SWARM_HOST_ENV = "ORCHESTRATOR_SWARM_HOST"
+NODE_HOST_ENV = "ORCHESTRATOR_SWARM_NODE_HOST"
+STACK_FILE = "stack.yaml"
+MANAGER_FILE = "swarm"
+"""In a stack's project folder: the manager's address ("" for this machine's engine)."""
+REMOVE_WAIT = 60.0
+"""Seconds `remove` waits for Swarm to take the stack's tasks and network away."""
+
+
+def manager_host() -> str:
+    return os.environ.get(SWARM_HOST_ENV, "").strip()
+
+
+def client_for(host: str, timeout: float | None = None) -> DockerClient:
+    return docker_client(timeout, host=host) if host else docker_client(timeout)
+
+
+@dataclass(frozen=True)
+class Task:
+    service: str
+    state: str
+    """Swarm's task state: new, pending, assigned, preparing, starting, running, complete,
+    failed, shutdown, rejected, orphaned, remove."""
+    error: str
+    container: str
+    node: str
+    exit_code: int | None
+
+
+FAILED = ("failed", "rejected", "orphaned", "complete", "shutdown", "remove")
+
+
+@dataclass
+class Stack:
+    name: str
+    directory: Path
+    host: str
+    """The manager's address ("" for this machine's engine)."""
+    compiled: CompiledStack
+
+    def __post_init__(self) -> None:
+        self.client = client_for(self.host)
+        self._nodes: dict[str, DockerClient] = {}
+        self.deployed = False
+        """Whether a deploy was tried that may have created something."""
+
+    def write(self) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (self.directory / MANAGER_FILE).write_text(self.host + "\n")
+        path = self.directory / STACK_FILE
+        path.write_text(self.compiled.stack_yaml)
+        return path
+
+    def deploy(self) -> None:
+        path = self.write()
+        argv = [*client_for(self.host, up_timeout()).client_config.docker_cmd, "stack", "deploy"]
+        argv += ["--resolve-image", "never", "-c", str(path), self.name]
+        self.deployed = True
+        try:
+            engine_call(f"deploying stack {self.name}", lambda: run(argv), retry=False)
+        except DockerError as exc:
+            if "not a swarm manager" in exc.stderr or "This node is not a swarm" in exc.stderr:
+                self.deployed = False
+                where = self.host or "this machine's engine"
+                raise UsageError(
+                    f"{where} is not a Swarm manager: start one (`docker swarm init`) or point "
+                    f"{SWARM_HOST_ENV} at one (docs/scale-out.md)"
+                ) from exc
+            raise
+
+    def tasks(self) -> dict[str, Task]:
+        """The newest task of each service of the stack (two engine calls: the stack's task
+        names, then all its tasks inspected at once)."""
+        cmd = self.client.client_config.docker_cmd
+        listed = engine_call(
+            "listing stack tasks",
+            lambda: run(
+                [*cmd, "stack", "ps", "--no-trunc", "--format", "{{.ID}} {{.Name}}", self.name],
+                return_stderr=False,
+            ),
+        )
+        # a task is named <stack>_<service>.<slot>
+        names = {
+            ident: name.removeprefix(self.name + "_").rpartition(".")[0]
+            for ident, _, name in (line.partition(" ") for line in str(listed).splitlines())
+            if ident
+        }
+        if not names:
+            return {}
+        raw = engine_call(
+            "inspecting stack tasks",
+            lambda: run([*cmd, "inspect", "--type", "task", *names], return_stderr=False),
+        )
+        newest: dict[str, tuple[str, Task]] = {}
+        for item in json.loads(str(raw)):
+            service = names.get(str(item.get("ID", "")), "")
+            status = item.get("Status") or {}
+            container = status.get("ContainerStatus") or {}
+            task = Task(
+                service=service,
+                state=str(status.get("State", "")),
+                error=str(status.get("Err", "")),
+                container=str(container.get("ContainerID", "")),
+                node=str(item.get("NodeID", "")),
+                exit_code=container.get("ExitCode"),
+            )
+            stamp = str(item.get("CreatedAt", ""))
+            if service and (service not in newest or stamp > newest[service][0]):
+                newest[service] = (stamp, task)
+        return {service: task for service, (_, task) in newest.items()}
+
+    def wait_running(self, services: list[str], timeout: float) -> dict[str, Task]:
+        """Wait until every service's task runs; a task that failed (or the time running
+        out) is a StartupError naming the service and why."""
+        deadline = time.monotonic() + timeout
+        while True:
+            tasks = self.tasks()
+            for service in services:
+                task = tasks.get(service)
+                if task is not None and task.state in FAILED:
+                    why = task.error or f"its task ended ({task.state})"
+                    raise StartupError(
+                        f"stack {self.name}: service {service!r} did not start: {why}"
+                    )
+            if all(tasks.get(s) is not None and tasks[s].state == "running" for s in services):
+                return tasks
+            if time.monotonic() > deadline:
+                states = ", ".join(
+                    f"{s}: {tasks[s].state if s in tasks else 'no task'}" for s in services
+                )
+                raise StartupError(
+                    f"stack {self.name} did not start within {timeout:g}s ({states}); a task "
+                    "that stays pending often names an image no node has (docs/scale-out.md)"
+                )
+            time.sleep(0.2)
+
+    def node_client(self, node: str) -> DockerClient:
+        """A client of the engine of node `node` (its address asked of the manager once)."""
+        if node not in self._nodes:
+            self._nodes[node] = client_for(node_host(self.host, node))
+        return self._nodes[node]
+
+    def node_cmd(self, node: str) -> list[str]:
+        """The docker command for the engine of node `node` (no time bound: exec lasts)."""
+        return raw_docker(self.node_client(node))
+
+    def remove(self, tasks: list[Task] | None = None) -> None:
+        """Remove the stack (services, their containers, its network) and wait until Swarm
+        has taken them away, the containers of `tasks` on their nodes too, then the project
+        folder."""
+        if self.deployed:
+            remove_stack(self.name, self.host)
+            deadline = time.monotonic() + REMOVE_WAIT
+            for task in tasks or []:
+                client = self.node_client(task.node)
+                while time.monotonic() < deadline and client.container.exists(task.container):
+                    time.sleep(0.1)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def node_host(manager: str, node: str) -> str:
+    """The engine address of a node, from ORCHESTRATOR_SWARM_NODE_HOST; the manager's own
+    node is the manager's engine."""
+    cmd = client_for(manager).client_config.docker_cmd
+
+    def ask(what: str, argv: list[str]) -> str:
+        return str(engine_call(what, lambda: run([*cmd, *argv], return_stderr=False))).strip()
+
+    fmt = "{{.Status.Addr}} {{.Description.Hostname}}"
+    addr, _, hostname = ask(
+        "inspecting a node", ["node", "inspect", "--format", fmt, node]
+    ).partition(" ")
+    template = os.environ.get(NODE_HOST_ENV, "").strip()
+    if template:
+        return template.format(addr=addr, hostname=hostname)
+    if ask("asking the manager who it is", ["info", "--format", "{{.Swarm.NodeID}}"]) == node:
+        return manager
+    raise UsageError(
+        f"a task runs on node {hostname} ({addr}), whose engine this machine cannot name: set "
+        f"{NODE_HOST_ENV}, e.g. tcp://{{addr}}:2376 or ssh://{{hostname}} (docs/scale-out.md)"
+    )
+
+
+def remove_stack(name: str, host: str) -> None:
+    """`docker stack rm` until no service or network of the stack is left (bounded): Swarm
+    refuses to remove a network while a task of it is still being taken down, so the first
+    call may leave the network for a later one."""
+    cmd = client_for(host).client_config.docker_cmd
+    flt = f"label={LABEL_PROJECT}={name}"
+
+    def left() -> str:
+        return engine_call(
+            f"listing what is left of stack {name}",
+            lambda: (
+                str(run([*cmd, "service", "ls", "-q", "--filter", flt], return_stderr=False))
+                + str(run([*cmd, "network", "ls", "-q", "--filter", flt], return_stderr=False))
+            ),
+        )
+
+    deadline = time.monotonic() + REMOVE_WAIT
+    last: DockerError | None = None
+    while True:
+        try:
+            engine_call(f"removing stack {name}", lambda: run([*cmd, "stack", "rm", name]))
+        except DockerError as exc:  # partly removed: what is left goes on the next pass
+            last = exc
+        if not left().strip():
+            return
+        if time.monotonic() > deadline:
+            why = f": {last.stderr.strip()}" if last is not None else ""
+            raise OrchestratorError(f"stack {name}: Swarm still lists parts of it{why}")
+        time.sleep(0.5)
+
+
+def is_stack_folder(folder: Path) -> bool:
+    return (folder / MANAGER_FILE).is_file()
+
+
+def remove_stack_folder(folder: Path) -> None:
+    """Remove the stack a project folder stands for, then the folder (kept when the stack
+    could not be removed, for the next try)."""
+    remove_stack(folder.name, (folder / MANAGER_FILE).read_text().strip())
+    shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,321 @@
+"""The Inspect AI sandbox provider: `sandbox=("orchestrator", "env.yaml")` in a task runs each
+sample in an environment of ours (install `orchestrator[inspect]`; Inspect finds the provider
+through the `inspect_ai` entry point).
+
+One environment per sample: its main sandbox is "default" (first), and every extra service is
+a sandbox by its own name. Calls follow Inspect's contract to the letter: its output and file
+limits (`SandboxEnvironmentLimits`), `TimeoutError`, `PermissionError`, `FileNotFoundError`,
+`IsADirectoryError`, `UnicodeDecodeError` for text that is not UTF-8,
+`OutputLimitExceededError`, and `SandboxUnavailableError` when the sandbox itself is gone. Our
+calls block; they run in worker threads, so many samples proceed at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, overload
+
+import anyio.to_thread
+from inspect_ai.util import (
+    ExecResult,
+    OutputLimitExceededError,
+    SandboxConnection,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
+    sample_limits,
+    sandboxenv,
+)
+from inspect_ai.util._sandbox.environment import HostMapping, PortMapping
+
+from orchestrator.errors import (
+    OrchestratorError,
+    OutputLimitExceeded,
+    ProjectNotFound,
+    SandboxUnavailable,
+    UsageError,
+)
+from orchestrator.sandbox.base import Runtime, Sandbox
+from orchestrator.sandbox.options import file_timeout
+from orchestrator.sandbox.registry import prepare, spawn_runtime
+from orchestrator.spec.loader import Environment, load_environment
+from orchestrator.spec.models import PublishedPort
+from orchestrator.spec.resolve import MAIN
+
+PROVIDER = "orchestrator"
+log = logging.getLogger("orchestrator.integrations.inspect")
+T = TypeVar("T")
+MIN_FILE_DEADLINE = 5.0
+"""Seconds a file call gets even when the sample's time is (nearly) up: Inspect ends the
+sample itself; the call only must not outlive it by long."""
+_NOT_RUNNABLE = re.compile(r"permission denied|not executable", re.IGNORECASE)
+
+
+async def _call(fn: Callable[[], T]) -> T:
+    """Run one of our blocking calls in a worker thread; our errors become Inspect's."""
+    try:
+        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
+    except SandboxUnavailable as exc:
+        raise SandboxUnavailableError(str(exc)) from exc
+
+
+def _file_deadline() -> float:
+    """A file call's deadline: Inspect's API gives none, and our worker thread cannot be
+    cancelled, so the call ends by the sample's own time (or working) limit at the latest,
+    and by ORCHESTRATOR_FILE_TIMEOUT in any case."""
+    deadline = file_timeout()
+    try:
+        limits = sample_limits()
+        left = [limits.time.remaining, limits.working.remaining]
+    except (RuntimeError, LookupError):  # no running sample (a direct call)
+        left = []
+    for remaining in left:
+        if remaining is not None:
+            deadline = min(deadline, max(MIN_FILE_DEADLINE, remaining))
+    return deadline
+
+
+def _quietly(fn: Callable[[], None]) -> Callable[[], None]:
+    """For a background removal: an engine error is logged, the guardian and `orchestrator
+    cleanup` remove what it could not."""
+
+    def run() -> None:
+        try:
+            fn()
+        except OrchestratorError as exc:
+            log.warning("removing a sample's environment failed: %s", exc)
+
+    return run
+
+
+def _environment(config: SandboxEnvironmentConfigType | None) -> Environment:
+    if not isinstance(config, str):
+        raise UsageError(
+            'the orchestrator sandbox takes an environment file: sandbox=("orchestrator", '
+            f'"env.yaml"), got {config!r}'
+        )
+    env = load_environment(Path(config))
+    if "default" in env.spec.services:
+        raise UsageError(
+            f"{config}: a service named 'default' would hide the main sandbox, which Inspect "
+            "calls 'default'; rename the service"
+        )
+    return env
+
+
+def metadata_env(metadata: dict[str, Any]) -> dict[str, str]:
+    """Sample metadata as Inspect's SAMPLE_METADATA_<KEY> variables (scalars only)."""
+    out = {}
+    for key, value in metadata.items():
+        if isinstance(value, str | int | float | bool):
+            name = re.sub(r"[^A-Za-z0-9]", "_", str(key)).upper()
+            out[f"SAMPLE_METADATA_{name}"] = str(value)
+    return out
+
+
+def _ports(ports: tuple[PublishedPort, ...], service: str) -> list[PortMapping]:
+    mine = [p for p in ports if p.service == service and p.protocol in ("tcp", "udp")]
+    return [
+        PortMapping(
+            container_port=p.container,
+            protocol="tcp" if p.protocol == "tcp" else "udp",
+            mappings=[HostMapping(host_ip=p.host_ip, host_port=p.host)],
+        )
+        for p in mine
+    ]
+
+
+@sandboxenv(name=PROVIDER)
+class OrchestratorSandbox(SandboxEnvironment):
+    """One sandbox (the main one or a service) of one sample's environment."""
+
+    _live: dict[str, Runtime] = {}
+    """Environments of samples not cleaned up yet, by id (for task_cleanup)."""
+    _live_lock = threading.Lock()
+    _removing: list[threading.Thread] = []
+    """Background removals of finished samples (task_cleanup waits for them)."""
+
+    def __init__(self, runtime: Runtime, service: str) -> None:
+        super().__init__()
+        self.runtime = runtime
+        self.service = service
+        self.sandbox: Sandbox = runtime.service(service)
+
+    # ----- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    def default_concurrency(cls) -> int | None:
+        """Samples at once: two per core (each sandbox mostly waits on its commands)."""
+        return max(2, 2 * (os.cpu_count() or 1))
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        """Validate the file (and its policy) once, and build its images once, before any
+        sample starts."""
+        env = _environment(config)
+        await _call(lambda: prepare(env))
+
+    @classmethod
+    async def sample_init(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        metadata: dict[str, str],
+    ) -> dict[str, SandboxEnvironment]:
+        env = _environment(config)
+        variables = metadata_env(metadata)
+        runtime = await _call(lambda: spawn_runtime(env, env_vars=variables))
+        with cls._live_lock:
+            cls._live[runtime.info().id] = runtime
+        names = [MAIN, *env.spec.services]  # "default" first, as Inspect wants
+        return await _call(lambda: {"default" if n == MAIN else n: cls(runtime, n) for n in names})
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        """Remove the sample's environment, in the background: the next sample need not wait
+        for it (task_cleanup does, and the guardian removes it if this process dies first).
+        An interrupted sample's is left to task_cleanup, as Inspect's own Docker sandbox
+        does."""
+        if interrupted:
+            return
+        runtimes = {e.runtime for e in environments.values() if isinstance(e, cls)}
+        for runtime in runtimes:
+            with cls._live_lock:
+                for ident in [i for i, r in cls._live.items() if r is runtime]:
+                    del cls._live[ident]
+            remover = threading.Thread(target=_quietly(runtime.cleanup), name="orch-cleanup")
+            remover.start()
+            with cls._live_lock:
+                cls._removing.append(remover)
+
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        """With cleanup, remove what is left; without (--no-sandbox-cleanup), keep every
+        environment running past this process and say how to remove each."""
+        with cls._live_lock:
+            left, cls._live = dict(cls._live), {}
+            removing, cls._removing = cls._removing, []
+        for remover in removing:
+            await anyio.to_thread.run_sync(remover.join)
+        for ident, runtime in left.items():
+            if cleanup:
+                await _call(runtime.cleanup)
+                continue
+            try:
+                await _call(runtime.keep)
+            except UsageError as exc:  # a backend that cannot outlive us (local)
+                await _call(runtime.cleanup)
+                print(f"removed sandbox {ident}: {exc}")
+                continue
+            print(f"kept sandbox {ident}: remove it with `orchestrator down {ident}`")
+
+    @classmethod
+    async def cli_cleanup(cls, id: str | None) -> None:
+        """`inspect sandbox cleanup orchestrator [ID]`: that environment, or every one of ours
+        whose owner is gone (kept ones included)."""
+        from orchestrator.backends.container.inventory import find_project, reap, remove_project
+
+        if id is None:
+            for name in await _call(lambda: reap(include_kept=True)):
+                print(f"removed {name}")
+            return
+        try:
+            info = await _call(lambda: find_project(id))
+        except ProjectNotFound as exc:
+            print(f"error: {exc}")
+            return
+        await _call(lambda: remove_project(info))
+        print(f"removed {info.name}")
+
+    # ----- calls -----------------------------------------------------------------------------
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        try:
+            result = await _call(
+                lambda: self.sandbox.execute(
+                    cmd,
+                    stdin=input,
+                    cwd=cwd,
+                    env=env,
+                    user=user,
+                    timeout=timeout,
+                    output_limit=limit,
+                )
+            )
+        except UsageError as exc:
+            if user is not None and "user" in str(exc):
+                raise SandboxUserUnsupportedError(str(exc)) from exc
+            raise
+        if result.timed_out:
+            raise TimeoutError(f"command timed out after {timeout} seconds: {cmd[0]}")
+        if result.truncated:
+            raise OutputLimitExceededError(
+                SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
+                result.stdout if result.stdout_truncated else result.stderr,
+            )
+        if result.exit_code == 126 and _NOT_RUNNABLE.search(result.stderr):
+            raise PermissionError(result.stderr.strip())
+        return ExecResult(result.ok, result.exit_code, result.stdout, result.stderr)
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        deadline = _file_deadline()
+        await _call(lambda: self.sandbox.write_file(file, contents, timeout=deadline))
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> Union[str | bytes]:  # noqa: UP007
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        try:
+            data = await _call(
+                lambda: self.sandbox.read_file(
+                    file, text=False, limit=limit, timeout=_file_deadline()
+                )
+            )
+        except OutputLimitExceeded as exc:
+            raise OutputLimitExceededError(
+                SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None
+            ) from exc
+        return data.decode("utf-8") if text else data  # strict: Inspect's UnicodeDecodeError
+
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        if self.runtime.closed:
+            raise ConnectionError(f"the sandbox {self.service!r} is not running")
+        info = self.runtime.info()
+        connection = self.sandbox.connection(user=user)
+        return SandboxConnection(
+            type=PROVIDER,
+            command=str(connection),
+            ports=_ports(info.ports, self.service) or None,
+            container=connection.container,
+        )
+
+
+__all__ = ["OrchestratorSandbox", "metadata_env"]

@@ -1,0 +1,733 @@
+"""The runtime protocol: one set of calls for every backend.
+
+A `Sandbox` is a place commands run (the main sandbox, or one service of it): it provides
+`_run`, `workdir`, `static_path` and `connection`, and execute, stream and the file calls are
+written once over them. A `Runtime` is the main sandbox plus the lifecycle: a backend adds
+`_start`, `_kill`, `_poll`, `_close` and `info`, and setup, cleanup, kill and poll are written
+once here, so every backend keeps the same semantics.
+
+`{{static:NAME}}` placeholders are resolved in the environment file's own commands (setup,
+`commands`), never in the text a caller passes to `execute`: that text may be model-written,
+and runs exactly as given (use `static_path(NAME)` to build a path).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import posixpath
+import re
+import threading
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal, overload
+
+from orchestrator.errors import (
+    CommandFailed,
+    CommandTimeout,
+    OrchestratorError,
+    OutputLimitExceeded,
+    RuntimeClosed,
+    SandboxFileTimeout,
+    SandboxUnavailable,
+    SetupFailed,
+    UsageError,
+)
+from orchestrator.sandbox import files, snapshot
+from orchestrator.sandbox.options import (
+    FILE_LIMIT_ENV,
+    FILE_TIMEOUT_ENV,
+    Chunks,
+    Command,
+    SpawnOptions,
+    default_file_limit,
+    default_output_limit,
+    file_timeout,
+    setup_timeout,
+    snapshot_limit,
+)
+from orchestrator.sandbox.results import (
+    Connection,
+    Outcome,
+    RuntimeInfo,
+    RuntimeResult,
+    StreamEvent,
+    StreamKind,
+    TailBuffer,
+    decode,
+    decoder,
+)
+from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import USER_RE
+from orchestrator.spec.resolve import MAIN, resolve_user, substitute_static
+
+_live: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+@atexit.register
+def _cleanup_at_exit() -> None:
+    """Safety net for runtimes a caller forgot to clean up; `with` is the way to use them.
+    A process killed outright leaves its projects to `orchestrator cleanup` (owner gone)."""
+    for rt in list(_live):
+        if not rt.closed and not rt.options.detached:
+            with contextlib.suppress(Exception):
+                rt.cleanup()
+
+
+class Sandbox(ABC):
+    """Commands and files in one place: the main sandbox (a Runtime) or one of its services.
+    Everything callers use is written here once over `_run`, so every place keeps the same
+    semantics."""
+
+    @abstractmethod
+    def _run(self, cmd: Command) -> Chunks:
+        """Run one command: yield (stream, bytes), return its Outcome. Closing the generator
+        early must kill the command's whole tree."""
+
+    @abstractmethod
+    def _check_usable(self) -> None:
+        """Raise RuntimeClosed when no command may run here any more."""
+
+    @property
+    @abstractmethod
+    def workdir(self) -> str:
+        """Working folder, as commands see it."""
+
+    @abstractmethod
+    def static_path(self, name: str) -> str:
+        """Where static asset `name` is, as commands see it."""
+
+    @property
+    def default_user(self) -> str | None:
+        """User commands run as when the call names none, None for the backend's."""
+        return None
+
+    def _setup_output(self) -> RuntimeResult | None:
+        """The environment's setup output, carried apart in every result (None: no setup)."""
+        return None
+
+    @abstractmethod
+    def connection(self, *, user: str | None = None) -> Connection:
+        """How a person opens a shell here from the host (as `user`, else the default)."""
+
+    # ----- commands ------------------------------------------------------------------------
+    def _command(
+        self,
+        command: str | Sequence[str],
+        env: Mapping[str, str] | None,
+        stdin: Any,
+        cwd: str | None,
+        user: str | None,
+        timeout: float | None,
+    ) -> Command:
+        self._check_usable()
+        if isinstance(command, str):
+            argv = ["/bin/sh", "-c", command]
+        else:
+            argv = [str(a) for a in command]
+            if not argv:
+                raise UsageError("empty command")
+        if timeout is not None and not 0 < timeout < float("inf"):
+            raise UsageError(f"timeout must be a positive number of seconds, got {timeout}")
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        elif stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
+            raise UsageError("stdin must be str or bytes")
+        return _validated(
+            Command(
+                argv=argv,
+                env={str(k): str(v) for k, v in (env or {}).items()},
+                cwd=posixpath.normpath(posixpath.join(self.workdir, cwd)) if cwd else self.workdir,
+                user=self._user(user),
+                timeout=timeout,
+                stdin=bytes(stdin) if stdin is not None else None,
+            )
+        )
+
+    def _user(self, user: str | None) -> str | None:
+        return resolve_user(user) if user is not None else self.default_user
+
+    def _result(self, out: TailBuffer, err: TailBuffer, outcome: Outcome) -> RuntimeResult:
+        setup = self._setup_output()
+        return RuntimeResult(
+            exit_code=outcome.exit_code,
+            stdout=decode(out.value()),
+            stderr=decode(err.value()),
+            elapsed=outcome.elapsed,
+            timed_out=outcome.timed_out,
+            truncated=out.truncated or err.truncated,
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            oom_killed=outcome.oom_killed,
+            setup_stdout=setup.stdout if setup else "",
+            setup_stderr=setup.stderr if setup else "",
+        )
+
+    def _run_bulk(self, cmd: Command) -> Chunks:
+        """A command printing a folder's archive, or reading one (its stdin a
+        files.PackStream): where a backend has a cheaper path for many bytes than for many
+        commands, it takes it."""
+        return self._run(cmd)
+
+    def _collect(
+        self, cmd: Command, limit: int, *, bulk: bool = False
+    ) -> tuple[TailBuffer, TailBuffer, Outcome]:
+        out, err = TailBuffer(limit), TailBuffer(limit)
+        gen = self._run_bulk(cmd) if bulk else self._run(cmd)
+        try:
+            while True:
+                kind, data = next(gen)
+                (out if kind == "stdout" else err).add(data)
+        except StopIteration as stop:
+            return out, err, stop.value
+        finally:
+            gen.close()
+
+    def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        output_limit: int | None = None,
+    ) -> RuntimeResult:
+        """Run a command to completion. A str runs through /bin/sh -c; a list runs as argv.
+        `cwd` is relative to the workdir; `user` is "uid[:gid]", "root" or "host"."""
+        cmd = self._command(command, env, stdin, cwd, user, timeout)
+        out, err, outcome = self._collect(cmd, output_limit or default_output_limit())
+        result = self._result(out, err, outcome)
+        if check:
+            _check(result, timeout)
+        return result
+
+    def stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> Generator[StreamEvent, None, None]:
+        """Yield output as it arrives, then a "finished" event carrying the result. Closing
+        the generator (or breaking out of a `for` over it) kills the command."""
+        if stdin is not None:
+            raise UsageError("stream() takes no stdin; use execute(..., stdin=...)")
+        cmd = self._command(command, env, None, cwd, user, timeout)
+        return self._stream(cmd, output_limit or default_output_limit())
+
+    def _stream(self, cmd: Command, limit: int) -> Generator[StreamEvent, None, None]:
+        bufs: dict[StreamKind, TailBuffer] = {
+            "stdout": TailBuffer(limit),
+            "stderr": TailBuffer(limit),
+        }
+        decoders: dict[StreamKind, Any] = {"stdout": decoder(), "stderr": decoder()}
+        gen = self._run(cmd)
+        try:
+            while True:
+                try:
+                    kind, data = next(gen)
+                except StopIteration as stop:
+                    outcome: Outcome = stop.value
+                    break
+                bufs[kind].add(data)
+                text = decoders[kind].decode(data)
+                if text:
+                    yield StreamEvent(kind, text)
+            for name, dec in decoders.items():
+                tail = dec.decode(b"", final=True)
+                if tail:
+                    yield StreamEvent(name, tail)
+            yield StreamEvent(
+                "finished", result=self._result(bufs["stdout"], bufs["stderr"], outcome)
+            )
+        finally:
+            gen.close()
+
+    # ----- files ---------------------------------------------------------------------------
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workdir, str(path)))
+
+    def write_file(
+        self,
+        path: str,
+        content: str | bytes,
+        *,
+        user: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Write text or bytes (line endings kept as given), creating parent folders. Raises
+        SandboxFileTimeout past `timeout` seconds (default: ORCHESTRATOR_FILE_TIMEOUT)."""
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        target, deadline = self._path(path), _deadline(timeout)
+        cmd = self._command(files.write_argv(target), None, data, None, user, deadline)
+        _, err, outcome = self._collect(cmd, 64 * 1024)
+        stderr = decode(err.value())
+        _raise_held(outcome, stderr, target, "write", deadline)
+        files.raise_for(outcome.exit_code, target, "write", stderr)
+
+    @overload
+    def read_file(
+        self,
+        path: str,
+        *,
+        text: Literal[True] = True,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> str: ...
+    @overload
+    def read_file(
+        self,
+        path: str,
+        *,
+        text: Literal[False],
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> bytes: ...
+    @overload
+    def read_file(
+        self,
+        path: str,
+        *,
+        text: bool,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> str | bytes: ...
+    def read_file(
+        self,
+        path: str,
+        *,
+        text: bool = True,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> str | bytes:
+        """Return a file's content as text (UTF-8, invalid bytes replaced) or bytes. Raises
+        SandboxFileNotFound, SandboxIsADirectory, SandboxPermissionError (also the built-in
+        errors), OutputLimitExceeded past `limit` bytes, or SandboxFileTimeout past `timeout`
+        seconds (default: ORCHESTRATOR_FILE_TIMEOUT; a FIFO in its place never ends)."""
+        limit = limit or default_file_limit()
+        target, deadline = self._path(path), _deadline(timeout)
+        cmd = self._command(files.read_argv(target, limit), None, None, None, user, deadline)
+        out, err, outcome = self._collect(cmd, limit + 1)
+        data, stderr = out.value(), decode(err.value())
+        _raise_held(outcome, stderr, target, "read", deadline)
+        files.raise_for(outcome.exit_code, target, "read", stderr, limit, decode(data[:32]).strip())
+        return decode(data) if text else data
+
+    def upload(
+        self,
+        local: str | Path,
+        dest: str,
+        *,
+        user: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Copy a local folder's content into folder `dest` (created if missing) as one tar
+        stream: modes and symlinks kept, files owned by the command user. Raises
+        SandboxFileTimeout past `timeout` seconds (default: ORCHESTRATOR_FILE_TIMEOUT)."""
+        stream = files.PackStream(Path(local))
+        try:
+            self._unpack_here(stream, dest, user, timeout)
+        except SandboxFileTimeout:
+            raise  # the sandbox held it: whatever the packer then said is a consequence
+        except OrchestratorError:
+            if stream.error is None:
+                raise
+        if stream.error is not None:  # the sandbox saw a cut archive; this is why
+            raise stream.error
+
+    def _unpack_here(
+        self,
+        archive: bytes | Iterable[bytes],
+        dest: str,
+        user: str | None,
+        timeout: float | None = None,
+    ) -> None:
+        target, deadline = self._path(dest), _deadline(timeout)
+        cmd = self._command(files.upload_argv(target), None, b"", None, user, deadline)
+        cmd = dataclasses.replace(cmd, stdin=archive)
+        _, err, outcome = self._collect(cmd, 64 * 1024, bulk=isinstance(archive, files.PackStream))
+        stderr = decode(err.value())
+        _raise_held(outcome, stderr, target, "upload into", deadline)
+        files.raise_for_folder(outcome.exit_code, target, "upload into", stderr)
+
+    def _pack_here(
+        self, src: str, user: str | None, limit: int, timeout: float | None = None
+    ) -> bytes:
+        target, deadline = self._path(src), _deadline(timeout)
+        cmd = self._command(files.download_argv(target), None, None, None, user, deadline)
+        out, err, outcome = self._collect(cmd, limit + 1, bulk=True)
+        stderr = decode(err.value())
+        _raise_held(outcome, stderr, target, "download", deadline)
+        files.raise_for_folder(outcome.exit_code, target, "download", stderr)
+        archive = out.value()  # (one copy of what may be a gigabyte)
+        if out.truncated or len(archive) > limit:
+            raise OutputLimitExceeded(
+                f"{target} packs to more than the limit of {limit} bytes (pass limit= or set "
+                f"{FILE_LIMIT_ENV})"
+            )
+        return archive
+
+    def download(
+        self,
+        src: str,
+        local: str | Path,
+        *,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Copy folder `src`'s content into a local folder as one tar stream, refusing any
+        entry that would land outside it (SandboxUnsafeArchive); returns the names copied.
+        Past `limit` bytes of archive (default: the file read limit) raises
+        OutputLimitExceeded and writes nothing; past `timeout` seconds (default:
+        ORCHESTRATOR_FILE_TIMEOUT) SandboxFileTimeout, writing nothing. The archive is
+        unpacked as it arrives, into a private folder inside `local` that is moved into
+        place only once every entry has passed and the sandbox's side succeeded."""
+        target, deadline = self._path(src), _deadline(timeout)
+        cmd = self._command(files.download_argv(target), None, None, None, user, deadline)
+        err, ended = TailBuffer(64 * 1024), []
+
+        def archive() -> Generator[bytes, None, None]:
+            gen = self._run_bulk(cmd)
+            try:
+                while True:
+                    kind, data = next(gen)
+                    if kind == "stdout":
+                        yield data
+                    else:
+                        err.add(data)
+            except StopIteration as stop:
+                ended.append(stop.value)
+            finally:
+                gen.close()  # stopped early (refused, over the limit): the command is killed
+
+        stream = archive()
+        try:
+            staged = files.stage(stream, Path(local), limit or default_file_limit())
+        except OrchestratorError as exc:  # a cut archive: the deadline may be why
+            if ended:
+                _raise_held(ended[0], decode(err.value()), target, "download", deadline, exc)
+            raise
+        finally:
+            stream.close()
+        outcome: Outcome = ended[0]
+        if outcome.exit_code != 0 or outcome.timed_out:
+            staged.discard()
+            stderr = decode(err.value())
+            _raise_held(outcome, stderr, target, "download", deadline)
+            files.raise_for_folder(outcome.exit_code, target, "download", stderr)
+        return staged.commit()
+
+
+class Runtime(Sandbox):
+    """A live environment. Use as a context manager; leaving the block calls `cleanup()`."""
+
+    #: Registered backend name.
+    name: ClassVar[str] = ""
+    #: Conformance rules this backend deliberately does not keep: rule id -> reason.
+    deviations: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, env: Environment, options: SpawnOptions) -> None:
+        self.env = env
+        self.options = options
+        self.setup_result: RuntimeResult | None = None
+        self.warnings: list[str] = list(env.notices)
+        self._closed = False
+        self._killed = False
+        self._lock = threading.Lock()
+
+    # ----- what a backend provides -------------------------------------------------------
+    @abstractmethod
+    def _start(self) -> None:
+        """Bring the environment up (cleanup() undoes whatever part of it happened)."""
+
+    @abstractmethod
+    def _kill(self) -> None:
+        """Kill every process of the environment."""
+
+    @abstractmethod
+    def _poll(self) -> int | None:
+        """None while the environment is alive, else its exit status."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release everything the environment holds. Must tolerate a partial start."""
+
+    @abstractmethod
+    def info(self) -> RuntimeInfo:
+        """What this runtime is: id, backend, workdir, user, how commands run, ports."""
+
+    def file_command(self, name: str) -> str:
+        """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""
+        try:
+            text = self.env.spec.commands[name]
+        except KeyError:
+            known = ", ".join(sorted(self.env.spec.commands)) or "none"
+            raise UsageError(f"no command named {name!r} in the file (known: {known})") from None
+        return substitute_static(text, self.static_path)
+
+    # ----- lifecycle -----------------------------------------------------------------------
+    @classmethod
+    def spawn(cls, env: Environment, options: SpawnOptions | None = None) -> Runtime:
+        """Start the environment and run its setup; on any failure remove what was started."""
+        rt = cls(env, options or SpawnOptions())
+        if rt.options.resume is not None:
+            rt._check_resumable(rt.options.resume)
+        _live.add(rt)
+        try:
+            rt._start()
+            if rt.options.resume is not None:
+                rt._restore(rt.options.resume)
+            if not rt.options.disable_setup:
+                rt._run_setup()
+        except BaseException:
+            rt.cleanup()
+            raise
+        return rt
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def poll(self) -> int | None:
+        """None while the environment runs; its exit status once it was killed or died."""
+        self._check_open()
+        return self._poll()
+
+    def kill(self) -> None:
+        """Kill every process of the environment now (as subprocess's kill). Call cleanup()
+        afterwards to remove it."""
+        self._check_open()
+        self._killed = True
+        self._kill()
+
+    def snapshot(
+        self, dest: str | Path | None = None, *, limit: int | None = None, filesystem: bool = False
+    ) -> Snapshot:
+        """Save the workspace (the working folder's whole tree) as a snapshot: to the path
+        `dest`, under the name `dest` in the snapshots folder, or a fresh name there. With
+        `filesystem` (Docker), the main container's filesystem is saved too, as an image
+        (removed with the snapshot). Resume it with spawn_runtime(env, resume=snapshot).
+        Take it while no command runs: the two are not one atomic copy."""
+        path = snapshot.archive_path(self.env.name, dest)
+        archive = self._pack_workdir(None, limit or snapshot_limit())
+        image = self._commit(path.with_suffix(".json")) if filesystem else ""
+        env, host = self.env, self.options.host or ""
+        return snapshot.save(archive, env.name, env.digest, path, image, host)
+
+    def _commit(self, record: Path) -> str:
+        """Save the main container's filesystem as an image owned by `record`; its tag."""
+        raise UsageError(f"the {self.name} backend has no container filesystem to snapshot")
+
+    def _check_resumable(self, snap: Snapshot) -> None:
+        """Refuse, before anything starts, a snapshot this backend cannot resume."""
+        if snap.image:
+            raise UsageError(
+                f"snapshot {snap.name} holds a container filesystem, which only the docker "
+                f"backend resumes (this is {self.name})"
+            )
+
+    def _restore(self, snap: Snapshot) -> None:
+        if snap.digest != self.env.digest:
+            self.warnings.append(
+                f"snapshot {snap.name} was taken from {snap.env!r} as another file; resumed anyway"
+            )
+        self._unpack_here(snap.archive(), self.workdir, None)
+
+    def restore(self, snap: Snapshot) -> None:
+        """Put a running environment back to a snapshot: every process in it is killed (the
+        environment stays up; its services are left as they are), then the working folder
+        is emptied and refilled from the snapshot. No setup command runs."""
+        self._reset(snap.archive())
+
+    #: Who packs and refills the workspace in a reset: someone who can read and remove
+    #: whatever the commands left there (None: the default user).
+    _reset_user: ClassVar[str | None] = None
+
+    def _workspace_archive(self, limit: int | None = None) -> bytes:
+        """The working folder as a tar stream, packed by `_reset_user` (for `_reset`)."""
+        return self._pack_workdir(self._reset_user, limit or snapshot_limit())
+
+    def _pack_workdir(self, user: str | None, limit: int) -> bytes:
+        """The working folder as a tar stream (snapshots, pool baselines); a backend that
+        can read it more directly than through a command does so."""
+        return self._pack_here(self.workdir, user, limit)
+
+    def _reset(self, archive: bytes) -> None:
+        self._check_usable()
+        self._kill_processes()
+        target, deadline = self._path(self.workdir), _deadline(None)
+        argv = files.replace_argv(target)
+        cmd = self._command(argv, None, archive, None, self._reset_user, deadline)
+        _, err, outcome = self._collect(cmd, 64 * 1024)
+        stderr = decode(err.value())
+        _raise_held(outcome, stderr, target, "reset", deadline)
+        files.raise_for_folder(outcome.exit_code, target, "reset", stderr)
+
+    def _project_folder(self) -> Path | None:
+        """The folder that stands for this environment outside this process (its project
+        folder), or None for a backend that has none."""
+        return None
+
+    @abstractmethod
+    def _kill_processes(self) -> None:
+        """Kill every process running in the environment, leaving the environment up."""
+
+    def keep(self) -> None:
+        """Keep the environment running after this process, until `orchestrator down` (for
+        a harness told not to clean up). Backends that cannot do that raise UsageError."""
+        raise UsageError(f"the {self.name} backend cannot keep an environment after this process")
+
+    def detach(self) -> None:
+        """Let the environment outlive this object (for `orchestrator up`): release local
+        resources without stopping it. Backends that cannot do that raise UsageError."""
+        raise UsageError(
+            f"the {self.name} backend cannot keep an environment running after "
+            "this process; use `orchestrator run` instead"
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeClosed(f"runtime for {self.env.name!r} is closed (cleanup() was called)")
+
+    def _check_usable(self) -> None:
+        self._check_open()
+        if self._killed:
+            raise RuntimeClosed(f"runtime for {self.env.name!r} was killed")
+
+    def _setup_output(self) -> RuntimeResult | None:
+        return self.setup_result
+
+    def service(self, name: str) -> Sandbox:
+        """Commands and files in service `name` of a multi-container environment ("main" is
+        the sandbox itself). Backends without services know only "main"."""
+        self._check_open()
+        if name == MAIN:
+            return self
+        raise UsageError(f"the {self.name} backend has no service {name!r} (only {MAIN!r})")
+
+    # ----- setup ---------------------------------------------------------------------------
+    def _setup_commands(self) -> list[str]:
+        setup = self.env.spec.setup
+        # resumed: the workspace already holds what setup made; its own commands run instead
+        cmds = list(setup.resume_commands if self.options.is_resume else setup.commands)
+        if self.options.is_evaluation:
+            cmds += setup.eval_commands
+        return cmds
+
+    def _run_setup(self) -> None:
+        commands = self._setup_commands()
+        if not commands:
+            return
+        timeout = setup_timeout()
+        stdout, stderr, elapsed = [], [], 0.0
+        for command in commands:
+            r = self.execute(substitute_static(command, self.static_path), timeout=timeout)
+            stdout.append(r.stdout)
+            stderr.append(r.stderr)
+            elapsed += r.elapsed
+            if not r.ok:
+                why = "timed out" if r.timed_out else f"exited with {r.exit_code}"
+                raise SetupFailed(
+                    f"setup command {command!r} {why}",
+                    command=command,
+                    exit_code=r.exit_code,
+                    stdout="".join(stdout),
+                    stderr="".join(stderr),
+                )
+        self.setup_result = RuntimeResult(0, "".join(stdout), "".join(stderr), elapsed)
+
+
+_USER = re.compile(USER_RE)
+
+
+def _validated(cmd: Command) -> Command:
+    """Refuse what no process could be started with, before any backend sees it."""
+    for i, arg in enumerate(cmd.argv):
+        if "\0" in arg:
+            raise UsageError(f"command argument {i} contains a NUL byte, which no program can take")
+    for key, value in cmd.env.items():
+        if not key or "=" in key or "\0" in key:
+            raise UsageError(f"environment variable name {key!r} is invalid (empty, '=' or NUL)")
+        if "\0" in value:
+            raise UsageError(f"environment variable {key} contains a NUL byte")
+    if "\0" in cmd.cwd:
+        raise UsageError("cwd contains a NUL byte")
+    if cmd.user is not None and not _USER.match(cmd.user):
+        raise UsageError(f"user {cmd.user!r} is not a name, uid, name:group or uid:gid")
+    return cmd
+
+
+def _deadline(timeout: float | None) -> float:
+    """A file call's deadline: the caller's, else ORCHESTRATOR_FILE_TIMEOUT."""
+    return file_timeout() if timeout is None else timeout
+
+
+# What a shell says when it cannot start a process (busybox ash, dash, bash): our helper
+# could not run, which is the sandbox failing, not the file being missing or locked
+_NO_FORK = re.compile(
+    r"^(?:[^:\n]+: )*(?:\d+: )?(?:can't fork|cannot fork|fork: (?:retry: )?"
+    r"(?:resource temporarily unavailable|cannot allocate memory))",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def _raise_held(
+    outcome: Outcome,
+    stderr: str,
+    target: str,
+    verb: str,
+    timeout: float,
+    cause: BaseException | None = None,
+) -> None:
+    """Raise for a file helper that ran out of time, or could not run at all."""
+    if outcome.timed_out:
+        raise SandboxFileTimeout(
+            f"cannot {verb} {target}: not done within {timeout:g} s, so it was stopped "
+            "(something in the sandbox held it: a FIFO in its place, a stopped process); "
+            f"pass timeout= or set {FILE_TIMEOUT_ENV} to allow longer",
+            path=target,
+            timeout=timeout,
+        ) from cause
+    found = _NO_FORK.search(stderr) if outcome.exit_code != 0 else None
+    if found is not None:
+        raise SandboxUnavailable(
+            f"cannot {verb} {target}: the sandbox cannot start a process ({found.group(0)}): "
+            "its pids or memory limit is reached; the file was not touched"
+        ) from cause
+
+
+def _check(result: RuntimeResult, timeout: float | None) -> None:
+    if result.timed_out:
+        raise CommandTimeout(result, timeout or 0.0)
+    if result.exit_code != 0:
+        raise CommandFailed(result)

@@ -1,0 +1,405 @@
+"""Files in the sandbox, moved with two POSIX sh helpers run as the command user, so every
+backend reads and writes with the same permissions and errors.
+
+The helpers honour a file's mode whoever asks: a file nobody may read is not read, and one
+nobody may write is not overwritten, also for root (whose CAP_DAC_OVERRIDE would otherwise
+make a read-only mark meaningless to a harness that relies on it)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from orchestrator.errors import (
+    OrchestratorError,
+    OutputLimitExceeded,
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+    SandboxNotADirectory,
+    SandboxPermissionError,
+    SandboxUnsafeArchive,
+    UsageError,
+)
+from orchestrator.procutil import F_SETPIPE_SZ
+from orchestrator.sandbox import unpack
+from orchestrator.sandbox.options import FILE_LIMIT_ENV
+
+# Exit codes of the file helper scripts below.
+_NOT_FOUND, _IS_DIR, _DENIED, _TOO_BIG = 2, 21, 13, 27
+WRITE = (
+    'p=$1; d=${p%/*}; [ -n "$d" ] || d=/; '
+    '[ -d "$p" ] && exit 21; '
+    'if [ -e "$p" ]; then case $(ls -ld -- "$p") in ??w*|?????w*|????????w*) ;; *) exit 13 ;; '
+    "esac; fi; "
+    'if ! mkdir -p -- "$d" 2>/dev/null; then [ -e "$d" ] && [ ! -d "$d" ] && exit 2; exit 13; fi; '
+    'cat > "$p" 2>/dev/null || { [ -d "$d" ] || exit 2; exit 13; }'
+)
+READ = (
+    'p=$1; [ -d "$p" ] && exit 21; '
+    'e=$( (: < "$p") 2>&1 ) || case "$e" in *ermission*) exit 13 ;; *) exit 2 ;; esac; '
+    'case $(ls -ldL -- "$p") in ?r*|????r*|???????r*) ;; *) exit 13 ;; esac; '
+    'n=$(wc -c < "$p") || exit 13; '
+    'n=$((n + 0)); if [ "$n" -gt "$2" ]; then echo "$n"; exit 27; fi; exec cat -- "$p"'
+)
+
+
+def write_argv(path: str) -> list[str]:
+    """Write stdin to `path`, creating parent folders."""
+    return ["/bin/sh", "-c", WRITE, "sh", path]
+
+
+def read_argv(path: str, limit: int) -> list[str]:
+    """Print `path`, or its size and exit 27 when it is over `limit` bytes."""
+    return ["/bin/sh", "-c", READ, "sh", path, str(limit)]
+
+
+def raise_for(code: int, path: str, verb: str, stderr: str, limit: int = 0, size: str = "") -> None:
+    """Turn a helper's exit code into the matching error (nothing for 0)."""
+    if code == 0:
+        return
+    if code == _TOO_BIG:
+        raise OutputLimitExceeded(
+            f"{path} is {size} bytes, over the read limit of {limit} "
+            f"(pass limit= or set {FILE_LIMIT_ENV})"
+        )
+    if code == _NOT_FOUND:
+        raise SandboxFileNotFound(f"cannot {verb} {path}: no such file or directory")
+    if code == _IS_DIR:
+        raise SandboxIsADirectory(f"cannot {verb} {path}: is a directory")
+    if code in (_DENIED, 1):
+        raise SandboxPermissionError(f"cannot {verb} {path}: permission denied")
+    raise OrchestratorError(f"cannot {verb} {path}: helper exited {code}: {stderr.strip()}")
+
+
+# Folders move as one tar stream: packed on one side, unpacked on the other, as the command
+# user (so the sandbox's own permissions apply), with `-o`: files belong to whoever unpacks.
+UPLOAD = (
+    'd=$1; [ -e "$d" ] && [ ! -d "$d" ] && exit 20; '
+    'mkdir -p -- "$d" 2>/dev/null || exit 13; '
+    'tar -x -o -f - -C "$d" || exit 13'
+)
+DOWNLOAD = (
+    's=$1; [ -e "$s" ] || exit 2; [ -d "$s" ] || exit 20; [ -r "$s" ] && [ -x "$s" ] || exit 13; '
+    'export TAR_OPTIONS=--blocking-factor=2048; tar -c -f - -C "$s" .'
+)
+# (GNU tar then writes 1 MiB records instead of 10 KiB ones: fewer, fuller reads on our side;
+# busybox's tar ignores the variable.)
+_NOT_DIR = 20
+
+
+# A reset: the folder emptied (whatever its modes), then an archive unpacked in it with the
+# owners it records (run as root in a container, so those are the owners at packing time).
+REPLACE = (
+    'd=$1; [ -d "$d" ] || exit 20; chmod -R u+rwX -- "$d" 2>/dev/null; '
+    'rm -rf -- "$d"/* "$d"/.[!.]* "$d"/..?* || exit 13; '
+    'tar -x -f - -C "$d" || exit 13'
+)
+
+
+def replace_argv(dest: str) -> list[str]:
+    """Empty the folder `dest`, then unpack a tar stream from stdin into it."""
+    return ["/bin/sh", "-c", REPLACE, "sh", dest]
+
+
+def upload_argv(dest: str) -> list[str]:
+    """Unpack a tar stream from stdin into the folder `dest` (created if missing)."""
+    return ["/bin/sh", "-c", UPLOAD, "sh", dest]
+
+
+def download_argv(src: str) -> list[str]:
+    """Pack the folder `src` as a tar stream on stdout."""
+    return ["/bin/sh", "-c", DOWNLOAD, "sh", src]
+
+
+def raise_for_folder(code: int, path: str, verb: str, stderr: str) -> None:
+    if code == _NOT_DIR:
+        raise SandboxNotADirectory(f"cannot {verb} {path}: not a directory")
+    raise_for(code, path, verb, stderr)
+
+
+def _entries(folder: Path) -> list[Path]:
+    """Everything under a local folder, checked before any of it is sent: files, folders
+    and links only."""
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder on this machine")
+    found = sorted(folder.rglob("*"))
+    for path in found:
+        mode = path.lstat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            raise UsageError(f"{path} is neither a file, a folder nor a link: not sent")
+    return found
+
+
+STREAM_CHUNK = 1 << 20
+
+
+class PackStream:
+    """A local folder as a tar stream, packed while it is sent (by the host's tar, or where
+    there is none a thread writing Python's tarfile into a pipe), so packing and sending
+    overlap and the archive is never whole in memory. Modes and symlinks are kept as they
+    are (a link is stored as a link, never followed). A failure while packing (a file
+    vanished or unreadable) ends the stream early and is kept in `error`, for the caller to
+    raise once the other side has given up on the truncated archive."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.entries = _entries(folder)
+        self.error: OrchestratorError | None = None
+
+    def _write(self, fd: int) -> None:
+        try:
+            with (
+                os.fdopen(fd, "wb") as out,
+                tarfile.open(
+                    fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=STREAM_CHUNK
+                ) as tar,
+            ):
+                for path in self.entries:
+                    tar.add(path, arcname=path.relative_to(self.folder).as_posix(), recursive=False)
+        except BrokenPipeError:
+            pass  # the reader stopped: the sending side reports why
+        except OSError as exc:
+            self.error = UsageError(f"cannot pack {exc.filename or self.folder}: {exc.strerror}")
+
+    def __iter__(self) -> Iterator[bytes]:
+        tar = shutil.which("tar")  # C, in a process of its own
+        if tar is not None:
+            yield from self._by_tar(tar)
+            return
+        read_fd, write_fd = os.pipe()
+        with contextlib.suppress(OSError):  # bigger reads where Linux allows it
+            fcntl.fcntl(write_fd, F_SETPIPE_SZ, STREAM_CHUNK)
+        writer = threading.Thread(target=self._write, args=(write_fd,), daemon=True)
+        writer.start()
+        try:
+            with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+                while chunk := pipe.read(STREAM_CHUNK):
+                    yield chunk
+        finally:
+            writer.join()
+
+    def _by_tar(self, tar: str) -> Iterator[bytes]:
+        complaints: list[str] = []
+        yield from _tar_chunks(tar, self.folder, complaints)
+        if complaints:
+            self.failed(complaints[0])
+
+    def failed(self, why: str) -> None:
+        """Keep the first reason packing failed, for the caller to raise."""
+        if self.error is None:
+            self.error = UsageError(f"cannot pack {self.folder}: {why}")
+
+    def pack_into(self, fd: int) -> TarInto | None:
+        """Start the host's tar writing the archive into `fd` (a FIFO the sandbox reads),
+        or None where this machine has no tar. `fd` should be a write-only end, so that tar
+        gets EPIPE and ends once no reader is left (its owner died, the sandbox stopped)
+        instead of waiting forever for room in the FIFO."""
+        tar = shutil.which("tar")
+        return None if tar is None else TarInto(self, tar, fd)
+
+
+class TarInto:
+    """The host's tar packing a PackStream's folder into a file descriptor."""
+
+    def __init__(self, stream: PackStream, tar: str, fd: int) -> None:
+        self._stream = stream
+        self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
+        self._proc = subprocess.Popen(_tar_argv(tar, stream.folder), stdout=fd, stderr=self._errors)
+
+    def wait(self) -> None:
+        self._proc.wait()
+
+    def stop(self) -> None:
+        """The reading side is done: a tar still waiting to write (the sandbox stopped
+        reading) is killed; a failure of tar's own becomes the stream's error."""
+        try:
+            code = self._proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+            code = 0
+        if code != 0:
+            self._stream.failed(_tar_said(self._errors, code))
+        self._errors.close()
+
+
+def _tar_argv(tar: str, folder: Path) -> list[str]:
+    return [tar, "-c", "-f", "-", "-b", "2048", "-C", str(folder), "."]
+
+
+def _tar_said(errors: IO[bytes], code: int) -> str:
+    """Why tar failed: what it printed (into `errors`), or its exit status."""
+    errors.seek(0)
+    return errors.read().decode(errors="replace").strip() or f"tar exited with {code}"
+
+
+def _tar_chunks(tar: str, folder: Path, complaints: list[str]) -> Iterator[bytes]:
+    """`folder` packed by the host's tar (in C, in a process of its own, so packing overlaps
+    whatever the caller does with the chunks). A failure of tar's own is appended to
+    `complaints`; closing the iterator early stops tar."""
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            _tar_argv(tar, folder), stdout=subprocess.PIPE, stderr=errors, bufsize=0
+        )
+        assert proc.stdout is not None
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(proc.stdout.fileno(), F_SETPIPE_SZ, STREAM_CHUNK)
+        finished = False
+        try:
+            while chunk := proc.stdout.read(STREAM_CHUNK):
+                yield chunk
+            finished = True
+        finally:
+            proc.stdout.close()
+            if not finished:  # the caller stopped reading: so does tar
+                proc.kill()
+            if proc.wait() != 0 and finished:
+                complaints.append(_tar_said(errors, proc.returncode))
+
+
+def pack_host(folder: Path, limit: int) -> bytes | None:
+    """A folder of this machine packed by the host's tar, for a folder the sandbox sees
+    through a bind mount (its workspace): no trip through the sandbox. None when the host
+    cannot do it whole (no tar, or an entry it may not read): the sandbox packs it then.
+    Past `limit` bytes raises OutputLimitExceeded."""
+    tar = shutil.which("tar")
+    if tar is None or not folder.is_dir():
+        return None
+    complaints: list[str] = []
+    archive = bytearray()
+    for chunk in _tar_chunks(tar, folder, complaints):
+        archive += chunk
+        if len(archive) > limit:
+            raise OutputLimitExceeded(
+                f"{folder} packs to more than the limit of {limit} bytes (pass limit= or set "
+                f"{FILE_LIMIT_ENV})"
+            )
+    return None if complaints else bytes(archive)
+
+
+class Staged:
+    """An archive from the sandbox unpacked into a private folder inside the destination,
+    as it arrived: `commit()` moves it into place, `discard()` removes it. Nothing reaches
+    the destination itself unless every entry passed."""
+
+    def __init__(self, folder: Path, staging: Path, names: list[str]) -> None:
+        self.folder, self.staging, self.names = folder, staging, names
+
+    def commit(self) -> list[str]:
+        try:
+            for entry in sorted(self.staging.iterdir()):
+                _merge(entry, self.folder / entry.name)
+            self.staging.rmdir()
+        except OSError as exc:
+            self.discard()
+            raise OrchestratorError(f"cannot move the download into {self.folder}: {exc}") from exc
+        return self.names
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _merge(src: Path, dst: Path) -> None:
+    """Move `src` to `dst`; folders merge into existing folders, anything else replaces."""
+    if dst.is_dir() and not dst.is_symlink():
+        if src.is_dir() and not src.is_symlink():
+            for child in sorted(src.iterdir()):
+                _merge(child, dst / child.name)
+            shutil.copystat(src, dst, follow_symlinks=False)
+            src.rmdir()
+            return
+        shutil.rmtree(dst)
+    elif dst.is_symlink() and src.is_dir() and not src.is_symlink():
+        dst.unlink()  # a link in the way is replaced, never followed
+    os.replace(src, dst)
+
+
+class _Incoming(io.RawIOBase):
+    """The archive's chunks as the file tarfile reads, pulled as tarfile asks (no thread,
+    no pipe: the sandbox's side runs ahead in its own process) and counted against the
+    limit."""
+
+    def __init__(self, chunks: Iterable[bytes], limit: int) -> None:
+        super().__init__()
+        self._chunks = iter(chunks)
+        self._chunk, self._at = b"", 0
+        self.limit, self.received = limit, 0
+
+    def _pull(self) -> bool:
+        for chunk in self._chunks:
+            self.received += len(chunk)
+            if self.received > self.limit:
+                raise OutputLimitExceeded(
+                    f"the folder packs to more than the limit of {self.limit} bytes (pass "
+                    f"limit= or set {FILE_LIMIT_ENV})"
+                )
+            if chunk:
+                self._chunk, self._at = chunk, 0
+                return True
+        return False
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if self._at >= len(self._chunk) and not self._pull():
+            return b""
+        chunk, at = self._chunk, self._at
+        end = len(chunk) if size < 0 else min(len(chunk), at + size)
+        self._at = end
+        return chunk if at == 0 and end == len(chunk) else chunk[at:end]
+
+    def drain(self) -> None:
+        """Read what follows the archive's end (tar's padding), so the command can end."""
+        while self._pull():
+            pass
+
+
+# tarfile copies what it has buffered on every read: small reads copy less (1 MiB reads
+# cost more than the whole unpacking besides); file data is then copied in big blocks.
+READ_SIZE, COPY_SIZE = 1 << 16, 1 << 20
+
+
+def stage(chunks: Iterable[bytes], folder: Path, limit: int) -> Staged:
+    """Unpack a tar stream from the sandbox while it arrives, into a private folder inside
+    `folder`, by `unpack` (nothing written through a link, nothing that could lead out:
+    absolute names, `..`, links that could point out, devices and FIFOs refuse the archive;
+    setuid bits are dropped). Refused, cut short or past `limit` bytes, the private folder
+    goes and the error is raised. The caller commits; the names it gets are relative."""
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".orchestrator-download-", dir=folder))
+    incoming = _Incoming(chunks, limit)
+    names: list[str] = []
+    try:
+        with tarfile.open(fileobj=incoming, mode="r|", bufsize=READ_SIZE) as tar:
+            names.extend(n for n in unpack.unpack(tar, staging, COPY_SIZE) if n)
+        incoming.drain()
+    except tarfile.TarError as exc:
+        if incoming.received == 0:
+            return Staged(folder, staging, [])  # nothing came: the sandbox's side says why
+        shutil.rmtree(staging, ignore_errors=True)
+        raise OrchestratorError(f"cannot unpack into {folder}: {exc}") from exc
+    except SandboxUnsafeArchive as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise SandboxUnsafeArchive(f"{exc} (nothing was written to {folder})") from None
+    except OrchestratorError:  # over the limit, or the sandbox's side failed
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except OSError as exc:  # an entry this machine cannot hold (a hard link to nothing, say)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise OrchestratorError(f"cannot unpack into {folder}: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Staged(folder, staging, names)

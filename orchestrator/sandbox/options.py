@@ -1,0 +1,93 @@
+"""How a runtime is spawned, how one command is described, and the size limits."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import settings
+from orchestrator.sandbox.results import Outcome, StreamKind
+from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.spec.models import Mount, PortMap
+from orchestrator.spec.policy import Policy
+
+MiB = 1024 * 1024
+OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"
+FILE_LIMIT_ENV = "ORCHESTRATOR_FILE_LIMIT"
+SETUP_TIMEOUT_ENV = "ORCHESTRATOR_SETUP_TIMEOUT"
+SNAPSHOT_LIMIT_ENV = "ORCHESTRATOR_SNAPSHOT_LIMIT"
+FILE_TIMEOUT_ENV = "ORCHESTRATOR_FILE_TIMEOUT"
+"""Seconds a file call (read_file, write_file, upload, download) may take when the caller
+gives no timeout: the sandbox can hold any of them (a FIFO in the path, a stopped `tar`)."""
+GiB = 1024 * MiB
+
+Chunks = Generator[tuple[StreamKind, bytes], None, Outcome]
+"""What a backend's `_run` is: output as it arrives, then the Outcome."""
+
+
+def default_output_limit() -> int:
+    return settings.whole(OUTPUT_LIMIT_ENV, 10 * MiB)
+
+
+def default_file_limit() -> int:
+    return settings.whole(FILE_LIMIT_ENV, 100 * MiB)
+
+
+def snapshot_limit() -> int:
+    return settings.whole(SNAPSHOT_LIMIT_ENV, GiB)
+
+
+def file_timeout() -> float:
+    return settings.number(FILE_TIMEOUT_ENV, 600.0)
+
+
+def setup_timeout() -> float:
+    return settings.number(SETUP_TIMEOUT_ENV, 900.0)
+
+
+@dataclass(frozen=True)
+class SpawnOptions:
+    """How one runtime is spawned from an environment."""
+
+    workspace: Path | None = None
+    """Host workspace; None makes a temporary one, removed at cleanup."""
+    mounts: tuple[Mount, ...] = ()
+    ports: tuple[PortMap, ...] = ()
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    is_evaluation: bool = False
+    is_resume: bool = False
+    disable_setup: bool = False
+    policy: Policy = field(default_factory=Policy.from_env)
+    detached: bool = False
+    """Started for `orchestrator up`: lives on after this process, until `down`/`cleanup`."""
+    resume: Snapshot | None = None
+    """Restore this workspace before setup (which then runs `setup.resume_commands`)."""
+    host: str | None = None
+    """The engine (any `docker --host` address; for swarm, the manager); None: the
+    process's (ORCHESTRATOR_DOCKER_HOST, DOCKER_HOST, or the local engine)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command, normalized: argv, the call's extra env, absolute cwd, user "uid:gid"."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    user: str | None
+    timeout: float | None
+    stdin: bytes | Iterable[bytes] | None
+    """What the command reads: bytes, or chunks as they are produced (a folder being packed);
+    None: nothing (end of file at once)."""
+
+
+STDIN_CHUNK = 1 << 20
+
+
+def stdin_chunks(stdin: bytes | Iterable[bytes]) -> Iterator[bytes]:
+    """A command's input in pieces of at most STDIN_CHUNK bytes."""
+    for data in [stdin] if isinstance(stdin, bytes) else stdin:
+        view = memoryview(data)
+        for i in range(0, len(view), STDIN_CHUNK):
+            yield bytes(view[i : i + STDIN_CHUNK])

@@ -1,0 +1,236 @@
+"""A warm pool: environments of one file kept up and set up before anyone asks, so that
+handing one out costs a queue pop instead of a start.
+
+    with Pool("env.yaml", size=4) as pool:
+        rt = pool.acquire()          # at once when one is ready; a replacement starts
+        try:
+            rt.execute(...)
+        finally:
+            pool.release(rt)         # removed; release(rt, reset=True) puts it back instead
+
+Two ways to run one:
+- disposable (the default): `size` environments wait; each acquire() starts a replacement
+  and release() removes what it gets back. Nothing one caller did is seen by the next.
+- reuse=True: the pool holds `size` environments in all; release() resets one (every
+  process in it killed, the workspace put back as it was after setup) and hands it to the
+  next acquire(), which waits while all are out. Cheaper, but a reset restores only the
+  workspace: files elsewhere in the container, and the services, stay as they were.
+
+Thread-safe and bounded. Environments in the pool belong to this process like any other (the
+guardian removes them if it dies); close() removes those waiting and waits for the starts in
+flight. On Docker each member's project folder says which pool it is in and whether it waits
+or is in use (`orchestrator ps` shows it); another process may claim a waiting one
+(`orchestrator up --pool`), and sweep() lets the pool notice and replace it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from orchestrator.backends.container import membership
+from orchestrator.errors import OrchestratorError, RuntimeClosed, UsageError
+from orchestrator.sandbox.base import Runtime
+from orchestrator.spec.loader import Environment, load_environment
+
+log = logging.getLogger("orchestrator.pool")
+
+
+class Pool:
+    def __init__(
+        self, env: Environment | str | Path, size: int, *, reuse: bool = False, **spawn: Any
+    ) -> None:
+        """Keep `size` environments of `env` ready; `spawn` is passed on to spawn_runtime
+        (workspace excepted: each environment gets a private one)."""
+        if size < 1:
+            raise UsageError(f"a pool needs a size of at least 1, got {size}")
+        if "workspace" in spawn:
+            raise UsageError("pooled environments cannot share a workspace; each has its own")
+        from orchestrator.sandbox.registry import spawn_runtime
+
+        self.env = env if isinstance(env, Environment) else load_environment(env)
+        self.size = size
+        self.reuse = reuse
+        self.id = uuid.uuid4().hex[:8]
+        self._spawn: Callable[[], Runtime] = lambda: spawn_runtime(self.env, **spawn)
+        self._ready: collections.deque[Runtime | OrchestratorError] = collections.deque()
+        self._baselines: dict[Runtime, bytes | None] = {}
+        """Every environment of the pool (waiting or out): its workspace after setup."""
+        self._starts = ThreadPoolExecutor(max_workers=size, thread_name_prefix="orch-pool")
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._closed = False
+        for _ in range(size):
+            self._refill()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def ready(self) -> int:
+        """Environments waiting to be handed out."""
+        with self._cond:
+            return sum(isinstance(item, Runtime) for item in self._ready)
+
+    @property
+    def starting(self) -> int:
+        """Environments being started."""
+        with self._cond:
+            return self._pending
+
+    @property
+    def in_use(self) -> int:
+        """Environments handed out and not released yet."""
+        with self._cond:
+            return len(self._baselines) - sum(isinstance(i, Runtime) for i in self._ready)
+
+    # ----- filling -------------------------------------------------------------------------
+    def _refill(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._pending += 1
+        self._starts.submit(self._start_one)
+
+    def _start_one(self) -> None:
+        item: Runtime | OrchestratorError
+        try:
+            item = self._spawn()
+        except OrchestratorError as exc:  # handed to the next acquire(), which raises it
+            item = exc
+        baseline = None
+        if isinstance(item, Runtime):
+            try:
+                baseline = item._workspace_archive()
+            except OrchestratorError as exc:  # it can still be handed out, not reset
+                log.warning("pool %s: %s cannot be reset: %s", self.id, self.env.name, exc)
+        with self._cond:
+            self._pending -= 1
+            if isinstance(item, Runtime):
+                self._baselines[item] = baseline
+        self._offer(item)
+
+    def _offer(self, item: Runtime | OrchestratorError) -> None:
+        """Put an environment (or a failed start) where acquire() finds it; a closed pool
+        removes it instead."""
+        folder = item._project_folder() if isinstance(item, Runtime) else None
+        if folder is not None:
+            membership.enter(folder, self.id, membership.READY)
+        with self._cond:
+            if not self._closed:
+                self._ready.append(item)
+                self._cond.notify()
+                return
+        if isinstance(item, Runtime):
+            self._discard(item)
+
+    def _discard(self, rt: Runtime) -> None:
+        with self._cond:
+            self._baselines.pop(rt, None)
+        rt.cleanup()
+
+    # ----- handing out ---------------------------------------------------------------------
+    def acquire(self, timeout: float | None = None) -> Runtime:
+        """An environment, set up and running. Waits up to `timeout` seconds when none is
+        ready (TimeoutError after); a start that failed raises its error here."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cond:
+                while not self._ready and not self._closed:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(f"no environment became ready within {timeout:g}s")
+                    self._cond.wait(left)
+                if self._closed:
+                    raise RuntimeClosed("the pool is closed")
+                item = self._ready.popleft()
+            if not self.reuse or not isinstance(item, Runtime):
+                self._refill()  # a failed start is replaced in either mode
+            if not isinstance(item, Runtime):
+                raise item
+            folder = item._project_folder()
+            if folder is None or membership.move(folder, membership.READY, membership.IN_USE):
+                return item
+            self._let_go(item)  # claimed by another process meanwhile: try the next
+
+    def release(self, rt: Runtime, *, reset: bool | None = None) -> None:
+        """Give an environment back. With reset (the default of a reuse pool) its processes
+        are killed, its workspace is put back as it was after setup, and it waits for the
+        next acquire(); otherwise, or when that fails, it is removed."""
+        with self._cond:
+            if rt not in self._baselines:
+                raise UsageError(f"{rt.env.name}: not an environment of this pool")
+            baseline = self._baselines[rt]
+            wanted = not self._closed and (self.reuse or self.ready + self._pending < self.size)
+        if reset is None:
+            reset = self.reuse
+        if reset and wanted and baseline is not None and not rt.closed:
+            try:
+                rt._reset(baseline)
+            except OrchestratorError as exc:
+                log.warning("pool %s: reset failed, removing it: %s", self.id, exc)
+            else:
+                self._offer(rt)
+                return
+        self._discard(rt)
+        if self.reuse:
+            self._refill()
+
+    def sweep(self) -> int:
+        """Drop the waiting environments another process claimed (`orchestrator up --pool`)
+        and start one in place of each; returns how many. A start that failed meanwhile is
+        raised here (and replaced), as acquire() would."""
+        with self._cond:
+            failed = next((i for i in self._ready if not isinstance(i, Runtime)), None)
+            if failed is not None:
+                self._ready.remove(failed)
+            waiting = [item for item in self._ready if isinstance(item, Runtime)]
+        if failed is not None:
+            self._refill()
+            raise failed
+        taken = []
+        for rt in waiting:
+            info = membership.membership(rt._project_folder())
+            if info is not None and info[1] == membership.CLAIMED:
+                taken.append(rt)
+        with self._cond:
+            for rt in taken:
+                self._ready.remove(rt)
+        for rt in taken:
+            self._let_go(rt)
+            self._refill()
+        return len(taken)
+
+    def _let_go(self, rt: Runtime) -> None:
+        """Forget an environment another process claimed: it keeps running, theirs now."""
+        with self._cond:
+            self._baselines.pop(rt, None)
+        rt.detach()
+
+    def close(self) -> None:
+        """Remove every environment still waiting, after the starts in flight end (those
+        handed out are their holders' to release)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._starts.shutdown(wait=True)
+        with self._cond:
+            waiting, self._ready = list(self._ready), collections.deque()
+        for item in waiting:
+            if not isinstance(item, Runtime):
+                continue
+            folder = item._project_folder()
+            if folder is None or membership.move(folder, membership.READY, membership.REMOVING):
+                self._discard(item)
+            else:
+                self._let_go(item)

@@ -1,0 +1,169 @@
+"""Backend registry. Built-in backends are named by import path and imported only when
+used; third-party backends register with `register_runtime` or the entry-point group
+`orchestrator.runtimes`."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import types
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from orchestrator.errors import SpecError, UsageError
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.options import SpawnOptions
+from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.spec.loader import Environment, load_environment
+from orchestrator.spec.models import Mount, PortMap
+from orchestrator.spec.policy import Policy
+
+ENTRY_POINT_GROUP = "orchestrator.runtimes"
+_BUILTIN = {
+    "local": "orchestrator.backends.local:LocalRuntime",
+    "docker": "orchestrator.backends.docker.runtime:ComposeRuntime",
+    "swarm": "orchestrator.backends.swarm.runtime:SwarmRuntime",
+}
+_registered: dict[str, type[Runtime]] = {}
+
+R = TypeVar("R", bound=type[Runtime])
+
+
+def register_runtime(name: str) -> Callable[[R], R]:
+    """Class decorator: make a Runtime subclass available as backend `name`. A class that
+    already has a name of its own (registering an alias) keeps it: the alias is a subclass
+    named `name`, so runtimes spawned through either name report the name they were asked by."""
+
+    def deco(cls: R) -> R:
+        _register(name, cls, f"register_runtime({name!r})")
+        return cls
+
+    return deco
+
+
+def _register(name: str, cls: object, what: str) -> type[Runtime]:
+    if not (isinstance(cls, type) and issubclass(cls, Runtime)):
+        raise UsageError(f"{what} is not a Runtime subclass")
+    own = cls.__dict__.get("name")
+    if not own:
+        cls.name = name  # the class's own name (not one inherited), given by its registration
+    elif own != name:
+        module = cls.__module__
+        cls = types.new_class(
+            cls.__name__, (cls,), exec_body=lambda ns: ns.update(name=name, __module__=module)
+        )
+    _registered[name] = cls
+    return cls
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def runtime_names() -> list[str]:
+    """Every backend that can be asked for by name."""
+    return sorted({*_BUILTIN, *_registered, *_entry_points()})
+
+
+def get_runtime_class(name: str) -> type[Runtime]:
+    if name in _registered:
+        return _registered[name]
+    target = _BUILTIN.get(name) or _entry_points().get(name)
+    if target is None:
+        raise UsageError(f"unknown backend {name!r}; known backends: {', '.join(runtime_names())}")
+    module, _, attr = target.partition(":")
+    return _register(
+        name, getattr(importlib.import_module(module), attr), f"backend {name!r} ({target})"
+    )
+
+
+def _as_mount(m: Mount | Mapping[str, object] | str) -> Mount:
+    if isinstance(m, Mount):
+        return m
+    try:
+        return _parse_mount(m)
+    except (ValidationError, IndexError) as exc:
+        raise SpecError(f"spawn mount {m!r} is invalid: {exc}") from None
+
+
+def _parse_mount(m: Mapping[str, object] | str) -> Mount:
+    if isinstance(m, str):  # "src:dst[:ro]"
+        parts = m.split(":")
+        return Mount(source=parts[0], target=parts[1], read_only=parts[2:] == ["ro"])
+    return Mount.model_validate(m)
+
+
+def _as_port(p: PortMap | Mapping[str, object] | int) -> PortMap:
+    if isinstance(p, PortMap):
+        return p
+    try:
+        return PortMap(container=p) if isinstance(p, int) else PortMap.model_validate(p)
+    except ValidationError as exc:
+        raise SpecError(f"spawn port {p!r} is invalid: {exc}") from None
+
+
+def spawn_runtime(
+    env: Environment | str | Path,
+    workspace: str | Path | None = None,
+    mounts: Sequence[Mount | Mapping[str, object] | str] | None = None,
+    ports: Sequence[PortMap | Mapping[str, object] | int] | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    is_evaluation: bool = False,
+    disable_setup: bool = False,
+    *,
+    is_resume: bool = False,
+    resume: Snapshot | str | Path | None = None,
+    backend: str | None = None,
+    policy: Policy | None = None,
+    detached: bool = False,
+    host: str | None = None,
+) -> Runtime:
+    """Bring an environment up on its backend (or `backend`), run its setup, return the live
+    runtime. Use it as a context manager so it is always cleaned up. `resume`: a snapshot (or
+    its path or name) whose workspace is restored first; setup then runs
+    `setup.resume_commands` instead of `setup.commands`. `host`: the engine to start it on
+    (any `docker --host` address; for swarm, the manager), instead of the process's."""
+    if not isinstance(env, Environment):
+        env = load_environment(env)
+    cls = get_runtime_class(backend or env.backend)
+    options = SpawnOptions(
+        workspace=Path(workspace).resolve() if workspace is not None else None,
+        mounts=tuple(_as_mount(m) for m in mounts or ()),
+        ports=tuple(_as_port(p) for p in ports or ()),
+        env_vars=dict(env_vars or {}),
+        is_evaluation=is_evaluation,
+        is_resume=is_resume or resume is not None,
+        resume=Snapshot.find(resume) if isinstance(resume, str | Path) else resume,
+        disable_setup=disable_setup,
+        policy=policy or Policy.from_env(),
+        detached=detached,
+        host=host or None,
+    )
+    return cls.spawn(env, options)
+
+
+def prepare(env: Environment | str | Path, policy: Policy | None = None) -> Environment:
+    """Check an environment once before many spawns: the file, the caller's policy and, on
+    Docker, its images, built now so that spawns starting together do not each build them."""
+    if not isinstance(env, Environment):
+        env = load_environment(env)
+    if env.backend != "docker":
+        return env
+    import tempfile
+
+    from orchestrator.backends.docker.lifecycle import build_images
+    from orchestrator.backends.docker.render import CompileOptions, compile_project
+
+    with tempfile.TemporaryDirectory(prefix="orch-prepare-") as tmp:
+        options = CompileOptions(
+            project=f"orch-prepare-{os.getpid()}",
+            workspace=Path(tmp),
+            policy=policy or Policy.from_env(),
+        )
+        # spec and policy errors, before anything runs; then the same project builds
+        build_images(env, compile_project(env, options))
+    return env

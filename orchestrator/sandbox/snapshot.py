@@ -1,0 +1,153 @@
+"""Snapshots of a workspace: a tar archive of the working folder and a small JSON record beside
+it, in the state folder (or wherever the caller says). `spawn_runtime(env, resume=snapshot)`
+unpacks one into a new environment's workspace, then runs `setup.resume_commands` instead of
+`setup.commands`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from orchestrator.errors import UsageError
+from orchestrator.paths import state_dir
+
+SUFFIX = ".tar"
+log = logging.getLogger("orchestrator.snapshot")
+
+
+def snapshots_dir() -> Path:
+    return state_dir() / "snapshots"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved workspace."""
+
+    path: Path
+    """The archive (`<name>.tar`); its record is `<name>.json` beside it."""
+    env: str
+    """Name of the environment it was taken from."""
+    digest: str
+    """That environment file's digest (a resume into another one is allowed, and warned)."""
+    created: str
+    size: int
+    """Bytes of the archive."""
+    image: str = ""
+    """On Docker, with filesystem=True: the image holding the main container's filesystem
+    (its changes above the image it ran), which a resume runs instead of the file's image."""
+    host: str = ""
+    """The engine holding `image` when it was made by `spawn_runtime(host=...)` ("": the
+    process's own engine)."""
+
+    @property
+    def name(self) -> str:
+        return self.path.name.removesuffix(SUFFIX)
+
+    @property
+    def record(self) -> Path:
+        return self.path.with_suffix(".json")
+
+    def remove(self) -> None:
+        """Remove the archive, its record and its image: the image only when its own
+        labels say it is this record's and of our state folder (a record may name any
+        image; one that is not its own is left alone, with a warning)."""
+        if self.image:
+            from orchestrator.backends.container import images
+            from orchestrator.backends.container.engine import docker_client
+
+            engine = docker_client(host=self.host) if self.host else None
+            if not images.remove_owned(self.image, self.record, engine) and images.exists(
+                self.image, engine
+            ):
+                log.warning(
+                    "snapshot %s names image %s, which is not its own: left alone",
+                    self.name,
+                    self.image,
+                )
+        self.path.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+
+    def archive(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read snapshot {self.path}: {exc.strerror}") from None
+
+    @classmethod
+    def find(cls, ref: str | Path) -> Snapshot:
+        """A snapshot by its archive's path, or by name in the snapshots folder."""
+        path = Path(ref)
+        if not path.suffix and not path.exists():
+            path = snapshots_dir() / f"{ref}{SUFFIX}"
+        snap = _load(path)
+        if snap is None:
+            known = ", ".join(s.name for s in list_snapshots()) or "none"
+            raise UsageError(f"no snapshot {str(ref)!r} (known: {known})")
+        return snap
+
+    @classmethod
+    def named(cls, name: str) -> Snapshot:
+        """A snapshot of the snapshots folder by its name alone, for removing it: a name
+        with a path separator, or `.`/`..`, or whose files resolve (through links) out of
+        that folder, is refused, so nothing outside it is ever touched."""
+        folder = snapshots_dir()
+        bad = not name or name in (".", "..") or "/" in name or "\0" in name
+        path, record = folder / f"{name}{SUFFIX}", folder / f"{name}.json"
+        if not bad:
+            inside = str(folder.resolve())
+            bad = any(os.path.dirname(os.path.realpath(p)) != inside for p in (path, record))
+        if bad:
+            raise UsageError(
+                f"{name!r} is not a snapshot name: give the name of one in {folder} (see "
+                "`orchestrator snapshot --list`); one saved elsewhere goes by deleting its "
+                ".tar and .json"
+            )
+        snap = _load(path)
+        if snap is None:
+            known = ", ".join(s.name for s in list_snapshots()) or "none"
+            raise UsageError(f"no snapshot {name!r} (known: {known})")
+        return snap
+
+
+def _load(path: Path) -> Snapshot | None:
+    try:
+        data = json.loads(path.with_suffix(".json").read_text())
+        fields = {k: data[k] for k in ("env", "digest", "created", "size")}
+        image, host = (str(data.get(k, "")) for k in ("image", "host"))
+        return Snapshot(path=path, image=image, host=host, **fields)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def archive_path(env: str, dest: str | Path | None = None) -> Path:
+    """Where a snapshot goes: the path `dest`, the name `dest` in the snapshots folder, or
+    a fresh name there."""
+    if dest is None or not (Path(dest).suffix or "/" in str(dest)):
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        name = str(dest) if dest else f"{env}-{stamp}-{uuid.uuid4().hex[:6]}"
+        return snapshots_dir() / f"{name}{SUFFIX}"
+    return Path(dest).absolute()
+
+
+def save(
+    archive: bytes, env: str, digest: str, path: Path, image: str = "", host: str = ""
+) -> Snapshot:
+    """Write an archive (at `path`, from archive_path) and its record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    snap = Snapshot(path, env, digest, created, len(archive), image, host if image else "")
+    path.write_bytes(archive)
+    record = {k: v for k, v in asdict(snap).items() if k != "path"}
+    snap.record.write_text(json.dumps(record, indent=1))
+    return snap
+
+
+def list_snapshots() -> list[Snapshot]:
+    """The snapshots in the snapshots folder, oldest first."""
+    found = [_load(record.with_suffix(SUFFIX)) for record in snapshots_dir().glob("*.json")]
+    return sorted((s for s in found if s is not None), key=lambda s: (s.created, s.name))
