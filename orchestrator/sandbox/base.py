@@ -6,6 +6,11 @@ written once over them. A `Runtime` is the main sandbox plus the lifecycle: a ba
 `_start`, `_kill`, `_poll`, `_close` and `info`, and setup, cleanup, kill and poll are written
 once here, so every backend keeps the same semantics.
 
+What the rest of the package may ask of a backend is public and documented here: the
+registry and the CLI its class (`check`, `prepare`, `render`, `reap_folder`,
+`remove_snapshot_image`), a pool its runtimes (`baseline`, `reset`, `pool_enter`,
+`pool_move`, `pool_state`). Nothing outside a backend calls its private hooks or names it.
+
 `{{static:NAME}}` placeholders are resolved in the environment file's own commands (setup,
 `commands`), never in the text a caller passes to `execute`: that text may be model-written,
 and runs exactly as given (use `static_path(NAME)` to build a path).
@@ -16,12 +21,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import logging
 import posixpath
 import re
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, overload
 
@@ -39,13 +45,11 @@ from orchestrator.errors import (
 from orchestrator.sandbox import files, snapshot
 from orchestrator.sandbox.options import (
     FILE_LIMIT_ENV,
-    FILE_TIMEOUT_ENV,
     Chunks,
     Command,
     SpawnOptions,
     default_file_limit,
     default_output_limit,
-    file_timeout,
     setup_timeout,
     snapshot_limit,
 )
@@ -61,11 +65,18 @@ from orchestrator.sandbox.results import (
     decoder,
 )
 from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.spec.loader import Environment
+from orchestrator.settings import FILE_TIMEOUT_ENV, file_timeout
+from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.models import USER_RE
+from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import MAIN, resolve_user, substitute_static
 
+log = logging.getLogger("orchestrator")
 _live: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+PoolState = Literal["ready", "in-use", "claimed", "removing"]
+"""Where a pooled environment is: waiting in its pool, handed out by it, taken by another
+process (`orchestrator up --pool`), or being removed by it."""
 
 
 @atexit.register
@@ -441,6 +452,35 @@ class Runtime(Sandbox):
     name: ClassVar[str] = ""
     #: Conformance rules this backend deliberately does not keep: rule id -> reason.
     deviations: ClassVar[Mapping[str, str]] = {}
+    #: The main sandbox runs an image: the file must give exactly one of `image` or `build`.
+    needs_image: ClassVar[bool] = False
+
+    # ----- what the registry and the CLI ask of a backend class (no engine is touched) -----
+    @classmethod
+    def check(cls, env: Environment, policy: Policy, *, workspace: Path | None = None) -> list[str]:
+        """Check `env` for this backend under `policy` without starting anything: raise
+        SpecError (PolicyError) listing what it refuses, return warnings worth printing.
+        `workspace`: the host folder it would get (None: a scratch one). Used by `orchestrator
+        validate` and `render`. The default checks `needs_image`; a backend that compiles the
+        file to a project of its own checks that compilation too."""
+        if cls.needs_image:
+            require_main_image(env)
+        return []
+
+    @classmethod
+    def prepare(cls, env: Environment, policy: Policy) -> None:
+        """Work done once before many spawns of `env` (building its images, say), after the
+        same checks as `check`. The default only checks."""
+        cls.check(env, policy)
+
+    @classmethod
+    def render(cls, env: Environment, workspace: Path, policy: Policy) -> dict[str, str]:
+        """The native project `env` compiles to for `workspace`, as {relative path: text},
+        the main file first (`orchestrator render`). The default: this backend has none."""
+        raise UsageError(
+            f"the {cls.name or cls.__name__} backend has no project file to render: it runs "
+            "the environment directly; `orchestrator validate` checks the file"
+        )
 
     def __init__(self, env: Environment, options: SpawnOptions) -> None:
         self.env = env
@@ -500,11 +540,25 @@ class Runtime(Sandbox):
             raise
         return rt
 
+    #: Found running by `orchestrator.attach`: leaving a `with` block leaves it running.
+    attached: bool = False
+
+    @classmethod
+    def _attach(
+        cls, ident: str, env: Environment, options: SpawnOptions, folder: Path, state: Any
+    ) -> Runtime:
+        """A runtime for environment `ident`, running already, from the record this backend
+        left in `folder` (see sandbox/attach.py). The default: this backend cannot."""
+        raise UsageError(f"the {cls.name} backend cannot attach to a running environment")
+
     def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.cleanup()
+        if self.attached:
+            self.detach()
+        else:
+            self.cleanup()
 
     def cleanup(self) -> None:
         """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed."""
@@ -531,18 +585,28 @@ class Runtime(Sandbox):
         self._kill()
 
     def snapshot(
-        self, dest: str | Path | None = None, *, limit: int | None = None, filesystem: bool = False
+        self,
+        dest: str | Path | None = None,
+        *,
+        limit: int | None = None,
+        filesystem: bool = False,
+        timeout: float | None = None,
     ) -> Snapshot:
         """Save the workspace (the working folder's whole tree) as a snapshot: to the path
         `dest`, under the name `dest` in the snapshots folder, or a fresh name there. With
         `filesystem` (Docker), the main container's filesystem is saved too, as an image
         (removed with the snapshot). Resume it with spawn_runtime(env, resume=snapshot).
-        Take it while no command runs: the two are not one atomic copy."""
+        Take it while no command runs: the two are not one atomic copy. `timeout`: the
+        sandbox packs it, and past that many seconds SandboxFileTimeout is raised."""
         path = snapshot.archive_path(self.env.name, dest)
-        archive = self._pack_workdir(None, limit or snapshot_limit())
+        limit = limit or snapshot_limit()
+        if timeout is None:
+            archive = self._pack_workdir(None, limit)
+        else:
+            archive = self._pack_here(self.workdir, None, limit, timeout)
         image = self._commit(path.with_suffix(".json")) if filesystem else ""
         env, host = self.env, self.options.host or ""
-        return snapshot.save(archive, env.name, env.digest, path, image, host)
+        return snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
 
     def _commit(self, record: Path) -> str:
         """Save the main container's filesystem as an image owned by `record`; its tag."""
@@ -552,9 +616,28 @@ class Runtime(Sandbox):
         """Refuse, before anything starts, a snapshot this backend cannot resume."""
         if snap.image:
             raise UsageError(
-                f"snapshot {snap.name} holds a container filesystem, which only the docker "
-                f"backend resumes (this is {self.name})"
+                f"snapshot {snap.name} holds a container filesystem, which only the "
+                f"{snap.image_backend} backend resumes (this is {self.name}); resume it there, or "
+                "take a snapshot without filesystem=True"
             )
+
+    @classmethod
+    def reap_folder(cls, folder: Path) -> None:
+        """Remove what an abandoned project folder of this backend stands for (its owner
+        process is gone), then the folder; raise OrchestratorError when that cannot be done
+        now (the next reap tries again). Asked by the reapers for a folder that names this
+        backend. The default: a backend that leaves nothing running has nothing to remove."""
+
+    @classmethod
+    def remove_snapshot_image(cls, snap: Snapshot) -> None:
+        """Remove the image a snapshot of this backend holds (`snap.image`), only if it is
+        that snapshot's own. The default: a backend that makes no images leaves it."""
+        log.warning(
+            "snapshot %s names image %s, but the %s backend makes none: left alone",
+            snap.name,
+            snap.image,
+            cls.name,
+        )
 
     def _restore(self, snap: Snapshot) -> None:
         if snap.digest != self.env.digest:
@@ -567,36 +650,52 @@ class Runtime(Sandbox):
         """Put a running environment back to a snapshot: every process in it is killed (the
         environment stays up; its services are left as they are), then the working folder
         is emptied and refilled from the snapshot. No setup command runs."""
-        self._reset(snap.archive())
+        self.reset(snap.archive())
 
     #: Who packs and refills the workspace in a reset: someone who can read and remove
     #: whatever the commands left there (None: the default user).
     _reset_user: ClassVar[str | None] = None
 
-    def _workspace_archive(self, limit: int | None = None) -> bytes:
-        """The working folder as a tar stream, packed by `_reset_user` (for `_reset`)."""
+    # ----- what a pool asks of a runtime (public hooks; a backend may refine them) ---------
+    def baseline(self, limit: int | None = None) -> bytes:
+        """The working folder as it is now, as a tar stream to give `reset` later (a pool
+        takes one right after setup). Packed by someone who can read all of it."""
         return self._pack_workdir(self._reset_user, limit or snapshot_limit())
 
-    def _pack_workdir(self, user: str | None, limit: int) -> bytes:
-        """The working folder as a tar stream (snapshots, pool baselines); a backend that
-        can read it more directly than through a command does so."""
-        return self._pack_here(self.workdir, user, limit)
-
-    def _reset(self, archive: bytes) -> None:
+    def reset(self, baseline: bytes) -> None:
+        """Put the environment back to `baseline`: every process in it is killed (it stays
+        up; its services are left as they are), then the working folder is emptied and
+        refilled from the archive. Raises OrchestratorError when it cannot: then the
+        environment is not fit to hand out again."""
         self._check_usable()
         self._kill_processes()
         target, deadline = self._path(self.workdir), _deadline(None)
         argv = files.replace_argv(target)
-        cmd = self._command(argv, None, archive, None, self._reset_user, deadline)
+        cmd = self._command(argv, None, baseline, None, self._reset_user, deadline)
         _, err, outcome = self._collect(cmd, 64 * 1024)
         stderr = decode(err.value())
         _raise_held(outcome, stderr, target, "reset", deadline)
         files.raise_for_folder(outcome.exit_code, target, "reset", stderr)
 
-    def _project_folder(self) -> Path | None:
-        """The folder that stands for this environment outside this process (its project
-        folder), or None for a backend that has none."""
+    def pool_enter(self, pool: str) -> None:
+        """Record that pool `pool` holds this environment, waiting ("ready"), where other
+        processes can see it (`orchestrator ps`, `up --pool`). The default: nowhere, for a
+        backend whose environments no other process can reach."""
+
+    def pool_move(self, frm: PoolState, to: PoolState) -> bool:
+        """Change the recorded pool state from `frm` to `to` atomically against other
+        processes; False (nothing changed) when it is not in `frm` (claimed meanwhile).
+        The default, with nothing recorded: always True."""
+        return True
+
+    def pool_state(self) -> PoolState | None:
+        """The recorded pool state (None: in no pool, or nothing recorded)."""
         return None
+
+    def _pack_workdir(self, user: str | None, limit: int) -> bytes:
+        """The working folder as a tar stream (snapshots, pool baselines); a backend that
+        can read it more directly than through a command does so."""
+        return self._pack_here(self.workdir, user, limit)
 
     @abstractmethod
     def _kill_processes(self) -> None:
@@ -626,6 +725,15 @@ class Runtime(Sandbox):
 
     def _setup_output(self) -> RuntimeResult | None:
         return self.setup_result
+
+    def logs(
+        self, service: str = MAIN, *, tail: int | None = None, follow: bool = False
+    ) -> Iterator[bytes]:
+        """What service `service`'s process printed (the main sandbox's by default; commands
+        run with execute print to their caller, not here), as it comes: the last `tail`
+        lines, then with `follow` new output until the caller stops reading. Backends
+        without such output raise UsageError."""
+        raise UsageError(f"the {self.name} backend keeps no logs")
 
     def service(self, name: str) -> Sandbox:
         """Commands and files in service `name` of a multi-container environment ("main" is

@@ -18,9 +18,11 @@ Two ways to run one:
 
 Thread-safe and bounded. Environments in the pool belong to this process like any other (the
 guardian removes them if it dies); close() removes those waiting and waits for the starts in
-flight. On Docker each member's project folder says which pool it is in and whether it waits
-or is in use (`orchestrator ps` shows it); another process may claim a waiting one
-(`orchestrator up --pool`), and sweep() lets the pool notice and replace it.
+flight. The pool asks each environment only public hooks of the runtime (`baseline`, `reset`,
+`pool_enter`, `pool_move`, `pool_state`): a container backend records there, in each
+member's project folder, which pool it is in and whether it waits or is in use (`orchestrator
+ps` shows it); another process may claim a waiting one (`orchestrator up --pool`), and
+sweep() lets the pool notice and replace it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.container import membership
 from orchestrator.errors import OrchestratorError, RuntimeClosed, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.spec.loader import Environment, load_environment
@@ -111,7 +112,7 @@ class Pool:
         baseline = None
         if isinstance(item, Runtime):
             try:
-                baseline = item._workspace_archive()
+                baseline = item.baseline()
             except OrchestratorError as exc:  # it can still be handed out, not reset
                 log.warning("pool %s: %s cannot be reset: %s", self.id, self.env.name, exc)
         with self._cond:
@@ -123,9 +124,8 @@ class Pool:
     def _offer(self, item: Runtime | OrchestratorError) -> None:
         """Put an environment (or a failed start) where acquire() finds it; a closed pool
         removes it instead."""
-        folder = item._project_folder() if isinstance(item, Runtime) else None
-        if folder is not None:
-            membership.enter(folder, self.id, membership.READY)
+        if isinstance(item, Runtime):
+            item.pool_enter(self.id)
         with self._cond:
             if not self._closed:
                 self._ready.append(item)
@@ -158,8 +158,7 @@ class Pool:
                 self._refill()  # a failed start is replaced in either mode
             if not isinstance(item, Runtime):
                 raise item
-            folder = item._project_folder()
-            if folder is None or membership.move(folder, membership.READY, membership.IN_USE):
+            if item.pool_move("ready", "in-use"):
                 return item
             self._let_go(item)  # claimed by another process meanwhile: try the next
 
@@ -176,7 +175,7 @@ class Pool:
             reset = self.reuse
         if reset and wanted and baseline is not None and not rt.closed:
             try:
-                rt._reset(baseline)
+                rt.reset(baseline)
             except OrchestratorError as exc:
                 log.warning("pool %s: reset failed, removing it: %s", self.id, exc)
             else:
@@ -198,11 +197,7 @@ class Pool:
         if failed is not None:
             self._refill()
             raise failed
-        taken = []
-        for rt in waiting:
-            info = membership.membership(rt._project_folder())
-            if info is not None and info[1] == membership.CLAIMED:
-                taken.append(rt)
+        taken = [rt for rt in waiting if rt.pool_state() == "claimed"]
         with self._cond:
             for rt in taken:
                 self._ready.remove(rt)
@@ -229,8 +224,7 @@ class Pool:
         for item in waiting:
             if not isinstance(item, Runtime):
                 continue
-            folder = item._project_folder()
-            if folder is None or membership.move(folder, membership.READY, membership.REMOVING):
+            if item.pool_move("ready", "removing"):
                 self._discard(item)
             else:
                 self._let_go(item)

@@ -17,6 +17,8 @@ from orchestrator.errors import UsageError
 from orchestrator.paths import state_dir
 
 SUFFIX = ".tar"
+IMAGE_BACKEND_BEFORE_FIELD = "docker"
+"""Who made the image of a record written before records named their backend."""
 log = logging.getLogger("orchestrator.snapshot")
 
 
@@ -43,32 +45,40 @@ class Snapshot:
     host: str = ""
     """The engine holding `image` when it was made by `spawn_runtime(host=...)` ("": the
     process's own engine)."""
+    backend: str = ""
+    """The registered backend that made `image`, and whose class removes it."""
 
     @property
     def name(self) -> str:
         return self.path.name.removesuffix(SUFFIX)
 
     @property
+    def image_backend(self) -> str:
+        """The backend whose class resumes and removes `image` (a record older than the
+        `backend` field: the one backend that made images then)."""
+        return self.backend or IMAGE_BACKEND_BEFORE_FIELD
+
+    @property
     def record(self) -> Path:
         return self.path.with_suffix(".json")
 
     def remove(self) -> None:
-        """Remove the archive, its record and its image: the image only when its own
-        labels say it is this record's and of our state folder (a record may name any
-        image; one that is not its own is left alone, with a warning)."""
+        """Remove the archive, its record and its image. The image goes through the class
+        of the backend that made it (`Runtime.remove_snapshot_image`), which removes it
+        only when the image itself says it is this record's (a record is a file: it may
+        name any image and any backend; what is not its own is left alone, with a
+        warning)."""
         if self.image:
-            from orchestrator.backends.container import images
-            from orchestrator.backends.container.engine import docker_client
+            from orchestrator.sandbox.registry import get_runtime_class
 
-            engine = docker_client(host=self.host) if self.host else None
-            if not images.remove_owned(self.image, self.record, engine) and images.exists(
-                self.image, engine
-            ):
+            try:
+                backend = get_runtime_class(self.image_backend)
+            except UsageError as exc:
                 log.warning(
-                    "snapshot %s names image %s, which is not its own: left alone",
-                    self.name,
-                    self.image,
+                    "snapshot %s: its image %s is left alone: %s", self.name, self.image, exc
                 )
+            else:
+                backend.remove_snapshot_image(self)
         self.path.unlink(missing_ok=True)
         self.record.unlink(missing_ok=True)
 
@@ -119,7 +129,8 @@ def _load(path: Path) -> Snapshot | None:
         data = json.loads(path.with_suffix(".json").read_text())
         fields = {k: data[k] for k in ("env", "digest", "created", "size")}
         image, host = (str(data.get(k, "")) for k in ("image", "host"))
-        return Snapshot(path=path, image=image, host=host, **fields)
+        backend = str(data.get("backend", ""))
+        return Snapshot(path=path, image=image, host=host, backend=backend, **fields)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -135,12 +146,28 @@ def archive_path(env: str, dest: str | Path | None = None) -> Path:
 
 
 def save(
-    archive: bytes, env: str, digest: str, path: Path, image: str = "", host: str = ""
+    archive: bytes,
+    env: str,
+    digest: str,
+    path: Path,
+    image: str = "",
+    host: str = "",
+    backend: str = "",
 ) -> Snapshot:
-    """Write an archive (at `path`, from archive_path) and its record."""
+    """Write an archive (at `path`, from archive_path) and its record (`backend`: the one
+    that made `image`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    snap = Snapshot(path, env, digest, created, len(archive), image, host if image else "")
+    snap = Snapshot(
+        path,
+        env,
+        digest,
+        created,
+        len(archive),
+        image,
+        host if image else "",
+        backend if image else "",
+    )
     path.write_bytes(archive)
     record = {k: v for k, v in asdict(snap).items() if k != "path"}
     snap.record.write_text(json.dumps(record, indent=1))

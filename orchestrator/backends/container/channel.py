@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator import procutil
+from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.executor import wire
 from orchestrator.backends.container.executor.client import ExecutorClient, Fifo
 from orchestrator.backends.container.executor.plain import run_plain
@@ -90,23 +91,17 @@ class Channel:
                     self._executor = self._new_executor()
 
     def _new_executor(self) -> ExecutorClient:
-        client = ExecutorClient(
-            [
-                *self._docker_cmd,
-                "exec",
-                "-i",
-                "-u",
-                "0",
-                self._container,
-                "python3",
-                "-u",
-                "-I",  # isolated: no user site, no PYTHON* variables of the sandbox
-                "-S",  # no site import: a faster start
-                f"{SANDBOX_MOUNT}/agent.py",
-                # owned: when this process dies, by any signal, the container stops itself
-                *(["--owned"] if self._owned else []),
-            ]
-        )
+        command = [
+            "python3",
+            "-u",
+            "-I",  # isolated: no user site, no PYTHON* variables of the sandbox
+            "-S",  # no site import: a faster start
+            f"{SANDBOX_MOUNT}/agent.py",
+            # owned: when this process dies, by any signal, the container stops itself
+            *(["--owned"] if self._owned else []),
+        ]
+        target = ExecTarget(self._docker_cmd, self._container)
+        client = ExecutorClient(target.argv(command, user="0", stdin=True))
         client.start()
         return client
 

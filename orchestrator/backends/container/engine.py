@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -89,8 +90,79 @@ def engine_call(action: str, fn: Callable[[], T], *, retry: bool = True) -> T:
     raise AssertionError("unreachable")
 
 
+class NoSuchContainer(DockerError):
+    """The engine has no such container (removed, or never made)."""
+
+
+class ContainerNotRunning(DockerError):
+    """The container exists but is stopped (exited, killed, never started)."""
+
+
+class ContainerPaused(DockerError):
+    """The container is paused: nothing can be run in it until it is unpaused."""
+
+
+class NoSuchImage(DockerError):
+    """The engine has no such image."""
+
+
+class NoSuchNetwork(DockerError):
+    """The engine has no such network."""
+
+
+class NetworkInUse(DockerError):
+    """A network cannot be removed while a container still uses it."""
+
+
+class SubnetOverlap(DockerError):
+    """The subnet asked for a network overlaps one the engine already has."""
+
+
+class NotSwarmManager(DockerError):
+    """The engine is not a Swarm manager (no swarm, or a worker)."""
+
+
+class StorageOptUnsupported(DockerError):
+    """The engine's storage driver cannot limit a container's disk (--storage-opt size)."""
+
+
+# The engine's own words for each kind, lower-cased. Order matters: a message may quote
+# another ("Cannot kill container: X: No such container: X" is NoSuchContainer), so the
+# first kind whose words are found wins. This is the one place engine text is read.
+KINDS: tuple[tuple[type[DockerError], tuple[str, ...]], ...] = (
+    (NoSuchContainer, ("no such container", "no such object")),
+    (ContainerPaused, ("is paused, unpause",)),
+    (ContainerNotRunning, ("is not running",)),
+    (NoSuchImage, ("no such image",)),
+    (NoSuchNetwork, ("no such network", "network not found")),
+    (NetworkInUse, ("has active endpoints",)),
+    (SubnetOverlap, ("pool overlaps", "overlapping ipv4", "overlaps with other")),
+    (NotSwarmManager, ("not a swarm manager", "this node is not a swarm")),
+    (StorageOptUnsupported, ("storage-opt",)),
+)
+UNKNOWN_USER = re.compile(r"unable to find (?:user|group) [^\n]*", re.IGNORECASE)
+"""What runc says, as a command's own stderr (exit 126), when the exec's user is not in the
+image's passwd or group file."""
+
+
+def classify(stderr: str) -> type[DockerError]:
+    """The error type the engine's message stands for (DockerError when none fits)."""
+    lowered = stderr.lower()
+    for kind, words in KINDS:
+        if any(word in lowered for word in words):
+            return kind
+    return DockerError
+
+
+def unknown_user(stderr: str) -> str | None:
+    """The engine's words when an exec failed because its user is not in the image."""
+    found = UNKNOWN_USER.search(stderr)
+    return found.group(0) if found else None
+
+
 def wrap(action: str, exc: DockerException) -> OrchestratorError:
-    """A python-on-whales error as ours, keeping exit code and stderr."""
+    """A python-on-whales error as ours, keeping exit code and stderr, typed by what the
+    engine said (see `classify`)."""
     stderr = (exc.stderr or "") if isinstance(exc.stderr, str) else ""
     text = stderr + (exc.stdout or "" if isinstance(exc.stdout, str) else "")
     lowered = text.lower()
@@ -103,7 +175,7 @@ def wrap(action: str, exc: DockerException) -> OrchestratorError:
         action += " timed out (the engine did not answer in time; see ORCHESTRATOR_*_TIMEOUT)"
     else:
         action += f" failed (exit {exc.return_code})"
-    return DockerError(
+    return classify(text)(
         action,
         command=[str(c) for c in exc.docker_command],
         returncode=exc.return_code,

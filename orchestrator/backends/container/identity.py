@@ -63,6 +63,10 @@ OWNER_FILE = "owner"
 KEPT_FILE = "kept"
 """In a project folder: cleanup stopped the project and kept it (keep_after_cleanup), so
 neither a reaper nor the owner's guardian removes it; `cleanup --all` or `down` does."""
+BACKEND_FILE = "backend"
+"""In the folder of a project of a backend other than Compose: that backend's registered
+name, so a reaper asks it to remove what the folder stands for."""
+_BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 ENGINE_FILE = "engine"
 """In the folder of a project on another machine's engine: that engine's address, so a
 reaper or a guardian working with another engine still removes it there."""
@@ -74,12 +78,37 @@ def projects_dir() -> Path:
     return state_dir() / "projects"
 
 
-def claim_folder(directory: Path) -> None:
+def claim_folder(directory: Path, *, backend: str | None = None) -> None:
     """Create a project folder and record who made it, before anything else goes in, so a
-    start killed half-way leaves a folder the reaper can tell is abandoned."""
+    start killed half-way leaves a folder the reaper can tell is abandoned. `backend`: the
+    registered name of a backend whose folders are not Compose projects (its class's
+    `reap_folder` removes what one stands for)."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     pid = os.getpid()
+    if backend is not None:
+        (directory / BACKEND_FILE).write_text(backend + "\n")
     (directory / OWNER_FILE).write_text(f"{pid} {process_start(pid)} {socket.gethostname()}\n")
+
+
+def folder_backend(folder: Path) -> str | None:
+    """The backend a project folder names (None: a Compose project's, which names none)."""
+    try:
+        with (folder / BACKEND_FILE).open("rb") as f:
+            name = f.read(200).decode(errors="replace").strip()
+    except OSError:
+        return None
+    return name if _BACKEND_NAME.fullmatch(name) else None
+
+
+def reap_folder(folder: Path) -> None:
+    """Remove what an abandoned project folder of another backend stands for, then the
+    folder, through that backend's class (OrchestratorError: not now; the next reap tries
+    again). Only a registered backend is asked: the name is looked up, never imported."""
+    from orchestrator.sandbox.registry import get_runtime_class
+
+    name = folder_backend(folder)
+    if name is not None:
+        get_runtime_class(name).reap_folder(folder)
 
 
 def kept(directory: Path | None) -> bool:

@@ -4,6 +4,7 @@ image, and an image whose record is gone is reaped like any other leftover of ou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 from python_on_whales import DockerClient
 from python_on_whales.utils import run
 
-from orchestrator.backends.container.engine import docker_client, engine_call
+from orchestrator.backends.container.engine import NoSuchImage, docker_client, engine_call
 from orchestrator.backends.container.identity import LABEL_MANAGED, L
 from orchestrator.errors import DockerError
 from orchestrator.paths import state_dir
@@ -41,11 +42,8 @@ def commit(container: str, record: Path, client: DockerClient | None = None) -> 
 def remove(image: str, client: DockerClient | None = None) -> None:
     """Remove a snapshot image (gone already is fine)."""
     client = client or docker_client()
-    try:
+    with contextlib.suppress(NoSuchImage):
         engine_call("removing a snapshot image", lambda: client.image.remove(image))
-    except DockerError as exc:
-        if "No such image" not in exc.stderr:
-            raise
 
 
 def remove_owned(image: str, record: Path, client: DockerClient | None = None) -> bool:
@@ -56,10 +54,8 @@ def remove_owned(image: str, record: Path, client: DockerClient | None = None) -
     client = client or docker_client()
     try:
         found = engine_call("inspecting a snapshot image", lambda: client.image.inspect(image))
-    except DockerError as exc:
-        if "No such image" in exc.stderr:
-            return False
-        raise
+    except NoSuchImage:
+        return False
     labels = found.config.labels or {}
     mine = labels.get(LABEL_STATE) == str(state_dir().resolve())
     labelled = labels.get(LABEL_RECORD, "")

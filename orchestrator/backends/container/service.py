@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends.container.channel import Channel
+from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.layout import STATIC_ROOT
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.base import Sandbox
@@ -24,9 +25,9 @@ def shell_connection(
     docker_cmd: Sequence[str], container: str, workdir: str, user: str | None
 ) -> Connection:
     """`docker exec -it` into a container's workdir, as `user`, with an interactive shell."""
-    who = ["-u", user] if user else []
-    argv = (*docker_cmd, "exec", "-it", *who, "-w", workdir, container, "/bin/sh", "-c", SHELL)
-    return Connection("docker", argv, container)
+    target = ExecTarget(docker_cmd, container)
+    argv = target.argv(["/bin/sh", "-c", SHELL], user=user, workdir=workdir, stdin=True, tty=True)
+    return Connection("docker", tuple(argv), container)
 
 
 @dataclass(eq=False)
@@ -48,7 +49,8 @@ class ServiceSandbox(Sandbox):
 
     @property
     def workdir(self) -> str:
-        return self.image_workdir
+        """The service's `workdir`, else the image's WORKDIR (or /)."""
+        return self.spec.workdir or self.image_workdir
 
     @property
     def default_user(self) -> str | None:

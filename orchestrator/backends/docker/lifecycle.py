@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from python_on_whales import DockerClient
 
 from orchestrator.backends.container.engine import (
+    StorageOptUnsupported,
+    SubnetOverlap,
     docker_client,
     docker_errors,
     engine_call,
@@ -26,6 +28,7 @@ from orchestrator.backends.container.engine import (
     service_of,
     up_timeout,
 )
+from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.guardian import ensure_guardian
 from orchestrator.backends.container.identity import (
     ENGINE_FILE,
@@ -135,7 +138,8 @@ class Project:
         any spawn) removes it. `release()` unties them."""
         docker = raw_docker(self.client)
         for service in services:
-            argv = [*docker, "exec", "-i", self.container_of(service), "/bin/sh", "-c", TETHER]
+            target = ExecTarget(docker, self.container_of(service))
+            argv = target.argv(["/bin/sh", "-c", TETHER], stdin=True)
             try:
                 proc = subprocess.Popen(
                     argv,
@@ -229,9 +233,8 @@ def _retry_subnet(attempt: Callable[[int], T], tries: int = 8) -> T:
     for i in range(tries):
         try:
             return attempt(i)
-        except DockerError as exc:
-            overlap = "overlaps" in exc.stderr or "overlapping" in exc.stderr
-            if not overlap or i == tries - 1:
+        except SubnetOverlap:
+            if i == tries - 1:
                 raise
     raise AssertionError("unreachable")
 
@@ -307,7 +310,7 @@ def _diagnose(project: Project, exc: DockerError, source: str) -> OrchestratorEr
     """A failed `up` because a service never became healthy (or died) becomes an error that
     names the service and shows its last log lines; a disk limit the engine cannot enforce
     becomes a spec error naming the field."""
-    if "storage-opt" in exc.stderr:
+    if isinstance(exc, StorageOptUnsupported):
         return SpecError(
             SpecIssue(
                 source,

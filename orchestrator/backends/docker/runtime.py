@@ -9,15 +9,11 @@ import os
 import posixpath
 import shutil
 from pathlib import Path
-from typing import Any, ClassVar, cast, get_args
+from typing import Any, ClassVar
 
-from python_on_whales.utils import run
-
-from orchestrator import procutil, settings
-from orchestrator.backends.container import copyin, images
-from orchestrator.backends.container.channel import Channel, Mode
+from orchestrator import procutil
+from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
-    TIMED_OUT,
     docker_client,
     engine_call,
     engine_host,
@@ -26,84 +22,46 @@ from orchestrator.backends.container.engine import (
 )
 from orchestrator.backends.container.executor.client import FILES
 from orchestrator.backends.container.identity import LABEL_DIR
-from orchestrator.backends.container.layout import SANDBOX_DIR, STATIC_ROOT
-from orchestrator.backends.container.service import ServiceSandbox, shell_connection
+from orchestrator.backends.container.layout import SANDBOX_DIR
+from orchestrator.backends.container.mounts import ResolvedMount
+from orchestrator.backends.container.runtime import EXEC_MODE_ENV, KILL_OTHERS, ContainerRuntime
+from orchestrator.backends.docker import hooks
 from orchestrator.backends.docker.lifecycle import Project, start_project
-from orchestrator.backends.docker.render import CompileOptions
-from orchestrator.errors import (
-    DockerError,
-    OrchestratorError,
-    SandboxUnavailable,
-    SpecError,
-    SpecIssue,
-    StartupError,
-    UsageError,
-)
-from orchestrator.sandbox import files, hostfs
-from orchestrator.sandbox.base import Runtime, Sandbox
-from orchestrator.sandbox.options import Chunks, Command
-from orchestrator.sandbox.results import Connection, RuntimeInfo
+from orchestrator.backends.docker.render import CompiledProject, CompileOptions
+from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
+from orchestrator.sandbox import attach, files, hostfs
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.options import SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.spec.models import PublishedPort
-from orchestrator.spec.resolve import MAIN, resolve_user
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.policy import Policy
+from orchestrator.spec.resolve import MAIN
 
+__all__ = ["EXEC_MODE_ENV", "KILL_OTHERS", "ComposeRuntime"]
 log = logging.getLogger("orchestrator.docker")
-EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
-"""auto (the executor, falling back to plain where it cannot run), executor or plain."""
 
 
-# Kill every process of the main container except PID 1 (init), the keep-alive (the oldest of
-# its children, which has no child of its own) and this script's own ancestry (the executor,
-# or plain exec). Orphans are reparented to PID 1, so a daemon is found like any other; a
-# process cannot pass for the keep-alive, which started before any command could, and none
-# is spared for being its child. Passes repeat until three in a row find nothing, so a fork
-# caught mid-pass is not missed.
-KILL_OTHERS = r"""
-fields() {  # /proc/PID/stat after the name, read whole: a name may hold ") " and newlines
-  s=; l=; while IFS= read -r l; do s="$s $l"; done < "$1/stat" || return 1; s="$s $l"
-  s=${s##*) }
-}
-me=$$; keep=" 1 "; p=$$
-while [ "${p:-0}" -gt 0 ]; do
-  keep="$keep$p "; fields /proc/$p 2>/dev/null || break; set -- $s; p=$2
-done
-entry=; first=
-for d in /proc/[0-9]*; do
-  fields $d 2>/dev/null || continue; set -- $s
-  [ "$2" = 1 ] || continue
-  if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then first=${20}; entry=${d#/proc/}; fi
-done
-keep="$keep$entry "; quiet=0; n=0
-while [ $quiet -lt 3 ] && [ $n -lt 500 ]; do
-  n=$((n + 1)); found=0
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    case $keep in *" $p "*) continue ;; esac
-    fields $d 2>/dev/null || continue; set -- $s
-    [ "$1" = Z ] || [ "$2" = "$me" ] && continue
-    kill -9 "$p" 2>/dev/null && found=1
-  done
-  [ $found = 1 ] && quiet=0 || quiet=$((quiet + 1))
-done
-[ $quiet -ge 3 ]
-"""
-
-
-class ComposeRuntime(Runtime):
+class ComposeRuntime(ContainerRuntime):
     name: ClassVar[str] = "docker"
     deviations: ClassVar[dict[str, str]] = {}
-    _reset_user: ClassVar[str | None] = "0:0"  # PID 1's user: may signal and remove anything
+    needs_image: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, env: Environment, policy: Policy, *, workspace: Path | None = None) -> list[str]:
+        return hooks.check(env, policy, workspace)
+
+    @classmethod
+    def prepare(cls, env: Environment, policy: Policy) -> None:
+        hooks.prepare(env, policy)
+
+    @classmethod
+    def render(cls, env: Environment, workspace: Path, policy: Policy) -> dict[str, str]:
+        return hooks.render(env, workspace, policy)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.project: Project | None = None
-        self._ports: list[PublishedPort] = []
-        self._services: dict[str, ServiceSandbox] = {}
-        self._mode = cast(Mode, settings.choice(EXEC_MODE_ENV, "auto", get_args(Mode)))
-        self._main: Channel | None = None
         self._temp_workspace: Path | None = None
-        self._docker_cmd: list[str] = []
-        self._shared: Path | None = None  # this machine's folder the containers see, if any
 
     # ----- lifecycle -----------------------------------------------------------------------
     def _workspace(self, directory: Path) -> Path:
@@ -156,109 +114,61 @@ class ComposeRuntime(Runtime):
             self._copy_in_all(compiled.user)
         else:  # every container sees it at SANDBOX_MOUNT: folders go through FIFOs there
             self._shared = self.project.directory / SANDBOX_DIR
+            self._prepare_services(copied=False)  # a service's workdir, before its command
         self._main = self._channel(MAIN, self.project.main_container)
         self._main.start()  # greets while the ports are read
         if compiled.published:
             self._ports = self.project.ports()
         self._confirm_started()
+        self._remember()  # for attach(): `orchestrator exec`, `up --pool`, ...
 
-    def _confirm_started(self) -> None:
-        """The executor's greeting proves the main container runs (without one, the engine
-        is asked); then the file's user is looked up once."""
-        assert self._main is not None
+    def _remember(self) -> None:
+        assert self.project is not None
+        c = self.project.compiled
+        state = {
+            "user": c.user,
+            "published": c.published,
+            "shared": self._shared is not None,
+            "temp_workspace": self._temp_workspace is not None,
+            "mounts": [[str(m.source), m.target, m.read_only, m.origin] for m in c.mounts],
+        }
+        attach.remember(self.project.directory, self.name, self.env, self.options.host or "", state)
+
+    @classmethod
+    def _attach(
+        cls, ident: str, env: Environment, options: SpawnOptions, folder: Path, state: Any
+    ) -> Runtime:
+        """The project in `folder`, as `_remember` described it."""
+        rt = cls(env, options)
         try:
-            if self._main.ready() is None and (lost := self._lost()) is not None:
-                raise lost
-        except SandboxUnavailable as exc:
-            raise StartupError(f"the environment did not start: {exc}") from exc
-        self._check_named_user()
+            mounts = tuple(ResolvedMount(Path(s), t, bool(r), o) for s, t, r, o in state["mounts"])
+            user, published = str(state["user"]), bool(state["published"])
+            shared, temp = bool(state["shared"]), bool(state["temp_workspace"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProjectNotFound(f"{ident}: its record is not usable ({exc!r})") from None
+        compiled = CompiledProject(ident, "", {}, (), mounts, {}, user, "", False, published)
+        rt.project = Project(ident, folder, compiled, options.host or "")
+        rt._temp_workspace = folder / "workspace" if temp else None
+        rt._docker_cmd = raw_docker(rt.project.client)
+        rt._shared = folder / SANDBOX_DIR if shared else None
+        # its executor starts at the first command, which says why when it cannot run (a
+        # stopped sandbox is attached too: its logs, poll() and cleanup() still work)
+        rt._main = rt._channel(MAIN, rt.project.main_container)
+        if published:
+            rt._ports = rt.project.ports()
+        return rt
 
-    def _copy_in_all(self, user: str) -> None:
-        """Nothing of this machine is mounted: copy the executor and the static assets into
-        the main container, the static assets into each service that shows them, and give
-        the workdir to the sandbox user."""
-        self._copy_in(
-            MAIN, copyin.main_archive(self.env), [copyin.PREPARE, "sh", self.workdir, user]
-        )
-        showing = [n for n, s in sorted(self.env.spec.services.items()) if s.static_assets]
-        if not self.env.spec.static_assets or not showing:
-            return
-        static = copyin.static_archive(self.env)
-        for service in showing:
-            self._copy_in(service, static, [copyin.PREPARE_SERVICE])
+    def _remove(self) -> None:
+        if self.project is not None:
+            self.project.down(keep=self.env.spec.keep_after_cleanup)
 
-    def _copy_in(self, service: str, archive: bytes, script: list[str]) -> None:
-        """Unpack an archive into a running service's container, as root."""
-        container, docker_cmd = self._locate(service)
-        argv = [*docker_cmd, "exec", "-i", "-u", "0:0", container, "/bin/sh", "-c", *script]
-        try:
-            engine_call(f"preparing {service}", lambda: run(argv, input=archive), retry=False)
-        except DockerError as exc:
-            raise StartupError(
-                f"{self.env.name}: could not prepare {service!r} (its image needs /bin/sh and "
-                f"tar): {exc.stderr.strip() or exc}"
-            ) from exc
-
-    def _check_named_user(self) -> None:
-        """A user the file gives by name exists only in the image: ask it once, at spawn, so
-        a typo fails here, naming the field, and not as 126 on every command."""
-        user = self.default_user
-        if not user or procutil.numeric_ids(user) is not None:
-            return
-        probe = self.execute(["true"], timeout=30)
-        if probe.exit_code == 126 and "unable to find" in probe.stderr:
-            raise SpecError(
-                SpecIssue(
-                    self.env.source,
-                    None,
-                    None,
-                    "user",
-                    f"{probe.stderr.strip()} of the image",
-                    "create the user in the image, or give a uid[:gid]",
-                )
-            )
-
-    def _channel(
-        self, service: str, container: str, docker_cmd: list[str] | None = None
-    ) -> Channel:
-        """Commands to one container: its own executor, or plain exec."""
-        label = self.env.name if service == MAIN else f"{self.env.name}/{service}"
-
-        def warn(message: str) -> None:
-            log.warning(message)
-            self.warnings.append(message)
-
-        return Channel(
-            label=label,
-            docker_cmd=docker_cmd or self._docker_cmd,
-            container=container,
-            mode=self._mode,
-            owned=not self.options.detached,
-            lost=lambda: self._lost(service),
-            killed=lambda: self._killed,
-            warn=warn,
-            shared=self._shared,
-        )
-
-    def _channels(self) -> list[Channel]:
-        return [c for c in (self._main, *(s.channel for s in self._services.values())) if c]
-
-    def _close(self) -> None:
-        channels = self._channels()
-        for channel in channels:
-            channel.shutdown()  # they exit while the project goes down; reaped below
-        try:
-            if self.project is not None:
-                self.project.down(keep=self.env.spec.keep_after_cleanup)
-        finally:
-            for channel in channels:
-                channel.close(release=False)
-            if self.project is not None:
-                for mount in self.project.compiled.mounts:
-                    if mount.origin == "workspace" and mount.source.is_dir():
-                        hostfs.defuse(mount.source)  # no setuid file or device stays behind
-            if self._temp_workspace is not None:
-                shutil.rmtree(self._temp_workspace, ignore_errors=True)
+    def _removed(self) -> None:
+        if self.project is not None:
+            for mount in self.project.compiled.mounts:
+                if mount.origin == "workspace" and mount.source.is_dir():
+                    hostfs.defuse(mount.source)  # no setuid file or device stays behind
+        if self._temp_workspace is not None:
+            shutil.rmtree(self._temp_workspace, ignore_errors=True)
 
     def detach(self) -> None:
         with self._lock:
@@ -268,9 +178,7 @@ class ComposeRuntime(Runtime):
         if self.project is not None:
             self.project.release()  # its services' tethers too (see Project.tether)
 
-    def _kill(self) -> None:
-        for channel in self._channels():
-            channel.close()
+    def _kill_containers(self) -> None:
         if self.project is not None:
             self.project.kill()
 
@@ -306,21 +214,20 @@ class ComposeRuntime(Runtime):
                 "(removed outside orchestrator); it cannot be resumed"
             )
 
-    def _project_folder(self) -> Path | None:
-        return self.project.directory if self.project else None
-
-    def _kill_processes(self) -> None:
-        result = self.execute(["/bin/sh", "-c", KILL_OTHERS], user=self._reset_user, timeout=60)
-        if not result.ok:
-            raise OrchestratorError(
-                f"{self.env.name}: could not kill the processes left running "
-                f"(exit {result.exit_code}): {result.stderr.strip()}"
+    @classmethod
+    def remove_snapshot_image(cls, snap: Snapshot) -> None:
+        engine = docker_client(host=snap.host) if snap.host else None
+        if not images.remove_owned(snap.image, snap.record, engine) and images.exists(
+            snap.image, engine
+        ):
+            log.warning(
+                "snapshot %s names image %s, which is not its own: left alone",
+                snap.name,
+                snap.image,
             )
 
-    def _poll(self) -> int | None:
-        assert self.project is not None
-        state = self._state()
-        return None if state.running else int(state.exit_code or 0)
+    def _project_folder(self) -> Path | None:
+        return self.project.directory if self.project else None
 
     def _state(self, service: str = MAIN) -> Any:
         assert self.project is not None
@@ -329,62 +236,6 @@ class ComposeRuntime(Runtime):
             "inspecting the sandbox",
             lambda: project.client.container.inspect(project.container_of(service)).state,
         )
-
-    def _probe(self, service: str = MAIN) -> str | None:
-        """Why a container cannot run commands (gone, stopped, paused), or None if it can."""
-        what = "its main container" if service == MAIN else f"its service {service!r}"
-        try:
-            state = self._state(service)
-        except DockerError as exc:
-            if exc.returncode == TIMED_OUT:  # the engine is not answering: say that instead
-                raise
-            return f"{what} is gone ({exc.stderr.strip() or exc})"
-        if state.paused:
-            return f"{what} is paused; unpause it, or take the environment down"
-        if state.running:
-            return None
-        why = f"{state.status}, exit code {state.exit_code}"
-        if state.oom_killed:
-            why += ", killed by the out-of-memory killer"
-        if state.error:
-            why += f": {state.error}"
-        try:
-            logs = self._logs(service).strip()
-        except OrchestratorError:
-            logs = ""
-        return f"{what} is not running ({why}); last log lines:\n{logs or '(none)'}"
-
-    def _lost(self, service: str = MAIN) -> SandboxUnavailable | None:
-        why = self._probe(service)
-        return SandboxUnavailable(f"{self.env.name}: {why}") if why else None
-
-    def service(self, name: str) -> Sandbox:
-        self._check_open()
-        if name == MAIN:
-            return self
-        spec = self.env.spec.services.get(name)
-        if spec is None:
-            known = ", ".join([MAIN, *sorted(self.env.spec.services)])
-            raise UsageError(f"{self.env.name} has no service {name!r} (known: {known})")
-        with self._lock:
-            view = self._services.get(name)
-        if view is None:
-            container, docker_cmd = self._locate(name)
-            workdir, image_user = self._exec_defaults(name)
-            view = ServiceSandbox(
-                name,
-                spec,
-                container=container,
-                image_workdir=workdir,
-                user=resolve_user(spec.user) if spec.user else image_user,
-                channel=self._channel(name, container, docker_cmd),
-                docker_cmd=docker_cmd,
-                static_asset=self.env.spec.static_asset,
-                check_usable=self._check_usable,
-            )
-            with self._lock:
-                view = self._services.setdefault(name, view)
-        return view
 
     def _locate(self, service: str) -> tuple[str, list[str]]:
         """A service's container, and the docker command that reaches its engine."""
@@ -399,14 +250,6 @@ class ComposeRuntime(Runtime):
         assert self.project is not None
         return self.project.logs(service, tail=20)
 
-    # ----- paths ---------------------------------------------------------------------------
-    @property
-    def workdir(self) -> str:
-        return self.env.spec.workdir
-
-    def static_path(self, name: str) -> str:
-        return f"{STATIC_ROOT}/{self.env.spec.static_asset(name).save_path}"
-
     @property
     def default_user(self) -> str | None:
         return self.project.compiled.user if self.project else None
@@ -420,37 +263,11 @@ class ComposeRuntime(Runtime):
     def _id(self) -> str:
         return self.project.name if self.project else self.env.name
 
-    def info(self) -> RuntimeInfo:
-        self._check_open()
-        return RuntimeInfo(
-            id=self._id,
-            env=self.env.name,
-            backend=self.name,
-            workdir=self.workdir,
-            user=self.default_user,
-            exec_mode="plain" if self._main is None or self._main.mode == "plain" else "executor",
-            container=self._container,
-            ports=tuple(self._ports),
-        )
-
-    def connection(self, *, user: str | None = None) -> Connection:
-        self._check_open()
-        return shell_connection(self._docker_cmd, self._container, self.workdir, self._user(user))
-
     def keep(self) -> None:
         self._check_open()
         assert self.project is not None
         self.project.keep()
         self.detach()
-
-    # ----- commands ------------------------------------------------------------------------
-    def _run(self, cmd: Command) -> Chunks:
-        assert self._main is not None
-        return (yield from self._main.run(cmd))
-
-    def _run_bulk(self, cmd: Command) -> Chunks:
-        assert self._main is not None
-        return (yield from self._main.run(cmd, bulk=True))
 
 
 @functools.cache

@@ -6,13 +6,18 @@ the containers once they run, and the workspace lives in the main container."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator.backends.container.engine import engine_call, up_timeout
+from orchestrator.backends.container.engine import (
+    ContainerNotRunning,
+    NoSuchContainer,
+    engine_call,
+    up_timeout,
+)
 from orchestrator.backends.container.guardian import ensure_guardian
 from orchestrator.backends.container.identity import (
     claim_folder,
@@ -20,25 +25,38 @@ from orchestrator.backends.container.identity import (
     project_name,
     projects_dir,
 )
-from orchestrator.backends.docker.runtime import ComposeRuntime
+from orchestrator.backends.container.runtime import ContainerRuntime
 from orchestrator.backends.swarm.compile import StackOptions, compile_stack
-from orchestrator.backends.swarm.stack import Stack, Task, manager_host
-from orchestrator.errors import (
-    DockerError,
-    HealthcheckFailed,
-    UsageError,
-)
-from orchestrator.sandbox.base import Runtime
-from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.backends.swarm.stack import Stack, Task, manager_host, remove_stack_folder
+from orchestrator.errors import UsageError
+from orchestrator.spec.loader import Environment, require_main_image
+from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import MAIN
 
 
-class SwarmRuntime(ComposeRuntime):
+class SwarmRuntime(ContainerRuntime):
     name: ClassVar[str] = "swarm"
     deviations: ClassVar[dict[str, str]] = {
         "static-read-only-as-root": "static assets are copied into the sandbox, read-only by "
         "mode (owned by root): root in the sandbox can change them",
     }
+    needs_image: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, env: Environment, policy: Policy, *, workspace: Path | None = None) -> list[str]:
+        require_main_image(env)  # the workspace lives in the main container: no host folder
+        return list(compile_stack(env, StackOptions(project="validate", policy=policy)).warnings)
+
+    @classmethod
+    def prepare(cls, env: Environment, policy: Policy) -> None:
+        cls.check(env, policy)  # Swarm builds nothing: images reach the nodes beforehand
+
+    @classmethod
+    def render(cls, env: Environment, workspace: Path, policy: Policy) -> dict[str, str]:
+        """The stack file (the workspace lives in the main container: `workspace` is unused)."""
+        require_main_image(env)
+        opts = StackOptions(project=f"orch-{env.name}-preview", policy=policy)
+        return {"stack.yaml": compile_stack(env, opts).stack_yaml}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -69,7 +87,7 @@ class SwarmRuntime(ComposeRuntime):
             )
         name = project_name(self.env.name)
         directory = projects_dir() / name
-        claim_folder(directory)
+        claim_folder(directory, backend=self.name)  # reapers ask this class (reap_folder)
         ensure_guardian()  # removes the stack if this process dies without cleaning up
         labels = project_labels(self.env, name, directory, detached=False)
         stack_opts = StackOptions(
@@ -93,50 +111,18 @@ class SwarmRuntime(ComposeRuntime):
         self._main.start()
         self._confirm_started()
 
-    def _wait_healthy(self, services: list[str]) -> None:
-        """Swarm does not hold one service for another's health: the spawn waits instead."""
-        deadline = time.monotonic() + up_timeout()
-        for service in services:
-            while True:
-                health = getattr(self._state(service).health, "status", None)
-                if health == "healthy":
-                    break
-                if health == "unhealthy" or time.monotonic() > deadline:
-                    logs = self._logs(service).strip()
-                    raise HealthcheckFailed(
-                        f"stack {self._id}: service {service!r} never became healthy; "
-                        f"last log lines:\n{logs or '(no output)'}"
-                    )
-                time.sleep(0.2)
+    def _remove(self) -> None:
+        if self.stack is not None:
+            self.stack.remove(list(self._tasks.values()))
 
-    def _close(self) -> None:
-        channels = self._channels()
-        for channel in channels:
-            channel.shutdown()
-        try:
-            if self.stack is not None:
-                self.stack.remove(list(self._tasks.values()))
-        finally:
-            for channel in channels:
-                channel.close(release=False)
-
-    def _kill(self) -> None:
-        for channel in self._channels():
-            channel.close()
+    def _kill_containers(self) -> None:
         assert self.stack is not None
         for task in self._tasks.values():  # restart_policy none: a killed task stays down
             client = self.stack.node_client(task.node)
-            try:
+            with contextlib.suppress(ContainerNotRunning, NoSuchContainer):  # dead already
                 engine_call(
                     "killing a task", functools.partial(client.container.kill, task.container)
                 )
-            except DockerError as exc:
-                if "is not running" not in exc.stderr and "No such container" not in exc.stderr:
-                    raise
-
-    def _poll(self) -> int | None:
-        state = self._state()
-        return None if state.running else int(state.exit_code or 0)
 
     def _state(self, service: str = MAIN) -> Any:
         assert self.stack is not None
@@ -146,11 +132,9 @@ class SwarmRuntime(ComposeRuntime):
             "inspecting the sandbox", lambda: client.container.inspect(task.container).state
         )
 
-    def detach(self) -> None:
-        Runtime.detach(self)
-
-    def keep(self) -> None:
-        Runtime.keep(self)
+    @classmethod
+    def reap_folder(cls, folder: Path) -> None:
+        remove_stack_folder(folder)
 
     # ----- where things are ----------------------------------------------------------------
     @property
@@ -192,15 +176,9 @@ class SwarmRuntime(ComposeRuntime):
     def _project_folder(self) -> Path | None:
         return self.stack.directory if self.stack else None
 
-    # ----- snapshots -----------------------------------------------------------------------
-    def _pack_workdir(self, user: str | None, limit: int) -> bytes:
-        return Runtime._pack_workdir(self, user, limit)  # no host folder: the sandbox packs
-
+    # ----- snapshots (no host folder: the sandbox packs the workspace) -----------------------
     def _commit(self, record: Path) -> str:
         raise UsageError(
             "the swarm backend snapshots the workspace only: an image committed on one node "
             "would not be on the node a resume lands on"
         )
-
-    def _check_resumable(self, snap: Snapshot) -> None:
-        Runtime._check_resumable(self, snap)

@@ -21,6 +21,7 @@ from python_on_whales import DockerClient
 from python_on_whales.utils import run
 
 from orchestrator.backends.container.engine import (
+    NotSwarmManager,
     docker_client,
     engine_call,
     raw_docker,
@@ -90,15 +91,13 @@ class Stack:
         self.deployed = True
         try:
             engine_call(f"deploying stack {self.name}", lambda: run(argv), retry=False)
-        except DockerError as exc:
-            if "not a swarm manager" in exc.stderr or "This node is not a swarm" in exc.stderr:
-                self.deployed = False
-                where = self.host or "this machine's engine"
-                raise UsageError(
-                    f"{where} is not a Swarm manager: start one (`docker swarm init`) or point "
-                    f"{SWARM_HOST_ENV} at one (docs/scale-out.md)"
-                ) from exc
-            raise
+        except NotSwarmManager as exc:
+            self.deployed = False
+            where = self.host or "this machine's engine"
+            raise UsageError(
+                f"{where} is not a Swarm manager: start one (`docker swarm init`) or point "
+                f"{SWARM_HOST_ENV} at one (docs/scale-out.md)"
+            ) from exc
 
     def tasks(self) -> dict[str, Task]:
         """The newest task of each service of the stack (two engine calls: the stack's task
@@ -154,7 +153,7 @@ class Stack:
                     raise StartupError(
                         f"stack {self.name}: service {service!r} did not start: {why}"
                     )
-            if all(tasks.get(s) is not None and tasks[s].state == "running" for s in services):
+            if all(s in tasks and self._started(s, tasks[s]) for s in services):
                 return tasks
             if time.monotonic() > deadline:
                 states = ", ".join(
@@ -165,6 +164,13 @@ class Stack:
                     "that stays pending often names an image no node has (docs/scale-out.md)"
                 )
             time.sleep(0.2)
+
+    def _started(self, service: str, task: Task) -> bool:
+        """Running; or, for a service with a healthcheck, started (Swarm says "starting"
+        until it is healthy): it may need to be prepared to become healthy (copyin.GATE),
+        and the runtime waits for its health."""
+        healthchecked = service in self.compiled.healthchecked
+        return task.state == "running" or (healthchecked and task.state == "starting")
 
     def node_client(self, node: str) -> DockerClient:
         """A client of the engine of node `node` (its address asked of the manager once)."""
@@ -244,12 +250,16 @@ def remove_stack(name: str, host: str) -> None:
         time.sleep(0.5)
 
 
-def is_stack_folder(folder: Path) -> bool:
-    return (folder / MANAGER_FILE).is_file()
-
-
 def remove_stack_folder(folder: Path) -> None:
     """Remove the stack a project folder stands for, then the folder (kept when the stack
-    could not be removed, for the next try)."""
-    remove_stack(folder.name, (folder / MANAGER_FILE).read_text().strip())
+    could not be removed, for the next try). A folder without its manager file was left
+    before any deploy (the file is written first): there is no stack to remove."""
+    try:
+        manager: str | None = (folder / MANAGER_FILE).read_text().strip()
+    except FileNotFoundError:
+        manager = None
+    except OSError as exc:
+        raise OrchestratorError(f"cannot read {folder / MANAGER_FILE}: {exc}") from exc
+    if manager is not None:
+        remove_stack(folder.name, manager)
     shutil.rmtree(folder, ignore_errors=True)

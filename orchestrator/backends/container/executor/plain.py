@@ -28,6 +28,7 @@ import time
 import uuid
 
 from orchestrator import procutil
+from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.errors import BackendUnavailable, SandboxUnavailable
 from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
 
@@ -85,8 +86,8 @@ class _Killer:
     def __init__(self, docker_cmd: list[str], container: str, cmd: Command, token: str):
         # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
         # cannot read another uid's environ; the same uid can, and may signal it
-        user = ["-u", cmd.user] if cmd.user else []
-        self._argv = [*docker_cmd, "exec", *user, container, "/bin/sh", "-c", KILL_TREE, "sh"]
+        target = ExecTarget(docker_cmd, container)
+        self._argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=cmd.user)
         self._token = token
         self.sessions: list[str] = []
         """Sessions found by earlier passes: their processes die in later ones, even once
@@ -137,16 +138,14 @@ def run_plain(
     """`cmd` by one `docker exec`. `out`: the read end of a FIFO the command's output goes
     to instead of through the engine (see `procutil.pump`)."""
     token = uuid.uuid4().hex
-    argv = [*docker_cmd, "exec", "-e", f"{MARK}={token}"]
-    if cmd.stdin is not None:
-        argv.append("-i")
-    if cmd.user:
-        argv += ["-u", cmd.user]
-    argv += ["-w", cmd.cwd]
-    for key, value in cmd.env.items():
-        argv += ["-e", f"{key}={value}"]
     # through sh, so a missing program is 127 with the message on stderr, as everywhere else
-    argv += [container, "/bin/sh", "-c", WRAP, "sh", *cmd.argv]
+    argv = ExecTarget(docker_cmd, container).argv(
+        ["/bin/sh", "-c", WRAP, "sh", *cmd.argv],
+        user=cmd.user,
+        workdir=cmd.cwd,
+        env={**cmd.env, MARK: token},  # last: a caller's variable cannot hide the mark
+        stdin=cmd.stdin is not None,
+    )
     killer = _Killer(docker_cmd, container, cmd, token)
 
     stdin = stdin_chunks(cmd.stdin) if cmd.stdin is not None else None

@@ -1,0 +1,438 @@
+"""What every container backend shares: the main sandbox and each service reached through a
+Channel (the in-container executor, or plain `docker exec`), probes of why a container
+cannot run commands, copy-in of the executor and the static assets, kill and reset of the
+processes, pool membership in the project folder, and the runtime's description.
+
+A backend derives from `ContainerRuntime` and adds only placement: where its containers are
+and how they come and go (`_start`, `_remove`, `_kill_containers`, `_state`, `_locate`,
+`_exec_defaults`, `_logs`, `_container`, `_id`, `_project_folder`, `default_user`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, cast, get_args
+
+from python_on_whales.utils import run
+
+from orchestrator import procutil, settings
+from orchestrator.backends.container import copyin, membership
+from orchestrator.backends.container.channel import Channel, Mode
+from orchestrator.backends.container.engine import (
+    TIMED_OUT,
+    NoSuchContainer,
+    engine_call,
+    unknown_user,
+    up_timeout,
+)
+from orchestrator.backends.container.exec_target import ExecTarget
+from orchestrator.backends.container.layout import STATIC_ROOT
+from orchestrator.backends.container.service import ServiceSandbox, shell_connection
+from orchestrator.errors import (
+    DockerError,
+    HealthcheckFailed,
+    OrchestratorError,
+    SandboxUnavailable,
+    SpecError,
+    SpecIssue,
+    StartupError,
+    UsageError,
+)
+from orchestrator.sandbox.base import PoolState, Runtime, Sandbox
+from orchestrator.sandbox.options import Chunks, Command
+from orchestrator.sandbox.results import Connection, RuntimeInfo
+from orchestrator.spec.models import PublishedPort
+from orchestrator.spec.resolve import MAIN, resolve_user
+
+log = logging.getLogger("orchestrator.docker")
+EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
+"""auto (the executor, falling back to plain where it cannot run), executor or plain."""
+
+
+# Kill every process of the main container except PID 1 (init), the keep-alive (the oldest of
+# its children, which has no child of its own) and this script's own ancestry (the executor,
+# or plain exec). Orphans are reparented to PID 1, so a daemon is found like any other; a
+# process cannot pass for the keep-alive, which started before any command could, and none
+# is spared for being its child. Passes repeat until three in a row find nothing, so a fork
+# caught mid-pass is not missed.
+KILL_OTHERS = r"""
+fields() {  # /proc/PID/stat after the name, read whole: a name may hold ") " and newlines
+  s=; l=; while IFS= read -r l; do s="$s $l"; done < "$1/stat" || return 1; s="$s $l"
+  s=${s##*) }
+}
+me=$$; keep=" 1 "; p=$$
+while [ "${p:-0}" -gt 0 ]; do
+  keep="$keep$p "; fields /proc/$p 2>/dev/null || break; set -- $s; p=$2
+done
+entry=; first=
+for d in /proc/[0-9]*; do
+  fields $d 2>/dev/null || continue; set -- $s
+  [ "$2" = 1 ] || continue
+  if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then first=${20}; entry=${d#/proc/}; fi
+done
+keep="$keep$entry "; quiet=0; n=0
+while [ $quiet -lt 3 ] && [ $n -lt 500 ]; do
+  n=$((n + 1)); found=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case $keep in *" $p "*) continue ;; esac
+    fields $d 2>/dev/null || continue; set -- $s
+    [ "$1" = Z ] || [ "$2" = "$me" ] && continue
+    kill -9 "$p" 2>/dev/null && found=1
+  done
+  [ $found = 1 ] && quiet=0 || quiet=$((quiet + 1))
+done
+[ $quiet -ge 3 ]
+"""
+
+
+class ContainerRuntime(Runtime):
+    """A runtime whose sandbox and services are containers of one engine (or of several,
+    one per node): everything but placement."""
+
+    _reset_user: ClassVar[str | None] = "0:0"  # PID 1's user: may signal and remove anything
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ports: list[PublishedPort] = []
+        self._services: dict[str, ServiceSandbox] = {}
+        self._mode = cast(Mode, settings.choice(EXEC_MODE_ENV, "auto", get_args(Mode)))
+        self._main: Channel | None = None
+        self._docker_cmd: list[str] = []
+        self._shared: Path | None = None  # this machine's folder the containers see, if any
+
+    # ----- placement: what a container backend provides ------------------------------------
+    @abstractmethod
+    def _remove(self) -> None:
+        """Remove the containers and what else the environment made (a partial start too)."""
+
+    def _removed(self) -> None:
+        """After `_remove`, whether or not it succeeded: local leftovers go."""
+
+    @abstractmethod
+    def _kill_containers(self) -> None:
+        """Kill every container of the environment."""
+
+    @abstractmethod
+    def _state(self, service: str = MAIN) -> Any:
+        """The engine's state of a service's container (running, paused, exit_code, ...)."""
+
+    @abstractmethod
+    def _locate(self, service: str) -> tuple[str, list[str]]:
+        """A service's container, and the docker command that reaches its engine."""
+
+    @abstractmethod
+    def _exec_defaults(self, service: str) -> tuple[str, str | None]:
+        """Where an exec starts in a service (its image's WORKDIR, or /) and as whom."""
+
+    @abstractmethod
+    def _logs(self, service: str) -> str:
+        """The last log lines of a service's container ("" when there is none)."""
+
+    @property
+    @abstractmethod
+    def _container(self) -> str:
+        """The main container."""
+
+    @property
+    @abstractmethod
+    def _id(self) -> str:
+        """What `orchestrator ps` calls this environment."""
+
+    @abstractmethod
+    def _project_folder(self) -> Path | None:
+        """The folder that stands for this environment outside this process (its project
+        folder; pool membership is kept there), None before it exists."""
+
+    # ----- start ---------------------------------------------------------------------------
+    def _confirm_started(self) -> None:
+        """The executor's greeting proves the main container runs (without one, the engine
+        is asked); then the file's user is looked up once."""
+        assert self._main is not None
+        try:
+            if self._main.ready() is None and (lost := self._lost()) is not None:
+                raise lost
+        except SandboxUnavailable as exc:
+            raise StartupError(f"the environment did not start: {exc}") from exc
+        self._check_named_user()
+
+    def _copy_in_all(self, user: str) -> None:
+        """Nothing of this machine is mounted: copy the executor and the static assets into
+        the main container, the static assets into each service that shows them, and give
+        the workdir to the sandbox user."""
+        self._copy_in(
+            MAIN, copyin.main_archive(self.env), [copyin.PREPARE, "sh", self.workdir, user]
+        )
+        self._prepare_services(copied=True)
+
+    def _prepare_services(self, *, copied: bool) -> None:
+        """Let each gated service's command start once its static assets (when `copied`)
+        and workdir are in place (copyin.GATE), then wait for the health of those: the
+        engine does not hold the main sandbox for a gated service."""
+        gated = copyin.gated_services(self.env, copied=copied)
+        for service in gated:
+            container, docker_cmd = self._locate(service)
+            copyin.prepare_service(
+                self.env,
+                service,
+                docker_cmd,
+                container,
+                copied=copied,
+            )
+        services = self.env.spec.services
+        self._wait_healthy([s for s in gated if services[s].healthcheck is not None])
+
+    def _wait_healthy(self, services: list[str]) -> None:
+        """Wait, bounded, until each service's healthcheck passes; an unhealthy or stopped
+        service is a HealthcheckFailed with its last log lines."""
+        deadline = time.monotonic() + up_timeout()
+        for service in services:
+            while True:
+                state = self._state(service)
+                health = getattr(state.health, "status", None)
+                if health == "healthy":
+                    break
+                if health == "unhealthy" or not state.running or time.monotonic() > deadline:
+                    logs = self._logs(service).strip()
+                    raise HealthcheckFailed(
+                        f"{self._id}: service {service!r} never became healthy; "
+                        f"last log lines:\n{logs or '(no output)'}"
+                    )
+                time.sleep(0.2)
+
+    def _copy_in(self, service: str, archive: bytes, script: list[str]) -> None:
+        """Unpack an archive into a running service's container, as root."""
+        container, docker_cmd = self._locate(service)
+        argv = ExecTarget(docker_cmd, container).argv(
+            ["/bin/sh", "-c", *script], user="0:0", stdin=True
+        )
+        try:
+            engine_call(f"preparing {service}", lambda: run(argv, input=archive), retry=False)
+        except DockerError as exc:
+            raise StartupError(
+                f"{self.env.name}: could not prepare {service!r} (its image needs /bin/sh and "
+                f"tar): {exc.stderr.strip() or exc}"
+            ) from exc
+
+    def _check_named_user(self) -> None:
+        """A user the file gives by name exists only in the image: ask it once, at spawn, so
+        a typo fails here, naming the field, and not as 126 on every command."""
+        user = self.default_user
+        if not user or procutil.numeric_ids(user) is not None:
+            return
+        probe = self.execute(["true"], timeout=30)
+        said = unknown_user(probe.stderr) if probe.exit_code == 126 else None
+        if said is not None:
+            raise SpecError(
+                SpecIssue(
+                    self.env.source,
+                    None,
+                    None,
+                    "user",
+                    f"{said.strip()} of the image",
+                    "create the user in the image, or give a uid[:gid]",
+                )
+            )
+
+    # ----- channels ------------------------------------------------------------------------
+    def _channel(
+        self, service: str, container: str, docker_cmd: list[str] | None = None
+    ) -> Channel:
+        """Commands to one container: its own executor, or plain exec."""
+        label = self.env.name if service == MAIN else f"{self.env.name}/{service}"
+
+        def warn(message: str) -> None:
+            log.warning(message)
+            self.warnings.append(message)
+
+        return Channel(
+            label=label,
+            docker_cmd=docker_cmd or self._docker_cmd,
+            container=container,
+            mode=self._mode,
+            owned=not self.options.detached,
+            lost=lambda: self._lost(service),
+            killed=lambda: self._killed,
+            warn=warn,
+            shared=self._shared,
+        )
+
+    def _channels(self) -> list[Channel]:
+        return [c for c in (self._main, *(s.channel for s in self._services.values())) if c]
+
+    # ----- lifecycle -----------------------------------------------------------------------
+    def _close(self) -> None:
+        channels = self._channels()
+        for channel in channels:
+            channel.shutdown()  # they exit while the containers go down; reaped below
+        try:
+            self._remove()
+        finally:
+            for channel in channels:
+                channel.close(release=False)
+            self._removed()
+
+    def _kill(self) -> None:
+        for channel in self._channels():
+            channel.close()
+        self._kill_containers()
+
+    def _kill_processes(self) -> None:
+        result = self.execute(["/bin/sh", "-c", KILL_OTHERS], user=self._reset_user, timeout=60)
+        if not result.ok:
+            raise OrchestratorError(
+                f"{self.env.name}: could not kill the processes left running "
+                f"(exit {result.exit_code}): {result.stderr.strip()}"
+            )
+
+    def _poll(self) -> int | None:
+        state = self._state()
+        return None if state.running else int(state.exit_code or 0)
+
+    def _probe(self, service: str = MAIN) -> str | None:
+        """Why a container cannot run commands (gone, stopped, paused), or None if it can."""
+        what = "its main container" if service == MAIN else f"its service {service!r}"
+        try:
+            state = self._state(service)
+        except NoSuchContainer as exc:
+            return f"{what} is gone ({exc.stderr.strip() or exc})"
+        except DockerError as exc:
+            if exc.returncode == TIMED_OUT:  # the engine is not answering: say that instead
+                raise
+            return f"{what} cannot be inspected ({exc.stderr.strip() or exc})"
+        if state.paused:
+            return f"{what} is paused; unpause it, or take the environment down"
+        if state.running:
+            return None
+        why = f"{state.status}, exit code {state.exit_code}"
+        if state.oom_killed:
+            why += ", killed by the out-of-memory killer"
+        if state.error:
+            why += f": {state.error}"
+        try:
+            logs = self._logs(service).strip()
+        except OrchestratorError:
+            logs = ""
+        return f"{what} is not running ({why}); last log lines:\n{logs or '(none)'}"
+
+    def _lost(self, service: str = MAIN) -> SandboxUnavailable | None:
+        why = self._probe(service)
+        return SandboxUnavailable(f"{self.env.name}: {why}") if why else None
+
+    # ----- pools ---------------------------------------------------------------------------
+    def pool_enter(self, pool: str) -> None:
+        folder = self._project_folder()
+        if folder is not None:
+            membership.enter(folder, pool, membership.READY)
+
+    def pool_move(self, frm: PoolState, to: PoolState) -> bool:
+        folder = self._project_folder()
+        return folder is None or membership.move(folder, frm, to)
+
+    def pool_state(self) -> PoolState | None:
+        found = membership.membership(self._project_folder())
+        return cast(PoolState, found[1]) if found is not None else None
+
+    def logs(
+        self, service: str = MAIN, *, tail: int | None = None, follow: bool = False
+    ) -> Iterator[bytes]:
+        self.service(service)  # UsageError naming the services
+        container, docker_cmd = self._locate(service)
+        argv = [*docker_cmd, "logs", *(["--tail", str(tail)] if tail is not None else [])]
+        return _output([*argv, *(["--follow"] if follow else []), container], follow)
+
+    # ----- services ------------------------------------------------------------------------
+    def service(self, name: str) -> Sandbox:
+        self._check_open()
+        if name == MAIN:
+            return self
+        spec = self.env.spec.services.get(name)
+        if spec is None:
+            known = ", ".join([MAIN, *sorted(self.env.spec.services)])
+            raise UsageError(f"{self.env.name} has no service {name!r} (known: {known})")
+        with self._lock:
+            view = self._services.get(name)
+        if view is None:
+            container, docker_cmd = self._locate(name)
+            workdir, image_user = self._exec_defaults(name)
+            view = ServiceSandbox(
+                name,
+                spec,
+                container=container,
+                image_workdir=workdir,
+                user=resolve_user(spec.user) if spec.user else image_user,
+                channel=self._channel(name, container, docker_cmd),
+                docker_cmd=docker_cmd,
+                static_asset=self.env.spec.static_asset,
+                check_usable=self._check_usable,
+            )
+            with self._lock:
+                view = self._services.setdefault(name, view)
+        return view
+
+    # ----- paths ---------------------------------------------------------------------------
+    @property
+    def workdir(self) -> str:
+        return self.env.spec.workdir
+
+    def static_path(self, name: str) -> str:
+        return f"{STATIC_ROOT}/{self.env.spec.static_asset(name).save_path}"
+
+    def info(self) -> RuntimeInfo:
+        self._check_open()
+        return RuntimeInfo(
+            id=self._id,
+            env=self.env.name,
+            backend=self.name,
+            workdir=self.workdir,
+            user=self.default_user,
+            exec_mode="plain" if self._main is None or self._main.mode == "plain" else "executor",
+            container=self._container,
+            ports=tuple(self._ports),
+        )
+
+    def connection(self, *, user: str | None = None) -> Connection:
+        self._check_open()
+        return shell_connection(self._docker_cmd, self._container, self.workdir, self._user(user))
+
+    # ----- commands ------------------------------------------------------------------------
+    def _run(self, cmd: Command) -> Chunks:
+        assert self._main is not None
+        return (yield from self._main.run(cmd))
+
+    def _run_bulk(self, cmd: Command) -> Chunks:
+        assert self._main is not None
+        return (yield from self._main.run(cmd, bulk=True))
+
+
+LOGS_TIMEOUT = 120.0
+"""Seconds `logs` without `follow` may take (an engine that stopped answering)."""
+
+
+def _output(argv: list[str], follow: bool) -> Iterator[bytes]:
+    """A command's output, both streams, in chunks of at most 64 KiB as it comes; the
+    command is ended when the caller stops reading, and after LOGS_TIMEOUT s unless
+    `follow`. Raises DockerError when it fails."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    timer = None if follow else threading.Timer(LOGS_TIMEOUT, proc.kill)
+    if timer is not None:
+        timer.start()
+    assert proc.stdout is not None
+    try:
+        while chunk := os.read(proc.stdout.fileno(), 64 * 1024):
+            yield chunk
+        if proc.wait() != 0:
+            raise DockerError(f"{' '.join(argv[-2:])} failed (exit {proc.returncode})")
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()

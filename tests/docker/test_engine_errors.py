@@ -1,0 +1,57 @@
+"""The real engine's errors arrive as types (backends/container/engine.py): an exec into a
+container that was removed, stopped or paused, built by the one ExecTarget."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from python_on_whales.utils import run
+
+from orchestrator.backends.container.engine import (
+    ContainerNotRunning,
+    ContainerPaused,
+    NoSuchContainer,
+    engine_call,
+)
+from orchestrator.backends.container.exec_target import ExecTarget
+from orchestrator.errors import DockerError
+from tests.conftest import BUSYBOX_IMAGE
+
+
+def _docker(*argv: str) -> str:
+    done = subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def container() -> Iterator[str]:
+    cid = _docker(
+        "run", "-d", "--label", "org.orchestrator.test=engine-errors", BUSYBOX_IMAGE, "sleep", "300"
+    )
+    try:
+        yield cid
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=60)
+
+
+def _exec(cid: str) -> str:
+    argv = ExecTarget(["docker"], cid).argv(["echo", "hi"], user="0", workdir="/")
+    return str(engine_call("exec into it", lambda: run(argv), retry=False))
+
+
+def test_exec_into_a_removed_paused_or_stopped_container_raises_its_type(container: str) -> None:
+    assert _exec(container).strip() == "hi"
+    _docker("pause", container)
+    with pytest.raises(ContainerPaused):
+        _exec(container)
+    _docker("unpause", container)
+    _docker("kill", container)
+    with pytest.raises(ContainerNotRunning):
+        _exec(container)
+    _docker("rm", "-f", container)
+    with pytest.raises(NoSuchContainer) as info:
+        _exec(container)
+    assert isinstance(info.value, DockerError) and "No such container" in info.value.stderr
