@@ -3,32 +3,31 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import typer
 
-from orchestrator.errors import SpecError
+from orchestrator.errors import SpecError, UsageError
 
 
 def _notices(notices: tuple[str, ...] | list[str]) -> None:
-    for notice in notices:
+    for notice in dict.fromkeys(notices):  # each once, in order
         typer.echo(f"notice: {notice}", err=True)
 
 
 def validate(files: list[Path] = typer.Argument(..., help="Environment files to check.")) -> None:
-    """Check environment files (schema and policy); exit 0 when all are valid, 2 otherwise."""
-    from orchestrator.backends.docker.render import CompileOptions, compile_project
-    from orchestrator.spec import load_environment
+    """Check environment files (schema, backend name, policy and what the backend itself
+    checks); exit 0 when all are valid, 2 otherwise."""
+    from orchestrator import Policy, backend_class, runtime_names
+    from orchestrator.spec.loader import load_environment
 
+    policy = Policy.from_env()
     bad = 0
     for path in files:
         try:
-            env = load_environment(path)
-            if env.backend == "docker":  # policy and mount rules, against a scratch workspace
-                with tempfile.TemporaryDirectory() as ws:
-                    compile_project(env, CompileOptions(project="validate", workspace=Path(ws)))
-            _notices(env.notices)
+            env = load_environment(path, backends=runtime_names)
+            warnings = backend_class(env).check(env, policy)
+            _notices([*env.notices, *warnings])
             typer.echo(f"ok: {path} ({env.name}, backend {env.backend}, digest {env.digest})")
         except SpecError as exc:
             bad += 1
@@ -44,33 +43,48 @@ def render(
     ),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the project folder here."),
 ) -> None:
-    """Print the Compose YAML an environment file compiles to."""
-    from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
-    from orchestrator.backends.docker.render import CompileOptions, compile_project
-    from orchestrator.spec import load_environment
+    """Print the project file an environment compiles to on its backend (Compose YAML on
+    docker, the stack file on swarm); a backend that runs it directly says so."""
+    from orchestrator import Policy, backend_class, runtime_names
+    from orchestrator.spec.loader import load_environment
 
-    env = load_environment(file)
-    if env.backend != "docker":
-        raise SpecError(f"{file}: backend {env.backend!r} has no Compose project to render")
+    policy = Policy.from_env()
+    env = load_environment(file, backends=runtime_names)
+    cls = backend_class(env)
     ws = (workspace or Path.cwd()).resolve()
-    labels = {LABEL_MANAGED: "1", LABEL_ENV: env.name, LABEL_DIGEST: env.digest}
-    compiled = compile_project(
-        env, CompileOptions(project=f"orch-{env.name}-preview", workspace=ws, labels=labels)
-    )
-    _notices(compiled.warnings)
+    _notices([*env.notices, *cls.check(env, policy, workspace=ws)])
+    rendered = cls.render(env, ws, policy)
     if out is not None:
-        compiled.write(out)
-        typer.echo(f"wrote {out / 'compose.yaml'}", err=True)
-    typer.echo(compiled.compose_yaml, nl=False)
+        _write_project(out, rendered)
+    typer.echo(next(iter(rendered.values()), ""), nl=False)
+
+
+def _write_project(out: Path, rendered: dict[str, str]) -> None:
+    """Write a backend's rendering under `out`; a path that would leave it is refused."""
+    for rel in rendered:
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            raise UsageError(f"the backend rendered a file outside the project folder: {rel!r}")
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for rel, text in rendered.items():
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        target.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {out / next(iter(rendered))}", err=True)
 
 
 def schema() -> None:
-    """Print the JSON Schema of environment files (v1), for editors."""
+    """Print the JSON Schema of environment files (v1), for editors; `backend` lists the
+    backends registered now (built in, `register_runtime`, the entry-point group)."""
+    from orchestrator import runtime_names
     from orchestrator.spec.models import EnvironmentV1
 
     data = EnvironmentV1.model_json_schema()
     data["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     data["title"] = "orchestrator environment file, version 1"
+    backend = data["properties"]["backend"]
+    backend["enum"] = runtime_names()
+    backend["description"] += f" Registered here: {', '.join(runtime_names())}."
     typer.echo(json.dumps(data, indent=2, sort_keys=True))
 
 

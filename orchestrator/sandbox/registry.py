@@ -1,11 +1,11 @@
 """Backend registry. Built-in backends are named by import path and imported only when
 used; third-party backends register with `register_runtime` or the entry-point group
-`orchestrator.runtimes`."""
+`orchestrator.runtimes`. A file's `backend:` is checked here, against every registered name,
+and what is particular to a backend is asked of its class (`check`, `prepare`, `render`)."""
 
 from __future__ import annotations
 
 import importlib
-import os
 import types
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -18,7 +18,12 @@ from orchestrator.errors import SpecError, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.spec.loader import Environment, load_environment
+from orchestrator.spec.loader import (
+    Environment,
+    check_backend,
+    load_environment,
+    require_main_image,
+)
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy
 
@@ -81,6 +86,19 @@ def get_runtime_class(name: str) -> type[Runtime]:
     )
 
 
+def backend_class(env: Environment, backend: str | None = None) -> type[Runtime]:
+    """The Runtime class that runs `env`: `backend` (a caller's choice: UsageError when
+    unknown) or the file's own `backend:` (SpecError at that field when unknown)."""
+    if backend:
+        return get_runtime_class(backend)
+    check_backend(env, runtime_names())
+    return get_runtime_class(env.backend)
+
+
+def _load(env: Environment | str | Path) -> Environment:
+    return env if isinstance(env, Environment) else load_environment(env, backends=runtime_names)
+
+
 def _as_mount(m: Mount | Mapping[str, object] | str) -> Mount:
     if isinstance(m, Mount):
         return m
@@ -127,9 +145,10 @@ def spawn_runtime(
     its path or name) whose workspace is restored first; setup then runs
     `setup.resume_commands` instead of `setup.commands`. `host`: the engine to start it on
     (any `docker --host` address; for swarm, the manager), instead of the process's."""
-    if not isinstance(env, Environment):
-        env = load_environment(env)
-    cls = get_runtime_class(backend or env.backend)
+    env = _load(env)
+    cls = backend_class(env, backend)
+    if cls.needs_image:
+        require_main_image(env)
     options = SpawnOptions(
         workspace=Path(workspace).resolve() if workspace is not None else None,
         mounts=tuple(_as_mount(m) for m in mounts or ()),
@@ -146,24 +165,12 @@ def spawn_runtime(
     return cls.spawn(env, options)
 
 
-def prepare(env: Environment | str | Path, policy: Policy | None = None) -> Environment:
-    """Check an environment once before many spawns: the file, the caller's policy and, on
-    Docker, its images, built now so that spawns starting together do not each build them."""
-    if not isinstance(env, Environment):
-        env = load_environment(env)
-    if env.backend != "docker":
-        return env
-    import tempfile
-
-    from orchestrator.backends.docker.lifecycle import build_images
-    from orchestrator.backends.docker.render import CompileOptions, compile_project
-
-    with tempfile.TemporaryDirectory(prefix="orch-prepare-") as tmp:
-        options = CompileOptions(
-            project=f"orch-prepare-{os.getpid()}",
-            workspace=Path(tmp),
-            policy=policy or Policy.from_env(),
-        )
-        # spec and policy errors, before anything runs; then the same project builds
-        build_images(env, compile_project(env, options))
+def prepare(
+    env: Environment | str | Path, policy: Policy | None = None, *, backend: str | None = None
+) -> Environment:
+    """Check an environment once before many spawns: the file, the caller's policy and what
+    its backend does ahead of time (`Runtime.prepare`: a Docker backend builds its images now,
+    so that spawns starting together do not each build them)."""
+    env = _load(env)
+    backend_class(env, backend).prepare(env, policy or Policy.from_env())
     return env

@@ -91,7 +91,9 @@ class RuntimeInfo:
 class Connection:
     """How a person reaches the sandbox from a terminal on the host."""
 
-    kind: Literal["docker", "local"]
+    kind: str
+    """How it is reached, named by the backend ("docker": `docker exec` into `container`;
+    "local": a host shell); a plugin backend names its own."""
     shell: tuple[str, ...]
     """argv of an interactive shell in the workdir, as the sandbox user."""
     container: str | None = None

@@ -8,7 +8,7 @@ import hashlib
 import json
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,10 @@ MAX_VALUES = 50_000
 """Most values (mapping entries, list items, scalars) a file may expand to through aliases."""
 MAX_TEXT = 8 * 1024 * 1024
 """Most characters of text a file may expand to through aliases."""
+BackendNames = Callable[[], Collection[str]]
+"""Where the loader learns which `backend:` names exist (the registry's `runtime_names`):
+spec/ knows no backend of its own."""
+Position = tuple[int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,13 @@ class Environment:
     """Folder that relative asset paths and build contexts resolve against."""
     notices: tuple[str, ...] = field(default=())
     """Things worth telling the user (legacy format migrated, settings adjusted)."""
+    positions: tuple[tuple[str, Position], ...] = field(default=(), compare=False, repr=False)
+    """Line and column of each top-level field of the file, for errors found after loading
+    (an unknown backend, a backend's own rules)."""
+
+    def where(self, key: str) -> Position:
+        """1-based line and column of top-level field `key` in the file ((None, None): absent)."""
+        return dict(self.positions).get(key, (None, None))
 
     @property
     def name(self) -> str:
@@ -271,10 +282,53 @@ def parse_yaml(text: str, source: str) -> Any:
         ) from exc
 
 
+def check_backend(env: Environment, known: Collection[str]) -> None:
+    """Raise SpecError, at the file's `backend` field, unless its backend is one of `known`."""
+    if env.backend in known:
+        return
+    names = sorted(known)
+    guess = difflib.get_close_matches(env.backend, names, n=1)
+    line, col = env.where("backend")
+    raise SpecError(
+        SpecIssue(
+            env.source,
+            line,
+            col,
+            "backend",
+            f"unknown backend {env.backend!r}",
+            (f"did you mean '{guess[0]}'? " if guess else "")
+            + f"registered backends: {', '.join(names)} (a plugin adds one through the "
+            "`orchestrator.runtimes` entry-point group, or `register_runtime`)",
+        )
+    )
+
+
+def require_main_image(env: Environment) -> None:
+    """Raise SpecError unless the file gives the main sandbox an `image` or a `build` (a
+    backend whose sandbox runs an image calls this from its `check`)."""
+    if env.spec.image is None and env.spec.build is None:
+        raise SpecError(
+            SpecIssue(
+                env.source,
+                None,
+                None,
+                "image",
+                f"the {env.backend} backend needs exactly one of `image` or `build`",
+                "add `image: <name>` (e.g. python:3.12-slim) or a `build:` section",
+            )
+        )
+
+
 def load_environment_text(
-    text: str, *, source: str = "<string>", base_dir: Path | str | None = None
+    text: str,
+    *,
+    source: str = "<string>",
+    base_dir: Path | str | None = None,
+    backends: BackendNames | None = None,
 ) -> Environment:
-    """Parse and validate environment-file text."""
+    """Parse and validate environment-file text. `backends`: the registered backend names,
+    checked against the file's `backend` (None: any well-formed name passes here, and the
+    registry checks it when the environment is spawned)."""
     root = parse_yaml(text, source)
     if not isinstance(root, dict):
         got = "an empty file" if root is None else f"a {type(root).__name__}"
@@ -328,9 +382,25 @@ def load_environment_text(
     except ValidationError as exc:
         raise SpecError(_issues_from(exc, source, root, data, where)) from None
     base = Path(base_dir) if base_dir is not None else Path.cwd()
-    env = Environment(spec=spec, source=source, base_dir=base.resolve(), notices=tuple(notices))
+    positions = tuple((key, _top_position(root, key, where)) for key in EnvironmentV1.model_fields)
+    env = Environment(
+        spec=spec,
+        source=source,
+        base_dir=base.resolve(),
+        notices=tuple(notices),
+        positions=tuple((k, p) for k, p in positions if p != (None, None)),
+    )
+    if backends is not None:
+        check_backend(env, backends())
     _check_assets(env, root)
     return env
+
+
+def _top_position(root: Any, key: str, where: dict[Loc, Loc] | None) -> Position:
+    loc: Loc = (key,)
+    if where is not None:  # migrated legacy file: the legacy key's position
+        loc = where.get(loc, ())
+    return _position(root, loc) if loc else (None, None)
 
 
 def _check_assets(env: Environment, root: Any) -> None:
@@ -370,8 +440,9 @@ def _check_assets(env: Environment, root: Any) -> None:
         raise SpecError(issues)
 
 
-def load_environment(path: str | Path) -> Environment:
-    """Read, migrate if needed, and validate an environment file."""
+def load_environment(path: str | Path, *, backends: BackendNames | None = None) -> Environment:
+    """Read, migrate if needed, and validate an environment file (`backends`: as for
+    `load_environment_text`)."""
     p = Path(path)
     try:
         if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block open()
@@ -411,7 +482,7 @@ def load_environment(path: str | Path) -> Environment:
         raise SpecError(
             SpecIssue(str(p), None, None, "", f"cannot read: {why}", "pass a readable file")
         ) from None
-    return load_environment_text(text, source=str(p), base_dir=folder)
+    return load_environment_text(text, source=str(p), base_dir=folder, backends=backends)
 
 
 def migrated_yaml(path: str | Path) -> str:

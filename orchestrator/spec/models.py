@@ -6,6 +6,7 @@ JSON Schema generated from these classes, so editors can complete and check envi
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -260,6 +261,13 @@ class Service(Hardening):
     user: str | None = Field(default=None, pattern=USER_RE)
     """User to run as: a name, name:group, uid or uid:gid of its image, host or root
     (default: the image's)."""
+    workdir: str | None = Field(default=None, pattern=r"^/")
+    """Working folder of this service, as `workdir` is the main sandbox's: created before
+    the service's command starts and owned by its `user`; its command, `rt.service(NAME)`
+    commands and relative file paths start here (default: the image's WORKDIR, or /). With
+    a `user` other than root, the service's PID 1 is root's, as the main sandbox's, and its
+    command is started as that user, which needs setpriv (util-linux) or python3 in the
+    image, and /bin/sh."""
     resources: Resources = Field(default_factory=Resources)
     """Limits."""
     mounts: list[Mount] = Field(default_factory=list)
@@ -270,6 +278,16 @@ class Service(Hardening):
     placement: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Swarm placement constraints for this service, e.g. node.labels.db==true (swarm
     backend; the others ignore them)."""
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        normal = posixpath.normpath(value)
+        if normal in ("/", "//"):
+            raise ValueError("workdir / would give the whole file system to the service's user")
+        return normal
 
     @model_validator(mode="after")
     def _image_or_build(self) -> Service:
@@ -287,11 +305,13 @@ class EnvironmentV1(Hardening):
     """Environment name: lower-case letters, digits, '_', '.', '-'."""
     description: str = ""
     """What this environment is for."""
-    backend: Literal["docker", "swarm", "local"] = "docker"
-    """docker: a Compose project; swarm: a stack on a Docker Swarm (ORCHESTRATOR_SWARM_HOST,
-    see docs/scale-out.md); local: plain subprocesses on the host (trusted code only)."""
+    backend: str = Field(default="docker", pattern=NAME_RE, max_length=64)
+    """The backend that runs it: a registered name (`orchestrator schema` lists them). Built
+    in: docker, a Compose project; swarm, a stack on a Docker Swarm (ORCHESTRATOR_SWARM_HOST,
+    see docs/scale-out.md); local, plain subprocesses on the host (trusted code only). A
+    plugin adds its own through the `orchestrator.runtimes` entry-point group."""
     image: str | None = None
-    """Image of the main sandbox (docker backend)."""
+    """Image of the main sandbox (container backends need this or `build`)."""
     build: Build | None = None
     """Or build the main image."""
     workdir: str = Field(default="/workspace", pattern=r"^/")
@@ -330,8 +350,8 @@ class EnvironmentV1(Hardening):
 
     @model_validator(mode="after")
     def _check(self) -> EnvironmentV1:
-        if self.backend != "local" and (self.image is None) == (self.build is None):
-            raise ValueError(f"the {self.backend} backend needs exactly one of `image` or `build`")
+        if self.image is not None and self.build is not None:
+            raise ValueError("give one of `image` or `build`, not both")
         if "main" in self.services:
             raise ValueError("`main` is the name of the sandbox itself; rename that service")
         names = [a.name for a in self.static_assets]

@@ -60,7 +60,7 @@ def test_several_issues_are_all_reported_in_line_order() -> None:
         ("name: t\nimage: i\n", "missing schema version"),
         ("version: 7\nname: t\nimage: i\n", "unknown schema version 7"),
         ("version: 1\nname: T!\nimage: i\n", "name"),
-        ("version: 1\nname: t\n", "exactly one of `image` or `build`"),
+        ("version: 1\nname: t\nimage: i\nbuild: {}\n", "one of `image` or `build`, not both"),
         ("- a\n- b\n", "expected a mapping"),
         ("", "empty file"),
         ("version: 1\nname: [\n", "malformed YAML"),
