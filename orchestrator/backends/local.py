@@ -67,6 +67,7 @@ class LocalRuntime(Runtime):
         "isolation": "no file-system or network isolation; mounts, ports and network are ignored",
         "user": "commands run as the host user; another uid needs the caller to be root",
         "oom": "no memory limit, so nothing is reported as out-of-memory",
+        "services": "no extra containers: a file's services are ignored (with a warning)",
         "static-read-only-as-root": "static assets are read-only by file mode only, which "
         "does not stop root",
     }

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator import Runtime, RuntimeResult
 from orchestrator.errors import (
     CommandFailed,
     OrchestratorError,
@@ -26,8 +27,6 @@ from orchestrator.errors import (
     SetupFailed,
     UsageError,
 )
-from orchestrator.sandbox.base import Runtime
-from orchestrator.sandbox.results import RuntimeResult
 from orchestrator.testing.target import Target
 
 MiB = 1024 * 1024

@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.sandbox.base import Runtime
-from orchestrator.sandbox.registry import get_runtime_class, spawn_runtime
-from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.spec.loader import load_environment
-from orchestrator.spec.policy import Policy
+from orchestrator import (
+    Policy,
+    Runtime,
+    Snapshot,
+    get_runtime_class,
+    load_environment,
+    spawn_runtime,
+)
 
 PASSED = "ORCH_PASS"
 """The host variable the suite's file names in env_passthrough and the caller allows."""
+SITE = "<h1>static site</h1>\n"
+"""The multi-service profile's static asset (site/index.html)."""
+SIDE_UID = 4321
+"""The non-root sidecar's uid and gid (no entry in the image's passwd file)."""
+SIDE_WORKDIR = "/home/side/work"
+"""The non-root sidecar's workdir (not in the image: made for it)."""
+STARTED = "started-in"
+"""What the non-root sidecar's command writes, relative to its workdir, as it starts."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,9 @@ class Target:
     """What `id -u` prints when a command names no user; None: this process's uid."""
     label: str = ""
     """Test id; the backend name when empty."""
+    service_image: str | None = None
+    """An image with /bin/sh, coreutils and python3 for the multi-service profile's
+    sidecars (orchestrator.testing.services); None: that profile is skipped."""
 
     @property
     def id(self) -> str:
@@ -52,7 +67,7 @@ class Target:
         lines = [
             "version: 1",
             f"name: conf-{self.id}",
-            f"backend: {self.backend if self.backend in ('local', 'swarm') else 'docker'}",
+            f"backend: {self.backend}",  # any registered name, a plugin's too
             "env: {FILE_VAR: from-file, OVERRIDE: file}",
             f"env_passthrough: [{PASSED}]",
             "static_assets:",
@@ -72,6 +87,45 @@ class Target:
         path = folder / "env.yaml"
         path.write_text(self.env_text(setup))
         return path
+
+    def services_env_text(self) -> str:
+        """The multi-service profile's file: a sidecar whose command reads the static assets
+        as it starts and serves them, and a non-root sidecar that starts in its own workdir."""
+        image = self.service_image
+        web = (
+            "cat /static/site/index.html > /tmp/at-start && "
+            "exec python3 -m http.server --directory /static/site 8080"
+        )
+        probe = "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/index.html')"
+        side = f"pwd > {STARTED} && id -u >> {STARTED} && exec sleep 86400"
+        lines = [
+            "version: 1",
+            f"name: conf-svc-{self.id}",
+            f"backend: {self.backend}",
+            "static_assets:",
+            "  - {name: site, path: site, save_path: site}",
+            "services:",
+            "  web:",
+            f"    image: {image}",
+            f"    command: [sh, -c, {json.dumps(web)}]",
+            f"    healthcheck: {{test: [CMD, python3, -c, {json.dumps(probe)}], retries: 60}}",
+            "  side:",
+            f"    image: {image}",
+            f"    user: '{SIDE_UID}:{SIDE_UID}'",
+            f"    workdir: {SIDE_WORKDIR}",
+            f"    command: [sh, -c, {json.dumps(side)}]",
+            *self.env_lines,
+        ]
+        return "\n".join(lines) + "\n"
+
+    def spawn_services(self, folder: Path) -> Runtime:
+        """A runtime of the multi-service profile's file."""
+        (folder / "site").mkdir(parents=True, exist_ok=True)
+        (folder / "site" / "index.html").write_text(SITE)
+        path = folder / "env.yaml"
+        path.write_text(self.services_env_text())
+        with self.environment():
+            return spawn_runtime(load_environment(path), backend=self.backend, policy=self.policy())
 
     @contextlib.contextmanager
     def environment(self) -> Iterator[None]:

@@ -15,21 +15,30 @@ from orchestrator.testing.conformance import *  # noqa: F403
 from tests.conftest import PYTHON_IMAGE
 
 DOCKER_LINES = (f"image: {PYTHON_IMAGE}", "user: '1000:1000'", "resources: {memory: 1g, pids: 512}")
+SIDECARS = PYTHON_IMAGE
 TARGETS = [
-    Target("local"),
-    Target("docker", env_lines=DOCKER_LINES, default_uid="1000"),
+    Target("local", service_image=SIDECARS),
+    Target("docker", env_lines=DOCKER_LINES, default_uid="1000", service_image=SIDECARS),
     Target(
         "docker",
         env_lines=DOCKER_LINES,
         default_uid="1000",
         process_env={"ORCHESTRATOR_EXEC_MODE": "plain"},
         label="docker-plain",
+        service_image=SIDECARS,
     ),
-    Target("docker", env_lines=DOCKER_LINES, default_uid="1000", label="docker-remote"),
+    Target(
+        "docker",
+        env_lines=DOCKER_LINES,
+        default_uid="1000",
+        label="docker-remote",
+        service_image=SIDECARS,
+    ),
     Target(
         "swarm",
         env_lines=(f"image: {PYTHON_IMAGE}", "user: '1000:1000'", "resources: {memory: 1g}"),
         default_uid="1000",
+        service_image=SIDECARS,
     ),
 ]
 

@@ -1,5 +1,6 @@
 """Inspect's own conformance suite (`inspect_ai.util._sandbox.self_check`, 44 checks) against
-the orchestrator provider: Docker with a non-root user, Docker as root, and the local backend."""
+the orchestrator provider: Docker with a non-root user, Docker as root, the local backend, and
+a non-root sidecar with its own `workdir` (every service is a sandbox)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ CONFIGS = {
     "docker-nonroot": f"image: {PYTHON_IMAGE}\nuser: '1000:1000'\n",
     "docker-root": f"image: {PYTHON_IMAGE}\nuser: root\n",
     "local": "backend: local\n",
+    # every service is a sandbox: a non-root sidecar in a workdir its image does not have
+    "docker-sidecar": (
+        f"image: {PYTHON_IMAGE}\nuser: '1000:1000'\nservices:\n  side:\n"
+        f"    image: {PYTHON_IMAGE}\n    user: '4321:4321'\n    workdir: /home/side\n"
+        "    command: [sleep, infinity]\n"
+    ),
 }
+SANDBOX = {"docker-sidecar": "side"}
+"""Which of the sample's sandboxes the checks run in (default: the main one)."""
 SKIPS = {
     # as root on the host it would add a user to this machine (and it passes: it did once)
     ("local", "test_exec_as_user"): "adds a user to the host machine",
@@ -40,7 +49,7 @@ def sandbox(config: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     env_file.write_text(f"version: 1\nname: self-check\n{CONFIGS[config]}")
     environments = asyncio.run(_init(str(env_file)))
     try:
-        yield environments["default"]
+        yield environments[SANDBOX.get(config, "default")]
     finally:
         asyncio.run(OrchestratorSandbox.sample_cleanup("t", str(env_file), environments, False))
         asyncio.run(OrchestratorSandbox.task_cleanup("t", str(env_file), True))

@@ -73,6 +73,34 @@ def test_placement_and_a_service_on_another_node(swarm_cluster: str, tmp_path: P
         assert got.stdout == "b'up\\n'\n", got.stderr
 
 
+def test_a_sidecar_serving_the_static_assets_becomes_healthy(
+    swarm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 20: Swarm started a service before its static assets were copied in, so a
+    sidecar serving them never became healthy (the same file worked on docker). Now the
+    service's command waits (bounded) until they are there, then runs as the file says."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("static on swarm\n")
+    path = _env(
+        tmp_path,
+        "static_assets: [{name: site, path: site, save_path: site}]\n"
+        "services:\n"
+        "  web:\n"
+        f"    image: {PYTHON_IMAGE}\n"
+        "    user: '1000:1000'\n"
+        "    command: [python3, -m, http.server, --directory, /static/site, '8080']\n"
+        "    healthcheck:\n"
+        '      test: [CMD, python3, -c, "import urllib.request as u; '
+        "u.urlopen('http://127.0.0.1:8080/index.html')\"]\n",
+    )
+    with spawn_runtime(path) as rt:
+        got = rt.execute(
+            'python3 -c "import urllib.request as u; '
+            "print(u.urlopen('http://web:8080/index.html').read().decode(), end='')\""
+        )
+        assert got.stdout == "static on swarm\n", got.stderr
+
+
 def test_an_image_no_node_has_fails_the_start_and_leaves_nothing(
     swarm_cluster: str, tmp_path: Path
 ) -> None:

@@ -201,3 +201,97 @@ def test_rendering_is_deterministic(tmp_path: Path) -> None:
     _, one = build(text, tmp_path, labels={"b": "1", "a": "2"}, subnet="10.0.0.0/27")
     _, two = build(text, tmp_path, labels={"a": "2", "b": "1"}, subnet="10.0.0.0/27")
     assert one.compose_yaml == two.compose_yaml
+
+
+# ----- a service's workdir, and services prepared before their command --------------------
+def test_a_service_without_workdir_renders_as_before(tmp_path: Path) -> None:
+    doc, _ = build(BASE + "services: {db: {image: x, healthcheck: {test: 'true'}}}\n", tmp_path)
+    db = doc["services"]["db"]
+    assert "entrypoint" not in db and "working_dir" not in db
+    assert doc["services"]["main"]["depends_on"]["db"] == {"condition": "service_healthy"}
+
+
+def test_a_service_workdir_gates_its_command_until_prepared(tmp_path: Path) -> None:
+    from orchestrator.backends.container.copyin import GATE
+
+    doc, _ = build(
+        BASE + "services: {side: {image: x, user: '4321:4321', workdir: /home/side/,"
+        " command: [serve, --x], healthcheck: {test: 'true'}}}\n",
+        tmp_path,
+    )
+    side = doc["services"]["side"]
+    # PID 1 (the gate) is root's, so that root commands keep their capabilities under
+    # no-new-privileges; the start file makes the command 4321's
+    assert side["working_dir"] == "/home/side" and side["user"] == "0:0"
+    assert side["security_opt"] == ["no-new-privileges:true"]
+    # the image's entrypoint and the file's command run after the gate, as given
+    assert side["entrypoint"] == ["/bin/sh", "-c", GATE.replace("$", "$$"), "orchestrator-gate"]
+    assert side["command"] == ["serve", "--x"]
+    # the engine cannot hold main for a gated service's health: the runtime waits for it
+    assert doc["services"]["main"]["depends_on"]["side"] == {"condition": "service_started"}
+
+
+def test_static_assets_gate_a_service_only_where_they_are_copied_in(tmp_path: Path) -> None:
+    (tmp_path / "site").mkdir()
+    text = BASE + (
+        "static_assets: [{name: site, path: site, save_path: site}]\n"
+        "services: {web: {image: x}, blind: {image: x, static_assets: false}}\n"
+    )
+    local, _ = build(text, tmp_path)  # bind-mounted: there before the command starts
+    assert "entrypoint" not in local["services"]["web"]
+    remote, _ = build(text, tmp_path, remote=True)
+    assert remote["services"]["web"]["entrypoint"][:2] == ["/bin/sh", "-c"]
+    assert remote["services"]["web"]["command"] == []  # the image's, from the start file
+    assert "entrypoint" not in remote["services"]["blind"]
+
+
+@pytest.mark.parametrize(
+    "service",
+    [
+        "{image: x, workdir: /data/w, mounts: [{source: ms, target: /data}]}",  # a host folder
+        "{image: x, workdir: /data, mounts: [{source: ms, target: /data}]}",
+        "{image: x, workdir: /static/mine}",
+        "{image: x, workdir: /.orchestrator/w}",
+    ],
+)
+def test_attack_a_service_workdir_never_hands_over_a_mount(tmp_path: Path, service: str) -> None:
+    """The workdir is given to the service's user: at or in a mount, a host folder (or the
+    static assets, or our own folder) would change owner."""
+    (tmp_path / "ws" / "ms").mkdir(parents=True)
+    with pytest.raises(SpecError) as info:
+        build(BASE + f"services: {{side: {service}}}\n", tmp_path)
+    assert {i.field for i in info.value.issues} == {"services.side.workdir"}
+    assert "is inside" in str(info.value)  # refused as a hand-over, not as an unknown key
+
+
+@pytest.mark.parametrize(
+    ("workdir", "why"),
+    [("/", "whole file system"), ("/a/..", "whole file system"), ("relative", "pattern")],
+)
+def test_a_service_workdir_is_an_absolute_folder_below_the_root(workdir: str, why: str) -> None:
+    with pytest.raises(SpecError, match=why):
+        load_environment_text(BASE + f"services: {{side: {{image: x, workdir: '{workdir}'}}}}\n")
+
+
+def test_a_service_with_workdir_and_no_user_keeps_the_images_user(tmp_path: Path) -> None:
+    doc, _ = build(BASE + "services: {side: {image: x, workdir: /w}}\n", tmp_path)
+    assert "user" not in doc["services"]["side"]
+    doc, _ = build(BASE + "services: {side: {image: x, user: root, workdir: /w}}\n", tmp_path)
+    assert doc["services"]["side"]["user"] == "0:0"
+
+
+def test_the_start_file_runs_what_the_engine_would_have_run() -> None:
+    import subprocess
+
+    from orchestrator.backends.container.copyin import start_text
+
+    def argv(entry: list[str], cmd: list[str], given: list[str] | None, wd: str | None) -> str:
+        text = start_text(entry, cmd, given is not None, wd)
+        script = text + 'printf "[%s]" "$PWD" "$@"'
+        run = subprocess.run(["sh", "-c", script, "sh", *(given or [])], capture_output=True)
+        return run.stdout.decode() + run.stderr.decode()
+
+    assert argv(["/ep", "a b"], ["c"], None, "/tmp") == "[/tmp][/ep][a b][c]"
+    assert argv(["/ep"], ["c"], ["x", "$(id)"], None).endswith("[/ep][x][$(id)]")
+    assert argv([], ["it's", "*"], None, None).endswith("[it's][*]")
+    assert "has no command" in argv([], [], None, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ruamel.yaml import YAML
 
 from orchestrator import PolicyError, SpecError, load_environment, load_environment_text
 from orchestrator.backends.swarm.compile import StackOptions, compile_stack
@@ -56,3 +57,31 @@ def test_the_policy_holds(tmp_path: Path) -> None:
         compile_stack(load_environment(tmp_path / "env.yaml"), StackOptions(project="p"))
     fields = {issue.field for issue in info.value.issues}
     assert {"privileged", "static_assets.0"} <= fields
+
+
+def test_static_assets_and_a_workdir_are_in_place_before_a_service_command(
+    tmp_path: Path,
+) -> None:
+    """Swarm starts a service before anything can be copied into it: a service that shows
+    the static assets, or has a workdir, waits for the runtime (the gate), then runs the
+    image's entrypoint and its command; the others start as they are."""
+    from orchestrator.backends.container.copyin import GATE
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "env.yaml").write_text(
+        BASE + "image: i\nstatic_assets: [{name: site, path: site, save_path: site}]\n"
+        "services:\n"
+        "  web: {image: p, command: [python3, -m, http.server, --directory, /static/site]}\n"
+        "  side: {image: p, user: '4321:4321', workdir: /home/side, static_assets: false}\n"
+        "  plain: {image: p, static_assets: false}\n"
+    )
+    opts = StackOptions(project="p", labels={"org.orchestrator.managed": "1"})
+    text = compile_stack(load_environment(tmp_path / "env.yaml"), opts)
+    doc = YAML(typ="safe").load(text.stack_yaml)
+    web, side, plain = (doc["services"][n] for n in ("web", "side", "plain"))
+    gate = ["/bin/sh", "-c", GATE.replace("$", "$$"), "orchestrator-gate"]
+    assert web["entrypoint"] == gate and web["command"][:2] == ["python3", "-m"]
+    assert side["entrypoint"] == gate and side["command"] == []
+    assert side["working_dir"] == "/home/side" and side["user"] == "0:0"  # the gate drops
+    assert "entrypoint" not in plain and "working_dir" not in plain
+    assert text.user == doc["services"]["main"]["labels"]["org.orchestrator.user"]

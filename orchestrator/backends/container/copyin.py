@@ -1,21 +1,263 @@
 """What a sandbox needs from this machine when nothing of it is mounted (a remote engine, a
 Swarm): the executor's sources and the static assets, packed here and unpacked in the
-container as root, owned by root and read-only."""
+container as root, owned by root and read-only.
+
+A service is prepared before its own command runs, on every backend: one with a `workdir`,
+or one that shows static assets that are copied in, starts as the GATE, which waits (bounded)
+for START_FILE. The runtime unpacks the assets, creates the workdir for the service's user,
+then writes START_FILE last, naming the argv the image would have run (its entrypoint, then
+the file's command or the image's); the GATE then `exec`s it, in the workdir, as the same
+child of the container's init. A service with a `workdir` and a user other than root runs
+the GATE as root (so that its root commands keep their capabilities under
+no-new-privileges, as in the main sandbox) and START_FILE starts the command as that user,
+with the uid, gid, groups and HOME the engine would have given it."""
 
 from __future__ import annotations
 
 import io
+import json
+import shlex
 import tarfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from python_on_whales.utils import run
+
+from orchestrator.backends.container.engine import engine_call
+from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.executor.client import FILES
 from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import DockerError, OrchestratorError, StartupError
 from orchestrator.spec.loader import Environment
+from orchestrator.spec.resolve import resolve_user
 
 PREPARE = 'tar -x -f - -C / && mkdir -p -- "$1" && chown -- "$2" "$1"'
 """Unpack as root (owners and modes as archived), then give the workdir to the sandbox user."""
-PREPARE_SERVICE = "tar -x -f - -C /"
+
+START_FILE = "/.orchestrator-start"
+"""In a gated service: written by root once the service is prepared; sourced by the GATE, it
+sets the argv the service runs. In `/`, which only root may write."""
+GATE_WAIT = 300
+"""Seconds a gated service waits to be prepared before it gives up (exit 125)."""
+GATE = (
+    "s=1; sleep 0.1 2>/dev/null || s=10; n=0; "
+    f"while [ ! -f {START_FILE} ]; do "
+    f'if [ "$n" -ge {GATE_WAIT * 10} ]; then '
+    f"echo 'orchestrator: this service was not prepared within {GATE_WAIT}s "
+    "(static assets, workdir); it does not start' >&2; exit 125; fi; "
+    'if [ "$s" = 1 ]; then sleep 0.1; else sleep 1; fi; n=$((n + s)); done; '
+    f'. {START_FILE} && exec "$@"'
+)
+"""The entrypoint of a gated service (run by /bin/sh -c, with the file's command as its
+arguments): wait for START_FILE, bounded, then run what it names."""
+UNPACK = (
+    'w=$1; shift; tar -x -f - -C / || exit 1; [ $# = 0 ] || chmod 0555 -- "$@" || exit 1; '
+    '[ -n "$w" ] || exit 0; rmdir -- "$w" 2>/dev/null; mkdir -p -- "$(dirname -- "$w")" '
+    "2>/dev/null; true"
+)
+"""As root: unpack (the static assets, if any) and make their folders ($2...) read-only
+(root's own, so no capability is needed: under no-new-privileges a root exec in a container
+whose user is not root has none); then remove the empty workdir ($1) the engine made,
+root's, and make its parent."""
+MAKE_WORKDIR = (
+    '[ -e "$1" ] || mkdir -m 0755 -- "$1" 2>/dev/null; [ -d "$1" ] && [ -w "$1" ] && exit 0; '
+    '[ -z "$2" ] && exit 3; echo "$1 is in the image and user $(id -u) cannot write it; choose '
+    'a folder the image does not have, or give it to that user in the image" >&2; exit 1'
+)
+"""As the service's user: create the workdir, which is then the user's own; exit 3 when the
+user may not create it in its parent ($2 empty: try again once the parent is open)."""
+OPEN_PARENT = 'p=$(dirname -- "$1"); stat -c %a -- "$p" && chmod 1777 -- "$p"'
+"""As root: let anyone create the workdir in its parent (the service is held, so no one
+else runs there); prints the parent's old mode, to put back."""
+CLOSE_PARENT = 'chmod -- "$2" "$(dirname -- "$1")"'
+"""As root: put the parent's mode back."""
+RELEASE = (
+    f"rm -f {START_FILE}.new && cat > {START_FILE}.new && chmod 0444 {START_FILE}.new && "
+    f"mv -f {START_FILE}.new {START_FILE}"
+)
+"""As root, the last step: START_FILE from stdin; the command may start."""
+WHO = 'id -u && id -g && id -G && printf "%s\\n" "$HOME"'
+"""As the service's user: who the engine makes it (uid, gid, groups, HOME), so that a
+command started by a root PID 1 gets the same."""
+DROP_PY = (
+    "import os, sys; os.setgroups([int(g) for g in sys.argv[3].split(',') if g]); "
+    "os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1])); os.execvp(sys.argv[4], sys.argv[4:])"
+)
+"""Start "$@" as given uid, gid and groups where the image has python3 but no setpriv."""
+RETRY = 3
+"""MAKE_WORKDIR's exit code for "the parent must be opened first"."""
+START_WAIT = 60.0
+"""Seconds a gated service's container may take to run once the engine made it."""
+
+
+def gated_services(env: Environment, *, copied: bool) -> list[str]:
+    """The services whose command waits to be prepared: those with a `workdir`, and, where
+    the static assets are copied in (`copied`: nothing of this machine is mounted), those
+    that show them. The compilers gate these; the runtime prepares these."""
+    statics = bool(env.spec.static_assets)
+    return [
+        name
+        for name, svc in sorted(env.spec.services.items())
+        if svc.workdir is not None or (copied and statics and svc.static_assets)
+    ]
+
+
+def _image_config(docker_cmd: Sequence[str], container: str) -> dict[str, object]:
+    """The config of the image a container runs (its entrypoint, command and user)."""
+
+    def ask(argv: list[str]) -> str:
+        return str(run([*docker_cmd, *argv], return_stderr=False)).strip()
+
+    image = engine_call(
+        "inspecting a service",
+        lambda: ask(["container", "inspect", "--format", "{{.Image}}", container]),
+    )
+    raw = engine_call(
+        "inspecting a service's image",
+        lambda: ask(["image", "inspect", "--format", "{{json .Config}}", image]),
+    )
+    config = json.loads(raw or "null")
+    return config if isinstance(config, dict) else {}
+
+
+def _wait_running(docker_cmd: Sequence[str], container: str, name: str) -> None:
+    """Wait (bounded by START_WAIT) until the container runs: an orchestrator may report a
+    task started while its container is still being created."""
+    argv = [*docker_cmd, "container", "inspect", "--format", "{{.State.Status}}", container]
+    deadline = time.monotonic() + START_WAIT
+    while True:
+        state = engine_call("inspecting a service", lambda: str(run(argv)).strip())
+        if state == "running":
+            return
+        if state not in ("created", "restarting") or time.monotonic() > deadline:
+            raise StartupError(f"service {name!r} did not start (its container is {state})")
+        time.sleep(0.1)
+
+
+def _words(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def drops_privileges(user: str | None, workdir: str | None) -> bool:
+    """Whether a service runs its PID 1 (the GATE) as root and its command as `user`: a
+    service with a `workdir` and a user other than root is a sandbox like the main one, whose
+    root commands keep their capabilities under no-new-privileges (they have none in a
+    container whose own user is not root)."""
+    return workdir is not None and user is not None and user not in ("0", "0:0", "root")
+
+
+@dataclass(frozen=True)
+class Who:
+    """Who the engine makes a user: ids, groups and HOME."""
+
+    uid: str
+    gid: str
+    groups: str
+    home: str
+
+    def drop(self) -> str:
+        """Shell text that runs "$@" as this user (setpriv of util-linux, else python3)."""
+        u, g, gs = self.uid, self.gid, self.groups
+        groups = f"--groups={gs}" if gs else "--clear-groups"
+        return (
+            f"export HOME={shlex.quote(self.home)}\n"
+            "if setpriv --help 2>&1 | grep -q -- --reuid; then "
+            f'exec setpriv --reuid={u} --regid={g} {groups} -- "$@"; fi\n'
+            "if command -v python3 >/dev/null 2>&1; then "
+            f'exec python3 -c {shlex.quote(DROP_PY)} {u} {g} {shlex.quote(gs)} "$@"; fi\n'
+            f"echo 'orchestrator: starting the command as {u}:{g} needs setpriv (util-linux) "
+            "or python3 in the image' >&2; exit 126\n"
+        )
+
+
+def start_text(
+    entrypoint: Sequence[str],
+    image_cmd: Sequence[str],
+    command_given: bool,
+    workdir: str | None,
+    who: Who | None = None,
+) -> str:
+    """START_FILE's text: the argv the engine would have run, as `set --` (the file's
+    command, when it gives one, is already the GATE's arguments), the workdir to start in
+    (made again after the GATE started in the engine's empty one), and, from a root PID 1,
+    the user to become (`who`)."""
+    words = " ".join(shlex.quote(w) for w in [*entrypoint, *([] if command_given else image_cmd)])
+    tail = ' "$@"' if command_given else ""
+    check = "[ $# -gt 0 ] || { echo 'orchestrator: the service has no command' >&2; exit 127; }"
+    cd = f"cd -- {shlex.quote(workdir)} || exit 1\n" if workdir else ""
+    return f"{cd}set -- {words}{tail}\n{check}\n{who.drop() if who else ''}"
+
+
+def _exec(target: ExecTarget, name: str, script: str, args: Sequence[str], **how: Any) -> str:
+    """Run a preparation step in a service's container; its output, or a StartupError
+    (`retry`: exit code RETRY returns None instead)."""
+    stdin = how.pop("input", None)
+    argv = target.argv(  # from /: the workdir is made again meanwhile
+        ["/bin/sh", "-c", script, "sh", *args], workdir="/", stdin=stdin is not None, **how
+    )
+    try:
+        out = engine_call(
+            f"preparing {name}",
+            lambda: run(argv, input=stdin, return_stderr=False),
+            retry=False,
+        )
+    except DockerError as exc:
+        if exc.returncode == RETRY:
+            return str(RETRY)
+        raise StartupError(
+            f"could not prepare service {name!r} (its image needs /bin/sh, tar, mkdir, chmod "
+            f"and stat): {exc.stderr.strip() or exc}"
+        ) from exc
+    return str(out or "").strip()
+
+
+def _make_workdir(target: ExecTarget, name: str, workdir: str, user: str | None) -> None:
+    """The service's user makes its own workdir (a root exec may have no capability to
+    chown): in its parent if it may write there, else in the parent opened for a moment."""
+    if _exec(target, name, MAKE_WORKDIR, [workdir, ""], user=user) != str(RETRY):
+        return
+    mode = _exec(target, name, OPEN_PARENT, [workdir], user="0:0")
+    try:
+        _exec(target, name, MAKE_WORKDIR, [workdir, "opened"], user=user)
+    finally:
+        _exec(target, name, CLOSE_PARENT, [workdir, mode], user="0:0")
+
+
+def _who(target: ExecTarget, name: str, user: str) -> Who:
+    words = _exec(target, name, WHO, [], user=user).splitlines()
+    if len(words) != 4 or not all(w.isdigit() for w in words[:2]):
+        raise StartupError(f"could not look up user {user} in service {name!r}: {words}")
+    return Who(words[0], words[1], ",".join(words[2].split()), words[3])
+
+
+def prepare_service(
+    env: Environment, name: str, docker_cmd: Sequence[str], container: str, *, copied: bool
+) -> None:
+    """Prepare gated service `name` (its container runs the GATE): its static assets when
+    they are copied in, its workdir, made by its user, then START_FILE, last."""
+    svc = env.spec.services[name]
+    _wait_running(docker_cmd, container, name)
+    config = _image_config(docker_cmd, container)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        folders = _static_into(tar, env, 0o755) if copied and svc.static_assets else []
+    target = ExecTarget(docker_cmd, container)
+    workdir = svc.workdir or ""
+    user = resolve_user(svc.user) if svc.user else None
+    _exec(target, name, UNPACK, [workdir, *folders], user="0:0", input=out.getvalue())
+    if workdir:
+        _make_workdir(target, name, workdir, user)
+    who = _who(target, name, user) if user and drops_privileges(user, svc.workdir) else None
+    text = start_text(
+        _words(config.get("Entrypoint")),
+        _words(config.get("Cmd")),
+        svc.command is not None,
+        svc.workdir,
+        who,
+    )
+    _exec(target, name, RELEASE, [], user="0:0", input=text.encode())
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes | None, mode: int) -> None:
@@ -29,23 +271,31 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes | None, mode: int) -> None
         tar.addfile(info, io.BytesIO(data))
 
 
-def _static_into(tar: tarfile.TarFile, env: Environment) -> None:
-    """The static assets at /static/<save_path>, root's and read-only."""
+def _static_into(tar: tarfile.TarFile, env: Environment, dir_mode: int = 0o555) -> list[str]:
+    """The static assets at /static/<save_path>, root's and read-only (folders `dir_mode`:
+    0o755 where the unpacking root has no capability to write in a read-only folder and
+    makes them read-only after). Returns the folders' absolute paths."""
+    folders: list[str] = []
     if not env.spec.static_assets:
-        return
-    _add(tar, STATIC_ROOT.lstrip("/"), None, 0o555)
+        return folders
+
+    def folder(name: str) -> None:
+        _add(tar, name, None, dir_mode)
+        folders.append("/" + name)
+
+    folder(STATIC_ROOT.lstrip("/"))
     for asset in env.spec.static_assets:
         src = (env.base_dir / asset.path).resolve()
         dest = f"{STATIC_ROOT.lstrip('/')}/{asset.save_path}"
         parts = dest.split("/")
         for i in range(2, len(parts)):
-            _add(tar, "/".join(parts[:i]), None, 0o555)
+            folder("/".join(parts[:i]))
         if src.is_dir():
-            _add(tar, dest, None, 0o555)
+            folder(dest)
             for path in sorted(src.rglob("*")):
                 rel = f"{dest}/{path.relative_to(src).as_posix()}"
                 if path.is_dir():
-                    _add(tar, rel, None, 0o555)
+                    folder(rel)
                 elif path.is_file():
                     _add(
                         tar, rel, path.read_bytes(), 0o555 if path.stat().st_mode & 0o111 else 0o444
@@ -54,6 +304,7 @@ def _static_into(tar: tarfile.TarFile, env: Environment) -> None:
             _add(tar, dest, src.read_bytes(), 0o444)
         else:
             raise OrchestratorError(f"static asset {asset.name}: {src} is missing")
+    return folders
 
 
 def main_archive(env: Environment) -> bytes:

@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.backends.container.layout import STATIC_ROOT
+from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
 from orchestrator.errors import SpecIssue
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Mount
@@ -44,6 +44,33 @@ def static_mounts(env: Environment) -> list[ResolvedMount]:
         )
         for i, a in enumerate(env.spec.static_assets)
     ]
+
+
+def service_workdir_issues(env: Environment) -> list[SpecIssue]:
+    """A service's `workdir` is created and given to its user as root: never at or inside a
+    mount (a host folder would change owner), the static assets or the orchestrator's own
+    folder."""
+    issues = []
+    for name, svc in sorted(env.spec.services.items()):
+        if svc.workdir is None:
+            continue
+        taken = [(f"services.{name}.mounts.{i}", m.target) for i, m in enumerate(svc.mounts)]
+        taken += [("static assets", STATIC_ROOT), ("the orchestrator's folder", SANDBOX_MOUNT)]
+        for what, target in taken:
+            target = posixpath.normpath(target)
+            if svc.workdir == target or _inside(svc.workdir, target):
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        None,
+                        None,
+                        f"services.{name}.workdir",
+                        f"workdir {svc.workdir} is inside {target} ({what}), which "
+                        "the service's user would be given",
+                        "choose a workdir of the container's own, outside every mount",
+                    )
+                )
+    return issues
 
 
 def resolve_mounts(

@@ -3,17 +3,13 @@ through the Jinja templates. Pure: same input, byte-identical output; runs nothi
 
 from __future__ import annotations
 
-import functools
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from orchestrator._resources import data_dir
+from orchestrator.backends.container.copyin import GATE, drops_privileges, gated_services
 from orchestrator.backends.container.layout import (
     KEEP_ALIVE,
     SANDBOX_DIR,
@@ -21,7 +17,13 @@ from orchestrator.backends.container.layout import (
     USER_LABEL,
     container_bind_host,
 )
-from orchestrator.backends.container.mounts import ResolvedMount, resolve_mounts, static_mounts
+from orchestrator.backends.container.mounts import (
+    ResolvedMount,
+    resolve_mounts,
+    service_workdir_issues,
+    static_mounts,
+)
+from orchestrator.backends.container.templating import jinja as _jinja
 from orchestrator.errors import SpecError, SpecIssue
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
@@ -90,28 +92,6 @@ class CompiledProject:
         return compose
 
 
-def _q(value: object) -> str:
-    """A YAML scalar, JSON-quoted, with `$` escaped against Compose interpolation."""
-    if isinstance(value, bool | int | float):
-        return json.dumps(value)
-    return json.dumps(str(value), ensure_ascii=False).replace("$", "$$")
-
-
-@functools.cache
-def _jinja() -> jinja2.Environment:
-    """One environment per process: templates compile once (about 20 ms each), not per call."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    env.filters["q"] = _q
-    return env
-
-
 def _ports(ports: Sequence[PortMap]) -> list[str]:
     out = []
     for p in ports:
@@ -177,6 +157,7 @@ def _service(
     opts: CompileOptions,
     report: HardeningReport,
     roots: list[Path],
+    gated: bool,
 ) -> dict[str, Any]:
     mounts = []
     for i, m in enumerate(svc.mounts):
@@ -206,15 +187,19 @@ def _service(
     caps = check_hardening(env.source, f"services.{name}.", svc, opts.policy, report)
     report.warnings += _exposed(svc.ports, f"services.{name}.ports")
     command = svc.command
+    user = resolve_user(svc.user, opts.host_env) if svc.user else None
     return {
         "name": name,
         "image": svc.image,
         "build": _build(env, svc.build, name),
         "command": command,
         "command_is_list": isinstance(command, list),
+        "gated": gated,
+        "workdir": svc.workdir,
         "env": dict(sorted(svc.env.items())),
         "ports": _ports(svc.ports),
-        "user": resolve_user(svc.user, opts.host_env) if svc.user else None,
+        "user": user,
+        "drops": drops_privileges(user, svc.workdir),
         "limits": _limits(svc.resources),
         "caps": [*DEFAULT_CAPS, *caps],
         # the static assets are checked once, with the main sandbox's
@@ -302,8 +287,11 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     has_network = bool(spec.services) or mode == "bridge"
     internal = not (spec.network.outbound or published)
 
+    gated = gated_services(env, copied=opts.remote)
+    issues += service_workdir_issues(env)
     services = [
-        _service(env, name, svc, opts, report, roots) for name, svc in sorted(spec.services.items())
+        _service(env, name, svc, opts, report, roots, name in gated)
+        for name, svc in sorted(spec.services.items())
     ]
     if opts.remote:  # no folder of this machine reaches the containers
         for m in [*mounts, *(m for s in services for m in s["mounts"])]:
@@ -354,6 +342,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "sandbox_mount": SANDBOX_MOUNT,
         "remote": opts.remote,
         "keep_alive": KEEP_ALIVE,
+        "gate": GATE,
     }
     jinja = _jinja()
     rendered = jinja.get_template("compose.yaml.j2").render(context)

@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.backends.container.copyin import GATE, drops_privileges, gated_services
 from orchestrator.backends.container.layout import KEEP_ALIVE, USER_LABEL, container_bind_host
-from orchestrator.backends.container.mounts import static_mounts
-from orchestrator.backends.docker.render import _jinja
+from orchestrator.backends.container.mounts import service_workdir_issues, static_mounts
+from orchestrator.backends.container.templating import jinja as _jinja
 from orchestrator.errors import SpecError, SpecIssue
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Resources
@@ -147,18 +148,24 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
         "constraints": list(spec.placement),
         "labels": dict(sorted({**labels, USER_LABEL: user}.items())) if labels else {},
     }
+    issues += service_workdir_issues(env)
+    gated = gated_services(env, copied=True)  # nothing of this machine is mounted
     services = []
     for name, svc in sorted(spec.services.items()):
         caps = check_hardening(env.source, f"services.{name}.", svc, opts.policy, report)
         limits, tmp = _limits(svc.resources)
+        svc_user = resolve_user(svc.user, opts.host_env) if svc.user else None
         services.append(
             {
                 "name": name,
                 "image": svc.image,
                 "command": svc.command,
                 "command_is_list": isinstance(svc.command, list),
+                "gated": name in gated,
+                "workdir": svc.workdir,
                 "env": dict(sorted(svc.env.items())),
-                "user": resolve_user(svc.user, opts.host_env) if svc.user else None,
+                "user": svc_user,
+                "drops": drops_privileges(svc_user, svc.workdir),
                 "caps": [*DEFAULT_CAPS, *caps],
                 "limits": limits,
                 "tmp": tmp,
@@ -179,6 +186,7 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
         "main": main,
         "services": services,
         "entry": KEEP_ALIVE,
+        "gate": GATE,
         "internal": not spec.network.outbound,
     }
     rendered = _jinja().get_template("stack.yaml.j2").render(context)
