@@ -39,10 +39,18 @@ if TYPE_CHECKING:
         StartupError,
         UsageError,
     )
+    from orchestrator.sandbox.attach import attach, attachable
     from orchestrator.sandbox.base import Runtime, Sandbox
     from orchestrator.sandbox.options import SpawnOptions
     from orchestrator.sandbox.pool import Pool
-    from orchestrator.sandbox.registry import register_runtime, runtime_names, spawn_runtime
+    from orchestrator.sandbox.registry import (
+        backend_class,
+        get_runtime_class,
+        prepare,
+        register_runtime,
+        runtime_names,
+        spawn_runtime,
+    )
     from orchestrator.sandbox.results import (
         Connection,
         ExecMode,
@@ -95,9 +103,14 @@ __all__ = [
     "StreamKind",
     "UsageError",
     "__version__",
+    "attach",
+    "attachable",
+    "backend_class",
+    "get_runtime_class",
     "list_snapshots",
     "load_environment",
     "load_environment_text",
+    "prepare",
     "register_runtime",
     "runtime_names",
     "spawn_runtime",
@@ -111,10 +124,13 @@ _HOME = {
         "SandboxNotADirectory SandboxPermissionError SandboxUnavailable SandboxUnsafeArchive "
         "SetupFailed SpecError SpecIssue StartupError UsageError"
     ),
+    "orchestrator.sandbox.attach": "attach attachable",
     "orchestrator.sandbox.base": "Runtime Sandbox",
     "orchestrator.sandbox.options": "SpawnOptions",
     "orchestrator.sandbox.pool": "Pool",
-    "orchestrator.sandbox.registry": "register_runtime runtime_names spawn_runtime",
+    "orchestrator.sandbox.registry": (
+        "backend_class get_runtime_class prepare register_runtime runtime_names spawn_runtime"
+    ),
     "orchestrator.sandbox.results": (
         "Connection ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"
     ),

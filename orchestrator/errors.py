@@ -153,6 +153,8 @@ class SandboxUnavailable(OrchestratorError, ConnectionError):
     not run to its end. This is the environment failing, not the command, so a harness
     should not grade it as the code's result."""
 
+    exit_code = 3  # the CLI's "backend unavailable" class, as BackendUnavailable
+
 
 class OutputLimitExceeded(OrchestratorError, OSError):
     """A file is larger than the read limit."""

@@ -3,6 +3,7 @@ codes: 2 for usage and spec errors, 3 when the backend is unavailable, 1 otherwi
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -10,10 +11,10 @@ import sys
 
 import typer
 
-from orchestrator._version import __version__
+from orchestrator import __version__
 from orchestrator.cli import lifecycle, spec_cmds
-from orchestrator.cli.doctor import doctor
-from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.cli.doctor import ENGINE_ENV, doctor
+from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
 
 app = typer.Typer(
     name="orchestrator",
@@ -47,9 +48,7 @@ def _root(
     if context:
         host = _context_host(context)
     if host:  # every engine call of this run, and its guardian, go there
-        from orchestrator.backends.container.engine import DOCKER_HOST_ENV
-
-        os.environ[DOCKER_HOST_ENV] = host
+        os.environ[ENGINE_ENV] = host
 
 
 def _context_host(name: str) -> str:
@@ -94,13 +93,23 @@ def _exit_on(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _message(exc: OrchestratorError) -> str:
+    """What to print of an error: a sandbox gone is said in one line (its last log lines
+    are `orchestrator logs ID` away)."""
+    text = str(exc)
+    if isinstance(exc, SandboxUnavailable) and text:
+        text = text.splitlines()[0].removesuffix(";").removesuffix("; last log lines:")
+    return text
+
+
 def main() -> None:
+    logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)  # one line each
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on)
     try:
         app()
     except OrchestratorError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {_message(exc)}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

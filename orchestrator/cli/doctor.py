@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 import subprocess
 import tempfile
@@ -12,10 +13,22 @@ from pathlib import Path
 import typer
 
 Check = tuple[str, str]  # (status, message)
+ENGINE_ENV = "ORCHESTRATOR_DOCKER_HOST"
+"""The engine every Docker call of this process goes to (`orchestrator --host`)."""
+
+
+def _engine() -> str:
+    return os.environ.get(ENGINE_ENV, "").strip()
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    """A docker CLI call, to the engine this run is told to use (`--host`), bounded."""
+    if argv[:1] == ["docker"] and _engine():
+        argv = ["docker", "--host", _engine(), *argv[1:]]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", "no answer within 20 s")
 
 
 def _cli() -> Check:
@@ -31,12 +44,13 @@ def _cli() -> Check:
 
 def _daemon() -> Check:
     out = _run(["docker", "version", "--format", "{{.Server.Version}}"])
+    where = f" at {_engine()}" if _engine() else ""
     if out.returncode != 0:
         return "fail", (
-            "Docker engine not reachable: start it (Docker Desktop or dockerd; "
-            "on our machines scripts/bootstrap-docker)"
+            f"Docker engine{where} not reachable: start it (Docker Desktop or dockerd; "
+            "on our machines scripts/bootstrap-docker), or check the --host address"
         )
-    return "pass", f"Docker engine {out.stdout.strip()}"
+    return "pass", f"Docker engine {out.stdout.strip()}{where}"
 
 
 def _compose() -> Check:
@@ -89,15 +103,14 @@ def _headroom() -> Check:
 
 
 def _file_checks(file: Path) -> list[Check]:
-    from orchestrator.backends.docker.render import CompileOptions, compile_project
+    from orchestrator import Policy, backend_class, runtime_names
     from orchestrator.errors import SpecError
-    from orchestrator.spec import load_environment
+    from orchestrator.spec.loader import load_environment
 
     try:
-        env = load_environment(file)
+        env = load_environment(file, backends=runtime_names)
         with tempfile.TemporaryDirectory() as ws:
-            if env.backend == "docker":
-                compile_project(env, CompileOptions(project="doctor", workspace=Path(ws)))
+            backend_class(env).check(env, Policy.from_env(), workspace=Path(ws))
     except SpecError as exc:
         return [("fail", f"{file}: {exc}")]
     checks: list[Check] = [("pass", f"{file}: valid, policy satisfied")]
@@ -143,8 +156,15 @@ def _file_checks(file: Path) -> list[Check]:
     return checks
 
 
-def doctor(file: Path = typer.Argument(None, help="Also check this environment file.")) -> None:
-    """Check that this machine can run environments."""
+def doctor(
+    file: Path = typer.Argument(None, help="Also check this environment file."),
+    host: str = typer.Option(
+        None, "--host", "-H", help="Check the Docker engine at this address instead."
+    ),
+) -> None:
+    """Check that this machine can run environments (on its engine, or the one at --host)."""
+    if host:
+        os.environ[ENGINE_ENV] = host
     checks: list[Callable[[], Check]] = [_cli, _daemon, _compose, _dirs, _headroom]
     results: list[Check] = []
     for check in checks:

@@ -1,29 +1,29 @@
 """Commands that start, use and stop environments: up, pool, run, exec, down, ps, logs,
-shell, snapshot, cleanup."""
+shell, snapshot, cleanup. Environments left running are reached through `attach(id)` and
+the runtime protocol, so these commands give the library's exit codes, output split,
+timeouts and errors."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchestratorError, SandboxFileTimeout, UsageError
 
 if TYPE_CHECKING:
-    from orchestrator.backends.container.inventory import ProjectInfo
-    from orchestrator.sandbox.base import Runtime
-    from orchestrator.spec import Environment
-    from orchestrator.spec.models import PublishedPort
+    from orchestrator import Environment, PublishedPort, Runtime, RuntimeResult, Sandbox
 
 
 def _load(file: Path) -> Environment:
-    from orchestrator.spec import load_environment
+    from orchestrator import load_environment
 
     env = load_environment(file)
     for notice in env.notices:
@@ -31,28 +31,23 @@ def _load(file: Path) -> Environment:
     return env
 
 
-def _spawn(
-    env: Environment,
-    workspace: Path | None,
-    detached: bool,
-    evaluation: bool,
-    resume: str | None = None,
-    backend: str | None = None,
-) -> Runtime:
-    from orchestrator.sandbox.registry import spawn_runtime
-
-    return spawn_runtime(
-        env,
-        workspace=workspace,
-        detached=detached,
-        is_evaluation=evaluation,
-        resume=resume,
-        backend=backend,
-    )
+def _warn(warnings: Iterable[str], env: Environment, seen: set[str] | None = None) -> None:
+    """The runtime's warnings on stderr, one line each (the file's notices were printed)."""
+    seen = set() if seen is None else seen
+    for warning in warnings:
+        if warning not in env.notices and warning not in seen:
+            seen.add(warning)
+            typer.echo(f"warning: {warning}", err=True)
 
 
 def _ports_text(ports: Iterable[PublishedPort]) -> str:
     return ", ".join(str(p) for p in ports)
+
+
+def _attach(ref: str) -> Runtime:
+    from orchestrator import attach
+
+    return attach(ref)
 
 
 def up(
@@ -82,49 +77,58 @@ def up(
         )
     claimed = _claim(env, count) if from_pool else []
     started = _start_many(env, count - len(claimed), workspace, evaluation, resume)
-    for info, ports in [*claimed, *started]:
+    seen: set[str] = set()
+    for record, ports, warnings in [*claimed, *started]:
+        _warn(warnings, env, seen)
         if as_json:
-            typer.echo(json.dumps(info))
+            typer.echo(json.dumps(record))
         else:
-            typer.echo(info["id"])  # alone on stdout, so ID=$(orchestrator up ...) works
+            typer.echo(record["id"])  # alone on stdout, so ID=$(orchestrator up ...) works
             if ports:
-                typer.echo(f"{info['id']} ports: {_ports_text(ports)}", err=True)
-    from orchestrator.backends.container.inventory import wait_for_reaper
-
-    wait_for_reaper()
+                typer.echo(f"{record['id']} ports: {_ports_text(ports)}", err=True)
 
 
-Started = list[tuple[dict[str, object], tuple["PublishedPort", ...]]]
-"""What `up` prints of each environment: its JSON record, and its ports."""
+Started = list[tuple[dict[str, object], tuple["PublishedPort", ...], list[str]]]
+"""What `up` prints of each environment: its JSON record, its ports and its warnings."""
+
+
+def _described(rt: Runtime) -> tuple[dict[str, object], tuple[PublishedPort, ...], list[str]]:
+    info, connection = rt.info(), rt.connection()
+    record: dict[str, object] = {**asdict(info), "connection": list(connection.shell)}
+    return record, info.ports, list(rt.warnings)
 
 
 def _claim(env: Environment, count: int) -> Started:
-    """Up to `count` environments taken from running pools of this file."""
-    from orchestrator.backends.container.inventory import claim_from_pool, project_statuses
+    """Up to `count` environments taken from running pools of this file: each is claimed
+    (atomically against its pool and other claimers), described, then kept until `down`.
+    One that cannot be described is handed back to its pool; never one claimed and lost."""
+    from orchestrator import attachable
 
-    claimed = claim_from_pool(env.digest, count)
-    if not claimed:
-        typer.echo(f"no pool of {env.name} has one ready: starting", err=True)
-        return []
-    statuses = {r.id: r for r in project_statuses()[0]}
     out: Started = []
-    for info in claimed:
-        container = _main_container(info)
-        status = statuses.get(info.name)
-        ports = status.ports if status else ()
-        record: dict[str, object] = {
-            "id": info.name,
-            "env": info.env,
-            "backend": "docker",
-            "workdir": _workdir(container),
-            "user": info.main_user or None,
-            "exec_mode": "plain",
-            "container": container,
-            "ports": [asdict(p) for p in ports],
-            "connection": [*_exec_argv(info, container, interactive=False), "/bin/sh"],
-            "pool": status.pool if status else "",
-        }
-        out.append((record, ports))
+    for ident in attachable(env):
+        if len(out) == count:
+            break
+        try:
+            rt = _attach(ident)
+        except OrchestratorError:
+            continue  # removed meanwhile, or not one to hand out
+        try:
+            if rt.pool_state() != "ready" or not rt.pool_move("ready", "claimed"):
+                continue
+            try:
+                record, ports, warnings = _described(rt)
+                rt.keep()  # the caller's now: its pool, reapers and guardians leave it
+            except OrchestratorError as exc:
+                rt.pool_move("claimed", "ready")
+                typer.echo(
+                    f"warning: {ident} could not be taken ({exc}); left to its pool", err=True
+                )
+                continue
+            out.append(({**record, "pool": "claimed"}, ports, warnings))
+        finally:
+            rt.detach()
+    if len(out) < count:
+        typer.echo(f"no pool of {env.name} has {count - len(out)} more ready: starting", err=True)
     return out
 
 
@@ -135,19 +139,18 @@ def _start_many(
     others and raise its error: a script gets all the ids it asked for, or none."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator.backends.docker.render import build_tags
-    from orchestrator.sandbox.registry import prepare
+    from orchestrator import prepare, spawn_runtime
+    from orchestrator.cli.progress import progress_bar
 
     if count == 0:
         return []
-    from orchestrator.cli.progress import progress_bar
-
-    if build_tags(env):
-        with progress_bar(f"building the images of {env.name}", None):
-            prepare(env)
+    with progress_bar(f"preparing {env.name}", None):
+        prepare(env)
 
     def one() -> Runtime:
-        return _spawn(env, workspace, detached=True, evaluation=evaluation, resume=resume)
+        return spawn_runtime(
+            env, workspace=workspace, detached=True, is_evaluation=evaluation, resume=resume
+        )
 
     runtimes: list[Runtime] = []
     with (
@@ -169,9 +172,9 @@ def _start_many(
     out: Started = []
     try:
         for rt in runtimes:
-            info, connection = rt.info(), rt.connection()
+            described = _described(rt)
             rt.detach()  # a backend that cannot keep one running says so here
-            out.append(({**asdict(info), "connection": list(connection.shell)}, info.ports))
+            out.append(described)
     except BaseException:
         for rt in runtimes:
             rt.cleanup()  # those detached already are closed: this does nothing to them
@@ -192,13 +195,10 @@ def pool(
     still waiting are removed when the pool stops; those taken stay until `down`."""
     import time
 
+    from orchestrator import Pool, prepare
     from orchestrator.cli.progress import progress_bar
-    from orchestrator.sandbox.pool import Pool
-    from orchestrator.sandbox.registry import prepare
 
     env = prepare(_load(file))
-    if env.backend != "docker":
-        raise UsageError(f"`orchestrator pool` needs the docker backend ({file} is {env.backend})")
     with Pool(env, size) as warm:
         typer.echo(
             f"pool {warm.id}: keeping {size} of {env.name} ready; "
@@ -235,6 +235,8 @@ def run(
 ) -> None:
     """Bring an environment up, run one command in it, take it down. The command's exit code
     becomes ours (124 on timeout)."""
+    from orchestrator import spawn_runtime
+
     env = _load(file)
     if named is not None and command:
         raise UsageError("give either a command after -- or --named NAME, not both")
@@ -242,21 +244,41 @@ def run(
         known = ", ".join(sorted(env.spec.commands)) or "none"
         raise UsageError(f"{file} has no command named {named!r} (known: {known})")
     argv = _argv(command) if named is None else ""
-    with _spawn(env, workspace, detached=False, evaluation=evaluation, backend=on) as rt:
-        argv = argv or rt.file_command(named)
-        result = None
-        for event in rt.stream(argv, timeout=timeout):
+    with spawn_runtime(env, workspace=workspace, is_evaluation=evaluation, backend=on) as rt:
+        _warn(rt.warnings, env)
+        result = _stream(rt, argv or rt.file_command(named), timeout=timeout)
+    raise typer.Exit(_exit_code(result, timeout))
+
+
+def _stream(
+    place: Sandbox,
+    argv: str | list[str],
+    *,
+    user: str | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+) -> RuntimeResult:
+    """Run a command, its stdout to ours and its stderr to ours as they come (interrupted,
+    the command's whole tree is killed)."""
+    events = place.stream(argv, user=user, cwd=cwd, timeout=timeout)
+    try:
+        for event in events:
             if event.kind == "finished":
-                result = event.result
-            else:
-                stream = sys.stdout if event.kind == "stdout" else sys.stderr
-                stream.write(event.text)
-                stream.flush()
-    assert result is not None
+                assert event.result is not None
+                return event.result
+            stream = sys.stdout if event.kind == "stdout" else sys.stderr
+            stream.write(event.text)
+            stream.flush()
+    finally:
+        events.close()
+    raise AssertionError("a stream ends with a finished event")
+
+
+def _exit_code(result: RuntimeResult, timeout: float | None) -> int:
     if result.timed_out:
-        typer.echo(f"error: timed out after {timeout:g}s", err=True)
-        raise typer.Exit(124)
-    raise typer.Exit(result.exit_code)
+        typer.echo(f"error: timed out after {timeout or 0:g}s", err=True)
+        return 124  # as timeout(1)
+    return result.exit_code
 
 
 def _argv(command: list[str] | None) -> str | list[str]:
@@ -269,96 +291,96 @@ def _argv(command: list[str] | None) -> str | list[str]:
     return command[0] if len(command) == 1 else command
 
 
-def _docker_cmd() -> list[str]:
-    from orchestrator.backends.container.engine import docker_client, raw_docker
-
-    return raw_docker(docker_client())  # exec, shell and logs -f last as long as they need
-
-
-def _main(ref: str) -> tuple[ProjectInfo, str]:
-    """Environment `ref` (one listing) and its main container."""
-    from orchestrator.backends.container.inventory import find_project
-
-    info = find_project(ref)
-    return info, _main_container(info)
+_EXEC_OPTIONS = {
+    "--service": "service",
+    "-s": "service",
+    "--user": "user",
+    "-u": "user",
+    "--workdir": "workdir",
+    "-w": "workdir",
+    "--timeout": "timeout",
+    "-t": "timeout",
+}
 
 
-def _main_container(info: ProjectInfo) -> str:
-    mains = [cid for cid, service, _ in info.containers if service == "main"]
-    if not mains:
-        raise UsageError(f"{info.name} has no main container (was it stopped?)")
-    return mains[0]
+def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Options written after the id (`exec ID --service side -- cmd`), then the command."""
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        name, eq, value = words[i].partition("=")
+        if name not in _EXEC_OPTIONS:
+            break
+        if not eq:
+            if i + 1 == len(words):
+                raise UsageError(f"{name} needs a value")
+            i, value = i + 1, words[i + 1]
+        found[_EXEC_OPTIONS[name]] = value
+        i += 1
+    rest = words[i:]
+    if rest and rest[0].startswith("-") and rest[0] != "--" and "--" in rest:
+        known = ", ".join(o for o in _EXEC_OPTIONS if o.startswith("--"))
+        raise UsageError(
+            f"exec has no option {rest[0]} (it has {known}); the command goes after --"
+        )
+    return found, rest
 
 
-def _exec_argv(info: ProjectInfo, container: str, interactive: bool = True) -> list[str]:
-    """`docker exec` into the main container, as the user its commands run as."""
-    tty = interactive and sys.stdin.isatty() and sys.stdout.isatty()
-    flags = ["-it"] if tty else ["-i"] if interactive else []
-    if info.main_user:
-        flags += ["-u", info.main_user]
-    return [*_docker_cmd(), "exec", *flags, container]
-
-
-def _main_exec(ref: str) -> list[str]:
-    return _exec_argv(*_main(ref))
+def _refuse_service_word(rt: Runtime, words: list[str], verb: str) -> None:
+    """Compose's `exec ID SERVICE -- cmd` must not run a command named after the service."""
+    services = {"main", *rt.env.spec.services}
+    if len(words) >= 2 and words[1] == "--" and words[0] in services:
+        raise UsageError(
+            f"`{verb} ID {words[0]} -- ...` would run a command named {words[0]!r}: to run "
+            f"in service {words[0]!r}, use --service {words[0]}"
+        )
 
 
 def exec_(
     ref: str = typer.Argument(..., help="Environment id (or a unique part of it)."),
     command: list[str] = typer.Argument(..., help="Command to run (after --)."),
+    service: str = typer.Option(None, "--service", "-s", help="Run in this service."),
+    user: str = typer.Option(None, "--user", "-u", help='As this user ("uid[:gid]", "root").'),
+    workdir: str = typer.Option(None, "--workdir", "-w", help="In this folder."),
     timeout: float = typer.Option(
         None, "--timeout", "-t", help="Kill the command's whole tree after this many seconds."
     ),
 ) -> None:
-    """Run a command in a running environment; its exit code becomes ours (124 on timeout)."""
-    words = _argv(command)
-    argv = ["/bin/sh", "-c", words] if isinstance(words, str) else words
-    if timeout is None:
-        raise typer.Exit(subprocess.call([*_main_exec(ref), *argv]))
-    if not 0 < timeout < float("inf"):
+    """Run a command in a running environment: `exec ID [--service NAME] [--user U]
+    [--workdir W] [--timeout S] -- CMD...`. Its exit code becomes ours (124 on timeout)."""
+    given, words = _exec_words(command)
+    service = given.get("service", service)
+    user, workdir = given.get("user", user), given.get("workdir", workdir)
+    if "timeout" in given:
+        try:
+            timeout = float(given["timeout"])
+        except ValueError:
+            raise UsageError(f"--timeout takes seconds, got {given['timeout']!r}") from None
+    if timeout is not None and not 0 < timeout < float("inf"):
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
-    raise typer.Exit(_exec_with_deadline(ref, argv, timeout))
+    with _attach(ref) as rt:  # leaving the block leaves it running
+        _refuse_service_word(rt, words, "exec")
+        argv = _argv(words)
+        place = rt.service(service) if service else rt
+        result = _stream(place, argv, user=user, cwd=workdir, timeout=timeout)
+    raise typer.Exit(_exit_code(result, timeout))
 
 
-def _exec_with_deadline(ref: str, argv: list[str], timeout: float) -> int:
-    """One `docker exec` whose deadline kills the command's whole tree inside the container
-    (the plain-exec path of the library). Like `run`, it passes no stdin: waiting for an
-    input that never ends would defeat the deadline."""
-    from orchestrator.backends.container.executor.plain import run_plain
-    from orchestrator.sandbox.options import Command
-
-    info, container = _main(ref)
-    cmd = Command(argv, {}, _workdir(container), info.main_user or None, timeout, None)
-    chunks = run_plain(_docker_cmd(), container, cmd)
-    try:
-        while True:
-            kind, data = next(chunks)
-            stream = sys.stdout.buffer if kind == "stdout" else sys.stderr.buffer
-            stream.write(data)
-            stream.flush()
-    except StopIteration as stop:
-        outcome = stop.value
-    if outcome.timed_out:
-        typer.echo(f"error: timed out after {timeout:g}s", err=True)
-        return 124
-    return int(outcome.exit_code)
-
-
-def _workdir(container: str) -> str:
-    found = subprocess.run(
-        [*_docker_cmd(), "inspect", "-f", "{{.Config.WorkingDir}}", container],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return found or "/"
-
-
-def shell(ref: str = typer.Argument(..., help="Environment id.")) -> None:
+def shell(
+    ref: str = typer.Argument(..., help="Environment id."),
+    word: str = typer.Argument(None, hidden=True),
+    service: str = typer.Option(None, "--service", "-s", help="Open it in this service."),
+    user: str = typer.Option(None, "--user", "-u", help='As this user ("uid[:gid]", "root").'),
+) -> None:
     """Open an interactive shell (bash where the image has it) in a running environment."""
-    from orchestrator.backends.container.service import SHELL
-
-    raise typer.Exit(subprocess.call([*_main_exec(ref), "/bin/sh", "-c", SHELL]))
+    if word is not None:
+        raise UsageError(f"`shell ID {word}`: to open it in service {word!r}, use --service {word}")
+    with _attach(ref) as rt:
+        place = rt.service(service) if service else rt
+        argv = list(place.connection(user=user).shell)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        argv = ["-i" if a == "-it" else a for a in argv]  # no terminal to give it
+    raise typer.Exit(subprocess.call(argv))
 
 
 def down(
@@ -415,22 +437,72 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable outp
 
 def logs(
     ref: str = typer.Argument(..., help="Environment id."),
-    service: str = typer.Argument(None, help="Only this service."),
+    service: str = typer.Argument(None, help="Only this service (default: every one)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
-    tail: int = typer.Option(None, "--tail", "-n", help="Only the last N lines."),
+    tail: int = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines."),
 ) -> None:
-    """Print the logs of an environment's containers."""
-    from orchestrator.backends.container.inventory import find_project
+    """Print what an environment's containers printed: the main sandbox's first, then each
+    service's, each line after its service's name when there are several."""
+    with _attach(ref) as rt:
+        services = [service] if service else ["main", *sorted(rt.env.spec.services)]
+        for name in services:
+            rt.service(name)  # an unknown one fails here, naming the known ones
+        printer = _LogPrinter(services if len(services) > 1 else [])
+        readers = [
+            threading.Thread(
+                target=printer.copy, args=(name, rt.logs(name, tail=tail, follow=follow))
+            )
+            for name in services
+        ]
+        for reader in readers if follow else []:
+            reader.daemon = True
+            reader.start()
+        for reader in readers:
+            if follow:
+                while reader.is_alive():
+                    reader.join(0.5)  # Ctrl-C still reaches us
+            else:
+                reader.run()
+    if printer.error is not None:
+        raise printer.error
 
-    info = find_project(ref)
-    argv = [*_docker_cmd(), "compose", "-p", info.name, "logs", "--no-color"]
-    if follow:
-        argv.append("-f")
-    if tail is not None:
-        argv += ["--tail", str(tail)]
-    if service:
-        argv.append(service)
-    raise typer.Exit(subprocess.call(argv))
+
+class _LogPrinter:
+    """Lines of several services on stdout, whole, each after its service's name."""
+
+    LINE_LIMIT = 64 * 1024
+
+    def __init__(self, prefixed: list[str]) -> None:
+        width = max((len(n) for n in prefixed), default=0)
+        self._prefix = {n: f"{n.ljust(width)} | ".encode() for n in prefixed}
+        self._lock = threading.Lock()
+        self.error: OrchestratorError | None = None
+
+    def copy(self, name: str, chunks: Iterator[bytes]) -> None:
+        prefix, partial, wrote = self._prefix.get(name, b""), b"", False
+        try:
+            for chunk in chunks:
+                wrote = True
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                if len(partial) > self.LINE_LIMIT:  # a line without end: out in pieces
+                    lines, partial = [*lines, partial], b""
+                self._write(b"".join(prefix + line + b"\n" for line in lines))
+            if partial:
+                self._write(prefix + partial + b"\n")
+        except OrchestratorError as exc:
+            self.error = exc
+        if not wrote and name == "main":
+            typer.echo(
+                "main: no output of its own (commands run with `orchestrator exec` print to "
+                "their caller)",
+                err=True,
+            )
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
 
 
 def cleanup(
@@ -481,70 +553,29 @@ def snapshot(
 ) -> None:
     """Save a running environment's workspace as a snapshot (resume it with `up --resume`);
     or list or remove snapshots."""
-    from orchestrator.sandbox import snapshot as snapshots
+    from orchestrator import Snapshot, list_snapshots
 
     if list_:
-        for snap in snapshots.list_snapshots():
+        for snap in list_snapshots():
             fields = (snap.name, snap.env, snap.created, snap.size, snap.path, snap.image or "-")
             typer.echo("\t".join(map(str, fields)))
         return
     if remove:
-        found = snapshots.Snapshot.named(remove)  # nothing outside the snapshots folder
+        found = Snapshot.named(remove)  # nothing outside the snapshots folder
         found.remove()
         typer.echo(f"removed {found.name}")
         return
     if not ref:
         raise UsageError("name an environment id, or pass --list or --rm NAME")
-    from orchestrator.backends.container import images
-    from orchestrator.backends.container.identity import LABEL_DIGEST
-    from orchestrator.sandbox.options import snapshot_limit
-
     if not 0 < timeout < float("inf"):
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
-    info, container = _main(ref)
-    path = snapshots.archive_path(info.env, output)
-    archive = _pack_workspace(info, container, limit or snapshot_limit(), timeout)
-    image = images.commit(container, path.with_suffix(".json")) if filesystem else ""
-    snap = snapshots.save(archive, info.env, info.labels.get(LABEL_DIGEST, ""), path, image)
+    with _attach(ref) as rt:
+        try:
+            snap = rt.snapshot(output, limit=limit, filesystem=filesystem, timeout=timeout)
+        except SandboxFileTimeout:
+            raise OrchestratorError(
+                f"packing the workspace {rt.workdir} of {rt.info().id} took more than "
+                f"{timeout:g}s and was killed: pass a longer --timeout, or make the workspace "
+                "smaller"
+            ) from None
     typer.echo(snap.path)
-
-
-def _pack_workspace(info: ProjectInfo, container: str, limit: int, timeout: float) -> bytes:
-    """The main container's working folder as a tar stream, packed inside it as its user,
-    through the library's plain-exec path: past `limit` bytes, or `timeout` seconds, the
-    packing is killed (its whole tree in the container) and the snapshot refused. Memory
-    stays within `limit` (and 64 KiB of its errors) whatever the workspace holds."""
-    from orchestrator.backends.container.executor.plain import run_plain
-    from orchestrator.errors import OrchestratorError, OutputLimitExceeded
-    from orchestrator.sandbox import files
-    from orchestrator.sandbox.options import SNAPSHOT_LIMIT_ENV, Command
-    from orchestrator.sandbox.results import TailBuffer, decode
-
-    workdir = _workdir(container)
-    argv = files.download_argv(workdir)
-    cmd = Command(argv, {}, "/", info.main_user or None, timeout, None)
-    archive, err = bytearray(), TailBuffer(64 * 1024)
-    chunks = run_plain(_docker_cmd(), container, cmd)
-    try:
-        while True:
-            kind, data = next(chunks)
-            if kind != "stdout":
-                err.add(data)
-                continue
-            archive += data
-            if len(archive) > limit:
-                raise OutputLimitExceeded(
-                    f"the workspace {workdir} of {info.name} packs to more than the limit of "
-                    f"{limit} bytes: pass --limit or set {SNAPSHOT_LIMIT_ENV}, or make it smaller"
-                )
-    except StopIteration as stop:
-        outcome = stop.value
-    finally:
-        chunks.close()  # given up: the packing is killed in the container
-    if outcome.timed_out:
-        raise OrchestratorError(
-            f"packing the workspace {workdir} of {info.name} took more than {timeout:g}s and "
-            "was killed: pass a longer --timeout, or make the workspace smaller"
-        )
-    files.raise_for_folder(outcome.exit_code, workdir, "snapshot", decode(err.value()))
-    return bytes(archive)

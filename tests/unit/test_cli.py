@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,3 +133,88 @@ def test_run_named_file_command_resolves_static_assets(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "no command named 'nope' (known: show)" in unknown.stderr
     both = cli("run", "--named", "show", str(env), "--", "true")
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_doctor_checks_the_engine_it_is_told_to(tmp_path: Path) -> None:
+    """`--host` (of the CLI, or of doctor itself) is the engine doctor checks, not the
+    local one: an address where no engine answers fails the engine check, naming it."""
+    nowhere = f"unix://{tmp_path / 'no-engine.sock'}"
+    for args in (["--host", nowhere, "doctor"], ["doctor", "--host", nowhere]):
+        done = cli(*args)
+        assert done.returncode == 1, done.stdout
+        assert f"[fail] Docker engine at {nowhere} not reachable" in done.stdout
+
+
+def test_exec_usage_is_checked_before_any_engine_call() -> None:
+    done = cli("exec", "orch-none-00000000", "--timeout", "0", "--", "true")
+    assert done.returncode == 2 and "--timeout must be a positive" in done.stderr
+    done = cli("exec", "orch-none-00000000", "--service")
+    assert done.returncode == 2 and "--service needs a value" in done.stderr
+    done = cli("exec", "orch-none-00000000", "--servce", "side", "--", "true")
+    assert done.returncode == 2 and "exec has no option --servce" in done.stderr
+
+
+PUBLIC = {"orchestrator", "orchestrator.errors", "orchestrator.cli.progress"}
+
+
+def test_commands_on_environments_use_public_names_only() -> None:
+    """up, pool, run, exec, shell, logs and snapshot reach environments through the public
+    API (`attach`, the runtime protocol), never through a backend's modules."""
+    import ast
+
+    from orchestrator.cli import lifecycle
+
+    tree = ast.parse(Path(lifecycle.__file__).read_text())
+    top = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+    assert top <= {"__future__", *PUBLIC, "collections.abc", "dataclasses", "pathlib", "typing"}
+    helpers = {"_load", "_attach", "_claim", "_start_many", "_stream", "_described"}
+    commands = {"up", "pool", "run", "exec_", "shell", "logs", "snapshot", *helpers}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in commands:
+            used = {n.module or "" for n in ast.walk(node) if isinstance(n, ast.ImportFrom)}
+            ours = {m for m in used if m.startswith("orchestrator")}
+            assert ours <= PUBLIC, (node.name, ours - PUBLIC)
+
+
+def test_attach_trusts_no_record_it_did_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record planted as a link, grown past its bound, or holding a hostile file is
+    refused with a clear error, as is a project folder that is a link: nothing is started
+    from it and nothing outside the state folder is read."""
+    from orchestrator import ProjectNotFound, UsageError, attach
+    from orchestrator.sandbox.attach import RECORD, RECORD_LIMIT
+
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path))
+    folder = tmp_path / "projects" / "orch-planted-0011aabb"
+    folder.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}")
+    (folder / RECORD).symlink_to(elsewhere)
+    with pytest.raises(ProjectNotFound, match="no record"):
+        attach("orch-planted-0011aabb")
+    (folder / RECORD).unlink()
+    (folder / RECORD).write_bytes(b" " * (RECORD_LIMIT + 1))
+    with pytest.raises(ProjectNotFound, match="cannot be read"):
+        attach("0011aabb")
+    spec = {"version": 1, "name": "x", "image": "i", "network": {"mode": "bridged"}}
+    record = {"backend": "docker", "host": "", "source": "s", "base_dir": "/", "state": {}}
+    (folder / RECORD).write_text(json.dumps({**record, "spec": spec}))
+    with pytest.raises(ProjectNotFound, match="cannot be read"):
+        attach("0011aabb")
+    spec["network"] = {"mode": "none"}
+    (folder / RECORD).write_text(json.dumps({**record, "spec": spec, "backend": "nosuch"}))
+    with pytest.raises(UsageError, match="unknown backend 'nosuch'"):
+        attach("0011aabb")
+    linked = tmp_path / "projects" / "orch-linked-0022bbcc"
+    linked.symlink_to(folder)
+    with pytest.raises(ProjectNotFound, match="no environment"):
+        attach("orch-linked-0022bbcc")
+    shown = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "exec", "0011aabb", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ORCHESTRATOR_STATE_DIR": str(tmp_path)},
+    )
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr

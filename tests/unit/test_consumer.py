@@ -49,9 +49,14 @@ from orchestrator import (
     StreamKind,
     UsageError,
     __version__,
+    attach,
+    attachable,
+    backend_class,
+    get_runtime_class,
     list_snapshots,
     load_environment,
     load_environment_text,
+    prepare,
     register_runtime,
     runtime_names,
     spawn_runtime,
@@ -151,12 +156,17 @@ def test_a_consumer_program(tmp_path: Path) -> None:
         saved: Snapshot = rt.snapshot("consumer-snap")
         assert saved in list_snapshots()
         backend = type(rt)
+    assert backend_class(env) is get_runtime_class(env.backend) is backend
     options = SpawnOptions(workspace=tmp_path / "ws", policy=Policy(), disable_setup=True)
     with backend.spawn(env, options) as direct:  # a backend class spawns directly too
         assert direct.setup_result is None and direct.execute("pwd").ok
     with spawn_runtime(env, workspace=tmp_path / "resumed", resume="consumer-snap") as again:
         assert again.read_file("f.bin", text=False) == b"\x00\xff"
     saved.remove()
+    assert prepare(env).digest == env.digest  # once before many spawns
+    assert attachable(env) == []  # a local sandbox is left running for no one to attach to
+    with pytest.raises(CALLER_ERRORS):
+        attach("orch-consumer-00000000")  # a Runtime, for an environment left running
     with Pool(env, size=1) as pool:
         pooled: Runtime = pool.acquire(timeout=30)
         assert grade(pooled, "echo pooled") == (0, "pooled\n")

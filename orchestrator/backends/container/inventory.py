@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
+import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,11 @@ from python_on_whales.utils import run
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
     COMPOSE_SERVICE,
+    NoSuchContainer,
+    NoSuchNetwork,
     docker_client,
     docker_errors,
     engine_call,
-    published_ports,
 )
 from orchestrator.backends.container.identity import (
     DETACHED,
@@ -35,6 +38,7 @@ from orchestrator.backends.container.identity import (
     LABEL_PROJECT,
     LABEL_STARTED,
     PROJECT_PREFIX,
+    folder_backend,
     folder_engine,
     folder_owner,
     is_project_name,
@@ -44,11 +48,12 @@ from orchestrator.backends.container.identity import (
     our_folder,
     owner_alive,
     project_folders,
+    reap_folder,
 )
 from orchestrator.backends.container.layout import USER_LABEL
 from orchestrator.backends.container.membership import CLAIMED, READY, membership, move
-from orchestrator.backends.swarm import stack as swarm
 from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound
+from orchestrator.sandbox.attach import match_id
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN
 
@@ -62,6 +67,8 @@ class ProjectInfo:
     networks: list[str]
     main_user: str = ""
     """The user commands run as in the main container ("uid:gid"; "" if unknown)."""
+    ports: list[PublishedPort] = field(default_factory=list)
+    """Published ports of its containers, as the listing read them."""
 
     @property
     def env(self) -> str:
@@ -108,8 +115,20 @@ def _rows(client: DockerClient, kind: list[str], fields: list[str]) -> list[list
     fmt = "[" + ",".join([*fields, *labels]) + "]"
     argv = [*client.client_config.docker_cmd, *kind, "--filter"]
     argv += [f"label={LABEL_MANAGED}=1", "--format", fmt]
-    out = engine_call(f"listing ({' '.join(kind)})", lambda: run(argv, return_stderr=False))
+    for attempt in range(LIST_TRIES):
+        try:
+            out = engine_call(f"listing ({' '.join(kind)})", lambda: run(argv, return_stderr=False))
+            break
+        except (NoSuchContainer, NoSuchNetwork):  # the engine tripped over one just removed
+            if attempt == LIST_TRIES - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
     return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+LIST_TRIES = 5
+"""Listings made while the engine removes one of the objects it lists can fail over it;
+they are made again, this many times at most."""
 
 
 def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
@@ -120,9 +139,8 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     client = client or docker_client()
     found: dict[str, ProjectInfo] = {}
     n = len(LISTED_LABELS)
-    for cid, state, *values in _rows(
-        client, ["ps", "-a", "--no-trunc"], ["{{json .ID}}", "{{json .State}}"]
-    ):
+    fields = ["{{json .ID}}", "{{json .State}}", "{{json .Ports}}"]
+    for cid, state, ports, *values in _rows(client, ["ps", "-a", "--no-trunc"], fields):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if not is_project_name(name):
@@ -130,6 +148,7 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
         info = found.setdefault(name, ProjectInfo(name, labels, [], []))
         service = labels.get(COMPOSE_SERVICE, "")
         info.containers.append((cid[:12], service, state))
+        info.ports += parse_ports(service, ports)
         if service == MAIN:
             info.main_user = labels.get(USER_LABEL, "")
     for nid, *values in _rows(client, ["network", "ls", "--no-trunc"], ["{{json .ID}}"]):
@@ -140,7 +159,29 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
-MIN_PREFIX = 6
+_PORT = re.compile(
+    r"(?P<ip>.*):(?P<host>\d+)(?:-(?P<host_end>\d+))?->"
+    r"(?P<port>\d+)(?:-(?P<port_end>\d+))?/(?P<proto>tcp|udp|sctp)"
+)
+
+
+def parse_ports(service: str, text: str) -> list[PublishedPort]:
+    """The published ports in a `docker ps` Ports column ("127.0.0.1:32768->80/tcp,
+    [::1]:8000-8001->8000-8001/tcp, 9000/tcp"): ranges unfolded, ports not published
+    (no "->") left out, in the order `published_ports` gives."""
+    out = []
+    for part in text.split(","):
+        m = _PORT.fullmatch(part.strip())
+        if m is None or m["proto"] == "sctp":
+            continue
+        host, port = int(m["host"]), int(m["port"])
+        span = int(m["port_end"] or port) - port
+        if int(m["host_end"] or host) - host != span:
+            continue  # not a form docker writes
+        ip = m["ip"][1:-1] if m["ip"].startswith("[") else m["ip"]
+        proto: Any = m["proto"]
+        out += [PublishedPort(service, port + i, proto, ip, host + i) for i in range(span + 1)]
+    return sorted(out, key=lambda p: f"{p.container}/{p.protocol}")
 
 
 @dataclass(frozen=True)
@@ -162,18 +203,12 @@ class ProjectStatus:
 
 def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectStatus], list[str]]:
     """Our environments, after reaping those whose owner is gone (returned second, by name),
-    with the ports of all of them read in one engine call."""
+    with their ports as the one listing call read them: nothing is inspected afterwards, so
+    containers removed meanwhile by anyone cannot fail it."""
     client = client or docker_client()
     projects = list_projects(client)
     removed = reap(client=client, projects=projects)  # owners gone: list nothing of theirs
     live = [p for p in projects if p.name not in removed]
-    ids = [cid for p in live for cid, _, _ in p.containers]
-    ports: dict[str, list[PublishedPort]] = {}
-    if ids:
-        containers = engine_call("reading published ports", lambda: client.container.inspect(ids))
-        for c in containers:
-            project = (c.config.labels or {}).get(LABEL_PROJECT, "")
-            ports.setdefault(project, []).extend(published_ports([c]))
     statuses = [
         ProjectStatus(
             id=p.name,
@@ -182,7 +217,7 @@ def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectSt
             state=",".join(sorted({state for _, _, state in p.containers})) or "no containers",
             containers=len(p.containers),
             networks=len(p.networks),
-            ports=tuple(ports.get(p.name, ())),
+            ports=tuple(p.ports),
             pool=" ".join(membership(p.directory) or ()),
         )
         for p in live
@@ -211,32 +246,8 @@ def claim_from_pool(
 
 
 def match_project(ref: str, names: list[str]) -> str:
-    """The one name `ref` means: the full name, its short id (the 8 hex digits at the end),
-    its environment's whole name (`orch-web` for `orch-web-0011aabb`), or a unique prefix
-    with at least MIN_PREFIX characters after the `orch-` every name starts with. Nothing
-    looser: `down o` or `down orch-z` must not take down whatever happens to start so."""
-    if ref in names:
-        return ref
-    short = [n for n in names if n.rsplit("-", 1)[-1] == ref]
-    significant = len(ref) - len(PROJECT_PREFIX) if ref.startswith(PROJECT_PREFIX) else 0
-    prefixed = [
-        n
-        for n in names
-        if n.startswith(ref) and (significant >= MIN_PREFIX or n.rsplit("-", 1)[0] == ref)
-    ]
-    matches = short or prefixed
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        raise ProjectNotFound(f"{ref!r} matches several: {', '.join(matches)}; give more of it")
-    known = ", ".join(names) or "none running"
-    hint = ""
-    if significant < MIN_PREFIX:
-        hint = (
-            f" (a prefix needs at least {MIN_PREFIX} characters after {PROJECT_PREFIX!r}, "
-            "or the environment's whole name)"
-        )
-    raise ProjectNotFound(f"no environment {ref!r}{hint}; known: {known}")
+    """The one name `ref` means (see `orchestrator.sandbox.attach.match_id`)."""
+    return match_id(ref, names, prefix=PROJECT_PREFIX)
 
 
 def find_project(ref: str, client: DockerClient | None = None) -> ProjectInfo:
@@ -280,9 +291,9 @@ def reap(
     images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
     live = {p.name for p in projects if p.name not in removed}
     for folder in orphan_folders(live):
-        if swarm.is_stack_folder(folder):  # a stack on a Swarm whose owner is gone
-            with contextlib.suppress(OrchestratorError):  # the manager is away: next reap
-                swarm.remove_stack_folder(folder)
+        if folder_backend(folder) is not None:  # another backend's (a stack on a Swarm)
+            with contextlib.suppress(OrchestratorError):  # its engine is away: next reap
+                reap_folder(folder)
                 removed.append(folder.name)
             continue
         if _removed_elsewhere(folder, client):
@@ -302,9 +313,9 @@ def orphan_folders_of(owner: dict[str, str]) -> list[str]:
     for folder in project_folders():
         if folder_owner(folder) != owner:
             continue
-        if swarm.is_stack_folder(folder):
-            with contextlib.suppress(OrchestratorError):  # the manager is away: next reap
-                swarm.remove_stack_folder(folder)
+        if folder_backend(folder) is not None:  # another backend's (a stack on a Swarm)
+            with contextlib.suppress(OrchestratorError):  # its engine is away: next reap
+                reap_folder(folder)
                 removed.append(folder.name)
         elif _removed_elsewhere(folder):
             removed.append(folder.name)
@@ -362,6 +373,9 @@ def wait_for_reaper(timeout: float = 10.0) -> None:
     """Let a background reap finish (a short-lived process such as `orchestrator up`)."""
     if _reaper is not None:
         _reaper.join(timeout)
+
+
+atexit.register(wait_for_reaper)  # a short-lived process (`orchestrator up`) lets it end
 
 
 def _listed(client: DockerClient, name: str) -> tuple[list[str], list[str]]:

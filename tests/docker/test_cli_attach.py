@@ -1,0 +1,127 @@
+"""`orchestrator.attach(id)` and the CLI commands built on it: `orchestrator exec` and
+`rt.execute` agree on exit codes and output on the same environment, on the main sandbox and
+on a sidecar; compose's `exec ID SERVICE -- cmd` never runs a command named after the
+service; `logs` names the services; `up` and `run` print the runtime's warnings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import Runtime, SandboxUnavailable, attach
+from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
+
+CLI = [sys.executable, "-m", "orchestrator"]
+TWO = f"""services:
+  side:
+    image: {BUSYBOX_IMAGE}
+    command: ["sleep", "3600"]
+setup:
+  commands: ["printf 'echo no' > noexec && chmod 644 noexec"]
+"""
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def running(make_env: MakeEnv) -> Iterator[str]:
+    """An environment left running by `orchestrator up` (a python main, a busybox side)."""
+    up = cli("up", str(make_env(TWO, name="attached")))
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        yield ident
+    finally:
+        down = cli("down", ident)
+        assert down.returncode == 0, down.stderr
+
+
+CASES = [
+    ("success", ["true"], None, 0),
+    ("non-zero exit", ["sh", "-c", "exit 3"], None, 3),
+    ("missing command", ["no-such-command", "x"], None, 127),
+    ("not executable", ["./noexec", "x"], None, 126),
+    ("timeout", ["sleep", "30"], 1.0, 124),
+]
+
+
+def test_exec_and_execute_agree_on_exit_codes(running: str) -> None:
+    with attach(running) as rt:  # leaving the block leaves it running
+        assert rt.info().id == running
+        assert rt.info().exec_mode == "executor"  # python3 in the image: as a spawn
+        for what, argv, timeout, code in CASES:
+            result = rt.execute(argv, timeout=timeout)
+            library = 124 if result.timed_out else result.exit_code
+            flags = ["--timeout", f"{timeout:g}"] if timeout else []
+            done = cli("exec", running, *flags, "--", *argv)
+            assert (what, library, done.returncode) == (what, code, code), done.stderr
+    assert cli("exec", running, "--", "true").returncode == 0  # still running
+
+
+def test_exec_splits_output_and_reaches_a_sidecar(running: str) -> None:
+    done = cli("exec", running, "--", "echo out; echo err >&2; exit 5")
+    assert (done.returncode, done.stdout, done.stderr.strip()) == (5, "out\n", "err")
+    with attach(running[-8:]) as rt:  # the short id, as `down` takes
+        side = rt.service("side").execute(["sh", "-c", "echo $HOSTNAME; exit 4"])
+    for args in (["--service", "side"], ["-s", "side"]):
+        done = cli("exec", running, *args, "--", "sh", "-c", "echo $HOSTNAME; exit 4")
+        assert (done.returncode, done.stdout) == (side.exit_code, side.stdout)
+    as_user = cli("exec", running, "--user", "1234", "--workdir", "/tmp", "--", "id -u; pwd")
+    assert as_user.stdout.split() == ["1234", "/tmp"]
+
+
+def test_compose_service_form_is_refused_not_run(running: str) -> None:
+    done = cli("exec", running, "side", "--", "echo", "hi")
+    assert done.returncode == 2
+    assert "use --service side" in done.stderr and done.stdout == ""
+    shell = cli("shell", running, "side")
+    assert shell.returncode == 2 and "use --service side" in shell.stderr
+
+
+def test_logs_names_the_services_and_shows_the_main_sandbox(running: str) -> None:
+    unknown = cli("logs", running, "nosuch")
+    assert unknown.returncode == 2
+    assert "nosuch" in unknown.stderr and "main, side" in unknown.stderr
+    shown = cli("logs", running)
+    assert shown.returncode == 0 and "main" in shown.stderr
+
+
+def test_killed_sandbox_is_one_line_and_the_unavailable_code(running: str) -> None:
+    with attach(running) as rt:
+        container = rt.info().container
+        assert container is not None
+        subprocess.run(["docker", "kill", container], capture_output=True, check=True)
+        with pytest.raises(SandboxUnavailable) as raised:
+            rt.execute(["true"])
+    done = cli("exec", running, "--", "true")
+    assert done.returncode == raised.value.exit_code == 3
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "not running" in done.stderr
+
+
+def test_cleanup_of_an_attached_runtime_removes_it(make_env: MakeEnv) -> None:
+    up = cli("up", str(make_env("", name="attachgone")))
+    assert up.returncode == 0, up.stderr
+    rt: Runtime = attach(up.stdout.strip())
+    rt.cleanup()  # as `down`
+    gone = cli("exec", up.stdout.strip(), "--", "true")
+    assert gone.returncode == 2 and "no environment" in gone.stderr
+
+
+def test_up_and_run_print_the_runtime_warnings(make_env: MakeEnv) -> None:
+    path = make_env("network:\n  ports: [{container: 8000}]\n", name="warned")
+    want = "warning: published ports need a non-internal network"
+    ran = cli("run", str(path), "--", "true")
+    assert ran.returncode == 0 and want in ran.stderr, ran.stderr
+    up = cli("up", str(path))
+    try:
+        assert up.returncode == 0 and want in up.stderr, up.stderr
+    finally:
+        cli("down", up.stdout.strip())
+    assert Path(path).exists()
