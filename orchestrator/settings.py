@@ -12,6 +12,8 @@ from orchestrator.errors import UsageError
 
 T = TypeVar("T")
 
+FILE_TIMEOUT_ENV = "ORCHESTRATOR_FILE_TIMEOUT"
+
 
 def _read(name: str, parse: Callable[[str], T], valid: Callable[[T], bool], want: str) -> T | None:
     """The variable parsed, None when unset or empty; a UsageError naming it when invalid."""
@@ -48,3 +50,8 @@ def network(name: str, default: str) -> ipaddress.IPv4Network | ipaddress.IPv6Ne
 def choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = _read(name, str, lambda v: v in choices, f"one of {', '.join(choices)}")
     return default if value is None else value
+
+
+def file_timeout() -> float:
+    """Seconds a file call may take when the call gives no `timeout=`."""
+    return number(FILE_TIMEOUT_ENV, 600.0)

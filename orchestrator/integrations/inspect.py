@@ -35,6 +35,16 @@ from inspect_ai.util import (
 )
 from inspect_ai.util._sandbox.environment import HostMapping, PortMapping
 
+from orchestrator import (
+    Environment,
+    PublishedPort,
+    Runtime,
+    Sandbox,
+    attach,
+    load_environment,
+    prepare,
+    spawn_runtime,
+)
 from orchestrator.errors import (
     OrchestratorError,
     OutputLimitExceeded,
@@ -42,11 +52,7 @@ from orchestrator.errors import (
     SandboxUnavailable,
     UsageError,
 )
-from orchestrator.sandbox.base import Runtime, Sandbox
-from orchestrator.sandbox.options import file_timeout
-from orchestrator.sandbox.registry import prepare, spawn_runtime
-from orchestrator.spec.loader import Environment, load_environment
-from orchestrator.spec.models import PublishedPort
+from orchestrator.settings import file_timeout
 from orchestrator.spec.resolve import MAIN
 
 PROVIDER = "orchestrator"
@@ -227,19 +233,21 @@ class OrchestratorSandbox(SandboxEnvironment):
     async def cli_cleanup(cls, id: str | None) -> None:
         """`inspect sandbox cleanup orchestrator [ID]`: that environment, or every one of ours
         whose owner is gone (kept ones included)."""
-        from orchestrator.backends.container.inventory import find_project, reap, remove_project
-
         if id is None:
+            # the reaper of the container backends (a listing hook on the backend interface
+            # is not there yet)
+            from orchestrator.backends.container.inventory import reap
+
             for name in await _call(lambda: reap(include_kept=True)):
                 print(f"removed {name}")
             return
         try:
-            info = await _call(lambda: find_project(id))
+            runtime = await _call(lambda: attach(id))
         except ProjectNotFound as exc:
             print(f"error: {exc}")
             return
-        await _call(lambda: remove_project(info))
-        print(f"removed {info.name}")
+        await _call(runtime.cleanup)
+        print(f"removed {runtime.info().id}")
 
     # ----- calls -----------------------------------------------------------------------------
     async def exec(

@@ -17,7 +17,6 @@ OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"
 FILE_LIMIT_ENV = "ORCHESTRATOR_FILE_LIMIT"
 SETUP_TIMEOUT_ENV = "ORCHESTRATOR_SETUP_TIMEOUT"
 SNAPSHOT_LIMIT_ENV = "ORCHESTRATOR_SNAPSHOT_LIMIT"
-FILE_TIMEOUT_ENV = "ORCHESTRATOR_FILE_TIMEOUT"
 """Seconds a file call (read_file, write_file, upload, download) may take when the caller
 gives no timeout: the sandbox can hold any of them (a FIFO in the path, a stopped `tar`)."""
 GiB = 1024 * MiB
@@ -36,10 +35,6 @@ def default_file_limit() -> int:
 
 def snapshot_limit() -> int:
     return settings.whole(SNAPSHOT_LIMIT_ENV, GiB)
-
-
-def file_timeout() -> float:
-    return settings.number(FILE_TIMEOUT_ENV, 600.0)
 
 
 def setup_timeout() -> float:
