@@ -62,6 +62,7 @@ def _writable(root: Path) -> None:
 
 class LocalRuntime(Runtime):
     name: ClassVar[str] = "local"
+    isolated: ClassVar[bool] = False
     deviations: ClassVar[dict[str, str]] = {
         "resources": "no memory, cpu or pid limits: processes run directly on the host",
         "isolation": "no file-system or network isolation; mounts, ports and network are ignored",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
 from pathlib import Path
 
 import typer
@@ -60,17 +63,50 @@ def render(
 
 
 def _write_project(out: Path, rendered: dict[str, str]) -> None:
-    """Write a backend's rendering under `out`; a path that would leave it is refused."""
+    """Write a backend's rendering under `out`; a path that would leave it is refused, and
+    nothing already in `out` is written through: every folder below it is opened without
+    following links, and each file is written under a new name and renamed into place (so
+    a link or a hard link left there is replaced, never its target)."""
     for rel in rendered:
         parts = Path(rel).parts
         if not parts or Path(rel).is_absolute() or ".." in parts:
             raise UsageError(f"the backend rendered a file outside the project folder: {rel!r}")
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     for rel, text in rendered.items():
-        target = out / rel
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target.write_text(text, encoding="utf-8")
+        *folders, name = Path(rel).parts
+        try:
+            _write_below(out, folders, name, text.encode())
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write {out / rel}: {exc.strerror} (a link in the way is refused; "
+                "render into an empty folder)"
+            ) from None
     typer.echo(f"wrote {out / next(iter(rendered))}", err=True)
+
+
+def _write_below(out: Path, folders: list[str], name: str, data: bytes) -> None:
+    nofollow = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for folder in folders:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o700, dir_fd=fd)
+            inner = os.open(folder, nofollow, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        temp = f".{name}.{secrets.token_hex(8)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        file = os.open(temp, flags, 0o644, dir_fd=fd)
+        try:
+            with os.fdopen(file, "wb") as f:
+                f.write(data)
+            os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
 
 
 def schema() -> None:

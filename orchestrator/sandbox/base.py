@@ -454,6 +454,9 @@ class Runtime(Sandbox):
     deviations: ClassVar[Mapping[str, str]] = {}
     #: The main sandbox runs an image: the file must give exactly one of `image` or `build`.
     needs_image: ClassVar[bool] = False
+    #: Commands run isolated from this host. A backend that says False (local) runs only when
+    #: the caller chooses it or its policy allows a file to (`Policy.allow_unisolated`).
+    isolated: ClassVar[bool] = True
 
     # ----- what the registry and the CLI ask of a backend class (no engine is touched) -----
     @classmethod

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-from orchestrator.errors import SpecError, UsageError
+from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
@@ -25,7 +25,7 @@ from orchestrator.spec.loader import (
     require_main_image,
 )
 from orchestrator.spec.models import Mount, PortMap
-from orchestrator.spec.policy import Policy
+from orchestrator.spec.policy import UNISOLATED_ENV, Policy
 
 ENTRY_POINT_GROUP = "orchestrator.runtimes"
 _BUILTIN = {
@@ -86,13 +86,33 @@ def get_runtime_class(name: str) -> type[Runtime]:
     )
 
 
-def backend_class(env: Environment, backend: str | None = None) -> type[Runtime]:
+def backend_class(
+    env: Environment, backend: str | None = None, *, policy: Policy | None = None
+) -> type[Runtime]:
     """The Runtime class that runs `env`: `backend` (a caller's choice: UsageError when
-    unknown) or the file's own `backend:` (SpecError at that field when unknown)."""
+    unknown) or the file's own `backend:` (SpecError at that field when unknown). A file may
+    choose a backend that isolates nothing (local) only when the caller's `policy` (else
+    ORCHESTRATOR_ALLOW_UNISOLATED) allows it: PolicyError at the field otherwise."""
     if backend:
         return get_runtime_class(backend)
     check_backend(env, runtime_names())
-    return get_runtime_class(env.backend)
+    cls = get_runtime_class(env.backend)
+    if not cls.isolated and not (policy or Policy.from_env()).allow_unisolated:
+        line, col = env.where("backend")
+        raise PolicyError(
+            SpecIssue(
+                env.source,
+                line,
+                col,
+                "backend",
+                f"backend {env.backend!r} runs the file's commands on this host, unisolated; "
+                "a file may not choose that alone",
+                f"choose it as the caller (spawn_runtime(..., backend={env.backend!r}), "
+                f"`orchestrator run --on {env.backend}`), or allow files to with "
+                f"Policy(allow_unisolated=True) / {UNISOLATED_ENV}=1",
+            )
+        )
+    return cls
 
 
 def _load(env: Environment | str | Path) -> Environment:
@@ -146,7 +166,7 @@ def spawn_runtime(
     `setup.resume_commands` instead of `setup.commands`. `host`: the engine to start it on
     (any `docker --host` address; for swarm, the manager), instead of the process's."""
     env = _load(env)
-    cls = backend_class(env, backend)
+    cls = backend_class(env, backend, policy=policy)
     if cls.needs_image:
         require_main_image(env)
     options = SpawnOptions(
@@ -172,5 +192,6 @@ def prepare(
     its backend does ahead of time (`Runtime.prepare`: a Docker backend builds its images now,
     so that spawns starting together do not each build them)."""
     env = _load(env)
-    backend_class(env, backend).prepare(env, policy or Policy.from_env())
+    policy = policy or Policy.from_env()
+    backend_class(env, backend, policy=policy).prepare(env, policy)
     return env

@@ -34,6 +34,7 @@ ROOTS_ENV = "ORCHESTRATOR_ALLOWED_MOUNT_ROOTS"
 CAPS_ENV = "ORCHESTRATOR_ALLOW_CAPS"
 HOST_NETWORK_ENV = "ORCHESTRATOR_ALLOW_HOST_NETWORK"
 ENV_ENV = "ORCHESTRATOR_ALLOW_ENV"
+UNISOLATED_ENV = "ORCHESTRATOR_ALLOW_UNISOLATED"
 
 DEFAULT_CAPS = (
     "AUDIT_WRITE",
@@ -94,6 +95,10 @@ class Policy:
     """Host variables a file's `env_passthrough` may pass into the sandbox
     (ORCHESTRATOR_ALLOW_ENV, comma-separated; "*": any). A variable passes only when the file
     names it (or says "*") and this allows it: the file alone passes none."""
+    allow_unisolated: bool = False
+    """Let a file choose a backend that isolates nothing, whose commands run on this host as
+    the caller (`backend: local`; ORCHESTRATOR_ALLOW_UNISOLATED=1). A caller that names the
+    backend itself (`spawn_runtime(..., backend="local")`, `run --on local`) needs nothing."""
 
     @classmethod
     def from_env(cls) -> Policy:
@@ -105,6 +110,7 @@ class Policy:
             allow_caps=frozenset(_norm_cap(c) for c in caps.split(",") if c.strip()),
             allow_host_network=_truthy(os.environ.get(HOST_NETWORK_ENV)),
             allow_env=frozenset(n.strip() for n in names.split(",") if n.strip()),
+            allow_unisolated=_truthy(os.environ.get(UNISOLATED_ENV)),
         )
 
     def mount_roots(self, env_dir: Path, workspace: Path | None) -> list[Path]:

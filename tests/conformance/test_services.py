@@ -5,21 +5,5 @@ timeouts on a sidecar. The local backend has no services: it lists the deviation
 
 from __future__ import annotations
 
-import dataclasses
-
-import pytest
-
-from orchestrator.testing import Target
 from orchestrator.testing.services import *  # noqa: F403
-from tests.conformance.test_conformance import TARGETS
-
-
-@pytest.fixture(scope="module", params=TARGETS, ids=[t.id for t in TARGETS])
-def conformance_target(request: pytest.FixtureRequest) -> Target:
-    target: Target = request.param
-    if target.backend == "swarm":
-        request.getfixturevalue("swarm_cluster")  # before the module's runtime starts
-    if target.id == "docker-remote":  # the Docker backend on another machine's engine
-        engine = request.getfixturevalue("remote_engine")
-        target = dataclasses.replace(target, process_env={"ORCHESTRATOR_DOCKER_HOST": engine})
-    return target
+from tests.conformance.test_conformance import conformance_target  # noqa: F401  (the targets)

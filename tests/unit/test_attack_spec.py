@@ -113,7 +113,7 @@ def test_local_backend_passes_no_host_secret_on_the_files_word(tmp_path: Path, s
     with spawn_runtime(path) as rt:
         assert secret not in rt.execute("env").stdout
         assert any(SECRET in w and "ORCHESTRATOR_ALLOW_ENV" in w for w in rt.warnings)
-    with spawn_runtime(path, policy=allow_secret()) as rt:
+    with spawn_runtime(path, backend="local", policy=allow_secret()) as rt:
         assert f"{SECRET}={secret}" in rt.execute("env").stdout
 
 

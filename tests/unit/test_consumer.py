@@ -127,7 +127,7 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     env: Environment = load_environment_text(text, source="c.yaml", base_dir=tmp_path)
     (tmp_path / "env.yaml").write_text(text)
     assert load_environment(tmp_path / "env.yaml").digest == env.digest
-    with spawn_runtime(env, workspace=tmp_path / "ws", policy=Policy()) as rt:
+    with spawn_runtime(env, workspace=tmp_path / "ws", policy=Policy(allow_unisolated=True)) as rt:
         assert grade(rt, "echo hi") == (0, "hi\n")
         assert grade(rt.service("main"), "echo main") == (0, "main\n")
         assert grade(rt, "echo no >&2; exit 3") == (3, "no\n")
