@@ -27,20 +27,49 @@ from tests.docker.conftest import within as _within
 TREE = "mkdir -p tree/d && for i in $(seq 40); do head -c 50000 /dev/urandom > tree/d/f$i; done"
 BOUND = 10.0
 
+# The transfer folder (/.orchestrator-io) has mode 0700: a user other than its owner cannot
+# even list it. As root, tell every user the names of the FIFOs in it, so that the attacks
+# below still try each FIFO (their mode 0 alone must stop them).
+LISTER = r"""
+import os, time
+while True:
+    names = os.listdir("/.orchestrator-io")
+    with open("/tmp/fifo-names.new", "w") as fh:
+        fh.write("\n".join(names))
+    os.chmod("/tmp/fifo-names.new", 0o644)
+    os.rename("/tmp/fifo-names.new", "/tmp/fifo-names")
+    time.sleep(0.0005)
+"""
+
+NAMES = r"""
+import os, select, time
+
+def names():
+    try:
+        return os.listdir("/.orchestrator-io")
+    except OSError:
+        try:
+            with open("/tmp/fifo-names") as fh:
+                return fh.read().split()
+        except OSError:
+            return []
+"""
+
 # As uid 1000: open every download FIFO for writing and write into it; record what it saw
 # and what it could write.
-WRITER = r"""
-import os, time
+WRITER = (
+    NAMES
+    + r"""
 seen = set()
 while True:
-    for n in os.listdir("/.orchestrator"):
+    for n in names():
         if not n.startswith("out-"):
             continue
         if n not in seen:
             seen.add(n)
             open("/tmp/saw-" + n, "w").close()
         try:
-            fd = os.open("/.orchestrator/" + n, os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open("/.orchestrator-io/" + n, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             continue
         try:
@@ -51,20 +80,22 @@ while True:
         os.close(fd)
     time.sleep(0.0005)
 """
+)
 
 # As uid 1000: read every upload FIFO it can open, appending what it gets to /tmp/stolen.
-READER = r"""
-import os, select, time
+READER = (
+    NAMES
+    + r"""
 seen = set()
 while True:
-    for n in os.listdir("/.orchestrator"):
+    for n in names():
         if not n.startswith("in-"):
             continue
         if n not in seen:
             seen.add(n)
             open("/tmp/saw-" + n, "w").close()
         try:
-            fd = os.open("/.orchestrator/" + n, os.O_RDONLY | os.O_NONBLOCK)
+            fd = os.open("/.orchestrator-io/" + n, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             continue
         with open("/tmp/stolen", "ab") as out:
@@ -81,6 +112,7 @@ while True:
         os.close(fd)
     time.sleep(0.0005)
 """
+)
 
 # As root: open each download FIFO; once the packer (`tar -c`) has come and gone, write
 # one byte every 20 ms into it, for as long as anyone reads.
@@ -99,12 +131,12 @@ def packing():
 
 done = set()
 while True:
-    for n in os.listdir("/.orchestrator"):
+    for n in os.listdir("/.orchestrator-io"):
         if not n.startswith("out-") or n in done:
             continue
         done.add(n)
         try:
-            fd = os.open("/.orchestrator/" + n, os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open("/.orchestrator-io/" + n, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             continue
         if os.fork() == 0:
@@ -129,12 +161,12 @@ while True:
 
 def _fifos(rt: ComposeRuntime) -> list[str]:
     assert rt.project is not None
-    return [p.name for p in (rt.project.directory / "sandbox").iterdir() if p.is_fifo()]
+    return [p.name for p in (rt.project.directory / "io" / "main").iterdir() if p.is_fifo()]
 
 
-def _in_background(rt: ComposeRuntime, script: str, user: str) -> None:
-    rt.write_file("/tmp/attack.py", script)
-    rt.execute("nohup python3 /tmp/attack.py >/dev/null 2>&1 &", user=user, check=True)
+def _in_background(rt: ComposeRuntime, script: str, user: str, name: str = "attack") -> None:
+    rt.write_file(f"/tmp/{name}.py", script)
+    rt.execute(f"nohup python3 /tmp/{name}.py >/dev/null 2>&1 &", user=user, check=True)
 
 
 def _count(rt: ComposeRuntime, prefix: str) -> int:
@@ -147,6 +179,7 @@ def test_another_sandbox_user_cannot_write_into_a_download(
     with spawn_runtime(make_env("", name="fifowrite")) as rt:
         assert isinstance(rt, ComposeRuntime)
         rt.execute(TREE + " && head -c 20000000 /dev/urandom > tree/blob", check=True)
+        _in_background(rt, LISTER, "0", "lister")
         _in_background(rt, WRITER, "1000")
         for n in range(5):
             out = tmp_path / f"out{n}"
@@ -164,6 +197,7 @@ def test_another_sandbox_user_cannot_read_an_upload(make_env: MakeEnv, tmp_path:
     (secret / "key").chmod(0o600)
     with spawn_runtime(make_env("", name="fiforead")) as rt:
         assert isinstance(rt, ComposeRuntime)
+        _in_background(rt, LISTER, "0", "lister")
         _in_background(rt, READER, "1000")
         for n in range(3):
             with contextlib.suppress(OrchestratorError):  # (broken by the thief, on main)

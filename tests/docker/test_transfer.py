@@ -1,4 +1,4 @@
-"""Folders to and from a Docker sandbox on this machine go through FIFOs in the sandbox
+"""Folders to and from a Docker sandbox on this machine go through FIFOs in its transfer
 folder, not the engine's exec stream: what the sandbox can do to such a FIFO, a user who
 cannot reach it, and a transfer stopped half way."""
 
@@ -27,7 +27,7 @@ TREE = "mkdir -p tree/d && for i in $(seq 40); do head -c 50000 /dev/urandom > t
 
 def _fifos(rt: ComposeRuntime) -> list[str]:
     assert rt.project is not None
-    return [p.name for p in (rt.project.directory / "sandbox").iterdir() if p.is_fifo()]
+    return [p.name for p in (rt.project.directory / "io" / "main").iterdir() if p.is_fifo()]
 
 
 def test_folders_go_both_ways_through_fifos_gone_after(
@@ -69,7 +69,7 @@ def test_a_sandbox_holding_the_fifo_open_cannot_hold_a_download(
         assert isinstance(rt, ComposeRuntime)
         rt.execute(TREE, check=True)
         grab = (
-            'while :; do for f in /.orchestrator/out-*; do [ -p "$f" ] || continue; '
+            'while :; do for f in /.orchestrator-io/out-*; do [ -p "$f" ] || continue; '
             '[ -e "/tmp/held-${f##*/}" ] && continue; touch "/tmp/held-${f##*/}"; '
             'sleep 60 > "$f" & done; done'
         )
@@ -89,7 +89,7 @@ def test_a_user_who_cannot_reach_the_fifos_goes_through_the_engine(
         assert isinstance(rt, ComposeRuntime) and rt.project is not None
         rt.execute(TREE, check=True)
         rt.download("tree", tmp_path / "root", user="root")  # checked once, as root: works
-        shared = rt.project.directory / "sandbox"
+        shared = rt.project.directory / "io" / "main"
         mode = shared.stat().st_mode
         shared.chmod(0o700)  # now only root may pass
         try:

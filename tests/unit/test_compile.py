@@ -252,6 +252,7 @@ def test_static_assets_gate_a_service_only_where_they_are_copied_in(tmp_path: Pa
         "{image: x, workdir: /data, mounts: [{source: ms, target: /data}]}",
         "{image: x, workdir: /static/mine}",
         "{image: x, workdir: /.orchestrator/w}",
+        "{image: x, workdir: /.orchestrator-io}",
     ],
 )
 def test_attack_a_service_workdir_never_hands_over_a_mount(tmp_path: Path, service: str) -> None:

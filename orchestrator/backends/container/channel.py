@@ -3,12 +3,13 @@ its in-container executor, started once and restarted if it dies, or plain `dock
 command where the executor cannot run (no python3) or cannot act as the command's user.
 
 A folder's archive, out of the container or into it, takes a shorter way where the container
-sees a folder of this machine (its sandbox folder, bind-mounted read-only): a FIFO made there,
-written on one side and read on the other, so the bytes skip the engine's exec stream (the
-container's runtime shim, the daemon and the docker client each copy them). The FIFO has mode
-0: the executor (root, with CAP_DAC_OVERRIDE) opens it and hands it to the command, so no
-other user of the sandbox can read an upload or write into a download. Where the executor
-cannot (plain `docker exec`), archives take the exec stream."""
+sees a folder of this machine (its own transfer folder, bind-mounted read-only at IO_MOUNT into
+that container alone): a FIFO made there, written on one side and read on the other, so the
+bytes skip the engine's exec stream (the container's runtime shim, the daemon and the docker
+client each copy them). The FIFO has mode 0: the executor (root, with CAP_DAC_OVERRIDE) opens
+it and hands it to the command, so no other user of the sandbox can read an upload or write
+into a download; and no other container sees it, so root there cannot either. Where the
+executor cannot (plain `docker exec`), archives take the exec stream."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.executor import wire
 from orchestrator.backends.container.executor.client import ExecutorClient, Fifo
 from orchestrator.backends.container.executor.plain import run_plain
-from orchestrator.backends.container.layout import SANDBOX_MOUNT
+from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.procutil import F_SETPIPE_SZ
 from orchestrator.sandbox import files
@@ -77,8 +78,8 @@ class Channel:
         self._warn = warn
         self._executor: ExecutorClient | None = None
         self._lock = threading.Lock()
-        # the host folder the container sees at SANDBOX_MOUNT, and whether a FIFO made there
-        # reaches this process (None: not yet tried)
+        # the host folder this container alone sees at IO_MOUNT, and whether a FIFO made
+        # there reaches this process (None: not yet tried)
         self._shared = shared
         self._fifo_ok: bool | None = None if shared is not None else False
 
@@ -265,10 +266,11 @@ class Channel:
         return outcome
 
     def _fifo_works(self, cmd: Command) -> bool:
-        """Whether a FIFO in the shared folder, opened by the executor in the container, is
-        read here (the engine runs on this machine's kernel, and the executor may open it):
-        tried once, by a command that writes "ok". Never where the executor cannot run
-        `cmd`: a FIFO the command's user opened itself would be one any user could open."""
+        """Whether a FIFO in the container's transfer folder, opened by the executor in the
+        container, is read here (the engine runs on this machine's kernel, and the executor
+        may open it): tried once, by a command that writes "ok". Never where the executor
+        cannot run `cmd`: a FIFO the command's user opened itself would be one any user could
+        open."""
         if self._fifo_ok is False or self._executor_for(cmd) is None:
             return False
         if self._fifo_ok is None:
@@ -288,9 +290,10 @@ class Channel:
 
 
 class _Fifo:
-    """A new FIFO in the shared folder: `inside`, its path in the container, and `fd`, our
-    end of it. It has mode 0 before the sandbox can see it (made in a private folder beside
-    the shared one, opened, then moved in): no sandbox user but root (the executor, which
+    """A new FIFO in a container's transfer folder (seen by that container alone, at
+    IO_MOUNT): `inside`, its path in the container, and `fd`, our end of it. It has mode 0
+    before the sandbox can see it (made in a private folder beside the transfer folders,
+    never mounted, opened, then moved in): no sandbox user but root (the executor, which
     hands it to the command) can open it; a root sandbox can do anything in itself anyway,
     and what comes out of the sandbox stays untrusted wherever it passes.
     Out of the sandbox we read it (opened without waiting for a writer). Into the sandbox we
@@ -302,7 +305,7 @@ class _Fifo:
     def __init__(self, folder: Path, into_sandbox: bool) -> None:
         name = f"{'in' if into_sandbox else 'out'}-{uuid.uuid4().hex}"
         self._lock = threading.Lock()
-        self.path, self.inside, self.into = folder / name, f"{SANDBOX_MOUNT}/{name}", into_sandbox
+        self.path, self.inside, self.into = folder / name, f"{IO_MOUNT}/{name}", into_sandbox
         self.fd = self.writer = -1
         private = Path(tempfile.mkdtemp(prefix=".fifo-", dir=folder.parent))
         made = private / name

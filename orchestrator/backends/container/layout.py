@@ -7,6 +7,8 @@ from orchestrator.spec.models import EnvironmentV1
 from orchestrator.spec.resolve import LOOPBACK, MAIN
 
 __all__ = [
+    "IO_DIR",
+    "IO_MOUNT",
     "KEEP_ALIVE",
     "MAIN",
     "SANDBOX_DIR",
@@ -20,6 +22,12 @@ STATIC_ROOT = "/static"
 """Static assets are read-only at STATIC_ROOT/<save_path>."""
 SANDBOX_DIR = "sandbox"
 SANDBOX_MOUNT = "/.orchestrator"
+"""The executor's files and entry.sh: <project>/SANDBOX_DIR, read-only in every container."""
+IO_DIR = "io"
+IO_MOUNT = "/.orchestrator-io"
+"""Where the transfer FIFOs of one container appear: <project>/IO_DIR/<service> (mode 0700),
+read-only in that container only, so that no other container (root in a service, or in the
+main sandbox) sees or opens them."""
 USER_LABEL = "org.orchestrator.user"
 """On the main container: the user commands run as ("uid:gid"), for `orchestrator exec`."""
 

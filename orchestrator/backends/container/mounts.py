@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
+from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT, STATIC_ROOT
 from orchestrator.errors import SpecIssue
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Mount
@@ -55,7 +55,11 @@ def service_workdir_issues(env: Environment) -> list[SpecIssue]:
         if svc.workdir is None:
             continue
         taken = [(f"services.{name}.mounts.{i}", m.target) for i, m in enumerate(svc.mounts)]
-        taken += [("static assets", STATIC_ROOT), ("the orchestrator's folder", SANDBOX_MOUNT)]
+        taken += [
+            ("static assets", STATIC_ROOT),
+            ("the orchestrator's folder", SANDBOX_MOUNT),
+            ("the orchestrator's transfer folder", IO_MOUNT),
+        ]
         for what, target in taken:
             target = posixpath.normpath(target)
             if svc.workdir == target or _inside(svc.workdir, target):

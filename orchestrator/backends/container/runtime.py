@@ -46,7 +46,7 @@ from orchestrator.errors import (
 )
 from orchestrator.sandbox.base import PoolState, Runtime, Sandbox
 from orchestrator.sandbox.options import Chunks, Command
-from orchestrator.sandbox.results import Connection, RuntimeInfo
+from orchestrator.sandbox.results import Connection, EnvironmentStatus, RuntimeInfo
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN, resolve_user
 
@@ -98,6 +98,25 @@ class ContainerRuntime(Runtime):
 
     _reset_user: ClassVar[str | None] = "0:0"  # PID 1's user: may signal and remove anything
 
+    # ----- environments left running: one inventory (by label) for every container backend
+    @classmethod
+    def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
+        from orchestrator.backends.container.inventory import running_environments
+
+        return running_environments()
+
+    @classmethod
+    def remove_running(cls, ref: str, *, force: bool = False) -> str | None:
+        from orchestrator.backends.container.inventory import remove_by_ref
+
+        return remove_by_ref(ref, force=force)
+
+    @classmethod
+    def reap(cls, *, everything: bool = False, include_kept: bool = False) -> list[str]:
+        from orchestrator.backends.container.inventory import reap_all
+
+        return reap_all(everything=everything, include_kept=include_kept)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ports: list[PublishedPort] = []
@@ -105,7 +124,9 @@ class ContainerRuntime(Runtime):
         self._mode = cast(Mode, settings.choice(EXEC_MODE_ENV, "auto", get_args(Mode)))
         self._main: Channel | None = None
         self._docker_cmd: list[str] = []
-        self._shared: Path | None = None  # this machine's folder the containers see, if any
+        # this machine's folder holding each container's transfer folder (<service>, which
+        # that container alone sees at IO_MOUNT), if any
+        self._shared: Path | None = None
 
     # ----- placement: what a container backend provides ------------------------------------
     @abstractmethod
@@ -260,7 +281,7 @@ class ContainerRuntime(Runtime):
             lost=lambda: self._lost(service),
             killed=lambda: self._killed,
             warn=warn,
-            shared=self._shared,
+            shared=None if self._shared is None else self._shared / service,
         )
 
     def _channels(self) -> list[Channel]:

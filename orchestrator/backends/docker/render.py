@@ -11,6 +11,8 @@ from typing import Any
 
 from orchestrator.backends.container.copyin import GATE, drops_privileges, gated_services
 from orchestrator.backends.container.layout import (
+    IO_DIR,
+    IO_MOUNT,
     KEEP_ALIVE,
     SANDBOX_DIR,
     SANDBOX_MOUNT,
@@ -80,11 +82,17 @@ class CompiledProject:
     """Whether the project defines its own network (needs an address pool)."""
     published: bool
     """Whether any port is published on the host."""
+    folders: tuple[str, ...] = ()
+    """Empty folders, relative to the project folder: each container's own transfer folder
+    (IO_DIR/<service>, bind-mounted into that container alone)."""
 
     def write(self, directory: Path) -> Path:
         """Write the project into `directory` (created, private); return compose.yaml's path."""
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         (directory / SANDBOX_DIR).mkdir(exist_ok=True)
+        for rel in self.folders:  # private: only root (the executor) passes in a container
+            (directory / rel).mkdir(mode=0o700, parents=True, exist_ok=True)
+            (directory / rel).chmod(0o700)  # whatever the umask
         for rel, text in self.files.items():
             (directory / rel).write_text(text, encoding="utf-8")
         compose = directory / "compose.yaml"
@@ -340,6 +348,8 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "subnet": opts.subnet,
         "sandbox_dir": SANDBOX_DIR,
         "sandbox_mount": SANDBOX_MOUNT,
+        "io_dir": IO_DIR,
+        "io_mount": IO_MOUNT,
         "remote": opts.remote,
         "keep_alive": KEEP_ALIVE,
         "gate": GATE,
@@ -348,6 +358,8 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     rendered = jinja.get_template("compose.yaml.j2").render(context)
     compose = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())
     entry = jinja.get_template("entry.sh.j2").render(project=opts.project, keep_alive=KEEP_ALIVE)
+    names = [MAIN, *(s["name"] for s in services)]
+    folders = () if opts.remote else tuple(f"{IO_DIR}/{name}" for name in names)
     return CompiledProject(
         project=opts.project,
         compose_yaml=compose,
@@ -359,4 +371,5 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         network_mode=mode,
         has_network=has_network,
         published=published,
+        folders=folders,
     )

@@ -22,7 +22,7 @@ from orchestrator.backends.container.engine import (
 )
 from orchestrator.backends.container.executor.client import FILES
 from orchestrator.backends.container.identity import LABEL_DIR
-from orchestrator.backends.container.layout import SANDBOX_DIR
+from orchestrator.backends.container.layout import IO_DIR, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, KILL_OTHERS, ContainerRuntime
 from orchestrator.backends.docker import hooks
@@ -112,8 +112,8 @@ class ComposeRuntime(ContainerRuntime):
         self._docker_cmd = raw_docker(self.project.client)  # exec calls last: no time bound
         if remote:
             self._copy_in_all(compiled.user)
-        else:  # every container sees it at SANDBOX_MOUNT: folders go through FIFOs there
-            self._shared = self.project.directory / SANDBOX_DIR
+        else:  # each container sees its own IO_DIR/<service>: folders go through FIFOs there
+            self._shared = self.project.directory / IO_DIR
             self._prepare_services(copied=False)  # a service's workdir, before its command
         self._main = self._channel(MAIN, self.project.main_container)
         self._main.start()  # greets while the ports are read
@@ -150,7 +150,8 @@ class ComposeRuntime(ContainerRuntime):
         rt.project = Project(ident, folder, compiled, options.host or "")
         rt._temp_workspace = folder / "workspace" if temp else None
         rt._docker_cmd = raw_docker(rt.project.client)
-        rt._shared = folder / SANDBOX_DIR if shared else None
+        # (a project made before the transfer folders were per container has none: no FIFO)
+        rt._shared = folder / IO_DIR if shared and (folder / IO_DIR).is_dir() else None
         # its executor starts at the first command, which says why when it cannot run (a
         # stopped sandbox is attached too: its logs, poll() and cleanup() still work)
         rt._main = rt._channel(MAIN, rt.project.main_container)
