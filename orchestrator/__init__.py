@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from orchestrator.sandbox.attach import attach, attachable
     from orchestrator.sandbox.base import Runtime, Sandbox
+    from orchestrator.sandbox.inventory import environments, reap, remove_environment
     from orchestrator.sandbox.options import SpawnOptions
     from orchestrator.sandbox.pool import Pool
     from orchestrator.sandbox.registry import (
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     )
     from orchestrator.sandbox.results import (
         Connection,
+        EnvironmentStatus,
         ExecMode,
         RuntimeInfo,
         RuntimeResult,
@@ -71,6 +73,7 @@ __all__ = [
     "Connection",
     "DockerError",
     "Environment",
+    "EnvironmentStatus",
     "ExecMode",
     "ExecutorLost",
     "HealthcheckFailed",
@@ -106,12 +109,15 @@ __all__ = [
     "attach",
     "attachable",
     "backend_class",
+    "environments",
     "get_runtime_class",
     "list_snapshots",
     "load_environment",
     "load_environment_text",
     "prepare",
+    "reap",
     "register_runtime",
+    "remove_environment",
     "runtime_names",
     "spawn_runtime",
 ]
@@ -126,13 +132,14 @@ _HOME = {
     ),
     "orchestrator.sandbox.attach": "attach attachable",
     "orchestrator.sandbox.base": "Runtime Sandbox",
+    "orchestrator.sandbox.inventory": "environments reap remove_environment",
     "orchestrator.sandbox.options": "SpawnOptions",
     "orchestrator.sandbox.pool": "Pool",
     "orchestrator.sandbox.registry": (
         "backend_class get_runtime_class prepare register_runtime runtime_names spawn_runtime"
     ),
     "orchestrator.sandbox.results": (
-        "Connection ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"
+        "Connection EnvironmentStatus ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"
     ),
     "orchestrator.sandbox.snapshot": "Snapshot list_snapshots",
     "orchestrator.spec.loader": "Environment load_environment load_environment_text",

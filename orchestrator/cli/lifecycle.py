@@ -393,31 +393,22 @@ def down(
     ),
 ) -> None:
     """Take an environment down: containers, networks and volumes."""
-    from orchestrator.backends.container.identity import owner_alive
-    from orchestrator.backends.container.inventory import find_project, reap, remove_project
+    from orchestrator import reap, remove_environment
 
     if all_:
-        for name in reap(all_projects=True):
+        for name in reap(everything=True):
             typer.echo(f"removed {name}")
         return
     if not ref:
         raise UsageError("name an environment id, or pass --all")
-    info = find_project(ref)
-    claimed = info.kept  # taken from a pool, or kept by a harness: for `down`
-    if info.owner != "detached" and owner_alive(info.labels) and not claimed and not force:
-        raise UsageError(
-            f"{info.name} belongs to a running process ({info.owner}), which still uses it; "
-            "pass --force to take it down anyway"
-        )
-    remove_project(info)
-    typer.echo(f"removed {info.name}")
+    typer.echo(f"removed {remove_environment(ref, force=force)}")
 
 
 def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List our environments with their owner, state and published ports."""
-    from orchestrator.backends.container.inventory import project_statuses
+    from orchestrator import environments
 
-    rows, removed = project_statuses()
+    rows, removed = environments()
     for name in removed:
         typer.echo(f"removed {name} (its owner process is gone)", err=True)
     if as_json:
@@ -514,15 +505,12 @@ def cleanup(
 ) -> None:
     """Remove our environments whose owner process is gone. Never touches anything that does
     not carry our labels."""
-    from orchestrator.backends.container import images
-    from orchestrator.backends.container.inventory import reap
+    from orchestrator import reap
 
-    for image in images.reap_orphans():
-        typer.echo(f"removed {image} (its snapshot is gone)")
-    removed = reap(all_projects=all_)
+    removed = reap(everything=all_)
     for name in removed:
         typer.echo(f"removed {name}")
-    typer.echo(f"{len(removed)} environment(s) removed")
+    typer.echo(f"{len(removed)} removed")
 
 
 SNAPSHOT_TIMEOUT = 600.0

@@ -234,9 +234,7 @@ class OrchestratorSandbox(SandboxEnvironment):
         """`inspect sandbox cleanup orchestrator [ID]`: that environment, or every one of ours
         whose owner is gone (kept ones included)."""
         if id is None:
-            # the reaper of the container backends (a listing hook on the backend interface
-            # is not there yet)
-            from orchestrator.backends.container.inventory import reap
+            from orchestrator import reap
 
             for name in await _call(lambda: reap(include_kept=True)):
                 print(f"removed {name}")
@@ -246,8 +244,9 @@ class OrchestratorSandbox(SandboxEnvironment):
         except ProjectNotFound as exc:
             print(f"error: {exc}")
             return
+        name = runtime.info().id
         await _call(runtime.cleanup)
-        print(f"removed {runtime.info().id}")
+        print(f"removed {name}")
 
     # ----- calls -----------------------------------------------------------------------------
     async def exec(

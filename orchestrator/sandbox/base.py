@@ -55,6 +55,7 @@ from orchestrator.sandbox.options import (
 )
 from orchestrator.sandbox.results import (
     Connection,
+    EnvironmentStatus,
     Outcome,
     RuntimeInfo,
     RuntimeResult,
@@ -484,6 +485,28 @@ class Runtime(Sandbox):
             f"the {cls.name or cls.__name__} backend has no project file to render: it runs "
             "the environment directly; `orchestrator validate` checks the file"
         )
+
+    # ----- environments left running: `orchestrator.environments`, `remove_environment`, `reap`
+    # A backend whose environments never outlive their process keeps these defaults.
+    # Backends sharing one implementation (the container ones) are asked once.
+    @classmethod
+    def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
+        """Its environments left running, after removing those whose owner is gone (their
+        ids, second)."""
+        return [], []
+
+    @classmethod
+    def remove_running(cls, ref: str, *, force: bool = False) -> str | None:
+        """Remove the environment `ref` names and return its id; None when none of this
+        backend's is named so. UsageError when its owner process still uses it, unless
+        `force` or it was kept on purpose."""
+        return None
+
+    @classmethod
+    def reap(cls, *, everything: bool = False, include_kept: bool = False) -> list[str]:
+        """Remove what is left of environments whose owner is gone (all with `everything`;
+        kept ones only with `include_kept`): what was removed, one line each."""
+        return []
 
     def __init__(self, env: Environment, options: SpawnOptions) -> None:
         self.env = env

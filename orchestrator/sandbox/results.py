@@ -132,3 +132,22 @@ def decoder() -> codecs.IncrementalDecoder:
 
 def decode(data: bytes) -> str:
     return data.decode("utf-8", DECODE_ERRORS)
+
+
+@dataclass(frozen=True)
+class EnvironmentStatus:
+    """One environment left running, as `orchestrator ps` shows it."""
+
+    id: str
+    env: str
+    """The environment file's `name`."""
+    owner: str
+    """The process that uses it ("detached" for `orchestrator up`)."""
+    state: str
+    """The states of its containers, comma-separated ("no containers" when none)."""
+    containers: int
+    networks: int
+    ports: tuple[PublishedPort, ...]
+    """Published ports of every service."""
+    pool: str = ""
+    """"<pool id> <state>" for a member of a warm pool (ready, in-use, claimed), else ""."""

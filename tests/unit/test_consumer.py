@@ -17,6 +17,7 @@ from orchestrator import (
     Connection,
     DockerError,
     Environment,
+    EnvironmentStatus,
     ExecMode,
     ExecutorLost,
     HealthcheckFailed,
@@ -52,12 +53,15 @@ from orchestrator import (
     attach,
     attachable,
     backend_class,
+    environments,
     get_runtime_class,
     list_snapshots,
     load_environment,
     load_environment_text,
     prepare,
+    reap,
     register_runtime,
+    remove_environment,
     runtime_names,
     spawn_runtime,
 )
@@ -176,6 +180,9 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     issue: SpecIssue = caught.value.issues[0]
     assert issue.field == "network.mode" and issue.line == 4
     assert not issubclass(RuntimeClosed, ENVIRONMENT_FAILED)
+    # environments left running, across backends (`ps`, `down`, `cleanup`): a harness's view
+    inventory: tuple[object, ...] = (environments, remove_environment, reap, EnvironmentStatus)
+    assert all(callable(f) for f in inventory)
     try:
         assert register_runtime("consumer-alias")(backend) is backend
         with spawn_runtime(env, backend="consumer-alias") as alias:

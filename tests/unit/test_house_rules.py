@@ -73,12 +73,6 @@ def test_a_backend_imports_no_other_backend(backend: str) -> None:
 
 
 NOT_YET = {
-    # Listing, removal by id and the reaper are not hooks of the backend interface yet: `ps`,
-    # `down`, `cleanup` and Inspect's `cleanup` reach the container backends' inventory.
-    "orchestrator.cli.lifecycle imports orchestrator.backends.container",
-    "orchestrator.cli.lifecycle imports orchestrator.backends.container.identity",
-    "orchestrator.cli.lifecycle imports orchestrator.backends.container.inventory",
-    "orchestrator.integrations.inspect imports orchestrator.backends.container.inventory",
     # `doctor` checks the subnet pool of the container backends.
     "orchestrator.cli.doctor imports orchestrator.backends.container.identity",
 }

@@ -52,8 +52,9 @@ from orchestrator.backends.container.identity import (
 )
 from orchestrator.backends.container.layout import USER_LABEL
 from orchestrator.backends.container.membership import CLAIMED, READY, membership, move
-from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound
+from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound, UsageError
 from orchestrator.sandbox.attach import match_id
+from orchestrator.sandbox.results import EnvironmentStatus
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN
 
@@ -184,21 +185,7 @@ def parse_ports(service: str, text: str) -> list[PublishedPort]:
     return sorted(out, key=lambda p: f"{p.container}/{p.protocol}")
 
 
-@dataclass(frozen=True)
-class ProjectStatus:
-    """One environment as `orchestrator ps` shows it."""
-
-    id: str
-    env: str
-    owner: str
-    state: str
-    """The states of its containers, comma-separated ("no containers" when none)."""
-    containers: int
-    networks: int
-    ports: tuple[PublishedPort, ...]
-    """Published ports of every service."""
-    pool: str = ""
-    """"<pool id> <state>" for a member of a warm pool (ready, in-use, claimed), else ""."""
+ProjectStatus = EnvironmentStatus
 
 
 def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectStatus], list[str]]:
@@ -424,3 +411,34 @@ def _remove(client: DockerClient, name: str, containers: list[str], networks: li
             containers, networks = left
             time.sleep(0.2 * (attempt + 1))
     return count
+
+
+# ----- what ContainerRuntime answers for `orchestrator.environments`, `remove_environment`, `reap`
+
+
+def running_environments() -> tuple[list[EnvironmentStatus], list[str]]:
+    """The container backends' environments, after reaping those whose owner is gone."""
+    return project_statuses()
+
+
+def remove_by_ref(ref: str, *, force: bool = False) -> str | None:
+    """Remove the environment `ref` names (None: none of ours). One its owner process still
+    uses needs `force`, unless it was kept on purpose (claimed from a pool, `up`)."""
+    try:
+        info = find_project(ref)
+    except ProjectNotFound:
+        return None
+    if info.owner != "detached" and owner_alive(info.labels) and not info.kept and not force:
+        raise UsageError(
+            f"{info.name} belongs to a running process ({info.owner}), which still uses it; "
+            "pass force=True (--force) to take it down anyway"
+        )
+    remove_project(info)
+    return info.name
+
+
+def reap_all(*, everything: bool = False, include_kept: bool = False) -> list[str]:
+    """Reap environments whose owner is gone (all of ours with `everything`) and snapshot
+    images whose record is gone: what was removed, one line each."""
+    gone = [f"{image} (its snapshot is gone)" for image in images.reap_orphans()]
+    return gone + reap(all_projects=everything, include_kept=include_kept)

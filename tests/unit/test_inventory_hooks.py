@@ -1,0 +1,88 @@
+"""`orchestrator.environments`, `remove_environment` and `reap` ask every backend through its
+class hooks, each distinct implementation once, and name no backend."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+import orchestrator
+from orchestrator import EnvironmentStatus, ProjectNotFound, UsageError
+from orchestrator.backends.local import LocalRuntime
+from orchestrator.sandbox import inventory, registry
+
+ASKED: list[str] = []
+
+
+def _row(ident: str) -> EnvironmentStatus:
+    return EnvironmentStatus(ident, "e", "detached", "running", 1, 0, ())
+
+
+class Kept(LocalRuntime):
+    """A backend whose environments outlive their process: it answers for 'orch-kept-1'."""
+
+    @classmethod
+    def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
+        ASKED.append(f"running {cls.__name__}")
+        return [_row("orch-kept-1")], ["orch-gone-1"]
+
+    @classmethod
+    def remove_running(cls, ref: str, *, force: bool = False) -> str | None:
+        ASKED.append(f"remove {cls.__name__}")
+        if ref != "orch-kept-1":
+            return None
+        if not force:
+            raise UsageError("its owner still uses it")
+        return ref
+
+    @classmethod
+    def reap(cls, *, everything: bool = False, include_kept: bool = False) -> list[str]:
+        ASKED.append(f"reap {cls.__name__} {everything} {include_kept}")
+        return ["orch-gone-1"]
+
+
+class KeptToo(Kept):
+    """Another name over the same implementation (as docker and swarm share theirs)."""
+
+    name: ClassVar[str] = "kept-too"
+
+
+@pytest.fixture
+def only_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_registered", {"local": LocalRuntime})
+    monkeypatch.setattr(registry, "_BUILTIN", {})
+    monkeypatch.setattr(registry, "_entry_points", dict)
+    registry.register_runtime("kept")(Kept)
+    registry.register_runtime("kept-too")(KeptToo)
+    monkeypatch.setattr(inventory, "runtime_names", registry.runtime_names)
+    ASKED.clear()
+
+
+@pytest.mark.usefixtures("only_ours")
+def test_every_backend_is_asked_once_per_implementation() -> None:
+    rows, removed = orchestrator.environments()
+    assert [r.id for r in rows] == ["orch-kept-1"] and removed == ["orch-gone-1"]
+    assert ASKED == ["running Kept"]  # not KeptToo (same hooks), not local (nothing outlives)
+    assert orchestrator.reap(everything=True) == ["orch-gone-1"]
+    assert ASKED[-1] == "reap Kept True False"
+
+
+@pytest.mark.usefixtures("only_ours")
+def test_remove_by_id_keeps_the_owners_word_and_names_an_unknown_id() -> None:
+    with pytest.raises(UsageError, match="owner still uses it"):
+        orchestrator.remove_environment("orch-kept-1")
+    assert orchestrator.remove_environment("orch-kept-1", force=True) == "orch-kept-1"
+    with pytest.raises(ProjectNotFound, match="orchestrator ps"):
+        orchestrator.remove_environment("orch-nosuch-00000000")
+
+
+def test_a_backend_that_cannot_be_imported_is_skipped_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(registry, "_registered", {})
+    monkeypatch.setattr(registry, "_BUILTIN", {"broken": "no_such_module_here:Runtime"})
+    monkeypatch.setattr(registry, "_entry_points", dict)
+    monkeypatch.setattr(inventory, "runtime_names", registry.runtime_names)
+    with pytest.warns(UserWarning, match="'broken' skipped"):
+        assert orchestrator.environments() == ([], [])
