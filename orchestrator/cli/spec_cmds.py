@@ -64,9 +64,9 @@ def render(
 
 def _write_project(out: Path, rendered: dict[str, str]) -> None:
     """Write a backend's rendering under `out`; a path that would leave it is refused, and
-    nothing already in `out` is written through: every folder below it is opened without
-    following links, and each file is written under a new name and renamed into place (so
-    a link or a hard link left there is replaced, never its target)."""
+    nothing already in `out` is written through: `out` and every folder below it are opened
+    without following links, and each file is written under a new name and renamed into
+    place (so a link or a hard link left there is replaced, never its target)."""
     for rel in rendered:
         parts = Path(rel).parts
         if not parts or Path(rel).is_absolute() or ".." in parts:
@@ -86,7 +86,7 @@ def _write_project(out: Path, rendered: dict[str, str]) -> None:
 
 def _write_below(out: Path, folders: list[str], name: str, data: bytes) -> None:
     nofollow = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(out, nofollow)  # a link planted as `out` itself is refused too
     try:
         for folder in folders:
             with contextlib.suppress(FileExistsError):

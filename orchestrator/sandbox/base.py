@@ -496,10 +496,16 @@ class Runtime(Sandbox):
         return [], []
 
     @classmethod
-    def remove_running(cls, ref: str, *, force: bool = False) -> str | None:
-        """Remove the environment `ref` names and return its id; None when none of this
-        backend's is named so. UsageError when its owner process still uses it, unless
-        `force` or it was kept on purpose."""
+    def running_ids(cls) -> list[str]:
+        """The ids of its environments left running (a listing that removes nothing), which
+        `remove_environment` matches a caller's ref against, over every backend at once."""
+        return []
+
+    @classmethod
+    def remove_running(cls, ident: str, *, force: bool = False) -> str | None:
+        """Remove its environment `ident` (an exact id) and return it; None when it has none
+        so named. UsageError when its owner process still uses it, unless `force` or it was
+        kept on purpose."""
         return None
 
     @classmethod

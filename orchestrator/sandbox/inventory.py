@@ -1,42 +1,63 @@
 """Environments left running, across every backend: list them (`orchestrator ps`), remove
 one by id (`down`), remove those whose owner process is gone (`cleanup`). Each backend
-answers for its own through the class hooks `Runtime.running`, `remove_running` and `reap`;
-backends that share one implementation (the container ones share one inventory) are asked
-once. A plugin backend that cannot be imported is skipped with a warning."""
+answers for its own through the class hooks `Runtime.running`, `running_ids`,
+`remove_running` and `reap`; backends that share one implementation (the container ones
+share one inventory) are asked once. A backend that cannot be imported, or whose engine
+fails, is skipped with a warning in the log, unless every backend that keeps environments
+failed: then its error is raised."""
 
 from __future__ import annotations
 
-import warnings
+import logging
 from collections.abc import Callable
 from typing import TypeVar
 
 from orchestrator.errors import OrchestratorError, ProjectNotFound
+from orchestrator.sandbox.attach import match_id
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.registry import get_runtime_class, runtime_names
 from orchestrator.sandbox.results import EnvironmentStatus
 
 T = TypeVar("T")
+log = logging.getLogger("orchestrator.inventory")
+
+
+def _hooks(cls: type) -> tuple[object, ...]:
+    return tuple(
+        getattr(cls, name).__func__ for name in ("running", "running_ids", "remove_running", "reap")
+    )
 
 
 def _backends() -> list[type[Runtime]]:
-    """One class for each distinct implementation of the hooks, in registry order."""
-    seen: set[object] = set()
+    """One class for each distinct implementation of the hooks that keeps environments (the
+    base class's defaults keep none), in registry order."""
+    seen = {_hooks(Runtime)}
     out = []
     for name in runtime_names():
         try:
             cls = get_runtime_class(name)
         except (ImportError, OrchestratorError) as exc:
-            warnings.warn(f"backend {name!r} skipped: {exc}", stacklevel=3)
+            log.warning("backend %r skipped: %s", name, exc)
             continue
-        key = (cls.running.__func__, cls.remove_running.__func__, cls.reap.__func__)  # type: ignore[attr-defined]
-        if key not in seen:
-            seen.add(key)
+        if _hooks(cls) not in seen:
+            seen.add(_hooks(cls))
             out.append(cls)
     return out
 
 
-def _each(ask: Callable[[type[Runtime]], T]) -> list[T]:
-    return [ask(cls) for cls in _backends()]
+def _each(ask: Callable[[type[Runtime]], T]) -> list[tuple[type[Runtime], T]]:
+    """`ask` of every backend; one that fails is left out (logged) unless all fail."""
+    answers, failed = [], []
+    backends = _backends()
+    for cls in backends:
+        try:
+            answers.append((cls, ask(cls)))
+        except OrchestratorError as exc:
+            log.warning("backend %r skipped: %s", cls.name, exc)
+            failed.append(exc)
+    if failed and len(failed) == len(backends):
+        raise failed[0]
+    return answers
 
 
 def environments() -> tuple[list[EnvironmentStatus], list[str]]:
@@ -44,28 +65,27 @@ def environments() -> tuple[list[EnvironmentStatus], list[str]]:
     their owner process is gone."""
     rows: list[EnvironmentStatus] = []
     removed: list[str] = []
-    for found, gone in _each(lambda cls: cls.running()):
+    for _, (found, gone) in _each(lambda cls: cls.running()):
         rows += found
         removed += gone
     return sorted(rows, key=lambda r: r.id), removed
 
 
 def remove_environment(ref: str, *, force: bool = False) -> str:
-    """Remove the environment `ref` names (its id, last 8 characters or a unique prefix) and
-    return its id. UsageError when its owner process still uses it, unless `force`."""
-    for cls in _backends():
-        name = cls.remove_running(ref, force=force)
-        if name is not None:
-            return name
-    raise ProjectNotFound(f"no environment of ours is named {ref!r}; `orchestrator ps` lists them")
+    """Remove the environment `ref` names (its id, short id, environment name or a unique
+    prefix, over every backend's environments at once) and return its id. ProjectNotFound
+    when it names none or several; UsageError when its owner process still uses it, unless
+    `force`."""
+    owner = {ident: cls for cls, ids in _each(lambda cls: cls.running_ids()) for ident in ids}
+    name = match_id(ref, sorted(owner))
+    if owner[name].remove_running(name, force=force) is None:
+        raise ProjectNotFound(f"{name} is gone already; `orchestrator ps` lists what runs")
+    return name
 
 
 def reap(*, everything: bool = False, include_kept: bool = False) -> list[str]:
     """Remove what is left of environments whose owner process is gone (every one of ours
     with `everything`; those kept on purpose only with `include_kept`): what was removed,
     one line each."""
-    return [
-        line
-        for lines in _each(lambda cls: cls.reap(everything=everything, include_kept=include_kept))
-        for line in lines
-    ]
+    done = _each(lambda cls: cls.reap(everything=everything, include_kept=include_kept))
+    return [line for _, lines in done for line in lines]

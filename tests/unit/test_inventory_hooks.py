@@ -28,13 +28,15 @@ class Kept(LocalRuntime):
         return [_row("orch-kept-1")], ["orch-gone-1"]
 
     @classmethod
-    def remove_running(cls, ref: str, *, force: bool = False) -> str | None:
-        ASKED.append(f"remove {cls.__name__}")
-        if ref != "orch-kept-1":
-            return None
+    def running_ids(cls) -> list[str]:
+        return ["orch-kept-00000001"]
+
+    @classmethod
+    def remove_running(cls, ident: str, *, force: bool = False) -> str | None:
+        ASKED.append(f"remove {cls.__name__} {ident}")
         if not force:
             raise UsageError("its owner still uses it")
-        return ref
+        return ident
 
     @classmethod
     def reap(cls, *, everything: bool = False, include_kept: bool = False) -> list[str]:
@@ -71,18 +73,19 @@ def test_every_backend_is_asked_once_per_implementation() -> None:
 @pytest.mark.usefixtures("only_ours")
 def test_remove_by_id_keeps_the_owners_word_and_names_an_unknown_id() -> None:
     with pytest.raises(UsageError, match="owner still uses it"):
-        orchestrator.remove_environment("orch-kept-1")
-    assert orchestrator.remove_environment("orch-kept-1", force=True) == "orch-kept-1"
-    with pytest.raises(ProjectNotFound, match="orchestrator ps"):
-        orchestrator.remove_environment("orch-nosuch-00000000")
+        orchestrator.remove_environment("orch-kept")  # the environment's whole name
+    assert orchestrator.remove_environment("00000001", force=True) == "orch-kept-00000001"
+    assert ASKED[-1] == "remove Kept orch-kept-00000001"  # the backend gets the exact id
+    with pytest.raises(ProjectNotFound, match="orch-kept-00000001"):
+        orchestrator.remove_environment("orch-nosuch-00000000")  # names the ones there are
 
 
 def test_a_backend_that_cannot_be_imported_is_skipped_with_a_warning(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(registry, "_registered", {})
     monkeypatch.setattr(registry, "_BUILTIN", {"broken": "no_such_module_here:Runtime"})
     monkeypatch.setattr(registry, "_entry_points", dict)
     monkeypatch.setattr(inventory, "runtime_names", registry.runtime_names)
-    with pytest.warns(UserWarning, match="'broken' skipped"):
-        assert orchestrator.environments() == ([], [])
+    assert orchestrator.environments() == ([], [])
+    assert "backend 'broken' skipped" in caplog.text

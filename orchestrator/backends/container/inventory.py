@@ -421,12 +421,12 @@ def running_environments() -> tuple[list[EnvironmentStatus], list[str]]:
     return project_statuses()
 
 
-def remove_by_ref(ref: str, *, force: bool = False) -> str | None:
-    """Remove the environment `ref` names (None: none of ours). One its owner process still
-    uses needs `force`, unless it was kept on purpose (claimed from a pool, `up`)."""
-    try:
-        info = find_project(ref)
-    except ProjectNotFound:
+def remove_by_id(ident: str, *, force: bool = False) -> str | None:
+    """Remove our environment `ident` (an exact id; None: none of ours). One its owner
+    process still uses needs `force`, unless it was kept on purpose (claimed from a pool,
+    `up`)."""
+    info = next((p for p in list_projects() if p.name == ident), None)
+    if info is None:
         return None
     if info.owner != "detached" and owner_alive(info.labels) and not info.kept and not force:
         raise UsageError(

@@ -106,10 +106,16 @@ class ContainerRuntime(Runtime):
         return running_environments()
 
     @classmethod
-    def remove_running(cls, ref: str, *, force: bool = False) -> str | None:
-        from orchestrator.backends.container.inventory import remove_by_ref
+    def running_ids(cls) -> list[str]:
+        from orchestrator.backends.container.inventory import list_projects
 
-        return remove_by_ref(ref, force=force)
+        return [p.name for p in list_projects()]
+
+    @classmethod
+    def remove_running(cls, ident: str, *, force: bool = False) -> str | None:
+        from orchestrator.backends.container.inventory import remove_by_id
+
+        return remove_by_id(ident, force=force)
 
     @classmethod
     def reap(cls, *, everything: bool = False, include_kept: bool = False) -> list[str]:
