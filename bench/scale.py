@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.measure import report, scratch
 from orchestrator import Runtime, load_environment_text, spawn_runtime
-from orchestrator.backends.container.identity import projects_dir
+from orchestrator.paths import projects_dir
 
 ENV = (
     "version: 1\nname: scale\nimage: orchestrator-test/python:3.11\n"

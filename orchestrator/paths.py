@@ -13,3 +13,8 @@ def state_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "orchestrator"
+
+
+def projects_dir() -> Path:
+    """Where every environment's project folder is (records for `attach` included)."""
+    return state_dir() / "projects"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError, ProjectNotFound
-from orchestrator.paths import state_dir
+from orchestrator.paths import projects_dir
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import EnvironmentV1
 
@@ -41,11 +41,6 @@ ID_PREFIX = "orch-"
 """The start of every environment id."""
 MIN_PREFIX = 6
 """Characters after ID_PREFIX a prefix needs to name an environment."""
-
-
-def projects_dir() -> Path:
-    """Where every project folder is (the one place records are looked for)."""
-    return state_dir() / "projects"
 
 
 @dataclass(frozen=True)

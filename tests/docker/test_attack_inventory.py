@@ -122,7 +122,7 @@ def remove_leftovers(name: str) -> None:
         docker("rm", "-f", "-v", ident)
     for ident in docker("network", "ls", "-q", "--filter", flt).stdout.split():
         docker("network", "rm", ident)
-    from orchestrator.backends.container.identity import projects_dir
+    from orchestrator.paths import projects_dir
 
     shutil.rmtree(projects_dir() / name, ignore_errors=True)
 
@@ -144,7 +144,8 @@ def test_services_stop_when_the_owner_dies_after_its_guardian(make_env: MakeEnv)
         name = owner.stdout.readline().strip()
         assert name.startswith("orch-t-"), name
         assert len(running(name)) == 3
-        from orchestrator.backends.container.identity import KEPT_FILE, projects_dir
+        from orchestrator.backends.container.identity import KEPT_FILE
+        from orchestrator.paths import projects_dir
 
         # spared by every reaper (other test runs reap dead owners' projects on this engine
         # too): what stops the services here can only be the mechanism under test

@@ -248,8 +248,8 @@ def test_up_and_down_leave_no_folder_and_no_workspace(tmp_path: Path) -> None:
 def test_a_start_killed_half_way_leaves_a_folder_the_next_spawn_reaps(
     make_env: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from orchestrator.backends.container.identity import projects_dir
     from orchestrator.backends.container.inventory import reap
+    from orchestrator.paths import projects_dir
 
     code = (
         "import os, sys\n"

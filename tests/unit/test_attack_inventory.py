@@ -17,10 +17,10 @@ from orchestrator.backends.container.identity import (
     LABEL_DIR,
     LABEL_PROJECT,
     claim_folder,
-    projects_dir,
 )
 from orchestrator.backends.container.inventory import ProjectInfo, match_project
 from orchestrator.errors import ProjectNotFound, UsageError
+from orchestrator.paths import projects_dir
 from orchestrator.sandbox.snapshot import Snapshot, snapshots_dir
 
 NAME = "orch-evil-0badf00d"

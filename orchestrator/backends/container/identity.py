@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from orchestrator import settings
-from orchestrator.paths import state_dir
+from orchestrator.paths import projects_dir
 from orchestrator.procutil import stat_fields
 from orchestrator.spec.loader import Environment
 
@@ -72,10 +72,6 @@ ENGINE_FILE = "engine"
 reaper or a guardian working with another engine still removes it there."""
 ORPHAN_AGE = 600.0
 """Seconds after which a project folder without an owner file counts as abandoned."""
-
-
-def projects_dir() -> Path:
-    return state_dir() / "projects"
 
 
 def claim_folder(directory: Path, *, backend: str | None = None) -> None:

@@ -37,7 +37,6 @@ from orchestrator.backends.container.identity import (
     pick_subnet,
     project_labels,
     project_name,
-    projects_dir,
 )
 from orchestrator.backends.container.inventory import reap_soon, remove_by_label
 from orchestrator.backends.docker.render import (
@@ -54,6 +53,7 @@ from orchestrator.errors import (
     SpecIssue,
     StartupError,
 )
+from orchestrator.paths import projects_dir
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN

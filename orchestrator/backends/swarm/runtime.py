@@ -23,12 +23,12 @@ from orchestrator.backends.container.identity import (
     claim_folder,
     project_labels,
     project_name,
-    projects_dir,
 )
 from orchestrator.backends.container.runtime import ContainerRuntime
 from orchestrator.backends.swarm.compile import StackOptions, compile_stack
 from orchestrator.backends.swarm.stack import Stack, Task, manager_host, remove_stack_folder
 from orchestrator.errors import UsageError
+from orchestrator.paths import projects_dir
 from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import MAIN
