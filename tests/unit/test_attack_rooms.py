@@ -96,3 +96,36 @@ def test_attack_render_out_writes_through_planted_link(tmp_path: Path, planted: 
     written = sorted(p.name for p in victim.iterdir())
     changed = [p.name for p in victim.iterdir() if p.read_text() != "original\n"]
     assert not changed, f"render --out wrote through a link in {out} into {victim}: {written}"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ("mounts: [{source: ./d, target: /.orchestrator-io}]\n", "mounts.0.target"),
+        ("mounts: [{source: ./d, target: /.orchestrator/x}]\n", "mounts.0.target"),
+        ("mounts: [{source: ./d, target: /}]\n", "mounts.0.target"),
+        ("workdir: /.orchestrator-io/w\n", "workdir"),
+        (
+            "services:\n  side:\n    image: orchestrator-test/busybox:1\n"
+            "    mounts: [{source: ./d, target: /.orchestrator-io}]\n",
+            "services.side.mounts.0.target",
+        ),
+    ],
+)
+def test_attack_a_file_mount_cannot_take_the_orchestrators_folders(
+    tmp_path: Path, body: str, field: str
+) -> None:
+    """ATTACK (hostile file): a mount at, over or inside /.orchestrator or /.orchestrator-io
+    would hide the executor or reach a transfer folder; refused at check time, at its field."""
+    from orchestrator import Policy, SpecError, backend_class, load_environment
+
+    (tmp_path / "d").mkdir()
+    spec = tmp_path / "env.yaml"
+    spec.write_text("version: 1\nname: m\nimage: orchestrator-test/busybox:1\n" + body)
+    env = load_environment(spec)
+    (tmp_path / "ws").mkdir()
+    with pytest.raises(SpecError) as caught:
+        backend_class(env).check(env, Policy(), workspace=tmp_path / "ws")
+    assert any(i.field == field and "orchestrator" in i.message for i in caught.value.issues), (
+        caught.value
+    )

@@ -77,6 +77,33 @@ def service_workdir_issues(env: Environment) -> list[SpecIssue]:
     return issues
 
 
+RESERVED = (("the orchestrator's folder", SANDBOX_MOUNT), ("its transfer folder", IO_MOUNT))
+"""Container paths of ours no mount may take, hide or sit inside."""
+
+
+def reserved_target_issues(env: Environment, mounts: list[ResolvedMount]) -> list[SpecIssue]:
+    """A mount at, above or inside a folder the orchestrator mounts itself would hide the
+    executor or another container's transfers: a spec error at the mount, before the engine
+    refuses a duplicate target at start."""
+    issues = []
+    for m in mounts:
+        target = posixpath.normpath(str(m.target))
+        for what, ours in RESERVED:
+            if target == ours or _inside(target, ours) or _inside(ours, target):
+                field = "workdir" if m.origin == "workspace" else m.origin + ".target"
+                issues.append(
+                    SpecIssue(
+                        file=env.source,
+                        line=None,
+                        column=None,
+                        field=field,
+                        message=f"{target} would take {ours} ({what})",
+                        fix=f"choose a target outside {ours}",
+                    )
+                )
+    return issues
+
+
 def resolve_mounts(
     env: Environment, workspace: Path, extra: list[Mount]
 ) -> tuple[list[ResolvedMount], list[SpecIssue]]:

@@ -21,6 +21,7 @@ from orchestrator.backends.container.layout import (
 )
 from orchestrator.backends.container.mounts import (
     ResolvedMount,
+    reserved_target_issues,
     resolve_mounts,
     service_workdir_issues,
     static_mounts,
@@ -184,6 +185,7 @@ def _service(
             )
             continue
         mounts.append(ResolvedMount(found.real, m.target, m.read_only, where))
+    report.issues += reserved_target_issues(env, mounts)
     report.issues += check_host_paths(
         env.source,
         [
@@ -262,6 +264,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
     report = HardeningReport(warnings=list(env.notices))
     report.issues += check_workspace(opts.workspace) if spec.workspace.mount else []
+    report.issues += reserved_target_issues(env, mounts)
     report.issues += check_host_paths(
         env.source,
         [
