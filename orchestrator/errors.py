@@ -9,7 +9,7 @@ with ``raise ... from exc`` at the boundary, keeping their exit code and stderr.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -25,13 +25,16 @@ class OrchestratorError(Exception):
 
 @dataclass(frozen=True)
 class SpecIssue:
-    """One problem found in an environment file, located as precisely as we can."""
+    """One problem found in an environment file, located as precisely as we can. Built by
+    keyword after the file: `SpecIssue(source, field=..., message=..., fix=...)`, with
+    `line` and `column` where they are known."""
 
     file: str
-    line: int | None
-    column: int | None
+    _: KW_ONLY
     field: str
     message: str
+    line: int | None = None
+    column: int | None = None
     fix: str = ""
 
     def __str__(self) -> str:

@@ -102,12 +102,12 @@ def backend_class(
         raise PolicyError(
             SpecIssue(
                 env.source,
-                line,
-                col,
-                "backend",
-                f"backend {env.backend!r} runs the file's commands on this host, unisolated; "
-                "a file may not choose that alone",
-                f"choose it as the caller (spawn_runtime(..., backend={env.backend!r}), "
+                line=line,
+                column=col,
+                field="backend",
+                message=f"backend {env.backend!r} runs the file's commands on this host, "
+                "unisolated; a file may not choose that alone",
+                fix=f"choose it as the caller (spawn_runtime(..., backend={env.backend!r}), "
                 f"`orchestrator run --on {env.backend}`), or allow files to with "
                 f"Policy(allow_unisolated=True) / {UNISOLATED_ENV}=1",
             )

@@ -99,12 +99,10 @@ class _Budget:
             raise SpecError(
                 SpecIssue(
                     self.source,
-                    None,
-                    None,
-                    "",
-                    f"the file expands to more than {MAX_VALUES} values or {MAX_TEXT} "
+                    field="",
+                    message=f"the file expands to more than {MAX_VALUES} values or {MAX_TEXT} "
                     "characters (YAML aliases repeating each other?)",
-                    "write the values out, or use fewer nested aliases",
+                    fix="write the values out, or use fewer nested aliases",
                 )
             )
 
@@ -240,7 +238,16 @@ def _issues_from(
         ):
             message += f" (got {err['input']!r})"
         field_path = ".".join(str(s) for s in loc)
-        issues.append(SpecIssue(source, line, col, field_path, message, _fix_for(err, loc)))
+        issues.append(
+            SpecIssue(
+                source,
+                line=line,
+                column=col,
+                field=field_path,
+                message=message,
+                fix=_fix_for(err, loc),
+            )
+        )
     return sorted(issues, key=lambda i: (i.line or 0, i.column or 0))
 
 
@@ -254,11 +261,9 @@ def parse_yaml(text: str, source: str) -> Any:
         raise SpecError(
             SpecIssue(
                 source,
-                None,
-                None,
-                "",
-                f"the file is over the limit of {limit} characters",
-                f"environment files are small; split data out into static assets "
+                field="",
+                message=f"the file is over the limit of {limit} characters",
+                fix=f"environment files are small; split data out into static assets "
                 f"(or raise {MAX_BYTES_ENV})",
             )
         )
@@ -273,12 +278,24 @@ def parse_yaml(text: str, source: str) -> Any:
         if "duplicate key" in problem:
             fix = "each key may appear once per mapping; remove one of them"
         raise SpecError(
-            SpecIssue(source, line, col, "", f"malformed YAML: {problem}", fix)
+            SpecIssue(
+                source,
+                line=line,
+                column=col,
+                field="",
+                message=f"malformed YAML: {problem}",
+                fix=fix,
+            )
         ) from exc
     except Exception as exc:  # YAMLError, RecursionError, and the parser's own slips
         # ('-_' raises IndexError inside it): bad input is a spec error, never a traceback
         raise SpecError(
-            SpecIssue(source, None, None, "", f"malformed YAML: {exc}", "fix the YAML syntax")
+            SpecIssue(
+                source,
+                field="",
+                message=f"malformed YAML: {exc}",
+                fix="fix the YAML syntax",
+            )
         ) from exc
 
 
@@ -292,11 +309,11 @@ def check_backend(env: Environment, known: Collection[str]) -> None:
     raise SpecError(
         SpecIssue(
             env.source,
-            line,
-            col,
-            "backend",
-            f"unknown backend {env.backend!r}",
-            (f"did you mean '{guess[0]}'? " if guess else "")
+            line=line,
+            column=col,
+            field="backend",
+            message=f"unknown backend {env.backend!r}",
+            fix=(f"did you mean '{guess[0]}'? " if guess else "")
             + f"registered backends: {', '.join(names)} (a plugin adds one through the "
             "`orchestrator.runtimes` entry-point group, or `register_runtime`)",
         )
@@ -310,11 +327,9 @@ def require_main_image(env: Environment) -> None:
         raise SpecError(
             SpecIssue(
                 env.source,
-                None,
-                None,
-                "image",
-                f"the {env.backend} backend needs exactly one of `image` or `build`",
-                "add `image: <name>` (e.g. python:3.12-slim) or a `build:` section",
+                field="image",
+                message=f"the {env.backend} backend needs exactly one of `image` or `build`",
+                fix="add `image: <name>` (e.g. python:3.12-slim) or a `build:` section",
             )
         )
 
@@ -335,11 +350,11 @@ def load_environment_text(
         raise SpecError(
             SpecIssue(
                 source,
-                1,
-                1,
-                "",
-                f"expected a mapping at the top, got {got}",
-                "start from `orchestrator schema` or a file in environments/",
+                line=1,
+                column=1,
+                field="",
+                message=f"expected a mapping at the top, got {got}",
+                fix="start from `orchestrator schema` or a file in environments/",
             )
         )
     data = _plain(root, _Budget(source))
@@ -357,11 +372,11 @@ def load_environment_text(
         raise SpecError(
             SpecIssue(
                 source,
-                1,
-                1,
-                "version",
-                "missing schema version",
-                "add `version: 1` as the first line",
+                line=1,
+                column=1,
+                field="version",
+                message="missing schema version",
+                fix="add `version: 1` as the first line",
             )
         )
     if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
@@ -370,11 +385,11 @@ def load_environment_text(
         raise SpecError(
             SpecIssue(
                 source,
-                line,
-                col,
-                "version",
-                f"unknown schema version {version!r}",
-                f"supported versions: {supported}",
+                line=line,
+                column=col,
+                field="version",
+                message=f"unknown schema version {version!r}",
+                fix=f"supported versions: {supported}",
             )
         )
     try:
@@ -415,11 +430,11 @@ def _check_assets(env: Environment, root: Any) -> None:
                 issues.append(
                     SpecIssue(
                         env.source,
-                        line,
-                        col,
-                        ".".join(map(str, loc)),
-                        f"{match.group(0)} names no static asset (known: {known})",
-                        "add it under static_assets, or fix the name",
+                        line=line,
+                        column=col,
+                        field=".".join(map(str, loc)),
+                        message=f"{match.group(0)} names no static asset (known: {known})",
+                        fix="add it under static_assets, or fix the name",
                     )
                 )
     for i, asset in enumerate(env.spec.static_assets):
@@ -435,7 +450,16 @@ def _check_assets(env: Environment, root: Any) -> None:
         else:
             message = f"asset path does not exist: {found.real}"
             fix = "paths are relative to the environment file's folder"
-        issues.append(SpecIssue(env.source, line, col, f"static_assets.{i}.path", message, fix))
+        issues.append(
+            SpecIssue(
+                env.source,
+                line=line,
+                column=col,
+                field=f"static_assets.{i}.path",
+                message=message,
+                fix=fix,
+            )
+        )
     if issues:
         raise SpecError(issues)
 
@@ -447,7 +471,12 @@ def load_environment(path: str | Path, *, backends: BackendNames | None = None) 
     try:
         if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block open()
             raise SpecError(
-                SpecIssue(str(p), None, None, "", "not a regular file", "pass the .yaml file")
+                SpecIssue(
+                    str(p),
+                    field="",
+                    message="not a regular file",
+                    fix="pass the .yaml file",
+                )
             )
         with p.open("rb") as fh:  # no more than the limit: a huge file must not stall us
             text = fh.read(max_spec_bytes() + 1).decode("utf-8")
@@ -456,23 +485,27 @@ def load_environment(path: str | Path, *, backends: BackendNames | None = None) 
         raise SpecError(
             SpecIssue(
                 str(p),
-                None,
-                None,
-                "",
-                "file not found",
-                "check the path; shipped files are in environments/",
+                field="",
+                message="file not found",
+                fix="check the path; shipped files are in environments/",
             )
         ) from None
     except IsADirectoryError:
         raise SpecError(
             SpecIssue(
-                str(p), None, None, "", "is a folder, not a file", "pass the .yaml file itself"
+                str(p),
+                field="",
+                message="is a folder, not a file",
+                fix="pass the .yaml file itself",
             )
         ) from None
     except UnicodeDecodeError as exc:
         raise SpecError(
             SpecIssue(
-                str(p), None, None, "", f"not UTF-8 text ({exc.reason})", "save the file as UTF-8"
+                str(p),
+                field="",
+                message=f"not UTF-8 text ({exc.reason})",
+                fix="save the file as UTF-8",
             )
         ) from None
     except OrchestratorError:
@@ -480,7 +513,12 @@ def load_environment(path: str | Path, *, backends: BackendNames | None = None) 
     except (OSError, RuntimeError, ValueError) as exc:  # EACCES, ELOOP, a NUL byte ...
         why = exc.strerror if isinstance(exc, OSError) else str(exc)
         raise SpecError(
-            SpecIssue(str(p), None, None, "", f"cannot read: {why}", "pass a readable file")
+            SpecIssue(
+                str(p),
+                field="",
+                message=f"cannot read: {why}",
+                fix="pass a readable file",
+            )
         ) from None
     return load_environment_text(text, source=str(p), base_dir=folder, backends=backends)
 

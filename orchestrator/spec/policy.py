@@ -287,7 +287,8 @@ def check_host_paths(
         else:
             problem = _host_path_problem(found.real, roots)
         if problem is not None:
-            issues.append(SpecIssue(source, None, None, field_path, *problem))
+            message, fix = problem
+            issues.append(SpecIssue(source, field=field_path, message=message, fix=fix))
     return issues
 
 
@@ -298,11 +299,10 @@ def check_workspace(workspace: Path) -> list[SpecIssue]:
         return [
             SpecIssue(
                 "<spawn>",
-                None,
-                None,
-                "workspace",
-                f"cannot look at workspace {str(workspace)!r}: {found.error}",
-                "pass a folder of its own that this user can read (or none: a private one is made)",
+                field="workspace",
+                message=f"cannot look at workspace {str(workspace)!r}: {found.error}",
+                fix="pass a folder of its own that this user can read "
+                "(or none: a private one is made)",
             )
         ]
     real = found.real
@@ -310,11 +310,9 @@ def check_workspace(workspace: Path) -> list[SpecIssue]:
         return [
             SpecIssue(
                 "<spawn>",
-                None,
-                None,
-                "workspace",
-                f"workspace {real} is or contains a system, secret or shared temp folder",
-                "pass a folder of its own (or none: a private one is made)",
+                field="workspace",
+                message=f"workspace {real} is or contains a system, secret or shared temp folder",
+                fix="pass a folder of its own (or none: a private one is made)",
             )
         ]
     return []
@@ -333,7 +331,7 @@ def check_hardening(
     allow-list; return the normalized capabilities to add."""
 
     def bad(name: str, message: str, fix: str) -> None:
-        report.issues.append(SpecIssue(source, None, None, prefix + name, message, fix))
+        report.issues.append(SpecIssue(source, field=prefix + name, message=message, fix=fix))
 
     if opts.privileged:
         bad("privileged", "privileged containers are not allowed", "remove `privileged: true`")

@@ -66,12 +66,10 @@ def service_workdir_issues(env: Environment) -> list[SpecIssue]:
                 issues.append(
                     SpecIssue(
                         env.source,
-                        None,
-                        None,
-                        f"services.{name}.workdir",
-                        f"workdir {svc.workdir} is inside {target} ({what}), which "
+                        field=f"services.{name}.workdir",
+                        message=f"workdir {svc.workdir} is inside {target} ({what}), which "
                         "the service's user would be given",
-                        "choose a workdir of the container's own, outside every mount",
+                        fix="choose a workdir of the container's own, outside every mount",
                     )
                 )
     return issues
@@ -124,11 +122,9 @@ def resolve_mounts(
                 issues.append(
                     SpecIssue(
                         env.source,
-                        None,
-                        None,
-                        where + ".target",
-                        f"mount target {target} is inside workdir {workdir}",
-                        "put files inside the workspace instead, or mount outside the workdir",
+                        field=where + ".target",
+                        message=f"mount target {target} is inside workdir {workdir}",
+                        fix="put files inside the workspace instead, or mount outside the workdir",
                     )
                 )
                 continue
@@ -137,11 +133,9 @@ def resolve_mounts(
                 issues.append(
                     SpecIssue(
                         env.source,
-                        None,
-                        None,
-                        where + ".source",
-                        f"cannot look at mount source {spec_mount.source!r}: {found.error}",
-                        UNREADABLE_FIX,
+                        field=where + ".source",
+                        message=f"cannot look at mount source {spec_mount.source!r}: {found.error}",
+                        fix=UNREADABLE_FIX,
                     )
                 )
                 continue
@@ -153,11 +147,9 @@ def resolve_mounts(
                 issues.append(
                     SpecIssue(
                         env.source,
-                        None,
-                        None,
-                        m.origin,
-                        f"mount at {m.target} would shadow static asset {s.target}",
-                        "static assets are read-only and may not "
+                        field=m.origin,
+                        message=f"mount at {m.target} would shadow static asset {s.target}",
+                        fix="static assets are read-only and may not "
                         "be shadowed; choose another target",
                     )
                 )
@@ -166,11 +158,9 @@ def resolve_mounts(
             issues.append(
                 SpecIssue(
                     env.source,
-                    None,
-                    None,
-                    s.origin + ".path",
-                    f"asset path does not exist: {s.source}",
-                    "",
+                    field=s.origin + ".path",
+                    message=f"asset path does not exist: {s.source}",
+                    fix="",
                 )
             )
     user_mounts = [m for m in merged.values() if m.origin != "workspace"]
@@ -179,11 +169,9 @@ def resolve_mounts(
             issues.append(
                 SpecIssue(
                     env.source,
-                    None,
-                    None,
-                    m.origin + ".source",
-                    f"mount source does not exist: {m.source}",
-                    "create it first, or fix the path (relative paths resolve "
+                    field=m.origin + ".source",
+                    message=f"mount source does not exist: {m.source}",
+                    fix="create it first, or fix the path (relative paths resolve "
                     "against the workspace)",
                 )
             )

@@ -259,11 +259,9 @@ class ContainerRuntime(Runtime):
             raise SpecError(
                 SpecIssue(
                     self.env.source,
-                    None,
-                    None,
-                    "user",
-                    f"{said.strip()} of the image",
-                    "create the user in the image, or give a uid[:gid]",
+                    field="user",
+                    message=f"{said.strip()} of the image",
+                    fix="create the user in the image, or give a uid[:gid]",
                 )
             )
 

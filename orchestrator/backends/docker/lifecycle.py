@@ -314,12 +314,10 @@ def _diagnose(project: Project, exc: DockerError, source: str) -> OrchestratorEr
         return SpecError(
             SpecIssue(
                 source,
-                None,
-                None,
-                "resources.disk",
-                "this engine cannot limit a container's disk (its storage driver needs "
+                field="resources.disk",
+                message="this engine cannot limit a container's disk (its storage driver needs "
                 "overlay2 on xfs with pquota, btrfs or zfs for that)",
-                "remove resources.disk here, or bound /tmp with resources.tmp",
+                fix="remove resources.disk here, or bound /tmp with resources.tmp",
             )
         )
     try:

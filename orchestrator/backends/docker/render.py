@@ -176,11 +176,9 @@ def _service(
             report.issues.append(
                 SpecIssue(
                     env.source,
-                    None,
-                    None,
-                    where + ".source",
-                    f"cannot look at mount source {m.source!r}: {found.error}",
-                    UNREADABLE_FIX,
+                    field=where + ".source",
+                    message=f"cannot look at mount source {m.source!r}: {found.error}",
+                    fix=UNREADABLE_FIX,
                 )
             )
             continue
@@ -235,12 +233,10 @@ def _network_mode(env: Environment, opts: CompileOptions, report: HardeningRepor
         report.issues.append(
             SpecIssue(
                 env.source,
-                None,
-                None,
-                "network.mode",
-                "host networking is not allowed: the sandbox would share the host's network, "
-                "including every service listening on 127.0.0.1",
-                f"use bridge with `ports`, or let the caller opt in with {HOST_NETWORK_ENV}=1",
+                field="network.mode",
+                message="host networking is not allowed: the sandbox would share the host's "
+                "network, including every service listening on 127.0.0.1",
+                fix=f"use bridge with `ports`, or let the caller opt in with {HOST_NETWORK_ENV}=1",
             )
         )
     elif mode == "host":
@@ -310,12 +306,10 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
                 issues.append(
                     SpecIssue(
                         env.source,
-                        None,
-                        None,
-                        m.origin,
-                        f"{m.source} is a folder of this machine; the engine "
+                        field=m.origin,
+                        message=f"{m.source} is a folder of this machine; the engine "
                         "(ORCHESTRATOR_DOCKER_HOST) may be another one",
-                        "ship files in static_assets or move them with rt.upload",
+                        fix="ship files in static_assets or move them with rt.upload",
                     )
                 )
         mounts = []

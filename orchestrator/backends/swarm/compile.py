@@ -71,7 +71,14 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
     issues: list[SpecIssue] = []
 
     def refuse(where: str, message: str, fix: str) -> None:
-        issues.append(SpecIssue(env.source, None, None, where, message, fix))
+        issues.append(
+            SpecIssue(
+                env.source,
+                field=where,
+                message=message,
+                fix=fix,
+            )
+        )
 
     report = HardeningReport(warnings=[*env.notices, NO_NEW_PRIVILEGES])
     parts: list[tuple[str, Any]] = [
