@@ -39,6 +39,7 @@ from typing import (
     NamedTuple,
     Optional,
     Tuple,
+    Union,
 )
 
 GRACE = 0.5
@@ -280,6 +281,51 @@ def _shell_answer(exc: OSError, argv: List[str], cwd: Optional[str]) -> Tuple[in
     return 126, "%s: %s" % (argv[0], exc.strerror or exc)
 
 
+class _Spare:
+    """A thread started before the process it will serve. Under a pids limit a command can
+    take every free pid before a thread could start after it (a fork bomb does, in
+    microseconds); a thread started first cannot be taken away, and the deadline it keeps
+    then holds."""
+
+    def __init__(self) -> None:
+        self._job: Optional[Callable[[], None]] = None
+        self._given = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()  # RuntimeError when no thread can start: before any process
+
+    def _serve(self) -> None:
+        self._given.wait()
+        if self._job is not None:
+            self._job()
+
+    def give(self, job: Optional[Callable[[], None]]) -> "_Spare":
+        """Run `job` on the spare thread, or release the thread with None; only the first
+        call counts."""
+        if self._given.is_set():
+            return self
+        self._job = job
+        self._given.set()
+        return self
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def _spares(count: int) -> List[_Spare]:
+    """`count` spare threads, or NoProcess when the container cannot start one."""
+    spares: List[_Spare] = []
+    try:
+        for _ in range(count):
+            spares.append(_Spare())
+    except RuntimeError:  # the pids limit: nothing has started yet
+        for spare in spares:
+            spare.give(None)
+        raise NoProcess(
+            errno.EAGAIN, "cannot start a thread: the process limit is reached"
+        ) from None
+    return spares
+
+
 def _feed(pipe: IO[bytes], chunks: Iterable[bytes]) -> None:
     try:
         for chunk in chunks:
@@ -321,16 +367,27 @@ def pump(
     killer: Optional[Killer] = None,
     started: Optional[float] = None,
     out: Optional[int] = None,
+    spares: Optional[List[_Spare]] = None,
 ) -> Generator[Chunk, None, Outcome]:
     """Yield ("stdout"|"stderr", bytes) as output arrives; return the Outcome. `killer(proc,
     sig)` replaces the default tree kill (the plain-exec path kills inside the container
     instead). The timeout is kept by a watchdog thread, so it holds even while the caller is
     not reading; closing the generator early kills the command. `out`: a file descriptor
     (the read end of a FIFO, the caller's to close) that carries the command's standard
-    output instead; what the process itself prints on stdout then counts as stderr."""
+    output instead; what the process itself prints on stdout then counts as stderr.
+    `spares`: threads started before the process (see _Spare), used before new ones."""
     start = time.monotonic() if started is None else started
+    spare = list(spares or ())
+
+    def begin(target: Callable[..., None], *args: Any) -> Union[_Spare, threading.Thread]:
+        if spare:
+            return spare.pop().give(lambda: target(*args))
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        return thread
+
     if stdin is not None and proc.stdin is not None:
-        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+        begin(_feed, proc.stdin, stdin)
     known: List[int] = []
     kill_lock = threading.Lock()
 
@@ -344,12 +401,9 @@ def pump(
     finished, timed_out = threading.Event(), threading.Event()
     watchdog = None
     if timeout is not None:
-        watchdog = threading.Thread(
-            target=_watchdog,
-            args=(proc, start + timeout, grace, kill, finished, timed_out),
-            daemon=True,
-        )
-        watchdog.start()
+        watchdog = begin(_watchdog, proc, start + timeout, grace, kill, finished, timed_out)
+    for unused in spare:
+        unused.give(None)
     sel = selectors.DefaultSelector()
     sources = [(proc.stdout, "stdout" if out is None else "stderr"), (proc.stderr, "stderr")]
     for pipe, kind in sources:
@@ -425,16 +479,27 @@ def run(
     the generator early kills the command's whole tree and reaps it: nothing outlives a caller
     that gave up."""
     start = time.monotonic() if started is None else started
+    spares = _spares((timeout is not None) + (stdin is not None))
     try:
         proc = _start(argv, env, cwd, user, stdin is not None, stdio)
-    except _Refused as why:
-        yield "stderr", (why.message + "\n").encode()
-        return Outcome(why.code, False, time.monotonic() - start)
+    except BaseException as exc:
+        for spare in spares:
+            spare.give(None)
+        if not isinstance(exc, _Refused):
+            raise
+        yield "stderr", (exc.message + "\n").encode()
+        return Outcome(exc.code, False, time.monotonic() - start)
     try:
         if on_start is not None:
             on_start(proc)
-        return (yield from pump(proc, stdin, timeout, killer=killer, started=start, out=out))
+        return (
+            yield from pump(
+                proc, stdin, timeout, killer=killer, started=start, out=out, spares=spares
+            )
+        )
     finally:
+        for spare in spares:  # pump took those it needed; the others end here
+            spare.give(None)
         if proc.returncode is None:  # abandoned (pump has killed it) or never pumped
             if proc.poll() is None:
                 kill_tree(proc.pid, signal.SIGKILL)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from orchestrator import procutil
 from orchestrator.procutil import F_SETPIPE_SZ, Outcome
@@ -65,3 +68,45 @@ def test_a_slow_reader_gets_everything_written_before_the_exit(tmp_path: Path) -
         stdout, stderr, outcome = collect([sys.executable, "-c", script], fd, pause)
     assert outcome.exit_code == 0, stderr
     assert len(stdout) == size
+
+
+def _drain(gen: Generator[procutil.Chunk, None, Outcome]) -> Outcome:
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+
+def test_the_deadline_holds_when_no_thread_can_start_after_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork bomb under a pids limit takes every pid right after it starts: the watchdog
+    and the stdin feeder must already be running by then."""
+
+    def no_more_threads(proc: object) -> None:
+        def refuse(self: threading.Thread) -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+
+    gen = procutil.run(
+        ["sh", "-c", "cat >/dev/null; sleep 30"],
+        None,
+        None,
+        stdin=iter([b"input"]),
+        timeout=0.5,
+        on_start=no_more_threads,
+    )
+    started = time.monotonic()
+    outcome = _drain(gen)
+    assert outcome.timed_out and time.monotonic() - started < 10
+
+
+def test_no_thread_before_the_process_means_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(procutil.NoProcess, match="process limit"):
+        _drain(procutil.run(["true"], None, None, timeout=5))
