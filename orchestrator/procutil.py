@@ -14,6 +14,9 @@ Rules kept here:
 - a process killed by signal N reports 128+N;
 - after the main process exits, output is drained briefly; a background process that keeps
   the pipes open does not hold the call (it keeps running, its pipes are closed on our side).
+The host's /proc reads (the local backend's process scans, an owner's start time) use these
+same functions rather than psutil: the sandbox side must stay standard-library only, one
+implementation is tested on both sides, and psutil would read the same /proc files.
 """
 
 from __future__ import annotations

@@ -1,5 +1,15 @@
 """Settings read from `ORCHESTRATOR_*` environment variables: one parser each, so a bad value
-is a UsageError naming the variable, never a bare int()/float() error from deep inside."""
+is a UsageError naming the variable, never a bare int()/float() error from deep inside, and
+never ignored (a flag that is neither on nor off is refused, not read as off).
+
+Kept by hand rather than on pydantic-settings: each variable is read when it is used, so a
+bad value fails only what needs it and a variable set at run time (the CLI's `--host`, a
+test's monkeypatch) counts at once, where a BaseSettings model reads and validates every
+variable together on each instantiation (or keeps a stale copy); the parsers here are a few
+lines, a model would not be smaller once it is told to be case-sensitive, to read "" as
+unset, to split comma lists rather than parse JSON, and to turn its ValidationError into
+these messages; and it would put two packages (pydantic-settings, python-dotenv, about 35 ms)
+on the import path of every library session."""
 
 from __future__ import annotations
 
@@ -50,6 +60,17 @@ def network(name: str, default: str) -> ipaddress.IPv4Network | ipaddress.IPv6Ne
 def choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = _read(name, str, lambda v: v in choices, f"one of {', '.join(choices)}")
     return default if value is None else value
+
+
+FLAG_ON = ("1", "true", "yes", "on")
+FLAG_OFF = ("0", "false", "no", "off")
+
+
+def flag(name: str, default: bool) -> bool:
+    """On or off: 1, true, yes, on or 0, false, no, off (any case)."""
+    want = f"one of {', '.join(FLAG_ON)} (on) or {', '.join(FLAG_OFF)} (off)"
+    value = _read(name, str.lower, lambda v: v in FLAG_ON + FLAG_OFF, want)
+    return default if value is None else value in FLAG_ON
 
 
 def file_timeout() -> float:

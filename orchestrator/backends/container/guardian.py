@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 
+from orchestrator import settings
 from orchestrator.backends.container.identity import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
@@ -47,7 +48,7 @@ _guardian: tuple[int, subprocess.Popen[bytes]] | None = None
 def ensure_guardian() -> None:
     """Start this process's guardian unless it runs (or is switched off)."""
     global _guardian
-    if os.environ.get(GUARDIAN_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not settings.flag(GUARDIAN_ENV, True):
         return
     pid = os.getpid()
     with _lock:

@@ -1,6 +1,11 @@
 """Pool membership of a project, kept in its folder so that `ps` and other processes see it:
 a file holding "<pool id> <state>", changed only under an exclusive lock on that file, so a
-pool handing an environment out and another process claiming it never both get it."""
+pool handing an environment out and another process claiming it never both get it.
+
+The lock is `fcntl.flock` on the state file itself, through the one descriptor that reads and
+writes it, not filelock: filelock locks a file of its own (and removes it on release), so it
+would add a second file per project and a second open, no less code, for a lock held for the
+microseconds of a read and a write (and the `then` of `move`) between processes of one host."""
 
 from __future__ import annotations
 

@@ -1,0 +1,83 @@
+"""The state folder: absolute whatever the variables say, so every command and process finds
+the same one; a relative ORCHESTRATOR_STATE_DIR is a usage error naming it (exit 2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import UsageError
+from orchestrator.paths import projects_dir, state_dir
+
+CLI = Path(sys.executable).with_name("orchestrator")
+
+
+@pytest.fixture
+def no_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.delenv("ORCHESTRATOR_STATE_DIR", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_default_is_under_the_home_folder(no_state_dir: Path) -> None:
+    assert state_dir() == no_state_dir / ".local" / "state" / "orchestrator"
+    assert projects_dir() == state_dir() / "projects"
+
+
+def test_an_absolute_xdg_state_home_is_used(
+    no_state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(no_state_dir / "xdg"))
+    assert state_dir() == no_state_dir / "xdg" / "orchestrator"
+
+
+def test_a_relative_xdg_state_home_is_ignored_as_xdg_says(
+    no_state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", "state")
+    assert state_dir() == no_state_dir / ".local" / "state" / "orchestrator"
+
+
+def test_an_empty_home_does_not_make_the_folder_relative(
+    no_state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", "")
+    assert state_dir().is_absolute()
+
+
+def test_the_variable_wins_and_takes_a_tilde(
+    no_state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", "~/mine")
+    assert state_dir() == no_state_dir / "mine"
+
+
+@pytest.mark.parametrize("value", ["state", "./state", "~user-that-is-not-there/x"])
+def test_a_relative_state_dir_names_the_variable(
+    value: str, no_state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", value)
+    with pytest.raises(UsageError, match="ORCHESTRATOR_STATE_DIR must be an absolute path"):
+        state_dir()
+
+
+def test_the_cli_exits_2_on_a_relative_state_dir(tmp_path: Path) -> None:
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": "state"}
+    done = subprocess.run(
+        [str(CLI), "snapshot", "--list"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "ORCHESTRATOR_STATE_DIR must be an absolute path" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "state").exists()
