@@ -3,9 +3,13 @@ markers, and the leak check that fails any Docker test leaving our labelled obje
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
+import shutil
+import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -238,33 +242,85 @@ def swarm_ids(manager: str) -> set[str]:
     return found
 
 
+BUILD_DEADLINE = 1500.0
+"""Seconds `scripts/build-images swarm` may take: its lock wait (20 min) and the node build."""
+
+
+def build_swarm_images() -> str | None:
+    """Build what the swarm tests need (the node image, Debian's docker-registry) when it is
+    missing; None when it is there, else why not. Bootstrap leaves them to the tests that need
+    them; the script builds under a machine-wide lock and looks again under it, so parallel
+    workers and runs build the node image once, and costs a tenth of a second when all is there."""
+    argv = ["bash", str(ROOT / "scripts" / "build-images"), "swarm"]
+    # its own session, so that a build past the deadline is killed whole (debootstrap too)
+    build = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, err = build.communicate(timeout=BUILD_DEADLINE)  # its log lines only: small
+    except subprocess.TimeoutExpired:
+        os.killpg(build.pid, signal.SIGKILL)
+        build.communicate()
+        return f"scripts/build-images swarm did not end within {BUILD_DEADLINE:g} s"
+    if build.returncode != 0 or not _ok(["docker", "image", "inspect", NODE_IMAGE]):
+        tail = "\n".join(err.strip().splitlines()[-10:])
+        return f"node image {NODE_IMAGE} could not be built (scripts/build-images swarm): {tail}"
+    return None
+
+
 @pytest.fixture(scope="session")
 def swarm_cluster() -> Iterator[str]:
     """A Swarm for the swarm backend's tests: a running `scripts/cluster`, or one started
     here (and removed after). Fails the session if the tests leave anything on it."""
-    if not _ok(["docker", "image", "inspect", NODE_IMAGE]):
-        why = f"Swarm test skipped: node image {NODE_IMAGE} is missing (run scripts/build-images)"
+    problem = build_swarm_images()
+    if problem is not None:
+        why = f"Swarm test skipped: {problem}"
         if in_ci():
             pytest.fail(f"CI=true but {why}")
         pytest.skip(why)
-    script = str(ROOT / "scripts" / "cluster")
-    started = not _ok(["docker", "network", "inspect", "orch-cluster"])
-    if started:
-        up = subprocess.run([script, "up"], capture_output=True, text=True, check=False)
-        if up.returncode != 0:
-            pytest.fail(f"could not start the test Swarm: {up.stderr.strip()}")
-    line = subprocess.run([script, "env"], capture_output=True, text=True, check=True).stdout
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    with open(run_dir / "swarm.lock", "w") as lock:  # the run's workers start it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _ok(["docker", "network", "inspect", "orch-cluster"]):
+            up = subprocess.run([CLUSTER, "up"], capture_output=True, text=True, check=False)
+            if up.returncode != 0:
+                pytest.fail(f"could not start the test Swarm: {up.stderr.strip()}")
+            (run_dir / SWARM_STARTED).touch()  # removed when the whole run ends
+    line = subprocess.run([CLUSTER, "env"], capture_output=True, text=True, check=True).stdout
     manager = line.strip().partition("=")[2]
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("ORCHESTRATOR_SWARM_HOST", manager)
-            patch.setenv("ORCHESTRATOR_SWARM_NODE_HOST", "tcp://{addr}:2375")
-            yield manager
-        leaked = swarm_ids(manager)
-    finally:
-        if started:
-            subprocess.run([script, "down"], capture_output=True, check=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ORCHESTRATOR_SWARM_HOST", manager)
+        patch.setenv("ORCHESTRATOR_SWARM_NODE_HOST", "tcp://{addr}:2375")
+        yield manager
+    leaked = swarm_ids(manager)  # this worker's own (by its temporary root)
     assert not leaked, f"the tests left these on the Swarm: {sorted(leaked)}"
+
+
+CLUSTER = str(ROOT / "scripts" / "cluster")
+RUN_DIR_ENV = "ORCHESTRATOR_TEST_RUN_DIR"
+"""A folder of this test run that its xdist workers share (they inherit the environment)."""
+SWARM_STARTED = "swarm.started"
+
+
+_MADE_RUN_DIR: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if RUN_DIR_ENV not in os.environ:  # the controller (or a run without workers)
+        _MADE_RUN_DIR.append(tempfile.mkdtemp(prefix="orch-test-run-"))
+        os.environ[RUN_DIR_ENV] = _MADE_RUN_DIR[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """When the whole run ends (in the process that made the run's folder, not a worker):
+    remove the test Swarm if the run started it."""
+    if not _MADE_RUN_DIR:
+        return
+    run_dir = Path(_MADE_RUN_DIR.pop())
+    os.environ.pop(RUN_DIR_ENV, None)
+    if (run_dir / SWARM_STARTED).exists():
+        subprocess.run([CLUSTER, "down"], capture_output=True, check=False)
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -215,7 +215,7 @@ def registry(swarm_cluster: str, tmp_path: Path) -> Iterator[str]:
 
     binary = shutil.which("docker-registry")
     if binary is None:
-        why = "docker-registry is not installed (scripts/build-images installs it as root)"
+        why = "docker-registry is not installed (scripts/build-images registry installs it as root)"
         if in_ci():
             pytest.fail(f"CI=true but {why}")
         pytest.skip(why)
