@@ -114,7 +114,8 @@ class SetupFailed(StartupError):
 
 
 class HealthcheckFailed(StartupError):
-    """An extra service never became healthy. Carries its last log lines."""
+    """An extra service never became ready: unhealthy, exited during the start, or (a `job`)
+    exited non-zero. Names it, its exit code and its last log lines."""
 
 
 class RuntimeClosed(OrchestratorError, RuntimeError):

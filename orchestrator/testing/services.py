@@ -13,6 +13,7 @@ without extra containers lists the rule "services" in its `deviations`; the prof
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import Runtime, Sandbox
+from orchestrator import HealthcheckFailed, Runtime, Sandbox, load_environment, spawn_runtime
 from orchestrator.errors import SandboxFileNotFound
 from orchestrator.testing.target import SIDE_UID, SIDE_WORKDIR, SITE, STARTED, Target
 
@@ -32,6 +33,7 @@ __all__ = [
     "test_service_nonroot_started_in_its_own_workdir",
     "test_service_nonroot_writes_in_its_workdir",
     "test_service_reaches_another_by_name",
+    "test_service_that_dies_as_it_starts_fails_the_start",
     "test_service_timeout_kills_the_whole_tree",
 ]
 
@@ -130,3 +132,44 @@ def test_service_timeout_kills_the_whole_tree(services_rt: Runtime) -> None:
     time.sleep(0.3)
     assert _survivors(side, s) == ""
     assert side.execute("echo alive").stdout == "alive\n"  # the sidecar itself lives on
+
+
+def test_service_that_dies_as_it_starts_fails_the_start(
+    conformance_target: Target, tmp_path: Path
+) -> None:
+    """A sidecar that runs, then exits 0.3 s later, fails the start (HealthcheckFailed
+    naming it, its exit code and its last log lines) and nothing of it is left running; a
+    `job: true` service in the same file, which ended with exit 0, is fine."""
+    reason = conformance_target.deviation("services")
+    if reason:
+        pytest.skip(f"{conformance_target.id} deviates from 'services': {reason}")
+    image = conformance_target.service_image
+    if image is None:
+        pytest.skip(f"{conformance_target.id}: the target names no service_image")
+    crash = "echo crash-log-line; sleep 0.3; exit 3"
+    lines = [
+        "version: 1",
+        f"name: conf-crash-{conformance_target.id}",
+        f"backend: {conformance_target.backend}",
+        "services:",
+        "  crash:",
+        f"    image: {image}",
+        f"    command: [sh, -c, {json.dumps(crash)}]",
+        "  seed:",
+        f"    image: {image}",
+        "    job: true",
+        "    command: [sh, -c, 'echo seeded']",
+        *conformance_target.env_lines,
+    ]
+    path = tmp_path / "env.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with conformance_target.environment(), pytest.raises(HealthcheckFailed) as info:
+        spawn_runtime(
+            load_environment(path),
+            backend=conformance_target.backend,
+            policy=conformance_target.policy(),
+        )
+    message = str(info.value)
+    assert "service 'crash' exited with code 3" in message
+    assert "crash-log-line" in message
+    assert "seed" not in message

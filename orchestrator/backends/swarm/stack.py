@@ -30,6 +30,7 @@ from orchestrator.backends.container.engine import (
 from orchestrator.backends.container.identity import LABEL_PROJECT
 from orchestrator.backends.swarm.compile import CompiledStack
 from orchestrator.errors import DockerError, OrchestratorError, StartupError, UsageError
+from orchestrator.spec.resolve import MAIN
 
 SWARM_HOST_ENV = "ORCHESTRATOR_SWARM_HOST"
 NODE_HOST_ENV = "ORCHESTRATOR_SWARM_NODE_HOST"
@@ -141,14 +142,16 @@ class Stack:
         return {service: task for service, (_, task) in newest.items()}
 
     def wait_running(self, services: list[str], timeout: float) -> dict[str, Task]:
-        """Wait until every service's task runs; a task that failed (or the time running
-        out) is a StartupError naming the service and why."""
+        """Wait until every service's task runs, or (an extra service) ran and ended: the
+        runtime judges it from its container (a job's exit code, a sidecar's crash, with
+        its logs). A task that failed without a container, or the main one ending (or the
+        time running out) is a StartupError naming the service and why."""
         deadline = time.monotonic() + timeout
         while True:
             tasks = self.tasks()
             for service in services:
                 task = tasks.get(service)
-                if task is not None and task.state in FAILED:
+                if task is not None and task.state in FAILED and not self._ran(service, task):
                     why = task.error or f"its task ended ({task.state})"
                     raise StartupError(
                         f"stack {self.name}: service {service!r} did not start: {why}"
@@ -168,9 +171,17 @@ class Stack:
     def _started(self, service: str, task: Task) -> bool:
         """Running; or, for a service with a healthcheck, started (Swarm says "starting"
         until it is healthy): it may need to be prepared to become healthy (copyin.GATE),
-        and the runtime waits for its health."""
+        and the runtime waits for its health; or an extra service that ran and ended."""
         healthchecked = service in self.compiled.healthchecked
-        return task.state == "running" or (healthchecked and task.state == "starting")
+        started = task.state == "running" or (healthchecked and task.state == "starting")
+        return started or (task.state in FAILED and self._ran(service, task))
+
+    @staticmethod
+    def _ran(service: str, task: Task) -> bool:
+        """An extra service whose command ran and ended (complete, or failed with an exit
+        code): its container is left (restart_policy none) for the runtime to judge."""
+        ended = task.state in ("complete", "failed") and task.exit_code is not None
+        return service != MAIN and bool(task.container) and ended
 
     def node_client(self, node: str) -> DockerClient:
         """A client of the engine of node `node` (its address asked of the manager once)."""

@@ -1,0 +1,191 @@
+"""When a start is done with its extra services, on every container backend.
+
+A start waits, within ORCHESTRATOR_UP_TIMEOUT, until each service is ready: running (a
+plain sidecar), healthy (one with a healthcheck) or, for a `job`, ended with exit code 0.
+Then, as the main sandbox comes up, each service that keeps running must still run SETTLE
+seconds after it was first seen running, so a sidecar that crashes as it starts (a bad
+config read after 200 ms, a crash loop) is not reported ready. Any other outcome fails the
+start with the service's exit code and last log lines; the caller removes the environment.
+A service that dies later is the environment's own business: the main sandbox still runs
+commands (`rt.service(NAME)` says the service is gone).
+
+The engine is asked through the runtime's own `_state` and `_logs` (passed in by the
+runtime), so Compose and Swarm keep one rule."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.backends.container.engine import UP_TIMEOUT_ENV
+from orchestrator.errors import HealthcheckFailed, OrchestratorError
+from orchestrator.spec.models import Service
+
+SETTLE = 1.0
+"""Seconds a service that keeps running must still run after it was first seen running."""
+POLL = 0.1
+"""Seconds between two looks at the services."""
+LOG_LINES = 20
+LOG_CHARS = 4000
+"""Most of a service's log tail an error shows (the tail of the tail, sanitized)."""
+ENDED = ("exited", "dead", "removing")
+"""Container states after the service's command ended."""
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at a service's container."""
+
+    status: str
+    """The engine's container status: created, running, paused, restarting, exited, dead."""
+    exit_code: int | None
+    health: str
+    """"", starting, healthy or unhealthy."""
+    oom: bool
+
+    @classmethod
+    def of(cls, state: Any) -> Look:
+        """From python-on-whales' ContainerState (any object with those attributes)."""
+        health = getattr(getattr(state, "health", None), "status", None)
+        code = getattr(state, "exit_code", None)
+        return cls(
+            status=str(getattr(state, "status", "") or ""),
+            exit_code=code if isinstance(code, int) else None,
+            health=str(health or ""),
+            oom=bool(getattr(state, "oom_killed", False)),
+        )
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+
+def log_tail(text: str) -> str:
+    """The last LOG_LINES lines of a service's log, at most LOG_CHARS characters, with
+    control characters (a hostile service's terminal escapes) shown as `?`."""
+    lines = text.strip().splitlines()[-LOG_LINES:]
+    tail = "\n".join(lines)[-LOG_CHARS:]
+    return "".join(c if c in "\n\t" or c.isprintable() else "?" for c in tail)
+
+
+def failure(ident: str, service: str, job: bool, look: Look, logs: str) -> str:
+    """The message of a start failed by one service: what it did, and what to do next."""
+    code = "" if look.exit_code is None else f" with code {look.exit_code}"
+    oom = " (killed: out of memory)" if look.oom else ""
+    if job:
+        what = f"job {service!r} exited{code}{oom}; a job must exit 0"
+    elif look.health == "unhealthy":
+        what = f"service {service!r} never became healthy"
+    elif look.ended:
+        what = (
+            f"service {service!r} exited{code}{oom} during the start; a service must keep "
+            "running (mark a one-shot service `job: true`)"
+        )
+    else:
+        what = f"service {service!r} did not start ({look.status or 'no container'})"
+    shown = log_tail(logs)
+    return f"{ident}: {what}; last log lines:\n{shown or '(no output)'}"
+
+
+def late(ident: str, service: str, job: bool, look: Look, logs: str, timeout: float) -> str:
+    """The message of a start whose service was not ready (a job not ended, a healthcheck
+    not passed) within `timeout` seconds."""
+    kind = "job" if job else "service"
+    now = look.status + (f", {look.health}" if look.health else "")
+    shown = log_tail(logs)
+    return (
+        f"{ident}: {kind} {service!r} was not ready within {timeout:g}s ({now}); "
+        f"give it more time with {UP_TIMEOUT_ENV}; last log lines:\n{shown or '(no output)'}"
+    )
+
+
+def not_ready(look: Look, job: bool) -> bool:
+    """Whether a service that has not failed is still short of ready."""
+    if job:
+        return not look.ended
+    return look.health == "starting" or look.status in ("created", "restarting")
+
+
+class ServiceWatch:
+    """The start's watch over the extra services: `started()` once they were made (and
+    prepared), `settled()` once the main sandbox is up (the settle window overlaps it)."""
+
+    def __init__(
+        self,
+        ident: str,
+        services: Mapping[str, Service],
+        state: Callable[[str], Any],
+        logs: Callable[[str], str],
+        *,
+        timeout: float,
+        settle: float = SETTLE,
+    ) -> None:
+        self.ident = ident
+        self.services = dict(services)
+        self._state = state
+        self._logs = logs
+        self.timeout = timeout
+        self.settle = settle
+        self._seen: dict[str, float] = {}
+        """Monotonic time each service that keeps running was first seen running."""
+
+    def _tail(self, service: str) -> str:
+        try:
+            return self._logs(service)
+        except OrchestratorError as exc:  # the logs are a courtesy: the failure is the news
+            return f"(its logs could not be read: {exc})"
+
+    def _fail(self, service: str, look: Look) -> HealthcheckFailed:
+        job = self.services[service].job
+        return HealthcheckFailed(failure(self.ident, service, job, look, self._tail(service)))
+
+    def _ready(self, service: str, look: Look) -> bool:
+        """Whether a service is ready; raises when it never will be."""
+        if self.services[service].job:
+            if look.ended:
+                if look.exit_code == 0:
+                    return True
+                raise self._fail(service, look)
+            return False
+        if look.ended or look.health == "unhealthy":
+            raise self._fail(service, look)
+        running = look.status in ("running", "paused")
+        if running:
+            self._seen.setdefault(service, time.monotonic())
+        if self.services[service].healthcheck is not None:
+            return running and look.health == "healthy"
+        return running
+
+    def started(self) -> None:
+        """Wait (within `timeout`) until every service is ready."""
+        deadline = time.monotonic() + self.timeout
+        waiting = sorted(self.services)
+        while True:
+            waiting = [s for s in waiting if not self._ready(s, Look.of(self._state(s)))]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise self._late(waiting[0])
+            time.sleep(POLL)
+
+    def _late(self, service: str) -> HealthcheckFailed:
+        look = Look.of(self._state(service))
+        job = self.services[service].job
+        return HealthcheckFailed(
+            late(self.ident, service, job, look, self._tail(service), self.timeout)
+        )
+
+    def settled(self) -> None:
+        """Once every service that keeps running has run `settle` seconds since it was
+        first seen running, check that each still runs."""
+        if not self._seen:
+            return
+        wait = max(self._seen.values()) + self.settle - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        for service in sorted(self._seen):
+            look = Look.of(self._state(service))
+            if look.ended:
+                raise self._fail(service, look)
