@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.errors import SpecError, UsageError
+from orchestrator.errors import SpecError, SpecIssue, UsageError
+
+if TYPE_CHECKING:
+    from orchestrator import Environment
 
 
 def _notices(notices: tuple[str, ...] | list[str]) -> None:
@@ -18,45 +23,89 @@ def _notices(notices: tuple[str, ...] | list[str]) -> None:
         typer.echo(f"notice: {notice}", err=True)
 
 
-def validate(files: list[Path] = typer.Argument(..., help="Environment files to check.")) -> None:
-    """Check environment files (schema, backend name, policy and what the backend itself
-    checks); exit 0 when all are valid, 2 otherwise."""
-    from orchestrator import Policy, backend_class, runtime_names
-    from orchestrator.spec.loader import load_environment
+def checked(
+    file: Path, *, backend: str | None = None, workspace: Path | None = None
+) -> tuple[Environment, list[str]]:
+    """Load `file` in one pass with every check `up` and `run` make before starting: the
+    schema, asset paths and placeholders, the backend's name and rules, and the policy
+    (Policy.from_env) for `workspace` (None: the private one a run makes). Raises one
+    SpecError listing every problem; returns the environment and the check's warnings."""
+    from orchestrator import Policy, backend_class, load_environment, runtime_names
 
     policy = Policy.from_env()
-    bad = 0
+    warnings: list[str] = []
+
+    def check(env: Environment) -> None:
+        cls = backend_class(env, backend, policy=policy)
+        warnings.extend(cls.check(env, policy, workspace=workspace))
+
+    env = load_environment(file, backends=None if backend else runtime_names, check=check)
+    return env, warnings
+
+
+def validate(
+    files: list[Path] = typer.Argument(..., help="Environment files to check."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print {valid, issues: [{file, line, column, field, message, fix}], files}.",
+    ),
+) -> None:
+    """Check environment files in one pass (schema, asset paths and placeholders, backend
+    name, policy and what the backend itself checks), every problem with file:line:column,
+    field and fix; exit 0 when all are valid, 2 otherwise."""
+    issues: list[SpecIssue] = []
+    results: list[dict[str, object]] = []
     for path in files:
         try:
-            env = load_environment(path, backends=runtime_names)
-            warnings = backend_class(env).check(env, policy)
-            _notices([*env.notices, *warnings])
-            typer.echo(f"ok: {path} ({env.name}, backend {env.backend}, digest {env.digest})")
+            env, warnings = checked(path)
         except SpecError as exc:
-            bad += 1
-            typer.echo(f"error: {exc}", err=True)
-    if bad:
+            issues += exc.issues
+            results.append({"file": str(path), "valid": False})
+            if not as_json:
+                typer.echo(f"error: {exc}", err=True)
+            continue
+        notices = list(dict.fromkeys([*env.notices, *warnings]))
+        results.append(
+            {
+                "file": str(path),
+                "valid": True,
+                "name": env.name,
+                "backend": env.backend,
+                "digest": env.digest,
+                "notices": notices,
+            }
+        )
+        if not as_json:
+            _notices(notices)
+            typer.echo(f"ok: {path} ({env.name}, backend {env.backend}, digest {env.digest})")
+    if as_json:
+        listed = [dataclasses.asdict(i) for i in issues]
+        typer.echo(json.dumps({"valid": not issues, "issues": listed, "files": results}))
+    if any(not r["valid"] for r in results):
         raise typer.Exit(2)
 
 
 def render(
     file: Path = typer.Argument(..., help="Environment file."),
     workspace: Path = typer.Option(
-        None, "--workspace", "-w", help="Host workspace folder (default: the current folder)."
+        None,
+        "--workspace",
+        "-w",
+        help="Host workspace folder, as `up -w` takes it (default: as `up` without one, a "
+        "private folder made for each run, shown by a stand-in the output says is one).",
     ),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the project folder here."),
 ) -> None:
     """Print the project file an environment compiles to on its backend (Compose YAML on
-    docker, the stack file on swarm); a backend that runs it directly says so."""
-    from orchestrator import Policy, backend_class, runtime_names
-    from orchestrator.spec.loader import load_environment
+    docker, the stack file on swarm), as `up` with the same --workspace would run it; a
+    backend that runs it directly says so."""
+    from orchestrator import Policy, backend_class
 
-    policy = Policy.from_env()
-    env = load_environment(file, backends=runtime_names)
-    cls = backend_class(env)
-    ws = (workspace or Path.cwd()).resolve()
-    _notices([*env.notices, *cls.check(env, policy, workspace=ws)])
-    rendered = cls.render(env, ws, policy)
+    ws = workspace.resolve() if workspace is not None else None
+    env, warnings = checked(file, workspace=ws)
+    _notices([*env.notices, *warnings])
+    rendered = backend_class(env).render(env, ws, Policy.from_env())
     if out is not None:
         _write_project(out, rendered)
     typer.echo(next(iter(rendered.values()), ""), nl=False)

@@ -6,36 +6,34 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import types
-import typing
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from orchestrator import settings
 from orchestrator._resources import templates_version
-from orchestrator.errors import OrchestratorError, SpecError, SpecIssue
+from orchestrator.errors import OrchestratorError, PolicyError, SpecError, SpecIssue
+from orchestrator.spec.issues import Found, Locator, Position, error, position
 from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
 from orchestrator.spec.models import STATIC_PLACEHOLDER, SUPPORTED_VERSIONS, EnvironmentV1
-from orchestrator.spec.policy import UNREADABLE_FIX, look_up
+from orchestrator.spec.policy import UNREADABLE_FIX, HostPath, look_up
 
 MAX_BYTES_ENV = "ORCHESTRATOR_MAX_SPEC_BYTES"
 MAX_BYTES = 128 * 1024
 """Largest environment file we parse (real ones are a few KiB; YAML parsing costs ~6 s/MiB)."""
 MAX_VALUES = 50_000
 """Most values (mapping entries, list items, scalars) a file may expand to through aliases."""
+MAX_NESTING = 100
+"""Deepest nesting of flow brackets a file may have (real ones: a few levels)."""
 MAX_TEXT = 8 * 1024 * 1024
 """Most characters of text a file may expand to through aliases."""
 BackendNames = Callable[[], Collection[str]]
 """Where the loader learns which `backend:` names exist (the registry's `runtime_names`):
 spec/ knows no backend of its own."""
-Position = tuple[int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -46,16 +44,38 @@ class Environment:
     source: str
     """Path of the file (or "<string>")."""
     base_dir: Path
-    """Folder that relative asset paths and build contexts resolve against."""
+    """The file's own folder (symlinks resolved): every relative path in the file (static
+    assets, mounts, build contexts) resolves against it, whatever the working folder or the
+    workspace."""
     notices: tuple[str, ...] = field(default=())
     """Things worth telling the user (legacy format migrated, settings adjusted)."""
     positions: tuple[tuple[str, Position], ...] = field(default=(), compare=False, repr=False)
     """Line and column of each top-level field of the file, for errors found after loading
     (an unknown backend, a backend's own rules)."""
 
+    locator: Callable[[list[SpecIssue]], list[SpecIssue]] = field(
+        default=list, compare=False, repr=False
+    )
+    """Places issues found later by field alone at their line and column in the file."""
+
+    def located(self, exc: SpecError) -> SpecError:
+        """`exc` (raised by a later check of this environment: a backend's, the policy's)
+        with each issue at its line and column in the file, sorted by position."""
+        issues = self.locator(exc.issues)
+        if issues == exc.issues:
+            return exc
+        issues.sort(key=lambda i: (i.line is not None, i.line or 0, i.column or 0))
+        return type(exc)(issues)
+
     def where(self, key: str) -> Position:
         """1-based line and column of top-level field `key` in the file ((None, None): absent)."""
         return dict(self.positions).get(key, (None, None))
+
+    def host_path(self, written: str) -> HostPath:
+        """A host path written in the file (a mount source), by the one rule: `~` expanded,
+        a relative one against the file's own folder (`base_dir`), then resolved through
+        `..` and symlinks. Never raises (see `look_up`)."""
+        return look_up(Path(written), self.base_dir, home=True)
 
     @property
     def name(self) -> str:
@@ -125,130 +145,27 @@ def _plain(node: Any, budget: _Budget) -> Any:
     return node
 
 
-def _position(root: Any, loc: Loc, *, key: bool = False) -> tuple[int | None, int | None]:
-    """1-based line and column of the deepest node of `loc` found in the YAML tree
-    (of the key itself with `key=True`, e.g. for an unknown key)."""
-    node, line, col = root, None, None
-    for step in loc:
-        if isinstance(node, CommentedMap) and step in node:
-            k_line, k_col, v_line, v_col = node.lc.data[step]
-            line, col = k_line + 1, k_col + 1
-            child = node[step]
-            leaf = not isinstance(child, CommentedMap | CommentedSeq)
-            if leaf and not key and v_line is not None:
-                line, col = v_line + 1, v_col + 1
-            node = child
-        elif isinstance(node, CommentedSeq) and isinstance(step, int) and step < len(node):
-            i_line, i_col = node.lc.item(step)
-            line, col = i_line + 1, i_col + 1
-            node = node[step]
-        else:
-            break
-    return line, col
-
-
-def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        yield annotation
-        return
-    for arg in typing.get_args(annotation):
-        yield from _models_in(arg)
-
-
-def _model_at(loc: Loc) -> type[BaseModel] | None:
-    """The model that the mapping at `loc` is validated against (for 'did you mean')."""
-    model: type[BaseModel] | None = EnvironmentV1
-    annotation: Any = None
-    for step in loc:
-        if isinstance(step, int) or model is None:
-            continue
-        info = model.model_fields.get(str(step))
-        if info is None:
-            # a dict key such as a service name: stay on the dict's value type
-            if annotation is not None and typing.get_origin(annotation) is dict:
-                found = list(_models_in(typing.get_args(annotation)[1]))
-                model = found[0] if found else None
-            continue
-        annotation = info.annotation
-        found = list(_models_in(annotation))
-        model = found[0] if found else None
-        if typing.get_origin(annotation) in (dict, types.UnionType) and not found:
-            model = None
-    return model
-
-
-def _fix_for(err: Any, loc: Loc) -> str:
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        allowed = sorted(model.model_fields) if model else []
-        guess = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"did you mean '{guess[0]}'? " if guess else "remove it. "
-        return hint + (f"Allowed keys here: {', '.join(allowed)}" if allowed else "")
-    if kind == "literal_error":
-        expected = err.get("ctx", {}).get("expected", "")
-        return f"use one of {expected}"
-    if kind == "missing":
-        return f"add `{loc[-1]}:` to this mapping" if loc else "add the missing field"
-    if kind == "string_pattern_mismatch":
-        return f"the value must match {err.get('ctx', {}).get('pattern')}"
-    if kind == "string_type":
-        return "write it as text (quote it in YAML)"
-    return ""
-
-
-def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
-    """Drop pydantic's union-branch tags ('list[str]', 'function-after[...]') from a loc."""
-    out: list[str | int] = []
-    node = data
-    for step in loc:
-        if (isinstance(node, dict) and step in node) or (
-            isinstance(node, list) and isinstance(step, int) and step < len(node)
-        ):
-            out.append(step)
-            node = node[step]
-        elif (isinstance(node, dict | list) and not out) or isinstance(step, int):
-            out.append(step)
-            node = None
-        elif isinstance(node, dict):
-            out.append(step)  # a missing or extra key: keep it, it names the field
-            node = None
-    return tuple(out)
-
-
-def _issues_from(
-    exc: ValidationError, source: str, root: Any, data: Any, where: dict[Loc, Loc] | None
-) -> list[SpecIssue]:
-    issues = []
-    for err in exc.errors(include_url=False):
-        loc = _clean_loc(err["loc"], data)
-        yaml_loc = loc
-        if where is not None:  # migrated legacy file: point at the legacy key
-            yaml_loc = next(
-                (where[p] for n in range(len(loc), 0, -1) if (p := loc[:n]) in where), ()
-            )
-        line, col = _position(root, yaml_loc, key=err["type"] == "extra_forbidden")
-        message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            message = "unknown key"
-        elif (
-            "input" in err
-            and err["type"] not in ("missing",)
-            and not isinstance(err["input"], dict | list)
-        ):
-            message += f" (got {err['input']!r})"
-        field_path = ".".join(str(s) for s in loc)
-        issues.append(
-            SpecIssue(
-                source,
-                line=line,
-                column=col,
-                field=field_path,
-                message=message,
-                fix=_fix_for(err, loc),
-            )
-        )
-    return sorted(issues, key=lambda i: (i.line or 0, i.column or 0))
+def _too_deep(text: str) -> Position | None:
+    """Where `[` and `{` first nest deeper than MAX_NESTING (outside quotes and comments,
+    roughly: a value with that many stray brackets is no real file either), else None."""
+    depth, line, start, quote = 0, 1, 0, ""
+    for i, char in enumerate(text):
+        if char == "\n":
+            line, start = line + 1, i + 1
+            if quote == "#":
+                quote = ""
+        elif quote:
+            if char == quote:
+                quote = ""
+        elif char in "\"'" or (char == "#" and (i == start or text[i - 1] in " \t")):
+            quote = char
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return line, i - start + 1
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+    return None
 
 
 def max_spec_bytes() -> int:
@@ -265,6 +182,19 @@ def parse_yaml(text: str, source: str) -> Any:
                 message=f"the file is over the limit of {limit} characters",
                 fix=f"environment files are small; split data out into static assets "
                 f"(or raise {MAX_BYTES_ENV})",
+            )
+        )
+    deep = _too_deep(text)
+    if deep is not None:  # the parser's time grows with the square of the nesting
+        line, col = deep
+        raise SpecError(
+            SpecIssue(
+                source,
+                line=line,
+                column=col,
+                field="",
+                message=f"malformed YAML: brackets nested more than {MAX_NESTING} deep",
+                fix="environment files nest a few levels; write the value out flat",
             )
         )
     try:
@@ -334,16 +264,27 @@ def require_main_image(env: Environment) -> None:
         )
 
 
+Check = Callable[[Environment], object]
+"""A later stage of validation (see `load_environment_text`)."""
+
+
 def load_environment_text(
     text: str,
     *,
     source: str = "<string>",
     base_dir: Path | str | None = None,
     backends: BackendNames | None = None,
+    check: Check | None = None,
 ) -> Environment:
-    """Parse and validate environment-file text. `backends`: the registered backend names,
+    """Parse and validate environment-file text in one pass: raise one SpecError listing
+    every problem found (the schema's, the asset paths' and placeholders', the backend
+    name's, and with `check` the backend's and the policy's), each at file:line:column,
+    sorted by position (at most MAX_ISSUES, then how many more). What the schema refuses is
+    taken out and the rest still checked. `backends`: the registered backend names,
     checked against the file's `backend` (None: any well-formed name passes here, and the
-    registry checks it when the environment is spawned)."""
+    registry checks it when the environment is spawned). `check`: a later stage run on the
+    environment (or on the valid rest of an invalid one) that raises SpecError listing what
+    it refuses, such as `Runtime.check` under the caller's policy."""
     root = parse_yaml(text, source)
     if not isinstance(root, dict):
         got = "an empty file" if root is None else f"a {type(root).__name__}"
@@ -367,9 +308,10 @@ def load_environment_text(
             f"{source}: legacy format (no `version`) migrated to v1; "
             f"`orchestrator migrate {source}` prints the v1 file",
         )
+    issues: list[SpecIssue] = []
     version = data.get("version")
-    if version is None:
-        raise SpecError(
+    if version is None:  # checked as the current version all the same
+        issues.append(
             SpecIssue(
                 source,
                 line=1,
@@ -379,10 +321,11 @@ def load_environment_text(
                 fix="add `version: 1` as the first line",
             )
         )
-    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
-        line, col = _position(root, ("version",))
+        data = {"version": SUPPORTED_VERSIONS[-1], **data}
+    elif isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+        line, col = position(root, ("version",))
         supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
-        raise SpecError(
+        raise SpecError(  # the rest means nothing under an unknown schema
             SpecIssue(
                 source,
                 line=line,
@@ -392,10 +335,10 @@ def load_environment_text(
                 fix=f"supported versions: {supported}",
             )
         )
-    try:
-        spec = EnvironmentV1.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(_issues_from(exc, source, root, data, where)) from None
+    found = Found(source, root, where)
+    spec, partial = found.validate(data)
+    if spec is None:
+        raise error([*issues, *found.issues], policy=False)
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     positions = tuple((key, _top_position(root, key, where)) for key in EnvironmentV1.model_fields)
     env = Environment(
@@ -404,10 +347,27 @@ def load_environment_text(
         base_dir=base.resolve(),
         notices=tuple(notices),
         positions=tuple((k, p) for k, p in positions if p != (None, None)),
+        locator=Locator(source, root, found.data, where, partial),
     )
+    stages: list[Callable[[Environment], object]] = [_check_assets]
     if backends is not None:
-        check_backend(env, backends())
-    _check_assets(env, root)
+        stages.append(lambda e: check_backend(e, backends()))
+    if check is not None:
+        stages.append(check)
+    policy = not issues and not found.issues
+    for stage in stages:
+        try:
+            stage(env)
+        except SpecError as exc:
+            found.issues += env.locator(exc.issues)
+            policy = policy and isinstance(exc, PolicyError)
+        except Exception:
+            if not found.issues:
+                raise
+            # the valid rest of an invalid file tripped a later stage: the schema's errors
+            # (already found) come first; fixing them lets the stage run
+    if issues or found.issues:
+        raise error([*issues, *found.issues], policy=policy)
     return env
 
 
@@ -415,23 +375,20 @@ def _top_position(root: Any, key: str, where: dict[Loc, Loc] | None) -> Position
     loc: Loc = (key,)
     if where is not None:  # migrated legacy file: the legacy key's position
         loc = where.get(loc, ())
-    return _position(root, loc) if loc else (None, None)
+    return position(root, loc) if loc else (None, None)
 
 
-def _check_assets(env: Environment, root: Any) -> None:
+def _check_assets(env: Environment) -> None:
     """Asset paths exist, and every `{{static:NAME}}` of the file's commands names one."""
     issues = []
     names = {a.name for a in env.spec.static_assets}
     for loc, command in env.spec.file_commands():
         for match in STATIC_PLACEHOLDER.finditer(command):
             if match.group(1) not in names:
-                line, col = _position(root, loc)
                 known = ", ".join(sorted(names)) or "none"
                 issues.append(
                     SpecIssue(
                         env.source,
-                        line=line,
-                        column=col,
                         field=".".join(map(str, loc)),
                         message=f"{match.group(0)} names no static asset (known: {known})",
                         fix="add it under static_assets, or fix the name",
@@ -441,7 +398,6 @@ def _check_assets(env: Environment, root: Any) -> None:
         found = look_up(Path(asset.path), env.base_dir)
         if found.error is None and found.exists:
             continue
-        line, col = _position(root, ("static_assets", i, "path"))
         if found.error is not None:
             message, fix = (
                 f"cannot look at asset path {asset.path!r}: {found.error}",
@@ -451,22 +407,17 @@ def _check_assets(env: Environment, root: Any) -> None:
             message = f"asset path does not exist: {found.real}"
             fix = "paths are relative to the environment file's folder"
         issues.append(
-            SpecIssue(
-                env.source,
-                line=line,
-                column=col,
-                field=f"static_assets.{i}.path",
-                message=message,
-                fix=fix,
-            )
+            SpecIssue(env.source, field=f"static_assets.{i}.path", message=message, fix=fix)
         )
     if issues:
         raise SpecError(issues)
 
 
-def load_environment(path: str | Path, *, backends: BackendNames | None = None) -> Environment:
-    """Read, migrate if needed, and validate an environment file (`backends`: as for
-    `load_environment_text`)."""
+def load_environment(
+    path: str | Path, *, backends: BackendNames | None = None, check: Check | None = None
+) -> Environment:
+    """Read, migrate if needed, and validate an environment file (`backends`, `check`: as
+    for `load_environment_text`)."""
     p = Path(path)
     try:
         if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block open()
@@ -520,7 +471,9 @@ def load_environment(path: str | Path, *, backends: BackendNames | None = None) 
                 fix="pass a readable file",
             )
         ) from None
-    return load_environment_text(text, source=str(p), base_dir=folder, backends=backends)
+    return load_environment_text(
+        text, source=str(p), base_dir=folder, backends=backends, check=check
+    )
 
 
 def migrated_yaml(path: str | Path) -> str:

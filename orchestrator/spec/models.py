@@ -11,7 +11,15 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.errors import UsageError
 
@@ -25,6 +33,9 @@ USER_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$"
 files), or `host` / `root`."""
 ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SUPPORTED_VERSIONS = (1,)
+PARTIAL: dict[str, bool] = {"partial": True}
+"""Validation context of the valid rest of an invalid file (spec/partial.py): the file's
+cross-checks, reported already, are skipped so that later stages still look at the rest."""
 
 
 def _scalar_to_str(value: object) -> object:
@@ -85,7 +96,9 @@ class Mount(Strict):
     """An extra bind mount."""
 
     source: str = Field(min_length=1)
-    """Host path; relative paths resolve against the workspace root."""
+    """Host path; a relative one resolves against the environment file's folder. It must lie
+    under an allowed root (the file's folder, a workspace the caller gives, or
+    ORCHESTRATOR_ALLOWED_MOUNT_ROOTS)."""
     target: str = Field(pattern=r"^/")
     """Absolute path in the sandbox."""
     read_only: bool = False
@@ -278,6 +291,13 @@ class Service(Hardening):
     placement: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Swarm placement constraints for this service, e.g. node.labels.db==true (swarm
     backend; the others ignore them)."""
+    job: bool = False
+    """A one-shot job (a migration, a seed, a download) that runs to completion during the
+    start, as Compose's `service_completed_successfully`: the start waits for it (within
+    ORCHESTRATOR_UP_TIMEOUT) and fails, with its exit code and last log lines, unless it
+    exits 0; no command runs in the main sandbox before it has. Without it, a service must
+    keep running: one that exits during the start, or within a second of starting, fails
+    the start."""
 
     @field_validator("workdir")
     @classmethod
@@ -293,6 +313,11 @@ class Service(Hardening):
     def _image_or_build(self) -> Service:
         if (self.image is None) == (self.build is None):
             raise ValueError("a service needs exactly one of `image` or `build`")
+        if self.job and self.healthcheck is not None:
+            raise ValueError(
+                "a `job` runs to completion and is never healthy: remove its healthcheck "
+                "(or `job`, for a service that keeps running)"
+            )
         return self
 
 
@@ -349,7 +374,9 @@ class EnvironmentV1(Hardening):
     removes them later."""
 
     @model_validator(mode="after")
-    def _check(self) -> EnvironmentV1:
+    def _check(self, info: ValidationInfo) -> EnvironmentV1:
+        if info.context is PARTIAL:
+            return self  # the valid rest of an invalid file: these were said already
         if self.image is not None and self.build is not None:
             raise ValueError("give one of `image` or `build`, not both")
         if "main" in self.services:

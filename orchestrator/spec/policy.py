@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.errors import PolicyError, SpecIssue
+from orchestrator import settings
+from orchestrator.errors import PolicyError, SpecError, SpecIssue
 from orchestrator.spec.models import Hardening
 
 ROOTS_ENV = "ORCHESTRATOR_ALLOWED_MOUNT_ROOTS"
@@ -72,18 +73,16 @@ def _norm_cap(cap: str) -> str:
     return cap.removeprefix("CAP_")
 
 
-def _truthy(raw: str | None) -> bool:
-    return (raw or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 @dataclass(frozen=True)
 class Policy:
     """What the caller allows beyond the defaults. The environment file cannot change it.
 
-    Host paths must lie under an allowed root (after resolving `..` and symlinks): the
-    environment file's folder and the workspace, plus `extra_mount_roots`
-    (ORCHESTRATOR_ALLOWED_MOUNT_ROOTS, os.pathsep-separated). A root that is, or contains,
-    the system temp folder or a secret folder (/, /tmp, /var, ...) never counts."""
+    Relative paths in an environment file resolve against the file's own folder. Host paths
+    must lie under an allowed root (after resolving `..` and symlinks): the environment
+    file's folder, the workspace the caller gives (not the private one made when none is
+    given: no file can name it), plus `extra_mount_roots` (ORCHESTRATOR_ALLOWED_MOUNT_ROOTS,
+    os.pathsep-separated). A root that is, or contains, the system temp folder or a secret
+    folder (/, /tmp, /var, ...) never counts."""
 
     extra_mount_roots: tuple[Path, ...] = field(default=())
     allow_caps: frozenset[str] = field(default=frozenset())
@@ -108,20 +107,60 @@ class Policy:
         return cls(
             extra_mount_roots=tuple(Path(p) for p in raw.split(os.pathsep) if p),
             allow_caps=frozenset(_norm_cap(c) for c in caps.split(",") if c.strip()),
-            allow_host_network=_truthy(os.environ.get(HOST_NETWORK_ENV)),
+            allow_host_network=settings.flag(HOST_NETWORK_ENV, False),
             allow_env=frozenset(n.strip() for n in names.split(",") if n.strip()),
-            allow_unisolated=_truthy(os.environ.get(UNISOLATED_ENV)),
+            allow_unisolated=settings.flag(UNISOLATED_ENV, False),
         )
 
-    def mount_roots(self, env_dir: Path, workspace: Path | None) -> list[Path]:
-        roots = [env_dir, *self.extra_mount_roots]
+    def mount_roots(self, env_dir: Path, workspace: Path | None) -> MountRoots:
+        """The folders host paths may lie under: `env_dir` (the environment file's folder,
+        which relative paths resolve against), the caller's `workspace` (None: a private
+        one, which no file can name, so no root) and `extra_mount_roots`."""
+        labelled = [(env_dir, "the environment file's folder")]
         if workspace is not None:
-            roots.append(workspace)
-        resolved = [look_up(r, home=True).real for r in roots]
-        return [r for r in dict.fromkeys(resolved) if not _too_broad(r)]
+            labelled.append((workspace, "the workspace"))
+        labelled += [(r, ROOTS_ENV) for r in self.extra_mount_roots]
+        out = MountRoots()
+        for root, label in labelled:
+            real = look_up(root, home=True).real
+            if real in out.labels:
+                continue
+            if _too_broad(real):
+                out.ignored.append(f"{real} ({label}: a system, secret or shared temp folder)")
+                continue
+            out.append(real)
+            out.labels[real] = label
+        return out
 
     def allows_env(self, name: str) -> bool:
         return "*" in self.allow_env or name in self.allow_env
+
+
+class MountRoots(list[Path]):
+    """Allowed roots (resolved), each with what made it one, for messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.labels: dict[Path, str] = {}
+        self.ignored: list[str] = []
+
+    def describe(self) -> str:
+        """The roots as a message states them: `label path`, and what was ignored."""
+        parts = [f"{self.labels.get(r, 'root')} {r}" for r in self]
+        text = "; ".join(parts) or "none"
+        if self.ignored:
+            text += "; ignored: " + ", ".join(self.ignored)
+        return text
+
+
+PATH_RULE = (
+    "relative paths in an environment file resolve against the file's own folder; a host "
+    "path must lie under an allowed root: that folder, the workspace the caller gives "
+    "(--workspace; none when the workspace is the private one made for each run), or a folder "
+    f"the caller adds ({ROOTS_ENV}=/path{os.pathsep}/other, or Policy(extra_mount_roots=...) in "
+    "the library)"
+)
+"""The one rule for host paths, as messages state it."""
 
 
 def passed_env(names: Sequence[str], policy: Policy, host: Mapping[str, str]) -> dict[str, str]:
@@ -201,7 +240,7 @@ def look_up(path: Path, base: Path | None = None, *, home: bool = False) -> Host
 
 UNREADABLE_FIX = (
     "name a file or folder of your project that this user can read (relative paths resolve "
-    "against the environment file's folder; mount sources against the workspace)"
+    "against the environment file's folder)"
 )
 
 
@@ -223,6 +262,20 @@ def _is_socket(path: Path) -> bool:
         return stat.S_ISSOCK(path.stat().st_mode)
     except OSError:
         return False
+
+
+def _special_kind(path: Path) -> str | None:
+    """ "a FIFO" or "a device" when `path` is one (the builder or a sandbox opening it would
+    wait on a writer, or reach host hardware); None for folders, files and what is missing."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return None
 
 
 def _temp_dirs() -> tuple[Path, ...]:
@@ -250,6 +303,12 @@ def _host_path_problem(real: Path, roots: list[Path]) -> tuple[str, str] | None:
             "socket) is not allowed",
             "a sandbox must never control the engine or host services; remove it",
         )
+    special = _special_kind(real)
+    if special is not None:
+        return (
+            f"{real} is {special}; only folders and regular files may reach a sandbox or a build",
+            "name a regular file or a folder instead",
+        )
     for secret in secret_paths():
         if real == secret or real.is_relative_to(secret) or secret.is_relative_to(real):
             return (
@@ -263,11 +322,11 @@ def _host_path_problem(real: Path, roots: list[Path]) -> tuple[str, str] | None:
                 "name a folder of your own instead",
             )
     if not any(real == r or real.is_relative_to(r) for r in roots):
-        allowed = ", ".join(str(r) for r in roots) or "none"
+        allowed = roots.describe() if isinstance(roots, MountRoots) else ", ".join(map(str, roots))
         return (
-            f"{real} is outside the allowed roots ({allowed})",
-            f"use a path under the environment file's folder or the workspace, or add its "
-            f"folder to {ROOTS_ENV}",
+            f"{real} is outside the allowed roots ({allowed or 'none'})",
+            f"{PATH_RULE}. Move it under the file's folder, or let the caller allow it: "
+            f"{ROOTS_ENV}={real}",
         )
     return None
 
@@ -364,6 +423,10 @@ def check_hardening(
     return [c for c in caps if c not in DEFAULT_CAPS]
 
 
-def raise_if(issues: list[SpecIssue]) -> None:
+def raise_if(issues: list[SpecIssue], others: Sequence[SpecIssue] = ()) -> None:
+    """Raise every problem at once: PolicyError when the policy refuses something (`issues`,
+    then the file's `others` with them), SpecError when only `others` are found."""
     if issues:
-        raise PolicyError(issues)
+        raise PolicyError([*issues, *others])
+    if others:
+        raise SpecError(list(others))

@@ -42,13 +42,13 @@ def test_workspace_mount_and_overrides_by_container_path(tmp_path: Path) -> None
 
 
 def test_file_mount_overrides_workspace_at_same_path(tmp_path: Path) -> None:
-    (tmp_path / "ws" / "x").mkdir(parents=True)
+    (tmp_path / "x").mkdir(parents=True)  # relative: against the file's folder
     doc, _ = build(BASE + "mounts: [{source: ./x, target: /workspace}]\n", tmp_path)
-    assert volumes(doc)["/workspace"]["source"] == str(tmp_path / "ws" / "x")
+    assert volumes(doc)["/workspace"]["source"] == str(tmp_path / "x")
 
 
 def test_mount_inside_workdir_is_an_error_but_sibling_is_not(tmp_path: Path) -> None:
-    (tmp_path / "ws" / "d").mkdir(parents=True)
+    (tmp_path / "d").mkdir(parents=True)
     with pytest.raises(SpecError, match="inside workdir"):
         build(BASE + "mounts: [{source: ./d, target: /workspace/sub}]\n", tmp_path)
     doc, _ = build(BASE + "mounts: [{source: ./d, target: /workspace2}]\n", tmp_path)
@@ -86,8 +86,7 @@ def test_policy(tmp_path: Path, extra: str, needle: str) -> None:
 
 
 def test_policy_resolves_symlinks(tmp_path: Path) -> None:
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "ws" / "sneaky").symlink_to("/etc")
+    (tmp_path / "sneaky").symlink_to("/etc")
     with pytest.raises(PolicyError, match="no sandbox may see"):
         build(BASE + "mounts: [{source: ./sneaky, target: /x}]\n", tmp_path)
 

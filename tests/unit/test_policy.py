@@ -68,8 +68,7 @@ def test_symlinked_static_asset_is_resolved_before_the_check(tmp_path: Path) -> 
 
 
 def test_any_host_socket_is_refused_even_under_an_allowed_root(tmp_path: Path) -> None:
-    path = tmp_path / "ws" / "app.sock"
-    path.parent.mkdir()
+    path = tmp_path / "app.sock"  # relative paths: against the file's folder
     server = socket.socket(socket.AF_UNIX)
     try:
         server.bind(str(path))

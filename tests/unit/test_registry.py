@@ -239,12 +239,16 @@ def test_a_hostile_file_cannot_name_an_import_path(tmp_path: Path, name: str) ->
 
 
 def test_render_checks_against_the_workspace_it_renders_for(tmp_path: Path) -> None:
-    """A mount relative to the workspace is checked where the workspace is, not in a scratch
-    folder (where it would not exist)."""
+    """A mount under the workspace given is checked against that workspace (an allowed root),
+    not a scratch folder; a relative one resolves against the file's folder either way."""
     ws = tmp_path / "ws"
     (ws / "data").mkdir(parents=True)
+    (tmp_path / "proj").mkdir()
     path = _env_file(
-        tmp_path, "version: 1\nname: r\nimage: i\nmounts: [{source: data, target: /data}]\n"
+        tmp_path / "proj",
+        f"version: 1\nname: r\nimage: i\nmounts: [{{source: {ws / 'data'}, target: /data}}]\n",
     )
     r = _cli(tmp_path, "render", str(path), "--workspace", str(ws))
     assert r.returncode == 0 and str(ws / "data") in r.stdout, r.stderr
+    r = _cli(tmp_path, "render", str(path))  # the private workspace: no root of the file's
+    assert r.returncode == 2 and "outside the allowed roots" in r.stderr, r.stderr

@@ -3,7 +3,9 @@
 Mounts merge by container path, lowest priority first: the workspace mount, then the file's
 `mounts`, then mounts passed when spawning. Static assets are read-only at /static/<save_path>
 and no other mount may shadow them. A mount target strictly inside `workdir` is an error
-(it would hide part of the workspace).
+(it would hide part of the workspace). A relative source in the file resolves against the
+file's own folder (`Environment.host_path`), one passed when spawning against the current
+folder, never against the workspace (a private one is made afresh for each run).
 """
 
 from __future__ import annotations
@@ -128,7 +130,12 @@ def resolve_mounts(
                     )
                 )
                 continue
-            found = look_up(Path(spec_mount.source), workspace, home=True)
+            # the file's: against its folder; the caller's: against the current folder
+            found = (
+                env.host_path(spec_mount.source)
+                if origin == "mounts"
+                else look_up(Path(spec_mount.source), Path.cwd(), home=True)
+            )
             if found.error is not None:
                 issues.append(
                     SpecIssue(
@@ -172,7 +179,7 @@ def resolve_mounts(
                     field=m.origin + ".source",
                     message=f"mount source does not exist: {m.source}",
                     fix="create it first, or fix the path (relative paths resolve "
-                    "against the workspace)",
+                    "against the environment file's folder)",
                 )
             )
     return sorted([*merged.values(), *statics], key=lambda m: m.target), issues
