@@ -8,8 +8,16 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
+from typer.completion import (  # type: ignore[attr-defined]  # its own options use them
+    Shells,
+    completion_init,
+    install_callback,
+    show_callback,
+)
 
 from orchestrator import __version__
 from orchestrator.cli import lifecycle, spec_cmds
@@ -19,11 +27,25 @@ from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageErro
 app = typer.Typer(
     name="orchestrator",
     help="Run code-evaluation and AI-agent sandboxes from versioned environment files.",
-    add_completion=False,
+    add_completion=False,  # ours below take the shell by name: `--show-completion bash`
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+completion_init()  # Typer's scripts and `_ORCHESTRATOR_COMPLETE=complete_bash` answers
+
+
+def _completion(action: Callable[[Any, Any, Any], Any]) -> Callable[..., None]:
+    """An eager option's callback running Typer's completion `action` (its show or install
+    callback) for the shell named."""
+
+    def callback(ctx: typer.Context, param: typer.CallbackParam, shell: Shells | None) -> None:
+        if shell is not None and not ctx.resilient_parsing:
+            action(ctx, param, Shells(shell).value)  # prints or installs, then exits
+
+    return callback
 
 
 def _version(value: bool) -> None:
@@ -41,6 +63,22 @@ def _root(
         None, "--host", "-H", help="The Docker engine to use (any `docker --host` address)."
     ),
     context: str = typer.Option(None, "--context", help="Or a Docker context's engine."),
+    _install: Shells = typer.Option(
+        None,
+        "--install-completion",
+        callback=_completion(install_callback),
+        expose_value=False,
+        is_eager=True,
+        help="Install completion (commands, options, environment ids) for this shell.",
+    ),
+    _show: Shells = typer.Option(
+        None,
+        "--show-completion",
+        callback=_completion(show_callback),
+        expose_value=False,
+        is_eager=True,
+        help="Print the completion script for this shell, to copy it or install it yourself.",
+    ),
 ) -> None:
     """Run code-evaluation and AI-agent sandboxes from versioned environment files."""
     if host and context:
@@ -107,7 +145,7 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on)
     try:
-        app()
+        app(prog_name="orchestrator")  # also as `python -m orchestrator`: one completion script
     except OrchestratorError as exc:
         typer.echo(f"error: {_message(exc)}", err=True)
         sys.exit(exc.exit_code)

@@ -102,6 +102,35 @@ def _headroom() -> Check:
     )
 
 
+TEST_IMAGES = "orchestrator-test/"
+"""Images of this repository's tests: no registry has them, `just images` builds them."""
+
+
+def _registry(image: str) -> str:
+    """The registry an image reference names (Docker's rule: a first part with a `.` or a
+    `:`, or `localhost`), else Docker Hub."""
+    first, slash, _ = image.partition("/")
+    named = slash and ("." in first or ":" in first or first == "localhost")
+    return first if named else "docker.io"
+
+
+def _missing_image(image: str) -> Check:
+    """What `up` does about an image the engine lacks, and the fix (no registry is asked:
+    whether a pull would work is not tried from here)."""
+    where = f" at {_engine()}" if _engine() else ""
+    if image.startswith(TEST_IMAGES):
+        return "fail", (
+            f"image {image} not present on the engine{where}: it is one of this "
+            "repository's test images, which no registry has: build them with `just images` "
+            "(scripts/build-images)"
+        )
+    return "warn", (
+        f"image {image} not present on the engine{where}: `up` will pull it from "
+        f"{_registry(image)}; where the engine cannot reach that registry, `docker pull` it "
+        "elsewhere and `docker load` it here, or build it under that name"
+    )
+
+
 def _file_checks(file: Path) -> list[Check]:
     from orchestrator import Policy, backend_class, runtime_names
     from orchestrator.errors import SpecError
@@ -118,13 +147,7 @@ def _file_checks(file: Path) -> list[Check]:
     present = set()
     for image in dict.fromkeys(filter(None, images)):
         if _run(["docker", "image", "inspect", image]).returncode != 0:
-            checks.append(
-                (
-                    "fail",
-                    f"image {image} not present (no registry is used to pull: "
-                    "build it, e.g. `just images`)",
-                )
-            )
+            checks.append(_missing_image(image))
             continue
         present.add(image)
         checks.append(("pass", f"image {image} present"))

@@ -1,0 +1,85 @@
+"""Tables of the CLI (`ps`, `snapshot --list`). On a terminal a Rich table fits the width by
+wrapping, then leaving out, the other columns: the first column (ids, names: what is pasted
+into `down`, `exec`, `--rm`) is never cut. In a pipe every column is shown at full width."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import typer
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], shown: list[int]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    key = max((cell_len(row[0]) for row in rows), default=0)
+    for i in shown:
+        if i == 0:  # whole, on one line, or the table does not fit
+            table.add_column(headers[i], no_wrap=True, min_width=max(key, cell_len(headers[0])))
+        else:
+            table.add_column(headers[i], overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(row[i]) for i in shown))  # never read as markup
+    return table
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, drop: Sequence[str] = ()
+) -> None:
+    """Print `rows` under `headers` on stdout. On a terminal too narrow for all of them, the
+    columns named in `drop` are left out in that order (empty ones first), saying so on
+    stderr; if the first column alone does not fit, it is printed one value a line (the
+    terminal wraps it, nothing is cut)."""
+    rows = [[printable(cell) for cell in row] for row in rows]
+    console = Console()
+    shown = list(range(len(headers)))
+    if not console.is_terminal:  # a pipe: every column, each row on one line
+        widths = [
+            max(cell_len(c) for c in (h, *(row[i] for row in rows))) for i, h in enumerate(headers)
+        ]
+        for line in (headers, *rows):
+            typer.echo(
+                "  ".join(
+                    c + " " * (w - cell_len(c)) for c, w in zip(line, widths, strict=True)
+                ).rstrip()
+            )
+        return
+    empty = [h for i, h in enumerate(headers) if i and not any(row[i] for row in rows)]
+    left_out = []
+    for name in [*empty, *(h for h in drop if h not in empty)]:
+        if _fits(console, headers, rows, shown):
+            break
+        shown.remove(headers.index(name))
+        left_out.append(name)
+    if not _fits(console, headers, rows, shown):
+        typer.echo(headers[0])
+        for row in rows:
+            typer.echo(row[0])
+        left_out = list(headers[1:])
+    else:
+        console.print(_table(headers, rows, shown))
+    said = [h for h in left_out if h not in empty]
+    if said:
+        typer.echo(f"({', '.join(said)} left out to fit {console.width} columns)", err=True)
+
+
+def _fits(
+    console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]], shown: list[int]
+) -> bool:
+    """The shown columns fit the terminal: the first whole, the others wrapped at spaces
+    (each as wide as its longest word), two spaces between columns."""
+    need = 2 * (len(shown) - 1)
+    for i in shown:
+        cells = [headers[i], *(row[i] for row in rows)]
+        words = cells if i == 0 else [w for cell in cells for w in cell.split()]
+        need += max((cell_len(w) for w in words), default=0)
+    return need <= console.width
+
+
+def printable(cell: str) -> str:
+    """A cell as text that cannot move the cursor, start an escape sequence or end the row
+    (fields come from labels and records that anyone with access may have written)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in cell)
