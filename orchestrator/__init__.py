@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from orchestrator.sandbox.attach import attach, attachable
     from orchestrator.sandbox.base import Runtime, Sandbox
     from orchestrator.sandbox.inventory import environments, reap, remove_environment
-    from orchestrator.sandbox.options import SpawnOptions
+    from orchestrator.sandbox.options import BuildChoice, SpawnOptions
     from orchestrator.sandbox.pool import Pool
     from orchestrator.sandbox.registry import (
         backend_class,
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackendUnavailable",
+    "BuildChoice",
     "CommandFailed",
     "CommandTimeout",
     "Connection",
@@ -133,7 +134,7 @@ _HOME = {
     "orchestrator.sandbox.attach": "attach attachable",
     "orchestrator.sandbox.base": "Runtime Sandbox",
     "orchestrator.sandbox.inventory": "environments reap remove_environment",
-    "orchestrator.sandbox.options": "SpawnOptions",
+    "orchestrator.sandbox.options": "BuildChoice SpawnOptions",
     "orchestrator.sandbox.pool": "Pool",
     "orchestrator.sandbox.registry": (
         "backend_class get_runtime_class prepare register_runtime runtime_names spawn_runtime"

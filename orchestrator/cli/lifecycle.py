@@ -5,7 +5,9 @@ timeouts and errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -19,13 +21,29 @@ import typer
 from orchestrator.errors import OrchestratorError, SandboxFileTimeout, UsageError
 
 if TYPE_CHECKING:
-    from orchestrator import Environment, PublishedPort, Runtime, RuntimeResult, Sandbox
+    from orchestrator import (
+        BuildChoice,
+        Environment,
+        PublishedPort,
+        Runtime,
+        RuntimeResult,
+        Sandbox,
+        Snapshot,
+    )
 
 
-def _load(file: Path) -> Environment:
-    from orchestrator import load_environment
+def _load(file: Path, *, backend: str | None = None, workspace: Path | None = None) -> Environment:
+    """The file, checked in one pass as `validate` checks it (for `backend` and `workspace`
+    when given): every problem in one error, before anything starts (its warnings are said
+    when it starts)."""
+    from orchestrator import Policy, backend_class, load_environment, runtime_names
 
-    env = load_environment(file)
+    policy = Policy.from_env()
+
+    def check(env: Environment) -> None:
+        backend_class(env, backend, policy=policy).check(env, policy, workspace=workspace)
+
+    env = load_environment(file, backends=None if backend else runtime_names, check=check)
     for notice in env.notices:
         typer.echo(f"notice: {notice}", err=True)
     return env
@@ -50,6 +68,43 @@ def _attach(ref: str) -> Runtime:
     return attach(ref)
 
 
+COMPLETE_WITHIN = 2.0
+"""Seconds shell completion may spend listing environment ids (then it offers none)."""
+_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _complete_ids(incomplete: str) -> list[str]:
+    """Environment ids that start with `incomplete`, for shell completion: those `attach`
+    reaches (records in the state folder: no engine is asked). Bounded by COMPLETE_WITHIN;
+    never raises (a completion that fails spoils the user's command line); a folder name
+    that is not id-like is never offered to the shell."""
+    found: list[str] = []
+
+    def look() -> None:
+        with contextlib.suppress(Exception):
+            from orchestrator import attachable
+
+            found.extend(attachable())
+
+    reader = threading.Thread(target=look, daemon=True)
+    reader.start()
+    reader.join(COMPLETE_WITHIN)
+    ids = [] if reader.is_alive() else list(found)
+    return sorted(i for i in ids if i.startswith(incomplete) and _ID_CHARS.fullmatch(i))
+
+
+BUILD_HELP = (
+    "--build: rebuild the images the file builds (through the engine's cache); --no-build: "
+    "build none, fail if one is missing. Default: build when the Dockerfile, build args or "
+    "context changed."
+)
+
+
+def _build_choice(build: bool | None) -> BuildChoice:
+    """--build / --no-build / neither, as the library's `build` keyword."""
+    return "auto" if build is None else "always" if build else "never"
+
+
 def up(
     file: Path = typer.Argument(..., help="Environment file."),
     workspace: Path = typer.Option(None, "--workspace", "-w", help="Host workspace folder."),
@@ -64,19 +119,22 @@ def up(
     from_pool: bool = typer.Option(
         False, "--pool", help="Take ready ones from a running `orchestrator pool` of this file."
     ),
+    build: bool | None = typer.Option(None, "--build/--no-build", help=BUILD_HELP),
 ) -> None:
     """Bring environments up and leave them running; print their ids (one per line) and
     ports."""
-    env = _load(file)
+    env = _load(file, workspace=workspace.resolve() if workspace else None)
     if count > 1 and workspace is not None:
         raise UsageError("several environments cannot share one --workspace")
-    if from_pool and (workspace or resume or evaluation):
+    if from_pool and (workspace or resume or evaluation or build is not None):
         raise UsageError(
             "--pool hands out environments as their pool set them up: "
-            "it takes no --workspace, --resume or --eval"
+            "it takes no --workspace, --resume, --eval, --build or --no-build"
         )
     claimed = _claim(env, count) if from_pool else []
-    started = _start_many(env, count - len(claimed), workspace, evaluation, resume)
+    started = _start_many(
+        env, count - len(claimed), workspace, evaluation, resume, build=_build_choice(build)
+    )
     seen: set[str] = set()
     for record, ports, warnings in [*claimed, *started]:
         _warn(warnings, env, seen)
@@ -133,23 +191,34 @@ def _claim(env: Environment, count: int) -> Started:
 
 
 def _start_many(
-    env: Environment, count: int, workspace: Path | None, evaluation: bool, resume: str | None
+    env: Environment,
+    count: int,
+    workspace: Path | None,
+    evaluation: bool,
+    resume: str | None,
+    *,
+    build: BuildChoice = "auto",
 ) -> Started:
     """Start `count` environments at once (a bar on a terminal); if any fails, remove the
     others and raise its error: a script gets all the ids it asked for, or none."""
     from concurrent.futures import ThreadPoolExecutor
 
     from orchestrator import prepare, spawn_runtime
-    from orchestrator.cli.progress import progress_bar
+    from orchestrator.cli.progress import build_progress, progress_bar
 
     if count == 0:
         return []
-    with progress_bar(f"preparing {env.name}", None):
-        prepare(env)
+    with build_progress(f"preparing {env.name}"):
+        prepare(env, build=build)  # built once here, so the spawns below build nothing
 
     def one() -> Runtime:
         return spawn_runtime(
-            env, workspace=workspace, detached=True, is_evaluation=evaluation, resume=resume
+            env,
+            workspace=workspace,
+            detached=True,
+            is_evaluation=evaluation,
+            resume=resume,
+            build="never" if build == "never" else "auto",
         )
 
     runtimes: list[Runtime] = []
@@ -189,6 +258,7 @@ SWEEP_EVERY = 0.25
 def pool(
     file: Path = typer.Argument(..., help="Environment file."),
     size: int = typer.Option(4, "--size", "-n", min=1, help="Environments to keep ready."),
+    build: bool | None = typer.Option(None, "--build/--no-build", help=BUILD_HELP),
 ) -> None:
     """Keep SIZE environments of a file up and set up until stopped (Ctrl-C): `orchestrator
     up FILE --pool` takes one at once, and the pool starts another in its place. Those
@@ -196,10 +266,13 @@ def pool(
     import time
 
     from orchestrator import Pool, prepare
-    from orchestrator.cli.progress import progress_bar
+    from orchestrator.cli.progress import build_progress, progress_bar
 
-    env = prepare(_load(file))
-    with Pool(env, size) as warm:
+    choice = _build_choice(build)
+    env = _load(file)
+    with build_progress(f"preparing {env.name}"):
+        prepare(env, build=choice)  # built once here: its members build nothing
+    with Pool(env, size, build="never" if choice == "never" else "auto") as warm:
         typer.echo(
             f"pool {warm.id}: keeping {size} of {env.name} ready; "
             f"`orchestrator up {file} --pool` takes one; Ctrl-C stops",
@@ -232,19 +305,29 @@ def run(
     on: str = typer.Option(
         None, "--on", help="Run on this backend instead of the file's (e.g. swarm)."
     ),
+    build: bool | None = typer.Option(None, "--build/--no-build", help=BUILD_HELP),
 ) -> None:
     """Bring an environment up, run one command in it, take it down. The command's exit code
     becomes ours (124 on timeout)."""
     from orchestrator import spawn_runtime
+    from orchestrator.cli.progress import build_progress
 
-    env = _load(file)
+    env = _load(file, backend=on, workspace=workspace.resolve() if workspace else None)
     if named is not None and command:
         raise UsageError("give either a command after -- or --named NAME, not both")
     if named is not None and named not in env.spec.commands:
         known = ", ".join(sorted(env.spec.commands)) or "none"
         raise UsageError(f"{file} has no command named {named!r} (known: {known})")
     argv = _argv(command) if named is None else ""
-    with spawn_runtime(env, workspace=workspace, is_evaluation=evaluation, backend=on) as rt:
+    with build_progress(f"building {env.name}", eager=False):  # shown only if it builds
+        started = spawn_runtime(
+            env,
+            workspace=workspace,
+            is_evaluation=evaluation,
+            backend=on,
+            build=_build_choice(build),
+        )
+    with started as rt:
         _warn(rt.warnings, env)
         result = _stream(rt, argv or rt.file_command(named), timeout=timeout)
     raise typer.Exit(_exit_code(result, timeout))
@@ -337,7 +420,9 @@ def _refuse_service_word(rt: Runtime, words: list[str], verb: str) -> None:
 
 
 def exec_(
-    ref: str = typer.Argument(..., help="Environment id (or a unique part of it)."),
+    ref: str = typer.Argument(
+        ..., help="Environment id (or a unique part of it).", autocompletion=_complete_ids
+    ),
     command: list[str] = typer.Argument(..., help="Command to run (after --)."),
     service: str = typer.Option(None, "--service", "-s", help="Run in this service."),
     user: str = typer.Option(None, "--user", "-u", help='As this user ("uid[:gid]", "root").'),
@@ -367,7 +452,7 @@ def exec_(
 
 
 def shell(
-    ref: str = typer.Argument(..., help="Environment id."),
+    ref: str = typer.Argument(..., help="Environment id.", autocompletion=_complete_ids),
     word: str = typer.Argument(None, hidden=True),
     service: str = typer.Option(None, "--service", "-s", help="Open it in this service."),
     user: str = typer.Option(None, "--user", "-u", help='As this user ("uid[:gid]", "root").'),
@@ -384,24 +469,38 @@ def shell(
 
 
 def down(
-    ref: str = typer.Argument(
-        None, help="Environment id: the full id, its last 8 characters, or a unique prefix."
+    refs: list[str] = typer.Argument(
+        None,
+        help="Environment ids: each the full id, its last 8 characters, or a unique prefix.",
+        autocompletion=_complete_ids,
+        show_default=False,
     ),
     all_: bool = typer.Option(False, "--all", help="Take down every environment of ours."),
     force: bool = typer.Option(
         False, "--force", help="Also when the process that started it still runs."
     ),
 ) -> None:
-    """Take an environment down: containers, networks and volumes."""
+    """Take environments down: containers, networks and volumes. Each id is tried, also
+    after one fails; the exit code is 0 only when every one went (2: an id names none)."""
     from orchestrator import reap, remove_environment
 
+    if all_ and refs:
+        raise UsageError("give environment ids or --all, not both")
     if all_:
         for name in reap(everything=True):
             typer.echo(f"removed {name}")
         return
-    if not ref:
-        raise UsageError("name an environment id, or pass --all")
-    typer.echo(f"removed {remove_environment(ref, force=force)}")
+    if not refs:
+        raise UsageError("name an environment id (several may be given), or pass --all")
+    codes = []
+    for ref in dict.fromkeys(refs):
+        try:
+            typer.echo(f"removed {remove_environment(ref, force=force)}")
+        except OrchestratorError as exc:
+            typer.echo(f"error: {ref}: {exc}", err=True)
+            codes.append(exc.exit_code)
+    if codes:
+        raise typer.Exit(codes[0] if len(set(codes)) == 1 else 1)
 
 
 def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
@@ -417,17 +516,17 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable outp
     if not rows:
         typer.echo("no environments")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from orchestrator.cli.tables import print_table
 
-    table = Table("ID", "ENV", "OWNER", "STATE", "PORTS", "POOL", box=None)
-    for r in rows:
-        table.add_row(r.id, r.env, r.owner, r.state, _ports_text(r.ports), r.pool)
-    Console().print(table)
+    print_table(
+        ("ID", "ENV", "OWNER", "STATE", "PORTS", "POOL"),
+        [(r.id, r.env, r.owner, r.state, _ports_text(r.ports), r.pool) for r in rows],
+        drop=("POOL", "OWNER", "ENV", "PORTS", "STATE"),  # an id is never cut
+    )
 
 
 def logs(
-    ref: str = typer.Argument(..., help="Environment id."),
+    ref: str = typer.Argument(..., help="Environment id.", autocompletion=_complete_ids),
     service: str = typer.Argument(None, help="Only this service (default: every one)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
     tail: int = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines."),
@@ -513,16 +612,54 @@ def cleanup(
     typer.echo(f"{len(removed)} removed")
 
 
+def _list_snapshots(snaps: list[Snapshot], *, as_json: bool) -> None:
+    """`snapshot --list`: JSON; a table with human sizes on a terminal; in a pipe the plain
+    form scripts read (tab-separated, exact bytes, no header), as before."""
+    from orchestrator.cli.tables import print_table, printable
+
+    if as_json:
+        fields = [{"name": s.name, **asdict(s), "path": str(s.path)} for s in snaps]
+        typer.echo(json.dumps(fields))
+    elif not sys.stdout.isatty():
+        for s in snaps:
+            line = (s.name, s.env, s.created, s.size, s.path, s.image or "-")
+            typer.echo("\t".join(printable(str(f)) for f in line))  # no tab, no newline
+    elif not snaps:
+        typer.echo("no snapshots", err=True)
+    else:
+        rows = [[s.name, *map(str, (s.env, s.created, _size_text(s.size), s.image))] for s in snaps]
+        headers = ("NAME", "ENV", "CREATED", "SIZE", "IMAGE")
+        print_table(headers, rows, drop=("IMAGE", "CREATED", "ENV", "SIZE"))
+        typer.echo(f"(in {snaps[0].path.parent})", err=True)
+
+
+def _size_text(size: object) -> str:
+    """Bytes as people read them (1.5 MB); a record's size that is no count, as it is."""
+    from rich.filesize import decimal
+
+    return decimal(size) if isinstance(size, int) and size >= 0 else str(size)
+
+
 SNAPSHOT_TIMEOUT = 600.0
 """Seconds `orchestrator snapshot` may pack a workspace for, unless --timeout says."""
 
 
 def snapshot(
-    ref: str = typer.Argument(None, help="Environment id (or a unique part of it)."),
+    ref: str = typer.Argument(
+        None, help="Environment id (or a unique part of it).", autocompletion=_complete_ids
+    ),
     output: str = typer.Option(
         None, "--output", "-o", help="Where: a path, or a name in the snapshots folder."
     ),
-    list_: bool = typer.Option(False, "--list", help="List the snapshots folder."),
+    list_: bool = typer.Option(
+        False,
+        "--list",
+        help="List the snapshots folder (a table on a terminal; in a pipe one tab-separated "
+        "line each: name, env, created, bytes, path, image or -).",
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="With --list: a JSON list of objects (sizes in bytes)."
+    ),
     remove: str = typer.Option(
         None, "--rm", help="Remove this snapshot (its name in the snapshots folder)."
     ),
@@ -543,10 +680,10 @@ def snapshot(
     or list or remove snapshots."""
     from orchestrator import Snapshot, list_snapshots
 
+    if as_json and not list_:
+        raise UsageError("--json goes with --list")
     if list_:
-        for snap in list_snapshots():
-            fields = (snap.name, snap.env, snap.created, snap.size, snap.path, snap.image or "-")
-            typer.echo("\t".join(map(str, fields)))
+        _list_snapshots(list_snapshots(), as_json=as_json)
         return
     if remove:
         found = Snapshot.named(remove)  # nothing outside the snapshots folder

@@ -45,6 +45,7 @@ from orchestrator.errors import (
 from orchestrator.sandbox import files, snapshot
 from orchestrator.sandbox.options import (
     FILE_LIMIT_ENV,
+    BuildChoice,
     Chunks,
     Command,
     SpawnOptions,
@@ -472,15 +473,18 @@ class Runtime(Sandbox):
         return []
 
     @classmethod
-    def prepare(cls, env: Environment, policy: Policy) -> None:
+    def prepare(cls, env: Environment, policy: Policy, *, build: BuildChoice = "auto") -> None:
         """Work done once before many spawns of `env` (building its images, say), after the
-        same checks as `check`. The default only checks."""
+        same checks as `check`; `build` says how images are got (see BuildChoice). The
+        default only checks."""
         cls.check(env, policy)
 
     @classmethod
-    def render(cls, env: Environment, workspace: Path, policy: Policy) -> dict[str, str]:
+    def render(cls, env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
         """The native project `env` compiles to for `workspace`, as {relative path: text},
-        the main file first (`orchestrator render`). The default: this backend has none."""
+        the main file first (`orchestrator render`); `workspace` None: the private one a
+        spawn without a workspace makes, shown by a stand-in that the rendering says is one.
+        The default: this backend has none."""
         raise UsageError(
             f"the {cls.name or cls.__name__} backend has no project file to render: it runs "
             "the environment directly; `orchestrator validate` checks the file"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from orchestrator import settings
 from orchestrator.sandbox.results import Outcome, StreamKind
@@ -20,6 +21,12 @@ SNAPSHOT_LIMIT_ENV = "ORCHESTRATOR_SNAPSHOT_LIMIT"
 """Seconds a file call (read_file, write_file, upload, download) may take when the caller
 gives no timeout: the sandbox can hold any of them (a FIFO in the path, a stopped `tar`)."""
 GiB = 1024 * MiB
+
+BuildChoice = Literal["auto", "always", "never"]
+"""How a spawn gets the images its file builds: "auto" builds one whose inputs changed (a new
+Dockerfile, build args or context), "always" builds through the engine's layer cache (cheap
+when nothing changed), "never" builds none: an image missing is a UsageError naming it."""
+BUILD_CHOICES: tuple[BuildChoice, ...] = ("auto", "always", "never")
 
 Chunks = Generator[tuple[StreamKind, bytes], None, Outcome]
 """What a backend's `_run` is: output as it arrives, then the Outcome."""
@@ -61,6 +68,8 @@ class SpawnOptions:
     host: str | None = None
     """The engine (any `docker --host` address; for swarm, the manager); None: the
     process's (ORCHESTRATOR_DOCKER_HOST, DOCKER_HOST, or the local engine)."""
+    build: BuildChoice = "auto"
+    """How the images the file builds are got (see BuildChoice)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ and what is particular to a backend is asked of its class (`check`, `prepare`, `
 from __future__ import annotations
 
 import importlib
+import inspect
 import types
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
 from orchestrator.sandbox.base import Runtime
-from orchestrator.sandbox.options import SpawnOptions
+from orchestrator.sandbox.options import BUILD_CHOICES, BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.spec.loader import (
     Environment,
@@ -159,13 +160,18 @@ def spawn_runtime(
     policy: Policy | None = None,
     detached: bool = False,
     host: str | None = None,
+    build: BuildChoice = "auto",
 ) -> Runtime:
     """Bring an environment up on its backend (or `backend`), run its setup, return the live
     runtime. Use it as a context manager so it is always cleaned up. `resume`: a snapshot (or
     its path or name) whose workspace is restored first; setup then runs
     `setup.resume_commands` instead of `setup.commands`. `host`: the engine to start it on
-    (any `docker --host` address; for swarm, the manager), instead of the process's."""
+    (any `docker --host` address; for swarm, the manager), instead of the process's.
+    `build`: how the images the file builds are got: "auto" (built when what they are built
+    from changed), "always" (rebuilt through the engine's cache), "never" (UsageError when
+    one is missing)."""
     env = _load(env)
+    _check_build(build)
     cls = backend_class(env, backend, policy=policy)
     if cls.needs_image:
         require_main_image(env)
@@ -181,17 +187,46 @@ def spawn_runtime(
         policy=policy or Policy.from_env(),
         detached=detached,
         host=host or None,
+        build=build,
     )
-    return cls.spawn(env, options)
+    try:
+        return cls.spawn(env, options)
+    except SpecError as exc:  # a backend's or the policy's refusal, by field: placed in the file
+        raise env.located(exc) from None
+
+
+def _takes(fn: Callable[..., object], name: str) -> bool:
+    """Whether `fn` takes a keyword `name` (by name or through **kwargs)."""
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _check_build(build: str) -> None:
+    if build not in BUILD_CHOICES:
+        raise UsageError(f"build must be one of {', '.join(BUILD_CHOICES)}, got {build!r}")
 
 
 def prepare(
-    env: Environment | str | Path, policy: Policy | None = None, *, backend: str | None = None
+    env: Environment | str | Path,
+    policy: Policy | None = None,
+    *,
+    backend: str | None = None,
+    build: BuildChoice = "auto",
 ) -> Environment:
     """Check an environment once before many spawns: the file, the caller's policy and what
     its backend does ahead of time (`Runtime.prepare`: a Docker backend builds its images now,
-    so that spawns starting together do not each build them)."""
+    so that spawns starting together do not each build them; `build` as in spawn_runtime)."""
     env = _load(env)
+    _check_build(build)
     policy = policy or Policy.from_env()
-    backend_class(env, backend, policy=policy).prepare(env, policy)
+    try:
+        cls = backend_class(env, backend, policy=policy)
+        if build == "auto":  # as a backend written before `build` existed takes it
+            cls.prepare(env, policy)
+        elif _takes(cls.prepare, "build"):
+            cls.prepare(env, policy, build=build)
+        else:
+            raise UsageError(f"the {cls.name} backend takes no build choice ({build!r})")
+    except SpecError as exc:  # placed in the file, as spawn_runtime does
+        raise env.located(exc) from None
     return env

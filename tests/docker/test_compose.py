@@ -363,9 +363,10 @@ def test_build_is_tagged_once_per_digest(tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text(f"FROM {BUSYBOX_IMAGE}\nRUN echo built > /built.txt\n")
     (tmp_path / "env.yaml").write_text("version: 1\nname: built\nbuild: {context: .}\n")
     from orchestrator import load_environment
+    from orchestrator.backends.docker.render import build_tags
 
     env = load_environment(tmp_path / "env.yaml")
-    tag = f"orchestrator-build/built-main:{env.digest}"
+    [tag] = build_tags(env)  # by what the build reads (the Dockerfile, args and context)
     try:
         for _ in range(2):
             with spawn_runtime(env) as rt:

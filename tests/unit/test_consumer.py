@@ -12,6 +12,7 @@ import pytest
 import orchestrator
 from orchestrator import (
     BackendUnavailable,
+    BuildChoice,
     CommandFailed,
     CommandTimeout,
     Connection,
@@ -167,7 +168,8 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     with spawn_runtime(env, workspace=tmp_path / "resumed", resume="consumer-snap") as again:
         assert again.read_file("f.bin", text=False) == b"\x00\xff"
     saved.remove()
-    assert prepare(env).digest == env.digest  # once before many spawns
+    choice: BuildChoice = "never"  # an image, not a build: nothing to build either way
+    assert prepare(env, build=choice).digest == env.digest  # once before many spawns
     assert attachable(env) == []  # a local sandbox is left running for no one to attach to
     with pytest.raises(CALLER_ERRORS):
         attach("orch-consumer-00000000")  # a Runtime, for an environment left running

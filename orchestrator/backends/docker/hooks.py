@@ -4,12 +4,15 @@ once before many spawns (build its images), render its Compose project."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
 
 from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions, compile_project
+from orchestrator.paths import projects_dir
+from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.policy import Policy
 
@@ -22,10 +25,11 @@ def _scratch_compile(
         return compile_project(
             env, CompileOptions(project=project, workspace=workspace, policy=policy)
         )
-    with tempfile.TemporaryDirectory(prefix="orch-check-") as ws:
-        return compile_project(
-            env, CompileOptions(project=project, workspace=Path(ws), policy=policy)
+    with tempfile.TemporaryDirectory(prefix="orch-check-") as ws:  # as a spawn's private one
+        options = CompileOptions(
+            project=project, workspace=Path(ws), policy=policy, private_workspace=True
         )
+        return compile_project(env, options)
 
 
 def check(env: Environment, policy: Policy, workspace: Path | None = None) -> list[str]:
@@ -33,20 +37,37 @@ def check(env: Environment, policy: Policy, workspace: Path | None = None) -> li
     return list(_scratch_compile(env, policy, "validate", workspace).warnings)
 
 
-def prepare(env: Environment, policy: Policy) -> None:
-    """Check, then build the images the file builds, so spawns starting together do not each
-    build them."""
+def prepare(env: Environment, policy: Policy, *, build: BuildChoice = "auto") -> None:
+    """Check, then get the images the file builds as `build` says, so spawns starting
+    together do not each build them."""
     from orchestrator.backends.docker.lifecycle import build_images
 
-    build_images(env, _scratch_compile(env, policy, f"orch-prepare-{os.getpid()}"))
+    compiled = _scratch_compile(env, policy, f"orch-prepare-{os.getpid()}")
+    build_images(env, dataclasses.replace(compiled, build=build))
 
 
-def render(env: Environment, workspace: Path, policy: Policy) -> dict[str, str]:
-    """compose.yaml first, then the project's other files (the sandbox entry script)."""
+PLACEHOLDER_NOTE = (
+    "# Workspace: a stand-in. `orchestrator up` and `run` without --workspace mount a private\n"
+    "# folder made for each environment ({projects}/<id>/workspace); it is shown\n"
+    "# here as {path}. Render with --workspace DIR to see a given folder instead.\n"
+)
+"""Said at the top of a rendering whose workspace stands in for a spawn's private one."""
+
+
+def render(env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
+    """compose.yaml first, then the project's other files (the sandbox entry script).
+    `workspace` None: what a spawn without one runs, its private workspace shown by a
+    stand-in in the project folder, and a comment at the top saying so."""
     require_main_image(env)
+    project = f"orch-{env.name}-preview"
     labels = {LABEL_MANAGED: "1", LABEL_ENV: env.name, LABEL_DIGEST: env.digest}
+    private = workspace is None
+    ws = projects_dir() / project / "workspace" if workspace is None else workspace
     options = CompileOptions(
-        project=f"orch-{env.name}-preview", workspace=workspace, labels=labels, policy=policy
+        project=project, workspace=ws, labels=labels, policy=policy, private_workspace=private
     )
     compiled = compile_project(env, options)
-    return {"compose.yaml": compiled.compose_yaml, **compiled.files}
+    note = PLACEHOLDER_NOTE.format(path=ws, projects=projects_dir()) if private else ""
+    if private and not env.spec.workspace.mount:
+        note = ""  # no workspace is mounted: nothing stands in
+    return {"compose.yaml": note + compiled.compose_yaml, **compiled.files}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 from python_on_whales import DockerClient
 
 from orchestrator.backends.container.engine import (
+    TIMED_OUT,
     StorageOptUnsupported,
     SubnetOverlap,
     docker_client,
@@ -39,10 +39,11 @@ from orchestrator.backends.container.identity import (
     project_name,
 )
 from orchestrator.backends.container.inventory import reap_soon, remove_by_label
+from orchestrator.backends.container.readiness import LOG_LINES, Look, failure, late, not_ready
+from orchestrator.backends.docker.build import get_images
 from orchestrator.backends.docker.render import (
     CompiledProject,
     CompileOptions,
-    build_tags,
     compile_project,
 )
 from orchestrator.errors import (
@@ -124,6 +125,7 @@ class Project:
         return (workdir if workdir.startswith("/") else "/"), (config.user or None)
 
     def up(self) -> None:
+        get_images(self.compiled, self.name, host=self.host)  # as compiled.build says
         # not engine_call: `up` is not idempotent; start_project removes a failed start
         with docker_errors(f"starting project {self.name}"):
             self.up_client.compose.up(detach=True, quiet=True)
@@ -206,17 +208,12 @@ class Project:
         """Published ports of every service (ephemeral ones resolved)."""
         return published_ports(engine_call("reading published ports", self.client.compose.ps))
 
-    def service_states(self) -> list[tuple[str, str, str]]:
-        """(service, state, health) for every container of the project."""
+    def service_states(self) -> list[tuple[str, Look]]:
+        """(service, its state) for every container of the project."""
         containers = engine_call(
             "listing project containers", lambda: self.client.compose.ps(all=True)
         )
-        out = []
-        for c in containers:
-            service = service_of(c.config.labels, c.name)
-            health = c.state.health.status if c.state.health else ""
-            out.append((service, c.state.status or "", health or ""))
-        return out
+        return [(service_of(c.config.labels, c.name), Look.of(c.state)) for c in containers]
 
     def logs(self, service: str | None = None, tail: int | None = None) -> str:
         text = engine_call(
@@ -277,7 +274,7 @@ def start_project(
         try:
             project.up()
         except DockerError as exc:
-            err = _diagnose(project, exc, env.source)
+            err = _diagnose(project, exc, env)
             _remove_quietly(project)
             if err is exc:
                 raise
@@ -287,7 +284,7 @@ def start_project(
     try:
         _retry_subnet(attempt)
         if not detached:  # its services stop when this process dies, guardian or not
-            project.tether(env.spec.services)
+            project.tether(n for n, s in env.spec.services.items() if not s.job)  # jobs ended
         return project
     except (DockerError, StartupError):
         raise  # attempt() already removed what it made
@@ -306,14 +303,14 @@ def _remove_quietly(project: Project) -> None:
     shutil.rmtree(project.directory, ignore_errors=True)
 
 
-def _diagnose(project: Project, exc: DockerError, source: str) -> OrchestratorError:
-    """A failed `up` because a service never became healthy (or died) becomes an error that
-    names the service and shows its last log lines; a disk limit the engine cannot enforce
-    becomes a spec error naming the field."""
+def _diagnose(project: Project, exc: DockerError, env: Environment) -> OrchestratorError:
+    """A failed `up` because a service never became healthy, died, or (a job) exited
+    non-zero becomes an error that names the service, its exit code and its last log
+    lines; a disk limit the engine cannot enforce becomes a spec error naming the field."""
     if isinstance(exc, StorageOptUnsupported):
         return SpecError(
             SpecIssue(
-                source,
+                env.source,
                 field="resources.disk",
                 message="this engine cannot limit a container's disk (its storage driver needs "
                 "overlay2 on xfs with pquota, btrfs or zfs for that)",
@@ -324,45 +321,32 @@ def _diagnose(project: Project, exc: DockerError, source: str) -> OrchestratorEr
         states = project.service_states()
     except OrchestratorError:
         return exc
+    jobs = {name: svc.job for name, svc in env.spec.services.items()}
     bad = [
-        (svc, state, health)
-        for svc, state, health in states
-        if svc != MAIN and (health == "unhealthy" or state in ("exited", "dead"))
+        (svc, look)
+        for svc, look in states
+        if svc in jobs
+        and (look.health == "unhealthy" or (look.ended and not (jobs[svc] and look.exit_code == 0)))
     ]
-    if not bad:
-        return exc
-    parts = []
-    for svc, state, health in bad:
+
+    def tail(svc: str) -> str:
         try:
-            logs = project.logs(svc, tail=20).strip()
+            return project.logs(svc, tail=LOG_LINES)
         except OrchestratorError:
-            logs = ""
-        why = "never became healthy" if health == "unhealthy" else f"stopped ({state})"
-        parts.append(f"service {svc!r} {why}; last log lines:\n{logs or '(no output)'}")
-    return HealthcheckFailed(f"project {project.name} did not start: " + "\n".join(parts))
+            return ""
+
+    parts = [failure(project.name, svc, jobs[svc], look, tail(svc)) for svc, look in bad]
+    if not parts and exc.returncode == TIMED_OUT:  # Compose waited on a job or a healthcheck
+        parts = [
+            late(project.name, svc, jobs[svc], look, tail(svc), up_timeout())
+            for svc, look in states
+            if svc in jobs and not_ready(look, jobs[svc])
+        ]
+    return HealthcheckFailed("\n".join(parts)) if parts else exc
 
 
-def _image_exists(client: DockerClient, tag: str) -> bool:
-    return bool(engine_call("looking for an image", lambda: client.image.exists(tag)))
-
-
-def build_images(env: Environment, compiled: CompiledProject) -> list[str]:
-    """Build the images the environment builds (tagged by digest) unless they exist, so that
-    many spawns at once do not each build them. Returns the tags built."""
-    tags = build_tags(env)
-    client = docker_client()
-    missing = [t for t in tags if not _image_exists(client, t)]
-    if not missing:
-        return []
-    with tempfile.TemporaryDirectory(prefix="orch-build-") as tmp:
-        directory = Path(tmp)
-        compose_file = compiled.write(directory)
-        builder = docker_client(
-            up_timeout(),
-            compose_files=[compose_file],
-            compose_project_name=compiled.project,
-            compose_project_directory=directory,
-        )
-        with docker_errors(f"building the images of {env.name}"):
-            builder.compose.build(quiet=True)
-    return missing
+def build_images(env: Environment, compiled: CompiledProject, *, host: str = "") -> list[str]:
+    """Get the images the environment builds as `compiled.build` says (see build.py), on
+    engine `host` (else the process's): spawns starting together build each once. Returns
+    the tags built."""
+    return get_images(compiled, env.name, host=host)

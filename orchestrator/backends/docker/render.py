@@ -27,7 +27,9 @@ from orchestrator.backends.container.mounts import (
     static_mounts,
 )
 from orchestrator.backends.container.templating import jinja as _jinja
-from orchestrator.errors import SpecError, SpecIssue
+from orchestrator.backends.docker.fingerprint import fingerprint
+from orchestrator.errors import SpecIssue
+from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
 from orchestrator.spec.policy import (
@@ -61,10 +63,16 @@ class CompileOptions:
     main_image: str = ""
     """Run this image for the main sandbox instead of the file's image or build (a snapshot
     of a container's filesystem being resumed)."""
+    private_workspace: bool = False
+    """`workspace` is the private one made for this run (or a stand-in for it), not the
+    caller's: no file can name it, so it is no allowed root for host paths."""
     remote: bool = False
     """The engine may be another machine: nothing of this one is bind-mounted (the executor
     and the static assets are copied in once the containers run; the workspace lives in the
     main container), and a mount of a host folder is a spec error."""
+    build: BuildChoice = "auto"
+    """How the images the file builds are got (see `build_images`): "auto" builds one whose
+    tag is missing, "always" builds through the engine's cache, "never" builds none."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,10 @@ class CompiledProject:
     folders: tuple[str, ...] = ()
     """Empty folders, relative to the project folder: each container's own transfer folder
     (IO_DIR/<service>, bind-mounted into that container alone)."""
+    builds: tuple[ImageBuild, ...] = ()
+    """The images it builds (the main one not when `main_image` replaces it)."""
+    build: BuildChoice = "auto"
+    """CompileOptions.build: how to get them before `up`."""
 
     def write(self, directory: Path) -> Path:
         """Write the project into `directory` (created, private); return compose.yaml's path."""
@@ -135,28 +147,59 @@ def build_paths(env: Environment, build: Build | None, where: str) -> list[tuple
     return [(f"{where}.context", ctx), (f"{where}.dockerfile", dockerfile)]
 
 
+@dataclass(frozen=True)
+class ImageBuild:
+    """One image the environment builds, and the tag it is built under."""
+
+    service: str
+    tag: str
+    """orchestrator-build/<env>-<service>:<fingerprint> (see fingerprint.py)."""
+    context: Path
+    dockerfile: str | None
+    args: dict[str, str]
+    complete: bool
+    """The tag covers the whole context: an image under it is up to date. False: the
+    context was too large to hash, and only the engine (its layer cache) can tell."""
+
+
+def image_build(env: Environment, build: Build, service: str) -> ImageBuild:
+    """The build of one service, tagged by what it reads: a change of the Dockerfile, the
+    build args or any entry of the context (path, mode, size, mtime) makes a new tag."""
+    ctx = look_up(Path(build.context), env.base_dir).real
+    args = dict(sorted(build.args.items()))
+    digest, complete = fingerprint(ctx, build.dockerfile, args)
+    tag = f"orchestrator-build/{env.name}-{service}:{digest[:20]}"
+    return ImageBuild(service, tag, ctx, build.dockerfile, args, complete)
+
+
 def _build(env: Environment, build: Build | None, service: str) -> dict[str, Any] | None:
     if build is None:
         return None
-    ctx = look_up(Path(build.context), env.base_dir).real
+    plan = image_build(env, build, service)
     return {
-        "context": str(ctx),
+        "context": str(plan.context),
         "dockerfile": build.dockerfile,
-        "args": dict(sorted(build.args.items())),
-        "tag": build_tag(env, service),
+        "args": plan.args,
+        "tag": plan.tag,
+        "plan": plan,
     }
 
 
+def image_builds(env: Environment) -> list[ImageBuild]:
+    """Every image the environment builds (none when it only uses images)."""
+    builds = {MAIN: env.spec.build, **{n: s.build for n, s in env.spec.services.items()}}
+    return [image_build(env, b, name) for name, b in builds.items() if b is not None]
+
+
 def build_tag(env: Environment, service: str) -> str:
-    """One tag per environment, service and digest: rebuilt only when the spec changes, and
-    not one image per project left behind."""
-    return f"orchestrator-build/{env.name}-{service}:{env.digest}"
+    """The tag one service's image is built under (ValueError: it builds none)."""
+    [tag] = [b.tag for b in image_builds(env) if b.service == service]
+    return tag
 
 
 def build_tags(env: Environment) -> list[str]:
     """The tags of every image the environment builds (none when it only uses images)."""
-    builds = {MAIN: env.spec.build, **{n: s.build for n, s in env.spec.services.items()}}
-    return [build_tag(env, name) for name, build in builds.items() if build is not None]
+    return [b.tag for b in image_builds(env)]
 
 
 def _service(
@@ -171,7 +214,7 @@ def _service(
     mounts = []
     for i, m in enumerate(svc.mounts):
         where = f"services.{name}.mounts.{i}"
-        found = look_up(Path(m.source), opts.workspace, home=True)
+        found = env.host_path(m.source)
         if found.error is not None:
             report.issues.append(
                 SpecIssue(
@@ -199,7 +242,7 @@ def _service(
     return {
         "name": name,
         "image": svc.image,
-        "build": _build(env, svc.build, name),
+        "build": None,  # fingerprinted once the policy has passed its context (compile_project)
         "command": command,
         "command_is_list": isinstance(command, list),
         "gated": gated,
@@ -214,6 +257,7 @@ def _service(
         "mounts": [*(static_mounts(env) if svc.static_assets else []), *mounts],
         "healthcheck": svc.healthcheck,
         "healthcheck_is_list": isinstance(svc.healthcheck.test, list) if svc.healthcheck else False,
+        "job": svc.job,
     }
 
 
@@ -257,7 +301,9 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     (PolicyError for policy violations) listing every problem found."""
     spec = env.spec
     mounts, issues = resolve_mounts(env, opts.workspace, list(opts.extra_mounts))
-    roots = opts.policy.mount_roots(env.base_dir, opts.workspace)
+    roots = opts.policy.mount_roots(
+        env.base_dir, None if opts.private_workspace else opts.workspace
+    )
     report = HardeningReport(warnings=list(env.notices))
     report.issues += check_workspace(opts.workspace) if spec.workspace.mount else []
     report.issues += reserved_target_issues(env, mounts)
@@ -315,18 +361,21 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         mounts = []
         for svc_context in services:
             svc_context["mounts"] = []
-    raise_if(report.issues)
-    if issues:
-        raise SpecError(issues)
+    raise_if(report.issues, issues)  # every problem in one error
+    for svc_context in services:  # only now: a refused context is never walked or read
+        svc_context["build"] = _build(
+            env, spec.services[svc_context["name"]].build, svc_context["name"]
+        )
 
     user = resolve_user(spec.user, opts.host_env)
     container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
+    main_build = None if opts.main_image else _build(env, spec.build, MAIN)
     context = {
         "project": opts.project,
         "labels": dict(sorted(opts.labels.items())),
         "main": {
             "image": opts.main_image or spec.image,
-            "build": None if opts.main_image else _build(env, spec.build, MAIN),
+            "build": main_build,
             "workdir": spec.workdir,
             "user": user,
             "env": container_env,
@@ -369,4 +418,6 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         has_network=has_network,
         published=published,
         folders=folders,
+        builds=tuple(b["plan"] for b in [main_build, *(s["build"] for s in services)] if b),
+        build=opts.build,
     )

@@ -19,11 +19,13 @@ from orchestrator.backends.container.engine import (
     engine_host,
     is_remote,
     raw_docker,
+    up_timeout,
 )
 from orchestrator.backends.container.executor.client import FILES
 from orchestrator.backends.container.identity import LABEL_DIR
 from orchestrator.backends.container.layout import IO_DIR, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
+from orchestrator.backends.container.readiness import ServiceWatch
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, KILL_OTHERS, ContainerRuntime
 from orchestrator.backends.docker import hooks
 from orchestrator.backends.docker.lifecycle import Project, start_project
@@ -31,7 +33,7 @@ from orchestrator.backends.docker.render import CompiledProject, CompileOptions
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
 from orchestrator.sandbox import attach, files, hostfs
 from orchestrator.sandbox.base import Runtime
-from orchestrator.sandbox.options import SpawnOptions
+from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import Policy
@@ -51,11 +53,11 @@ class ComposeRuntime(ContainerRuntime):
         return hooks.check(env, policy, workspace)
 
     @classmethod
-    def prepare(cls, env: Environment, policy: Policy) -> None:
-        hooks.prepare(env, policy)
+    def prepare(cls, env: Environment, policy: Policy, *, build: BuildChoice = "auto") -> None:
+        hooks.prepare(env, policy, build=build)
 
     @classmethod
-    def render(cls, env: Environment, workspace: Path, policy: Policy) -> dict[str, str]:
+    def render(cls, env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
         return hooks.render(env, workspace, policy)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -88,6 +90,7 @@ class ComposeRuntime(ContainerRuntime):
             return CompileOptions(
                 project=name,
                 workspace=self._workspace(Path(labels[LABEL_DIR])),
+                private_workspace=opts.workspace is None,
                 labels=labels,
                 extra_mounts=opts.mounts,
                 extra_ports=opts.ports,
@@ -96,6 +99,7 @@ class ComposeRuntime(ContainerRuntime):
                 policy=opts.policy,
                 main_image=opts.resume.image if opts.resume else "",
                 remote=remote,
+                build=opts.build,
             )
 
         self.project = start_project(
@@ -115,11 +119,15 @@ class ComposeRuntime(ContainerRuntime):
         else:  # each container sees its own IO_DIR/<service>: folders go through FIFOs there
             self._shared = self.project.directory / IO_DIR
             self._prepare_services(copied=False)  # a service's workdir, before its command
+        services = self.env.spec.services
+        watch = ServiceWatch(self._id, services, self._state, self._logs, timeout=up_timeout())
+        watch.started()  # every service runs, is healthy, or (a job) exited 0
         self._main = self._channel(MAIN, self.project.main_container)
         self._main.start()  # greets while the ports are read
         if compiled.published:
             self._ports = self.project.ports()
         self._confirm_started()
+        watch.settled()  # and none died as it started
         self._remember()  # for attach(): `orchestrator exec`, `up --pool`, ...
 
     def _remember(self) -> None:

@@ -13,7 +13,7 @@ from orchestrator.backends.container.copyin import GATE, drops_privileges, gated
 from orchestrator.backends.container.layout import KEEP_ALIVE, USER_LABEL, container_bind_host
 from orchestrator.backends.container.mounts import service_workdir_issues, static_mounts
 from orchestrator.backends.container.templating import jinja as _jinja
-from orchestrator.errors import SpecError, SpecIssue
+from orchestrator.errors import SpecIssue
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Resources
 from orchestrator.spec.policy import (
@@ -184,9 +184,7 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
                 ),
             }
         )
-    raise_if(report.issues)
-    if issues:
-        raise SpecError(issues)
+    raise_if(report.issues, issues)  # every problem in one error
     context = {
         "project": opts.project,
         "labels": labels,

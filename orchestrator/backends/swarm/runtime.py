@@ -24,11 +24,13 @@ from orchestrator.backends.container.identity import (
     project_labels,
     project_name,
 )
+from orchestrator.backends.container.readiness import ServiceWatch
 from orchestrator.backends.container.runtime import ContainerRuntime
 from orchestrator.backends.swarm.compile import StackOptions, compile_stack
 from orchestrator.backends.swarm.stack import Stack, Task, manager_host, remove_stack_folder
 from orchestrator.errors import UsageError
 from orchestrator.paths import projects_dir
+from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import MAIN
@@ -48,11 +50,13 @@ class SwarmRuntime(ContainerRuntime):
         return list(compile_stack(env, StackOptions(project="validate", policy=policy)).warnings)
 
     @classmethod
-    def prepare(cls, env: Environment, policy: Policy) -> None:
-        cls.check(env, policy)  # Swarm builds nothing: images reach the nodes beforehand
+    def prepare(cls, env: Environment, policy: Policy, *, build: BuildChoice = "auto") -> None:
+        # Swarm builds nothing (a `build:` is a spec error here): images reach the nodes
+        # beforehand, so every `build` choice holds as it is
+        cls.check(env, policy)
 
     @classmethod
-    def render(cls, env: Environment, workspace: Path, policy: Policy) -> dict[str, str]:
+    def render(cls, env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
         """The stack file (the workspace lives in the main container: `workspace` is unused)."""
         require_main_image(env)
         opts = StackOptions(project=f"orch-{env.name}-preview", policy=policy)
@@ -106,10 +110,15 @@ class SwarmRuntime(ContainerRuntime):
         main = self._tasks[MAIN]
         self._docker_cmd = self.stack.node_cmd(main.node)
         self._copy_in_all(compiled.user)
-        self._wait_healthy(list(compiled.healthchecked))
+        # Swarm has no depends_on: the main container runs its keep-alive meanwhile, and no
+        # command runs in it before every service is ready (a job, ended with exit 0)
+        extra = self.env.spec.services
+        watch = ServiceWatch(self._id, extra, self._state, self._logs, timeout=up_timeout())
+        watch.started()
         self._main = self._channel(MAIN, main.container)
         self._main.start()
         self._confirm_started()
+        watch.settled()  # and none died as it started
 
     def _remove(self) -> None:
         if self.stack is not None:

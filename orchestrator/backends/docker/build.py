@@ -1,0 +1,220 @@
+"""Get the images an environment builds before its project comes up, as `CompiledProject.build`
+says: "auto" builds an image whose tag (a fingerprint of what its build reads, see
+fingerprint.py) is missing, "always" builds through the engine's layer cache, "never" builds
+nothing and names the image that is missing.
+
+Spawns that start together build once: each tag has a lock in this process, and a spawn that
+waited on it takes the image a build begun after its own request made. A context too large
+to fingerprint is built through the engine's cache once per process ("auto"), again with
+"always".
+
+The builder's output is logged line by line on the logger BUILD_LOG (INFO), cleaned of
+control characters and bounded in length: the CLI shows it under its spinner or copies it
+to stderr; a library caller sees it by configuring that logger."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from python_on_whales.exceptions import DockerException
+
+from orchestrator.backends.container.engine import (
+    docker_client,
+    docker_errors,
+    engine_call,
+    up_timeout,
+    wrap,
+)
+from orchestrator.backends.docker.render import CompiledProject, ImageBuild
+from orchestrator.errors import OrchestratorError, StartupError, UsageError
+from orchestrator.sandbox.options import BuildChoice
+
+BUILD_LOG = "orchestrator.build"
+"""Logger of the builder's output, one INFO record per line."""
+log = logging.getLogger(BUILD_LOG)
+LINE_LIMIT = 500
+"""Longest builder line logged (characters); the rest is cut."""
+READ_LIMIT = 64 * 1024
+"""Longest stretch of output without a newline kept before it is cut into a line."""
+TAIL_LINES = 30
+"""Builder lines kept for the error of a failed build."""
+SOURCE_LABEL = "org.orchestrator.build-source"
+"""On each image built: which context and Dockerfile it was built from (a hash of them), so
+that a new version replaces the older ones of the same build, and only those."""
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@dataclass
+class _Slot:
+    """One tag's builds in this process."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    began: float | None = None
+    """When its last successful build began (time.monotonic)."""
+
+
+_slots: dict[tuple[str, str], _Slot] = {}
+_slots_lock = threading.Lock()
+
+
+def _slot(host: str, tag: str) -> _Slot:
+    with _slots_lock:
+        return _slots.setdefault((host, tag), _Slot())
+
+
+def clean_line(raw: bytes) -> str:
+    """One builder line as text safe to print on a terminal: escape sequences and control
+    characters removed, at most LINE_LIMIT characters."""
+    text = _CONTROLS.sub("", _ESCAPES.sub("", raw.decode("utf-8", "replace").replace("\t", " ")))
+    text = text.rstrip()
+    return text if len(text) <= LINE_LIMIT else text[: LINE_LIMIT - 1] + "…"
+
+
+def get_images(compiled: CompiledProject, name: str, *, host: str = "") -> list[str]:
+    """Get the images of `compiled` as its `build` choice says (on engine `host`, else the
+    process's); return the tags built. UsageError when "never" finds one missing."""
+    asked = time.monotonic()
+    built = []
+    for plan in compiled.builds:
+        slot = _slot(host, plan.tag)
+        wait = up_timeout() + 30
+        if not slot.lock.acquire(timeout=wait):
+            raise StartupError(
+                f"image {plan.tag} of {name}: another build of it in this process has not "
+                f"ended within {wait:g}s; see ORCHESTRATOR_UP_TIMEOUT"
+            )
+        try:
+            if _needed(plan, compiled.build, slot, asked, name, host):
+                began = time.monotonic()
+                _build(plan, name, host)
+                slot.began = began
+                built.append(plan.tag)
+                _drop_older(plan, host)
+        finally:
+            slot.lock.release()
+    return built
+
+
+def _needed(
+    plan: ImageBuild, choice: BuildChoice, slot: _Slot, asked: float, name: str, host: str
+) -> bool:
+    if choice == "always":  # unless a build begun since we asked has made it
+        return slot.began is None or slot.began < asked
+    exists = _exists(plan.tag, host)
+    if choice == "never":
+        if not exists:
+            raise UsageError(
+                f"image {plan.tag} (the build of {plan.service!r} in {name}) does not exist "
+                "and building is switched off (--no-build, build='never'): run once without "
+                "--no-build, or with --build"
+            )
+        return False
+    if not plan.complete:  # too large to fingerprint: the engine's cache decides, once
+        return slot.began is None or not exists
+    return not exists
+
+
+def _drop_older(plan: ImageBuild, host: str) -> None:
+    """Untag the older versions of this build (same repository and source label), so that
+    each build keeps one image, not one per edit. Never forced: an image a container still
+    uses stays; a failure leaves it too (it is only disk)."""
+    repository = plan.tag.rpartition(":")[0]
+    client = docker_client(host=host) if host else docker_client()
+    try:
+        images = engine_call(
+            "listing older builds",
+            lambda: client.image.list(
+                repository, filters=[("label", f"{SOURCE_LABEL}={_source(plan)}")]
+            ),
+        )
+        older = {t for i in images for t in i.repo_tags if t.startswith(repository + ":")}
+        for tag in sorted(older - {plan.tag}):
+            with contextlib.suppress(OrchestratorError), docker_errors("removing a build"):
+                client.image.remove(tag)
+    except OrchestratorError as exc:
+        log.debug("older builds of %s left: %s", repository, exc)
+
+
+def _exists(tag: str, host: str) -> bool:
+    client = docker_client(host=host) if host else docker_client()
+    return bool(engine_call("looking for an image", lambda: client.image.exists(tag)))
+
+
+def _source(plan: ImageBuild) -> str:
+    """What stays the same across the versions of one build: its context, Dockerfile and
+    args (two files that differ only in args must not untag each other's image)."""
+    where = json.dumps([str(plan.context), plan.dockerfile or "Dockerfile", plan.args])
+    return hashlib.sha256(where.encode()).hexdigest()[:20]
+
+
+def build_argv(plan: ImageBuild, docker: list[str]) -> list[str]:
+    """`docker build` of one image, labelled with its source. `--force-rm`: the classic
+    builder (an engine without BuildKit) otherwise keeps the container of a failed step,
+    unlabelled, one more for every failed `up`."""
+    dockerfile = plan.context / (plan.dockerfile or "Dockerfile")  # as Compose resolves it
+    argv = [*docker, "build", "--force-rm", "--pull=false", "--tag", plan.tag]
+    argv += ["--label", f"{SOURCE_LABEL}={_source(plan)}", "--file", str(dockerfile)]
+    for key, value in plan.args.items():
+        argv += ["--build-arg", f"{key}={value}"]
+    return [*argv, "--", str(plan.context)]
+
+
+def _build(plan: ImageBuild, name: str, host: str) -> None:
+    """Build one image with `docker build`, its output logged; bounded by the up timeout."""
+    client = docker_client(host=host) if host else docker_client()
+    argv = build_argv(plan, [str(c) for c in client.client_config.docker_cmd])
+    log.info("building %s for %s", plan.tag, name)
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    with docker_errors(f"building image {plan.tag} of {name}"):
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    watchdog = threading.Timer(up_timeout() + 10, proc.kill)  # `timeout` may be absent
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        for line in _lines(proc.stdout.fileno()):
+            tail.append(line)
+            log.info("%s", line)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)  # its output ended: it is exiting
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()  # killed: it ends at once
+        if proc.stdout is not None:
+            proc.stdout.close()
+    code = proc.returncode
+    if code != 0:
+        failed = DockerException(argv, code, None, "\n".join(tail).encode())
+        raise wrap(f"building image {plan.tag} of {name}", failed) from None
+
+
+def _lines(fd: int) -> Iterator[str]:
+    """Cleaned lines of what `fd` gives until its end; a stretch without a newline longer
+    than READ_LIMIT is cut into a line of its own, so memory stays bounded."""
+    partial = b""
+    while chunk := os.read(fd, 65536):
+        parts = (partial + chunk).replace(b"\r", b"\n").split(b"\n")
+        partial = parts.pop()
+        if len(partial) > READ_LIMIT:
+            parts, partial = [*parts, partial[:READ_LIMIT]], b""
+        for part in parts:
+            if line := clean_line(part):
+                yield line
+    if line := clean_line(partial):
+        yield line
