@@ -172,6 +172,17 @@ def max_spec_bytes() -> int:
     return settings.whole(MAX_BYTES_ENV, MAX_BYTES)
 
 
+def _malformed(
+    source: str, where: tuple[int | None, int | None], problem: str, fix: str
+) -> SpecError:
+    """A file that does not parse as YAML, at (line, column)."""
+    line, column = where
+    message = f"malformed YAML: {problem}"
+    return SpecError(
+        SpecIssue(source, line=line, column=column, field="", message=message, fix=fix)
+    )
+
+
 def parse_yaml(text: str, source: str) -> Any:
     limit = max_spec_bytes()
     if len(text) > limit:
@@ -186,16 +197,11 @@ def parse_yaml(text: str, source: str) -> Any:
         )
     deep = _too_deep(text)
     if deep is not None:  # the parser's time grows with the square of the nesting
-        line, col = deep
-        raise SpecError(
-            SpecIssue(
-                source,
-                line=line,
-                column=col,
-                field="",
-                message=f"malformed YAML: brackets nested more than {MAX_NESTING} deep",
-                fix="environment files nest a few levels; write the value out flat",
-            )
+        raise _malformed(
+            source,
+            deep,
+            f"brackets nested more than {MAX_NESTING} deep",
+            "environment files nest a few levels; write the value out flat",
         )
     try:
         return _yaml().load(text)
@@ -207,16 +213,7 @@ def parse_yaml(text: str, source: str) -> Any:
         fix = "fix the YAML syntax at that position"
         if "duplicate key" in problem:
             fix = "each key may appear once per mapping; remove one of them"
-        raise SpecError(
-            SpecIssue(
-                source,
-                line=line,
-                column=col,
-                field="",
-                message=f"malformed YAML: {problem}",
-                fix=fix,
-            )
-        ) from exc
+        raise _malformed(source, (line, col), problem, fix) from exc
     except Exception as exc:  # YAMLError, RecursionError, and the parser's own slips
         # ('-_' raises IndexError inside it): bad input is a spec error, never a traceback
         raise SpecError(

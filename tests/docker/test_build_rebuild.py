@@ -157,19 +157,17 @@ def test_up_with_several_builds_once_and_keeps_stdout_for_ids(project: Path) -> 
             orch("down", ident)
 
 
-def test_spawns_starting_together_build_once(project: Path) -> None:
+def _builds(caplog: pytest.LogCaptureFixture) -> int:
+    """How many builds began since the log was last cleared."""
+    return len([m for m in caplog.messages if m.startswith("building ")])
+
+
+def test_spawns_starting_together_build_once(
+    project: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Without `prepare` (a pool's members, a caller's threads): one build, the others wait
     and take its image."""
-    records: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    logger = logging.getLogger("orchestrator.build")
-    handler, level = Keep(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    caplog.set_level(logging.INFO, logger="orchestrator.build")
     results: list[object] = []
 
     def one() -> None:
@@ -179,17 +177,13 @@ def test_spawns_starting_together_build_once(project: Path) -> None:
         except Exception as exc:
             results.append(exc)
 
-    try:
-        threads = [threading.Thread(target=one) for _ in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
     assert results == ["yes\n"] * 3
-    assert len([r for r in records if r.startswith("building ")]) == 1
+    assert _builds(caplog) == 1
 
 
 def test_a_terminal_shows_the_build_under_the_spinner_not_through_it(project: Path) -> None:
@@ -253,33 +247,20 @@ def test_json_and_ids_stay_on_stdout_when_building(project: Path) -> None:
 
 
 def test_a_context_too_large_to_hash_is_built_through_the_cache_once_per_process(
-    project: Path, monkeypatch: pytest.MonkeyPatch
+    project: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from orchestrator import prepare
     from orchestrator.backends.docker import fingerprint
 
     monkeypatch.setattr(fingerprint, "WALK_FILES", 1)  # this context is "too large" now
-    records: list[str] = []
+    caplog.set_level(logging.INFO, logger="orchestrator.build")
 
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
+    def builds(build: BuildChoice = "auto") -> int:
+        caplog.clear()
+        prepare(project / "env.yaml", build=build)
+        return _builds(caplog)
 
-    logger = logging.getLogger("orchestrator.build")
-    handler, level = Keep(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-
-        def builds(build: BuildChoice = "auto") -> int:
-            records.clear()
-            prepare(project / "env.yaml", build=build)
-            return len([r for r in records if r.startswith("building ")])
-
-        assert builds() == 1  # not known to be up to date: the engine builds it
-        assert builds() == 0  # once per process
-        assert builds(build="always") == 1
-        assert builds(build="never") == 0
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    assert builds() == 1  # not known to be up to date: the engine builds it
+    assert builds() == 0  # once per process
+    assert builds(build="always") == 1
+    assert builds(build="never") == 0
