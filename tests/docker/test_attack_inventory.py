@@ -209,7 +209,7 @@ def test_cli_snapshot_of_a_huge_sparse_file_is_refused_within_bounds(
     )
     assert r.returncode != 0
     assert "more than the limit of 4194304 bytes" in r.stderr, r.stderr
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 60  # packing 2 GB of zeros would take minutes
     assert not (tmp_path / "big.tar").exists()
 
 

@@ -241,7 +241,10 @@ def test_reaper_removes_projects_of_dead_owners_only(make_env: MakeEnv) -> None:
     ).stdout.strip()
     with spawn_runtime(path) as mine:
         removed = reap()
-        assert orphan in removed and mine.info().id not in removed
+        assert mine.info().id not in removed
+        # every process's reaper removes projects of dead owners: another test process's
+        # may have been first (then the orphan is gone already)
+        assert orphan in removed or project_objects(orphan) == []
         assert mine.execute("echo still").stdout == "still\n"
     assert project_objects(orphan) == []
 

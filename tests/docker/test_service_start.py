@@ -156,9 +156,11 @@ def test_a_job_that_never_ends_fails_at_the_up_timeout(
 
 
 def test_a_sidecar_that_dies_later_leaves_the_main_sandbox_usable(make_env: MakeEnv) -> None:
-    path = make_env("services:\n" + _service("db", "sleep 3; exit 5"))
+    dies = "while [ ! -e /tmp/die ]; do sleep 0.1; done; exit 5"  # when told, after the start
+    path = make_env("services:\n" + _service("db", dies))
     with spawn_runtime(path) as rt:
         db = rt.service("db")
+        db.execute("touch /tmp/die", check=True)
         deadline = time.monotonic() + 30
         while _runs(db):
             assert time.monotonic() < deadline, "db did not die"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -222,17 +222,22 @@ HOSTILE = {
 }
 
 
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_file_gets_a_bounded_answer_quickly(tmp_path: Path, case: str) -> None:
     text, says = HOSTILE[case]
     write(tmp_path, text)
-    began = time.monotonic()
+    began = _children_cpu()  # CPU time, not wall time: the machine may be busy
     done = cli("validate", "--json", "env.yaml", cwd=tmp_path)
-    took = time.monotonic() - began
+    took = _children_cpu() - began
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     issues = json.loads(done.stdout)["issues"]
     assert 1 <= len(issues) <= 51  # MAX_ISSUES, and the count of the rest
     assert any(says in i["message"] for i in issues), issues[-3:]
-    assert took < 6, f"{case}: {took:.1f}s"
+    assert took < 8, f"{case}: {took:.1f} s of CPU"
     assert len(done.stdout) < 100_000
