@@ -34,6 +34,7 @@ from orchestrator.errors import (
 from orchestrator.procutil import F_SETPIPE_SZ
 from orchestrator.sandbox import unpack
 from orchestrator.sandbox.options import FILE_LIMIT_ENV
+from orchestrator.sandbox.streams import ArchiveStream, Feeder
 
 # Exit codes of the file helper scripts below.
 _NOT_FOUND, _IS_DIR, _DENIED, _TOO_BIG = 2, 21, 13, 27
@@ -100,10 +101,23 @@ _NOT_DIR = 20
 
 # A reset: the folder emptied (whatever its modes), then an archive unpacked in it with the
 # owners it records (run as root in a container, so those are the owners at packing time).
+# The old content is first moved (renamed, never followed) into a new folder of its own
+# inside, removed while tar unpacks beside it, and waited for: the folder holds the
+# archive's entries alone once the command ends. Where that folder cannot be made (its name
+# taken: the content chose it), or something did not move, it is removed first, as before.
 REPLACE = (
     'd=$1; [ -d "$d" ] || exit 20; chmod -R u+rwX -- "$d" 2>/dev/null; '
-    'rm -rf -- "$d"/* "$d"/.[!.]* "$d"/..?* || exit 13; '
-    'tar -x -f - -C "$d" || exit 13'
+    'o="$d/.orchestrator-old.$$"; r=; '
+    'if mkdir -m 700 -- "$o" 2>/dev/null; then '
+    'mv -f -- "$d"/* "$d"/.[!.]* "$d"/..?* "$o/" 2>/dev/null; '
+    'rm -rf -- "$o" & r=$!; '
+    'for e in "$d"/* "$d"/.[!.]* "$d"/..?*; do '
+    '[ "$e" = "$o" ] || { [ ! -e "$e" ] && [ ! -L "$e" ]; } || { wait $r; r=; break; }; '
+    "done; fi; "
+    'if [ -z "$r" ]; then rm -rf -- "$d"/* "$d"/.[!.]* "$d"/..?* || exit 13; fi; '
+    'tar -x -f - -C "$d"; t=$?; '
+    'if [ -n "$r" ]; then wait $r || t=13; fi; '
+    "[ $t = 0 ] || exit 13"
 )
 
 
@@ -144,7 +158,7 @@ def _entries(folder: Path) -> list[Path]:
 STREAM_CHUNK = 1 << 20
 
 
-class PackStream:
+class PackStream(ArchiveStream):
     """A local folder as a tar stream, packed while it is sent (by the host's tar, or where
     there is none a thread writing Python's tarfile into a pipe), so packing and sending
     overlap and the archive is never whole in memory. Modes and symlinks are kept as they
@@ -209,7 +223,7 @@ class PackStream:
         return None if tar is None else TarInto(self, tar, fd)
 
 
-class TarInto:
+class TarInto(Feeder):
     """The host's tar packing a PackStream's folder into a file descriptor."""
 
     def __init__(self, stream: PackStream, tar: str, fd: int) -> None:

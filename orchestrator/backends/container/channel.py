@@ -39,6 +39,7 @@ from orchestrator.procutil import F_SETPIPE_SZ
 from orchestrator.sandbox import files
 from orchestrator.sandbox.options import Chunks, Command
 from orchestrator.sandbox.results import Outcome, StreamKind
+from orchestrator.sandbox.streams import ArchiveStream, Feeder
 
 log = logging.getLogger("orchestrator.docker")
 READY_TIMEOUT = 15.0
@@ -152,11 +153,11 @@ class Channel:
     # ----- commands ----------------------------------------------------------------------------
     def run(self, cmd: Command, *, bulk: bool = False) -> Chunks:
         """Run one command. `bulk`: a folder's archive, out (the command prints it) or in
-        (its stdin a files.PackStream), through a FIFO where one works; otherwise an
+        (its stdin a streams.ArchiveStream), through a FIFO where one works; otherwise an
         archive out goes by plain exec, whose output crosses one process less than through
         the executor, which matters for 100 MB more than the exec's start-up does."""
         if bulk and self._fifo_works(cmd):
-            stream = cmd.stdin if isinstance(cmd.stdin, files.PackStream) else None
+            stream = cmd.stdin if isinstance(cmd.stdin, ArchiveStream) else None
             routed = yield from (
                 self._out_by_fifo(cmd) if stream is None else self._in_by_fifo(cmd, stream)
             )
@@ -227,7 +228,7 @@ class Channel:
         return self._routed(outcome)
 
     def _in_by_fifo(
-        self, cmd: Command, stream: files.PackStream
+        self, cmd: Command, stream: ArchiveStream
     ) -> Generator[tuple[StreamKind, bytes], None, Outcome | None]:
         """The command's input through a FIFO the host's tar writes into; None as above."""
         assert self._shared is not None
@@ -356,7 +357,7 @@ class _Fifo:
                 os.close(self.fd)
                 self.fd = -1
 
-    def release_when_read(self, packer: files.TarInto) -> None:
+    def release_when_read(self, packer: Feeder) -> None:
         """Once the packer has exited, wait until nothing it wrote is left unread, then
         close our end: the reader's end of file. (A reader that opens only after that, as
         when the packer failed at once, gets it at once: the executor opens without waiting

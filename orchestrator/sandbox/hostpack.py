@@ -1,0 +1,102 @@
+"""A folder of this machine that a sandbox sees through a bind mount (its workspace), packed
+by the host's tar straight into a file (a snapshot's archive): tar writes into a pipe, which
+the kernel moves into the file (splice), so the archive never passes through this process's
+memory, and is counted as it goes: past the limit, tar is stopped and the file removed.
+Packing only reads the folder and never follows a link in it (tar stores links as links,
+FIFOs and devices as entries, never reading them), so its content being hostile does no
+harm here; what it holds is judged when it is unpacked (sandbox/unpack.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from orchestrator.errors import OrchestratorError, OutputLimitExceeded
+from orchestrator.procutil import F_SETPIPE_SZ
+from orchestrator.sandbox import files
+from orchestrator.sandbox.options import FILE_LIMIT_ENV
+
+CHUNK = 1 << 20
+PART = ".part"
+"""Suffix of an archive being written (beside where it goes, moved there once whole)."""
+
+
+def new_part(folder: Path) -> tuple[int, Path]:
+    """A new, private (0600) file in `folder` for an archive being written."""
+    fd, name = tempfile.mkstemp(prefix=".snapshot-", suffix=PART, dir=folder)
+    return fd, Path(name)
+
+
+def pack_to_file(folder: Path, into: Path, limit: int) -> Path | None:
+    """`folder` packed by the host's tar into a new file in the folder `into` (returned: the
+    caller moves it into place, or removes it). Past `limit` bytes, OutputLimitExceeded (the
+    file, which never held more than one byte over, is gone). None, with nothing left
+    behind, where the host cannot pack it whole (no tar, or an entry it may not read): the
+    sandbox packs it then."""
+    tar = shutil.which("tar")
+    if tar is None or not folder.is_dir():
+        return None
+    fd, path = new_part(into)
+    keep = False
+    try:
+        with tempfile.TemporaryFile() as errors:
+            proc = subprocess.Popen(
+                files._tar_argv(tar, folder), stdout=subprocess.PIPE, stderr=errors, bufsize=0
+            )
+            assert proc.stdout is not None
+            try:
+                with contextlib.suppress(OSError):  # bigger moves where Linux allows it
+                    fcntl.fcntl(proc.stdout.fileno(), F_SETPIPE_SZ, CHUNK)
+                _move(proc.stdout.fileno(), fd, limit, folder)
+            finally:
+                proc.stdout.close()
+                if proc.poll() is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.5)  # tar ends once all it wrote is read
+                    proc.kill()  # stopped early (over the limit): tar stops too
+                proc.wait()
+        keep = proc.returncode == 0
+        return path if keep else None
+    except OrchestratorError:
+        raise
+    except OSError as exc:
+        raise OrchestratorError(f"cannot write the archive of {folder} in {into}: {exc}") from exc
+    finally:
+        os.close(fd)
+        if not keep:
+            path.unlink(missing_ok=True)
+
+
+def _move(src: int, dst: int, limit: int, folder: Path) -> None:
+    """Everything from the pipe `src` into the file `dst`, at most `limit` bytes."""
+    total, spliced = 0, True
+    while True:
+        want = min(CHUNK, limit + 1 - total)
+        if spliced:
+            try:
+                moved = os.splice(src, dst, want)
+            except OSError as exc:  # a file system without splice: by hand
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                spliced = False
+                continue
+        else:
+            data = os.read(src, want)
+            moved = len(data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(dst, view) :]
+        if moved == 0:
+            return
+        total += moved
+        if total > limit:
+            raise OutputLimitExceeded(
+                f"{folder} packs to more than the limit of {limit} bytes (pass limit= or set "
+                f"{FILE_LIMIT_ENV})"
+            )
