@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=32, help="starts in flight at most")
     args = parser.parse_args()
     os.environ["ORCHESTRATOR_STATE_DIR"] = str(scratch("orch-scale-"))
+    os.environ["ORCHESTRATOR_ADMISSION"] = "0"  # all of them at once is the point here
     env = load_environment_text(ENV)
     failures: list[str] = []
     starts: list[float] = []

@@ -52,6 +52,31 @@ def whole(name: str, default: int, *, unit: str = "bytes", low: int = 1, high: i
     return default if value is None else value
 
 
+def amount(name: str, default: float, *, unit: str) -> float:
+    """A number that may be 0 (`unit` only words the error)."""
+    value = _read(name, float, lambda v: 0 <= v < float("inf"), f"0 or a positive number of {unit}")
+    return default if value is None else value
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def _size(raw: str) -> int:
+    unit = raw[-1].lower() if raw[-1].isalpha() else ""
+    if unit not in _SIZE_UNITS:
+        raise ValueError(raw)
+    value = float(raw[: -1 if unit else None]) * _SIZE_UNITS[unit]
+    if not 0 <= value < 2**63:  # also inf and nan
+        raise ValueError(raw)
+    return int(value)
+
+
+def size(name: str, default: int) -> int:
+    """A positive size in bytes, written as 512m, 2g, 1.5G or 1048576."""
+    value = _read(name, _size, lambda v: 0 < v < 2**63, "a size like 512m, 16g or 1048576")
+    return default if value is None else value
+
+
 def network(name: str, default: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     value = _read(name, ipaddress.ip_network, lambda _: True, "a network like 10.213.0.0/16")
     return ipaddress.ip_network(default) if value is None else value

@@ -53,6 +53,9 @@ class Bar:
     def update(self, completed: int, description: str | None = None) -> None:
         self._progress.update(self._task, completed=completed, description=description)
 
+    def describe(self, description: str) -> None:
+        self._progress.update(self._task, description=description)
+
 
 Moved: TypeAlias = "list[tuple[logging.StreamHandler[Any], Any]]"
 """Log handlers moved to write through a live display, each with the stream it had."""
@@ -192,3 +195,71 @@ def _live_when(view: _BuildView, console: Console, eager: bool) -> Iterator[None
             _logs_back(moved)
         if waiter is not None:
             waiter.join(1.0)
+
+
+ADMISSION_LOG = "orchestrator.admission"
+"""The library's logger of spawns waiting for room (see orchestrator/sandbox/admission.py)."""
+PLAIN_EVERY = 10.0
+"""Seconds between two plain progress lines about waiting for room, off a terminal."""
+
+
+class _AdmissionView(logging.Handler):
+    """The latest "waiting for room: ..." line: drawn in place on a terminal (in `bar`'s
+    description when a bar is live, else a spinner of its own, gone once admitted), plain
+    lines at most every PLAIN_EVERY seconds otherwise."""
+
+    def __init__(self, console: Console, bar: Bar | None, description: str) -> None:
+        super().__init__(logging.INFO)
+        self.console, self.bar, self.description = console, bar, description
+        self.live: Live | None = None
+        self.spinner = Spinner("dots", style="yellow")
+        self.guard = threading.Lock()
+        self.printed = 0.0
+        self.moved: Moved = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line, done = record.getMessage(), bool(getattr(record, "admission_done", False))
+        with self.guard:
+            if not self.console.is_terminal:
+                now = time.monotonic()
+                if not done and now - self.printed >= PLAIN_EVERY:
+                    self.printed = now
+                    print(line, file=sys.stderr, flush=True)
+            elif self.bar is not None:
+                self.bar.describe(self.description if done else f"{self.description} ({line})")
+            elif done:
+                self.stop()
+            else:
+                self.spinner.update(text=line)
+                if self.live is None:
+                    self.live = Live(
+                        self.spinner, console=self.console, transient=True, redirect_stdout=False
+                    )
+                    self.live.start()
+                    self.moved = _logs_above()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            _logs_back(self.moved)
+            self.live, self.moved = None, []
+
+
+@contextlib.contextmanager
+def admission_progress(bar: Bar | None = None, description: str = "") -> Iterator[None]:
+    """While the block runs, show spawns waiting for room on this host: "waiting for room:
+    N ahead, X GiB of Y GiB admitted" (in `bar`, restored to `description` once admitted)."""
+    logger = logging.getLogger(ADMISSION_LOG)
+    view = _AdmissionView(stderr_console(), bar, description)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(view)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(view)
+        logger.setLevel(level)
+        logger.propagate = propagate
+        with view.guard:
+            view.stop()

@@ -1,0 +1,246 @@
+"""Admission by capacity: a spawn starts only while the host has room for it.
+
+Each environment asks for the sum of its containers' declared `resources.memory` (the main
+sandbox and every service; ORCHESTRATOR_DEFAULT_MEMORY, 512m, for each that declares none)
+and of their declared `resources.cpus` (ORCHESTRATOR_DEFAULT_CPUS, 0, for each that declares
+none: a container without a CPU limit reserves no core, and counting a whole one would cap a
+2-core host at two idle environments). It is admitted while what is admitted plus it stays
+within the budget: ORCHESTRATOR_MAX_MEMORY (default 75% of MemTotal) and
+ORCHESTRATOR_MAX_CPUS (default the host's CPU count). The others wait in a queue, first come
+first admitted: only the head of the queue may be admitted, so a large request is never
+starved by a stream of small ones. A request larger than the whole budget fails at once
+(UsageError); a wait past ORCHESTRATOR_ADMISSION_TIMEOUT (600 s) raises AdmissionTimeout.
+ORCHESTRATOR_ADMISSION=0 turns admission off.
+
+The queue is machine-wide for one user: the ledger (sandbox/ledger.py) is a private folder
+of tickets under the state folder, shared by every process of that user (and state folder).
+Another user's processes have their own ledger and budget (documented limit: give each user
+its share with ORCHESTRATOR_MAX_MEMORY). A ticket is released when its environment is
+cleaned up; a detached one (`orchestrator up`) is held by its project folder until `down`;
+a dead process's tickets are dropped. While it waits, a spawn logs a progress record to
+ADMISSION_LOG about every second (the CLI draws it)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from orchestrator import settings
+from orchestrator.errors import AdmissionTimeout, UsageError
+from orchestrator.sandbox.ledger import Ledger, Ticket
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import Resources, size_bytes
+
+ADMISSION_ENV = "ORCHESTRATOR_ADMISSION"
+MAX_MEMORY_ENV = "ORCHESTRATOR_MAX_MEMORY"
+MAX_CPUS_ENV = "ORCHESTRATOR_MAX_CPUS"
+DEFAULT_MEMORY_ENV = "ORCHESTRATOR_DEFAULT_MEMORY"
+DEFAULT_CPUS_ENV = "ORCHESTRATOR_DEFAULT_CPUS"
+TIMEOUT_ENV = "ORCHESTRATOR_ADMISSION_TIMEOUT"
+ADMISSION_LOG = "orchestrator.admission"
+"""The logger of waiting spawns' progress (INFO records; `admission_done` on the last)."""
+MEMORY_SHARE = 0.75
+"""Share of the host's memory admitted by default."""
+POLL = 0.1
+"""Seconds between two looks at the ledger while waiting (a release in this process wakes
+its waiters at once)."""
+RECHECK = 1.0
+"""Seconds after which a waiter looks at every ticket again though none changed (to find
+holders that died)."""
+COARSE_NS = 50_000_000
+"""A folder's change time is coarse (a few ms): one this recent is looked at again anyway."""
+REPORT_EVERY = 1.0
+"""Seconds between two progress records of one waiting spawn (sooner when its place moves)."""
+GiB = 1024**3
+EPSILON = 1e-9
+
+log = logging.getLogger(ADMISSION_LOG)
+_released = threading.Condition()
+
+
+@dataclass(frozen=True)
+class Amounts:
+    memory: int
+    """Bytes."""
+    cpus: float
+
+    def fits(self, used: Amounts, budget: Amounts) -> bool:
+        return (
+            used.memory + self.memory <= budget.memory
+            and used.cpus + self.cpus <= budget.cpus + EPSILON
+        )
+
+    def words(self) -> str:
+        return f"{gib(self.memory)} GiB of memory and {self.cpus:g} CPUs"
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.3g}"
+
+
+def enabled() -> bool:
+    return settings.flag(ADMISSION_ENV, True)
+
+
+def host_memory() -> int:
+    """MemTotal of /proc/meminfo in bytes (the physical pages where there is none)."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh.read(64 * 1024).splitlines():
+                if line.startswith(b"MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def budget() -> Amounts:
+    """What may be admitted at once (ORCHESTRATOR_MAX_MEMORY, ORCHESTRATOR_MAX_CPUS)."""
+    memory = settings.size(MAX_MEMORY_ENV, int(host_memory() * MEMORY_SHARE))
+    cpus = settings.number(MAX_CPUS_ENV, float(os.cpu_count() or 1), unit="CPUs")
+    return Amounts(memory, cpus)
+
+
+def request(env: Environment) -> Amounts:
+    """What `env` asks for: its main sandbox's and its services' declared resources."""
+    default_memory = settings.size(DEFAULT_MEMORY_ENV, 512 * 1024**2)
+    default_cpus = settings.amount(DEFAULT_CPUS_ENV, 0.0, unit="CPUs")
+    spec = env.spec
+    each: list[Resources] = [spec.resources, *(s.resources for s in spec.services.values())]
+    memory = sum(size_bytes(r.memory) if r.memory else default_memory for r in each)
+    cpus = sum(r.cpus if r.cpus is not None else default_cpus for r in each)
+    return Amounts(memory, cpus)
+
+
+def timeout() -> float:
+    return settings.number(TIMEOUT_ENV, 600.0)
+
+
+def _sum(tickets: list[Ticket]) -> Amounts:
+    return Amounts(sum(t.memory for t in tickets), sum(t.cpus for t in tickets))
+
+
+class Admission:
+    """One admitted environment's hold on the budget: `anchor` it to the folder that stands
+    for it after this process, `release` it when it is gone (idempotent)."""
+
+    def __init__(self, ledger: Ledger, ticket: Ticket) -> None:
+        self.ledger, self.ticket = ledger, ticket
+        self._lock = threading.Lock()
+        self._released = False
+
+    def anchor(self, folder: Path | None) -> None:
+        if folder is None:
+            return
+        with self._lock:
+            if not self._released:
+                self.ticket = self.ledger.anchor(self.ticket, folder)
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            self.ledger.release(self.ticket.name)
+        with _released:
+            _released.notify_all()
+
+
+def admit(env: Environment, *, wait: float | None = None) -> Admission | None:
+    """Wait (up to `wait` seconds, default ORCHESTRATOR_ADMISSION_TIMEOUT) until `env` is
+    admitted; None when admission is off. UsageError at once when it asks for more than the
+    whole budget; AdmissionTimeout past the wait."""
+    if not enabled():
+        return None
+    want, limit = request(env), budget()
+    if not want.fits(Amounts(0, 0.0), limit):
+        raise UsageError(
+            f"{env.name} asks for {want.words()} (its containers' resources, "
+            f"{DEFAULT_MEMORY_ENV} for each that declares no memory), more than this host "
+            f"admits at once ({limit.words()}): declare less, or raise {MAX_MEMORY_ENV} / "
+            f"{MAX_CPUS_ENV} (or set {ADMISSION_ENV}=0)"
+        )
+    seconds = timeout() if wait is None else wait
+    ledger = Ledger()
+    ticket = ledger.enqueue(want.memory, want.cpus, env.name)
+    try:
+        return Admission(ledger, _wait(ledger, ticket, want, limit, seconds))
+    except BaseException:
+        ledger.release(ticket.name)
+        with _released:
+            _released.notify_all()  # those behind it move up
+        raise
+
+
+def _wait(ledger: Ledger, mine: Ticket, want: Amounts, limit: Amounts, seconds: float) -> Ticket:
+    deadline = time.monotonic() + seconds
+    last: tuple[int, int] | None = None
+    reported = 0.0
+    seen, looked = -1, 0.0
+    while True:
+        changed, now = ledger.changed(), time.monotonic()
+        if changed != seen or now - looked >= RECHECK or time.time_ns() - changed < COARSE_NS:
+            seen, looked = changed, now
+            ahead, used = _look(ledger, mine, want, limit)
+            if ahead < 0:
+                if last is not None:
+                    log.info("admitted %s", mine.env, extra={"admission_done": True})
+                return replace(mine, admitted=True)
+        if now >= deadline:
+            raise _timed_out(mine, want, limit, seconds, ledger, ahead)
+        if (ahead, used.memory) != last or now - reported >= REPORT_EVERY:
+            last, reported = (ahead, used.memory), now
+            log.info(
+                "waiting for room: %d ahead, %s GiB of %s GiB admitted",
+                ahead,
+                gib(used.memory),
+                gib(limit.memory),
+                extra={"admission_ahead": ahead, "admission_done": False},
+            )
+        with _released:
+            _released.wait(max(0.0, min(POLL, deadline - now)))
+
+
+def _look(ledger: Ledger, mine: Ticket, want: Amounts, limit: Amounts) -> tuple[int, Amounts]:
+    """Admit `mine` if it heads the queue and fits: (-1, used) then; else (how many wait
+    ahead of it, what is admitted)."""
+    with ledger.locked():
+        tickets = ledger.read()
+        if not any(t.name == mine.name for t in tickets):
+            ledger.write(mine)  # removed under us (by hand?): back in its place
+            tickets = sorted([*tickets, mine], key=lambda t: (t.seq, t.name))
+        admitted = [t for t in tickets if t.admitted]
+        waiting = [t for t in tickets if not t.admitted]
+        ahead = [t.name for t in waiting].index(mine.name)
+        used = _sum(admitted)
+        if ahead == 0 and want.fits(used, limit):
+            ledger.write(replace(mine, admitted=True))
+            return -1, used
+        return ahead, used
+
+
+def _timed_out(
+    mine: Ticket, want: Amounts, limit: Amounts, seconds: float, ledger: Ledger, ahead: int
+) -> AdmissionTimeout:
+    admitted = [t for t in ledger.snapshot() if t.admitted]
+    used = _sum(admitted)
+    counts: dict[str, int] = {}
+    for t in admitted:
+        counts[t.env] = counts.get(t.env, 0) + 1
+    names = ", ".join(f"{n} x{c}" for n, c in sorted(counts.items())[:10]) or "none"
+    return AdmissionTimeout(
+        f"{mine.env} (asking {want.words()}) found no room within {seconds:g} s: "
+        f"{used.words()} of the budget of {limit.words()} are admitted to {len(admitted)} "
+        f"environments ({names}), {ahead} more waiting ahead. Wait for some to end "
+        f"(`orchestrator ps`, `orchestrator down`), raise {MAX_MEMORY_ENV} / {MAX_CPUS_ENV}, "
+        f"or allow a longer wait with {TIMEOUT_ENV}"
+    )
+
+
+def admitted() -> list[Ticket]:
+    """The tickets admitted now, in queue order (for tests and diagnostics)."""
+    return [t for t in Ledger().snapshot() if t.admitted]
