@@ -69,8 +69,15 @@ class LocalRuntime(Runtime):
         "user": "commands run as the host user; another uid needs the caller to be root",
         "oom": "no memory limit, so nothing is reported as out-of-memory",
         "services": "no extra containers: a file's services are ignored (with a warning)",
+        "suspend-filesystem": "suspend saves the workspace only: the host's filesystem is "
+        "not the sandbox's, and there are no services",
         "static-read-only-as-root": "static assets are read-only by file mode only, which "
         "does not stop root",
+        "pause-freezer": "pause stops its processes with SIGSTOP (SIGCONT on resume), not a "
+        "cgroup freezer: any process of the host user can continue them",
+        "pause-in-flight": "a command running when the environment is paused waits, stopped, "
+        "until resume or its own timeout, instead of failing with SandboxPaused (no executor "
+        "stands between it and the caller)",
     }
 
     def __init__(self, env: Environment, options: SpawnOptions) -> None:
@@ -159,6 +166,37 @@ class LocalRuntime(Runtime):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.02)
+
+    # ----- pause / resume: SIGSTOP and SIGCONT (see `deviations`) --------------------------
+    def _pause(self) -> None:
+        self._signal_all(signal.SIGSTOP)
+
+    def _resume(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
+    def _frozen(self) -> bool:
+        return self._paused  # no other process reaches this environment
+
+    def _signal_all(self, sig: int) -> None:
+        """Signal each running command's process group, then every process carrying this
+        runtime's mark (daemons that left their command's tree), in passes until three in a
+        row find none new: a process forking while a pass read /proc has a child that pass
+        never saw (after a second, give up)."""
+        with self._procs_lock:
+            leaders = [proc.pid for proc in self._procs]
+        for pid in leaders:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, sig)
+        seen: set[int] = set()
+        deadline, quiet = time.monotonic() + 1.0, 0
+        while quiet < 3 and time.monotonic() < deadline:
+            found = set(procutil.marked(self._mark.encode())) - seen
+            quiet = 0 if found else quiet + 1
+            for pid in found:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            seen |= found
+            time.sleep(0.005)
 
     def _poll(self) -> int | None:
         """Alive until kill(); then down (128+SIGKILL) once no process of it is left."""

@@ -144,10 +144,13 @@ class EnvironmentStatus:
     owner: str
     """The process that uses it ("detached" for `orchestrator up`)."""
     state: str
-    """The states of its containers, comma-separated ("no containers" when none)."""
+    """The states of its containers, comma-separated ("no containers" when none): "paused"
+    for those frozen by `pause` (`orchestrator resume ID` lets them run on)."""
     containers: int
     networks: int
     ports: tuple[PublishedPort, ...]
     """Published ports of every service."""
     pool: str = ""
     """"<pool id> <state>" for a member of a warm pool (ready, in-use, claimed), else ""."""
+    paused: bool = False
+    """Whether it is paused (`rt.pause()`, `orchestrator pause`): a container of it is."""

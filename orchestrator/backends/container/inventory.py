@@ -206,6 +206,7 @@ def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectSt
             networks=len(p.networks),
             ports=tuple(p.ports),
             pool=" ".join(membership(p.directory) or ()),
+            paused=any(state == "paused" for _, _, state in p.containers),
         )
         for p in live
     ]

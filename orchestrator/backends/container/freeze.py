@@ -1,0 +1,112 @@
+"""Pause and resume of a container environment: every container of it that runs (the main
+sandbox and each service but the jobs, which have ended) frozen by its engine's cgroup
+freezer (`docker pause`), one call per engine (Compose: one; Swarm: one per node running a
+task), and thawed by `docker unpause`.
+
+Nothing in the sandbox has a say: the freezer is set from outside the container on every
+process of its cgroup at once, and a frozen process runs no instruction, so it can neither
+notice nor undo it, nor can another container of the environment (all are frozen). Memory
+stays as it is: resuming costs one engine call per engine, not a restart.
+
+All or none: when an engine refuses a container that runs, whatever was frozen is thawed
+again and the error says why. A container in the wanted state already (paused by another
+process, `orchestrator pause`) or not running at all (a service that died: nothing of it
+runs) is not an error, so `pause` and `resume` are idempotent whoever paused. Every engine
+call is bounded (ORCHESTRATOR_ENGINE_TIMEOUT)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+from orchestrator.backends.container.engine import DAEMON_DOWN, TIMED_OUT, classify, engine_timeout
+from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
+
+Groups = dict[tuple[str, ...], list[str]]
+"""Containers by the docker command that reaches their engine."""
+
+
+def pause(groups: Groups) -> None:
+    """Freeze every container of `groups`; all or none (see the module)."""
+    done: list[tuple[tuple[str, ...], list[str]]] = []
+    for docker_cmd, containers in groups.items():
+        done.append((docker_cmd, containers))  # a refused call may have frozen some of them
+        try:
+            _call(docker_cmd, "pause", containers)
+        except DockerError as exc:
+            if _unsettled(docker_cmd, containers, paused=True):
+                for cmd, undo in done:  # thaw what was frozen, then say why
+                    with contextlib.suppress(OrchestratorError):
+                        _call(cmd, "unpause", undo)
+                raise OrchestratorError(f"could not pause the environment: {exc}") from exc
+
+
+def resume(groups: Groups) -> None:
+    """Thaw every container of `groups` (those not paused are left as they are)."""
+    failed: DockerError | None = None
+    for docker_cmd, containers in groups.items():  # every engine, also after one failed
+        try:
+            _call(docker_cmd, "unpause", containers)
+        except DockerError as exc:
+            if _unsettled(docker_cmd, containers, paused=False):
+                failed = exc
+    if failed is not None:
+        raise OrchestratorError(f"could not resume the environment: {failed}") from failed
+
+
+def paused_states(docker_cmd: Sequence[str], containers: list[str]) -> list[tuple[bool, bool]]:
+    """(running, paused) of each container, in order (one engine call)."""
+    fmt = "{{.State.Running}} {{.State.Paused}}"
+    out = _run("inspecting the containers", [*docker_cmd, "inspect", "--format", fmt, *containers])
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    return [(row[0] == "true", row[-1] == "true") for row in rows]
+
+
+def _unsettled(docker_cmd: Sequence[str], containers: list[str], *, paused: bool) -> bool:
+    """Whether a container that runs is not in the wanted state after a refused call (a
+    container that is gone or cannot be inspected counts as unsettled)."""
+    try:
+        states = paused_states(docker_cmd, containers)
+    except OrchestratorError:
+        return True
+    if len(states) != len(containers):
+        return True
+    return any(running and is_paused != paused for running, is_paused in states)
+
+
+def _call(docker_cmd: Sequence[str], verb: str, containers: list[str]) -> None:
+    _run(f"{verb} of {len(containers)} container(s)", [*docker_cmd, verb, *containers])
+
+
+def _run(action: str, argv: list[str]) -> str:
+    """One docker CLI call (its stdout), under coreutils `timeout` where that program
+    exists (ORCHESTRATOR_ENGINE_TIMEOUT): never waiting on a hung engine for ever. Errors
+    typed by the engine module's `classify` (a subprocess, not python-on-whales: this is
+    the hot path of a resume, and its wrapper costs a third more)."""
+    bound = engine_timeout()
+    if shutil.which("timeout") is not None:
+        argv = ["timeout", "-k", "5", f"{bound:g}", *argv]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=bound + 10)
+    except FileNotFoundError as exc:
+        raise BackendUnavailable(
+            "the docker CLI is not installed (see `orchestrator doctor`)"
+        ) from exc
+    except subprocess.TimeoutExpired:
+        done = subprocess.CompletedProcess(argv, TIMED_OUT, "", "")
+    if done.returncode == 0:
+        return done.stdout
+    if any(sign in done.stderr.lower() for sign in DAEMON_DOWN):
+        raise BackendUnavailable(
+            "the Docker engine is not reachable: start it (see `orchestrator doctor`)"
+        )
+    why = (
+        "timed out (the engine did not answer in time)"
+        if done.returncode == TIMED_OUT
+        else f"failed (exit {done.returncode})"
+    )
+    raise classify(done.stderr)(
+        f"{action} {why}", command=argv, returncode=done.returncode, stderr=done.stderr
+    )
