@@ -15,6 +15,7 @@ from orchestrator._version import __version__
 
 if TYPE_CHECKING:
     from orchestrator.errors import (
+        AdmissionTimeout,
         BackendUnavailable,
         CommandFailed,
         CommandTimeout,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         SandboxFileTimeout,
         SandboxIsADirectory,
         SandboxNotADirectory,
+        SandboxPaused,
         SandboxPermissionError,
         SandboxUnavailable,
         SandboxUnsafeArchive,
@@ -62,11 +64,13 @@ if TYPE_CHECKING:
         StreamKind,
     )
     from orchestrator.sandbox.snapshot import Snapshot, list_snapshots
+    from orchestrator.sandbox.suspend import wake
     from orchestrator.spec.loader import Environment, load_environment, load_environment_text
     from orchestrator.spec.models import PublishedPort
     from orchestrator.spec.policy import Policy
 
 __all__ = [
+    "AdmissionTimeout",
     "BackendUnavailable",
     "BuildChoice",
     "CommandFailed",
@@ -94,6 +98,7 @@ __all__ = [
     "SandboxFileTimeout",
     "SandboxIsADirectory",
     "SandboxNotADirectory",
+    "SandboxPaused",
     "SandboxPermissionError",
     "SandboxUnavailable",
     "SandboxUnsafeArchive",
@@ -121,15 +126,16 @@ __all__ = [
     "remove_environment",
     "runtime_names",
     "spawn_runtime",
+    "wake",
 ]
 
 _HOME = {
     "orchestrator.errors": (
-        "BackendUnavailable CommandFailed CommandTimeout DockerError ExecutorLost "
+        "AdmissionTimeout BackendUnavailable CommandFailed CommandTimeout DockerError ExecutorLost "
         "HealthcheckFailed OrchestratorError OutputLimitExceeded PolicyError ProjectNotFound "
         "RuntimeClosed SandboxFileNotFound SandboxFileTimeout SandboxIsADirectory "
-        "SandboxNotADirectory SandboxPermissionError SandboxUnavailable SandboxUnsafeArchive "
-        "SetupFailed SpecError SpecIssue StartupError UsageError"
+        "SandboxNotADirectory SandboxPaused SandboxPermissionError SandboxUnavailable "
+        "SandboxUnsafeArchive SetupFailed SpecError SpecIssue StartupError UsageError"
     ),
     "orchestrator.sandbox.attach": "attach attachable",
     "orchestrator.sandbox.base": "Runtime Sandbox",
@@ -143,6 +149,7 @@ _HOME = {
         "Connection EnvironmentStatus ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"
     ),
     "orchestrator.sandbox.snapshot": "Snapshot list_snapshots",
+    "orchestrator.sandbox.suspend": "wake",
     "orchestrator.spec.loader": "Environment load_environment load_environment_text",
     "orchestrator.spec.models": "PublishedPort",
     "orchestrator.spec.policy": "Policy",

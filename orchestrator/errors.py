@@ -101,6 +101,11 @@ class StartupError(OrchestratorError, RuntimeError):
     """An environment failed to come up. Everything it had started was removed."""
 
 
+class AdmissionTimeout(StartupError, TimeoutError):
+    """A spawn waited for room on this host (the admission budget of memory and CPUs) past
+    ORCHESTRATOR_ADMISSION_TIMEOUT; nothing was started."""
+
+
 class SetupFailed(StartupError):
     """A setup command exited non-zero. Carries the setup output."""
 
@@ -158,6 +163,12 @@ class SandboxUnavailable(OrchestratorError, ConnectionError):
     should not grade it as the code's result."""
 
     exit_code = 3  # the CLI's "backend unavailable" class, as BackendUnavailable
+
+
+class SandboxPaused(SandboxUnavailable):
+    """The environment is paused (`rt.pause()`, `orchestrator pause`): nothing runs in it
+    until it is resumed (`rt.resume()`, `orchestrator resume ID`). Calls fail at once, a
+    command in flight within about two seconds; the environment itself is intact."""
 
 
 class OutputLimitExceeded(OrchestratorError, OSError):

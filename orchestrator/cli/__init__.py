@@ -20,7 +20,7 @@ from typer.completion import (  # type: ignore[attr-defined]  # its own options 
 )
 
 from orchestrator import __version__
-from orchestrator.cli import lifecycle, spec_cmds
+from orchestrator.cli import lifecycle, spec_cmds, state_cmds, suspend_cmds
 from orchestrator.cli.doctor import ENGINE_ENV, doctor
 from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
 
@@ -112,6 +112,10 @@ for command in (
     lifecycle.logs,
     lifecycle.shell,
     lifecycle.snapshot,
+    suspend_cmds.suspend,
+    suspend_cmds.wake,
+    state_cmds.pause,
+    state_cmds.resume,
     spec_cmds.render,
     spec_cmds.validate,
     spec_cmds.schema,

@@ -204,7 +204,7 @@ def _start_many(
     from concurrent.futures import ThreadPoolExecutor
 
     from orchestrator import prepare, spawn_runtime
-    from orchestrator.cli.progress import build_progress, progress_bar
+    from orchestrator.cli.progress import admission_progress, build_progress, progress_bar
 
     if count == 0:
         return []
@@ -224,6 +224,7 @@ def _start_many(
     runtimes: list[Runtime] = []
     with (
         progress_bar(f"starting {env.name}", count) as bar,
+        admission_progress(bar, f"starting {env.name}"),  # "waiting for room: ..." in the bar
         ThreadPoolExecutor(max_workers=min(count, 16)) as pool,
     ):
         futures = [pool.submit(one) for _ in range(count)]
@@ -310,7 +311,7 @@ def run(
     """Bring an environment up, run one command in it, take it down. The command's exit code
     becomes ours (124 on timeout)."""
     from orchestrator import spawn_runtime
-    from orchestrator.cli.progress import build_progress
+    from orchestrator.cli.progress import admission_progress, build_progress
 
     env = _load(file, backend=on, workspace=workspace.resolve() if workspace else None)
     if named is not None and command:
@@ -319,7 +320,10 @@ def run(
         known = ", ".join(sorted(env.spec.commands)) or "none"
         raise UsageError(f"{file} has no command named {named!r} (known: {known})")
     argv = _argv(command) if named is None else ""
-    with build_progress(f"building {env.name}", eager=False):  # shown only if it builds
+    with (
+        build_progress(f"building {env.name}", eager=False),  # shown only if it builds
+        admission_progress(),  # shown only while it waits for room on this host
+    ):
         started = spawn_runtime(
             env,
             workspace=workspace,

@@ -38,11 +38,12 @@ from orchestrator.errors import (
     OutputLimitExceeded,
     RuntimeClosed,
     SandboxFileTimeout,
+    SandboxPaused,
     SandboxUnavailable,
     SetupFailed,
     UsageError,
 )
-from orchestrator.sandbox import files, snapshot
+from orchestrator.sandbox import admission, files, snapshot, suspend
 from orchestrator.sandbox.options import (
     FILE_LIMIT_ENV,
     BuildChoice,
@@ -67,6 +68,7 @@ from orchestrator.sandbox.results import (
     decoder,
 )
 from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.sandbox.streams import ArchiveFile, ArchiveStream
 from orchestrator.settings import FILE_TIMEOUT_ENV, file_timeout
 from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.models import USER_RE
@@ -373,7 +375,7 @@ class Sandbox(ABC):
         target, deadline = self._path(dest), _deadline(timeout)
         cmd = self._command(files.upload_argv(target), None, b"", None, user, deadline)
         cmd = dataclasses.replace(cmd, stdin=archive)
-        _, err, outcome = self._collect(cmd, 64 * 1024, bulk=isinstance(archive, files.PackStream))
+        _, err, outcome = self._collect(cmd, 64 * 1024, bulk=isinstance(archive, ArchiveStream))
         stderr = decode(err.value())
         _raise_held(outcome, stderr, target, "upload into", deadline)
         files.raise_for_folder(outcome.exit_code, target, "upload into", stderr)
@@ -564,9 +566,12 @@ class Runtime(Sandbox):
         rt = cls(env, options or SpawnOptions())
         if rt.options.resume is not None:
             rt._check_resumable(rt.options.resume)
+        rt._admission = admission.admit(env)  # waits for room on this host (sandbox/admission)
         _live.add(rt)
         try:
             rt._start()
+            if rt._admission is not None:
+                rt._admission.anchor(rt.lasting_folder())
             if rt.options.resume is not None:
                 rt._restore(rt.options.resume)
             if not rt.options.disable_setup:
@@ -578,6 +583,8 @@ class Runtime(Sandbox):
 
     #: Found running by `orchestrator.attach`: leaving a `with` block leaves it running.
     attached: bool = False
+    #: This environment's hold on the host's admission budget (None: not admitted by us).
+    _admission: admission.Admission | None = None
 
     @classmethod
     def _attach(
@@ -602,7 +609,17 @@ class Runtime(Sandbox):
             if self._closed:
                 return
             self._closed = True
-        self._close()
+        try:
+            self._close()
+        finally:
+            if self._admission is not None:
+                self._admission.release()
+
+    def lasting_folder(self) -> Path | None:
+        """The host folder that stands for this environment beyond this object (a container
+        backend's project folder), None when it has none: its admission is held while that
+        folder exists, after this process too (a detached environment until `down`)."""
+        return None
 
     @property
     def closed(self) -> bool:
@@ -620,6 +637,61 @@ class Runtime(Sandbox):
         self._killed = True
         self._kill()
 
+    # ----- pause / resume (a backend provides _pause, _resume, _frozen) -------------------
+    #: Paused by this object (a fast refusal of calls); `paused` asks the backend.
+    _paused: bool = False
+
+    def pause(self) -> None:
+        """Freeze every process of the environment (the main sandbox and every service)
+        where it is: no CPU, memory kept, until `resume()`. Meanwhile every call that would
+        run something (execute, stream, the file calls, snapshot, service calls) raises
+        SandboxPaused at once; a command in flight raises it within about two seconds, and
+        is killed when the environment resumes. info(), poll(), logs(), kill() and
+        cleanup() still work. Idempotent; raises UsageError where the backend cannot."""
+        self._check_usable_unpaused()
+        if not self._paused:
+            self._pause()
+            self._paused = True
+
+    def resume(self) -> None:
+        """Let a paused environment run on, its processes as they were (also one paused by
+        another process, e.g. `orchestrator pause`). Idempotent."""
+        self._check_usable_unpaused()
+        self._resume()
+        self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        """Whether the environment is paused now (by this object or another process)."""
+        self._check_open()
+        self._paused = self._frozen()
+        return self._paused
+
+    def _pause(self) -> None:
+        """Freeze every process of the environment; all or none (undo a partial pause)."""
+        raise UsageError(f"the {self.name} backend cannot pause an environment")
+
+    def _resume(self) -> None:
+        """Thaw what `_pause` froze (whoever froze it); nothing when nothing is frozen."""
+        raise UsageError(f"the {self.name} backend cannot pause an environment")
+
+    def _frozen(self) -> bool:
+        """Whether the environment is paused, as the backend sees it now."""
+        return False
+
+    def _check_usable_unpaused(self) -> None:
+        self._check_open()
+        if self._killed:
+            raise RuntimeClosed(f"runtime for {self.env.name!r} was killed")
+
+    def _check_not_paused(self) -> None:
+        """Raise SandboxPaused while this object paused the environment and it still is."""
+        if self._paused and self.paused:
+            raise SandboxPaused(
+                f"{self.env.name}: the environment is paused; nothing runs in it until it is "
+                "resumed: call rt.resume(), or run `orchestrator resume ID`"
+            )
+
     def snapshot(
         self,
         dest: str | Path | None = None,
@@ -634,15 +706,23 @@ class Runtime(Sandbox):
         (removed with the snapshot). Resume it with spawn_runtime(env, resume=snapshot).
         Take it while no command runs: the two are not one atomic copy. `timeout`: the
         sandbox packs it, and past that many seconds SandboxFileTimeout is raised."""
+        self._check_open()
+        self._check_not_paused()
         path = snapshot.archive_path(self.env.name, dest)
         limit = limit or snapshot_limit()
+        archive: bytes | Path
         if timeout is None:
-            archive = self._pack_workdir(None, limit)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            archive = self._pack_workdir_file(path.parent, None, limit)
         else:
             archive = self._pack_here(self.workdir, None, limit, timeout)
-        image = self._commit(path.with_suffix(".json")) if filesystem else ""
-        env, host = self.env, self.options.host or ""
-        return snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
+        try:
+            image = self._commit(path.with_suffix(".json")) if filesystem else ""
+            env, host = self.env, self.options.host or ""
+            return snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
+        finally:
+            if isinstance(archive, Path):
+                archive.unlink(missing_ok=True)  # (moved into place unless that failed)
 
     def _commit(self, record: Path) -> str:
         """Save the main container's filesystem as an image owned by `record`; its tag."""
@@ -650,12 +730,48 @@ class Runtime(Sandbox):
 
     def _check_resumable(self, snap: Snapshot) -> None:
         """Refuse, before anything starts, a snapshot this backend cannot resume."""
-        if snap.image:
+        if snap.images:
             raise UsageError(
-                f"snapshot {snap.name} holds a container filesystem, which only the "
+                f"snapshot {snap.name} holds container filesystems, which only the "
                 f"{snap.image_backend} backend resumes (this is {self.name}); resume it there, or "
                 "take a snapshot without filesystem=True"
             )
+
+    def suspend(self, name: str | None = None, *, keep: bool = True) -> Snapshot:
+        """Save the whole environment to disk and remove it (its memory freed): the
+        workspace, and on a container backend every container's filesystem (each service's
+        too) as images, in a record named `name` (or a fresh name) in the snapshots folder.
+        `orchestrator.wake(record.name)` starts it again under a new id. Running processes
+        are not kept (every command is killed first). `keep` (default): the record stays
+        until woken or removed, whatever becomes of this process; keep=False: it goes, with
+        its images, when this process ends. See sandbox/suspend.py."""
+        self._check_usable()
+        path = suspend.record_path(self.env.name, name)
+        images = self._commit_all(path.with_suffix(".json"))  # all at one frozen instant
+        main = images.pop(MAIN, "")
+        env, host = self.env, self.options.host or ""
+        try:
+            self._kill_processes()  # nothing changes the workspace while it is packed
+            archive = self._pack_workdir(None, snapshot_limit())
+            saved = snapshot.save(
+                archive,
+                *(env.name, env.digest, path, main, host, self.name),
+                services=images,
+                source=suspend.source_of(env),
+                suspended=True,
+                owner={} if keep else suspend.this_process(),
+            )
+        except BaseException:  # the images made go again (the environment runs on)
+            snapshot.Snapshot(path, "", "", "", 0, main, host, self.name, images).remove()
+            raise
+        self.kill()  # nothing in it is kept: no stop grace to wait for
+        self.cleanup()
+        return saved
+
+    def _commit_all(self, record: Path) -> dict[str, str]:
+        """Save every container's filesystem (by service, "main" too) as images owned by
+        `record`, at one instant; the default (no container filesystem): none."""
+        return {}
 
     @classmethod
     def reap_folder(cls, folder: Path) -> None:
@@ -680,13 +796,21 @@ class Runtime(Sandbox):
             self.warnings.append(
                 f"snapshot {snap.name} was taken from {snap.env!r} as another file; resumed anyway"
             )
-        self._unpack_here(snap.archive(), self.workdir, None)
+        with ArchiveFile(snap.path) as archive:  # read as it is sent, never whole
+            try:
+                self._unpack_here(archive, self.workdir, None)
+            except OrchestratorError:
+                if archive.error is None:
+                    raise
+            if archive.error is not None:  # the sandbox saw a cut archive; this is why
+                raise archive.error
 
     def restore(self, snap: Snapshot) -> None:
         """Put a running environment back to a snapshot: every process in it is killed (the
         environment stays up; its services are left as they are), then the working folder
         is emptied and refilled from the snapshot. No setup command runs."""
-        self.reset(snap.archive())
+        with ArchiveFile(snap.path) as archive:  # read as it is sent, never whole
+            self._refill_workdir(archive)
 
     #: Who packs and refills the workspace in a reset: someone who can read and remove
     #: whatever the commands left there (None: the default user).
@@ -703,14 +827,22 @@ class Runtime(Sandbox):
         up; its services are left as they are), then the working folder is emptied and
         refilled from the archive. Raises OrchestratorError when it cannot: then the
         environment is not fit to hand out again."""
+        self._refill_workdir(baseline)
+
+    def _refill_workdir(self, baseline: bytes | ArchiveStream) -> None:
+        """reset(), from bytes or from a stream (a snapshot's file, sent as it is read)."""
         self._check_usable()
         self._kill_processes()
         target, deadline = self._path(self.workdir), _deadline(None)
         argv = files.replace_argv(target)
-        cmd = self._command(argv, None, baseline, None, self._reset_user, deadline)
-        _, err, outcome = self._collect(cmd, 64 * 1024)
+        cmd = self._command(argv, None, b"", None, self._reset_user, deadline)
+        cmd = dataclasses.replace(cmd, stdin=baseline)
+        stream = baseline if isinstance(baseline, ArchiveStream) else None
+        _, err, outcome = self._collect(cmd, 64 * 1024, bulk=stream is not None)
         stderr = decode(err.value())
         _raise_held(outcome, stderr, target, "reset", deadline)
+        if stream is not None and stream.error is not None:
+            raise stream.error  # the sandbox saw a cut archive; this is why
         files.raise_for_folder(outcome.exit_code, target, "reset", stderr)
 
     def pool_enter(self, pool: str) -> None:
@@ -732,6 +864,12 @@ class Runtime(Sandbox):
         """The working folder as a tar stream (snapshots, pool baselines); a backend that
         can read it more directly than through a command does so."""
         return self._pack_here(self.workdir, user, limit)
+
+    def _pack_workdir_file(self, folder: Path, user: str | None, limit: int) -> bytes | Path:
+        """The working folder's archive for a snapshot: its bytes, or a new file in `folder`
+        holding it (the snapshot's folder: it is moved into place); a backend that can write
+        that file more directly than through a command does so."""
+        return self._pack_workdir(user, limit)
 
     @abstractmethod
     def _kill_processes(self) -> None:
@@ -755,9 +893,8 @@ class Runtime(Sandbox):
             raise RuntimeClosed(f"runtime for {self.env.name!r} is closed (cleanup() was called)")
 
     def _check_usable(self) -> None:
-        self._check_open()
-        if self._killed:
-            raise RuntimeClosed(f"runtime for {self.env.name!r} was killed")
+        self._check_usable_unpaused()
+        self._check_not_paused()
 
     def _setup_output(self) -> RuntimeResult | None:
         return self.setup_result

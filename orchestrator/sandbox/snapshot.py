@@ -10,7 +10,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import UsageError
@@ -47,6 +47,23 @@ class Snapshot:
     process's own engine)."""
     backend: str = ""
     """The registered backend that made `image`, and whose class removes it."""
+    services: dict[str, str] = field(default_factory=dict)
+    """A suspended environment (`Runtime.suspend`): each service's filesystem image, by
+    service name, which `wake` runs instead of the file's image (as `image` for main)."""
+    source: str = ""
+    """A suspended environment: the environment file it was started from (`wake` loads it,
+    and refuses it when its digest is no longer `digest`)."""
+    suspended: bool = False
+    """Made by `Runtime.suspend`: a whole environment, to `wake`."""
+    owner: dict[str, str] = field(default_factory=dict)
+    """A suspended environment made with `suspend(keep=False)`: the process that made it
+    (pid, start, host); once that process is gone, the record and its images are removed.
+    Empty: kept until woken or removed."""
+
+    @property
+    def images(self) -> dict[str, str]:
+        """Every filesystem image of the record, by service ("main" too)."""
+        return {**self.services, **({"main": self.image} if self.image else {})}
 
     @property
     def name(self) -> str:
@@ -68,14 +85,17 @@ class Snapshot:
         only when the image itself says it is this record's (a record is a file: it may
         name any image and any backend; what is not its own is left alone, with a
         warning)."""
-        if self.image:
+        if self.images:
             from orchestrator.sandbox.registry import get_runtime_class
 
             try:
                 backend = get_runtime_class(self.image_backend)
             except UsageError as exc:
                 log.warning(
-                    "snapshot %s: its image %s is left alone: %s", self.name, self.image, exc
+                    "snapshot %s: its images %s are left alone: %s",
+                    self.name,
+                    ", ".join(self.images.values()),
+                    exc,
                 )
             else:
                 backend.remove_snapshot_image(self)
@@ -130,9 +150,31 @@ def _load(path: Path) -> Snapshot | None:
         fields = {k: data[k] for k in ("env", "digest", "created", "size")}
         image, host = (str(data.get(k, "")) for k in ("image", "host"))
         backend = str(data.get("backend", ""))
-        return Snapshot(path=path, image=image, host=host, backend=backend, **fields)
+        services, owner = (_strings(data.get(k, {})) for k in ("services", "owner"))
+        source, suspended = str(data.get("source", "")), data.get("suspended") is True
+        return Snapshot(
+            path=path,
+            image=image,
+            host=host,
+            backend=backend,
+            services=services,
+            source=source,
+            suspended=suspended,
+            owner=owner,
+            **fields,
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _strings(value: object) -> dict[str, str]:
+    """A record's mapping of names to names (older records have none: empty); TypeError when
+    it is not one (the record is then not usable)."""
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise TypeError("not a mapping of strings")
+    return dict(value)
 
 
 def archive_path(env: str, dest: str | Path | None = None) -> Path:
@@ -146,16 +188,22 @@ def archive_path(env: str, dest: str | Path | None = None) -> Path:
 
 
 def save(
-    archive: bytes,
+    archive: bytes | Path,
     env: str,
     digest: str,
     path: Path,
     image: str = "",
     host: str = "",
     backend: str = "",
+    *,
+    services: dict[str, str] | None = None,
+    source: str = "",
+    suspended: bool = False,
+    owner: dict[str, str] | None = None,
 ) -> Snapshot:
     """Write an archive (at `path`, from archive_path) and its record (`backend`: the one
-    that made `image`)."""
+    that made `image` and `services`; `source`, `owner`: see Snapshot). `archive`: its
+    bytes, or a file already written beside `path` (hostpack), moved into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     snap = Snapshot(
@@ -163,13 +211,21 @@ def save(
         env,
         digest,
         created,
-        len(archive),
+        archive.stat().st_size if isinstance(archive, Path) else len(archive),
         image,
-        host if image else "",
-        backend if image else "",
+        host if image or services else "",
+        backend if image or services or suspended else "",
+        dict(services or {}),
+        source,
+        suspended,
+        dict(owner or {}),
     )
-    path.write_bytes(archive)
-    record = {k: v for k, v in asdict(snap).items() if k != "path"}
+    if isinstance(archive, Path):
+        os.replace(archive, path)
+    else:
+        path.write_bytes(archive)
+    fresh = ("services", "source", "suspended", "owner")  # an older record has none
+    record = {k: v for k, v in asdict(snap).items() if k != "path" and (v or k not in fresh)}
     snap.record.write_text(json.dumps(record, indent=1))
     return snap
 

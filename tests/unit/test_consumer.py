@@ -11,6 +11,7 @@ import pytest
 
 import orchestrator
 from orchestrator import (
+    AdmissionTimeout,
     BackendUnavailable,
     BuildChoice,
     CommandFailed,
@@ -38,6 +39,7 @@ from orchestrator import (
     SandboxFileTimeout,
     SandboxIsADirectory,
     SandboxNotADirectory,
+    SandboxPaused,
     SandboxPermissionError,
     SandboxUnavailable,
     SandboxUnsafeArchive,
@@ -65,6 +67,7 @@ from orchestrator import (
     remove_environment,
     runtime_names,
     spawn_runtime,
+    wake,
 )
 
 #: Errors a harness tells apart: the environment failing is not the code's result.
@@ -76,6 +79,7 @@ ENVIRONMENT_FAILED: tuple[type[OrchestratorError], ...] = (
     StartupError,
     HealthcheckFailed,
     SetupFailed,
+    AdmissionTimeout,
 )
 CALLER_ERRORS: tuple[type[OrchestratorError], ...] = (
     UsageError,
@@ -160,6 +164,12 @@ def test_a_consumer_program(tmp_path: Path) -> None:
             rt.static_path("nope")
         saved: Snapshot = rt.snapshot("consumer-snap")
         assert saved in list_snapshots()
+        rt.pause()  # frozen where it is (the local backend: SIGSTOP), until resume()
+        paused: bool = rt.paused
+        with pytest.raises(SandboxPaused):  # a SandboxUnavailable: the environment, not the code
+            rt.execute("true")
+        rt.resume()
+        assert paused and not rt.paused and rt.execute("true").ok
         backend = type(rt)
     assert backend_class(env) is get_runtime_class(env.backend) is backend
     options = SpawnOptions(workspace=tmp_path / "ws", policy=Policy(), disable_setup=True)
@@ -168,6 +178,12 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     with spawn_runtime(env, workspace=tmp_path / "resumed", resume="consumer-snap") as again:
         assert again.read_file("f.bin", text=False) == b"\x00\xff"
     saved.remove()
+    with spawn_runtime(env, workspace=tmp_path / "s", policy=Policy(allow_unisolated=True)) as up:
+        up.write_file("kept.txt", "kept")
+        record: Snapshot = up.suspend("consumer-suspended")  # saved to disk, then removed
+    assert up.closed and record.suspended
+    with wake(record.name, env=env, workspace=tmp_path / "woken") as woken:  # a new id
+        assert woken.read_file("kept.txt") == "kept" and record not in list_snapshots()
     choice: BuildChoice = "never"  # an image, not a build: nothing to build either way
     assert prepare(env, build=choice).digest == env.digest  # once before many spawns
     assert attachable(env) == []  # a local sandbox is left running for no one to attach to

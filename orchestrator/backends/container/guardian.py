@@ -94,6 +94,7 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
         orphan_folders_of,
         remove_project,
     )
+    from orchestrator.sandbox.suspend import reap_suspended
 
     removed = []
     keys = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)
@@ -103,6 +104,8 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
                 remove_project(info)
                 removed.append(info.name)
     removed += orphan_folders_of(labels)
+    owner = {"pid": labels[LABEL_OWNER_PID], "start": labels[LABEL_OWNER_START]}
+    removed += reap_suspended({**owner, "host": labels[LABEL_OWNER_HOST]})  # suspend(keep=False)
     return removed
 
 

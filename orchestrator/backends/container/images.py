@@ -7,6 +7,9 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from python_on_whales import DockerClient
@@ -25,13 +28,16 @@ LABEL_STATE = L + "snapshot.state"
 may remove it)."""
 
 
-def commit(container: str, record: Path, client: DockerClient | None = None) -> str:
+def commit(
+    container: str, record: Path, client: DockerClient | None = None, *, pause: bool = True
+) -> str:
     """Save the container's filesystem (what it changed, above its image; mounts are not
     included) as an image owned by `record`; returns its tag (unique to it). The container is paused
-    while it is copied, so what runs in it cannot change it half-way."""
+    while it is copied (unless `pause` is False: the caller paused it), so what runs in it
+    cannot change it half-way."""
     client = client or docker_client()
     tag = f"{SNAPSHOT_REPO}:{uuid.uuid4().hex[:12]}"
-    argv = [*client.client_config.docker_cmd, "commit", "--pause"]
+    argv = [*client.client_config.docker_cmd, "commit", f"--pause={str(pause).lower()}"]
     label = f"LABEL {LABEL_MANAGED}=1 {LABEL_RECORD}={json.dumps(str(record))} "
     label += f"{LABEL_STATE}={json.dumps(str(state_dir().resolve()))}"
     argv += ["--change", label, container, tag]
@@ -52,6 +58,19 @@ def remove_owned(image: str, record: Path, client: DockerClient | None = None) -
     it can write), the labels were set when we committed it. False when it is not (left
     alone) or gone already."""
     client = client or docker_client()
+    if not owned(image, record, client):
+        return False
+    remove(image, client)  # the name it was found by: an image tagged elsewhere too stays
+    return True
+
+
+def owned(image: str, record: Path, client: DockerClient | None = None) -> bool:
+    """Whether image `image` exists and its labels say it is `record`'s, made with our state
+    folder: only then may a resume run it (or a removal remove it). A record names any
+    image it likes; the labels were set when we committed it."""
+    client = client or docker_client()
+    if not image or image.startswith("-"):  # never an option of the docker command
+        return False
     try:
         found = engine_call("inspecting a snapshot image", lambda: client.image.inspect(image))
     except NoSuchImage:
@@ -59,10 +78,7 @@ def remove_owned(image: str, record: Path, client: DockerClient | None = None) -
     labels = found.config.labels or {}
     mine = labels.get(LABEL_STATE) == str(state_dir().resolve())
     labelled = labels.get(LABEL_RECORD, "")
-    if not mine or not labelled or _real(labelled) != _real(str(record)):
-        return False
-    remove(image, client)  # the name it was found by: an image tagged elsewhere too stays
-    return True
+    return mine and bool(labelled) and _real(labelled) == _real(str(record))
 
 
 def _real(path: str) -> str:
@@ -71,11 +87,17 @@ def _real(path: str) -> str:
 
 def exists(image: str, client: DockerClient | None = None) -> bool:
     client = client or docker_client()
+    if not image or image.startswith("-"):  # never an option of the docker command
+        return False
     return bool(engine_call("looking for an image", lambda: client.image.exists(image)))
 
 
 def reap_orphans(client: DockerClient | None = None) -> list[str]:
-    """Remove the snapshot images of ours whose record is gone; returns their ids."""
+    """Remove the snapshot images of ours whose record is gone (after the records of
+    suspended environments whose owner is gone: see sandbox/suspend.py); returns their ids."""
+    from orchestrator.sandbox.suspend import reap_suspended
+
+    reap_suspended()
     gone = []
     for image in orphaned(client):
         try:
@@ -91,13 +113,71 @@ def orphaned(client: DockerClient | None = None) -> list[str]:
     of another state folder are never touched)."""
     client = client or docker_client()
     ours = str(state_dir().resolve())
-    listed = engine_call(
-        "listing snapshot images", lambda: client.image.list(filters=[("label", LABEL_RECORD)])
-    )
     found = []
-    for image in listed:
-        labels = image.config.labels or {}
+    for ident, labels in labelled(LABEL_RECORD, client):
         record = labels.get(LABEL_RECORD, "")
         if labels.get(LABEL_STATE) == ours and record and not Path(record).exists():
-            found.append(image.id)
+            found.append(ident)
     return sorted(set(found))
+
+
+def labelled(label: str, client: DockerClient) -> list[tuple[str, dict[str, str]]]:
+    """(id, labels) of each image carrying `label`. Each is inspected on its own: another
+    process may remove one between the listing and the look (python-on-whales' list then
+    fails whole, and `ps` with it), and one gone meanwhile is simply not there."""
+    argv = [*client.client_config.docker_cmd, "image", "ls", "-q", "--no-trunc"]
+    argv += ["--filter", f"label={label}"]
+    listed = engine_call("listing snapshot images", lambda: run(argv))
+    found = []
+    for ident in sorted(set(str(listed or "").split())):
+        try:
+            image = engine_call("inspecting a snapshot image", partial(client.image.inspect, ident))
+        except NoSuchImage:
+            continue
+        found.append((image.id, dict(image.config.labels or {})))
+    return found
+
+
+def commit_all(
+    containers: Mapping[str, str], record: Path, client: DockerClient | None = None
+) -> dict[str, str]:
+    """Save the filesystem of every container (by service) as images owned by `record`, at
+    one instant: all running ones are paused first (one frozen moment across services, as if
+    every process had been SIGKILLed at once, which a database's files survive), committed
+    side by side, then unpaused (one the caller had paused stays paused). Returns the tags by
+    service; on any failure the images made are removed and the error raised."""
+    client = client or docker_client()
+    states = {s: _state(c, client) for s, c in containers.items()}
+    frozen = [c for s, c in containers.items() if states[s] == "running"]
+    made: dict[str, str] = {}
+    try:
+        if frozen:
+            engine_call("pausing the containers", lambda: client.container.pause(frozen))
+        with ThreadPoolExecutor(max_workers=min(4, len(containers)) or 1) as pool:
+            futures = {
+                s: pool.submit(commit, c, record, client, pause=False)
+                for s, c in containers.items()
+            }
+            errors = []
+            for service, future in futures.items():
+                try:
+                    made[service] = future.result()
+                except DockerError as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+    except BaseException:
+        for image in made.values():
+            with contextlib.suppress(DockerError):
+                remove_owned(image, record, client)
+        raise
+    finally:
+        if frozen:
+            engine_call("unpausing the containers", lambda: client.container.unpause(frozen))
+    return made
+
+
+def _state(container: str, client: DockerClient) -> str:
+    """running, paused, exited, ... (a paused container is also running to the engine)."""
+    state = engine_call("inspecting a container", lambda: client.container.inspect(container).state)
+    return "paused" if state.paused else str(state.status)

@@ -9,6 +9,7 @@ and how they come and go (`_start`, `_remove`, `_kill_containers`, `_state`, `_l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -22,7 +23,7 @@ from typing import Any, ClassVar, cast, get_args
 from python_on_whales.utils import run
 
 from orchestrator import procutil, settings
-from orchestrator.backends.container import copyin, membership
+from orchestrator.backends.container import copyin, freeze, membership
 from orchestrator.backends.container.channel import Channel, Mode
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
@@ -38,6 +39,7 @@ from orchestrator.errors import (
     DockerError,
     HealthcheckFailed,
     OrchestratorError,
+    SandboxPaused,
     SandboxUnavailable,
     SpecError,
     SpecIssue,
@@ -177,6 +179,9 @@ class ContainerRuntime(Runtime):
         """The folder that stands for this environment outside this process (its project
         folder; pool membership is kept there), None before it exists."""
 
+    def lasting_folder(self) -> Path | None:
+        return self._project_folder()
+
     # ----- start ---------------------------------------------------------------------------
     def _confirm_started(self) -> None:
         """The executor's greeting proves the main container runs (without one, the engine
@@ -293,6 +298,7 @@ class ContainerRuntime(Runtime):
 
     # ----- lifecycle -----------------------------------------------------------------------
     def _close(self) -> None:
+        self._thaw_to_end()
         channels = self._channels()
         for channel in channels:
             channel.shutdown()  # they exit while the containers go down; reaped below
@@ -304,6 +310,7 @@ class ContainerRuntime(Runtime):
             self._removed()
 
     def _kill(self) -> None:
+        self._thaw_to_end()
         for channel in self._channels():
             channel.close()
         self._kill_containers()
@@ -332,7 +339,7 @@ class ContainerRuntime(Runtime):
                 raise
             return f"{what} cannot be inspected ({exc.stderr.strip() or exc})"
         if state.paused:
-            return f"{what} is paused; unpause it, or take the environment down"
+            return f"{what} is paused{PAUSED}"
         if state.running:
             return None
         why = f"{state.status}, exit code {state.exit_code}"
@@ -348,7 +355,43 @@ class ContainerRuntime(Runtime):
 
     def _lost(self, service: str = MAIN) -> SandboxUnavailable | None:
         why = self._probe(service)
-        return SandboxUnavailable(f"{self.env.name}: {why}") if why else None
+        if not why:
+            return None
+        kind = SandboxPaused if why.endswith(PAUSED) else SandboxUnavailable
+        return kind(f"{self.env.name}: {why}")
+
+    # ----- pause / resume (freeze.py) ---------------------------------------------------------
+    def _frozen_groups(self) -> freeze.Groups:
+        """The containers a pause freezes (every service but the jobs, which have ended), by
+        the docker command reaching their engine."""
+        services = [MAIN, *sorted(n for n, s in self.env.spec.services.items() if not s.job)]
+        groups: freeze.Groups = {}
+        for service in services:
+            container, docker_cmd = self._locate(service)
+            groups.setdefault(tuple(docker_cmd), []).append(container)
+        return groups
+
+    def _pause(self) -> None:
+        freeze.pause(self._frozen_groups())
+
+    def _resume(self) -> None:
+        freeze.resume(self._frozen_groups())
+
+    def _frozen(self) -> bool:
+        try:
+            return bool(self._state().paused)
+        except NoSuchContainer:
+            return False
+
+    def _thaw_to_end(self) -> None:
+        """Before this process kills or removes an environment it paused: thaw it, so that
+        its tethers and executors take their word and the engine stops it at once (a
+        paused container waits out its stop timeout). Others' pauses need nothing: the
+        engine kills and removes a paused container (the guardian, the reapers, `down`)."""
+        if self._paused:
+            self._paused = False
+            with contextlib.suppress(OrchestratorError):
+                self._resume()
 
     # ----- pools ---------------------------------------------------------------------------
     def pool_enter(self, pool: str) -> None:
@@ -436,6 +479,8 @@ class ContainerRuntime(Runtime):
         return (yield from self._main.run(cmd, bulk=True))
 
 
+PAUSED = "; resume it (rt.resume(), `orchestrator resume ID`), or take the environment down"
+"""How a probe's reason ends for a paused container."""
 LOGS_TIMEOUT = 120.0
 """Seconds `logs` without `follow` may take (an engine that stopped answering)."""
 

@@ -63,6 +63,9 @@ class CompileOptions:
     main_image: str = ""
     """Run this image for the main sandbox instead of the file's image or build (a snapshot
     of a container's filesystem being resumed)."""
+    service_images: Mapping[str, str] = field(default_factory=dict)
+    """Run these images (by service) instead of the file's image or build (a suspended
+    environment being woken); services not named run as the file says."""
     private_workspace: bool = False
     """`workspace` is the private one made for this run (or a stand-in for it), not the
     caller's: no file can name it, so it is no allowed root for host paths."""
@@ -241,7 +244,7 @@ def _service(
     user = resolve_user(svc.user, opts.host_env) if svc.user else None
     return {
         "name": name,
-        "image": svc.image,
+        "image": opts.service_images.get(name) or svc.image,
         "build": None,  # fingerprinted once the policy has passed its context (compile_project)
         "command": command,
         "command_is_list": isinstance(command, list),
@@ -363,9 +366,10 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
             svc_context["mounts"] = []
     raise_if(report.issues, issues)  # every problem in one error
     for svc_context in services:  # only now: a refused context is never walked or read
-        svc_context["build"] = _build(
-            env, spec.services[svc_context["name"]].build, svc_context["name"]
-        )
+        if svc_context["name"] not in opts.service_images:
+            svc_context["build"] = _build(
+                env, spec.services[svc_context["name"]].build, svc_context["name"]
+            )
 
     user = resolve_user(spec.user, opts.host_env)
     container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)

@@ -31,7 +31,7 @@ from orchestrator.backends.docker import hooks
 from orchestrator.backends.docker.lifecycle import Project, start_project
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
-from orchestrator.sandbox import attach, files, hostfs
+from orchestrator.sandbox import attach, files, hostfs, hostpack
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
@@ -98,6 +98,7 @@ class ComposeRuntime(ContainerRuntime):
                 subnet=subnet,
                 policy=opts.policy,
                 main_image=opts.resume.image if opts.resume else "",
+                service_images=_service_images(self.env, opts.resume),
                 remote=remote,
                 build=opts.build,
             )
@@ -172,6 +173,7 @@ class ComposeRuntime(ContainerRuntime):
             self.project.down(keep=self.env.spec.keep_after_cleanup)
 
     def _removed(self) -> None:
+        self._release_images()
         if self.project is not None:
             for mount in self.project.compiled.mounts:
                 if mount.origin == "workspace" and mount.source.is_dir():
@@ -195,45 +197,89 @@ class ComposeRuntime(ContainerRuntime):
         """Where the workdir is the workspace's bind mount, the host packs that folder
         itself (packing writes nothing, so the content being untrusted does no harm); else,
         or when the host may not read all of it, the sandbox packs it."""
+        source = self._workspace_source()
+        archive = None if source is None else files.pack_host(source, limit)
+        return super()._pack_workdir(user, limit) if archive is None else archive
+
+    def _pack_workdir_file(self, folder: Path, user: str | None, limit: int) -> bytes | Path:
+        """As _pack_workdir, the host's tar writing straight into the file."""
+        source = self._workspace_source()
+        made = None if source is None else hostpack.pack_to_file(source, folder, limit)
+        return self._pack_here(self.workdir, user, limit) if made is None else made
+
+    def _workspace_source(self) -> Path | None:
+        """The host folder of the workspace's bind mount, where that is the workdir."""
         assert self.project is not None
         workdir = posixpath.normpath(self.workdir)
         for mount in self.project.compiled.mounts:
             if mount.target == workdir and mount.origin == "workspace":
-                archive = files.pack_host(mount.source, limit)
-                if archive is not None:
-                    return archive
-        return super()._pack_workdir(user, limit)
+                return mount.source
+        return None
 
     def _commit(self, record: Path) -> str:
         assert self.project is not None
         self._check_usable()
         return images.commit(self._container, record, self.project.client)
 
+    def _commit_all(self, record: Path) -> dict[str, str]:
+        assert self.project is not None
+        self._check_usable()
+        project = self.project
+        services = [MAIN, *sorted(self.env.spec.services)]
+        containers = {s: project.container_of(s) for s in services}
+        return images.commit_all(containers, record, project.client)
+
     def _check_resumable(self, snap: Snapshot) -> None:
+        """Every image the record names must be there and be the record's own (its labels
+        say so): a record is a file, and may name any image."""
         engine = docker_client(host=self.options.host) if self.options.host else None
-        if snap.image and not images.exists(snap.image, engine):
-            if snap.host != (self.options.host or ""):
+        for service, image in snap.images.items():
+            if images.owned(image, snap.record, engine):
+                continue
+            what = f"snapshot {snap.name} ({service}): its filesystem image {image}"
+            if not images.exists(image, engine) and snap.host != (self.options.host or ""):
                 where = f"the engine at {snap.host}" if snap.host else "the process's own engine"
                 raise UsageError(
-                    f"snapshot {snap.name}: its filesystem image {snap.image} is on {where}; "
-                    "resume it there (spawn_runtime(..., host=...))"
+                    f"{what} is on {where}; resume it there (spawn_runtime(..., host=...))"
+                )
+            if not images.exists(image, engine):
+                raise UsageError(
+                    f"{what} is gone (removed outside orchestrator); it cannot be resumed"
                 )
             raise UsageError(
-                f"snapshot {snap.name}: its filesystem image {snap.image} is gone "
-                "(removed outside orchestrator); it cannot be resumed"
+                f"{what} is not that record's (its labels do not name {snap.record} and this "
+                "state folder): refused; a record moved or copied by hand cannot be resumed"
             )
+        unknown = sorted(set(snap.services) - set(self.env.spec.services) - {MAIN})
+        if unknown:
+            self.warnings.append(
+                f"snapshot {snap.name} holds services the file has not ({', '.join(unknown)}): "
+                "left out"
+            )
+
+    def _release_images(self) -> None:
+        """An environment woken from a record that is gone now (`wake` consumed it) takes
+        that record's images with it: they were its own, and nothing else runs them."""
+        snap = self.options.resume
+        if snap is None or not snap.images or snap.record.exists():
+            return
+        engine = docker_client(host=self.options.host) if self.options.host else None
+        for image in snap.images.values():
+            try:
+                images.remove_owned(image, snap.record, engine)
+            except OrchestratorError as exc:  # another environment still runs it: the reaper
+                log.warning("snapshot image %s is left to the reaper: %s", image, exc)
 
     @classmethod
     def remove_snapshot_image(cls, snap: Snapshot) -> None:
         engine = docker_client(host=snap.host) if snap.host else None
-        if not images.remove_owned(snap.image, snap.record, engine) and images.exists(
-            snap.image, engine
-        ):
-            log.warning(
-                "snapshot %s names image %s, which is not its own: left alone",
-                snap.name,
-                snap.image,
-            )
+        for image in snap.images.values():
+            if not images.remove_owned(image, snap.record, engine) and images.exists(image, engine):
+                log.warning(
+                    "snapshot %s names image %s, which is not its own: left alone",
+                    snap.name,
+                    image,
+                )
 
     def _project_folder(self) -> Path | None:
         return self.project.directory if self.project else None
@@ -277,6 +323,13 @@ class ComposeRuntime(ContainerRuntime):
         assert self.project is not None
         self.project.keep()
         self.detach()
+
+
+def _service_images(env: Environment, snap: Snapshot | None) -> dict[str, str]:
+    """The services' images a woken record runs instead of the file's (those the file has)."""
+    if snap is None:
+        return {}
+    return {s: image for s, image in snap.services.items() if s in env.spec.services}
 
 
 @functools.cache

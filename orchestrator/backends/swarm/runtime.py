@@ -35,12 +35,19 @@ from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import MAIN
 
+SUSPEND_DEVIATION = (
+    "a service's filesystem would be committed on the node that ran it, and a woken "
+    "service may be placed on another node, where that image is not (it would have to go "
+    "through a registry every node can pull from); snapshot the workspace instead"
+)
+
 
 class SwarmRuntime(ContainerRuntime):
     name: ClassVar[str] = "swarm"
     deviations: ClassVar[dict[str, str]] = {
         "static-read-only-as-root": "static assets are copied into the sandbox, read-only by "
         "mode (owned by root): root in the sandbox can change them",
+        "suspend": SUSPEND_DEVIATION,
     }
     needs_image: ClassVar[bool] = True
 
@@ -186,6 +193,9 @@ class SwarmRuntime(ContainerRuntime):
         return self.stack.directory if self.stack else None
 
     # ----- snapshots (no host folder: the sandbox packs the workspace) -----------------------
+    def _commit_all(self, record: Path) -> dict[str, str]:
+        raise UsageError(f"suspend is not supported on swarm: {SUSPEND_DEVIATION}")
+
     def _commit(self, record: Path) -> str:
         raise UsageError(
             "the swarm backend snapshots the workspace only: an image committed on one node "

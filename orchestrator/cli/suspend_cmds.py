@@ -1,0 +1,58 @@
+"""`orchestrator suspend ID` and `orchestrator wake NAME`: an environment saved to disk and
+removed, then started again under a new id (see orchestrator/sandbox/suspend.py)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from orchestrator.cli.lifecycle import _attach, _complete_ids, _described, _ports_text
+from orchestrator.errors import UsageError
+
+
+def suspend(
+    ref: str = typer.Argument(
+        ..., help="Environment id (or a unique part of it).", autocompletion=_complete_ids
+    ),
+    output: str = typer.Option(
+        None, "--output", "-o", help="The record's name in the snapshots folder (default: new)."
+    ),
+) -> None:
+    """Save a running environment to disk (its workspace and every container's filesystem,
+    services too) and remove it, freeing its memory; print the record's name, which `wake`
+    takes. Running processes are not kept. The record stays until woken or removed."""
+    with _attach(ref) as rt:
+        saved = rt.suspend(output)
+    typer.echo(saved.name)
+
+
+def wake(
+    name: str = typer.Argument(..., help="A suspended environment's name (or its record's path)."),
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable output."),
+    keep_record: bool = typer.Option(
+        False, "--keep-record", help="Keep the record, to wake it again later (each a copy)."
+    ),
+) -> None:
+    """Start a suspended environment again, under a new id, and leave it running: its
+    services from their saved files, its workspace restored, then setup.resume_commands.
+    Prints its id (as `up` does); the record is removed once it is up."""
+    from orchestrator import wake as wake_
+
+    if not name:
+        raise UsageError("name a suspended environment (`orchestrator snapshot --list`)")
+    rt = wake_(name, keep_record=keep_record, detached=True)
+    try:
+        record, ports, warnings = _described(rt)
+        rt.detach()
+    except BaseException:
+        rt.cleanup()
+        raise
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if as_json:
+        typer.echo(json.dumps(record))
+    else:
+        typer.echo(record["id"])  # alone on stdout, so ID=$(orchestrator wake ...) works
+        if ports:
+            typer.echo(f"{record['id']} ports: {_ports_text(ports)}", err=True)

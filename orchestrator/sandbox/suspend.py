@@ -1,0 +1,206 @@
+"""Suspend to disk and wake: `Runtime.suspend` saves a whole environment (the workspace
+archive, and on a container backend each container's filesystem as an image, services
+too) as a snapshot record, then removes the environment; `wake` starts it again from that
+record under a new id, running `setup.resume_commands`.
+
+Running processes are not kept: a woken environment starts its services' commands anew on
+their saved files (as after a power cut: a database recovers from its own files).
+
+Who owns a suspended environment: by default nobody (it is meant to be woken later, by
+another process: it stays until woken or removed). `suspend(keep=False)` makes the
+suspending process its owner: once that process is gone (SIGKILL included), its guardian
+or the next reaper removes the record and the images the record owns."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import OrchestratorError, PolicyError, UsageError
+from orchestrator.procutil import stat_fields
+from orchestrator.sandbox import snapshot
+from orchestrator.sandbox.snapshot import SUFFIX, Snapshot, list_snapshots, snapshots_dir
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import Mount, PortMap
+from orchestrator.spec.policy import UNISOLATED_ENV, Policy
+
+if TYPE_CHECKING:
+    from orchestrator.sandbox.base import Runtime
+
+log = logging.getLogger("orchestrator.suspend")
+
+
+def record_path(env: str, name: str | None) -> Path:
+    """Where a suspended environment goes: `name` (or a fresh one) in the snapshots folder.
+    A name that is a path, or one taken already, is refused."""
+    if name is not None and (
+        not name or name in (".", "..") or any(c in name for c in "/\\\0") or name.startswith("-")
+    ):
+        raise UsageError(
+            f"{name!r} is not a name for a suspended environment: give a plain name (no "
+            f"path); it is saved in {snapshots_dir()}"
+        )
+    path = snapshot.archive_path(env, name)
+    if path.exists() or path.with_suffix(".json").exists():
+        raise UsageError(
+            f"there is a snapshot named {path.name.removesuffix(SUFFIX)!r} already: choose "
+            "another name, or remove that one (`orchestrator snapshot --rm NAME`)"
+        )
+    return path
+
+
+def source_of(env: Environment) -> str:
+    """The file an environment was loaded from, as an absolute path ("" for one loaded
+    from text: its record then needs the file given to wake it)."""
+    path = Path(env.source)
+    if not path.is_file():
+        return ""
+    return str(path.absolute())
+
+
+def this_process() -> dict[str, str]:
+    """The owner a `suspend(keep=False)` record names: this process."""
+    pid = os.getpid()
+    return {"pid": str(pid), "start": _start(pid), "host": socket.gethostname()}
+
+
+def _start(pid: int) -> str:
+    fields = stat_fields(pid)
+    return fields[19].decode() if len(fields) > 19 else ""
+
+
+def owner_alive(owner: Mapping[str, str]) -> bool:
+    """Whether a record's owner process still runs (one of another machine, or unreadable,
+    counts as alive: it is not ours to judge)."""
+    if owner.get("host") != socket.gethostname():
+        return True
+    try:
+        pid = int(owner.get("pid", ""))
+        if pid <= 0:
+            return True
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    start = owner.get("start", "")
+    return not start or _start(pid) in ("", start)
+
+
+def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
+    """Remove the suspended environments whose owner (see `suspend(keep=False)`) is gone
+    (or is exactly `owner`: its guardian, once it died), with the images each record owns;
+    return their names. Records without an owner are kept."""
+    gone = []
+    for snap in list_snapshots():
+        if not snap.owner:
+            continue
+        mine = owner is not None and all(snap.owner.get(k) == owner.get(k) for k in owner)
+        if mine or (owner is None and not owner_alive(snap.owner)):
+            try:
+                snap.remove()
+            except (OSError, OrchestratorError) as exc:  # an image in use: the next reap
+                log.warning("suspended %s is left for the next reap: %s", snap.name, exc)
+                continue
+            gone.append(f"{snap.name} (suspended; its owner is gone)")
+    return gone
+
+
+def wake(
+    ref: str | Path,
+    *,
+    env: Environment | str | Path | None = None,
+    keep_record: bool = False,
+    backend: str | None = None,
+    host: str | None = None,
+    workspace: str | Path | None = None,
+    mounts: Sequence[Mount | Mapping[str, object] | str] | None = None,
+    ports: Sequence[PortMap | Mapping[str, object] | int] | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    policy: Policy | None = None,
+    detached: bool = False,
+) -> Runtime:
+    """Start a suspended environment again (`Runtime.suspend`; `ref`: its name or its
+    record's path) under a new id: its services from their saved filesystems, its ports
+    and networks as its file says, its workspace restored, then `setup.resume_commands`.
+    The record is removed once it is up (its images go with the woken environment), unless
+    `keep_record` (wake it again later: each wake is a copy). What the suspended runtime's
+    caller gave at spawn (`mounts`, `ports`, `env_vars`, `workspace`) is not saved: give it
+    again. `env`: the file to wake it with (default: the one it was suspended from, which
+    must be unchanged). Raises UsageError for a record that cannot be woken here."""
+    from orchestrator.sandbox.registry import spawn_runtime
+
+    snap = Snapshot.find(ref)
+    policy = policy or Policy.from_env()
+    env, backend = _wake_target(snap, env, backend, host, policy)
+    rt = spawn_runtime(
+        env,
+        workspace=workspace,
+        mounts=mounts,
+        ports=ports,
+        env_vars=env_vars,
+        resume=snap,
+        backend=backend,
+        policy=policy,
+        detached=detached,
+        host=host,
+    )
+    if not keep_record:
+        consume(snap)
+    return rt
+
+
+def _wake_target(
+    snap: Snapshot,
+    env: Environment | str | Path | None,
+    backend: str | None,
+    host: str | None,
+    policy: Policy,
+) -> tuple[Environment | str | Path, str | None]:
+    """The environment file to wake `snap` with (the caller's `env`, else the file it was
+    suspended from, which must be unchanged) and the backend (the caller's, else the one
+    that suspended it). The record is input: a backend it names that runs unisolated is
+    refused unless the policy allows it, and an engine it names is never reached unless
+    the caller names it too."""
+    from orchestrator.sandbox.registry import get_runtime_class, runtime_names
+    from orchestrator.spec.loader import load_environment
+
+    if snap.host and (host or "") != snap.host:
+        raise UsageError(
+            f"{snap.name}: its images are on the engine at {snap.host}; wake it there "
+            f"(wake(..., host={snap.host!r}) / orchestrator -H {snap.host} wake)"
+        )
+    if env is None:
+        if not snap.source:
+            what = "was suspended from text" if snap.suspended else "is a snapshot"
+            raise UsageError(
+                f"{snap.name} {what}: its record names no environment file; pass the file "
+                "(wake(name, env=...))"
+            )
+        env = load_environment(Path(snap.source), backends=runtime_names)
+        if env.digest != snap.digest:
+            raise UsageError(
+                f"{snap.name}: its file {snap.source} changed since it was suspended; pass "
+                "the file to wake it with (wake(name, env=...)) to accept the change"
+            )
+    if backend is None and snap.backend:
+        cls = get_runtime_class(snap.backend)
+        if not cls.isolated and not policy.allow_unisolated:
+            raise PolicyError(
+                f"{snap.name} was suspended on backend {snap.backend!r}, which runs commands "
+                f"unisolated on this host; a record may not choose that alone: pass "
+                f"backend={snap.backend!r}, or allow it with Policy(allow_unisolated=True) / "
+                f"{UNISOLATED_ENV}=1"
+            )
+        backend = snap.backend
+    return env, backend
+
+
+def consume(snap: Snapshot) -> None:
+    """The record of a woken environment goes (its images go with the environment)."""
+    snap.path.unlink(missing_ok=True)
+    snap.record.unlink(missing_ok=True)

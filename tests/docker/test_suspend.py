@@ -1,0 +1,224 @@
+"""Suspend to disk and wake (issue 26 item 2): a whole environment, its sidecar's own files
+too, saved as images and the workspace, its containers removed, then woken under a new id."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator import (
+    PolicyError,
+    Runtime,
+    Snapshot,
+    UsageError,
+    list_snapshots,
+    reap,
+    spawn_runtime,
+    wake,
+)
+from orchestrator.backends.container import images
+from orchestrator.sandbox.snapshot import snapshots_dir
+from tests.conftest import BUSYBOX_IMAGE, labelled_ids
+from tests.docker.conftest import MakeEnv
+
+# A sidecar whose store is a file in its own filesystem (not a mount): it appends what it is
+# sent, and serves the store on a published port.
+STORE = (
+    "mkdir -p /data /www && touch /data/store && "
+    "(while true; do cp /data/store /www/store; sleep 0.2; done &) && "
+    "httpd -f -p 8080 -h /www"
+)
+BODY = f"""\
+setup:
+  commands: ['echo setup >> setup.log']
+  resume_commands: ['echo resumed >> setup.log']
+services:
+  db:
+    image: {BUSYBOX_IMAGE}
+    command: [sh, -c, {json.dumps(STORE)}]
+    ports: [{{container: 8080, host_ip: 127.0.0.1}}]
+"""
+
+
+def _containers(project: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=org.orchestrator.project={project}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+def _served(rt: Runtime) -> str:
+    """The sidecar's store, through its published port (retried while httpd starts)."""
+    [port] = [p for p in rt.info().ports if p.service == "db"]
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            url = f"http://127.0.0.1:{port.host}/store"
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return str(answer.read().decode())
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_suspend_then_wake_a_two_service_environment(make_env: MakeEnv) -> None:
+    path = make_env(BODY, name="susp")
+    with spawn_runtime(path) as rt:
+        db = rt.service("db")
+        db.execute("echo row-1 >> /data/store && echo row-2 >> /data/store", check=True)
+        rt.execute("mkdir -p /opt/tool && echo built > /opt/tool/out", user="0:0", check=True)
+        rt.write_file("work.txt", "mine\n")
+        old_id = rt.info().id
+        assert _served(rt) in ("", "row-1\nrow-2\n")
+        record = rt.suspend("susp-rec")
+        assert rt.closed
+    assert _containers(old_id) == []  # every container removed: its memory freed
+    assert record.suspended and set(record.images) == {"main", "db"}
+    assert all(images.owned(i, record.record) for i in record.images.values())
+    assert record in list_snapshots()
+    with wake(record.name) as woken:
+        assert woken.info().id != old_id
+        db = woken.service("db")
+        assert db.execute("cat /data/store").stdout == "row-1\nrow-2\n"  # the sidecar's files
+        assert woken.execute("cat /opt/tool/out work.txt").stdout == "built\nmine\n"
+        assert woken.execute("cat setup.log").stdout == "setup\nresumed\n"  # resume_commands
+        assert _served(woken) == "row-1\nrow-2\n"  # its port published again
+        assert record not in list_snapshots()  # consumed: its images go with this one
+    assert not any(images.exists(i) for i in record.images.values())
+
+
+def test_cli_suspend_and_wake(make_env: MakeEnv, tmp_path: Path) -> None:
+    cli = [sys.executable, "-m", "orchestrator"]
+    path = make_env(BODY, name="clisusp")
+    up = subprocess.run([*cli, "up", str(path)], capture_output=True, text=True, check=True)
+    ident = up.stdout.strip()
+    woken = ""
+    try:
+        subprocess.run([*cli, "exec", ident, "--", "echo cli > f.txt"], check=True)
+        done = subprocess.run(
+            [*cli, "suspend", ident, "-o", "cli-susp"], capture_output=True, text=True
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "cli-susp", done.stderr
+        assert _containers(ident) == []
+        again = subprocess.run([*cli, "wake", "cli-susp", "--json"], capture_output=True, text=True)
+        assert again.returncode == 0, again.stderr
+        woken = json.loads(again.stdout)["id"]
+        assert woken != ident and any(
+            p["service"] == "db" for p in json.loads(again.stdout)["ports"]
+        )
+        out = subprocess.run([*cli, "exec", woken, "--", "cat f.txt"], capture_output=True)
+        assert out.stdout == b"cli\n"
+        missing = subprocess.run([*cli, "wake", "cli-susp"], capture_output=True, text=True)
+        assert missing.returncode == 2 and "no snapshot 'cli-susp'" in missing.stderr
+        assert "Traceback" not in missing.stderr
+    finally:
+        for i in (ident, woken):
+            if i:
+                subprocess.run([*cli, "down", i], capture_output=True, check=False)
+    # the consumed record's images: the woken environment is gone, so the next reap (`ps`,
+    # `cleanup`, any spawn) removes them
+    subprocess.run([*cli, "ps"], capture_output=True, check=True)
+
+
+def _forged(record: Snapshot, **changes: object) -> None:
+    data = json.loads(record.record.read_text())
+    data.update(changes)
+    record.record.write_text(json.dumps(data))
+
+
+def test_a_record_naming_a_foreign_image_is_refused(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record is a file: one naming an image that is not its own (the file's busybox, a
+    tag made outside orchestrator) is neither run instead of the file's image nor removed."""
+    path = make_env(BODY, name="forge")
+    with spawn_runtime(path) as rt:
+        record = rt.suspend("forged")
+    own = record.images
+    _forged(record, services={"db": BUSYBOX_IMAGE})
+    before = labelled_ids()
+    with pytest.raises(UsageError, match="is not that record's"):
+        wake(record.name)
+    assert labelled_ids() == before  # refused before anything started
+    _forged(record, services={"db": "--help"})  # nor an option of the docker command
+    with pytest.raises(UsageError):
+        wake(record.name)
+    _forged(record, services=own, host="tcp://203.0.113.9:2375")  # nor an engine it names
+    with pytest.raises(UsageError, match="wake it there"):
+        wake(record.name)
+    _forged(record, host="", backend="local")  # nor a backend that isolates nothing
+    with monkeypatch.context() as patch:
+        patch.delenv("ORCHESTRATOR_ALLOW_UNISOLATED")
+        with pytest.raises(PolicyError, match="unisolated"):
+            wake(record.name)
+    assert labelled_ids() == before
+    _forged(record, backend="docker", services={"db": BUSYBOX_IMAGE})
+    Snapshot.named(record.name).remove()  # the foreign image is left alone, its own goes
+    assert images.exists(BUSYBOX_IMAGE) and not record.record.exists()
+    assert not images.exists(own["main"])
+    assert images.exists(own["db"])  # its own, no longer named by it: the reaper's
+    reap()
+    assert not images.exists(own["db"])
+
+
+OWNER = textwrap.dedent(
+    """
+    import sys, time
+    from orchestrator import spawn_runtime
+    rt = spawn_runtime(sys.argv[1])
+    record = rt.suspend(sys.argv[2], keep=sys.argv[3] == "keep")
+    print(record.name, *record.images.values(), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "owned"])
+def test_a_sigkilled_owners_suspended_environment(
+    make_env: MakeEnv, tmp_path: Path, keep: bool
+) -> None:
+    """suspend() keeps the record for another process to wake by default; with keep=False
+    the record and its images go when the owner dies (here by SIGKILL: its guardian)."""
+    path = make_env(BODY, name=f"own{int(keep)}")
+    name = f"owner-{'kept' if keep else 'owned'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(path), name, "keep" if keep else "owned"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    with proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().split()
+            assert line, "the owner did not suspend"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+    made = line[1:]
+    record = snapshots_dir() / f"{name}.json"
+    deadline = time.monotonic() + 30
+    while not keep and record.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # its guardian notices within a second or so
+    if keep:
+        time.sleep(2)  # what a guardian would have done by now
+        reap()  # and the reaper
+        assert record.exists() and all(images.exists(i) for i in made)
+        with wake(name) as woken:  # another process wakes it
+            assert woken.service("db").execute("cat /data/store").ok
+    else:
+        assert not record.exists(), "the dead owner's suspended environment is still there"
+        assert not any(images.exists(i) for i in made)

@@ -1,0 +1,93 @@
+"""The record of a suspended environment (no engine needed): older records stay readable, a
+record is input (a bad one is not usable), names stay in the snapshots folder, and the
+owner rule of `suspend(keep=False)`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import Snapshot, UsageError, get_runtime_class, list_snapshots
+from orchestrator.sandbox import snapshot, suspend
+from orchestrator.sandbox.snapshot import snapshots_dir
+
+
+def _record(name: str, **fields: object) -> Path:
+    folder = snapshots_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.tar").write_bytes(b"")
+    base = {"env": "e", "digest": "d", "created": "2026-01-01T00:00:00Z", "size": 0}
+    (folder / f"{name}.json").write_text(json.dumps({**base, **fields}))
+    return folder / f"{name}.tar"
+
+
+def test_an_older_record_reads_as_a_snapshot_with_no_services() -> None:
+    found = Snapshot.find(_record("old-style", image="orchestrator-snapshot:abc"))
+    assert found.services == {} and found.owner == {} and not found.suspended
+    assert found.images == {"main": "orchestrator-snapshot:abc"}
+    found.path.unlink()
+    found.record.unlink()
+
+
+@pytest.mark.parametrize("services", [["x"], {"db": 3}, "db"])
+def test_a_record_with_a_malformed_field_is_not_usable(services: object) -> None:
+    path = _record("malformed", services=services)
+    with pytest.raises(UsageError, match="no snapshot"):
+        Snapshot.find(path)
+    path.unlink()
+    path.with_suffix(".json").unlink()
+
+
+def test_main_is_never_taken_from_the_services_mapping() -> None:
+    snap = Snapshot(Path("/x.tar"), "e", "d", "c", 0, "mine", services={"main": "theirs"})
+    assert snap.images["main"] == "mine"
+
+
+def test_a_suspend_name_is_a_plain_new_name() -> None:
+    for bad in ("../escape", "/abs/path", "", ".", "-rf"):
+        with pytest.raises(UsageError, match="not a name"):
+            suspend.record_path("env", bad)
+    taken = _record("taken")
+    with pytest.raises(UsageError, match="already"):
+        suspend.record_path("env", "taken")
+    taken.unlink()
+    taken.with_suffix(".json").unlink()
+    assert suspend.record_path("env", None).parent == snapshots_dir()
+
+
+def test_the_record_keeps_the_new_fields() -> None:
+    path = snapshots_dir() / "written.tar"
+    saved = snapshot.save(
+        b"x", "e", "d", path, backend="local", suspended=True, owner={"pid": "1"}, source="/f"
+    )
+    again = Snapshot.find("written")
+    assert again == saved and again.suspended and again.backend == "local"
+    assert again.owner == {"pid": "1"} and again.source == "/f"
+    saved.remove()
+
+
+def test_an_owned_record_goes_when_its_owner_is_gone_and_a_kept_one_stays() -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    gone = {"pid": dead.stdout.strip(), "start": "1", "host": socket.gethostname()}
+    _record("of-dead", owner=gone, suspended=True)
+    _record("of-live", owner=suspend.this_process(), suspended=True)
+    _record("kept-one", suspended=True)
+    removed = suspend.reap_suspended()
+    names = {s.name for s in list_snapshots()}
+    assert removed == ["of-dead (suspended; its owner is gone)"]
+    assert {"of-live", "kept-one"} <= names and "of-dead" not in names
+    # the owner's guardian, once it is gone, names it exactly
+    assert suspend.reap_suspended(suspend.this_process())[0].startswith("of-live")
+    Snapshot.find("kept-one").remove()
+
+
+def test_swarm_and_local_list_their_suspend_deviation() -> None:
+    assert "another node" in get_runtime_class("swarm").deviations["suspend"]
+    assert "workspace only" in get_runtime_class("local").deviations["suspend-filesystem"]
