@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         StartupError,
         UsageError,
     )
+    from orchestrator.sandbox.admission import check_admission
     from orchestrator.sandbox.attach import attach, attachable
     from orchestrator.sandbox.base import Runtime, Sandbox
     from orchestrator.sandbox.inventory import environments, reap, remove_environment
@@ -115,6 +116,7 @@ __all__ = [
     "attach",
     "attachable",
     "backend_class",
+    "check_admission",
     "environments",
     "get_runtime_class",
     "list_snapshots",
@@ -137,6 +139,7 @@ _HOME = {
         "SandboxNotADirectory SandboxPaused SandboxPermissionError SandboxUnavailable "
         "SandboxUnsafeArchive SetupFailed SpecError SpecIssue StartupError UsageError"
     ),
+    "orchestrator.sandbox.admission": "check_admission",
     "orchestrator.sandbox.attach": "attach attachable",
     "orchestrator.sandbox.base": "Runtime Sandbox",
     "orchestrator.sandbox.inventory": "environments reap remove_environment",

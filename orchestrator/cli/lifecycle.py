@@ -131,6 +131,10 @@ def up(
             "--pool hands out environments as their pool set them up: "
             "it takes no --workspace, --resume, --eval, --build or --no-build"
         )
+    if count > 1:
+        from orchestrator import check_admission
+
+        check_admission(env, count)  # a batch over the budget would wait on itself
     claimed = _claim(env, count) if from_pool else []
     started = _start_many(
         env, count - len(claimed), workspace, evaluation, resume, build=_build_choice(build)

@@ -51,6 +51,9 @@ its waiters at once)."""
 RECHECK = 1.0
 """Seconds after which a waiter looks at every ticket again though none changed (to find
 holders that died)."""
+STALE = 5.0
+"""Seconds a waiting ticket may go without a heartbeat (its waiter looks at least every
+RECHECK) before the others pass it over."""
 COARSE_NS = 50_000_000
 """A folder's change time is coarse (a few ms): one this recent is looked at again anyway."""
 REPORT_EVERY = 1.0
@@ -150,20 +153,32 @@ class Admission:
             _released.notify_all()
 
 
+def check_admission(env: Environment, count: int = 1) -> None:
+    """UsageError when `count` environments of `env` held at once (a batch such as
+    `orchestrator up -n N`, whose first ones hold the room its last ones need) could never
+    be admitted together: such a batch would wait on itself until the admission timeout."""
+    if not enabled():
+        return
+    one, limit = request(env), budget()
+    want = Amounts(one.memory * count, one.cpus * count)
+    if not want.fits(Amounts(0, 0.0), limit):
+        many = f"{count} environments of {env.name} ask" if count > 1 else f"{env.name} asks"
+        raise UsageError(
+            f"{many} for {want.words()} (their containers' resources, "
+            f"{DEFAULT_MEMORY_ENV} for each that declares no memory), more than this host "
+            f"admits at once ({limit.words()}): declare less, start fewer, or raise "
+            f"{MAX_MEMORY_ENV} / {MAX_CPUS_ENV} (or set {ADMISSION_ENV}=0)"
+        )
+
+
 def admit(env: Environment, *, wait: float | None = None) -> Admission | None:
     """Wait (up to `wait` seconds, default ORCHESTRATOR_ADMISSION_TIMEOUT) until `env` is
     admitted; None when admission is off. UsageError at once when it asks for more than the
     whole budget; AdmissionTimeout past the wait."""
     if not enabled():
         return None
+    check_admission(env)
     want, limit = request(env), budget()
-    if not want.fits(Amounts(0, 0.0), limit):
-        raise UsageError(
-            f"{env.name} asks for {want.words()} (its containers' resources, "
-            f"{DEFAULT_MEMORY_ENV} for each that declares no memory), more than this host "
-            f"admits at once ({limit.words()}): declare less, or raise {MAX_MEMORY_ENV} / "
-            f"{MAX_CPUS_ENV} (or set {ADMISSION_ENV}=0)"
-        )
     seconds = timeout() if wait is None else wait
     ledger = Ledger()
     ticket = ledger.enqueue(want.memory, want.cpus, env.name)
@@ -213,8 +228,15 @@ def _look(ledger: Ledger, mine: Ticket, want: Amounts, limit: Amounts) -> tuple[
         if not any(t.name == mine.name for t in tickets):
             ledger.write(mine)  # removed under us (by hand?): back in its place
             tickets = sorted([*tickets, mine], key=lambda t: (t.seq, t.name))
+        ledger.heartbeat(mine.name)
         admitted = [t for t in tickets if t.admitted]
-        waiting = [t for t in tickets if not t.admitted]
+        # a waiter that has stopped looking (its process stopped: Ctrl-Z, a debugger) is
+        # passed over until it looks again, or it would hold everyone behind it
+        waiting = [
+            t
+            for t in tickets
+            if not t.admitted and (t.name == mine.name or ledger.quiet_for(t.name) < STALE)
+        ]
         ahead = [t.name for t in waiting].index(mine.name)
         used = _sum(admitted)
         if ahead == 0 and want.fits(used, limit):

@@ -762,7 +762,8 @@ class Runtime(Sandbox):
                 owner={} if keep else suspend.this_process(),
             )
         except BaseException:  # the images made go again (the environment runs on)
-            snapshot.Snapshot(path, "", "", "", 0, main, host, self.name, images).remove()
+            with contextlib.suppress(OSError, OrchestratorError):  # the first error is the news
+                snapshot.Snapshot(path, "", "", "", 0, main, host, self.name, images).remove()
             raise
         self.kill()  # nothing in it is kept: no stop grace to wait for
         self.cleanup()

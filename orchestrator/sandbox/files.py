@@ -107,8 +107,11 @@ _NOT_DIR = 20
 # taken: the content chose it), or something did not move, it is removed first, as before.
 REPLACE = (
     'd=$1; [ -d "$d" ] || exit 20; chmod -R u+rwX -- "$d" 2>/dev/null; '
-    'o="$d/.orchestrator-old.$$"; r=; '
-    'if mkdir -m 700 -- "$o" 2>/dev/null; then '
+    # a random name: one an archive could name (a guessable pid) would be unpacked into
+    # the folder being removed behind it
+    'n=$(od -An -N8 -tx1 /dev/urandom 2>/dev/null | tr -d " \\n"); '
+    'o="$d/.orchestrator-old.$n"; r=; '
+    'if [ ${#n} = 16 ] && mkdir -m 700 -- "$o" 2>/dev/null; then '
     'mv -f -- "$d"/* "$d"/.[!.]* "$d"/..?* "$o/" 2>/dev/null; '
     'rm -rf -- "$o" & r=$!; '
     'for e in "$d"/* "$d"/.[!.]* "$d"/..?*; do '

@@ -13,6 +13,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 from orchestrator.errors import OrchestratorError, OutputLimitExceeded
 from orchestrator.procutil import F_SETPIPE_SZ
 from orchestrator.sandbox import files
+from orchestrator.sandbox.ledger import owner_alive, process_start
 from orchestrator.sandbox.options import FILE_LIMIT_ENV
 
 CHUNK = 1 << 20
@@ -28,9 +30,32 @@ PART = ".part"
 
 
 def new_part(folder: Path) -> tuple[int, Path]:
-    """A new, private (0600) file in `folder` for an archive being written."""
-    fd, name = tempfile.mkstemp(prefix=".snapshot-", suffix=PART, dir=folder)
+    """A new, private (0600) file in `folder` for an archive being written, named after
+    this process (pid and start time), so that one a killed writer left is known for what
+    it is (`sweep_parts`). Those of dead writers in `folder` go first."""
+    sweep_parts(folder)
+    pid = os.getpid()
+    prefix = f".snapshot-{pid}-{process_start(pid)}-"
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=PART, dir=folder)
     return fd, Path(name)
+
+
+def sweep_parts(folder: Path) -> list[str]:
+    """Remove the archives being written in `folder` whose writer is gone (a process killed
+    while it packed: nobody else would ever remove them, each up to the snapshot limit);
+    returns their names. Only files named as new_part names them, never followed."""
+    gone = []
+    with contextlib.suppress(OSError):
+        for part in folder.glob(f".snapshot-*{PART}"):
+            pid, _, rest = part.name.removeprefix(".snapshot-").partition("-")
+            start = rest.partition("-")[0]
+            if not (pid.isdigit() and start.isdigit()) or owner_alive(int(pid), start):
+                continue
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(part.lstat().st_mode):
+                    part.unlink()
+                    gone.append(part.name)
+    return gone
 
 
 def pack_to_file(folder: Path, into: Path, limit: int) -> Path | None:

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from orchestrator.errors import OrchestratorError, ProjectNotFound
+from orchestrator.sandbox import hostpack
 from orchestrator.sandbox.attach import match_id
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.registry import get_runtime_class, runtime_names
 from orchestrator.sandbox.results import EnvironmentStatus
+from orchestrator.sandbox.snapshot import snapshots_dir
 
 T = TypeVar("T")
 log = logging.getLogger("orchestrator.inventory")
@@ -88,4 +90,5 @@ def reap(*, everything: bool = False, include_kept: bool = False) -> list[str]:
     with `everything`; those kept on purpose only with `include_kept`): what was removed,
     one line each."""
     done = _each(lambda cls: cls.reap(everything=everything, include_kept=include_kept))
-    return [line for _, lines in done for line in lines]
+    parts = hostpack.sweep_parts(snapshots_dir())  # snapshots their writer never finished
+    return [line for _, lines in done for line in lines] + parts

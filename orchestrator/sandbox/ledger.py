@@ -161,7 +161,20 @@ class Ledger:
     def locked(self, deadline: float | None = None) -> Iterator[None]:
         self._own_folder(self.root)
         self._own_folder(self.tickets)
-        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        lock = self.root / "lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        except OSError as exc:  # a folder, a link, ...: not a lock of ours
+            raise OrchestratorError(
+                f"the admission ledger's lock {lock} cannot be opened ({exc.strerror}): remove "
+                "it (it is an ordinary empty file), or set ORCHESTRATOR_ADMISSION=0"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OrchestratorError(
+                f"the admission ledger's lock {lock} is not a regular file: remove it, or set "
+                "ORCHESTRATOR_ADMISSION=0"
+            )
         try:
             end = time.monotonic() + LOCK_WAIT if deadline is None else deadline
             while True:
@@ -260,6 +273,18 @@ class Ledger:
         finally:
             os.close(fd)
         os.replace(tmp, self.tickets / ticket.name)
+
+    def heartbeat(self, name: str) -> None:
+        """Say that the waiter holding ticket `name` still looks at the queue (its mtime)."""
+        with contextlib.suppress(OSError):
+            os.utime(self.tickets / name, follow_symlinks=False)
+
+    def quiet_for(self, name: str) -> float:
+        """Seconds since ticket `name` was written or last had a heartbeat."""
+        try:
+            return max(0.0, time.time() - os.lstat(self.tickets / name).st_mtime)
+        except OSError:
+            return 0.0
 
     def next_seq(self, tickets: list[Ticket]) -> int:
         path = self.root / "seq"

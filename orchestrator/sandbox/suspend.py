@@ -34,15 +34,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("orchestrator.suspend")
 
 
+NAME_LIMIT = 200
+"""Longest name of a suspended environment, in bytes (its files add a suffix, and a file
+name holds 255)."""
+
+
 def record_path(env: str, name: str | None) -> Path:
     """Where a suspended environment goes: `name` (or a fresh one) in the snapshots folder.
     A name that is a path, or one taken already, is refused."""
     if name is not None and (
-        not name or name in (".", "..") or any(c in name for c in "/\\\0") or name.startswith("-")
+        not name
+        or name in (".", "..")
+        or any(c in name for c in "/\\\0")
+        or name.startswith("-")
+        or len(name.encode("utf-8", "surrogateescape")) > NAME_LIMIT
     ):
         raise UsageError(
             f"{name!r} is not a name for a suspended environment: give a plain name (no "
-            f"path); it is saved in {snapshots_dir()}"
+            f"path, at most {NAME_LIMIT} bytes); it is saved in {snapshots_dir()}"
         )
     path = snapshot.archive_path(env, name)
     if path.exists() or path.with_suffix(".json").exists():

@@ -56,6 +56,7 @@ from orchestrator import (
     attach,
     attachable,
     backend_class,
+    check_admission,
     environments,
     get_runtime_class,
     list_snapshots,
@@ -186,6 +187,7 @@ def test_a_consumer_program(tmp_path: Path) -> None:
         assert woken.read_file("kept.txt") == "kept" and record not in list_snapshots()
     choice: BuildChoice = "never"  # an image, not a build: nothing to build either way
     assert prepare(env, build=choice).digest == env.digest  # once before many spawns
+    check_admission(env, 2)  # two of it fit this host's budget at once
     assert attachable(env) == []  # a local sandbox is left running for no one to attach to
     with pytest.raises(CALLER_ERRORS):
         attach("orch-consumer-00000000")  # a Runtime, for an environment left running

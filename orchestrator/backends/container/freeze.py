@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 
 from orchestrator.backends.container.engine import DAEMON_DOWN, TIMED_OUT, classify, engine_timeout
@@ -34,13 +35,38 @@ def pause(groups: Groups) -> None:
     for docker_cmd, containers in groups.items():
         done.append((docker_cmd, containers))  # a refused call may have frozen some of them
         try:
-            _call(docker_cmd, "pause", containers)
+            _freeze(docker_cmd, containers)
         except DockerError as exc:
             if _unsettled(docker_cmd, containers, paused=True):
                 for cmd, undo in done:  # thaw what was frozen, then say why
                     with contextlib.suppress(OrchestratorError):
                         _call(cmd, "unpause", undo)
                 raise OrchestratorError(f"could not pause the environment: {exc}") from exc
+
+
+FREEZE_TRIES = 3
+"""Attempts at a pause the freezer gave up on: a cgroup v1 freezer chasing processes that
+fork fast says "unable to freeze" now and then, and freezes at the next try."""
+
+
+def _freeze(docker_cmd: Sequence[str], containers: list[str]) -> None:
+    for attempt in range(FREEZE_TRIES):
+        try:
+            _call(docker_cmd, "pause", containers)
+            return
+        except DockerError as exc:
+            busy = "unable to freeze" in exc.stderr
+            if not busy or attempt == FREEZE_TRIES - 1:
+                raise
+            try:  # those frozen already would refuse a second pause
+                states = paused_states(docker_cmd, containers)
+            except OrchestratorError:
+                states = []
+            left = [c for c, (_, on) in zip(containers, states, strict=False) if not on]
+            if states and not left:
+                return  # the freezer got there after all
+            containers = left or containers
+            time.sleep(0.1 * (attempt + 1))
 
 
 def resume(groups: Groups) -> None:

@@ -17,7 +17,7 @@ from python_on_whales.utils import run
 
 from orchestrator.backends.container.engine import NoSuchImage, docker_client, engine_call
 from orchestrator.backends.container.identity import LABEL_MANAGED, L
-from orchestrator.errors import DockerError
+from orchestrator.errors import DockerError, UsageError
 from orchestrator.paths import state_dir
 
 SNAPSHOT_REPO = "orchestrator-snapshot"
@@ -141,21 +141,29 @@ def labelled(label: str, client: DockerClient) -> list[tuple[str, dict[str, str]
 def commit_all(
     containers: Mapping[str, str], record: Path, client: DockerClient | None = None
 ) -> dict[str, str]:
-    """Save the filesystem of every container (by service) as images owned by `record`, at
-    one instant: all running ones are paused first (one frozen moment across services, as if
-    every process had been SIGKILLed at once, which a database's files survive), committed
-    side by side, then unpaused (one the caller had paused stays paused). Returns the tags by
+    """Save the filesystem of every container (by service) as images owned by `record`,
+    side by side: each running one is paused by the engine while it is committed, and
+    unpaused by the engine too (so a caller killed meanwhile leaves nothing frozen; the
+    containers are paused nearly together, not at one instant). A container with a volume
+    (an image's VOLUME: a database's data, typically) is refused first, with its path: a
+    commit never holds a volume, and its files would be silently lost. Returns the tags by
     service; on any failure the images made are removed and the error raised."""
     client = client or docker_client()
+    for service, container in containers.items():
+        volumes = _volumes(container, client)
+        if volumes:
+            raise UsageError(
+                f"cannot suspend: service {service!r} keeps {', '.join(volumes)} in a volume "
+                "(its image declares VOLUME), which an image of its filesystem does not hold, "
+                "so its files would be lost; snapshot the workspace instead, or use an image "
+                "that keeps its data in its own filesystem"
+            )
     states = {s: _state(c, client) for s, c in containers.items()}
-    frozen = [c for s, c in containers.items() if states[s] == "running"]
     made: dict[str, str] = {}
     try:
-        if frozen:
-            engine_call("pausing the containers", lambda: client.container.pause(frozen))
         with ThreadPoolExecutor(max_workers=min(4, len(containers)) or 1) as pool:
             futures = {
-                s: pool.submit(commit, c, record, client, pause=False)
+                s: pool.submit(commit, c, record, client, pause=states[s] == "running")
                 for s, c in containers.items()
             }
             errors = []
@@ -171,10 +179,13 @@ def commit_all(
             with contextlib.suppress(DockerError):
                 remove_owned(image, record, client)
         raise
-    finally:
-        if frozen:
-            engine_call("unpausing the containers", lambda: client.container.unpause(frozen))
     return made
+
+
+def _volumes(container: str, client: DockerClient) -> list[str]:
+    """Where a container has a volume (named or anonymous) mounted."""
+    found = engine_call("inspecting a container", lambda: client.container.inspect(container))
+    return sorted(str(m.destination) for m in found.mounts or [] if str(m.type) == "volume")
 
 
 def _state(container: str, client: DockerClient) -> str:

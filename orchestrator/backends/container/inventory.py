@@ -435,6 +435,8 @@ def remove_by_id(ident: str, *, force: bool = False) -> str | None:
             "pass force=True (--force) to take it down anyway"
         )
     remove_project(info)
+    with contextlib.suppress(OrchestratorError):  # a woken environment's images: now orphans
+        images.reap_orphans()
     return info.name
 
 
