@@ -28,6 +28,7 @@ from orchestrator.errors import (
     SandboxIsADirectory,
     SandboxNotADirectory,
     SandboxPermissionError,
+    SandboxUnavailable,
     SandboxUnsafeArchive,
     UsageError,
 )
@@ -80,7 +81,16 @@ def raise_for(code: int, path: str, verb: str, stderr: str, limit: int = 0, size
         raise SandboxIsADirectory(f"cannot {verb} {path}: is a directory")
     if code in (_DENIED, 1):
         raise SandboxPermissionError(f"cannot {verb} {path}: permission denied")
+    if code == CANNOT_START:  # the helper's own programs (sh, cat) exist: it could not run them
+        raise SandboxUnavailable(
+            f"cannot {verb} {path}: cannot start a process in the sandbox (its process or "
+            f"memory limit is reached?) {stderr.strip()}".rstrip()
+        )
     raise OrchestratorError(f"cannot {verb} {path}: helper exited {code}: {stderr.strip()}")
+
+
+CANNOT_START = 126
+"""A shell's (and `docker exec`'s) exit status for a program it found but could not run."""
 
 
 # Folders move as one tar stream: packed on one side, unpacked on the other, as the command

@@ -70,7 +70,7 @@ def test_ps_never_crashes_while_environments_come_and_go(churn: list[BaseExcepti
             failures.append(repr(exc))
     assert not churn, churn
     assert failures == [], f"{len(failures)} of 200 listings failed: {failures[:3]}"
-    assert time.monotonic() - started < 120  # about 40 s here; a bound, not a benchmark
+    assert time.monotonic() - started < 300  # about 40 s alone; a bound against a hang
 
 
 def test_up_pool_claims_under_churn(make_env: MakeEnv, churn: list[BaseException]) -> None:

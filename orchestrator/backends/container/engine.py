@@ -126,6 +126,14 @@ class StorageOptUnsupported(DockerError):
     """The engine's storage driver cannot limit a container's disk (--storage-opt size)."""
 
 
+class StackEmpty(DockerError):
+    """The stack has no task (yet: just deployed; or it is gone)."""
+
+
+class FreezerBusy(DockerError):
+    """The cgroup freezer gave up on a pause (processes forking as it froze them)."""
+
+
 # The engine's own words for each kind, lower-cased. Order matters: a message may quote
 # another ("Cannot kill container: X: No such container: X" is NoSuchContainer), so the
 # first kind whose words are found wins. This is the one place engine text is read.
@@ -139,6 +147,8 @@ KINDS: tuple[tuple[type[DockerError], tuple[str, ...]], ...] = (
     (SubnetOverlap, ("pool overlaps", "overlapping ipv4", "overlaps with other")),
     (NotSwarmManager, ("not a swarm manager", "this node is not a swarm")),
     (StorageOptUnsupported, ("storage-opt",)),
+    (StackEmpty, ("nothing found in stack",)),
+    (FreezerBusy, ("unable to freeze",)),
 )
 UNKNOWN_USER = re.compile(r"unable to find (?:user|group) [^\n]*", re.IGNORECASE)
 """What runc says, as a command's own stderr (exit 126), when the exec's user is not in the

@@ -22,7 +22,13 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from orchestrator.backends.container.engine import DAEMON_DOWN, TIMED_OUT, classify, engine_timeout
+from orchestrator.backends.container.engine import (
+    DAEMON_DOWN,
+    TIMED_OUT,
+    FreezerBusy,
+    classify,
+    engine_timeout,
+)
 from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
 
 Groups = dict[tuple[str, ...], list[str]]
@@ -54,9 +60,8 @@ def _freeze(docker_cmd: Sequence[str], containers: list[str]) -> None:
         try:
             _call(docker_cmd, "pause", containers)
             return
-        except DockerError as exc:
-            busy = "unable to freeze" in exc.stderr
-            if not busy or attempt == FREEZE_TRIES - 1:
+        except FreezerBusy:
+            if attempt == FREEZE_TRIES - 1:
                 raise
             try:  # those frozen already would refuse a second pause
                 states = paused_states(docker_cmd, containers)

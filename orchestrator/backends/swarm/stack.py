@@ -22,6 +22,7 @@ from python_on_whales.utils import run
 
 from orchestrator.backends.container.engine import (
     NotSwarmManager,
+    StackEmpty,
     docker_client,
     engine_call,
     raw_docker,
@@ -104,13 +105,16 @@ class Stack:
         """The newest task of each service of the stack (two engine calls: the stack's task
         names, then all its tasks inspected at once)."""
         cmd = self.client.client_config.docker_cmd
-        listed = engine_call(
-            "listing stack tasks",
-            lambda: run(
-                [*cmd, "stack", "ps", "--no-trunc", "--format", "{{.ID}} {{.Name}}", self.name],
-                return_stderr=False,
-            ),
-        )
+        try:
+            listed = engine_call(
+                "listing stack tasks",
+                lambda: run(
+                    [*cmd, "stack", "ps", "--no-trunc", "--format", "{{.ID}} {{.Name}}", self.name],
+                    return_stderr=False,
+                ),
+            )
+        except StackEmpty:  # just deployed: its tasks are not made yet
+            return {}
         # a task is named <stack>_<service>.<slot>
         names = {
             ident: name.removeprefix(self.name + "_").rpartition(".")[0]
