@@ -142,12 +142,20 @@ def up(
     seen: set[str] = set()
     for record, ports, warnings in [*claimed, *started]:
         _warn(warnings, env, seen)
-        if as_json:
-            typer.echo(json.dumps(record))
-        else:
-            typer.echo(record["id"])  # alone on stdout, so ID=$(orchestrator up ...) works
-            if ports:
-                typer.echo(f"{record['id']} ports: {_ports_text(ports)}", err=True)
+        print_started(record, ports, as_json=as_json)
+
+
+def print_started(
+    record: dict[str, object], ports: tuple[PublishedPort, ...], *, as_json: bool
+) -> None:
+    """An environment just started (`up`, `wake`): its JSON record, or its id alone on
+    stdout (so that ID=$(orchestrator up ...) works) and its ports on stderr."""
+    if as_json:
+        typer.echo(json.dumps(record))
+        return
+    typer.echo(record["id"])
+    if ports:
+        typer.echo(f"{record['id']} ports: {_ports_text(ports)}", err=True)
 
 
 Started = list[tuple[dict[str, object], tuple["PublishedPort", ...], list[str]]]

@@ -3,11 +3,9 @@ removed, then started again under a new id (see orchestrator/sandbox/suspend.py)
 
 from __future__ import annotations
 
-import json
-
 import typer
 
-from orchestrator.cli.lifecycle import _attach, _complete_ids, _described, _ports_text
+from orchestrator.cli.lifecycle import _attach, _complete_ids, _described, print_started
 from orchestrator.errors import UsageError
 
 
@@ -50,9 +48,4 @@ def wake(
         raise
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
-    if as_json:
-        typer.echo(json.dumps(record))
-    else:
-        typer.echo(record["id"])  # alone on stdout, so ID=$(orchestrator wake ...) works
-        if ports:
-            typer.echo(f"{record['id']} ports: {_ports_text(ports)}", err=True)
+    print_started(record, ports, as_json=as_json)
