@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -191,6 +192,23 @@ def wrap(action: str, exc: DockerException) -> OrchestratorError:
         returncode=exc.return_code,
         stderr=stderr,
     )
+
+
+def run_cli(action: str, argv: list[str]) -> str:
+    """One docker CLI call as a plain subprocess (its stdout), for hot paths where
+    python-on-whales' wrapper costs a third more; under coreutils `timeout` where that
+    program exists (ORCHESTRATOR_ENGINE_TIMEOUT), and typed like every engine error."""
+    bound = engine_timeout()
+    if shutil.which("timeout") is not None:
+        argv = ["timeout", "-k", "5", f"{bound:g}", *argv]
+    with docker_errors(action):
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=bound + 10)
+        except subprocess.TimeoutExpired:
+            raise DockerException(argv, TIMED_OUT, b"", b"") from None
+        if done.returncode != 0:
+            raise DockerException(argv, done.returncode, done.stdout, done.stderr)
+        return done.stdout.decode("utf-8", "replace")
 
 
 @contextmanager

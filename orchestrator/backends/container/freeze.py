@@ -17,19 +17,11 @@ call is bounded (ORCHESTRATOR_ENGINE_TIMEOUT)."""
 from __future__ import annotations
 
 import contextlib
-import shutil
-import subprocess
 import time
 from collections.abc import Sequence
 
-from orchestrator.backends.container.engine import (
-    DAEMON_DOWN,
-    TIMED_OUT,
-    FreezerBusy,
-    classify,
-    engine_timeout,
-)
-from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
+from orchestrator.backends.container.engine import FreezerBusy, run_cli
+from orchestrator.errors import DockerError, OrchestratorError
 
 Groups = dict[tuple[str, ...], list[str]]
 """Containers by the docker command that reaches their engine."""
@@ -90,7 +82,9 @@ def resume(groups: Groups) -> None:
 def paused_states(docker_cmd: Sequence[str], containers: list[str]) -> list[tuple[bool, bool]]:
     """(running, paused) of each container, in order (one engine call)."""
     fmt = "{{.State.Running}} {{.State.Paused}}"
-    out = _run("inspecting the containers", [*docker_cmd, "inspect", "--format", fmt, *containers])
+    out = run_cli(
+        "inspecting the containers", [*docker_cmd, "inspect", "--format", fmt, *containers]
+    )
     rows = [line.split() for line in out.splitlines() if line.strip()]
     return [(row[0] == "true", row[-1] == "true") for row in rows]
 
@@ -108,36 +102,4 @@ def _unsettled(docker_cmd: Sequence[str], containers: list[str], *, paused: bool
 
 
 def _call(docker_cmd: Sequence[str], verb: str, containers: list[str]) -> None:
-    _run(f"{verb} of {len(containers)} container(s)", [*docker_cmd, verb, *containers])
-
-
-def _run(action: str, argv: list[str]) -> str:
-    """One docker CLI call (its stdout), under coreutils `timeout` where that program
-    exists (ORCHESTRATOR_ENGINE_TIMEOUT): never waiting on a hung engine for ever. Errors
-    typed by the engine module's `classify` (a subprocess, not python-on-whales: this is
-    the hot path of a resume, and its wrapper costs a third more)."""
-    bound = engine_timeout()
-    if shutil.which("timeout") is not None:
-        argv = ["timeout", "-k", "5", f"{bound:g}", *argv]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=bound + 10)
-    except FileNotFoundError as exc:
-        raise BackendUnavailable(
-            "the docker CLI is not installed (see `orchestrator doctor`)"
-        ) from exc
-    except subprocess.TimeoutExpired:
-        done = subprocess.CompletedProcess(argv, TIMED_OUT, "", "")
-    if done.returncode == 0:
-        return done.stdout
-    if any(sign in done.stderr.lower() for sign in DAEMON_DOWN):
-        raise BackendUnavailable(
-            "the Docker engine is not reachable: start it (see `orchestrator doctor`)"
-        )
-    why = (
-        "timed out (the engine did not answer in time)"
-        if done.returncode == TIMED_OUT
-        else f"failed (exit {done.returncode})"
-    )
-    raise classify(done.stderr)(
-        f"{action} {why}", command=argv, returncode=done.returncode, stderr=done.stderr
-    )
+    run_cli(f"{verb} of {len(containers)} container(s)", [*docker_cmd, verb, *containers])
