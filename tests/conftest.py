@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Runtime
+from orchestrator.backends.docker import gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_IMAGE = os.environ.get("ORCHESTRATOR_PYTHON_IMAGE", "orchestrator-test/python:3.11")
@@ -46,6 +47,8 @@ def docker_problem() -> str | None:
     for image in (PYTHON_IMAGE, BUSYBOX_IMAGE):
         if not _ok(["docker", "image", "inspect", image]):
             return f"test image {image} is missing (run scripts/build-images)"
+    if not _ok(["docker", "image", "inspect", gateway.LOCAL_BASE]):  # no registry to pull from
+        return f"{gateway.LOCAL_BASE} is missing (run scripts/build-images gateway)"
     return None
 
 

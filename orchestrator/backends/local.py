@@ -18,13 +18,18 @@ from pathlib import Path
 from typing import ClassVar
 
 from orchestrator import procutil
-from orchestrator.errors import SandboxUnavailable, UsageError
+from orchestrator.errors import SandboxUnavailable, SpecIssue, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import Chunks, Command, SpawnOptions, stdin_chunks
 from orchestrator.sandbox.results import Connection, RuntimeInfo
 from orchestrator.spec.loader import Environment
-from orchestrator.spec.policy import check_host_paths, env_passthrough_warnings, raise_if
-from orchestrator.spec.resolve import resolve_env
+from orchestrator.spec.policy import (
+    Policy,
+    check_host_paths,
+    env_passthrough_warnings,
+    raise_if,
+)
+from orchestrator.spec.resolve import MAIN, resolve_env
 
 MARK = "ORCHESTRATOR_RUNTIME"
 #: Host variables every local command gets, so that programs can be found at all.
@@ -39,6 +44,22 @@ def _read_only(root: Path) -> None:
             if not stat.S_ISLNK(mode):
                 p.chmod(mode & ~0o222)
     root.chmod(root.stat().st_mode & ~0o222)
+
+
+def _egress_issues(env: Environment, policy: Policy) -> list[SpecIssue]:
+    """An allowlist cannot hold on this backend: its commands are the caller's own processes."""
+    got, _ = policy.egress_of(env.spec, MAIN)
+    if not isinstance(got, tuple):
+        return []
+    return [
+        SpecIssue(
+            env.source,
+            field="network.egress",
+            message="the local backend runs commands on this host as the caller: nothing can "
+            "hold them to an allowlist",
+            fix="use the docker backend for an egress allowlist",
+        )
+    ]
 
 
 def _remove(tmp: Path, mark: bytes) -> None:
@@ -93,9 +114,15 @@ class LocalRuntime(Runtime):
         """In every command's environment, so that cleanup finds processes that left the
         command's tree (`setsid` daemons) and were not killed with it."""
 
+    @classmethod
+    def check(cls, env: Environment, policy: Policy, *, workspace: Path | None = None) -> list[str]:
+        raise_if(_egress_issues(env, policy))
+        return super().check(env, policy, workspace=workspace)
+
     # ----- lifecycle -----------------------------------------------------------------------
     def _start(self) -> None:
         spec = self.env.spec
+        raise_if(_egress_issues(self.env, self.options.policy))
         self._tmp = Path(tempfile.mkdtemp(prefix=f"orch-local-{spec.name}-"))
         # a runtime dropped without cleanup (and collected) or still open at exit: its
         # processes and folder go all the same

@@ -102,6 +102,30 @@ def _headroom() -> Check:
     )
 
 
+def _gateway() -> Check:
+    """The egress gateway's image: there, buildable with nothing fetched, or to be pulled."""
+    from orchestrator.backends.docker import gateway
+
+    def present(image: str) -> bool:
+        return _run(["docker", "image", "inspect", image]).returncode == 0
+
+    tag = gateway.tag()
+    if present(tag):
+        return "pass", f"egress gateway image {tag} present (allowlists and published ports)"
+    base = gateway.base_image(present)
+    if present(base):
+        return "pass", (
+            f"egress gateway image {tag} is built from {base} on first use (a few seconds, "
+            "nothing fetched)"
+        )
+    return "warn", (
+        f"egress gateway image {tag} is missing: the first environment with an egress "
+        f"allowlist or a published port builds it on {base}, which the engine must pull, "
+        "installing squid and socat from Debian; where no registry is reachable, run "
+        f"scripts/build-images gateway (or set {gateway.BASE_ENV} to a local Debian image)"
+    )
+
+
 TEST_IMAGES = "orchestrator-test/"
 """Images of this repository's tests: no registry has them, `just images` builds them."""
 
@@ -188,7 +212,7 @@ def doctor(
     """Check that this machine can run environments (on its engine, or the one at --host)."""
     if host:
         os.environ[ENGINE_ENV] = host
-    checks: list[Callable[[], Check]] = [_cli, _daemon, _compose, _dirs, _headroom]
+    checks: list[Callable[[], Check]] = [_cli, _daemon, _compose, _dirs, _headroom, _gateway]
     results: list[Check] = []
     for check in checks:
         status, message = check()

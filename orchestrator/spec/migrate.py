@@ -50,13 +50,13 @@ def _mounts(extra: Any) -> list[Any]:
 
 def _network(value: Any, notices: list[str]) -> dict[str, Any]:
     if value in (None, "", "bridge", "default"):
-        return {"mode": "bridge", "outbound": True}
+        return {"mode": "bridge", "egress": "all"}
     if value in ("host", "none"):
         return {"mode": value}
     notices.append(
         f"legacy network {value!r} (a named Docker network) became a private bridge network"
     )
-    return {"mode": "bridge", "outbound": True}
+    return {"mode": "bridge", "egress": "all"}
 
 
 def _unmapped(

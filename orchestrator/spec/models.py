@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -22,8 +23,12 @@ from pydantic import (
 )
 
 from orchestrator.errors import UsageError
+from orchestrator.spec import egress
+from orchestrator.spec.egress import Egress
 
 NAME_RE = r"^[a-z0-9][a-z0-9_.-]*$"
+RESERVED_PREFIX = "orchestrator-"
+"""Service names the environment's own containers (egress gateway, port forwarder) take."""
 STATIC_PLACEHOLDER = re.compile(r"\{\{\s*static:([A-Za-z0-9_.-]+)\s*\}\}")
 """`{{static:NAME}}` in the file's own commands: the path of static asset NAME."""
 MEMORY_RE = r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$"
@@ -150,6 +155,16 @@ class PortMap(Strict):
     """Transport protocol."""
 
 
+def _egress(value: str | list[str] | None) -> str | list[str] | None:
+    if value is not None:
+        egress.parse(value)  # ValueError naming the bad entry
+    return value
+
+
+EgressSetting = Annotated[str | list[str] | None, AfterValidator(_egress)]
+"""A file's egress: none, all, or the entries of an allowlist (see spec/egress.py)."""
+
+
 class Network(Strict):
     """Networking of the main sandbox."""
 
@@ -158,14 +173,33 @@ class Network(Strict):
     opts in with ORCHESTRATOR_ALLOW_HOST_NETWORK=1); none: no network at all."""
     ports: list[PortMap] = Field(default_factory=list)
     """Ports to publish (bridge mode only)."""
-    outbound: bool = False
-    """Allow traffic out of the sandbox. Off by default: the project network is internal,
-    with no address on the host side, so neither the outside nor the host is reachable (or
-    there is no network at all). Publishing ports needs a routed network, so ports imply
-    outbound."""
+    egress: EgressSetting = None
+    """What the sandbox (and each service without its own `egress`) may reach outside the
+    environment: none (the default: nothing, and no outside name resolves), all, or an
+    allowlist of host names (`*.` for any name under one), addresses and ranges, each with
+    an optional :PORT (names default to 80 and 443). An allowlist is enforced outside the
+    sandbox, by the environment's egress gateway (HTTP and HTTPS through its proxy, which
+    the usual proxy variables name); see docs/network.md. Published ports never open
+    egress. The caller's policy (ORCHESTRATOR_EGRESS) may narrow this, never widen it."""
+    outbound: bool | None = None
+    """The older shorthand of `egress`: true is `egress: all`, false `egress: none`."""
     bind_host: str = "0.0.0.0"
     """Address servers in the sandbox should listen on; exported as ORCHESTRATOR_BIND_HOST.
     In bridge mode a loopback value is rewritten to 0.0.0.0 so published ports reach it."""
+
+    @model_validator(mode="after")
+    def _egress(self) -> Network:
+        if self.outbound is not None and self.egress is not None:
+            raise ValueError(
+                "give `egress` only: `outbound` is its older shorthand (true is all, false none)"
+            )
+        return self
+
+    def egress_setting(self) -> Egress:
+        """The parsed setting of the file (outbound migrated), before any policy."""
+        if self.egress is None:
+            return "all" if self.outbound else "none"
+        return egress.parse(self.egress)
 
 
 MIN_MEMORY = 6 * 1024 * 1024
@@ -288,6 +322,9 @@ class Service(Hardening):
     static_assets: bool = True
     """Mount the environment's static assets here too, read-only at /static, as in the main
     sandbox."""
+    egress: EgressSetting = None
+    """What this service may reach outside the environment, as `network.egress` says (default:
+    the file's `network.egress`)."""
     placement: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Swarm placement constraints for this service, e.g. node.labels.db==true (swarm
     backend; the others ignore them)."""
@@ -381,6 +418,12 @@ class EnvironmentV1(Hardening):
             raise ValueError("give one of `image` or `build`, not both")
         if "main" in self.services:
             raise ValueError("`main` is the name of the sandbox itself; rename that service")
+        taken = sorted(n for n in self.services if n.startswith(RESERVED_PREFIX))
+        if taken:
+            raise ValueError(
+                f"service names starting with {RESERVED_PREFIX!r} are the environment's own "
+                f"(its egress gateway and port forwarder); rename {', '.join(taken)}"
+            )
         names = [a.name for a in self.static_assets]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -28,14 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import settings
-from orchestrator.errors import PolicyError, SpecError, SpecIssue
-from orchestrator.spec.models import Hardening
+from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
+from orchestrator.spec import egress as _egress
+from orchestrator.spec.egress import Egress
+from orchestrator.spec.models import EnvironmentV1, Hardening
 
 ROOTS_ENV = "ORCHESTRATOR_ALLOWED_MOUNT_ROOTS"
 CAPS_ENV = "ORCHESTRATOR_ALLOW_CAPS"
 HOST_NETWORK_ENV = "ORCHESTRATOR_ALLOW_HOST_NETWORK"
 ENV_ENV = "ORCHESTRATOR_ALLOW_ENV"
 UNISOLATED_ENV = "ORCHESTRATOR_ALLOW_UNISOLATED"
+EGRESS_ENV = "ORCHESTRATOR_EGRESS"
 
 DEFAULT_CAPS = (
     "AUDIT_WRITE",
@@ -73,6 +76,19 @@ def _norm_cap(cap: str) -> str:
     return cap.removeprefix("CAP_")
 
 
+def egress_from_env() -> Egress:
+    """ORCHESTRATOR_EGRESS parsed ("all" when unset); UsageError naming a bad entry."""
+    raw = os.environ.get(EGRESS_ENV, "").strip()
+    if not raw:
+        return "all"
+    try:
+        if raw in ("none", "all"):
+            return _egress.parse(raw)
+        return _egress.parse([e for e in raw.split(",") if e.strip()])
+    except ValueError as exc:
+        raise UsageError(f"{EGRESS_ENV}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class Policy:
     """What the caller allows beyond the defaults. The environment file cannot change it.
@@ -94,6 +110,10 @@ class Policy:
     """Host variables a file's `env_passthrough` may pass into the sandbox
     (ORCHESTRATOR_ALLOW_ENV, comma-separated; "*": any). A variable passes only when the file
     names it (or says "*") and this allows it: the file alone passes none."""
+    egress: Egress = "all"
+    """The most any container may reach outside its environment (ORCHESTRATOR_EGRESS: none,
+    all, or comma-separated allowlist entries): a file's `egress` is narrowed to it, never
+    widened. "all" (the default) leaves each file its own."""
     allow_unisolated: bool = False
     """Let a file choose a backend that isolates nothing, whose commands run on this host as
     the caller (`backend: local`; ORCHESTRATOR_ALLOW_UNISOLATED=1). A caller that names the
@@ -110,7 +130,18 @@ class Policy:
             allow_host_network=settings.flag(HOST_NETWORK_ENV, False),
             allow_env=frozenset(n.strip() for n in names.split(",") if n.strip()),
             allow_unisolated=settings.flag(UNISOLATED_ENV, False),
+            egress=egress_from_env(),
         )
+
+    def egress_of(self, spec: EnvironmentV1, name: str) -> tuple[Egress, list[str]]:
+        """What container `name` ("main" or a service) may reach: its own `egress` (a
+        service's, else the file's `network.egress`) narrowed to this policy's, and a note
+        (naming the field) for each entry of the file this policy took away."""
+        own = spec.services[name].egress if name in spec.services else None
+        asked = _egress.parse(own) if own is not None else spec.network.egress_setting()
+        got, notes = _egress.narrow(asked, self.egress)
+        where = f"services.{name}.egress" if own is not None else "network.egress"
+        return got, [f"{where}: {note}" for note in notes]
 
     def mount_roots(self, env_dir: Path, workspace: Path | None) -> MountRoots:
         """The folders host paths may lie under: `env_dir` (the environment file's folder,

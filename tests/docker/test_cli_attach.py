@@ -115,8 +115,8 @@ def test_cleanup_of_an_attached_runtime_removes_it(make_env: MakeEnv) -> None:
 
 
 def test_up_and_run_print_the_runtime_warnings(make_env: MakeEnv) -> None:
-    path = make_env("network:\n  ports: [{container: 8000}]\n", name="warned")
-    want = "warning: published ports need a non-internal network"
+    path = make_env("network:\n  ports: [{container: 8000, host_ip: 0.0.0.0}]\n", name="warned")
+    want = "port 8000 is published on 0.0.0.0"
     ran = cli("run", str(path), "--", "true")
     assert ran.returncode == 0 and want in ran.stderr, ran.stderr
     up = cli("up", str(path))

@@ -62,7 +62,8 @@ def test_multi_service_by_name_and_published_port() -> None:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port.host}/", timeout=10).read()
         assert body == b"hello from web\n"
         name = rt.info().id
-        assert len(project_objects(name)) == 3  # two containers and the network
+        # two containers, the port forwarder, the network and the forwarder's way in
+        assert len(project_objects(name)) == 5
     assert project_objects(name) == []
 
 

@@ -79,12 +79,12 @@ def test_default_builds_only_what_the_quick_start_uses(fake: dict[str, str]) -> 
     assert not [line for line in log if "node" in line or "docker.io" in line], log
 
 
-def test_bootstrap_asks_for_the_quick_start_images_only() -> None:
+def test_bootstrap_asks_for_the_quick_start_images_and_the_gateway_base_only() -> None:
     text = (ROOT / "scripts" / "bootstrap").read_text()
     calls = [line for line in text.splitlines() if line.startswith("bash scripts/build-images")]
     calls = [line for line in calls if not line.lstrip().startswith("#")]
     assert [line.strip().rstrip("&").split() for line in calls] == [
-        ["bash", "scripts/build-images", "busybox", "python"]
+        ["bash", "scripts/build-images", "busybox", "python", "gateway"]
     ]
 
 
@@ -118,5 +118,5 @@ def test_unknown_target_is_refused_naming_the_targets(fake: dict[str, str]) -> N
     done = _run(fake, "nodes")
     assert done.returncode != 0
     assert "unknown target 'nodes'" in done.stderr
-    assert "busybox, python, node, registry or swarm" in done.stderr
+    assert "busybox, python, gateway, node, registry or swarm" in done.stderr
     assert not _log(fake)

@@ -129,19 +129,23 @@ def test_services_get_an_internal_network_with_our_subnet(tmp_path: Path) -> Non
     assert doc["services"]["db"]["labels"] == {"org.orchestrator.managed": "1"}
 
 
-def test_ports_published_on_loopback_and_need_outbound(tmp_path: Path) -> None:
+def test_ports_are_published_by_the_forwarder_and_open_no_egress(tmp_path: Path) -> None:
     doc, c = build(
         BASE + "network: {ports: [{container: 80}, {container: 81, host: 9001}]}\n", tmp_path
     )
-    assert doc["services"]["main"]["ports"] == ["127.0.0.1::80/tcp", "127.0.0.1:9001:81/tcp"]
-    assert doc["networks"]["default"]["internal"] is False
-    assert "driver_opts" not in doc["networks"]["default"]  # published ports need a gateway
-    assert any("outbound" in w for w in c.warnings)
+    forwarder = doc["services"]["orchestrator-ports"]
+    assert forwarder["ports"] == ["127.0.0.1::80/tcp", "127.0.0.1:9001:81/tcp"]
+    assert forwarder["command"] == ["forward", "tcp:80:main:80", "tcp:81:main:81"]
+    assert "ports" not in doc["services"]["main"]
+    assert doc["networks"]["default"]["internal"] is True  # the sandbox stays held in
+    assert doc["services"]["main"].get("networks", ["default"]) == ["default"]
+    assert doc["networks"]["egress"]["internal"] is False  # the forwarder's outside
+    assert not any("outbound" in w for w in c.warnings)
 
 
 def test_spawn_ports(tmp_path: Path) -> None:
     doc, _ = build(BASE, tmp_path, extra_ports=[PortMap(container=5000)])
-    assert doc["services"]["main"]["ports"] == ["127.0.0.1::5000/tcp"]
+    assert doc["services"]["orchestrator-ports"]["ports"] == ["127.0.0.1::5000/tcp"]
 
 
 HOST_OK = Policy(allow_host_network=True)

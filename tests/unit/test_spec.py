@@ -27,7 +27,7 @@ def test_minimal_file_gets_documented_defaults() -> None:
         "host",
         "bridge",
     )
-    assert spec.network.outbound is False and spec.workspace.mount is True
+    assert spec.network.egress_setting() == "none" and spec.workspace.mount is True
 
 
 def test_unknown_key_names_line_and_suggests() -> None:

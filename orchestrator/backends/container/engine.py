@@ -15,6 +15,7 @@ from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
 from orchestrator import settings
+from orchestrator.backends.container.layout import FORWARDS_LABEL, parse_forwards
 from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
 from orchestrator.spec.models import Protocol, PublishedPort
 
@@ -232,16 +233,20 @@ def service_of(labels: Mapping[str, str] | None, default: str = "") -> str:
 
 
 def published_ports(containers: Iterable[Container]) -> list[PublishedPort]:
-    """Published ports of containers, with ephemeral host ports resolved."""
+    """Published ports of containers, with ephemeral host ports resolved; a port the
+    environment's forwarder publishes is reported as the container port it stands for."""
     out = []
     for c in containers:
-        service = service_of(c.config.labels, c.name)
+        labels = c.config.labels or {}
+        service = service_of(labels, c.name)
+        forwards = parse_forwards(labels.get(FORWARDS_LABEL, ""))
         for key, binds in sorted((c.network_settings.ports or {}).items()):
             port, _, proto = key.partition("/")
+            owner, target = forwards.get((int(port), proto), (service, int(port)))
             out += [
                 PublishedPort(
-                    service,
-                    int(port),
+                    owner,
+                    target,
                     cast(Protocol, proto),
                     b.get("HostIp", ""),
                     int(b["HostPort"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import re
 import shutil
@@ -50,7 +51,7 @@ from orchestrator.backends.container.identity import (
     project_folders,
     reap_folder,
 )
-from orchestrator.backends.container.layout import USER_LABEL
+from orchestrator.backends.container.layout import FORWARDS_LABEL, USER_LABEL, parse_forwards
 from orchestrator.backends.container.membership import CLAIMED, READY, membership, move
 from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound, UsageError
 from orchestrator.sandbox.attach import match_id
@@ -105,6 +106,7 @@ LISTED_LABELS = (
     LABEL_STARTED,
     LABEL_DIR,
     USER_LABEL,
+    FORWARDS_LABEL,
 )
 
 
@@ -149,7 +151,10 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
         info = found.setdefault(name, ProjectInfo(name, labels, [], []))
         service = labels.get(COMPOSE_SERVICE, "")
         info.containers.append((cid[:12], service, state))
-        info.ports += parse_ports(service, ports)
+        forwards = parse_forwards(labels.get(FORWARDS_LABEL, ""))
+        for port in parse_ports(service, ports):
+            owner, target = forwards.get((port.container, port.protocol), (service, port.container))
+            info.ports.append(dataclasses.replace(port, service=owner, container=target))
         if service == MAIN:
             info.main_user = labels.get(USER_LABEL, "")
     for nid, *values in _rows(client, ["network", "ls", "--no-trunc"], ["{{json .ID}}"]):

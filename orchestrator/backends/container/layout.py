@@ -7,6 +7,7 @@ from orchestrator.spec.models import EnvironmentV1
 from orchestrator.spec.resolve import LOOPBACK, MAIN
 
 __all__ = [
+    "FORWARDS_LABEL",
     "IO_DIR",
     "IO_MOUNT",
     "KEEP_ALIVE",
@@ -16,6 +17,7 @@ __all__ = [
     "STATIC_ROOT",
     "USER_LABEL",
     "container_bind_host",
+    "parse_forwards",
 ]
 
 STATIC_ROOT = "/static"
@@ -54,3 +56,20 @@ def container_bind_host(spec: EnvironmentV1, network_mode: str) -> tuple[str, st
             "loopback address is unreachable through published ports"
         )
     return asked, None
+
+
+FORWARDS_LABEL = "org.orchestrator.forwards"
+"""On an environment's port forwarder: which container port each of its own ports stands
+for, "LISTEN/PROTO=SERVICE:PORT,..." (see backends/docker/network.py)."""
+
+
+def parse_forwards(label: str) -> dict[tuple[int, str], tuple[str, int]]:
+    """FORWARDS_LABEL read back: (listen port, protocol) -> (service, container port)."""
+    out = {}
+    for part in label.split(","):
+        key, _, target = part.partition("=")
+        listen, _, proto = key.partition("/")
+        service, _, port = target.rpartition(":")
+        if listen.isdigit() and port.isdigit() and service:
+            out[(int(listen), proto)] = (service, int(port))
+    return out

@@ -15,6 +15,7 @@ to stderr; a library caller sees it by configuring that logger."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -36,6 +37,7 @@ from orchestrator.backends.container.engine import (
     up_timeout,
     wrap,
 )
+from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.render import CompiledProject, ImageBuild
 from orchestrator.errors import OrchestratorError, StartupError, UsageError
 from orchestrator.sandbox.options import BuildChoice
@@ -110,6 +112,8 @@ def get_images(compiled: CompiledProject, name: str, *, host: str = "") -> list[
 def _needed(
     plan: ImageBuild, choice: BuildChoice, slot: _Slot, asked: float, name: str, host: str
 ) -> bool:
+    if plan.ours:  # the environment's own image: the file's choice is not about it
+        choice = "auto"
     if choice == "always":  # unless a build begun since we asked has made it
         return slot.began is None or slot.began < asked
     exists = _exists(plan.tag, host)
@@ -174,6 +178,9 @@ def build_argv(plan: ImageBuild, docker: list[str]) -> list[str]:
 def _build(plan: ImageBuild, name: str, host: str) -> None:
     """Build one image with `docker build`, its output logged; bounded by the up timeout."""
     client = docker_client(host=host) if host else docker_client()
+    if plan.ours:  # the base is picked now, by what this engine has (see gateway.py)
+        base = gateway.base_image(lambda tag: _exists(tag, host))
+        plan = dataclasses.replace(plan, args={**plan.args, "BASE": base})
     argv = build_argv(plan, [str(c) for c in client.client_config.docker_cmd])
     log.info("building %s for %s", plan.tag, name)
     tail: deque[str] = deque(maxlen=TAIL_LINES)

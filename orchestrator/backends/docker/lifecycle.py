@@ -284,7 +284,9 @@ def start_project(
     try:
         _retry_subnet(attempt)
         if not detached:  # its services stop when this process dies, guardian or not
-            project.tether(n for n, s in env.spec.services.items() if not s.job)  # jobs ended
+            project.tether(  # jobs ended already
+                [*(n for n, s in env.spec.services.items() if not s.job), *project.compiled.infra]
+            )
         return project
     except (DockerError, StartupError):
         raise  # attempt() already removed what it made

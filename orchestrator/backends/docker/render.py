@@ -27,9 +27,21 @@ from orchestrator.backends.container.mounts import (
     static_mounts,
 )
 from orchestrator.backends.container.templating import jinja as _jinja
+from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.fingerprint import fingerprint
+from orchestrator.backends.docker.network import (
+    GATEWAY,
+    PROXY_PORT,
+    RULES_FILE,
+    RULES_MOUNT,
+    NetPlan,
+    egress_dns,
+    egress_network,
+    plan_network,
+)
 from orchestrator.errors import SpecIssue
 from orchestrator.sandbox.options import BuildChoice
+from orchestrator.spec.egress import describe
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
 from orchestrator.spec.policy import (
@@ -76,6 +88,12 @@ class CompileOptions:
     build: BuildChoice = "auto"
     """How the images the file builds are got (see `build_images`): "auto" builds one whose
     tag is missing, "always" builds through the engine's cache, "never" builds none."""
+    leave_by: str = field(default_factory=egress_network)
+    """An existing network egress leaves by (ORCHESTRATOR_EGRESS_NETWORK; empty: one made
+    for each environment that needs it)."""
+    resolvers: tuple[str, ...] = field(default_factory=egress_dns)
+    """Resolvers of the gateway and of `all` containers (ORCHESTRATOR_EGRESS_DNS; empty:
+    the engine's)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,10 @@ class CompiledProject:
     """The images it builds (the main one not when `main_image` replaces it)."""
     build: BuildChoice = "auto"
     """CompileOptions.build: how to get them before `up`."""
+    infra: tuple[str, ...] = ()
+    """The environment's own containers (egress gateway, port forwarder), by service."""
+    egress: dict[str, str] = field(default_factory=dict)
+    """Each networked container's egress after the caller's policy (none, all, entries)."""
 
     def write(self, directory: Path) -> Path:
         """Write the project into `directory` (created, private); return compose.yaml's path."""
@@ -110,6 +132,7 @@ class CompiledProject:
             (directory / rel).mkdir(mode=0o700, parents=True, exist_ok=True)
             (directory / rel).chmod(0o700)  # whatever the umask
         for rel, text in self.files.items():
+            (directory / rel).parent.mkdir(mode=0o700, exist_ok=True)
             (directory / rel).write_text(text, encoding="utf-8")
         compose = directory / "compose.yaml"
         compose.write_text(self.compose_yaml, encoding="utf-8")
@@ -163,6 +186,22 @@ class ImageBuild:
     complete: bool
     """The tag covers the whole context: an image under it is up to date. False: the
     context was too large to hash, and only the engine (its layer cache) can tell."""
+    ours: bool = False
+    """The environment's own image (the egress gateway's), not one of the file's: built
+    when missing, whatever the file's build choice."""
+
+
+def gateway_build() -> ImageBuild:
+    """The build of the gateway image (see gateway.py)."""
+    return ImageBuild(
+        GATEWAY,
+        gateway.tag(),
+        gateway.context(),
+        None,
+        {},
+        True,
+        ours=True,
+    )
 
 
 def image_build(env: Environment, build: Build, service: str) -> ImageBuild:
@@ -264,6 +303,49 @@ def _service(
     }
 
 
+def _attach(context: dict[str, Any], name: str, net: NetPlan) -> None:
+    """Put a container's networks, resolvers and proxy variables into its context."""
+    context["networks"] = net.members.get(name, [])
+    context["dns"] = list(net.dns.get(name, ()))
+    context["dns_options"] = list(net.dns_options.get(name, ()))
+    context["env"] = dict(sorted({**context["env"], **net.env.get(name, {})}.items()))
+    if not net.direct_ports:
+        context["ports"] = []
+
+
+def _infra(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
+    """The contexts of the environment's own containers: both run the gateway image, with
+    every capability dropped but those Squid needs to drop its own root."""
+    out = []
+    if net.gateway is not None:
+        out.append(
+            {
+                **net.gateway,
+                "command": ["proxy"],
+                "caps": ["SETUID", "SETGID", "CHOWN"],
+                "healthcheck": f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}",
+                "mounts": [(RULES_FILE, RULES_MOUNT)],
+                "ports": [],
+                "labels": {},
+            }
+        )
+    if net.forwarder is not None:
+        out.append(
+            {
+                **net.forwarder,
+                "command": ["forward", *net.forwarder["args"]],
+                "caps": ["NET_BIND_SERVICE"],
+                "healthcheck": None,
+                "mounts": [],
+            }
+        )
+    for context in out:
+        context["image"] = gateway.tag()
+        context["labels"] = dict(sorted({**opts.labels, **context.get("labels", {})}.items()))
+        context.setdefault("dns_options", [])
+    return out
+
+
 def _exposed(ports: Sequence[PortMap], where: str) -> list[str]:
     """Warnings for ports published beyond this machine."""
     return [
@@ -330,19 +412,10 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     bind_host, notice = container_bind_host(spec, mode)
     if notice:
         warnings.append(notice)
-    published = bool(main_ports) or any(s.ports for s in spec.services.values())
-    if published and not spec.network.outbound:
-        warnings.append(
-            "published ports need a non-internal network, so outbound traffic (and the "
-            "host, through the network's gateway) is reachable from this project"
-        )
-    if mode == "bridge" and not spec.services and not main_ports:
+    main_egress, _ = opts.policy.egress_of(spec, MAIN)
+    if mode == "bridge" and not spec.services and not main_ports and main_egress == "none":
         mode = "none"  # nothing to reach and nothing reachable: no network at all
-        if spec.network.outbound:
-            mode = "bridge"
     has_network = bool(spec.services) or mode == "bridge"
-    internal = not (spec.network.outbound or published)
-
     gated = gated_services(env, copied=opts.remote)
     issues += service_workdir_issues(env)
     services = [
@@ -371,9 +444,28 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
                 env, spec.services[svc_context["name"]].build, svc_context["name"]
             )
 
+    networked = [MAIN] if mode == "bridge" else []
+    networked += [svc["name"] for svc in services]
+    port_specs = {MAIN: main_ports, **{n: spec.services[n].ports for n in spec.services}}
+    net = plan_network(
+        env,
+        opts.policy,
+        networked=networked,
+        ports=port_specs,
+        compose_ports={n: _ports(p) for n, p in port_specs.items()},
+        subnet=opts.subnet,
+        leave_by=opts.leave_by,
+        resolvers=opts.resolvers,
+    )
+    warnings += net.warnings
+    raise_if([], net.issues)
+    for svc_context in services:
+        _attach(svc_context, svc_context["name"], net)
     user = resolve_user(spec.user, opts.host_env)
     container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
+    container_env.update(net.env.get(MAIN, {}))
     main_build = None if opts.main_image else _build(env, spec.build, MAIN)
+    infra = _infra(net, opts)
     context = {
         "project": opts.project,
         "labels": dict(sorted(opts.labels.items())),
@@ -384,17 +476,22 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
             "user": user,
             "env": container_env,
             "mounts": mounts,
-            "ports": _ports(main_ports),
+            "ports": _ports(main_ports) if net.direct_ports else [],
             "limits": _limits(spec.resources),
             "caps": [*DEFAULT_CAPS, *main_caps],
             "network_mode": mode,
+            "networks": net.members.get(MAIN, []),
+            "dns": list(net.dns.get(MAIN, ())),
+            "dns_options": list(net.dns_options.get(MAIN, ())),
             "labels": dict(sorted({**opts.labels, USER_LABEL: user}.items()))
             if opts.labels
             else {},
         },
         "services": services,
+        "infra": infra,
         "has_network": has_network,
-        "internal": internal,
+        "internal": net.default_internal,
+        "networks": net.networks,
         "subnet": opts.subnet,
         "sandbox_dir": SANDBOX_DIR,
         "sandbox_mount": SANDBOX_MOUNT,
@@ -409,19 +506,26 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     compose = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())
     entry = jinja.get_template("entry.sh.j2").render(project=opts.project, keep_alive=KEEP_ALIVE)
     names = [MAIN, *(s["name"] for s in services)]
+    files = {f"{SANDBOX_DIR}/entry.sh": entry}
+    if net.rules is not None:
+        files[RULES_FILE] = net.rules
     folders = () if opts.remote else tuple(f"{IO_DIR}/{name}" for name in names)
     return CompiledProject(
         project=opts.project,
         compose_yaml=compose,
-        files={f"{SANDBOX_DIR}/entry.sh": entry},
+        files=files,
         warnings=tuple(warnings),
         mounts=tuple(mounts),
         env=container_env,
         user=user,
         network_mode=mode,
         has_network=has_network,
-        published=published,
+        published=bool(net.forwarder)
+        or any([main_ports, *(spec.services[n].ports for n in spec.services)]),
         folders=folders,
-        builds=tuple(b["plan"] for b in [main_build, *(s["build"] for s in services)] if b),
+        builds=tuple(b["plan"] for b in [main_build, *(s["build"] for s in services)] if b)
+        + tuple(gateway_build() for _ in infra[:1]),
+        infra=tuple(i["name"] for i in infra),
+        egress={n: describe(e) for n, e in net.egress.items()},
         build=opts.build,
     )

@@ -25,7 +25,7 @@ from orchestrator.spec.policy import (
     env_passthrough_warnings,
     raise_if,
 )
-from orchestrator.spec.resolve import resolve_env, resolve_user
+from orchestrator.spec.resolve import MAIN, resolve_env, resolve_user
 
 NO_NEW_PRIVILEGES = (
     "swarm backend: Swarm services do not take no-new-privileges, so a setuid program in the "
@@ -124,6 +124,25 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
             "Swarm tasks cannot share a node's network",
             "use bridge (the stack's own overlay network)",
         )
+    egress = {}
+    for name in [MAIN, *spec.services]:
+        egress[name], notes = opts.policy.egress_of(spec, name)
+        report.warnings += notes
+    for name, got in egress.items():
+        own = name in spec.services and spec.services[name].egress is not None
+        where = f"services.{name}.egress" if own else "network.egress"
+        if isinstance(got, tuple):
+            refuse(
+                where,
+                "the swarm backend has no egress gateway to enforce an allowlist",
+                "use none or all on the swarm backend, or the docker backend for an allowlist",
+            )
+        elif got != egress[MAIN]:
+            refuse(
+                where,
+                "a Swarm stack has one network: every container has the same egress there",
+                "give every container the same (none or all), or use the docker backend",
+            )
     if spec.keep_after_cleanup:
         refuse(
             "keep_after_cleanup",
@@ -192,7 +211,7 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
         "services": services,
         "entry": KEEP_ALIVE,
         "gate": GATE,
-        "internal": not spec.network.outbound,
+        "internal": egress[MAIN] != "all",
     }
     rendered = _jinja().get_template("stack.yaml.j2").render(context)
     stack = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())

@@ -1,0 +1,292 @@
+"""The networks of a Docker environment, and what may leave them (docs/network.md).
+
+Every container of the environment sits on its `default` network, internal unless every one
+of them may reach anything (`egress: all`): an internal network has no route out and no
+address on the host's side, so nothing leaves it. What may leave does so through containers
+of the environment that no sandbox can reconfigure:
+
+- `orchestrator-egress`, the egress gateway: Squid, allowing exactly the allowlist, on the
+  `egress` network (the way out) and on the network its clients reach it by;
+- `orchestrator-ports`, the port forwarder: socat, publishing the environment's ports from
+  an outside network and passing each connection to its container, so a published port
+  never puts a sandbox on a routed network;
+- containers with `egress: all` join the `egress` network themselves.
+
+DNS: a container without `all` resolves only the environment's own names: its resolver
+forwards every other name to its own loopback, where nothing answers (the gateway resolves
+the names it lets through). Pure: this plans, it runs nothing."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.backends.container.layout import FORWARDS_LABEL
+from orchestrator.errors import SpecIssue
+from orchestrator.spec.egress import Egress, Rule
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.models import PortMap
+from orchestrator.spec.policy import Policy
+from orchestrator.spec.resolve import MAIN
+
+GATEWAY = "orchestrator-egress"
+"""Service name of the egress gateway (the proxy's host name in the sandboxes)."""
+FORWARDER = "orchestrator-ports"
+"""Service name of the port forwarder."""
+PROXY_PORT = 3128
+PROXY_URL = f"http://{GATEWAY}:{PROXY_PORT}"
+RULES_FILE = "gateway/rules.conf"
+"""The gateway's allowlist rules, relative to the project folder."""
+RULES_MOUNT = "/etc/orchestrator-gateway/rules.conf"
+EGRESS_NETWORK_ENV = "ORCHESTRATOR_EGRESS_NETWORK"
+"""An existing network to leave by (its name), instead of one made for each environment."""
+EGRESS_DNS_ENV = "ORCHESTRATOR_EGRESS_DNS"
+"""Resolvers (comma-separated addresses) the gateway and `all` containers use instead of
+the engine's."""
+PINNED_DNS = ("127.0.0.1",)
+"""Where a container without `all` sends names that are not the environment's: its own
+loopback, where nothing answers, so nothing resolves and no query leaves."""
+PINNED_DNS_OPTIONS = ("timeout:1", "attempts:1")
+"""So that such a name fails in about a second, not the resolver's usual five."""
+FAR_PORT = 40000
+"""First port the forwarder listens on for a container port another one already uses."""
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
+
+
+def egress_network() -> str:
+    return os.environ.get(EGRESS_NETWORK_ENV, "").strip()
+
+
+def egress_dns() -> tuple[str, ...]:
+    out = []
+    for part in os.environ.get(EGRESS_DNS_ENV, "").split(","):
+        if part.strip():
+            out.append(str(ipaddress.ip_address(part.strip())))  # ValueError: not an address
+    return tuple(out)
+
+
+@dataclass
+class Forward:
+    service: str
+    port: int
+    protocol: str
+    listen: int
+    published: str
+    """The Compose port string the forwarder publishes ("127.0.0.1:8000:8000/tcp")."""
+
+
+@dataclass
+class NetPlan:
+    """How the environment is networked: what the template renders, per container."""
+
+    egress: dict[str, Egress] = field(default_factory=dict)
+    """Each networked container's egress, after the caller's policy."""
+    networks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Networks beyond `default` (egress, ingress, proxy): internal, external, subnet."""
+    default_internal: bool = True
+    members: dict[str, list[str]] = field(default_factory=dict)
+    """The networks of each container (when more than `default`)."""
+    dns: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    dns_options: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Variables added to a container's environment (the proxy's)."""
+    gateway: dict[str, Any] | None = None
+    forwarder: dict[str, Any] | None = None
+    direct_ports: bool = True
+    """Containers publish their own ports (every container may reach anything anyway)."""
+    rules: str | None = None
+    """The gateway's rules file."""
+    warnings: list[str] = field(default_factory=list)
+    issues: list[SpecIssue] = field(default_factory=list)
+
+    @property
+    def infra(self) -> list[str]:
+        """The environment's own containers (gateway, forwarder)."""
+        return [s["name"] for s in (self.gateway, self.forwarder) if s]
+
+
+def _field(name: str) -> str:
+    return "network.egress" if name == MAIN else f"services.{name}.egress"
+
+
+def squid_rules(rules: Sequence[Rule]) -> str:
+    """The gateway's rules: one `http_access allow` per entry. A name is matched as written
+    (never looked up to match, no reverse lookup of an address), and a name let through
+    must not resolve to an address that is never a destination (loopback, link-local, the
+    host). An address range matches only requests that name an address."""
+    lines = ["# Generated by orchestrator from network.egress. Do not edit."]
+    for i, rule in enumerate(rules):
+        acl = f"orch_e{i}"
+        if rule.kind == "name":
+            lines.append(f"acl {acl} dstdomain -n {rule.value}")
+        elif rule.kind == "suffix":
+            escaped = rule.value.replace(".", r"\.")
+            lines.append(f"acl {acl} dstdom_regex -n -i \\.{escaped}$")
+        else:
+            lines.append(f"acl {acl} dst {rule.value}")
+        ports = ""
+        if rule.ports:
+            lines.append(f"acl {acl}p port {' '.join(str(p) for p in rule.ports)}")
+            ports = f" {acl}p"
+        if rule.kind == "net":  # an address the request names: no lookup needed to match
+            lines.append(f"http_access allow orch_ipliteral {acl}{ports}")
+        else:
+            lines.append(f"http_access allow {acl}{ports} !orch_never !orch_host")
+    return "\n".join(lines) + "\n"
+
+
+def _neighbour(subnet: str | None, i: int) -> str | None:
+    """The i-th subnet after `subnet`, of its size (before it, past the end of its /16):
+    extra networks take these, and an overlap retries the whole start with a new one."""
+    if subnet is None:
+        return None
+    net = ipaddress.ip_network(subnet)
+    size = net.num_addresses
+    start = int(net.network_address) + i * size
+    if (start >> 16) != (int(net.network_address) >> 16):
+        start = int(net.network_address) - i * size
+    return str(ipaddress.ip_network((start, net.prefixlen)))
+
+
+def _net(
+    *, internal: bool = False, subnet: str | None = None, external: str = ""
+) -> dict[str, Any]:
+    return {"internal": internal, "subnet": subnet, "external": external}
+
+
+def plan_network(
+    env: Environment,
+    policy: Policy,
+    *,
+    networked: Sequence[str],
+    ports: Mapping[str, Sequence[PortMap]],
+    compose_ports: Mapping[str, list[str]],
+    subnet: str | None,
+    leave_by: str = "",
+    resolvers: tuple[str, ...] = (),
+) -> NetPlan:
+    """Plan the networks of the containers `networked` (main when it is on the project's
+    network, and every service), with the ports each publishes (`compose_ports`: as Compose
+    strings, in the same order)."""
+    plan = NetPlan()
+    for name in networked:
+        got, notes = policy.egress_of(env.spec, name)
+        plan.egress[name] = got
+        plan.warnings += notes
+    every = [n for n in networked if plan.egress[n] == "all"]
+    listed = [n for n in networked if isinstance(plan.egress[n], tuple)]
+    closed = [n for n in networked if plan.egress[n] == "none"]
+    if networked and len(every) == len(networked):  # no container to hold in
+        plan.default_internal = False
+        for name in networked:
+            if resolvers:
+                plan.dns[name] = resolvers
+        return plan
+    lists = {plan.egress[n] for n in listed}
+    if len(lists) > 1:
+        first = listed[0]
+        for name in listed[1:]:
+            if plan.egress[name] != plan.egress[first]:
+                plan.issues.append(
+                    SpecIssue(
+                        env.source,
+                        field=_field(name),
+                        message=f"this allowlist differs from {_field(first)}'s: an "
+                        "environment has one egress gateway, with one allowlist",
+                        fix="give every container that has an allowlist the same one (or none, "
+                        "or all)",
+                    )
+                )
+        return plan
+    published = [n for n in networked if ports.get(n)]
+    outside = bool(every) or bool(listed) or bool(published)
+    if outside:
+        plan.networks["egress"] = (
+            _net(external=leave_by) if leave_by else _net(subnet=_neighbour(subnet, 1))
+        )
+    ingress = "egress"
+    if published and leave_by:  # never publish through a network someone else made
+        ingress = "ingress"
+        plan.networks["ingress"] = _net(subnet=_neighbour(subnet, 2))
+    reach = "default"
+    if listed and closed:  # a container without egress must not reach the proxy at all
+        reach = "proxy"
+        plan.networks["proxy"] = _net(internal=True, subnet=_neighbour(subnet, 3))
+    for name in networked:
+        nets = ["default"]
+        if name in every:
+            nets.append("egress")
+            if resolvers:
+                plan.dns[name] = resolvers
+        else:
+            plan.dns[name] = PINNED_DNS
+            plan.dns_options[name] = PINNED_DNS_OPTIONS
+        if name in listed and reach == "proxy":
+            nets.append("proxy")
+        if len(nets) > 1:
+            plan.members[name] = nets
+    if listed:
+        rules = plan.egress[listed[0]]
+        assert isinstance(rules, tuple)
+        plan.rules = squid_rules(rules)
+        no_proxy = ",".join(["localhost", "127.0.0.1", "::1", *networked, GATEWAY])
+        for name in listed:
+            plan.env[name] = {
+                **{v: PROXY_URL for v in PROXY_VARS},
+                **{v: no_proxy for v in NO_PROXY_VARS},
+            }
+        plan.gateway = {
+            "name": GATEWAY,
+            "networks": [reach, "egress"],
+            "dns": list(resolvers),
+        }
+    if published:
+        plan.direct_ports = False
+        forwards = _forwards(published, ports, compose_ports)
+        plan.forwarder = {
+            "name": FORWARDER,
+            "networks": ["default", ingress],
+            "ports": [f.published for f in forwards],
+            "args": [f"{f.protocol}:{f.listen}:{f.service}:{f.port}" for f in forwards],
+            "labels": {
+                FORWARDS_LABEL: ",".join(
+                    f"{f.listen}/{f.protocol}={f.service}:{f.port}" for f in forwards
+                )
+            },
+            "dns": list(PINNED_DNS),
+            "dns_options": list(PINNED_DNS_OPTIONS),
+        }
+    return plan
+
+
+def _forwards(
+    published: Sequence[str],
+    ports: Mapping[str, Sequence[PortMap]],
+    compose_ports: Mapping[str, list[str]],
+) -> list[Forward]:
+    """One forward per published port; each listens on the container port it stands for,
+    unless another forward took that number already."""
+    taken: set[tuple[int, str]] = set()
+    spare = FAR_PORT
+    out = []
+    for name in published:
+        for port, text in zip(ports[name], compose_ports[name], strict=True):
+            listen = port.container
+            while (listen, port.protocol) in taken:
+                listen, spare = spare, spare + 1
+            taken.add((listen, port.protocol))
+            host_part = text.rsplit(":", 1)[0]  # "IP:HOST" of "IP:HOST:PORT/PROTO"
+            out.append(
+                Forward(
+                    name,
+                    port.container,
+                    port.protocol,
+                    listen,
+                    f"{host_part}:{listen}/{port.protocol}",
+                )
+            )
+    return out

@@ -1,0 +1,248 @@
+"""`network.egress`: entries, the caller's narrowing, and what each setting compiles to
+(which networks each container joins, its resolvers, the gateway's rules)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.backends.docker.network import GATEWAY, PROXY_URL, RULES_FILE, squid_rules
+from orchestrator.backends.docker.render import CompileOptions, compile_project
+from orchestrator.backends.swarm.compile import StackOptions, compile_stack
+from orchestrator.errors import SpecError
+from orchestrator.spec import egress
+from orchestrator.spec.egress import DEFAULT_PORTS, Rule, narrow, parse, parse_rule
+from orchestrator.spec.loader import load_environment_text
+from orchestrator.spec.policy import Policy
+
+BASE = "version: 1\nname: eg\nimage: img\n"
+
+
+def compiled(text: str, tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], Any]:
+    env = load_environment_text(text, base_dir=tmp_path)
+    opts = CompileOptions(
+        project="orch-eg-1",
+        workspace=tmp_path,
+        subnet="10.213.0.0/27",
+        host_env={},
+        leave_by=kw.pop("leave_by", ""),
+        resolvers=kw.pop("resolvers", ()),
+        **kw,
+    )
+    c = compile_project(env, opts)
+    return yaml.safe_load(c.compose_yaml), c
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("example.com", Rule("name", "example.com", DEFAULT_PORTS)),
+        ("Example.COM.", Rule("name", "example.com", DEFAULT_PORTS)),
+        ("*.example.com", Rule("suffix", "example.com", DEFAULT_PORTS)),
+        ("example.com:8443", Rule("name", "example.com", (8443,))),
+        ("10.0.0.0/8", Rule("net", "10.0.0.0/8", ())),
+        ("10.1.2.3:5432", Rule("net", "10.1.2.3/32", (5432,))),
+        ("[2001:db8::/32]:443", Rule("net", "2001:db8::/32", (443,))),
+        ("2001:db8::1", Rule("net", "2001:db8::1/128", ())),
+    ],
+)
+def test_entries_parse(text: str, rule: Rule) -> None:
+    assert parse_rule(text) == rule
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "*", "*.", "a*.example.com", "ex ample.com", "example.com:0", "example.com:70000",
+     "http://example.com", "example.com/path", "[::1", "a..b", "-a.com:x"],
+)  # fmt: skip
+def test_bad_entries_are_refused_naming_them(text: str) -> None:
+    with pytest.raises(ValueError, match=r"allowlist entry|port|none, all"):
+        parse_rule(text) if text else parse(text)
+
+
+def test_file_errors_name_the_field_and_line(tmp_path: Path) -> None:
+    text = BASE + "network:\n  egress:\n    - ok.example\n    - 'bad host'\n"
+    with pytest.raises(SpecError) as err:
+        load_environment_text(text, base_dir=tmp_path)
+    assert "network.egress" in str(err.value) and "'bad host'" in str(err.value)
+
+
+def test_outbound_is_the_old_shorthand_and_not_both(tmp_path: Path) -> None:
+    on = load_environment_text(BASE + "network: {outbound: true}\n", base_dir=tmp_path)
+    off = load_environment_text(BASE + "network: {outbound: false}\n", base_dir=tmp_path)
+    assert (on.spec.network.egress_setting(), off.spec.network.egress_setting()) == ("all", "none")
+    with pytest.raises(SpecError, match="give `egress` only"):
+        load_environment_text(BASE + "network: {outbound: true, egress: none}\n")
+
+
+def test_the_caller_narrows_never_widens() -> None:
+    asked = parse(["a.example.com", "*.pypi.example", "10.1.0.0/16:5432", "other.test"])
+    allowed = parse(["*.example.com", "*.pypi.example:443", "10.0.0.0/8"])
+    got, notes = narrow(asked, allowed)
+    assert got == parse(["a.example.com", "10.1.0.0/16:5432"])
+    assert "other.test" in notes[0] and "*.pypi.example" in notes[0]  # 80 is not allowed
+    assert narrow("all", allowed)[0] == allowed
+    assert narrow(asked, "none")[0] == "none"
+    assert narrow("none", "all") == ("none", [])
+    assert narrow(asked, "all") == (asked, [])
+
+
+names = st.from_regex(r"[a-c]{1,2}(\.[a-c]{1,2}){0,2}", fullmatch=True)
+entries = st.builds(
+    lambda wild, name, port: ("*." if wild else "") + name + (f":{port}" if port else ""),
+    st.booleans(),
+    names,
+    st.sampled_from([None, 80, 443, 8080]),
+)
+
+
+@given(st.lists(entries, min_size=1, max_size=5), st.lists(entries, min_size=1, max_size=5))
+def test_narrowing_only_ever_keeps_what_both_allow(file: list[str], caller: list[str]) -> None:
+    asked, allowed = parse(file), parse(caller)
+    got, _ = narrow(asked, allowed)
+    if got == "none":
+        return
+    assert isinstance(got, tuple) and isinstance(allowed, tuple) and isinstance(asked, tuple)
+    for rule in got:
+        assert rule in asked  # never more than the file asked
+        assert any(a.covers(rule) for a in allowed)  # never more than the caller allows
+
+
+def test_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_EGRESS", "none")
+    assert Policy.from_env().egress == "none"
+    monkeypatch.setenv("ORCHESTRATOR_EGRESS", "allowed.test, *.pypi.example:443")
+    assert Policy.from_env().egress == parse(["allowed.test", "*.pypi.example:443"])
+    monkeypatch.setenv("ORCHESTRATOR_EGRESS", "not a host")
+    with pytest.raises(Exception, match="ORCHESTRATOR_EGRESS"):
+        Policy.from_env()
+
+
+def test_none_keeps_every_container_in_and_pins_dns(tmp_path: Path) -> None:
+    text = BASE + "services:\n  db: {image: db}\n"
+    doc, c = compiled(text, tmp_path)
+    assert doc["networks"]["default"]["internal"] is True
+    assert set(doc["networks"]) == {"default"}
+    for name in ("main", "db"):
+        assert doc["services"][name]["dns"] == ["127.0.0.1"]
+        assert "HTTP_PROXY" not in doc["services"][name].get("environment", {})
+    assert not c.infra
+
+
+def test_all_everywhere_is_one_routed_network(tmp_path: Path) -> None:
+    text = BASE + "network: {egress: all, ports: [{container: 80}]}\nservices:\n  db: {image: db}\n"
+    doc, c = compiled(text, tmp_path, resolvers=("10.9.9.9",))
+    assert doc["networks"]["default"]["internal"] is False
+    assert doc["services"]["main"]["ports"] == ["127.0.0.1::80/tcp"]  # no forwarder needed
+    assert doc["services"]["main"]["dns"] == ["10.9.9.9"]
+    assert not c.infra
+
+
+def test_allowlist_puts_a_gateway_between_the_sandbox_and_the_outside(tmp_path: Path) -> None:
+    text = BASE + "network: {egress: [allowed.test, '*.allowed.test:443']}\n"
+    doc, c = compiled(text, tmp_path)
+    main, gw = doc["services"]["main"], doc["services"][GATEWAY]
+    assert c.infra == (GATEWAY,)
+    assert main.get("networks", ["default"]) == ["default"]  # never on the way out itself
+    assert main["dns"] == ["127.0.0.1"]
+    assert main["environment"]["HTTPS_PROXY"] == PROXY_URL
+    assert main["depends_on"][GATEWAY] == {"condition": "service_healthy"}
+    assert gw["networks"] == ["default", "egress"]
+    assert doc["networks"]["egress"]["internal"] is False
+    assert doc["networks"]["default"]["internal"] is True
+    assert gw["cap_drop"] == ["ALL"] and "NET_ADMIN" not in gw["cap_add"]
+    listed = egress.parse(["allowed.test", "*.allowed.test:443"])
+    assert isinstance(listed, tuple) and c.files[RULES_FILE] == squid_rules(listed)
+    assert gw["volumes"][0]["read_only"] is True
+    assert [b.service for b in c.builds] == [GATEWAY]
+
+
+def test_a_closed_container_never_shares_a_network_with_the_gateway(tmp_path: Path) -> None:
+    text = BASE + (
+        "network: {egress: none}\n"
+        "services:\n  web: {image: w, egress: [allowed.test]}\n  db: {image: d}\n"
+    )
+    doc, _ = compiled(text, tmp_path)
+    services = doc["services"]
+    gw_nets = set(services[GATEWAY]["networks"])
+    for closed in ("main", "db"):
+        assert not gw_nets & set(services[closed].get("networks", ["default"]))
+    assert "proxy" in services["web"]["networks"] and "proxy" in gw_nets
+    assert doc["networks"]["proxy"]["internal"] is True
+    assert "HTTP_PROXY" not in services["main"].get("environment", {})
+
+
+def test_two_allowlists_are_a_spec_error_naming_the_field(tmp_path: Path) -> None:
+    text = BASE + "network: {egress: [a.test]}\nservices:\n  web: {image: w, egress: [b.test]}\n"
+    with pytest.raises(SpecError, match=r"services\.web\.egress"):
+        compiled(text, tmp_path)
+
+
+def test_published_ports_go_through_the_forwarder(tmp_path: Path) -> None:
+    text = BASE + (
+        "network: {ports: [{container: 80}]}\n"
+        "services:\n  web: {image: w, ports: [{container: 80, host: 9000}]}\n"
+    )
+    doc, c = compiled(text, tmp_path)
+    fwd = doc["services"]["orchestrator-ports"]
+    assert fwd["command"] == ["forward", "tcp:80:main:80", "tcp:40000:web:80"]
+    assert fwd["ports"] == ["127.0.0.1::80/tcp", "127.0.0.1:9000:40000/tcp"]
+    assert fwd["labels"]["org.orchestrator.forwards"] == "80/tcp=main:80,40000/tcp=web:80"
+    assert "ports" not in doc["services"]["main"] and "ports" not in doc["services"]["web"]
+    assert doc["networks"]["default"]["internal"] is True
+    assert c.published
+
+
+def test_leaving_by_a_given_network_never_publishes_on_it(tmp_path: Path) -> None:
+    text = BASE + "network: {egress: [a.test], ports: [{container: 80}]}\n"
+    doc, _ = compiled(text, tmp_path, leave_by="corp-net", resolvers=("10.1.1.1",))
+    assert doc["networks"]["egress"] == {"name": "corp-net", "external": True}
+    assert doc["services"][GATEWAY]["dns"] == ["10.1.1.1"]
+    assert "ingress" in doc["services"]["orchestrator-ports"]["networks"]
+
+
+def test_the_caller_policy_applies_at_compile(tmp_path: Path) -> None:
+    text = BASE + "network: {egress: all}\nservices:\n  db: {image: d}\n"
+    doc, c = compiled(text, tmp_path, policy=Policy(egress=parse(["allowed.test"])))
+    assert doc["networks"]["default"]["internal"] is True
+    assert GATEWAY in doc["services"]
+    assert c.egress == {"main": "allowed.test", "db": "allowed.test"}
+
+
+def test_rules_match_names_without_lookups_and_never_the_host() -> None:
+    listed = parse(["allowed.test", "*.pypi.example:443", "10.0.0.0/8:5432"])
+    assert isinstance(listed, tuple)
+    rules = squid_rules(listed)
+    assert "dstdomain -n allowed.test" in rules
+    assert r"dstdom_regex -n -i \.pypi\.example$" in rules
+    assert "http_access allow orch_ipliteral" in rules  # a range matches addresses only
+    for line in rules.splitlines():
+        if line.startswith("http_access allow orch_e"):
+            assert line.endswith("!orch_never !orch_host")
+
+
+def test_reserved_service_names_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="orchestrator-"):
+        load_environment_text(BASE + "services:\n  orchestrator-egress: {image: x}\n")
+
+
+def test_swarm_refuses_an_allowlist_naming_the_field(tmp_path: Path) -> None:
+    text = BASE + "backend: swarm\nnetwork: {egress: [a.test]}\n"
+    env = load_environment_text(text.replace("backend: swarm\n", ""), base_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"network\.egress"):
+        compile_stack(env, StackOptions(project="orch-eg-1", labels={}))
+
+
+def test_local_refuses_an_allowlist(tmp_path: Path) -> None:
+    from orchestrator.backends.local import LocalRuntime
+
+    env = load_environment_text(
+        "version: 1\nname: eg\nbackend: local\nnetwork: {egress: [a.test]}\n", base_dir=tmp_path
+    )
+    with pytest.raises(SpecError, match="local backend"):
+        LocalRuntime.check(env, Policy())
