@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from ruamel.yaml import YAML
 
 from orchestrator.backends.docker.network import GATEWAY, PROXY_URL, RULES_FILE, squid_rules
 from orchestrator.backends.docker.render import CompileOptions, compile_project
@@ -35,7 +35,7 @@ def compiled(text: str, tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], Any]
         **kw,
     )
     c = compile_project(env, opts)
-    return yaml.safe_load(c.compose_yaml), c
+    return YAML(typ="safe").load(c.compose_yaml), c
 
 
 @pytest.mark.parametrize(
