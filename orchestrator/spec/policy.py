@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from orchestrator import settings
 from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
@@ -110,10 +111,11 @@ class Policy:
     """Host variables a file's `env_passthrough` may pass into the sandbox
     (ORCHESTRATOR_ALLOW_ENV, comma-separated; "*": any). A variable passes only when the file
     names it (or says "*") and this allows it: the file alone passes none."""
-    egress: Egress = "all"
-    """The most any container may reach outside its environment (ORCHESTRATOR_EGRESS: none,
-    all, or comma-separated allowlist entries): a file's `egress` is narrowed to it, never
-    widened. "all" (the default) leaves each file its own."""
+    egress: Egress | Sequence[str] = "all"
+    """The most any container may reach outside its environment: "none", "all" or a list of
+    allowlist entries (ORCHESTRATOR_EGRESS: none, all, or entries separated by commas). A
+    file's `egress` is narrowed to it, never widened; "all" (the default) leaves each file
+    its own. A list is parsed when the policy is made (ValueError naming a bad entry)."""
     allow_unisolated: bool = False
     """Let a file choose a backend that isolates nothing, whose commands run on this host as
     the caller (`backend: local`; ORCHESTRATOR_ALLOW_UNISOLATED=1). A caller that names the
@@ -133,13 +135,18 @@ class Policy:
             egress=egress_from_env(),
         )
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.egress, tuple) and self.egress not in ("none", "all"):
+            # a list of entries, as a caller writes it: parsed once, here
+            object.__setattr__(self, "egress", _egress.parse(self.egress))
+
     def egress_of(self, spec: EnvironmentV1, name: str) -> tuple[Egress, list[str]]:
         """What container `name` ("main" or a service) may reach: its own `egress` (a
         service's, else the file's `network.egress`) narrowed to this policy's, and a note
         (naming the field) for each entry of the file this policy took away."""
         own = spec.services[name].egress if name in spec.services else None
         asked = _egress.parse(own) if own is not None else spec.network.egress_setting()
-        got, notes = _egress.narrow(asked, self.egress)
+        got, notes = _egress.narrow(asked, cast(Egress, self.egress))  # parsed: __post_init__
         where = f"services.{name}.egress" if own is not None else "network.egress"
         return got, [f"{where}: {note}" for note in notes]
 

@@ -151,7 +151,6 @@ def test_allowlist_puts_a_gateway_between_the_sandbox_and_the_outside(tmp_path: 
     assert main.get("networks", ["default"]) == ["default"]  # never on the way out itself
     assert main["dns"] == ["127.0.0.1"]
     assert main["environment"]["HTTPS_PROXY"] == PROXY_URL
-    assert main["depends_on"][GATEWAY] == {"condition": "service_healthy"}
     assert gw["networks"] == ["default", "egress"]
     assert doc["networks"]["egress"]["internal"] is False
     assert doc["networks"]["default"]["internal"] is True
@@ -246,3 +245,41 @@ def test_local_refuses_an_allowlist(tmp_path: Path) -> None:
     )
     with pytest.raises(SpecError, match="local backend"):
         LocalRuntime.check(env, Policy())
+
+
+def test_a_lone_sandbox_narrowed_to_none_is_told_so(tmp_path: Path) -> None:
+    text = BASE + "network: {egress: [example.com, other.org]}\n"
+    doc, c = compiled(text, tmp_path, policy=Policy(egress="none"))
+    assert doc["services"]["main"]["network_mode"] == "none"
+    assert any("network.egress" in w and "allows no egress" in w for w in c.warnings)
+
+
+def test_a_policy_takes_entries_as_written() -> None:
+    assert Policy(egress=["allowed.test"]).egress == parse(["allowed.test"])
+    with pytest.raises(ValueError, match="not an allowlist entry"):
+        Policy(egress=["not a host"])
+
+
+def test_a_range_never_opens_the_host_or_metadata_unless_named_inside_them() -> None:
+    wide = parse(["0.0.0.0/0", "169.254.169.254"])
+    assert isinstance(wide, tuple)
+    lines = [x for x in squid_rules(wide).splitlines() if x.startswith("http_access")]
+    guarded = {line.endswith("!orch_never !orch_host") for line in lines}
+    assert guarded == {True, False}  # 0.0.0.0/0 guarded, the metadata address as asked
+    [plain] = [line for line in lines if not line.endswith("!orch_host")]
+    rule = next(r for r in wide if r.value == "169.254.169.254/32")
+    assert f"orch_e{wide.index(rule)} " in plain + " "
+
+
+def test_the_gateway_is_waited_for_once_not_health_checked_forever(tmp_path: Path) -> None:
+    doc, _ = compiled(BASE + "network: {egress: [a.test]}\n", tmp_path)
+    assert "healthcheck" not in doc["services"][GATEWAY]
+    for name in (GATEWAY,):
+        assert doc["services"][name]["sysctls"]["net.ipv4.ip_forward"] == "0"
+
+
+def test_all_leaves_by_the_network_the_caller_names(tmp_path: Path) -> None:
+    doc, _ = compiled(BASE + "network: {egress: all}\n", tmp_path, leave_by="corp-net")
+    assert doc["services"]["main"]["networks"] == ["default", "egress"]
+    assert doc["networks"]["egress"] == {"name": "corp-net", "external": True}
+    assert doc["networks"]["default"]["internal"] is True

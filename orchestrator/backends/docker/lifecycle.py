@@ -41,6 +41,7 @@ from orchestrator.backends.container.identity import (
 from orchestrator.backends.container.inventory import reap_soon, remove_by_label
 from orchestrator.backends.container.readiness import LOG_LINES, Look, failure, late, not_ready
 from orchestrator.backends.docker.build import get_images
+from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT
 from orchestrator.backends.docker.render import (
     CompiledProject,
     CompileOptions,
@@ -129,6 +130,28 @@ class Project:
         # not engine_call: `up` is not idempotent; start_project removes a failed start
         with docker_errors(f"starting project {self.name}"):
             self.up_client.compose.up(detach=True, quiet=True)
+        if GATEWAY in self.compiled.infra:
+            self._wait_gateway()
+
+    def _wait_gateway(self) -> None:
+        """Wait until the egress gateway takes connections, with one exec that looks from
+        inside it (a healthcheck would exec into it every interval of its whole life)."""
+        deadline = up_timeout()
+        argv = ExecTarget(raw_docker(self.client), self.container_of(GATEWAY)).argv(
+            ["/bin/bash", "-c", GATEWAY_READY, "ready", str(int(deadline * 10))]
+        )
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=deadline + 10, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise StartupError(f"{self.name}: the egress gateway did not start: {exc}") from None
+        if done.returncode != 0:
+            logs = self.logs(GATEWAY, tail=20).strip()
+            raise StartupError(
+                f"{self.name}: the egress gateway did not take connections within "
+                f"{deadline:g}s (ORCHESTRATOR_UP_TIMEOUT); its last lines:\n{logs}"
+            )
 
     def tether(self, services: Iterable[str]) -> None:
         """Tie the extra services' lives to this process, with nothing of ours left to run
@@ -225,6 +248,14 @@ class Project:
         return text if isinstance(text, str) else ""
 
 
+GATEWAY_READY = (
+    'for _ in $(seq "$1"); do (exec 3<>/dev/tcp/127.0.0.1/' + str(PROXY_PORT) + ") 2>/dev/null"
+    " && exit 0; sleep 0.1; done; exit 1"
+)
+"""Run in the gateway: exit 0 once its proxy port takes a connection (tenths of a second
+to wait given as $1)."""
+
+
 def _retry_subnet(attempt: Callable[[int], T], tries: int = 8) -> T:
     """Run attempt(0), attempt(1), ... while the engine says our subnet overlaps another."""
     for i in range(tries):
@@ -279,6 +310,9 @@ def start_project(
             if err is exc:
                 raise
             raise err from exc
+        except StartupError:  # its egress gateway never took connections
+            _remove_quietly(project)
+            raise
         return project
 
     try:

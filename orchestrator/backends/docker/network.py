@@ -113,6 +113,22 @@ def _field(name: str) -> str:
     return "network.egress" if name == MAIN else f"services.{name}.egress"
 
 
+_NEVER = [
+    ipaddress.ip_network(n)
+    for n in (
+        "127.0.0.0/8",
+        "0.0.0.0/8",
+        "169.254.0.0/16",
+        "224.0.0.0/4",
+        "::1/128",
+        "fe80::/10",
+        "ff00::/8",
+    )
+]
+"""Squid's `orch_never` (templates/gateway/squid.conf): never reached through a name, nor
+through a range that merely contains them; an entry inside one of them is a choice."""
+
+
 def squid_rules(rules: Sequence[Rule]) -> str:
     """The gateway's rules: one `http_access allow` per entry. A name is matched as written
     (never looked up to match, no reverse lookup of an address), and a name let through
@@ -132,10 +148,16 @@ def squid_rules(rules: Sequence[Rule]) -> str:
         if rule.ports:
             lines.append(f"acl {acl}p port {' '.join(str(p) for p in rule.ports)}")
             ports = f" {acl}p"
+        guard = " !orch_never !orch_host"
+        if rule.kind == "net" and any(
+            n.version == rule.network().version and rule.network().subnet_of(n)  # type: ignore[arg-type]
+            for n in _NEVER
+        ):
+            guard = ""  # asked for by address, on purpose (169.254.169.254, say)
         if rule.kind == "net":  # an address the request names: no lookup needed to match
-            lines.append(f"http_access allow orch_ipliteral {acl}{ports}")
+            lines.append(f"http_access allow orch_ipliteral {acl}{ports}{guard}")
         else:
-            lines.append(f"http_access allow {acl}{ports} !orch_never !orch_host")
+            lines.append(f"http_access allow {acl}{ports}{guard}")
     return "\n".join(lines) + "\n"
 
 
@@ -180,7 +202,7 @@ def plan_network(
     every = [n for n in networked if plan.egress[n] == "all"]
     listed = [n for n in networked if isinstance(plan.egress[n], tuple)]
     closed = [n for n in networked if plan.egress[n] == "none"]
-    if networked and len(every) == len(networked):  # no container to hold in
+    if networked and len(every) == len(networked) and not leave_by:  # none to hold in
         plan.default_internal = False
         for name in networked:
             if resolvers:

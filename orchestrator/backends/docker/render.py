@@ -31,7 +31,6 @@ from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.fingerprint import fingerprint
 from orchestrator.backends.docker.network import (
     GATEWAY,
-    PROXY_PORT,
     RULES_FILE,
     RULES_MOUNT,
     NetPlan,
@@ -323,7 +322,7 @@ def _infra(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
                 **net.gateway,
                 "command": ["proxy"],
                 "caps": ["SETUID", "SETGID", "CHOWN"],
-                "healthcheck": f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}",
+                "healthcheck": None,  # the start waits for it once (Project._wait_gateway)
                 "mounts": [(RULES_FILE, RULES_MOUNT)],
                 "ports": [],
                 "labels": {},
@@ -412,9 +411,10 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     bind_host, notice = container_bind_host(spec, mode)
     if notice:
         warnings.append(notice)
-    main_egress, _ = opts.policy.egress_of(spec, MAIN)
+    main_egress, notes = opts.policy.egress_of(spec, MAIN)
     if mode == "bridge" and not spec.services and not main_ports and main_egress == "none":
         mode = "none"  # nothing to reach and nothing reachable: no network at all
+        warnings += notes  # (plan_network says them for a sandbox it networks)
     has_network = bool(spec.services) or mode == "bridge"
     gated = gated_services(env, copied=opts.remote)
     issues += service_workdir_issues(env)
