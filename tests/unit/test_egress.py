@@ -283,3 +283,20 @@ def test_all_leaves_by_the_network_the_caller_names(tmp_path: Path) -> None:
     assert doc["services"]["main"]["networks"] == ["default", "egress"]
     assert doc["networks"]["egress"] == {"name": "corp-net", "external": True}
     assert doc["networks"]["default"]["internal"] is True
+
+
+@pytest.mark.parametrize(("egress", "pinned"), [("none", True), ("all", False)])
+def test_swarm_pins_dns_unless_all(tmp_path: Path, egress: str, pinned: bool) -> None:
+    text = BASE + f"network: {{egress: {egress}}}\nservices:\n  db: {{image: d}}\n"
+    env = load_environment_text(text, base_dir=tmp_path)
+    doc = YAML(typ="safe").load(compile_stack(env, StackOptions(project="orch-eg-1")).stack_yaml)
+    assert doc["networks"]["sandbox"]["internal"] is pinned
+    for service in doc["services"].values():
+        assert (service.get("dns") == ["127.0.0.1"]) is pinned
+
+
+def test_swarm_refuses_mixed_egress_naming_the_service(tmp_path: Path) -> None:
+    text = BASE + "network: {egress: all}\nservices:\n  db: {image: d, egress: none}\n"
+    env = load_environment_text(text, base_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"services\.db\.egress"):
+        compile_stack(env, StackOptions(project="orch-eg-1"))
