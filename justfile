@@ -48,6 +48,7 @@ bench: setup
     {{py}} -m bench.snapshot
     {{py}} -m bench.scale
     {{py}} -m bench.swarm
+    {{py}} -m bench.egress
 
 # A Swarm of N engines on this machine, for the swarm backend (tests start one themselves)
 cluster-up N="3": setup

@@ -102,30 +102,6 @@ def _headroom() -> Check:
     )
 
 
-def _gateway() -> Check:
-    """The egress gateway's image: there, buildable with nothing fetched, or to be pulled."""
-    from orchestrator.backends.docker import gateway
-
-    def present(image: str) -> bool:
-        return _run(["docker", "image", "inspect", image]).returncode == 0
-
-    tag = gateway.tag()
-    if present(tag):
-        return "pass", f"egress gateway image {tag} present (allowlists and published ports)"
-    base = gateway.base_image(present)
-    if present(base):
-        return "pass", (
-            f"egress gateway image {tag} is built from {base} on first use (a few seconds, "
-            "nothing fetched)"
-        )
-    return "warn", (
-        f"egress gateway image {tag} is missing: the first environment with an egress "
-        f"allowlist or a published port builds it on {base}, which the engine must pull, "
-        "installing squid and socat from Debian; where no registry is reachable, run "
-        f"scripts/build-images gateway (or set {gateway.BASE_ENV} to a local Debian image)"
-    )
-
-
 TEST_IMAGES = "orchestrator-test/"
 """Images of this repository's tests: no registry has them, `just images` builds them."""
 
@@ -212,13 +188,17 @@ def doctor(
     """Check that this machine can run environments (on its engine, or the one at --host)."""
     if host:
         os.environ[ENGINE_ENV] = host
-    checks: list[Callable[[], Check]] = [_cli, _daemon, _compose, _dirs, _headroom, _gateway]
+    checks: list[Callable[[], Check]] = [_cli, _daemon, _compose, _dirs, _headroom]
     results: list[Check] = []
     for check in checks:
         status, message = check()
         results.append((status, message))
         if status == "fail" and check in (_cli, _daemon):
             break
+    if not any(s == "fail" for s, _ in results):  # the backend's own (its gateway image)
+        from orchestrator import get_runtime_class
+
+        results += get_runtime_class("docker").doctor()
     if file is not None and not any(s == "fail" for s, _ in results):
         results += _file_checks(file)
     for status, message in results:

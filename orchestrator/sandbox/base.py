@@ -482,6 +482,13 @@ class Runtime(Sandbox):
         cls.check(env, policy)
 
     @classmethod
+    def doctor(cls) -> list[tuple[str, str]]:
+        """What `orchestrator doctor` should say about this backend on this machine, as
+        (pass | warn | fail, message) lines, beyond the engine checks it makes itself. The
+        default: nothing."""
+        return []
+
+    @classmethod
     def render(cls, env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
         """The native project `env` compiles to for `workspace`, as {relative path: text},
         the main file first (`orchestrator render`); `workspace` None: the private one a

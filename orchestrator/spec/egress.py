@@ -71,9 +71,17 @@ class Rule:
         return same or other.value.endswith("." + self.value)
 
 
+_ENTRY = re.compile(r"^[a-z0-9_.*:/\[\]-]+$")
+"""Every character an entry may hold: anything else (a zone `%eth0`, space, newline, `#`)
+never reaches the gateway's rules."""
+_VALUE = re.compile(r"^[a-z0-9_.:/-]+$")
+
+
 def parse_rule(text: str) -> Rule:
     """One allowlist entry, or ValueError saying what a valid one looks like."""
     entry = text.strip().lower().rstrip(".")
+    if not _ENTRY.match(entry):
+        raise ValueError(_what(text))
     host, port = entry, ""
     if entry.startswith("["):  # [v6 range]:port
         host, bracket, rest = entry[1:].partition("]")
@@ -91,7 +99,7 @@ def parse_rule(text: str) -> Rule:
         net = ipaddress.ip_network(host, strict=False)
     except ValueError:
         net = None
-    if net is not None:
+    if net is not None and _VALUE.match(str(net)):
         return Rule("net", str(net), ports)
     if "/" in host or ":" in host or not _NAME.match(host) or len(host) > 253:
         raise ValueError(_what(text))

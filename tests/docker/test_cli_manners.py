@@ -111,3 +111,24 @@ def test_doctor_checks_the_engine_given_by_host(tmp_path: Path) -> None:
     real = cli("doctor", "--host", _engine())
     assert real.returncode == 0, real.stdout
     assert "Docker engine " in real.stdout and f"at {_engine()}" in real.stdout
+
+
+def test_doctor_reports_the_egress_gateway_image() -> None:
+    from orchestrator.backends.docker import gateway
+
+    shown = cli("doctor")
+    line = next(x for x in shown.stdout.splitlines() if "egress gateway image" in x)
+    assert gateway.tag() in line and line.startswith("[pass]"), shown.stdout
+
+
+def test_doctor_says_where_a_missing_gateway_image_would_come_from() -> None:
+    """With a base no engine has and a gateway folder of another version, the advice names
+    the base and the script that builds one without a registry."""
+    from orchestrator.backends.docker import gateway, hooks
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ORCHESTRATOR_GATEWAY_BASE", "orchestrator-test/no-such-base:1")
+        patch.setattr(gateway, "tag", lambda: "orchestrator/gateway:no-such-version")
+        [(status, message)] = hooks.doctor()
+    assert status == "warn" and "orchestrator-test/no-such-base:1" in message
+    assert "scripts/build-images gateway" in message

@@ -101,10 +101,10 @@ def test_policy_extra_roots(tmp_path: Path, tmp_path_factory: pytest.TempPathFac
 
 
 def test_cap_add_from_the_file_only_within_dockers_defaults(tmp_path: Path) -> None:
-    doc, _ = build(BASE + "cap_add: [net_raw, CAP_SYS_CHROOT]\n", tmp_path)
+    doc, _ = build(BASE + "cap_add: [setfcap, CAP_SYS_CHROOT]\n", tmp_path)
     main = doc["services"]["main"]
     assert main["cap_drop"] == ["ALL"]
-    assert {"NET_RAW", "SYS_CHROOT", "SETUID", "KILL"} <= set(main["cap_add"])
+    assert {"SETFCAP", "SYS_CHROOT", "SETUID", "KILL"} <= set(main["cap_add"])
     assert main["security_opt"] == ["no-new-privileges:true"]
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -300,3 +301,40 @@ def test_swarm_refuses_mixed_egress_naming_the_service(tmp_path: Path) -> None:
     env = load_environment_text(text, base_dir=tmp_path)
     with pytest.raises(SpecError, match=r"services\.db\.egress"):
         compile_stack(env, StackOptions(project="orch-eg-1"))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "fe80::1%lo\nhttp_access allow all\n#",  # a zone id carried a line of its own
+        "2001:db8::1%1\nhttp_access allow all",
+        "allowed.test\nhttp_access allow all",
+        "allowed.test http_access",
+        "allowed.test#x",
+        "fe80::1%eth0",
+        "[fe80::1%eth0]:443",
+    ],
+)
+def test_an_entry_can_never_write_a_rule_of_its_own(entry: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        parse_rule(entry)
+    text = BASE + "network:\n  egress: [allowed.test, " + json.dumps(entry) + "]\n"
+    with pytest.raises(SpecError, match=r"network\.egress"):
+        load_environment_text(text, base_dir=tmp_path)
+    # nor through the caller's policy, whose range would have covered it
+    with pytest.raises(ValueError):
+        Policy(egress=["allowed.test", entry])
+
+
+def test_the_rules_refuse_a_value_no_parse_makes() -> None:
+    with pytest.raises(ValueError, match="not an allowlist value"):
+        squid_rules([Rule("net", "fe80::1%lo\nhttp_access allow all", ())])
+
+
+def test_net_raw_needs_the_callers_opt_in(tmp_path: Path) -> None:
+    text = BASE + "user: root\ncap_add: [NET_RAW]\n"
+    with pytest.raises(SpecError, match="NET_RAW"):
+        compiled(text, tmp_path)
+    doc, c = compiled(text, tmp_path, policy=Policy(allow_caps=frozenset({"NET_RAW"})))
+    assert "NET_RAW" in doc["services"]["main"]["cap_add"]
+    assert any("raw frames" in w for w in c.warnings)

@@ -9,7 +9,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from python_on_whales.exceptions import DockerException
+
+from orchestrator.backends.container.engine import docker_client
 from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
+from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions, compile_project
 from orchestrator.paths import projects_dir
 from orchestrator.sandbox.options import BuildChoice
@@ -71,3 +75,36 @@ def render(env: Environment, workspace: Path | None, policy: Policy) -> dict[str
     if private and not env.spec.workspace.mount:
         note = ""  # no workspace is mounted: nothing stands in
     return {"compose.yaml": note + compiled.compose_yaml, **compiled.files}
+
+
+def doctor() -> list[tuple[str, str]]:
+    """The egress gateway's image: there, buildable with nothing fetched, or to be pulled."""
+    client = docker_client()
+
+    def present(image: str) -> bool:
+        try:
+            return bool(client.image.exists(image))
+        except (DockerException, OSError):  # an engine that does not answer: doctor says so
+            return False
+
+    tag = gateway.tag()
+    if present(tag):
+        return [("pass", f"egress gateway image {tag} present (allowlists and published ports)")]
+    base = gateway.base_image(present)
+    if present(base):
+        return [
+            (
+                "pass",
+                f"egress gateway image {tag} is built from {base} on first use (a few "
+                "seconds, nothing fetched)",
+            )
+        ]
+    return [
+        (
+            "warn",
+            f"egress gateway image {tag} is missing: the first environment with an egress "
+            f"allowlist or a published port builds it on {base}, which the engine must pull, "
+            "installing squid and socat from Debian; where no registry is reachable, run "
+            f"scripts/build-images gateway (or set {gateway.BASE_ENV} to a local Debian image)",
+        )
+    ]

@@ -57,6 +57,10 @@ class ComposeRuntime(ContainerRuntime):
         hooks.prepare(env, policy, build=build)
 
     @classmethod
+    def doctor(cls) -> list[tuple[str, str]]:
+        return hooks.doctor()
+
+    @classmethod
     def render(cls, env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
         return hooks.render(env, workspace, policy)
 

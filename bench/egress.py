@@ -1,0 +1,396 @@
+"""`python -m bench.egress` (part of `just bench`): what the egress gateway costs, against a
+sandbox that reaches the same server directly, with one hermetic test world running
+(`orchestrator.testing.world`: every byte stays on this machine).
+
+1. GETs through the gateway against direct, over HTTP and over HTTPS, side by side in
+   interleaved rounds (each round runs both sides, in turn, the first side alternating):
+   - gateway: an environment with `network: {egress: [allowed.test]}`; the sandbox talks to
+     the proxy (orchestrator-egress:3128, as its proxy variables say): HTTP as an
+     absolute-URI GET, HTTPS as a CONNECT tunnel to allowed.test:443 with TLS inside it;
+     the gateway checks each against the allowlist and passes it on;
+   - direct: the same file with `egress: all`, whose container joins the world's network
+     (the environment's way out: ORCHESTRATOR_EGRESS_NETWORK); the same GETs to
+     allowed.test:80 and :443, no proxy.
+   Each side's requests run in ONE command in the sandbox, a Python loop timing each
+   request with `time.perf_counter` (connect, TLS, request, whole body read), so the exec's
+   own cost does not count. 1 KiB: many requests, a new connection for each (as most
+   clients do), and for HTTP again over one keep-alive connection -> p50 and p99 per
+   request, and the latency the gateway adds. 10 MiB: a few downloads, each on a new
+   connection -> time per GET, throughput, and the ratio gateway / direct (median of the
+   per-round ratios), per protocol. The goal (issue 22): at most TARGET x.
+2. Start-up: `spawn_runtime` until the first `execute(["true"])` has answered, for the
+   allowlist file (gateway) and a file with one published port and `egress: none` (port
+   forwarder), each against the same file with `egress: none` and no port, interleaved;
+   then `cleanup()`, timed on its own.
+
+Writes bench/results/egress.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+from bench.measure import report
+from orchestrator import Runtime, load_environment_text, spawn_runtime
+from orchestrator.backends.docker.network import (
+    EGRESS_DNS_ENV,
+    EGRESS_NETWORK_ENV,
+    GATEWAY,
+    PROXY_PORT,
+)
+from orchestrator.testing.world import PYTHON_IMAGE, World, start_world
+
+TARGET = 1.2
+"""Goal: a 10 MiB GET through the gateway takes at most this many times the direct one."""
+HOST = "allowed.test"
+SMALL = 1024
+LARGE = 10 * 1024 * 1024
+GATEWAY_SIDE, DIRECT_SIDE = "gateway", "direct"
+SIDES = (GATEWAY_SIDE, DIRECT_SIDE)
+HTTP, HTTPS = "HTTP", "HTTPS"
+PROTOCOLS = (HTTP, HTTPS)
+
+CLIENT = r"""
+import http.client, json, ssl, sys, time
+
+spec = json.loads(sys.argv[1])
+view = memoryview(bytearray(1 << 20))
+loose = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+loose.check_hostname = False
+loose.verify_mode = ssl.CERT_NONE
+
+
+def connect():
+    if not spec["tls"]:
+        return http.client.HTTPConnection(spec["host"], spec["port"], timeout=120)
+    conn = http.client.HTTPSConnection(spec["host"], spec["port"], timeout=120, context=loose)
+    if spec["tunnel"]:
+        conn.set_tunnel(spec["tunnel"], 443)
+    return conn
+
+
+times, conn = [], None
+for _ in range(spec["count"]):
+    start = time.perf_counter()
+    if conn is None:
+        conn = connect()
+    conn.request("GET", spec["target"])
+    answer = conn.getresponse()
+    got = 0
+    while True:
+        n = answer.readinto(view)
+        if not n:
+            break
+        got += n
+    times.append(time.perf_counter() - start)
+    if answer.status != 200 or got != spec["size"]:
+        sys.exit("GET %s: %d, %d bytes" % (spec["target"], answer.status, got))
+    if not spec["keepalive"]:
+        conn.close()
+        conn = None
+print(json.dumps(times))
+"""
+"""Run in the sandbox: `python3 -c CLIENT SPEC-JSON`; prints each request's seconds."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of request measured on both sides."""
+
+    protocol: str
+    size: int
+    keepalive: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.size == LARGE:
+            return "10 MiB"
+        return "1 KiB, " + (
+            "one keep-alive connection" if self.keepalive else "new connection each"
+        )
+
+
+KINDS = (
+    Kind(HTTP, SMALL),
+    Kind(HTTP, SMALL, keepalive=True),
+    Kind(HTTP, LARGE),
+    Kind(HTTPS, SMALL),
+    Kind(HTTPS, LARGE),
+)
+Got = dict[tuple[Kind, str], list[list[float]]]
+"""(kind, side) -> per round, the seconds of each request."""
+
+
+def env_text(egress: str, *, port: bool = False) -> str:
+    """An environment file: the python image, `egress` as given (YAML), optionally one
+    published port."""
+    text = f"version: 1\nname: egressbench\nimage: {PYTHON_IMAGE}\nnetwork:\n  egress: {egress}\n"
+    return text + ("  ports:\n    - container: 8000\n" if port else "")
+
+
+@contextmanager
+def leaving_by(world: World) -> Iterator[None]:
+    """Environments spawned inside leave by the world's network and resolve by its resolver
+    (the variables are read when an environment is spawned); restored after."""
+    saved = {k: os.environ.get(k) for k in (EGRESS_NETWORK_ENV, EGRESS_DNS_ENV)}
+    os.environ[EGRESS_NETWORK_ENV] = world.network
+    os.environ[EGRESS_DNS_ENV] = world.resolver_ip
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def pair() -> Iterator[dict[str, Runtime]]:
+    """The two single-container environments of part 1, up (call inside `leaving_by`),
+    removed after."""
+    with ExitStack() as stack:
+        made = {
+            GATEWAY_SIDE: load_environment_text(env_text(f"[{HOST}]")),
+            DIRECT_SIDE: load_environment_text(env_text("all")),
+        }
+        yield {side: stack.enter_context(spawn_runtime(env)) for side, env in made.items()}
+
+
+def fetch(rt: Runtime, side: str, kind: Kind, count: int) -> list[float]:
+    """Seconds of each of `count` GETs of `kind` from allowed.test, timed in the sandbox;
+    through the gateway's proxy on the gateway side (HTTPS: a CONNECT tunnel), straight to
+    the server on the direct side."""
+    path = f"/bytes/{kind.size}"
+    tls = kind.protocol == HTTPS
+    spec: dict[str, object] = {"tls": tls, "tunnel": None, "target": path}
+    if side == DIRECT_SIDE:
+        spec |= {"host": HOST, "port": 443 if tls else 80}
+    elif tls:
+        spec |= {"host": GATEWAY, "port": PROXY_PORT, "tunnel": HOST}
+    else:
+        spec |= {"host": GATEWAY, "port": PROXY_PORT, "target": f"http://{HOST}{path}"}
+    spec |= {"count": count, "size": kind.size, "keepalive": kind.keepalive}
+    done = rt.execute(["python3", "-c", CLIENT, json.dumps(spec)], timeout=600)
+    if done.exit_code != 0:
+        raise RuntimeError(
+            f"{side} {kind.protocol} GETs failed ({done.exit_code}): {done.stderr.strip()}"
+        )
+    times: list[float] = json.loads(done.stdout)
+    return times
+
+
+def measure_http(sides: dict[str, Runtime], rounds: int, requests: int, downloads: int) -> Got:
+    """Each round runs every kind on both sides in turn, the first side alternating from
+    round to round; `requests` 1 KiB GETs or `downloads` 10 MiB GETs per side and round."""
+    for side, rt in sides.items():  # warm up: connections, name caches, the page cache
+        for protocol in PROTOCOLS:
+            fetch(rt, side, Kind(protocol, SMALL), 5)
+            fetch(rt, side, Kind(protocol, LARGE), 1)
+    out: Got = {}
+    order = list(sides)
+    for n in range(rounds):
+        for kind in KINDS:
+            count = downloads if kind.size == LARGE else requests
+            for side in order if n % 2 == 0 else order[::-1]:
+                out.setdefault((kind, side), []).append(fetch(sides[side], side, kind, count))
+    return out
+
+
+@dataclass
+class Startup:
+    """One file's start-ups: seconds to ready, and seconds of each cleanup after."""
+
+    ready: list[float] = field(default_factory=list)
+    cleanup: list[float] = field(default_factory=list)
+
+
+NONE, ALLOW, PORT = (
+    "egress: none",
+    "allowlist (gateway)",
+    "egress: none + published port (forwarder)",
+)
+STARTUP_FILES = {
+    NONE: env_text("none"),
+    ALLOW: env_text(f"[{HOST}]"),
+    PORT: env_text("none", port=True),
+}
+BASELINE = {ALLOW: NONE, PORT: NONE}
+"""What each file's start-up is compared with: the gateway's cost and the forwarder's, each
+alone."""
+
+
+def up_and_down(text: str, into: Startup) -> None:
+    """Spawn the file, time it to ready (the first execute answered), then its cleanup."""
+    env = load_environment_text(text)
+    start = time.perf_counter()
+    rt = spawn_runtime(env)
+    try:
+        done = rt.execute(["true"])
+        into.ready.append(time.perf_counter() - start)
+        if done.exit_code != 0:
+            raise RuntimeError(f"`true` failed in a fresh environment: {done.stderr}")
+    finally:
+        start = time.perf_counter()
+        rt.cleanup()
+    into.cleanup.append(time.perf_counter() - start)
+
+
+def measure_startup(rounds: int) -> tuple[dict[str, Startup], float]:
+    """Each file brought up and down once per round, the order rotating from round to round
+    (call inside `leaving_by`); and the seconds of one allowlist start-up first, not counted
+    (it builds the gateway image if missing)."""
+    first = Startup()
+    up_and_down(STARTUP_FILES[ALLOW], first)
+    out = {name: Startup() for name in STARTUP_FILES}
+    names = list(STARTUP_FILES)
+    for n in range(rounds):
+        shift = n % len(names)
+        for name in names[shift:] + names[:shift]:
+            up_and_down(STARTUP_FILES[name], out[name])
+    return out, first.ready[0]
+
+
+def pct(times: list[float], q: float) -> float:
+    data = sorted(times)
+    return data[min(len(data) - 1, int(q * len(data)))]
+
+
+def memory() -> str:
+    with open("/proc/meminfo") as info:
+        for line in info:
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    return "unknown"
+
+
+def http_lines(got: Got, requests: int, downloads: int) -> tuple[list[str], dict[str, float]]:
+    """The tables of part 1, and per protocol the 10 MiB ratio (median of the per-round
+    ratios)."""
+    every = {key: [t for one in rounds for t in one] for key, rounds in got.items()}
+    ms = 1000.0
+    lines = [
+        f"## GET from the sandbox: gateway vs direct ({requests} x 1 KiB and {downloads} x "
+        "10 MiB per side per round)",
+        "",
+        "| protocol | 1 KiB GET | n | gateway p50 ms | direct p50 ms | added p50 ms | "
+        "gateway p99 ms | direct p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for kind in KINDS:
+        if kind.size == LARGE:
+            continue
+        g, d = every[(kind, GATEWAY_SIDE)], every[(kind, DIRECT_SIDE)]
+        g50, d50 = statistics.median(g) * ms, statistics.median(d) * ms
+        lines.append(
+            f"| {kind.protocol} | {kind.label[len('1 KiB, ') :]} | {len(g)} | {g50:.2f} | "
+            f"{d50:.2f} | {g50 - d50:+.2f} | {pct(g, 0.99) * ms:.2f} | {pct(d, 0.99) * ms:.2f} |"
+        )
+    lines += [
+        "",
+        "| protocol | 10 MiB GETs (new connection each) | gateway median s | gateway p90 s "
+        "| direct median s | direct p90 s | gateway MiB/s | direct MiB/s | gateway / direct "
+        f"| goal <= {TARGET}x |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    ratios: dict[str, float] = {}
+    notes = []
+    for kind in KINDS:
+        if kind.size != LARGE:
+            continue
+        g, d = every[(kind, GATEWAY_SIDE)], every[(kind, DIRECT_SIDE)]
+        per_round = [
+            statistics.median(a) / statistics.median(b)
+            for a, b in zip(got[(kind, GATEWAY_SIDE)], got[(kind, DIRECT_SIDE)], strict=True)
+        ]
+        ratio = ratios[kind.protocol] = statistics.median(per_round)
+        medians = statistics.median(g) / statistics.median(d)
+        verdict = "met" if max(ratio, medians) <= TARGET else "not met"
+        mib = LARGE / 2**20
+        lines.append(
+            f"| {kind.protocol} | {len(g)} | {statistics.median(g):.3f} | {pct(g, 0.9):.3f} | "
+            f"{statistics.median(d):.3f} | {pct(d, 0.9):.3f} | {mib / statistics.median(g):.0f} "
+            f"| {mib / statistics.median(d):.0f} | {ratio:.2f}x | **{verdict}** |"
+        )
+        notes.append(
+            f"- {kind.protocol} 10 MiB: {ratio:.2f}x is the median of the {len(per_round)} "
+            f"per-round ratios ({', '.join(f'{r:.2f}' for r in per_round)}); the ratio of "
+            f"the medians is {medians:.2f}x. The goal counts as met only when both are "
+            f"<= {TARGET}x."
+        )
+    return [*lines, "", *notes, ""], ratios
+
+
+def startup_lines(got: dict[str, Startup], first: float, rounds: int) -> list[str]:
+    lines = [
+        f"## Start-up: spawn_runtime to the first `execute(['true'])` answered ({rounds} "
+        "interleaved rounds), then cleanup()",
+        "",
+        "| file | ready median s | ready p90 s | added (medians) | cleanup median s |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for name, one in got.items():
+        added = ""
+        if name in BASELINE:
+            more = statistics.median(one.ready) - statistics.median(got[BASELINE[name]].ready)
+            added = f"{more:+.2f} s vs {BASELINE[name]}"
+        lines.append(
+            f"| {name} | {statistics.median(one.ready):.2f} | {pct(one.ready, 0.9):.2f} | "
+            f"{added} | {statistics.median(one.cleanup):.2f} |"
+        )
+    lines += [
+        "",
+        f"The first allowlist start-up of the run (not counted: it builds the gateway image if "
+        f"missing) took {first:.2f} s. The environments leave by the world's network "
+        f"({EGRESS_NETWORK_ENV}), so an allowlist start-up here makes no egress bridge of its "
+        "own, which one without that variable does.",
+        "",
+    ]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=200, help="1 KiB GETs per side, round")
+    parser.add_argument("--downloads", type=int, default=10, help="10 MiB GETs per side, round")
+    args = parser.parse_args()
+    if args.rounds < 3:
+        parser.error("--rounds: at least 3 (the results are medians)")
+    started = time.perf_counter()
+    with start_world() as world, leaving_by(world):
+        with pair() as sides:
+            got = measure_http(sides, args.rounds, args.requests, args.downloads)
+        startups, first = measure_startup(args.rounds)
+    http, _ = http_lines(got, args.requests, args.downloads)
+    lines = [
+        "# Egress: the gateway's cost",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs, "
+        f"{memory()} memory, load average {os.getloadavg()[1]:.1f} over the run; the whole "
+        f"run took {time.perf_counter() - started:.0f} s. The server: the test world's "
+        f"{HOST} (Python's threading HTTP server, TLS by Python's ssl, on a Docker network "
+        "of this machine).",
+        "",
+        "Gateway: `egress: [allowed.test]`; HTTP: the GET sent to the proxy "
+        "(orchestrator-egress:3128) as an absolute URI; HTTPS: a CONNECT tunnel through the "
+        "proxy to allowed.test:443, TLS end to end inside it. Direct: `egress: all`, main on "
+        "the world's network, the same GETs to allowed.test:80 and :443. Times are taken in "
+        "the sandbox around each request (connect, TLS handshake, request, whole body), so "
+        "the exec does not count.",
+        "",
+        *http,
+        *startup_lines(startups, first, args.rounds),
+    ]
+    report("egress", lines)
+
+
+if __name__ == "__main__":
+    main()
