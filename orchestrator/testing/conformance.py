@@ -27,7 +27,7 @@ from orchestrator.errors import (
     SetupFailed,
     UsageError,
 )
-from orchestrator.testing.target import Target
+from orchestrator.testing.target import Target, stat_argv
 
 MiB = 1024 * 1024
 
@@ -567,7 +567,7 @@ def test_folder_round_trip_keeps_modes_links_and_bytes(rt: Runtime, tmp_path: Pa
     rt.upload(src, dest)
     assert rt.execute(["sh", f"{dest}/run.sh"]).stdout == "ran\n"
     assert rt.execute(["readlink", f"{dest}/link"]).stdout == "deep/er/data.bin\n"
-    owner = rt.execute(["stat", "-c", "%u", f"{dest}/run.sh"]).stdout.strip()
+    owner = rt.execute(stat_argv("%u", f"{dest}/run.sh")).stdout.strip()
     assert owner == rt.execute(["id", "-u"]).stdout.strip()  # the command user's, not ours
     names = rt.download(dest, tmp_path / "back")
     assert _tree(tmp_path / "back") == _tree(src)
@@ -623,7 +623,7 @@ def test_snapshot_and_resume(conformance_target: Target, tmp_path: Path) -> None
     with conformance_target.spawn(tmp_path / "b", resume=snap) as second:
         assert second.read_file("work/notes.txt") == "kept\n"
         assert second.execute(["readlink", "work/link"]).stdout == "notes.txt\n"
-        assert second.execute(["stat", "-c", "%a", "work"]).stdout == "700\n"
+        assert second.execute(stat_argv("%a", "work")).stdout == "700\n"
         assert second.execute("test -d work/empty").exit_code == 0
         # setup's own commands did not run again; the resume commands did
         assert second.read_file(".setup-count") == "ran\n"

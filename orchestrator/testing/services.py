@@ -14,6 +14,7 @@ without extra containers lists the rule "services" in its `deviations`; the prof
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,15 @@ import pytest
 
 from orchestrator import HealthcheckFailed, Runtime, Sandbox, load_environment, spawn_runtime
 from orchestrator.errors import SandboxFileNotFound
-from orchestrator.testing.target import SIDE_UID, SIDE_WORKDIR, SITE, STARTED, Target
+from orchestrator.testing.target import (
+    SIDE_UID,
+    SIDE_WORKDIR,
+    SITE,
+    STARTED,
+    STAT,
+    Target,
+    stat_argv,
+)
 
 __all__ = [
     "services_rt",
@@ -85,12 +94,12 @@ def test_service_nonroot_started_in_its_own_workdir(services_rt: Runtime) -> Non
 
 def test_service_nonroot_writes_in_its_workdir(services_rt: Runtime) -> None:
     side = services_rt.service("side")
-    r = side.execute("pwd; id -u; stat -c '%u:%g %a' .")
+    r = side.execute(f"pwd; id -u; python3 -c {shlex.quote(STAT)} '%u:%g %a' .")
     assert r.stdout == f"{SIDE_WORKDIR}\n{SIDE_UID}\n{SIDE_UID}:{SIDE_UID} 755\n", r.stderr
     name = f"notes-{uuid.uuid4().hex[:8]}"
     side.write_file(f"{name}/a.txt", "written\n")
     assert side.read_file(f"{SIDE_WORKDIR}/{name}/a.txt") == "written\n"
-    owner = side.execute(["stat", "-c", "%u", f"{name}/a.txt"]).stdout.strip()
+    owner = side.execute(stat_argv("%u", f"{name}/a.txt")).stdout.strip()
     assert owner == str(SIDE_UID)
     assert side.execute(f"echo more >> {name}/a.txt && mkdir {name}/sub").ok
 
@@ -116,9 +125,7 @@ def test_service_files_and_folders(services_rt: Runtime, tmp_path: Path) -> None
     dest = f"up-{uuid.uuid4().hex[:8]}"
     side.upload(src, dest)
     assert side.execute([f"./{dest}/run.sh"]).stdout == "ran\n"
-    assert side.execute(["stat", "-c", "%u", f"{dest}/deep/data.bin"]).stdout.strip() == str(
-        SIDE_UID
-    )
+    assert side.execute(stat_argv("%u", f"{dest}/deep/data.bin")).stdout.strip() == str(SIDE_UID)
     side.download(dest, tmp_path / "back")
     assert (tmp_path / "back" / "deep" / "data.bin").read_bytes() == bytes(range(256)) * 16
     assert (tmp_path / "back" / "run.sh").stat().st_mode & 0o111

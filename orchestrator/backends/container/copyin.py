@@ -68,9 +68,15 @@ MAKE_WORKDIR = (
 )
 """As the service's user: create the workdir, which is then the user's own; exit 3 when the
 user may not create it in its parent ($2 empty: try again once the parent is open)."""
-OPEN_PARENT = 'p=$(dirname -- "$1"); stat -c %a -- "$p" && chmod 1777 -- "$p"'
+OPEN_PARENT = (
+    'p=$(dirname -- "$1"); m=$(stat -c %a -- "$p" 2>/dev/null) || { m=0; '
+    "for b in 4000 2000 1000 400 200 100 40 20 10 4 2 1; do "
+    '[ -n "$(find "$p" -maxdepth 0 -perm -$b 2>/dev/null)" ] && m=$((m + 0$b)); done; '
+    'm=$(printf %o "$m"); }; echo "$m" && chmod 1777 -- "$p"'
+)
 """As root: let anyone create the workdir in its parent (the service is held, so no one
-else runs there); prints the parent's old mode, to put back."""
+else runs there); prints the parent's old mode, to put back. Where `stat` fails (coreutils
+9 asks for statx, which some gVisor builds refuse), the mode is read bit by bit with find."""
 CLOSE_PARENT = 'chmod -- "$2" "$(dirname -- "$1")"'
 """As root: put the parent's mode back."""
 RELEASE = (

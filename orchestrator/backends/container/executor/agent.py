@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import queue
+import select
 import signal
 import stat
 import sys
@@ -125,8 +126,7 @@ class Agent:
     def send(self, kind, cid, payload=b""):
         with self.lock:
             try:
-                self.out.write(wire.pack(kind, cid, payload))
-                self.out.flush()
+                write_all(self.out.fileno(), wire.pack(kind, cid, payload))
             except (BrokenPipeError, OSError, ValueError):
                 pass
 
@@ -274,6 +274,21 @@ class Agent:
         self.stdin.pop(cid, None)
         self.flows.pop(cid, None)
         self.send(wire.EXIT, cid, wire.encode_exit(outcome))
+
+
+def write_all(fd, data):
+    """Write all of `data`, or raise: a frame is never cut. Some kernels (gVisor's) take a
+    write in pieces, or refuse one for a moment (EAGAIN) on a descriptor that blocks
+    elsewhere; a frame cut there would leave the reader taking bytes of output for a
+    header."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
+        except InterruptedError:
+            pass
 
 
 def open_fifo(path, flags):
