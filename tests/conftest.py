@@ -299,6 +299,26 @@ def swarm_cluster() -> Iterator[str]:
     assert not leaked, f"the tests left these on the Swarm: {sorted(leaked)}"
 
 
+@pytest.fixture(scope="session")
+def gvisor_engine() -> str:
+    """The engine runtime name of gVisor, which `isolation: gvisor` needs (scripts/bootstrap
+    installs runsc and registers it where it may); skips without it (fails in CI)."""
+    name = os.environ.get("ORCHESTRATOR_GVISOR_RUNTIME", "") or "runsc"
+    listed = subprocess.run(
+        ["docker", "info", "--format", "{{json .Runtimes}}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if name not in listed.stdout:
+        why = f"gVisor tests skipped: the engine has no runtime {name!r} (run scripts/bootstrap)"
+        if in_ci():
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    return name
+
+
 CLUSTER = str(ROOT / "scripts" / "cluster")
 RUN_DIR_ENV = "ORCHESTRATOR_TEST_RUN_DIR"
 """A folder of this test run that its xdist workers share (they inherit the environment)."""

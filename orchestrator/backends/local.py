@@ -46,20 +46,32 @@ def _read_only(root: Path) -> None:
     root.chmod(root.stat().st_mode & ~0o222)
 
 
-def _egress_issues(env: Environment, policy: Policy) -> list[SpecIssue]:
-    """An allowlist cannot hold on this backend: its commands are the caller's own processes."""
+def _refusals(env: Environment, policy: Policy) -> list[SpecIssue]:
+    """What cannot hold on this backend, whose commands are the caller's own processes: an
+    egress allowlist, and gVisor's kernel."""
+    out = []
     got, _ = policy.egress_of(env.spec, MAIN)
-    if not isinstance(got, tuple):
-        return []
-    return [
-        SpecIssue(
-            env.source,
-            field="network.egress",
-            message="the local backend runs commands on this host as the caller: nothing can "
-            "hold them to an allowlist",
-            fix="use the docker backend for an egress allowlist",
+    if isinstance(got, tuple):
+        out.append(
+            SpecIssue(
+                env.source,
+                field="network.egress",
+                message="the local backend runs commands on this host as the caller: nothing "
+                "can hold them to an allowlist",
+                fix="use the docker backend for an egress allowlist",
+            )
         )
-    ]
+    if policy.isolation_of(env.spec, MAIN) == "gvisor":
+        out.append(
+            SpecIssue(
+                env.source,
+                field="isolation",
+                message="the local backend runs commands on this host's kernel as the caller: "
+                "it has no gVisor",
+                fix="use the docker backend for gvisor",
+            )
+        )
+    return out
 
 
 def _remove(tmp: Path, mark: bytes) -> None:
@@ -116,13 +128,13 @@ class LocalRuntime(Runtime):
 
     @classmethod
     def check(cls, env: Environment, policy: Policy, *, workspace: Path | None = None) -> list[str]:
-        raise_if(_egress_issues(env, policy))
+        raise_if(_refusals(env, policy))
         return super().check(env, policy, workspace=workspace)
 
     # ----- lifecycle -----------------------------------------------------------------------
     def _start(self) -> None:
         spec = self.env.spec
-        raise_if(_egress_issues(self.env, self.options.policy))
+        raise_if(_refusals(self.env, self.options.policy))
         self._tmp = Path(tempfile.mkdtemp(prefix=f"orch-local-{spec.name}-"))
         # a runtime dropped without cleanup (and collected) or still open at exit: its
         # processes and folder go all the same

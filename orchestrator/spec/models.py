@@ -27,6 +27,11 @@ from orchestrator.spec import egress
 from orchestrator.spec.egress import Egress
 
 NAME_RE = r"^[a-z0-9][a-z0-9_.-]*$"
+Isolation = Literal["runc", "gvisor"]
+"""How a container is kept from the host's kernel: runc (namespaces and cgroups of the host
+kernel) or gvisor (gVisor's own kernel in user space between the sandbox and the host's)."""
+ISOLATION_LEVELS: tuple[Isolation, ...] = ("runc", "gvisor")
+"""Weakest first."""
 RESERVED_PREFIX = "orchestrator-"
 """Service names the environment's own containers (egress gateway, port forwarder) take."""
 STATIC_PLACEHOLDER = re.compile(r"\{\{\s*static:([A-Za-z0-9_.-]+)\s*\}\}")
@@ -277,8 +282,9 @@ class Hardening(Strict):
     cap_add: list[str] = Field(default_factory=list)
     """Extra Linux capabilities. Every container drops ALL and keeps a small set (CHOWN,
     DAC_OVERRIDE, FOWNER, FSETID, KILL, SETUID, SETGID, SETPCAP, NET_BIND_SERVICE,
-    AUDIT_WRITE); a file may add NET_RAW, SETFCAP or SYS_CHROOT. Anything else (MKNOD too:
-    device nodes would reach the host through the workspace) needs the caller's opt-in
+    AUDIT_WRITE); a file may add SETFCAP or SYS_CHROOT. Anything else (MKNOD too: device
+    nodes would reach the host through the workspace; NET_RAW: raw frames would reach the host
+    past the network rules) needs the caller's opt-in
     (ORCHESTRATOR_ALLOW_CAPS); ALL never."""
     devices: list[str] = Field(default_factory=list)
     """Host devices (refused by the default policy)."""
@@ -325,6 +331,9 @@ class Service(Hardening):
     egress: EgressSetting = None
     """What this service may reach outside the environment, as `network.egress` says (default:
     the file's `network.egress`)."""
+    isolation: Isolation | None = None
+    """How this service is kept from the host's kernel, as `isolation` says (default: the
+    file's `isolation`)."""
     placement: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Swarm placement constraints for this service, e.g. node.labels.db==true (swarm
     backend; the others ignore them)."""
@@ -394,6 +403,12 @@ class EnvironmentV1(Hardening):
     """Setup commands."""
     network: Network = Field(default_factory=Network)
     """Networking."""
+    isolation: Isolation = "runc"
+    """How the sandbox (and each service without its own `isolation`) is kept from the
+    host's kernel: runc (the engine's default runtime: the host kernel's namespaces and
+    cgroups) or gvisor (gVisor's runsc: system calls meet gVisor's kernel, not the host's;
+    the engine must have it registered, see docs/isolation.md). The caller's policy
+    (ORCHESTRATOR_ISOLATION) may require gvisor for every file; a file cannot lower it."""
     resources: Resources = Field(default_factory=Resources)
     """Limits."""
     user: str = Field(default="host", pattern=USER_RE)

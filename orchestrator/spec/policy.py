@@ -32,7 +32,7 @@ from orchestrator import settings
 from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
 from orchestrator.spec import egress as _egress
 from orchestrator.spec.egress import Egress
-from orchestrator.spec.models import EnvironmentV1, Hardening
+from orchestrator.spec.models import ISOLATION_LEVELS, EnvironmentV1, Hardening, Isolation
 
 ROOTS_ENV = "ORCHESTRATOR_ALLOWED_MOUNT_ROOTS"
 CAPS_ENV = "ORCHESTRATOR_ALLOW_CAPS"
@@ -40,6 +40,7 @@ HOST_NETWORK_ENV = "ORCHESTRATOR_ALLOW_HOST_NETWORK"
 ENV_ENV = "ORCHESTRATOR_ALLOW_ENV"
 UNISOLATED_ENV = "ORCHESTRATOR_ALLOW_UNISOLATED"
 EGRESS_ENV = "ORCHESTRATOR_EGRESS"
+ISOLATION_ENV = "ORCHESTRATOR_ISOLATION"
 
 DEFAULT_CAPS = (
     "AUDIT_WRITE",
@@ -55,14 +56,18 @@ DEFAULT_CAPS = (
 )
 """What every container keeps after `cap_drop: [ALL]`: enough to own files, switch users
 and signal processes. Raw sockets, mknod, chroot and file capabilities are gone."""
-FILE_CAPS = frozenset({*DEFAULT_CAPS, "NET_RAW", "SETFCAP", "SYS_CHROOT"})
+FILE_CAPS = frozenset({*DEFAULT_CAPS, "SETFCAP", "SYS_CHROOT"})
 """What an environment file may add on its own: the rest of Docker's default set but MKNOD
 (a root sandbox would leave device nodes in the bind-mounted workspace, for a host user to
-open): that one, like any other, only the caller grants."""
+open) and NET_RAW (raw frames reach the host's side of the sandbox's internal bridge, past
+every network rule): those, like any other, only the caller grants."""
 NEVER_CAPS = frozenset({"ALL"})
 CAP_RISKS = {
     "MKNOD": "root in the sandbox can make device nodes, in the host's workspace too, which "
     "give whoever opens them on the host the device itself",
+    "NET_RAW": "root in the sandbox can send raw frames, which reach the host over the "
+    "internal bridge (its IPv6 link-local address, any of its IPv4 ones) past the egress "
+    "rules",
 }
 """What a capability granted by opt-in risks, where that is sharper than the general words."""
 
@@ -116,6 +121,9 @@ class Policy:
     allowlist entries (ORCHESTRATOR_EGRESS: none, all, or entries separated by commas). A
     file's `egress` is narrowed to it, never widened; "all" (the default) leaves each file
     its own. A list is parsed when the policy is made (ValueError naming a bad entry)."""
+    isolation: Isolation = "runc"
+    """The least isolation any container gets (ORCHESTRATOR_ISOLATION: runc or gvisor): a
+    file asking for less gets this; a file cannot lower it."""
     allow_unisolated: bool = False
     """Let a file choose a backend that isolates nothing, whose commands run on this host as
     the caller (`backend: local`; ORCHESTRATOR_ALLOW_UNISOLATED=1). A caller that names the
@@ -133,12 +141,20 @@ class Policy:
             allow_env=frozenset(n.strip() for n in names.split(",") if n.strip()),
             allow_unisolated=settings.flag(UNISOLATED_ENV, False),
             egress=egress_from_env(),
+            isolation=cast(Isolation, settings.choice(ISOLATION_ENV, "runc", ISOLATION_LEVELS)),
         )
 
     def __post_init__(self) -> None:
         if not isinstance(self.egress, tuple) and self.egress not in ("none", "all"):
             # a list of entries, as a caller writes it: parsed once, here
             object.__setattr__(self, "egress", _egress.parse(self.egress))
+
+    def isolation_of(self, spec: EnvironmentV1, name: str) -> Isolation:
+        """How container `name` ("main" or a service) is isolated: its own `isolation` (a
+        service's, else the file's), raised to this policy's when that is stronger."""
+        svc = spec.services.get(name)
+        asked = svc.isolation if svc is not None and svc.isolation else spec.isolation
+        return max(asked, self.isolation, key=ISOLATION_LEVELS.index)
 
     def egress_of(self, spec: EnvironmentV1, name: str) -> tuple[Egress, list[str]]:
         """What container `name` ("main" or a service) may reach: its own `egress` (a

@@ -48,6 +48,9 @@ class Target:
     service_image: str | None = None
     """An image with /bin/sh, coreutils and python3 for the multi-service profile's
     sidecars (orchestrator.testing.services); None: that profile is skipped."""
+    deviations: Mapping[str, str] = field(default_factory=dict)
+    """Rules this configuration does not keep, and why, beyond its backend's own (an
+    isolation level of one backend, say)."""
 
     @property
     def id(self) -> str:
@@ -55,6 +58,8 @@ class Target:
 
     def deviation(self, rule: str) -> str | None:
         """The backend's documented reason for not keeping `rule`, if it does not."""
+        if rule in self.deviations:
+            return self.deviations[rule]
         return get_runtime_class(self.backend).deviations.get(rule)
 
     def env_text(self, setup: tuple[str, ...] | None = None) -> str:
@@ -172,3 +177,16 @@ class Target:
                 resume=resume,
                 policy=self.policy(),
             )
+
+
+STAT = (
+    "import os, sys; s = os.lstat(sys.argv[2]); "
+    "print(sys.argv[1].replace('%u', str(s.st_uid)).replace('%g', str(s.st_gid))"
+    ".replace('%a', format(s.st_mode & 0o7777, 'o')))"
+)
+"""A file's owner and mode as `stat -c FORMAT` prints them (%u %g %a), read by Python's
+os.lstat: coreutils 9's `stat` and `ls` ask for statx, which some gVisor builds refuse."""
+
+
+def stat_argv(fmt: str, path: str) -> list[str]:
+    return ["python3", "-c", STAT, fmt, path]

@@ -35,6 +35,17 @@ TARGETS = [
         service_image=SIDECARS,
     ),
     Target(
+        "docker",
+        env_lines=(*DOCKER_LINES, "isolation: gvisor"),
+        default_uid="1000",
+        label="docker-gvisor",
+        service_image=SIDECARS,
+        deviations={
+            "pause": "gVisor's runsc (2022-12, ptrace) thaws a paused sandbox with its "
+            "sleeping processes stuck: pause is refused under gvisor (suspend works)",
+        },
+    ),
+    Target(
         "swarm",
         env_lines=(f"image: {PYTHON_IMAGE}", "user: '1000:1000'", "resources: {memory: 1g}"),
         default_uid="1000",
@@ -48,6 +59,8 @@ def conformance_target(request: pytest.FixtureRequest) -> Target:
     target: Target = request.param
     if target.backend == "swarm":
         request.getfixturevalue("swarm_cluster")  # before the module's runtime starts
+    if target.id == "docker-gvisor":
+        request.getfixturevalue("gvisor_engine")
     if target.id == "docker-remote":  # the Docker backend on another machine's engine
         engine = request.getfixturevalue("remote_engine")
         target = dataclasses.replace(target, process_env={"ORCHESTRATOR_DOCKER_HOST": engine})

@@ -372,6 +372,18 @@ class ContainerRuntime(Runtime):
         return groups
 
     def _pause(self) -> None:
+        gvisor = [
+            n
+            for n in [MAIN, *self.env.spec.services]
+            if self.options.policy.isolation_of(self.env.spec, n) == "gvisor"
+        ]
+        if gvisor:  # runsc (ptrace) thaws a sandbox whose sleeping processes never wake
+            raise UsageError(
+                f"{self.env.name}: cannot pause an environment under isolation: gvisor "
+                f"({', '.join(gvisor)}): gVisor's runsc resumes it with its sleeping "
+                "processes stuck; suspend it to disk instead (rt.suspend, orchestrator "
+                "suspend), or use runc"
+            )
         freeze.pause(self._frozen_groups())
 
     def _resume(self) -> None:

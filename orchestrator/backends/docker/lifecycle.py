@@ -43,11 +43,13 @@ from orchestrator.backends.container.readiness import LOG_LINES, Look, failure, 
 from orchestrator.backends.docker.build import get_images
 from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT
 from orchestrator.backends.docker.render import (
+    GVISOR_RUNTIME_ENV,
     CompiledProject,
     CompileOptions,
     compile_project,
 )
 from orchestrator.errors import (
+    BackendUnavailable,
     DockerError,
     HealthcheckFailed,
     OrchestratorError,
@@ -126,12 +128,30 @@ class Project:
         return (workdir if workdir.startswith("/") else "/"), (config.user or None)
 
     def up(self) -> None:
+        self._require_runtimes()
         get_images(self.compiled, self.name, host=self.host)  # as compiled.build says
         # not engine_call: `up` is not idempotent; start_project removes a failed start
         with docker_errors(f"starting project {self.name}"):
             self.up_client.compose.up(detach=True, quiet=True)
         if GATEWAY in self.compiled.infra:
             self._wait_gateway()
+
+    def _require_runtimes(self) -> None:
+        """Refuse, before anything is made, a project whose runtime (gVisor's) the engine
+        does not have: the engine would start no container of it, or fall back to none."""
+        if not self.compiled.runtimes:
+            return
+        info = engine_call("asking the engine for its runtimes", self.client.system.info)
+        have = set(info.runtimes or {})
+        missing = [r for r in self.compiled.runtimes if r not in have]
+        if missing:
+            raise BackendUnavailable(
+                f"{self.name}: `isolation: gvisor` needs the engine runtime "
+                f"{', '.join(missing)}, which this engine does not have (it has "
+                f"{', '.join(sorted(have)) or 'none'}): install gVisor's runsc and register it "
+                "in the engine's daemon.json (scripts/bootstrap does both where it may; see "
+                f"docs/isolation.md), or name the registered one in {GVISOR_RUNTIME_ENV}"
+            )
 
     def _wait_gateway(self) -> None:
         """Wait until the egress gateway takes connections, with one exec that looks from

@@ -3,6 +3,7 @@ through the Jinja templates. Pure: same input, byte-identical output; runs nothi
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -120,6 +121,8 @@ class CompiledProject:
     """CompileOptions.build: how to get them before `up`."""
     infra: tuple[str, ...] = ()
     """The environment's own containers (egress gateway, port forwarder), by service."""
+    runtimes: tuple[str, ...] = ()
+    """Engine runtimes it needs beyond the default (gVisor's), which `up` checks first."""
     egress: dict[str, str] = field(default_factory=dict)
     """Each networked container's egress after the caller's policy (none, all, entries)."""
 
@@ -302,6 +305,19 @@ def _service(
     }
 
 
+GVISOR_RUNTIME_ENV = "ORCHESTRATOR_GVISOR_RUNTIME"
+"""The name gVisor's runsc is registered under in the engine (default runsc)."""
+
+
+def gvisor_runtime() -> str:
+    return os.environ.get(GVISOR_RUNTIME_ENV, "").strip() or "runsc"
+
+
+def runtime_of(isolation: str) -> str | None:
+    """The engine runtime a container of that isolation runs under (None: the default)."""
+    return gvisor_runtime() if isolation == "gvisor" else None
+
+
 def _attach(context: dict[str, Any], name: str, net: NetPlan) -> None:
     """Put a container's networks, resolvers and proxy variables into its context."""
     context["networks"] = net.members.get(name, [])
@@ -461,32 +477,33 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     raise_if([], net.issues)
     for svc_context in services:
         _attach(svc_context, svc_context["name"], net)
+        svc_context["runtime"] = runtime_of(opts.policy.isolation_of(spec, svc_context["name"]))
     user = resolve_user(spec.user, opts.host_env)
     container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
     container_env.update(net.env.get(MAIN, {}))
     main_build = None if opts.main_image else _build(env, spec.build, MAIN)
     infra = _infra(net, opts)
+    main_context: dict[str, Any] = {
+        "image": opts.main_image or spec.image,
+        "build": main_build,
+        "workdir": spec.workdir,
+        "user": user,
+        "env": container_env,
+        "mounts": mounts,
+        "ports": _ports(main_ports) if net.direct_ports else [],
+        "limits": _limits(spec.resources),
+        "caps": [*DEFAULT_CAPS, *main_caps],
+        "network_mode": mode,
+        "runtime": runtime_of(opts.policy.isolation_of(spec, MAIN)),
+        "networks": net.members.get(MAIN, []),
+        "dns": list(net.dns.get(MAIN, ())),
+        "dns_options": list(net.dns_options.get(MAIN, ())),
+        "labels": dict(sorted({**opts.labels, USER_LABEL: user}.items())) if opts.labels else {},
+    }
     context = {
         "project": opts.project,
         "labels": dict(sorted(opts.labels.items())),
-        "main": {
-            "image": opts.main_image or spec.image,
-            "build": main_build,
-            "workdir": spec.workdir,
-            "user": user,
-            "env": container_env,
-            "mounts": mounts,
-            "ports": _ports(main_ports) if net.direct_ports else [],
-            "limits": _limits(spec.resources),
-            "caps": [*DEFAULT_CAPS, *main_caps],
-            "network_mode": mode,
-            "networks": net.members.get(MAIN, []),
-            "dns": list(net.dns.get(MAIN, ())),
-            "dns_options": list(net.dns_options.get(MAIN, ())),
-            "labels": dict(sorted({**opts.labels, USER_LABEL: user}.items()))
-            if opts.labels
-            else {},
-        },
+        "main": main_context,
         "services": services,
         "infra": infra,
         "has_network": has_network,
@@ -526,6 +543,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         builds=tuple(b["plan"] for b in [main_build, *(s["build"] for s in services)] if b)
         + tuple(gateway_build() for _ in infra[:1]),
         infra=tuple(i["name"] for i in infra),
+        runtimes=tuple(sorted({c["runtime"] for c in [main_context, *services] if c["runtime"]})),
         egress={n: describe(e) for n, e in net.egress.items()},
         build=opts.build,
     )

@@ -143,6 +143,19 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
                 "a Swarm stack has one network: every container has the same egress there",
                 "give every container the same (none or all), or use the docker backend",
             )
+    for name in [MAIN, *spec.services]:
+        if opts.policy.isolation_of(spec, name) == "gvisor":
+            own = name in spec.services and spec.services[name].isolation is not None
+            refuse(
+                f"services.{name}.isolation" if own else "isolation",
+                "a Swarm service cannot choose its engine runtime, so gVisor cannot run it"
+                + (
+                    " (the caller's policy asks for gvisor)"
+                    if opts.policy.isolation == "gvisor"
+                    else ""
+                ),
+                "use the docker backend for gvisor",
+            )
     if spec.keep_after_cleanup:
         refuse(
             "keep_after_cleanup",
