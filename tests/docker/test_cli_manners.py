@@ -129,6 +129,6 @@ def test_doctor_says_where_a_missing_gateway_image_would_come_from() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ORCHESTRATOR_GATEWAY_BASE", "orchestrator-test/no-such-base:1")
         patch.setattr(gateway, "tag", lambda: "orchestrator/gateway:no-such-version")
-        [(status, message)] = hooks.doctor()
+        [(status, message), _] = hooks.doctor()
     assert status == "warn" and "orchestrator-test/no-such-base:1" in message
     assert "scripts/build-images gateway" in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -222,6 +223,22 @@ def docker_errors(action: str) -> Iterator[None]:
         raise BackendUnavailable(
             "the docker CLI is not installed (see `orchestrator doctor`)"
         ) from exc
+
+
+def runtimes(client: DockerClient) -> dict[str, list[str]]:
+    """The engine's runtimes and the arguments each is registered with (`docker info`)."""
+    text = run_cli(
+        "asking the engine for its runtimes",
+        [*raw_docker(client), "info", "--format", "{{json .Runtimes}}"],
+    )
+    try:
+        listed = json.loads(text or "{}")
+    except ValueError:
+        listed = {}
+    return {
+        str(name): [str(a) for a in (spec or {}).get("runtimeArgs") or []]
+        for name, spec in (listed if isinstance(listed, dict) else {}).items()
+    }
 
 
 COMPOSE_SERVICE = "com.docker.compose.service"

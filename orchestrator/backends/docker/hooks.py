@@ -11,10 +11,16 @@ from pathlib import Path
 
 from python_on_whales.exceptions import DockerException
 
-from orchestrator.backends.container.engine import docker_client
+from orchestrator.backends.container.engine import docker_client, runtimes
 from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
 from orchestrator.backends.docker import gateway
-from orchestrator.backends.docker.render import CompiledProject, CompileOptions, compile_project
+from orchestrator.backends.docker.render import (
+    CompiledProject,
+    CompileOptions,
+    compile_project,
+    gvisor_runtime,
+)
+from orchestrator.errors import OrchestratorError
 from orchestrator.paths import projects_dir
 from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.loader import Environment, require_main_image
@@ -78,6 +84,31 @@ def render(env: Environment, workspace: Path | None, policy: Policy) -> dict[str
 
 
 def doctor() -> list[tuple[str, str]]:
+    """The egress gateway's image, and whether `isolation: gvisor` can run."""
+    return [_gateway_check(), _gvisor_check()]
+
+
+def _gvisor_check() -> tuple[str, str]:
+    name = gvisor_runtime()
+    try:
+        registered = runtimes(docker_client())
+    except OrchestratorError as exc:
+        return "warn", f"could not ask the engine for its runtimes: {exc}"
+    args = registered.get(name)
+    if args is None:
+        return "warn", (
+            f"gVisor: the engine has no runtime {name!r}, so `isolation: gvisor` is refused: "
+            "install runsc and register it (scripts/bootstrap-gvisor; docs/isolation.md)"
+        )
+    platform = next((a.split("=", 1)[1] for a in args if a.startswith("--platform=")), "default")
+    network = next((a.split("=", 1)[1] for a in args if a.startswith("--network=")), "sandbox")
+    return "pass", (
+        f"gVisor: runtime {name!r} registered (platform {platform}, network {network}): "
+        "`isolation: gvisor` can run"
+    )
+
+
+def _gateway_check() -> tuple[str, str]:
     """The egress gateway's image: there, buildable with nothing fetched, or to be pulled."""
     client = docker_client()
 
@@ -89,22 +120,16 @@ def doctor() -> list[tuple[str, str]]:
 
     tag = gateway.tag()
     if present(tag):
-        return [("pass", f"egress gateway image {tag} present (allowlists and published ports)")]
+        return "pass", f"egress gateway image {tag} present (allowlists and published ports)"
     base = gateway.base_image(present)
     if present(base):
-        return [
-            (
-                "pass",
-                f"egress gateway image {tag} is built from {base} on first use (a few "
-                "seconds, nothing fetched)",
-            )
-        ]
-    return [
-        (
-            "warn",
-            f"egress gateway image {tag} is missing: the first environment with an egress "
-            f"allowlist or a published port builds it on {base}, which the engine must pull, "
-            "installing squid and socat from Debian; where no registry is reachable, run "
-            f"scripts/build-images gateway (or set {gateway.BASE_ENV} to a local Debian image)",
+        return "pass", (
+            f"egress gateway image {tag} is built from {base} on first use (a few seconds, "
+            "nothing fetched)"
         )
-    ]
+    return "warn", (
+        f"egress gateway image {tag} is missing: the first environment with an egress "
+        f"allowlist or a published port builds it on {base}, which the engine must pull, "
+        "installing squid and socat from Debian; where no registry is reachable, run "
+        f"scripts/build-images gateway (or set {gateway.BASE_ENV} to a local Debian image)"
+    )

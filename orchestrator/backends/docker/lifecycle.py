@@ -25,6 +25,7 @@ from orchestrator.backends.container.engine import (
     is_remote,
     published_ports,
     raw_docker,
+    runtimes,
     service_of,
     up_timeout,
 )
@@ -141,8 +142,7 @@ class Project:
         does not have: the engine would start no container of it, or fall back to none."""
         if not self.compiled.runtimes:
             return
-        info = engine_call("asking the engine for its runtimes", self.client.system.info)
-        have = set(info.runtimes or {})
+        have = set(runtimes(self.client))
         missing = [r for r in self.compiled.runtimes if r not in have]
         if missing:
             raise BackendUnavailable(
