@@ -1,6 +1,6 @@
 """Inspect's own conformance suite (`inspect_ai.util._sandbox.self_check`, 44 checks) against
-the orchestrator provider: Docker with a non-root user, Docker as root, the local backend, and
-a non-root sidecar with its own `workdir` (every service is a sandbox)."""
+the orchestrator provider: Docker with a non-root user, Docker as root, Docker under gVisor,
+the local backend, and a non-root sidecar with its own `workdir` (every service is a sandbox)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ CONFIGS = {
     "docker-nonroot": f"image: {PYTHON_IMAGE}\nuser: '1000:1000'\n",
     "docker-root": f"image: {PYTHON_IMAGE}\nuser: root\n",
     "local": "backend: local\n",
+    # under gVisor's kernel (issue 25 asks for at least 42 of the 44)
+    "docker-gvisor": f"image: {PYTHON_IMAGE}\nuser: '1000:1000'\nisolation: gvisor\n",
     # every service is a sandbox: a non-root sidecar in a workdir its image does not have
     "docker-sidecar": (
         f"image: {PYTHON_IMAGE}\nuser: '1000:1000'\nservices:\n  side:\n"
@@ -43,7 +45,11 @@ def config(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def sandbox(config: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxEnvironment]:
+def sandbox(
+    config: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[SandboxEnvironment]:
+    if config == "docker-gvisor":
+        request.getfixturevalue("gvisor_engine")
     folder = tmp_path_factory.mktemp(f"inspect-{config}")
     env_file = folder / "env.yaml"
     env_file.write_text(f"version: 1\nname: self-check\n{CONFIGS[config]}")
