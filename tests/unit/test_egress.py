@@ -338,3 +338,12 @@ def test_net_raw_needs_the_callers_opt_in(tmp_path: Path) -> None:
     doc, c = compiled(text, tmp_path, policy=Policy(allow_caps=frozenset({"NET_RAW"})))
     assert "NET_RAW" in doc["services"]["main"]["cap_add"]
     assert any("raw frames" in w for w in c.warnings)
+
+
+def test_a_bad_resolver_setting_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.backends.docker.network import egress_dns
+    from orchestrator.errors import UsageError
+
+    monkeypatch.setenv("ORCHESTRATOR_EGRESS_DNS", "10.0.0.1, resolver.example")
+    with pytest.raises(UsageError, match="ORCHESTRATOR_EGRESS_DNS"):
+        egress_dns()

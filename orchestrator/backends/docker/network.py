@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.backends.container.layout import FORWARDS_LABEL
-from orchestrator.errors import SpecIssue
+from orchestrator.errors import SpecIssue, UsageError
 from orchestrator.spec.egress import Egress, Rule
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import PortMap
@@ -66,7 +66,12 @@ def egress_dns() -> tuple[str, ...]:
     out = []
     for part in os.environ.get(EGRESS_DNS_ENV, "").split(","):
         if part.strip():
-            out.append(str(ipaddress.ip_address(part.strip())))  # ValueError: not an address
+            try:
+                out.append(str(ipaddress.ip_address(part.strip())))
+            except ValueError:
+                raise UsageError(
+                    f"{EGRESS_DNS_ENV} must be addresses separated by commas, got {part!r}"
+                ) from None
     return tuple(out)
 
 
