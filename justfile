@@ -49,6 +49,7 @@ bench: setup
     {{py}} -m bench.scale
     {{py}} -m bench.swarm
     {{py}} -m bench.egress
+    {{py}} -m bench.isolation
 
 # A Swarm of N engines on this machine, for the swarm backend (tests start one themselves)
 cluster-up N="3": setup
