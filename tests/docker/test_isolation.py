@@ -6,16 +6,26 @@ it; and what this runsc does differently for a user's own commands."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from ruamel.yaml import YAML
 
-from orchestrator import BackendUnavailable, Pool, Runtime, UsageError, spawn_runtime, wake
-from orchestrator.backends.docker.render import GVISOR_RUNTIME_ENV
+from orchestrator import (
+    BackendUnavailable,
+    Pool,
+    Runtime,
+    StartupError,
+    UsageError,
+    spawn_runtime,
+    wake,
+)
+from orchestrator.backends.docker.render import GVISOR_RUNTIME_ENV, CompiledProject
 from orchestrator.backends.docker.runtime import ComposeRuntime
 from orchestrator.spec.policy import ISOLATION_ENV
 from tests.conftest import PYTHON_IMAGE, labelled_ids, main_container
@@ -121,6 +131,29 @@ def test_an_engine_without_the_runtime_is_refused_before_anything_is_made(
     assert "Traceback" not in ran.stderr
     assert labelled("gvmissing") == []
     assert labelled_ids() == before
+
+
+def test_an_engine_that_ignores_runtime_is_caught_after_up(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch, gvisor_engine: str
+) -> None:
+    """An engine (or Compose) that takes `runtime:` and starts the container on its default
+    anyway (Podman's Docker API does) must not pass a gvisor file off on runc: simulated by
+    a compose file written without it, while the project still asks for it."""
+    written = CompiledProject.write
+
+    def without_runtime(self: CompiledProject, directory: Path) -> Path:
+        path = written(self, directory)
+        text = re.sub(r"(?m)^\s*runtime: .*\n", "", path.read_text())
+        assert text != path.read_text()
+        path.write_text(text)
+        return path
+
+    monkeypatch.setattr(CompiledProject, "write", without_runtime)
+    before = labelled_ids()
+    with pytest.raises(StartupError) as err:
+        spawn_runtime(make_env(GVISOR, name="gvignored"))
+    assert "ignores `runtime:`" in str(err.value) and gvisor_engine in str(err.value)
+    assert labelled("gvignored") == [] and labelled_ids() == before
 
 
 # ----- 4. pause is refused -----------------------------------------------------------------

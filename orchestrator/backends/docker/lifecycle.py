@@ -134,8 +134,23 @@ class Project:
         # not engine_call: `up` is not idempotent; start_project removes a failed start
         with docker_errors(f"starting project {self.name}"):
             self.up_client.compose.up(detach=True, quiet=True)
+        self._verify_runtimes()
         if GATEWAY in self.compiled.infra:
             self._wait_gateway()
+
+    def _verify_runtimes(self) -> None:
+        """After `up`, before anything runs in them: each container that needs gVisor runs
+        on it, as the engine itself says. An engine (or a Compose) that ignores `runtime:`
+        would otherwise start the sandbox on runc while every check before passed."""
+        for service, want in self.compiled.runtime_of.items():
+            got = self._runtime_of(self.container_of(service))
+            if got != want:
+                raise StartupError(
+                    f"{self.name}: {service} should run on the engine runtime {want!r} "
+                    f"(isolation: gvisor) but the engine started it on {got or 'its default'!r}:"
+                    " this engine or its Compose ignores `runtime:`; use Docker with runsc "
+                    "registered (docs/isolation.md)"
+                )
 
     def _require_runtimes(self) -> None:
         """Refuse, before anything is made, a project whose runtime (gVisor's) the engine
@@ -152,6 +167,12 @@ class Project:
                 "in the engine's daemon.json (scripts/bootstrap does both where it may; see "
                 f"docs/isolation.md), or name the registered one in {GVISOR_RUNTIME_ENV}"
             )
+
+    def _runtime_of(self, container: str) -> str | None:
+        def ask() -> str | None:
+            return self.client.container.inspect(container).host_config.runtime
+
+        return engine_call("inspecting a container's runtime", ask)
 
     def _wait_gateway(self) -> None:
         """Wait until the egress gateway takes connections, with one exec that looks from

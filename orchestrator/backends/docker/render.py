@@ -123,6 +123,9 @@ class CompiledProject:
     """The environment's own containers (egress gateway, port forwarder), by service."""
     runtimes: tuple[str, ...] = ()
     """Engine runtimes it needs beyond the default (gVisor's), which `up` checks first."""
+    runtime_of: dict[str, str] = field(default_factory=dict)
+    """Each container that needs one of `runtimes`, by service: `up` checks after that the
+    engine did run it there (an engine that ignores `runtime:` must not pass for gVisor)."""
     egress: dict[str, str] = field(default_factory=dict)
     """Each networked container's egress after the caller's policy (none, all, entries)."""
 
@@ -544,6 +547,11 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         + tuple(gateway_build() for _ in infra[:1]),
         infra=tuple(i["name"] for i in infra),
         runtimes=tuple(sorted({c["runtime"] for c in [main_context, *services] if c["runtime"]})),
+        runtime_of={
+            name: c["runtime"]
+            for name, c in zip(names, [main_context, *services], strict=True)
+            if c["runtime"]
+        },
         egress={n: describe(e) for n, e in net.egress.items()},
         build=opts.build,
     )
