@@ -40,6 +40,7 @@ from typing import (
     Iterable,
     List,
     NamedTuple,
+    NoReturn,
     Optional,
     Tuple,
     Union,
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
     StreamKind = Literal["stdout", "stderr"]
     Chunk = Tuple[StreamKind, bytes]
     Killer = Callable[["subprocess.Popen[bytes]", int], None]
+    Spawn = Callable[..., Any]
 
 
 def exit_status(returncode: int) -> int:
@@ -160,6 +162,12 @@ class UnknownUser(LookupError):
     """The user (or group) of a request does not exist where the command would run."""
 
 
+class Lost(Exception):
+    """A command that may have started but whose process is lost to us (the executor's
+    spawner for its user was killed before it named it): it answers as killed (137), with
+    the message on stderr, and is never started again."""
+
+
 class NoProcess(OSError):
     """No process can be started at all: the pids or memory limit is reached."""
 
@@ -230,9 +238,12 @@ def _start(
     user: Optional[str],
     with_stdin: bool,
     stdio: Tuple[Optional[int], Optional[int]] = (None, None),
+    spawn: Optional[Spawn] = None,
 ) -> "subprocess.Popen[bytes]":
     """Start `argv` as a new session, as `user` (switching only when it differs from ours);
-    `stdio`: file descriptors to give it as stdin and stdout instead of pipes."""
+    `stdio`: file descriptors to give it as stdin and stdout instead of pipes. `spawn`
+    starts it instead when there is a switch to make (the executor's spawners), or returns
+    None to leave it to Popen."""
     kwargs: Dict[str, Any] = {}
     if user:
         try:
@@ -242,6 +253,18 @@ def _start(
         if uid != os.geteuid() or gid != os.getegid():
             if env is not None and uid != os.geteuid():
                 env = dict(env, HOME=home_of(uid))
+            if spawn is not None:
+                given: Any = stdio[0] if stdio[0] is not None else (True if with_stdin else None)
+                try:
+                    child = spawn(argv, env or dict(os.environ), cwd, uid, gid, given, stdio[1])
+                except Lost as exc:
+                    raise _Refused(128 + signal.SIGKILL, str(exc)) from None
+                except OSError as exc:
+                    _raise_as_shell(exc, argv, cwd)
+                except (ValueError, TypeError) as exc:
+                    raise _Refused(125, "cannot start the command: %s" % exc) from None
+                if child is not None:
+                    return child  # type: ignore[no-any-return]
             if sys.version_info >= (3, 9):
                 kwargs = {"user": uid, "group": gid, "extra_groups": []}
             else:  # pragma: no cover - old Pythons inside containers
@@ -266,11 +289,15 @@ def _start(
             **kwargs,
         )
     except OSError as exc:
-        if exc.errno in NO_PROCESS:
-            raise NoProcess(exc.errno, "cannot start a process: %s" % exc.strerror) from None
-        raise _Refused(*_shell_answer(exc, argv, cwd)) from None
+        _raise_as_shell(exc, argv, cwd)
     except (ValueError, TypeError) as exc:  # NUL bytes, bad env keys, ...
         raise _Refused(125, "cannot start the command: %s" % exc) from None
+
+
+def _raise_as_shell(exc: OSError, argv: List[str], cwd: Optional[str]) -> NoReturn:
+    if exc.errno in NO_PROCESS:
+        raise NoProcess(exc.errno, "cannot start a process: %s" % exc.strerror) from None
+    raise _Refused(*_shell_answer(exc, argv, cwd)) from None
 
 
 def _shell_answer(exc: OSError, argv: List[str], cwd: Optional[str]) -> Tuple[int, str]:
@@ -475,6 +502,7 @@ def run(
     on_start: Optional[Callable[["subprocess.Popen[bytes]"], None]] = None,
     out: Optional[int] = None,
     stdio: Tuple[Optional[int], Optional[int]] = (None, None),
+    spawn: Optional[Spawn] = None,
 ) -> Generator[Chunk, None, Outcome]:
     """Run one command: yield its output as it arrives, return its Outcome. Whatever keeps it
     from starting comes back as a shell would report it (see the module rules), except
@@ -484,7 +512,7 @@ def run(
     start = time.monotonic() if started is None else started
     spares = _spares((timeout is not None) + (stdin is not None))
     try:
-        proc = _start(argv, env, cwd, user, stdin is not None, stdio)
+        proc = _start(argv, env, cwd, user, stdin is not None, stdio, spawn)
     except BaseException as exc:
         for spare in spares:
             spare.give(None)

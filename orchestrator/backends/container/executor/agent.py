@@ -23,6 +23,7 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import procutil
+import spawner
 import wire
 
 STATE = (
@@ -122,6 +123,7 @@ class Agent:
         self.stdin = {}
         self.procs = {}
         self.flows = {}
+        self.spawners = spawner.Spawners()
 
     def send(self, kind, cid, payload=b""):
         with self.lock:
@@ -233,6 +235,7 @@ class Agent:
                 started=started,
                 on_start=lambda proc: self.started(cid, proc, fifos),
                 stdio=(fifos[0], fifos[1]),
+                spawn=self.spawners,
             )
             try:
                 while True:
@@ -259,11 +262,13 @@ class Agent:
         self.finish(cid, wire.Exit(*outcome[:3], oom_killed=oom and outcome.exit_code == 137))
 
     def record(self):
-        """Write the sessions of the running commands (for reap_orphans of a successor)."""
+        """Write the sessions of the running commands and of the spawners (for
+        reap_orphans of a successor)."""
         try:
             path = os.path.join(STATE, str(os.getpid()))
             with open(path + ".tmp", "w") as fh:
-                fh.write("".join("%d\n" % p.pid for p in list(self.procs.values())))
+                pids = [p.pid for p in list(self.procs.values())] + self.spawners.pids()
+                fh.write("".join("%d\n" % pid for pid in pids))
             os.replace(path + ".tmp", path)
         except OSError:
             pass  # not root, or no /run: orphans then live until the environment goes down

@@ -34,7 +34,12 @@ from orchestrator.sandbox.results import Outcome
 
 HERE = Path(__file__).resolve().parent
 #: Files copied into the sandbox folder so the executor can run inside the container.
-FILES = (HERE / "agent.py", HERE / "wire.py", Path(procutil.__file__).resolve())
+FILES = (
+    HERE / "agent.py",
+    HERE / "spawner.py",
+    HERE / "wire.py",
+    Path(procutil.__file__).resolve(),
+)
 BACKSTOP = 2.0
 """Seconds past a command's own timeout (and grace) before the host asks the executor to kill
 it again, and as long again before it declares the executor lost."""
