@@ -248,8 +248,9 @@ def _child(sock: socket.socket, uid: int, gid: int) -> None:
         os.setuid(uid)  # a change of ids: the kernel (Linux's, gVisor's) marks it not dumpable
         if os.getuid() != uid or os.geteuid() != uid:
             raise OSError(errno.EPERM, "the user switch did not hold")
+        server = _Server(sock)
         send_message(sock, {"ready": True})
-        _Server(sock).serve()
+        server.serve()
     except BaseException as exc:
         try:
             send_message(sock, {"ready": False, "error": repr(exc)})
