@@ -981,11 +981,14 @@ def _deadline(timeout: float | None) -> float:
     return file_timeout() if timeout is None else timeout
 
 
-# What a shell says when it cannot start a process (busybox ash, dash, bash): our helper
-# could not run, which is the sandbox failing, not the file being missing or locked
+# What a shell says when it cannot start a process (busybox ash, dash, bash), and what the
+# engine's runtime says when `docker exec` itself cannot start a thread in the container (the
+# plain path): our helper could not run, which is the sandbox failing, not the file being
+# missing or locked (Go's abort exits 2, the helper's "not found")
 _NO_FORK = re.compile(
     r"^(?:[^:\n]+: )*(?:\d+: )?(?:can't fork|cannot fork|fork: (?:retry: )?"
-    r"(?:resource temporarily unavailable|cannot allocate memory))",
+    r"(?:resource temporarily unavailable|cannot allocate memory)"
+    r"|pthread_create failed: resource temporarily unavailable)",
     re.IGNORECASE | re.MULTILINE,
 )
 

@@ -50,7 +50,11 @@ def test_a_helper_that_cannot_fork_is_sandbox_unavailable() -> None:
     from orchestrator.sandbox.base import _raise_held
     from orchestrator.sandbox.results import Outcome
 
-    for said in ("sh: can't fork: Resource temporarily unavailable", "sh: 1: Cannot fork"):
+    runc = (  # docker exec under a full pids limit (CI, 2026-11-26): Go aborts, exit 2
+        "runtime/cgo: pthread_create failed: Resource temporarily unavailable\n"
+        "SIGABRT: abort\nPC=0x7f1d56551eec m=2 sigcode=1\n"
+    )
+    for said in ("sh: can't fork: Resource temporarily unavailable", "sh: 1: Cannot fork", runc):
         with pytest.raises(SandboxUnavailable, match="cannot start a process"):
             _raise_held(Outcome(2, False, 0.1), said, "/w/f", "read", 5.0)
     _raise_held(Outcome(2, False, 0.1), "tar: ./can't fork: Cannot open", "/w/f", "read", 5.0)
