@@ -234,9 +234,13 @@ class Project:
         deadline = time.monotonic() + TETHER_WAIT
         for proc in tethers:
             # never killed: that would end its input, which stops the service; a tether
-            # slow to exit is reaped by a later Popen of this process
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            # slow to exit (a gVisor service's exec ends slowly) is waited for by a thread of
+            # its own, which holds it until it ends: dropped while running, it would be a
+            # zombie and a ResourceWarning
+            try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                threading.Thread(target=proc.wait, daemon=True).start()
 
     def down(self, keep: bool = False) -> None:
         """Remove containers, networks and volumes (or only stop them with keep=True)."""
