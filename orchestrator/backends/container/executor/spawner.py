@@ -462,8 +462,12 @@ class Spawner:
             if answer is None:
                 raise procutil.Lost(LOST)
             if not isinstance(pid, int) or not self._started(pid):
-                self.close()  # a spawner that names another process is not to be trusted
-                raise procutil.Lost(FORGED % (pid,))
+                # its command may have killed it already (the pid then reads as init's
+                # child); else a spawner that names another process is not to be trusted
+                state = procutil.stat_fields(self.pid)[:1]
+                gone = self.dead or state in ([], [b"Z"], [b"X"])
+                self.close()
+                raise procutil.Lost(LOST if gone else FORGED % (pid,))
         except BaseException:
             for _, fd in ours:
                 os.close(fd)
