@@ -278,7 +278,6 @@ class Child:
         self.pid = 0
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: Optional[int] = None
-        self.args: List[str] = []
         self._done = threading.Event()
 
     def _exited(self, code: int) -> None:
@@ -477,7 +476,6 @@ class Spawner:
                 os.close(fd)
         files = {name: _wrap(fd, "wb" if name == "stdin" else "rb") for name, fd in ours}
         child = Child(self, files.get("stdin"), files.get("stdout"), files["stderr"])
-        child.args = argv
         child.pid = pid
         with self.replied:
             if pid in self.early:
