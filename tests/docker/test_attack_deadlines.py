@@ -146,17 +146,21 @@ def test_a_fork_loop_that_fills_the_pids_limit_dies_at_the_timeout(plain: Runtim
 
 def test_read_file_with_the_pids_limit_exhausted_is_sandbox_unavailable(plain: Runtime) -> None:
     plain.write_file("exists.txt", "here")
-    plain.execute("(while :; do sleep 303 & done) >/dev/null 2>&1 &", timeout=10)
+    # busybox sh exits at its first failed fork, so a filler dies whenever a probe of ours held
+    # the last pids, and the probe's pids come free after it: start a new filler each time a
+    # process of ours could start, until none can
+    filler = "(while :; do sleep 303 & done) >/dev/null 2>&1 &"
     deadline = time.monotonic() + 30  # a busy machine forks slowly
-    while plain.execute("echo $(echo ok)", timeout=10).exit_code == 0:
+    while plain.execute(f"{filler} echo $(echo ok)", timeout=10).exit_code == 0:
         assert time.monotonic() < deadline, "the pids limit was never reached"
         time.sleep(0.2)
-    # the filler keeps forking, so a pid freed for a moment may go to our exec instead: each
-    # read either works or says why it cannot, and with the limit held one soon cannot
+    # a pid freed for a moment may go to our exec instead: each read either works or says why it
+    # cannot, and a read that worked starts a filler again, so with the limit held one soon cannot
     for _ in range(20):
         try:
             assert plain.read_file("exists.txt") == "here"
         except SandboxUnavailable as exc:
             assert "cannot start a process" in str(exc)
             return
+        plain.execute(filler, timeout=10)
     pytest.fail("every read found a free pid: the limit never held")
