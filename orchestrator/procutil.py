@@ -60,6 +60,23 @@ F_SETPIPE_SZ = 1031  # fcntl's name for it arrived in Python 3.10; the number is
 
 NO_PROCESS = (errno.EAGAIN, errno.ENOMEM)
 """fork() errors that mean no process can be started at all (pids or memory limit)."""
+_scope = threading.local()
+
+
+def abandon_when(event: Optional[threading.Event]) -> None:
+    """From now on, a command `pump`ed in this thread is killed (as when its caller closes
+    it early) within about 0.05 s of `event` being set: the caller, in another thread, gave
+    up on it (an asyncio task was cancelled). None: no such event."""
+    _scope.abandon = event
+
+
+def abandoned() -> bool:
+    """Whether the caller of this thread's command gave up on it (see abandon_when)."""
+    event: Optional[threading.Event] = getattr(_scope, "abandon", None)
+    return event is not None and event.is_set()
+
+
+"""fork() errors that mean no process can be started at all (pids or memory limit)."""
 
 
 class Outcome(NamedTuple):
@@ -448,8 +465,9 @@ def pump(
     exited_at: Optional[float] = None
     last_data = start
     held = 0.0  # seconds the caller held a chunk since the process exited: not silence
+    abandon: Optional[threading.Event] = getattr(_scope, "abandon", None)
     try:
-        while True:
+        while abandon is None or not abandon.is_set():
             if sel.get_map():
                 for key, _ in sel.select(0.05):
                     try:
@@ -465,8 +483,13 @@ def pump(
                         last_data = back
                     else:
                         sel.unregister(key.fileobj)
-            else:  # both pipes closed: wait for the process (the watchdog keeps the deadline;
-                proc.wait()  # a timed wait would poll with sleeps and cost a millisecond)
+            elif abandon is None:  # both pipes closed: wait for the process (the watchdog
+                proc.wait()  # keeps the deadline; a timed wait polls with sleeps, costing a ms)
+            else:
+                try:
+                    proc.wait(0.05)
+                except subprocess.TimeoutExpired:
+                    continue
             now = time.monotonic()
             if exited_at is None and proc.poll() is not None:
                 exited_at = now  # leftovers of its group keep running, by design

@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal, overload
 from orchestrator.errors import (
     CommandFailed,
     CommandTimeout,
+    ExecutorLost,
     OrchestratorError,
     OutputLimitExceeded,
     RuntimeClosed,
@@ -46,6 +47,7 @@ from orchestrator.errors import (
 from orchestrator.sandbox import admission, files, snapshot, suspend
 from orchestrator.sandbox.options import (
     FILE_LIMIT_ENV,
+    AChunks,
     BuildChoice,
     Chunks,
     Command,
@@ -69,6 +71,7 @@ from orchestrator.sandbox.results import (
 )
 from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.sandbox.streams import ArchiveFile, ArchiveStream
+from orchestrator.sandbox.threads import thread_chunks
 from orchestrator.settings import FILE_TIMEOUT_ENV, file_timeout
 from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.models import USER_RE
@@ -202,6 +205,21 @@ class Sandbox(ABC):
         finally:
             gen.close()
 
+    def _arun(self, cmd: Command) -> AChunks:
+        """`_run` for an asyncio caller (see AChunks): by default the blocking `_run` in a
+        thread of its own; a backend with a native way overrides it."""
+        return thread_chunks(lambda: self._run(cmd))
+
+    async def _acollect(self, cmd: Command, limit: int) -> tuple[TailBuffer, TailBuffer, Outcome]:
+        out, err = TailBuffer(limit), TailBuffer(limit)
+        async with contextlib.aclosing(self._arun(cmd)) as run:
+            async for item in run:
+                if isinstance(item, Outcome):
+                    return out, err, item
+                kind, data = item
+                (out if kind == "stdout" else err).add(data)
+        raise ExecutorLost("the command's output ended without its exit status")
+
     def execute(
         self,
         command: str | Sequence[str],
@@ -242,30 +260,18 @@ class Sandbox(ABC):
         return self._stream(cmd, output_limit or default_output_limit())
 
     def _stream(self, cmd: Command, limit: int) -> Generator[StreamEvent, None, None]:
-        bufs: dict[StreamKind, TailBuffer] = {
-            "stdout": TailBuffer(limit),
-            "stderr": TailBuffer(limit),
-        }
-        decoders: dict[StreamKind, Any] = {"stdout": decoder(), "stderr": decoder()}
+        events = _Events(self, limit)
         gen = self._run(cmd)
         try:
             while True:
                 try:
                     kind, data = next(gen)
                 except StopIteration as stop:
-                    outcome: Outcome = stop.value
-                    break
-                bufs[kind].add(data)
-                text = decoders[kind].decode(data)
-                if text:
-                    yield StreamEvent(kind, text)
-            for name, dec in decoders.items():
-                tail = dec.decode(b"", final=True)
-                if tail:
-                    yield StreamEvent(name, tail)
-            yield StreamEvent(
-                "finished", result=self._result(bufs["stdout"], bufs["stderr"], outcome)
-            )
+                    yield from events.finish(stop.value)
+                    return
+                event = events.add(kind, data)
+                if event is not None:
+                    yield event
         finally:
             gen.close()
 
@@ -283,13 +289,17 @@ class Sandbox(ABC):
     ) -> None:
         """Write text or bytes (line endings kept as given), creating parent folders. Raises
         SandboxFileTimeout past `timeout` seconds (default: ORCHESTRATOR_FILE_TIMEOUT)."""
+        cmd, target, deadline = self._write_command(path, content, user, timeout)
+        _, err, outcome = self._collect(cmd, ERR_LIMIT)
+        _written(err, outcome, target, deadline)
+
+    def _write_command(
+        self, path: str, content: str | bytes, user: str | None, timeout: float | None
+    ) -> tuple[Command, str, float]:
         data = content.encode() if isinstance(content, str) else bytes(content)
         target, deadline = self._path(path), _deadline(timeout)
         cmd = self._command(files.write_argv(target), None, data, None, user, deadline)
-        _, err, outcome = self._collect(cmd, 64 * 1024)
-        stderr = decode(err.value())
-        _raise_held(outcome, stderr, target, "write", deadline)
-        files.raise_for(outcome.exit_code, target, "write", stderr)
+        return cmd, target, deadline
 
     @overload
     def read_file(
@@ -334,14 +344,17 @@ class Sandbox(ABC):
         SandboxFileNotFound, SandboxIsADirectory, SandboxPermissionError (also the built-in
         errors), OutputLimitExceeded past `limit` bytes, or SandboxFileTimeout past `timeout`
         seconds (default: ORCHESTRATOR_FILE_TIMEOUT; a FIFO in its place never ends)."""
+        read = self._read_command(path, user, limit, timeout)
+        out, err, outcome = self._collect(read.cmd, read.limit + 1)
+        return read.result(out, err, outcome, text)
+
+    def _read_command(
+        self, path: str, user: str | None, limit: int | None, timeout: float | None
+    ) -> _Read:
         limit = limit or default_file_limit()
         target, deadline = self._path(path), _deadline(timeout)
         cmd = self._command(files.read_argv(target, limit), None, None, None, user, deadline)
-        out, err, outcome = self._collect(cmd, limit + 1)
-        data, stderr = out.value(), decode(err.value())
-        _raise_held(outcome, stderr, target, "read", deadline)
-        files.raise_for(outcome.exit_code, target, "read", stderr, limit, decode(data[:32]).strip())
-        return decode(data) if text else data
+        return _Read(cmd, target, deadline, limit)
 
     def upload(
         self,
@@ -1023,3 +1036,58 @@ def _check(result: RuntimeResult, timeout: float | None) -> None:
         raise CommandTimeout(result, timeout or 0.0)
     if result.exit_code != 0:
         raise CommandFailed(result)
+
+
+ERR_LIMIT = 64 * 1024
+"""Bytes of a file helper's stderr kept for its error message."""
+
+
+def _written(err: TailBuffer, outcome: Outcome, target: str, deadline: float) -> None:
+    """Raise what a write_file's command says went wrong, if anything."""
+    stderr = decode(err.value())
+    _raise_held(outcome, stderr, target, "write", deadline)
+    files.raise_for(outcome.exit_code, target, "write", stderr)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Read:
+    """One read_file: its command, and how its output becomes the content or an error."""
+
+    cmd: Command
+    target: str
+    deadline: float
+    limit: int
+
+    def result(self, out: TailBuffer, err: TailBuffer, outcome: Outcome, text: bool) -> str | bytes:
+        data, stderr = out.value(), decode(err.value())
+        _raise_held(outcome, stderr, self.target, "read", self.deadline)
+        snippet = decode(data[:32]).strip()
+        files.raise_for(outcome.exit_code, self.target, "read", stderr, self.limit, snippet)
+        return decode(data) if text else data
+
+
+class _Events:
+    """A command's output as stream events: text as it decodes, both streams' tails kept,
+    and at the end the "finished" event with the result."""
+
+    def __init__(self, sandbox: Sandbox, limit: int) -> None:
+        self._sandbox = sandbox
+        self._bufs: dict[StreamKind, TailBuffer] = {
+            "stdout": TailBuffer(limit),
+            "stderr": TailBuffer(limit),
+        }
+        self._decoders: dict[StreamKind, Any] = {"stdout": decoder(), "stderr": decoder()}
+
+    def add(self, kind: StreamKind, data: bytes) -> StreamEvent | None:
+        self._bufs[kind].add(data)
+        text = self._decoders[kind].decode(data)
+        return StreamEvent(kind, text) if text else None
+
+    def finish(self, outcome: Outcome) -> list[StreamEvent]:
+        events = []
+        for name, dec in self._decoders.items():
+            tail = dec.decode(b"", final=True)
+            if tail:
+                events.append(StreamEvent(name, tail))
+        result = self._sandbox._result(self._bufs["stdout"], self._bufs["stderr"], outcome)
+        return [*events, StreamEvent("finished", result=result)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -30,6 +30,9 @@ BUILD_CHOICES: tuple[BuildChoice, ...] = ("auto", "always", "never")
 
 Chunks = Generator[tuple[StreamKind, bytes], None, Outcome]
 """What a backend's `_run` is: output as it arrives, then the Outcome."""
+AChunks = AsyncGenerator["tuple[StreamKind, bytes] | Outcome", None]
+"""What a backend's `_arun` is, for asyncio callers: output as it arrives, then the Outcome,
+last. Closing it early (or cancelling the task awaiting it) kills the command's tree."""
 
 
 def default_output_limit() -> int:

@@ -9,8 +9,10 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from orchestrator import (
+    Environment,
     Policy,
     Runtime,
     Snapshot,
@@ -51,6 +53,9 @@ class Target:
     deviations: Mapping[str, str] = field(default_factory=dict)
     """Rules this configuration does not keep, and why, beyond its backend's own (an
     isolation level of one backend, say)."""
+    front_door: Literal["blocking", "async"] = "blocking"
+    """Which API the suite calls: the blocking one, or `orchestrator.aio` (through
+    orchestrator.testing.door, which answers as the blocking API)."""
 
     @property
     def id(self) -> str:
@@ -130,7 +135,16 @@ class Target:
         path = folder / "env.yaml"
         path.write_text(self.services_env_text())
         with self.environment():
-            return spawn_runtime(load_environment(path), backend=self.backend, policy=self.policy())
+            return self._spawn(load_environment(path), backend=self.backend, policy=self.policy())
+
+    def _spawn(self, env: Environment, **kwargs: Any) -> Runtime:
+        """spawn_runtime, through the target's front door."""
+        if self.front_door == "blocking":
+            return spawn_runtime(env, **kwargs)
+        from orchestrator import aio
+        from orchestrator.testing.door import through_async
+
+        return through_async(lambda: aio.spawn(env, **kwargs))
 
     @contextlib.contextmanager
     def environment(self) -> Iterator[None]:
@@ -168,7 +182,7 @@ class Target:
     ) -> Runtime:
         path = self.write_env(folder, setup)
         with self.environment():
-            return spawn_runtime(
+            return self._spawn(
                 load_environment(path),
                 backend=self.backend,
                 env_vars={"OVERRIDE": "spawn", "SPAWN_VAR": "1"},

@@ -1,8 +1,10 @@
-"""The conformance suite (`orchestrator.testing`) against every built-in backend. `docker-plain`
-is the Docker backend with the fast executor switched off, so the fallback path keeps the same
-rules; `swarm` runs on the test Swarm of `scripts/cluster` (started for the session if none
-runs), and `docker-remote` is the Docker backend on the engine of one of its nodes: another
-engine, whose machine shares no folder with ours."""
+"""The conformance suite (`orchestrator.testing`) against every built-in backend, and through
+both front doors: the blocking API, and `orchestrator.aio` (the `-async` targets, called
+through orchestrator.testing.door). `docker-plain` is the Docker backend with the fast
+executor switched off, so the fallback path keeps the same rules; `swarm` runs on the test
+Swarm of `scripts/cluster` (started for the session if none runs), and `docker-remote` is
+the Docker backend on the engine of one of its nodes: another engine, whose machine shares
+no folder with ours."""
 
 from __future__ import annotations
 
@@ -19,6 +21,15 @@ SIDECARS = PYTHON_IMAGE
 TARGETS = [
     Target("local", service_image=SIDECARS),
     Target("docker", env_lines=DOCKER_LINES, default_uid="1000", service_image=SIDECARS),
+    Target("local", service_image=SIDECARS, label="local-async", front_door="async"),
+    Target(
+        "docker",
+        env_lines=DOCKER_LINES,
+        default_uid="1000",
+        service_image=SIDECARS,
+        label="docker-async",
+        front_door="async",
+    ),
     Target(
         "docker",
         env_lines=DOCKER_LINES,

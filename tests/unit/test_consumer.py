@@ -5,6 +5,7 @@ name loses its types, or is added without being exercised, this file fails one o
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,50 @@ def test_the_program_names_every_public_name() -> None:
         n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "orchestrator"
     ]
     assert sorted(a.name for a in imported.names) == sorted(orchestrator.__all__)
+
+
+def test_an_async_consumer_program(tmp_path: Path) -> None:
+    """The asyncio front door, every name of `orchestrator.aio`, on the local backend."""
+    from orchestrator.aio import AsyncPool, AsyncRuntime, AsyncSandbox, attach, in_thread, spawn
+
+    text = "version: 1\nname: consumer-aio\nbackend: local\n"
+    env = load_environment_text(text, source="aio.yaml", base_dir=tmp_path)
+    policy = Policy(allow_unisolated=True)
+
+    async def program() -> None:
+        async with await spawn(env, workspace=tmp_path / "ws", policy=policy) as rt:
+            assert isinstance(rt, AsyncRuntime) and isinstance(rt, AsyncSandbox)
+            result: RuntimeResult = await rt.execute("echo out; echo err >&2; exit 3")
+            assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+            kinds = [event.kind async for event in rt.stream("echo a; echo b >&2")]
+            assert kinds[-1] == "finished" and {"stdout", "stderr"} <= set(kinds)
+            await rt.write_file("f.txt", "hi")
+            assert await rt.read_file("f.txt") == "hi"
+            assert await in_thread(lambda: 6 * 7) == 42  # any blocking call, no limiter
+            later = asyncio.ensure_future(rt.execute("sleep 30"))
+            await asyncio.sleep(0.3)
+            later.cancel()  # the command is killed; the sandbox goes on
+            with pytest.raises(asyncio.CancelledError):
+                await later
+            assert (await rt.execute("echo on")).stdout == "on\n"
+        assert rt.closed
+        with pytest.raises(ProjectNotFound):
+            await attach("orch-consumer-00000000")
+        async with await AsyncPool.start(env, 1, policy=policy) as pool:
+            pooled = await pool.acquire(timeout=30)
+            assert (await pooled.execute("echo pooled")).stdout == "pooled\n"
+            await pool.release(pooled)
+
+    asyncio.run(program())
+
+
+def test_the_async_program_names_every_name_of_aio() -> None:
+    from orchestrator import aio
+
+    tree = ast.parse(Path(__file__).read_text())
+    [imported] = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "orchestrator.aio"
+    ]
+    assert sorted(a.name for a in imported.names) == sorted(aio.__all__)

@@ -37,9 +37,10 @@ from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.procutil import F_SETPIPE_SZ
 from orchestrator.sandbox import files
-from orchestrator.sandbox.options import Chunks, Command
+from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Outcome, StreamKind
 from orchestrator.sandbox.streams import ArchiveStream, Feeder
+from orchestrator.sandbox.threads import in_thread, thread_chunks
 
 log = logging.getLogger("orchestrator.docker")
 READY_TIMEOUT = 15.0
@@ -187,13 +188,38 @@ class Channel:
             end = fifo.end if fifo is not None else None
             return (yield from ex.run(cmd, procutil.GRACE, self._lost, end))
         except ExecutorLost as exc:
-            if self._killed():  # kill() ended it, as SIGKILL ends a process
-                return Outcome(137, False, time.monotonic() - started)
-            ex.close()  # the next command starts a fresh one
-            lost = self._lost_soon()
-            if lost is not None:
-                raise lost from exc
-            raise
+            return self._executor_lost(ex, exc, started)
+
+    def _executor_lost(self, ex: ExecutorClient, exc: ExecutorLost, started: float) -> Outcome:
+        """A command's executor died under it: 137 when kill() did it (as SIGKILL ends a
+        process); otherwise why the sandbox is gone, or ExecutorLost. Blocks (engine calls)."""
+        if self._killed():
+            return Outcome(137, False, time.monotonic() - started)
+        ex.close()  # the next command starts a fresh one
+        lost = self._lost_soon()
+        if lost is not None:
+            raise lost from exc
+        raise exc
+
+    async def arun(self, cmd: Command) -> AChunks:
+        """`run` (not bulk) for an asyncio caller: natively through a running executor; where
+        none runs yet, or it cannot run `cmd`, by the blocking path in a thread of its own
+        (threads.thread_chunks), which starts one or goes plain as `run` does."""
+        ex = self._executor if self.mode != "plain" else None
+        fit = ex is not None and ex.ready_now and (ex.info.get("setuid", True) or cmd.user in ROOT)
+        if ex is None or not fit:
+            async with contextlib.aclosing(thread_chunks(lambda: self.run(cmd))) as way:
+                async for item in way:
+                    yield item
+            return
+        started = time.monotonic()
+        try:
+            async with contextlib.aclosing(ex.arun(cmd, procutil.GRACE, self._lost)) as way:
+                async for item in way:
+                    yield item
+        except ExecutorLost as exc:
+            lost, dead = exc, ex
+            yield await in_thread(lambda: self._executor_lost(dead, lost, started))
 
     def _executor_for(self, cmd: Command) -> ExecutorClient | None:
         """The executor, where it runs and can run `cmd` as its user."""

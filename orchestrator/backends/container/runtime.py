@@ -47,7 +47,7 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.sandbox.base import PoolState, Runtime, Sandbox
-from orchestrator.sandbox.options import Chunks, Command
+from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Connection, EnvironmentStatus, RuntimeInfo
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN, resolve_user
@@ -485,6 +485,10 @@ class ContainerRuntime(Runtime):
     def _run(self, cmd: Command) -> Chunks:
         assert self._main is not None
         return (yield from self._main.run(cmd))
+
+    def _arun(self, cmd: Command) -> AChunks:
+        assert self._main is not None
+        return self._main.arun(cmd)
 
     def _run_bulk(self, cmd: Command) -> Chunks:
         assert self._main is not None

@@ -13,7 +13,7 @@ from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.layout import STATIC_ROOT
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.base import Sandbox
-from orchestrator.sandbox.options import Chunks, Command
+from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Connection
 from orchestrator.spec.models import Service, StaticAsset
 
@@ -69,6 +69,9 @@ class ServiceSandbox(Sandbox):
 
     def _run(self, cmd: Command) -> Chunks:
         return (yield from self.channel.run(cmd))
+
+    def _arun(self, cmd: Command) -> AChunks:
+        return self.channel.arun(cmd)
 
     def _run_bulk(self, cmd: Command) -> Chunks:
         return (yield from self.channel.run(cmd, bulk=True))

@@ -13,6 +13,7 @@ that executor (ExecutorLost for its commands; the next command starts a new one)
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import json
@@ -29,8 +30,9 @@ from typing import Any, NamedTuple
 from orchestrator import procutil
 from orchestrator.backends.container.executor import wire
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
-from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
-from orchestrator.sandbox.results import Outcome
+from orchestrator.sandbox.options import AChunks, Chunks, Command, stdin_chunks
+from orchestrator.sandbox.results import Outcome, StreamKind
+from orchestrator.sandbox.threads import in_thread
 
 HERE = Path(__file__).resolve().parent
 #: Files copied into the sandbox folder so the executor can run inside the container.
@@ -70,11 +72,18 @@ class _Inbox:
     """The frames of one command on their way to its caller. Holds at most what the
     executor may send: WINDOW output frames plus the credit handed back, then one EXIT."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.frames: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self._wake = wake
         self._lock = threading.Lock()
         self._allowed = wire.WINDOW
         self._exited = False
+
+    def put(self, kind: int, payload: bytes) -> None:
+        """Queue a frame (from the reader thread) and wake an async caller waiting on it."""
+        self.frames.put((kind, payload))
+        if self._wake is not None:
+            self._wake()
 
     def grant(self, count: int) -> None:
         with self._lock:
@@ -190,7 +199,7 @@ class ExecutorClient:
                     self._proc.kill()
         self._dead.set()
         for inbox in list(self._queues.values()):
-            inbox.frames.put((-1, b""))
+            inbox.put(-1, b"")
 
     def _greeting(self, stream: Any) -> bool:
         """Read the READY frame. Anything else is the docker CLI explaining why the executor
@@ -226,7 +235,7 @@ class ExecutorClient:
             if broke is not None:
                 self._fault = f"it sent {broke} (command {cid})"
             else:
-                inbox.frames.put((kind, payload))
+                inbox.put(kind, payload)
 
     def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -265,19 +274,36 @@ class ExecutorClient:
         self._out.put(frame)
 
     # ----- commands ------------------------------------------------------------------------
-    def _silence(self, probe: Probe | None) -> None:
-        """Called while a command waits with nothing arriving: ping the executor, and when
-        even pings go unanswered ask the probe whether the sandbox is still there."""
+    def _quiet(self) -> bool:
+        """Called while a command waits with nothing arriving: ping the executor; True when
+        even pings go unanswered, and the owner's probe should say whether the sandbox is
+        still there (then `_probed`)."""
         now = time.monotonic()
         quiet = now - self._last_rx
         if quiet >= PING_AFTER and now - self._last_ping >= PING_AFTER:
             self._last_ping = now
             self._send(wire.PING, 0)
-        if quiet >= SILENT and probe is not None:
-            lost = probe()
-            if lost is not None:
-                raise lost
-            self._last_rx = time.monotonic()  # the sandbox runs: give the executor time
+        return quiet >= SILENT
+
+    def _probed(self, lost: SandboxUnavailable | None) -> None:
+        """What the probe said: raise it, or (the sandbox runs) give the executor time."""
+        if lost is not None:
+            raise lost
+        self._last_rx = time.monotonic()
+
+    def _silence(self, probe: Probe | None) -> None:
+        if self._quiet() and probe is not None:
+            self._probed(probe())
+
+    def _room(self) -> bool:
+        """Whether a frame of stdin may be queued now (see OUT_BUDGET)."""
+        with self._out_cond:
+            return self._out_bytes <= OUT_BUDGET or self._dead.is_set()
+
+    @property
+    def ready_now(self) -> bool:
+        """Whether it greeted and runs: a command can go to it without waiting."""
+        return self._ready.is_set() and self.alive
 
     def run(
         self, cmd: Command, grace: float, probe: Probe | None = None, fifo: Fifo | None = None
@@ -287,45 +313,25 @@ class ExecutorClient:
         arrives, and after the command exits until the FIFO's end of file, DRAIN seconds of
         quiet or DRAIN_MAX seconds in all (time the caller holds a chunk not counted), even
         if bytes keep trickling in: a sandbox process may hold it open and write."""
-        with self._id_lock:
-            cid = next(self._ids)
-        inbox = self._queues[cid] = _Inbox()
-        done = False
+        call = _Call(self, cmd, grace)
         try:
-            if self._dead.is_set():
-                raise ExecutorLost(self._why("the executor is not running"))
-            request = wire.Request(
-                cmd.argv,
-                cmd.env,
-                cmd.cwd,
-                cmd.user,
-                cmd.timeout,
-                cmd.stdin is not None,
-                stdout_fifo=fifo.inside if fifo is not None and not fifo.into else None,
-                stdin_fifo=fifo.inside if fifo is not None and fifo.into else None,
-            )
-            self._send(wire.RUN, cid, wire.encode_request(request))
+            call.start(fifo)
             if cmd.stdin is not None:
                 for chunk in stdin_chunks(cmd.stdin):
-                    self._send(wire.STDIN, cid, chunk, waiting=lambda: self._silence(probe))
-                self._send(wire.STDIN_EOF, cid)
-            backstop = (
-                time.monotonic() + cmd.timeout + grace + BACKSTOP
-                if cmd.timeout is not None
-                else None
-            )
-            killed, consumed = False, 0
+                    self._send(wire.STDIN, call.cid, chunk, waiting=lambda: self._silence(probe))
+                self._send(wire.STDIN_EOF, call.cid)
+            call.arm()
             reader = _FifoReader(fifo.fd) if fifo is not None and not fifo.into else None
+            frames = call.inbox.frames
             ended: Outcome | None = None
             while True:
                 if reader is not None:
                     if reader.finished():
                         reader = None
                         if ended is not None:
-                            done = True
                             return ended
                         continue
-                    chunk = reader.read(busy=not inbox.frames.empty())
+                    chunk = reader.read(busy=not frames.empty())
                     if chunk:
                         since = time.monotonic()
                         yield "stdout", chunk
@@ -333,37 +339,74 @@ class ExecutorClient:
                     if ended is not None:
                         continue  # the command's end: only the FIFO is left to read
                 try:
-                    kind, payload = inbox.frames.get(timeout=0.25 if reader is None else 0.0)
+                    kind, payload = frames.get(timeout=0.25 if reader is None else 0.0)
                 except queue.Empty:
+                    if procutil.abandoned():  # its caller left (threads.thread_chunks)
+                        return Outcome(137, False, 0.0)  # nobody reads it; end() kills it
                     # looked at however busy the FIFO is: bytes trickling into it must not
                     # keep a paused sandbox or a lost executor from being noticed
                     self._silence(probe)
-                    if backstop is None or time.monotonic() < backstop:
-                        continue
-                    if not killed:  # the executor should have ended it: ask once more
-                        self._send(wire.KILL, cid)
-                        killed, backstop = True, time.monotonic() + BACKSTOP
-                        continue
-                    raise ExecutorLost("executor stopped answering; it will be restarted") from None
-                if kind in (wire.OUT, wire.ERR):
-                    consumed += 1
-                    if consumed >= wire.WINDOW // 2:  # hand the credit back as we read
-                        inbox.grant(consumed)
-                        self._send(wire.CREDIT, cid, wire.COUNT.pack(consumed))
-                        consumed = 0
-                    yield ("stdout" if kind == wire.OUT else "stderr"), payload
-                elif kind == wire.EXIT:
-                    done = True
-                    if reader is None:
-                        return self._outcome(payload)
-                    ended = self._outcome(payload)  # what it wrote is read still
-                    reader.exited()
+                    call.overdue()
+                    continue
+                got = call.take(kind, payload)
+                if not isinstance(got, Outcome):
+                    yield got
+                elif reader is None:
+                    return got
                 else:
-                    raise ExecutorLost(self._why("the in-container executor died while it ran"))
+                    ended = got  # what it wrote is read still
+                    reader.exited()
         finally:
-            if not done and not self._dead.is_set():
-                self._send(wire.KILL, cid)  # caller gave up: the command must not outlive it
-            self._queues.pop(cid, None)
+            call.end()
+
+    async def arun(self, cmd: Command, grace: float, probe: Probe | None = None) -> AChunks:
+        """`run` for an asyncio caller, without a FIFO: no thread waits for it (the frames
+        come from the reader thread every command of this executor shares), and cancelling
+        the awaiting task kills the command's whole tree, as closing `run` early does. A
+        probe (an engine call) runs in a thread of its own, only once the executor has been
+        silent for SILENT seconds."""
+        loop = asyncio.get_running_loop()
+        arrived = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(arrived.set)
+
+        call = _Call(self, cmd, grace, wake)
+        try:
+            call.start(None)
+            if cmd.stdin is not None:
+                for chunk in stdin_chunks(cmd.stdin):
+                    while not self._room():
+                        await asyncio.sleep(0.01)
+                        await self._asilence(probe)
+                    self._send(wire.STDIN, call.cid, chunk)
+                self._send(wire.STDIN_EOF, call.cid)
+            call.arm()
+            frames = call.inbox.frames
+            while True:
+                try:
+                    kind, payload = frames.get_nowait()
+                except queue.Empty:
+                    arrived.clear()
+                    if not frames.empty():
+                        continue
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(arrived.wait(), 0.25)
+                        continue
+                    await self._asilence(probe)
+                    call.overdue()
+                    continue
+                got = call.take(kind, payload)
+                yield got
+                if isinstance(got, Outcome):
+                    return
+        finally:
+            call.end()
+
+    async def _asilence(self, probe: Probe | None) -> None:
+        if self._quiet() and probe is not None:
+            self._probed(await in_thread(probe))
 
     def _why(self, what: str) -> str:
         """Why this executor cannot go on, for ExecutorLost: `what` happened, or the way it
@@ -387,6 +430,82 @@ class ExecutorClient:
                     self._proc.kill()
             raise ExecutorLost(self._why("")) from None
         return _outcome(end)
+
+
+class _Call:
+    """One command in flight, from the host's side: the same steps whether a thread blocks
+    on it (`run`) or an asyncio task awaits it (`arun`)."""
+
+    def __init__(
+        self,
+        client: ExecutorClient,
+        cmd: Command,
+        grace: float,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        with client._id_lock:
+            self.cid = next(client._ids)
+        self.client, self.cmd, self.grace = client, cmd, grace
+        self.inbox = client._queues[self.cid] = _Inbox(wake)
+        self.done = self.killed = False
+        self.consumed = 0
+        self.backstop: float | None = None
+
+    def start(self, fifo: Fifo | None) -> None:
+        """Send the request (the caller then sends its stdin, and calls `arm`)."""
+        client, cmd = self.client, self.cmd
+        if client._dead.is_set():
+            raise ExecutorLost(client._why("the executor is not running"))
+        request = wire.Request(
+            cmd.argv,
+            cmd.env,
+            cmd.cwd,
+            cmd.user,
+            cmd.timeout,
+            cmd.stdin is not None,
+            stdout_fifo=fifo.inside if fifo is not None and not fifo.into else None,
+            stdin_fifo=fifo.inside if fifo is not None and fifo.into else None,
+        )
+        client._send(wire.RUN, self.cid, wire.encode_request(request))
+
+    def arm(self) -> None:
+        """Its stdin is sent: the command's own timeout counts from now."""
+        if self.cmd.timeout is not None:
+            self.backstop = time.monotonic() + self.cmd.timeout + self.grace + BACKSTOP
+
+    def overdue(self) -> None:
+        """Called when nothing arrived for a while: past the command's timeout (and grace)
+        ask the executor once more to end it, and if it still does not, it is lost."""
+        if self.backstop is None or time.monotonic() < self.backstop:
+            return
+        if not self.killed:  # the executor should have ended it: ask once more
+            self.client._send(wire.KILL, self.cid)
+            self.killed, self.backstop = True, time.monotonic() + BACKSTOP
+            return
+        raise ExecutorLost("executor stopped answering; it will be restarted")
+
+    def take(self, kind: int, payload: bytes) -> tuple[StreamKind, bytes] | Outcome:
+        """A frame of this command: output (its credit handed back as it is read), or the
+        Outcome at its exit. ExecutorLost when the executor died meanwhile."""
+        client = self.client
+        if kind in (wire.OUT, wire.ERR):
+            self.consumed += 1
+            if self.consumed >= wire.WINDOW // 2:
+                self.inbox.grant(self.consumed)
+                client._send(wire.CREDIT, self.cid, wire.COUNT.pack(self.consumed))
+                self.consumed = 0
+            return ("stdout" if kind == wire.OUT else "stderr"), payload
+        if kind == wire.EXIT:
+            self.done = True
+            return client._outcome(payload)
+        raise ExecutorLost(client._why("the in-container executor died while it ran"))
+
+    def end(self) -> None:
+        """Whatever way the call ends: a command its caller gave up on must not outlive it."""
+        client = self.client
+        if not self.done and not client._dead.is_set():
+            client._send(wire.KILL, self.cid)
+        client._queues.pop(self.cid, None)
 
 
 class _FifoReader:

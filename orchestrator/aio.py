@@ -1,0 +1,340 @@
+"""The asyncio front door: the same runtimes, awaited.
+
+    from orchestrator import aio
+
+    async with await aio.spawn("env.yaml") as rt:
+        result = await rt.execute("pytest -q", timeout=600)
+        async for event in rt.stream("make"):
+            print(event.text, end="")
+        await rt.write_file("notes.txt", "hi")
+        text = await rt.read_file("notes.txt")
+
+Commands and files (`execute`, `stream`, `read_file`, `write_file`) take the executor's own
+channel where the backend has one (the Docker backend's in-container executor): the call
+waits on the event loop, not in a thread, so a thousand calls in flight cost no thread
+each. Cancelling the task awaiting a call kills the command's whole process tree in the
+sandbox, and the sandbox stays usable. Elsewhere (the local backend, plain `docker exec`,
+an executor still starting) the blocking call runs in a thread of its own, never queued
+behind a bounded pool; a cancelled one is killed at its next output or its own timeout.
+
+Lifecycle calls (spawn, attach, cleanup, snapshot, folders, pools) are engine work that
+takes seconds: each runs in a thread of its own (`in_thread`, which a caller may use for
+any other blocking call of this package). A spawn cancelled while it starts removes
+the environment once it is up. Results, errors and limits are the blocking API's, word for
+word: both doors share every step but the waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
+
+from orchestrator.errors import UsageError
+from orchestrator.sandbox.base import Runtime, Sandbox, _check, _Events, _written
+from orchestrator.sandbox.options import Command, default_output_limit
+from orchestrator.sandbox.pool import Pool
+from orchestrator.sandbox.results import (
+    Connection,
+    Outcome,
+    RuntimeInfo,
+    RuntimeResult,
+    StreamEvent,
+)
+from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.sandbox.threads import in_thread
+from orchestrator.spec.loader import Environment
+
+T = TypeVar("T")
+POOL_POLL = 0.02
+"""Seconds between looks at a pool with nothing ready."""
+
+
+def _removed(rt: Runtime) -> None:
+    """What becomes of an environment whose spawning task was cancelled: removed."""
+    with contextlib.suppress(Exception):
+        rt.cleanup()
+
+
+class AsyncSandbox:
+    """Commands and files in one place (the main sandbox or a service), awaited."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sync = sandbox
+        """The blocking object behind it."""
+
+    @property
+    def workdir(self) -> str:
+        return self.sync.workdir
+
+    @property
+    def default_user(self) -> str | None:
+        return self.sync.default_user
+
+    def static_path(self, name: str) -> str:
+        return self.sync.static_path(name)
+
+    def connection(self, *, user: str | None = None) -> Connection:
+        return self.sync.connection(user=user)
+
+    async def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        output_limit: int | None = None,
+    ) -> RuntimeResult:
+        """As Sandbox.execute."""
+        sb = self.sync
+        cmd = sb._command(command, env, stdin, cwd, user, timeout)
+        out, err, outcome = await sb._acollect(cmd, output_limit or default_output_limit())
+        result = sb._result(out, err, outcome)
+        if check:
+            _check(result, timeout)
+        return result
+
+    def stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """As Sandbox.stream: `async for event in rt.stream(...)`. Leaving the loop early (or
+        cancelling) kills the command. Bad arguments raise here, before anything runs."""
+        if stdin is not None:
+            raise UsageError("stream() takes no stdin; use execute(..., stdin=...)")
+        cmd = self.sync._command(command, env, None, cwd, user, timeout)
+        return self._stream(cmd, output_limit or default_output_limit())
+
+    async def _stream(self, cmd: Command, limit: int) -> AsyncGenerator[StreamEvent, None]:
+        events = _Events(self.sync, limit)
+        async with contextlib.aclosing(self.sync._arun(cmd)) as run:
+            async for item in run:
+                if isinstance(item, Outcome):
+                    for last in events.finish(item):
+                        yield last
+                    return
+                event = events.add(*item)
+                if event is not None:
+                    yield event
+
+    async def write_file(
+        self,
+        path: str,
+        content: str | bytes,
+        *,
+        user: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """As Sandbox.write_file."""
+        cmd, target, deadline = self.sync._write_command(path, content, user, timeout)
+        _, err, outcome = await self.sync._acollect(cmd, 64 * 1024)
+        _written(err, outcome, target, deadline)
+
+    @overload
+    async def read_file(
+        self,
+        path: str,
+        *,
+        text: Literal[True] = True,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> str: ...
+    @overload
+    async def read_file(
+        self,
+        path: str,
+        *,
+        text: Literal[False],
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> bytes: ...
+    @overload
+    async def read_file(
+        self,
+        path: str,
+        *,
+        text: bool,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> str | bytes: ...
+    async def read_file(
+        self,
+        path: str,
+        *,
+        text: bool = True,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> str | bytes:
+        """As Sandbox.read_file."""
+        read = self.sync._read_command(path, user, limit, timeout)
+        out, err, outcome = await self.sync._acollect(read.cmd, read.limit + 1)
+        return read.result(out, err, outcome, text)
+
+    async def upload(
+        self,
+        local: str | Path,
+        dest: str,
+        *,
+        user: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """As Sandbox.upload (in a thread: a folder's archive is bulk work)."""
+        await in_thread(lambda: self.sync.upload(local, dest, user=user, timeout=timeout))
+
+    async def download(
+        self,
+        src: str,
+        local: str | Path,
+        *,
+        user: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """As Sandbox.download (in a thread)."""
+        sb = self.sync
+        return await in_thread(
+            lambda: sb.download(src, local, user=user, limit=limit, timeout=timeout)
+        )
+
+
+class AsyncRuntime(AsyncSandbox):
+    """A live environment, awaited: `async with` removes it at the end, as `with` does."""
+
+    sync: Runtime
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__(runtime)
+        self._services: dict[str, AsyncSandbox] = {}
+
+    async def __aenter__(self) -> AsyncRuntime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.cleanup()
+
+    @property
+    def env(self) -> Environment:
+        return self.sync.env
+
+    @property
+    def closed(self) -> bool:
+        return self.sync.closed
+
+    def info(self) -> RuntimeInfo:
+        return self.sync.info()
+
+    def service(self, name: str) -> AsyncSandbox:
+        """A service of the environment (as Runtime.service)."""
+        if name not in self._services:
+            self._services[name] = AsyncSandbox(self.sync.service(name))
+        return self._services[name]
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        return await in_thread(fn)
+
+    async def cleanup(self) -> None:
+        await self._call(self.sync.cleanup)
+
+    async def kill(self) -> None:
+        await self._call(self.sync.kill)
+
+    async def poll(self) -> int | None:
+        return await self._call(self.sync.poll)
+
+    async def pause(self) -> None:
+        await self._call(self.sync.pause)
+
+    async def resume(self) -> None:
+        await self._call(self.sync.resume)
+
+    async def keep(self) -> None:
+        await self._call(self.sync.keep)
+
+    async def detach(self) -> None:
+        await self._call(self.sync.detach)
+
+    async def snapshot(self, dest: str | Path | None = None, **kwargs: Any) -> Snapshot:
+        """As Runtime.snapshot."""
+        return await self._call(functools.partial(self.sync.snapshot, dest, **kwargs))
+
+    async def restore(self, snap: Snapshot) -> None:
+        await self._call(lambda: self.sync.restore(snap))
+
+    async def suspend(self, name: str | None = None, *, keep: bool = True) -> Snapshot:
+        return await self._call(lambda: self.sync.suspend(name, keep=keep))
+
+
+async def spawn(env: Environment | str | Path, *args: Any, **kwargs: Any) -> AsyncRuntime:
+    """As spawn_runtime (the same arguments). Cancelled while it starts, the environment is
+    removed once up, in the background."""
+    from orchestrator.sandbox.registry import spawn_runtime
+
+    runtime = await in_thread(lambda: spawn_runtime(env, *args, **kwargs), abandoned=_removed)
+    return AsyncRuntime(runtime)
+
+
+async def attach(ref: str, *, host: str | None = None) -> AsyncRuntime:
+    """As orchestrator.attach."""
+    from orchestrator.sandbox.attach import attach as attach_runtime
+
+    return AsyncRuntime(await in_thread(lambda: attach_runtime(ref, host=host)))
+
+
+class AsyncPool:
+    """A warm pool (orchestrator.Pool), awaited: `acquire` takes a ready environment at once
+    and waits on the event loop while none is; `release` removes (or resets) it."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.sync = pool
+
+    @classmethod
+    async def start(
+        cls, env: Environment | str | Path, size: int, *, reuse: bool = False, **spawn: Any
+    ) -> AsyncPool:
+        """A pool of `size` (as Pool(...)); its environments start in the background."""
+        return cls(await in_thread(lambda: Pool(env, size, reuse=reuse, **spawn)))
+
+    async def __aenter__(self) -> AsyncPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def acquire(self, timeout: float | None = None) -> AsyncRuntime:
+        """As Pool.acquire: TimeoutError after `timeout` s with none ready."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return AsyncRuntime(self.sync.acquire(timeout=0))
+            except TimeoutError:  # none ready now (a closed pool raises RuntimeClosed)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"no environment became ready within {timeout:g}s") from None
+                await asyncio.sleep(POOL_POLL)
+
+    async def release(self, rt: AsyncRuntime, *, reset: bool | None = None) -> None:
+        await in_thread(lambda: self.sync.release(rt.sync, reset=reset))
+
+    async def close(self) -> None:
+        await in_thread(self.sync.close)
+
+
+__all__ = ["AsyncPool", "AsyncRuntime", "AsyncSandbox", "attach", "in_thread", "spawn"]

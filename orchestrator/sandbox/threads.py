@@ -1,0 +1,122 @@
+"""Blocking work for asyncio callers, where no native path exists: each call gets a thread of
+its own (never a shared, bounded pool: a limiter would make one sample's slow call queue
+behind another's), and a call whose caller was cancelled is finished in that thread, with
+what it made handed to `abandoned` (an environment a cancelled spawn started is removed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from orchestrator import procutil
+from orchestrator.sandbox.options import AChunks, Chunks
+from orchestrator.sandbox.results import Outcome
+
+T = TypeVar("T")
+AHEAD = 64
+"""Chunks a command run in a thread may produce before its async caller takes them."""
+
+
+async def in_thread(fn: Callable[[], T], *, abandoned: Callable[[T], None] | None = None) -> T:
+    """`fn()` in a new thread, awaited. Cancelling the caller does not stop `fn`; when it
+    returns, its value goes to `abandoned` (in that thread) instead."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    lock = threading.Lock()
+    state = {"gone": False, "handed": False}
+
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if future.done():  # the caller was cancelled while this was on its way
+            if error is None and abandoned is not None:
+                threading.Thread(target=abandoned, args=(value,), daemon=True).start()
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+
+    def work() -> None:
+        value: T | None = None
+        error: BaseException | None = None
+        try:
+            value = fn()
+        except BaseException as exc:  # handed to the caller, raised there
+            error = exc
+        with lock:
+            gone = state["gone"]
+            if not gone:
+                try:
+                    loop.call_soon_threadsafe(settle, value, error)
+                    state["handed"] = True
+                except RuntimeError:  # the loop is closed
+                    gone = True
+        if gone and error is None and abandoned is not None:
+            abandoned(value)  # type: ignore[arg-type]
+
+    threading.Thread(target=work, name="orch-aio", daemon=True).start()
+    try:
+        return await future
+    except asyncio.CancelledError:
+        with lock:
+            state["gone"] = True
+            handed = state["handed"]
+        came_back = handed and future.done() and not future.cancelled()
+        if came_back and abandoned is not None and future.exception() is None:
+            # it came back as we were cancelled: nobody will take it
+            made = future.result()
+            threading.Thread(target=abandoned, args=(made,), daemon=True).start()
+        raise
+
+
+async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
+    """A blocking command run (`make()`, a backend's `_run`) for an asyncio caller: driven by
+    a thread of its own, at most AHEAD chunks ahead of the caller. When the caller stops
+    early (or is cancelled), the command is killed: by procutil within about 0.05 s where
+    the run pumps a process in this thread (the local backend, plain `docker exec`), else
+    when the run is closed, at its next chunk or its end."""
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    room = threading.Semaphore(AHEAD)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(items.put_nowait, item)
+
+    def pump() -> None:
+        procutil.abandon_when(stop)  # a command pumped here dies when the caller leaves
+        run = make()
+        try:
+            while not stop.is_set():
+                try:
+                    chunk = next(run)
+                except StopIteration as end:
+                    put(("end", end.value))
+                    return
+                put(("chunk", chunk))
+                while not room.acquire(timeout=0.25):
+                    if stop.is_set():
+                        return
+        except BaseException as exc:  # raised to the caller
+            put(("error", exc))
+        finally:
+            run.close()
+
+    threading.Thread(target=pump, name="orch-aio-run", daemon=True).start()
+    try:
+        while True:
+            what, value = await items.get()
+            if what == "chunk":
+                room.release()
+                yield value
+            elif what == "end":
+                assert isinstance(value, Outcome)
+                yield value
+                return
+            else:
+                raise value
+    finally:
+        stop.set()

@@ -1,0 +1,222 @@
+"""The asyncio front door on the Docker backend, where commands go natively through the
+executor: no thread per call, cancellation that kills what runs in the sandbox, and the
+channel clean after it. (The whole conformance suite also runs through this door: the
+`-async` targets of tests/conformance.)"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import (
+    ExecutorLost,
+    Runtime,
+    RuntimeResult,
+    SandboxUnavailable,
+    aio,
+    spawn_runtime,
+)
+from tests.conftest import labelled_ids, main_container
+from tests.docker.conftest import MakeEnv
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    folder = tmp_path_factory.mktemp("aio")
+    path = folder / "env.yaml"
+    path.write_text(
+        "version: 1\nname: aio\nimage: orchestrator-test/python:3.11\nuser: '1000:1000'\n"
+    )
+    with spawn_runtime(path) as runtime:
+        assert runtime.info().exec_mode == "executor"
+        yield runtime
+
+
+def door(runtime: Runtime) -> aio.AsyncRuntime:
+    return aio.AsyncRuntime(runtime)
+
+
+async def survivors(art: aio.AsyncRuntime, marker: str) -> list[str]:
+    """Processes whose command line holds `marker` (the pattern never matches itself)."""
+    pattern = marker[:-1] + "[" + marker[-1] + "]"
+    script = (
+        "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f 2>/dev/null "
+        f"| grep -q '{pattern}' && echo $f; done; true"
+    )
+    return (await art.execute(script, user="0", timeout=20)).stdout.split()
+
+
+def test_calls_in_flight_take_no_thread_each(rt: Runtime) -> None:
+    async def main() -> tuple[int, int, list[str]]:
+        art = door(rt)
+        await art.execute("true")  # the executor is up
+        before = threading.active_count()
+        calls = [asyncio.ensure_future(art.execute(f"sleep 2; echo {i}")) for i in range(40)]
+        await asyncio.sleep(1.0)  # all forty are running in the sandbox now
+        during = threading.active_count()
+        results = await asyncio.gather(*calls)
+        return before, during, [r.stdout for r in results]
+
+    before, during, outs = asyncio.run(main())
+    assert outs == [f"{i}\n" for i in range(40)]
+    assert during <= before + 2, f"{during - before} threads for 40 calls in flight"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sleep 311 & sleep 311",
+        "setsid sh -c 'sleep 311 & sleep 311' & sleep 311",
+    ],
+    ids=["child", "new-session"],
+)
+def test_cancelling_a_call_kills_its_tree_and_the_channel_goes_on(
+    rt: Runtime, command: str
+) -> None:
+    async def main() -> tuple[list[str], str]:
+        art = door(rt)
+        task = asyncio.ensure_future(art.execute(command))
+        await asyncio.sleep(1.0)
+        assert await survivors(art, "sleep 311"), "the command never started"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + 10
+        while (left := await survivors(art, "sleep 311")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        after = await art.execute("echo clean; echo err >&2")
+        return left, after.stdout + after.stderr
+
+    left, after = asyncio.run(main())
+    assert left == []
+    assert after == "clean\nerr\n"
+
+
+def test_leaving_a_stream_early_kills_the_command(rt: Runtime) -> None:
+    async def main() -> list[str]:
+        art = door(rt)
+        async for event in art.stream("echo first; sleep 312"):
+            assert event.text == "first\n"
+            break  # the generator is finalized by the loop, which kills the command
+        deadline = time.monotonic() + 10
+        while (left := await survivors(art, "sleep 312")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return left
+
+    assert asyncio.run(main()) == []
+
+
+def test_a_timeout_ends_the_command_and_keeps_its_output(rt: Runtime) -> None:
+    async def main() -> tuple[RuntimeResult, list[str]]:
+        art = door(rt)
+        result = await art.execute("echo before; sleep 313", timeout=1)
+        return result, await survivors(art, "sleep 313")
+
+    result, left = asyncio.run(main())
+    assert result.timed_out and result.exit_code != 0
+    assert result.stdout == "before\n"
+    assert result.elapsed < 10
+    assert left == []
+
+
+def test_stdin_and_output_bigger_than_any_buffer(rt: Runtime) -> None:
+    data = os.urandom(20 << 20)
+
+    async def main() -> tuple[str, bool, int]:
+        art = door(rt)
+        digest = await art.execute("sha256sum | cut -d' ' -f1", stdin=data, timeout=120)
+        big = await art.execute("head -c 30000000 /dev/zero", output_limit=1 << 20, timeout=120)
+        return digest.stdout.strip(), big.stdout_truncated, len(big.stdout)
+
+    digest, truncated, kept = asyncio.run(main())
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert truncated and kept == 1 << 20
+
+
+KILL_EXECUTOR = (
+    "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f 2>/dev/null | grep -q '[a]gent.py' "
+    "&& p=${f#/proc/} && kill -9 ${p%/cmdline}; done; true"
+)
+
+
+def test_a_lost_executor_fails_its_call_and_the_next_call_starts_another(rt: Runtime) -> None:
+    container = main_container(rt)
+
+    async def main() -> tuple[BaseException | None, str, str]:
+        art = door(rt)
+        task = asyncio.ensure_future(art.execute("sleep 314"))
+        await asyncio.sleep(1.0)
+        subprocess.run(
+            ["docker", "exec", "-u", "0", container, "sh", "-c", KILL_EXECUTOR],
+            check=True,
+            capture_output=True,
+        )
+        error: BaseException | None = None
+        try:
+            await asyncio.wait_for(task, 30)
+        except (ExecutorLost, SandboxUnavailable) as exc:
+            error = exc
+        again = await art.execute("echo again")
+        native = await art.execute("echo native")  # the new executor, awaited natively
+        return error, again.stdout, native.stdout
+
+    error, again, native = asyncio.run(main())
+    assert isinstance(error, ExecutorLost)
+    assert (again, native) == ("again\n", "native\n")
+
+
+def test_files_through_the_async_door(rt: Runtime, tmp_path: Path) -> None:
+    async def main() -> tuple[bytes, list[str]]:
+        art = door(rt)
+        await art.write_file("aio/bin.dat", b"\x00\xff" * 1000)
+        data = await art.read_file("aio/bin.dat", text=False)
+        return data, await art.download("aio", tmp_path / "out")
+
+    data, names = asyncio.run(main())
+    assert data == b"\x00\xff" * 1000
+    assert names == ["bin.dat"]
+    assert (tmp_path / "out" / "bin.dat").read_bytes() == data
+
+
+def test_a_cancelled_spawn_removes_what_it_started(make_env: MakeEnv) -> None:
+    path = make_env("", name="aio-cancel")
+    before = labelled_ids()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(aio.spawn(path))
+        await asyncio.sleep(0.5)  # under way: the project is being made
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 90
+    while (left := labelled_ids() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == set()
+
+
+def test_a_pool_hands_out_through_the_async_door(make_env: MakeEnv) -> None:
+    path = make_env("", name="aio-pool")
+
+    async def main() -> tuple[str, str]:
+        async with await aio.AsyncPool.start(path, 1) as pool:
+            first = await pool.acquire(timeout=120)
+            out, ident = (await first.execute("echo pooled")).stdout, first.info().id
+            await pool.release(first)
+            second = await pool.acquire(timeout=120)  # the replacement
+            other = second.info().id
+            await pool.release(second)
+            return out, other if other != ident else ""
+
+    out, second = asyncio.run(main())
+    assert out == "pooled\n"
+    assert second, "the second environment was the first one again"
