@@ -6,21 +6,33 @@ One environment per sample: its main sandbox is "default" (first), and every ext
 a sandbox by its own name. Calls follow Inspect's contract to the letter: its output and file
 limits (`SandboxEnvironmentLimits`), `TimeoutError`, `PermissionError`, `FileNotFoundError`,
 `IsADirectoryError`, `UnicodeDecodeError` for text that is not UTF-8,
-`OutputLimitExceededError`, and `SandboxUnavailableError` when the sandbox itself is gone. Our
-calls block; they run in worker threads, so many samples proceed at once.
+`OutputLimitExceededError`, and `SandboxUnavailableError` when the sandbox itself is gone.
+
+Commands and files go through `orchestrator.aio`: awaited on Inspect's event loop, never in a
+worker thread, so no call waits on a thread limiter however many samples run, and a sample
+cancelled while its command runs kills that command in the sandbox. Starting and removing
+environments (engine work) runs in threads of our own. Under Inspect's trio backend every
+call runs in anyio's worker threads instead.
+
+The config is the environment file's path, or `OrchestratorSandboxConfig(file=...,
+prewarm=N)`: N environments are started in `task_init` and kept ready (a warm pool), so a
+sample starts on one already up. Every sample still gets an environment of its own, never
+used before and removed after it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, overload
 
 import anyio.to_thread
+import sniffio
 from inspect_ai.util import (
     ExecResult,
     OutputLimitExceededError,
@@ -34,17 +46,19 @@ from inspect_ai.util import (
     sandboxenv,
 )
 from inspect_ai.util._sandbox.environment import HostMapping, PortMapping
+from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator import (
     Environment,
+    Pool,
     PublishedPort,
-    Runtime,
-    Sandbox,
+    aio,
     attach,
     load_environment,
     prepare,
     spawn_runtime,
 )
+from orchestrator.aio import AsyncPool, AsyncRuntime, AsyncSandbox
 from orchestrator.errors import (
     OrchestratorError,
     OutputLimitExceeded,
@@ -64,10 +78,37 @@ sample itself; the call only must not outlive it by long."""
 _NOT_RUNNABLE = re.compile(r"permission denied|not executable", re.IGNORECASE)
 
 
-async def _call(fn: Callable[[], T]) -> T:
-    """Run one of our blocking calls in a worker thread; our errors become Inspect's."""
+class OrchestratorSandboxConfig(BaseModel):
+    """The provider's config, beside a plain path: `sandbox=("orchestrator",
+    OrchestratorSandboxConfig(file="env.yaml", prewarm=8))`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: str
+    """The environment file."""
+    prewarm: int = Field(default=0, ge=0, le=256)
+    """Environments started in task_init and kept ready for the samples (set it to the
+    eval's max_sandboxes); 0: each sample starts its own. A sample's metadata then reaches
+    its commands as variables, but not the file's setup commands, which ran before the
+    sample was known."""
+
+
+def _on_asyncio() -> bool:
     try:
-        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
+        return sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+
+
+async def _call(fn: Callable[[], T], native: Callable[[], Awaitable[T]] | None = None) -> T:
+    """One of our calls; our errors become Inspect's. On asyncio: `native()` awaited, else
+    `fn` in a thread of our own (no limiter). On trio: `fn` in anyio's worker threads."""
+    try:
+        if not _on_asyncio():
+            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
+        if native is not None:
+            return await native()
+        return await aio.in_thread(fn)
     except SandboxUnavailable as exc:
         raise SandboxUnavailableError(str(exc)) from exc
 
@@ -102,18 +143,23 @@ def _quietly(fn: Callable[[], None]) -> Callable[[], None]:
 
 
 def _environment(config: SandboxEnvironmentConfigType | None) -> Environment:
-    if not isinstance(config, str):
+    path = config.file if isinstance(config, OrchestratorSandboxConfig) else config
+    if not isinstance(path, str):
         raise UsageError(
             'the orchestrator sandbox takes an environment file: sandbox=("orchestrator", '
-            f'"env.yaml"), got {config!r}'
+            f'"env.yaml") or OrchestratorSandboxConfig(file=...), got {config!r}'
         )
-    env = load_environment(Path(config))
+    env = load_environment(Path(path))
     if "default" in env.spec.services:
         raise UsageError(
-            f"{config}: a service named 'default' would hide the main sandbox, which Inspect "
+            f"{path}: a service named 'default' would hide the main sandbox, which Inspect "
             "calls 'default'; rename the service"
         )
     return env
+
+
+def _prewarm(config: SandboxEnvironmentConfigType | None) -> int:
+    return config.prewarm if isinstance(config, OrchestratorSandboxConfig) else 0
 
 
 def metadata_env(metadata: dict[str, Any]) -> dict[str, str]:
@@ -142,19 +188,35 @@ def _ports(ports: tuple[PublishedPort, ...], service: str) -> list[PortMapping]:
 class OrchestratorSandbox(SandboxEnvironment):
     """One sandbox (the main one or a service) of one sample's environment."""
 
-    _live: dict[str, Runtime] = {}
+    _live: dict[str, AsyncRuntime] = {}
     """Environments of samples not cleaned up yet, by id (for task_cleanup)."""
     _live_lock = threading.Lock()
     _removing: list[threading.Thread] = []
     """Background removals of finished samples (task_cleanup waits for them)."""
+    _pools: dict[tuple[str, SandboxEnvironmentConfigType | None], AsyncPool] = {}
+    """Warm pools of the tasks running, by task and config (see OrchestratorSandboxConfig)."""
 
-    def __init__(self, runtime: Runtime, service: str) -> None:
+    def __init__(
+        self,
+        runtime: AsyncRuntime,
+        service: str,
+        variables: dict[str, str] | None = None,
+        pool: AsyncPool | None = None,
+    ) -> None:
         super().__init__()
         self.runtime = runtime
         self.service = service
-        self.sandbox: Sandbox = runtime.service(service)
+        self.sandbox: AsyncSandbox = runtime if service == MAIN else runtime.service(service)
+        self.variables = variables or {}
+        """The sample's metadata, given to every command (a prewarmed environment started
+        before the sample was known)."""
+        self.pool = pool
 
     # ----- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        return OrchestratorSandboxConfig(**config)
+
     @classmethod
     def default_concurrency(cls) -> int | None:
         """Samples at once: two per core (each sandbox mostly waits on its commands)."""
@@ -163,9 +225,13 @@ class OrchestratorSandbox(SandboxEnvironment):
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         """Validate the file (and its policy) once, and build its images once, before any
-        sample starts."""
+        sample starts; with `prewarm`, start that many environments."""
         env = _environment(config)
         await _call(lambda: prepare(env))
+        size = _prewarm(config)
+        if size and (task_name, config) not in cls._pools:
+            pool = await _call(lambda: AsyncPool(Pool(env, size)))
+            cls._pools[(task_name, config)] = pool
 
     @classmethod
     async def sample_init(
@@ -176,11 +242,20 @@ class OrchestratorSandbox(SandboxEnvironment):
     ) -> dict[str, SandboxEnvironment]:
         env = _environment(config)
         variables = metadata_env(metadata)
-        runtime = await _call(lambda: spawn_runtime(env, env_vars=variables))
+        pool = cls._pools.get((task_name, config))
+        if pool is not None:
+            warm = pool
+            runtime = await _call(lambda: AsyncRuntime(warm.sync.acquire()), warm.acquire)
+        else:
+            runtime = await _call(
+                lambda: AsyncRuntime(spawn_runtime(env, env_vars=variables)),
+                lambda: aio.spawn(env, env_vars=variables),
+            )
         with cls._live_lock:
             cls._live[runtime.info().id] = runtime
         names = [MAIN, *env.spec.services]  # "default" first, as Inspect wants
-        return await _call(lambda: {"default" if n == MAIN else n: cls(runtime, n) for n in names})
+        given = variables if pool is not None else None
+        return {"default" if n == MAIN else n: cls(runtime, n, given, pool) for n in names}
 
     @classmethod
     async def sample_cleanup(
@@ -196,12 +271,15 @@ class OrchestratorSandbox(SandboxEnvironment):
         does."""
         if interrupted:
             return
-        runtimes = {e.runtime for e in environments.values() if isinstance(e, cls)}
-        for runtime in runtimes:
+        done = {e.runtime: e.pool for e in environments.values() if isinstance(e, cls)}
+        for runtime, pool in done.items():
             with cls._live_lock:
                 for ident in [i for i, r in cls._live.items() if r is runtime]:
                     del cls._live[ident]
-            remover = threading.Thread(target=_quietly(runtime.cleanup), name="orch-cleanup")
+            remove = runtime.sync.cleanup
+            if pool is not None:
+                remove = functools.partial(pool.sync.release, runtime.sync)
+            remover = threading.Thread(target=_quietly(remove), name="orch-cleanup")
             remover.start()
             with cls._live_lock:
                 cls._removing.append(remover)
@@ -211,20 +289,24 @@ class OrchestratorSandbox(SandboxEnvironment):
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
         """With cleanup, remove what is left; without (--no-sandbox-cleanup), keep every
-        environment running past this process and say how to remove each."""
+        environment running past this process and say how to remove each. A warm pool's
+        waiting environments are removed either way (no sample ever ran in them)."""
         with cls._live_lock:
             left, cls._live = dict(cls._live), {}
             removing, cls._removing = cls._removing, []
+        pool = cls._pools.pop((task_name, config), None)
+        if pool is not None:
+            await _call(pool.sync.close)
         for remover in removing:
-            await anyio.to_thread.run_sync(remover.join)
+            await _call(remover.join)
         for ident, runtime in left.items():
             if cleanup:
-                await _call(runtime.cleanup)
+                await _call(runtime.sync.cleanup)
                 continue
             try:
-                await _call(runtime.keep)
+                await _call(runtime.sync.keep)
             except UsageError as exc:  # a backend that cannot outlive us (local)
-                await _call(runtime.cleanup)
+                await _call(runtime.sync.cleanup)
                 print(f"removed sandbox {ident}: {exc}")
                 continue
             print(f"kept sandbox {ident}: remove it with `orchestrator down {ident}`")
@@ -261,17 +343,14 @@ class OrchestratorSandbox(SandboxEnvironment):
         concurrency: bool = True,
     ) -> ExecResult[str]:
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        variables = {**self.variables, **env} if self.variables and env else self.variables or env
+        options: dict[str, Any] = dict(
+            stdin=input, cwd=cwd, env=variables, user=user, timeout=timeout, output_limit=limit
+        )
         try:
             result = await _call(
-                lambda: self.sandbox.execute(
-                    cmd,
-                    stdin=input,
-                    cwd=cwd,
-                    env=env,
-                    user=user,
-                    timeout=timeout,
-                    output_limit=limit,
-                )
+                lambda: self.sandbox.sync.execute(cmd, **options),
+                lambda: self.sandbox.execute(cmd, **options),
             )
         except UsageError as exc:
             if user is not None and "user" in str(exc):
@@ -290,7 +369,10 @@ class OrchestratorSandbox(SandboxEnvironment):
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
         deadline = _file_deadline()
-        await _call(lambda: self.sandbox.write_file(file, contents, timeout=deadline))
+        await _call(
+            lambda: self.sandbox.sync.write_file(file, contents, timeout=deadline),
+            lambda: self.sandbox.write_file(file, contents, timeout=deadline),
+        )
 
     @overload
     async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
@@ -301,10 +383,12 @@ class OrchestratorSandbox(SandboxEnvironment):
     async def read_file(self, file: str, text: bool = True) -> Union[str | bytes]:  # noqa: UP007
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         try:
+            deadline = _file_deadline()
             data = await _call(
-                lambda: self.sandbox.read_file(
-                    file, text=False, limit=limit, timeout=_file_deadline()
-                )
+                lambda: self.sandbox.sync.read_file(
+                    file, text=False, limit=limit, timeout=deadline
+                ),
+                lambda: self.sandbox.read_file(file, text=False, limit=limit, timeout=deadline),
             )
         except OutputLimitExceeded as exc:
             raise OutputLimitExceededError(
@@ -325,4 +409,4 @@ class OrchestratorSandbox(SandboxEnvironment):
         )
 
 
-__all__ = ["OrchestratorSandbox", "metadata_env"]
+__all__ = ["OrchestratorSandbox", "OrchestratorSandboxConfig", "metadata_env"]
