@@ -51,11 +51,15 @@ def churn(make_env: MakeEnv) -> Iterator[list[BaseException]]:
     assert done[0] >= CHURNERS
 
 
+LISTINGS = 120
+"""Listings under churn: the crash this pins showed in about 1 of 6 runs of `ps`."""
+
+
 def test_ps_never_crashes_while_environments_come_and_go(churn: list[BaseException]) -> None:
     runner = CliRunner()
     failures: list[str] = []
     started = time.monotonic()
-    for i in range(200):
+    for i in range(LISTINGS):
         try:
             if i % 2:
                 out = runner.invoke(app, ["ps", "--json"])
@@ -69,8 +73,8 @@ def test_ps_never_crashes_while_environments_come_and_go(churn: list[BaseExcepti
         except Exception as exc:
             failures.append(repr(exc))
     assert not churn, churn
-    assert failures == [], f"{len(failures)} of 200 listings failed: {failures[:3]}"
-    assert time.monotonic() - started < 300  # about 40 s alone; a bound against a hang
+    assert failures == [], f"{len(failures)} of {LISTINGS} listings failed: {failures[:3]}"
+    assert time.monotonic() - started < 300  # about 25 s alone; a bound against a hang
 
 
 def test_up_pool_claims_under_churn(make_env: MakeEnv, churn: list[BaseException]) -> None:

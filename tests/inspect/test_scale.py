@@ -82,8 +82,9 @@ def scale():
 """
 
 
-@pytest.mark.parametrize("prewarm", [0, SAMPLES], ids=["cold", "prewarmed"])
-def test_every_sample_runs_at_once_with_no_thread_limiter(tmp_path: Path, prewarm: int) -> None:
+def test_every_sample_runs_at_once_with_no_thread_limiter(tmp_path: Path) -> None:
+    """Prewarmed (test_eval.py runs an eval whose samples start their own environments)."""
+    prewarm = SAMPLES
     (tmp_path / "env.yaml").write_text(ENV)
     (tmp_path / "shared").mkdir(mode=0o777)
     (tmp_path / "shared").chmod(0o777)
