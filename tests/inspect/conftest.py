@@ -3,6 +3,33 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("inspect_ai", reason="inspect_ai is not installed (pip install '.[inspect]')")
+
+
+def passing_eval(folder: Path, *options: str) -> None:
+    """`inspect eval task.py` in `folder` (with the built-in mock model), which must succeed
+    with every sample scored correct by its scorer `check`."""
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    argv = [sys.executable, "-m", "inspect_ai", "eval", "task.py", "--model", "mockllm/model"]
+    run = subprocess.run(
+        [*argv, "--log-dir", str(folder / "logs"), "--display", "plain", *options],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [info] = list_eval_logs(str(folder / "logs"))
+    log = read_eval_log(info)
+    assert log.status == "success", log.error
+    assert log.results is not None
+    [score] = log.results.scores
+    explanations = [s.scores["check"].explanation for s in log.samples or [] if s.scores]
+    assert score.metrics["accuracy"].value == 1.0, explanations

@@ -4,14 +4,12 @@ sample metadata reaching the sandbox. It must pass, and leave nothing behind."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from inspect_ai.log import list_eval_logs, read_eval_log
 
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
+from tests.inspect.conftest import passing_eval
 
 pytestmark = pytest.mark.docker
 
@@ -80,31 +78,5 @@ def test_a_real_inspect_eval_with_a_sidecar_passes_and_leaves_nothing(tmp_path: 
     (tmp_path / "env.yaml").write_text(ENV)
     (tmp_path / "task.py").write_text(TASK)
     before = labelled_ids()
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inspect_ai",
-            "eval",
-            "task.py",
-            "--model",
-            "mockllm/model",
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--display",
-            "plain",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    [info] = list_eval_logs(str(tmp_path / "logs"))
-    log = read_eval_log(info)
-    assert log.status == "success", log.error
-    assert log.results is not None
-    [score] = log.results.scores
-    explanations = [s.scores["check"].explanation for s in log.samples or [] if s.scores]
-    assert score.metrics["accuracy"].value == 1.0, explanations
+    passing_eval(tmp_path)
     assert labelled_ids() <= before

@@ -14,7 +14,11 @@ from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 
 from orchestrator.backends.container.inventory import list_projects
 from orchestrator.errors import UsageError
-from orchestrator.integrations.inspect import OrchestratorSandbox, metadata_env
+from orchestrator.integrations.inspect import (
+    OrchestratorSandbox,
+    OrchestratorSandboxConfig,
+    metadata_env,
+)
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
 
 pytestmark = pytest.mark.docker
@@ -137,3 +141,72 @@ def test_a_service_named_default_is_refused_before_anything_starts(tmp_path: Pat
     )
     with pytest.raises(UsageError, match="service named 'default' would hide the main sandbox"):
         asyncio.run(OrchestratorSandbox.task_init("t", str(path)))
+
+
+def test_a_cancelled_sample_leaves_no_process_and_a_usable_sandbox(tmp_path: Path) -> None:
+    """Inspect cancels a sample's task (its time limit, an error elsewhere, Ctrl-C) while a
+    command sleeps: that command's whole tree dies in the sandbox, at once, and the sandbox
+    answers the next call as before."""
+    config = env_file(tmp_path)
+    before = labelled_ids()
+    alive = (
+        "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f | grep -q '[s]leep 321' "
+        "&& echo $f; done; true"
+    )
+
+    async def scenario() -> tuple[str, str, str]:
+        envs = await OrchestratorSandbox.sample_init("t", config, {})
+        box = envs["default"]
+        try:
+            task = asyncio.ensure_future(box.exec(["sh", "-c", "sleep 321 & setsid sleep 321"]))
+            await asyncio.sleep(1.0)
+            running = (await box.exec(["sh", "-c", alive], user="root")).stdout
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), 10)  # not after the 321 s
+            left = "?"
+            for _ in range(20):  # the kill is sent at once; the engine reports it soon after
+                left = (await box.exec(["sh", "-c", alive], user="root")).stdout
+                if not left:
+                    break
+                await asyncio.sleep(0.25)
+            after = await box.exec(["sh", "-c", "echo usable"])
+            return running, left, after.stdout
+        finally:
+            await OrchestratorSandbox.sample_cleanup("t", config, envs, interrupted=False)
+            await OrchestratorSandbox.task_cleanup("t", config, cleanup=True)
+
+    running, left, after = asyncio.run(scenario())
+    assert running.count("/proc/") >= 2, running  # both sleeps ran
+    assert left == "" and after == "usable\n"
+    assert labelled_ids() <= before
+
+
+def test_a_prewarmed_task_gives_every_sample_a_fresh_environment(tmp_path: Path) -> None:
+    config = OrchestratorSandboxConfig(file=env_file(tmp_path), prewarm=2)
+    assert OrchestratorSandbox.config_deserialize(config.model_dump()) == config
+    with pytest.raises(ValueError, match="prewarm"):
+        OrchestratorSandboxConfig(file="env.yaml", prewarm=-1)
+    before = labelled_ids()
+
+    async def scenario() -> list[str]:
+        await OrchestratorSandbox.task_init("t", config)
+        seen = []
+        try:
+            for word in ("one", "two", "three"):
+                envs = await OrchestratorSandbox.sample_init("t", config, {"word": word})
+                box = envs["default"]
+                assert isinstance(box, OrchestratorSandbox)
+                first = await box.exec(
+                    ["sh", "-c", "test ! -e used && touch used && echo $SAMPLE_METADATA_WORD"]
+                )
+                seen.append(box.runtime.info().id + " " + first.stdout.strip())
+                await OrchestratorSandbox.sample_cleanup("t", config, envs, interrupted=False)
+        finally:
+            await OrchestratorSandbox.task_cleanup("t", config, cleanup=True)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert [s.split()[1] for s in seen] == ["one", "two", "three"]
+    assert len({s.split()[0] for s in seen}) == 3  # never the same environment twice
+    assert labelled_ids() <= before  # the pool's waiting ones went with task_cleanup

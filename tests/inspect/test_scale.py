@@ -9,14 +9,12 @@ worker thread runs one command at a time, and the rendezvous never completes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from inspect_ai.log import list_eval_logs, read_eval_log
 
 from tests.conftest import PYTHON_IMAGE, labelled_ids
+from tests.inspect.conftest import passing_eval
 
 pytestmark = pytest.mark.docker
 
@@ -91,37 +89,7 @@ def test_every_sample_runs_at_once_with_no_thread_limiter(tmp_path: Path) -> Non
     task = TASK.format(samples=SAMPLES, commands=COMMANDS, prewarm=prewarm)
     (tmp_path / "task.py").write_text(task)
     before = labelled_ids()
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inspect_ai",
-            "eval",
-            "task.py",
-            "--model",
-            "mockllm/model",
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--display",
-            "plain",
-            "--max-samples",
-            str(SAMPLES),
-            "--max-sandboxes",
-            str(SAMPLES),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    [info] = list_eval_logs(str(tmp_path / "logs"))
-    log = read_eval_log(info)
-    assert log.status == "success", log.error
-    explanations = [s.scores["check"].explanation for s in log.samples or [] if s.scores]
-    assert log.results is not None
-    [score] = log.results.scores
-    assert score.metrics["accuracy"].value == 1.0, explanations
+    passing_eval(tmp_path, "--max-samples", str(SAMPLES), "--max-sandboxes", str(SAMPLES))
     assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == [
         str(n) for n in range(SAMPLES)
     ]
