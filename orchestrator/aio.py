@@ -320,15 +320,20 @@ class AsyncPool:
         await self.close()
 
     async def acquire(self, timeout: float | None = None) -> AsyncRuntime:
-        """As Pool.acquire: TimeoutError after `timeout` s with none ready."""
+        """As Pool.acquire: TimeoutError after `timeout` s with none ready. Waits on the event
+        loop; taking one (a file written in its project folder) runs in a thread."""
+        pool = self.sync
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            try:
-                return AsyncRuntime(self.sync.acquire(timeout=0))
-            except TimeoutError:  # none ready now (a closed pool raises RuntimeClosed)
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"no environment became ready within {timeout:g}s") from None
-                await asyncio.sleep(POOL_POLL)
+            if pool.offered or pool.closed:
+                try:
+                    taken = await in_thread(lambda: pool.acquire(timeout=0), abandoned=pool.release)
+                    return AsyncRuntime(taken)
+                except TimeoutError:  # another caller took it first
+                    pass
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no environment became ready within {timeout:g}s")
+            await asyncio.sleep(POOL_POLL)
 
     async def release(self, rt: AsyncRuntime, *, reset: bool | None = None) -> None:
         await in_thread(lambda: self.sync.release(rt.sync, reset=reset))

@@ -76,9 +76,6 @@ def abandoned() -> bool:
     return event is not None and event.is_set()
 
 
-"""fork() errors that mean no process can be started at all (pids or memory limit)."""
-
-
 class Outcome(NamedTuple):
     """How a command ended (its output travels separately)."""
 

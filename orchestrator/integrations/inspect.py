@@ -193,8 +193,10 @@ class OrchestratorSandbox(SandboxEnvironment):
     _live_lock = threading.Lock()
     _removing: list[threading.Thread] = []
     """Background removals of finished samples (task_cleanup waits for them)."""
-    _pools: dict[tuple[str, SandboxEnvironmentConfigType | None], AsyncPool] = {}
-    """Warm pools of the tasks running, by task and config (see OrchestratorSandboxConfig)."""
+    _pools: dict[SandboxEnvironmentConfigType | None, AsyncPool] = {}
+    """Warm pools, by config (see OrchestratorSandboxConfig). Not by task: Inspect calls
+    task_init and task_cleanup once per config for the whole eval (as tasks "startup" and
+    "shutdown"), and sample_init with each task's own name."""
 
     def __init__(
         self,
@@ -229,9 +231,9 @@ class OrchestratorSandbox(SandboxEnvironment):
         env = _environment(config)
         await _call(lambda: prepare(env))
         size = _prewarm(config)
-        if size and (task_name, config) not in cls._pools:
+        if size and config not in cls._pools:
             pool = await _call(lambda: AsyncPool(Pool(env, size)))
-            cls._pools[(task_name, config)] = pool
+            cls._pools[config] = pool
 
     @classmethod
     async def sample_init(
@@ -242,7 +244,7 @@ class OrchestratorSandbox(SandboxEnvironment):
     ) -> dict[str, SandboxEnvironment]:
         env = _environment(config)
         variables = metadata_env(metadata)
-        pool = cls._pools.get((task_name, config))
+        pool = cls._pools.get(config)
         if pool is not None:
             warm = pool
             runtime = await _call(lambda: AsyncRuntime(warm.sync.acquire()), warm.acquire)
@@ -294,7 +296,7 @@ class OrchestratorSandbox(SandboxEnvironment):
         with cls._live_lock:
             left, cls._live = dict(cls._live), {}
             removing, cls._removing = cls._removing, []
-        pool = cls._pools.pop((task_name, config), None)
+        pool = cls._pools.pop(config, None)
         if pool is not None:
             await _call(pool.sync.close)
         for remover in removing:

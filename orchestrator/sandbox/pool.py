@@ -84,6 +84,18 @@ class Pool:
             return sum(isinstance(item, Runtime) for item in self._ready)
 
     @property
+    def offered(self) -> int:
+        """Environments waiting, and failed starts (acquire() raises those): what acquire()
+        would take at once."""
+        with self._cond:
+            return len(self._ready)
+
+    @property
+    def closed(self) -> bool:
+        with self._cond:
+            return self._closed
+
+    @property
     def starting(self) -> int:
         """Environments being started."""
         with self._cond:

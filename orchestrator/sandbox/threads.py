@@ -6,8 +6,9 @@ what it made handed to `abandoned` (an environment a cancelled spawn started is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -82,9 +83,17 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
     room = threading.Semaphore(AHEAD)
     stop = threading.Event()
 
+    # held weakly by the thread: a caller that drops this generator must not be kept alive
+    loop_ref, items_ref = weakref.ref(loop), weakref.ref(items)
+
     def put(item: tuple[str, Any]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(items.put_nowait, item)
+        running, queue = loop_ref(), items_ref()
+        try:
+            if running is None or queue is None:
+                raise RuntimeError("nobody waits")
+            running.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody will read, the command must end
+            stop.set()
 
     def pump() -> None:
         procutil.abandon_when(stop)  # a command pumped here dies when the caller leaves
@@ -106,6 +115,10 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
             run.close()
 
     threading.Thread(target=pump, name="orch-aio-run", daemon=True).start()
+    # a caller that drops this generator unclosed (its loop closed under it) never runs the
+    # `finally` below: the command must end all the same, when the frame is collected
+    owner = _Owner()
+    weakref.finalize(owner, stop.set)
     try:
         while True:
             what, value = await items.get()
@@ -120,3 +133,35 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
                 raise value
     finally:
         stop.set()
+
+
+class _Owner:
+    """Lives as long as a thread_chunks generator's frame does (see there)."""
+
+
+class SingleFlight:
+    """One blocking call shared by every async caller that asks for it while it runs (a
+    probe of the engine when an executor goes silent under a thousand waiting calls: one
+    `docker inspect` and one thread, not a thousand). Its value, or its error, goes to each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: concurrent.futures.Future[Any] | None = None
+
+    async def __call__(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            future = self._running
+            if future is None or future.done():
+                future = self._running = concurrent.futures.Future()
+                threading.Thread(
+                    target=_settle, args=(future, fn), name="orch-aio-once", daemon=True
+                ).start()
+        value: T = await asyncio.wrap_future(future)
+        return value
+
+
+def _settle(future: concurrent.futures.Future[Any], fn: Callable[[], Any]) -> None:
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # handed to every caller waiting on it
+        future.set_exception(exc)

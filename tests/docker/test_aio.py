@@ -6,6 +6,7 @@ channel clean after it. (The whole conformance suite also runs through this door
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import os
 import subprocess
@@ -24,7 +25,7 @@ from orchestrator import (
     aio,
     spawn_runtime,
 )
-from tests.conftest import labelled_ids, main_container
+from tests.conftest import BUSYBOX_IMAGE, labelled_ids, main_container
 from tests.docker.conftest import MakeEnv
 
 
@@ -220,3 +221,105 @@ def test_a_pool_hands_out_through_the_async_door(make_env: MakeEnv) -> None:
     out, second = asyncio.run(main())
     assert out == "pooled\n"
     assert second, "the second environment was the first one again"
+
+
+def _count(runtime: Runtime, marker: str) -> int:
+    script = (
+        "for p in /proc/[0-9]*; do tr '\\000' ' ' < $p/cmdline 2>/dev/null; echo; done "
+        f"| grep -c '^{marker}' || true"
+    )
+    return int(runtime.execute(script, user="0", timeout=20).stdout.strip() or 0)
+
+
+def _gone(runtime: Runtime, marker: str) -> int:
+    """How many processes starting with `marker` are left after up to 10 s of waiting."""
+    deadline = time.monotonic() + 10
+    while (left := _count(runtime, marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+MISUSE = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+"""Python itself complains when a loop is closed under pending tasks ("Task was destroyed but
+it is pending!", an error closing the dropped coroutine): the misuse these tests make."""
+
+
+@MISUSE
+@pytest.mark.parametrize("how", ["call", "stream"])
+def test_a_call_whose_event_loop_closes_under_it_is_killed(rt: Runtime, how: str) -> None:
+    """A careless caller closes its loop with a call in flight (no cancel, no aclose): the
+    call is garbage, and its command must die as a dropped blocking call's does."""
+    art, marker = door(rt), f"sleep 77{'1' if how == 'call' else '2'}"
+    loop = asyncio.new_event_loop()
+    if how == "call":
+        pending: object = loop.create_task(art.execute(marker))
+        loop.run_until_complete(asyncio.sleep(0.5))
+    else:
+
+        async def first() -> object:
+            events = art.stream(f"echo hi; {marker}")
+            await events.__anext__()
+            return events
+
+        pending = loop.run_until_complete(first())
+    assert _count(rt, marker) == 1
+    loop.close()
+    del pending, loop
+    gc.collect()
+    assert _gone(rt, marker) == 0
+    assert rt.execute("echo fine").stdout == "fine\n"
+
+
+@MISUSE
+def test_a_call_driven_by_a_thread_dies_with_its_closed_loop(make_env: MakeEnv) -> None:
+    """The same on the path without an executor (plain docker exec, in a thread of its own):
+    the thread ends and so does the command."""
+    os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain"
+    try:
+        plain = spawn_runtime(make_env("", name="aio-plain", image=BUSYBOX_IMAGE))
+    finally:
+        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    with plain:
+        threads = threading.active_count()
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(door(plain).execute("sleep 663"))
+        loop.run_until_complete(asyncio.sleep(1.0))
+        assert _count(plain, "sleep 663") == 1
+        loop.close()
+        del task, loop
+        gc.collect()
+        assert _gone(plain, "sleep 663") == 0
+        deadline = time.monotonic() + 10
+        while threading.active_count() > threads and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert threading.active_count() <= threads
+
+
+def test_a_silent_executor_is_probed_once_for_all_the_calls_waiting(rt: Runtime) -> None:
+    """Root stops the executor (SIGSTOP) under 30 waiting calls: every call ends within its
+    bound, and the engine is asked why once at a time, not by a thread per call."""
+    container = main_container(rt)
+    stop = KILL_EXECUTOR.replace("kill -9", "kill -STOP")
+
+    async def main() -> tuple[int, int, list[str]]:
+        art = door(rt)
+        await art.execute("true")
+        before = threading.active_count()
+        calls = [asyncio.ensure_future(art.execute("sleep 4", timeout=5)) for _ in range(30)]
+        await asyncio.sleep(1.0)
+        subprocess.run(["docker", "exec", "-u", "0", container, "sh", "-c", stop], check=True)
+        peak, started = before, time.monotonic()
+        while not all(c.done() for c in calls) and time.monotonic() - started < 60:
+            peak = max(peak, threading.active_count())
+            await asyncio.sleep(0.05)
+        ends = [type(c.exception()).__name__ if c.exception() else "result" for c in calls]
+        return before, peak, ends
+
+    try:
+        before, peak, ends = asyncio.run(main())
+    finally:
+        cont = KILL_EXECUTOR.replace("kill -9", "kill -CONT")
+        subprocess.run(["docker", "exec", "-u", "0", container, "sh", "-c", cont], check=False)
+    assert set(ends) == {"ExecutorLost"}, ends
+    assert peak <= before + 4, f"{peak - before} threads for 30 waiting calls"
+    assert rt.execute("echo back").stdout == "back\n"

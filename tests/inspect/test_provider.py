@@ -190,20 +190,22 @@ def test_a_prewarmed_task_gives_every_sample_a_fresh_environment(tmp_path: Path)
     before = labelled_ids()
 
     async def scenario() -> list[str]:
-        await OrchestratorSandbox.task_init("t", config)
+        # as Inspect calls them: task_init and task_cleanup once for the eval, under names of
+        # their own; sample_init under the task's
+        await OrchestratorSandbox.task_init("startup", config)
         seen = []
         try:
             for word in ("one", "two", "three"):
                 envs = await OrchestratorSandbox.sample_init("t", config, {"word": word})
                 box = envs["default"]
-                assert isinstance(box, OrchestratorSandbox)
+                assert isinstance(box, OrchestratorSandbox) and box.pool is not None
                 first = await box.exec(
                     ["sh", "-c", "test ! -e used && touch used && echo $SAMPLE_METADATA_WORD"]
                 )
                 seen.append(box.runtime.info().id + " " + first.stdout.strip())
                 await OrchestratorSandbox.sample_cleanup("t", config, envs, interrupted=False)
         finally:
-            await OrchestratorSandbox.task_cleanup("t", config, cleanup=True)
+            await OrchestratorSandbox.task_cleanup("shutdown", config, cleanup=True)
         return seen
 
     seen = asyncio.run(scenario())

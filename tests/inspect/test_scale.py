@@ -36,7 +36,7 @@ from inspect_ai.dataset import Sample
 from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
 from inspect_ai.solver import Generate, TaskState, solver
 from inspect_ai.util import sandbox
-from orchestrator.integrations.inspect import OrchestratorSandboxConfig
+from orchestrator.integrations.inspect import OrchestratorSandbox, OrchestratorSandboxConfig
 
 SAMPLES, COMMANDS, PREWARM = {samples}, {commands}, {prewarm}
 MEET = (
@@ -54,7 +54,9 @@ def work():
         word = await sandbox().exec(["sh", "-c", "echo $SAMPLE_METADATA_N"])
         meet = await sandbox().exec(["sh", "-c", MEET], timeout=90)
         outs = [(await sandbox().exec(["echo", str(i)])).stdout for i in range(COMMANDS)]
-        state.metadata["got"] = [fresh.returncode, word.stdout, meet.returncode, outs]
+        # handed out by the warm pool, not started here
+        pooled = sandbox().as_type(OrchestratorSandbox).pool is not None
+        state.metadata["got"] = [fresh.returncode, word.stdout, meet.returncode, outs, pooled]
         return state
     return solve
 
@@ -62,7 +64,7 @@ def work():
 @scorer(metrics=[accuracy()])
 def check():
     async def score(state: TaskState, target: Target) -> Score:
-        want = [0, state.metadata["n"] + "\\n", 0, [f"{{i}}\\n" for i in range(COMMANDS)]]
+        want = [0, state.metadata["n"] + "\\n", 0, [f"{{i}}\\n" for i in range(COMMANDS)], True]
         got = state.metadata["got"]
         return Score(value=CORRECT if got == want else INCORRECT, explanation=repr(got))
     return score

@@ -40,7 +40,7 @@ from orchestrator.sandbox import files
 from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Outcome, StreamKind
 from orchestrator.sandbox.streams import ArchiveStream, Feeder
-from orchestrator.sandbox.threads import in_thread, thread_chunks
+from orchestrator.sandbox.threads import SingleFlight, thread_chunks
 
 log = logging.getLogger("orchestrator.docker")
 READY_TIMEOUT = 15.0
@@ -84,6 +84,8 @@ class Channel:
         # there reaches this process (None: not yet tried)
         self._shared = shared
         self._fifo_ok: bool | None = None if shared is not None else False
+        self._asked = SingleFlight()
+        """Why the executor was lost, asked once for all the async calls that lost it."""
 
     # ----- the executor ----------------------------------------------------------------------
     def start(self) -> None:
@@ -193,13 +195,15 @@ class Channel:
     def _executor_lost(self, ex: ExecutorClient, exc: ExecutorLost, started: float) -> Outcome:
         """A command's executor died under it: 137 when kill() did it (as SIGKILL ends a
         process); otherwise why the sandbox is gone, or ExecutorLost. Blocks (engine calls)."""
+        return _after_loss(self._why_lost(ex), exc, started)
+
+    def _why_lost(self, ex: ExecutorClient) -> SandboxUnavailable | bool:
+        """After its executor died: True when kill() did it; else why the sandbox is gone, or
+        False (it is not: only the executor died). Closes the dead executor."""
         if self._killed():
-            return Outcome(137, False, time.monotonic() - started)
+            return True
         ex.close()  # the next command starts a fresh one
-        lost = self._lost_soon()
-        if lost is not None:
-            raise lost from exc
-        raise exc
+        return self._lost_soon() or False
 
     async def arun(self, cmd: Command) -> AChunks:
         """`run` (not bulk) for an asyncio caller: natively through a running executor; where
@@ -218,8 +222,9 @@ class Channel:
                 async for item in way:
                     yield item
         except ExecutorLost as exc:
-            lost, dead = exc, ex
-            yield await in_thread(lambda: self._executor_lost(dead, lost, started))
+            # asked once for every call that lost this executor (a thousand may be waiting)
+            dead = ex
+            yield _after_loss(await self._asked(lambda: self._why_lost(dead)), exc, started)
 
     def _executor_for(self, cmd: Command) -> ExecutorClient | None:
         """The executor, where it runs and can run `cmd` as its user."""
@@ -314,6 +319,15 @@ class Channel:
             if not self._fifo_ok:
                 log.info("%s: folders go through the engine's exec stream", self.label)
         return self._fifo_ok
+
+
+def _after_loss(why: SandboxUnavailable | bool, exc: ExecutorLost, started: float) -> Outcome:
+    """A lost call's end, given Channel._why_lost: 137 (killed), or the error to raise."""
+    if why is True:
+        return Outcome(137, False, time.monotonic() - started)
+    if isinstance(why, SandboxUnavailable):
+        raise why from exc
+    raise exc
 
 
 class _Fifo:

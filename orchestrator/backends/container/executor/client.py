@@ -23,6 +23,7 @@ import select
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,7 +33,7 @@ from orchestrator.backends.container.executor import wire
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.sandbox.options import AChunks, Chunks, Command, stdin_chunks
 from orchestrator.sandbox.results import Outcome, StreamKind
-from orchestrator.sandbox.threads import in_thread
+from orchestrator.sandbox.threads import SingleFlight
 
 HERE = Path(__file__).resolve().parent
 #: Files copied into the sandbox folder so the executor can run inside the container.
@@ -72,9 +73,10 @@ class _Inbox:
     """The frames of one command on their way to its caller. Holds at most what the
     executor may send: WINDOW output frames plus the credit handed back, then one EXIT."""
 
-    def __init__(self, wake: Callable[[], None] | None = None) -> None:
+    def __init__(self) -> None:
         self.frames: queue.Queue[tuple[int, bytes]] = queue.Queue()
-        self._wake = wake
+        self.wake: Callable[[], None] | None = None
+        """Called (in the reader thread) after each frame queued: an async caller's waker."""
         self._lock = threading.Lock()
         self._allowed = wire.WINDOW
         self._exited = False
@@ -82,8 +84,8 @@ class _Inbox:
     def put(self, kind: int, payload: bytes) -> None:
         """Queue a frame (from the reader thread) and wake an async caller waiting on it."""
         self.frames.put((kind, payload))
-        if self._wake is not None:
-            self._wake()
+        if self.wake is not None:
+            self.wake()
 
     def grant(self, count: int) -> None:
         with self._lock:
@@ -123,6 +125,8 @@ class ExecutorClient:
         self._threads: list[threading.Thread] = []
         self._last_rx = time.monotonic()
         self._last_ping = 0.0
+        self._probe_once = SingleFlight()
+        """The probe async callers share while it runs (see _asilence)."""
 
     # ----- process -------------------------------------------------------------------------
     def start(self) -> None:
@@ -365,14 +369,9 @@ class ExecutorClient:
         the awaiting task kills the command's whole tree, as closing `run` early does. A
         probe (an engine call) runs in a thread of its own, only once the executor has been
         silent for SILENT seconds."""
-        loop = asyncio.get_running_loop()
         arrived = asyncio.Event()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(arrived.set)
-
-        call = _Call(self, cmd, grace, wake)
+        call = _Call(self, cmd, grace)
+        call.inbox.wake = _waker(asyncio.get_running_loop(), arrived, call.forget)
         try:
             call.start(None)
             if cmd.stdin is not None:
@@ -406,7 +405,7 @@ class ExecutorClient:
 
     async def _asilence(self, probe: Probe | None) -> None:
         if self._quiet() and probe is not None:
-            self._probed(await in_thread(probe))
+            self._probed(await self._probe_once(probe))
 
     def _why(self, what: str) -> str:
         """Why this executor cannot go on, for ExecutorLost: `what` happened, or the way it
@@ -436,20 +435,23 @@ class _Call:
     """One command in flight, from the host's side: the same steps whether a thread blocks
     on it (`run`) or an asyncio task awaits it (`arun`)."""
 
-    def __init__(
-        self,
-        client: ExecutorClient,
-        cmd: Command,
-        grace: float,
-        wake: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, client: ExecutorClient, cmd: Command, grace: float) -> None:
         with client._id_lock:
             self.cid = next(client._ids)
         self.client, self.cmd, self.grace = client, cmd, grace
-        self.inbox = client._queues[self.cid] = _Inbox(wake)
-        self.done = self.killed = False
+        self.inbox = client._queues[self.cid] = _Inbox()
+        self.killed = False
+        self._done = [False]  # shared with the finalizer, which must not hold the call
         self.consumed = 0
         self.backstop: float | None = None
+        # however the call goes (ended, or dropped unended: its event loop closed under it),
+        # its command is killed and its inbox dropped, once
+        self.forget = weakref.finalize(self, _forget, client, self.cid, self._done)
+
+    @property
+    def done(self) -> bool:
+        """Its exit status came: nothing is left to kill."""
+        return self._done[0]
 
     def start(self, fifo: Fifo | None) -> None:
         """Send the request (the caller then sends its stdin, and calls `arm`)."""
@@ -496,16 +498,42 @@ class _Call:
                 self.consumed = 0
             return ("stdout" if kind == wire.OUT else "stderr"), payload
         if kind == wire.EXIT:
-            self.done = True
+            self._done[0] = True
             return client._outcome(payload)
         raise ExecutorLost(client._why("the in-container executor died while it ran"))
 
     def end(self) -> None:
         """Whatever way the call ends: a command its caller gave up on must not outlive it."""
-        client = self.client
-        if not self.done and not client._dead.is_set():
-            client._send(wire.KILL, self.cid)
-        client._queues.pop(self.cid, None)
+        self.forget()
+
+
+def _waker(
+    loop: asyncio.AbstractEventLoop, arrived: asyncio.Event, forget: Callable[[], object]
+) -> Callable[[], None]:
+    """What the reader thread calls for each frame of an async call: sets `arrived` on its
+    loop. It holds the loop and the event weakly (the executor lives on; a call its caller
+    dropped must not), and once either is gone, or the loop is closed, nobody will read:
+    the call is forgotten (its command killed)."""
+    loop_ref, event_ref = weakref.ref(loop), weakref.ref(arrived)
+
+    def wake() -> None:
+        running, event = loop_ref(), event_ref()
+        if running is None or event is None:
+            forget()
+            return
+        try:
+            running.call_soon_threadsafe(event.set)
+        except RuntimeError:  # the loop is closed
+            forget()
+
+    return wake
+
+
+def _forget(client: ExecutorClient, cid: int, done: list[bool]) -> None:
+    """A call is over: unless its command exited, it is killed; its inbox goes."""
+    if not done[0] and not client._dead.is_set():
+        client._send(wire.KILL, cid)
+    client._queues.pop(cid, None)
 
 
 class _FifoReader:
