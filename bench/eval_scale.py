@@ -18,20 +18,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.measure import scratch
+from bench.measure import INSPECT_TASK_HEAD, scratch
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results"
 IMAGE = "orchestrator-test/python:3.11"
 
-TASK = """\
+TASK = (
+    INSPECT_TASK_HEAD
+    + """\
 import time
-from inspect_ai import Task, task
-from inspect_ai.dataset import Sample
-from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
-from inspect_ai.solver import Generate, TaskState, solver
-from inspect_ai.util import sandbox
-from orchestrator.integrations.inspect import OrchestratorSandboxConfig
 
 COMMANDS = {commands}
 
@@ -67,6 +63,7 @@ def scale(config: str = "", prewarm: int = 0):
         sandbox=("orchestrator", OrchestratorSandboxConfig(file=config, prewarm=prewarm)),
     )
 """
+)
 ENV = f"version: 1\nname: scale\nimage: {IMAGE}\nuser: '1000:1000'\n"
 
 

@@ -18,19 +18,15 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.measure import scratch
+from bench.measure import INSPECT_TASK_HEAD, scratch
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results"
 IMAGE = "orchestrator-test/python:3.11"
 
-TASK = """\
-from inspect_ai import Task, task
-from inspect_ai.dataset import Sample
-from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
-from inspect_ai.solver import Generate, TaskState, solver
-from inspect_ai.util import sandbox
-from orchestrator.integrations.inspect import OrchestratorSandboxConfig
+TASK = (
+    INSPECT_TASK_HEAD
+    + """\
 
 COMMANDS = {commands}
 
@@ -66,6 +62,7 @@ def race(config: str = "", provider: str = "", prewarm: int = 0):
         sandbox=(provider, config),
     )
 """
+)
 
 COMPOSE = f"""\
 services:

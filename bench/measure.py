@@ -92,3 +92,14 @@ class ShellPipe:
 def compose_argv(project: Project) -> list[str]:
     """`docker compose` aimed at one of our projects, as a user would type it."""
     return ["docker", "compose", "-p", project.name, "-f", str(project.directory / "compose.yaml")]
+
+
+INSPECT_TASK_HEAD = """\
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
+from inspect_ai.solver import Generate, TaskState, solver
+from inspect_ai.util import sandbox
+from orchestrator.integrations.inspect import OrchestratorSandboxConfig
+"""
+"""The imports of the Inspect task files the eval benchmarks write."""
