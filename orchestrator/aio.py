@@ -30,14 +30,16 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 from orchestrator.errors import UsageError
+from orchestrator.sandbox.attach import attach as attach_runtime
 from orchestrator.sandbox.base import Runtime, Sandbox, _check, _Events, _written
 from orchestrator.sandbox.options import Command, default_output_limit
 from orchestrator.sandbox.pool import Pool
+from orchestrator.sandbox.registry import spawn_runtime
 from orchestrator.sandbox.results import (
     Connection,
     Outcome,
@@ -50,6 +52,7 @@ from orchestrator.sandbox.threads import in_thread
 from orchestrator.spec.loader import Environment
 
 T = TypeVar("T")
+P = ParamSpec("P")
 POOL_POLL = 0.02
 """Seconds between looks at a pool with nothing ready."""
 
@@ -283,20 +286,24 @@ class AsyncRuntime(AsyncSandbox):
         return await self._call(lambda: self.sync.suspend(name, keep=keep))
 
 
-async def spawn(env: Environment | str | Path, *args: Any, **kwargs: Any) -> AsyncRuntime:
-    """As spawn_runtime (the same arguments). Cancelled while it starts, the environment is
-    removed once up, in the background."""
-    from orchestrator.sandbox.registry import spawn_runtime
+def _awaited(
+    name: str, fn: Callable[P, Runtime], abandoned: Callable[[Runtime], None] | None = None
+) -> Callable[P, Coroutine[Any, Any, AsyncRuntime]]:
+    """The async twin of a call that makes a Runtime, with its very signature."""
 
-    runtime = await in_thread(lambda: spawn_runtime(env, *args, **kwargs), abandoned=_removed)
-    return AsyncRuntime(runtime)
+    @functools.wraps(fn)
+    async def twin(*args: P.args, **kwargs: P.kwargs) -> AsyncRuntime:
+        return AsyncRuntime(await in_thread(lambda: fn(*args, **kwargs), abandoned=abandoned))
+
+    twin.__name__ = twin.__qualname__ = name
+    return twin
 
 
-async def attach(ref: str, *, host: str | None = None) -> AsyncRuntime:
-    """As orchestrator.attach."""
-    from orchestrator.sandbox.attach import attach as attach_runtime
-
-    return AsyncRuntime(await in_thread(lambda: attach_runtime(ref, host=host)))
+spawn = _awaited("spawn", spawn_runtime, _removed)
+"""As spawn_runtime (the same arguments), awaited. Cancelled while it starts, the
+environment is removed once up, in the background."""
+attach = _awaited("attach", attach_runtime)
+"""As orchestrator.attach, awaited."""
 
 
 class AsyncPool:

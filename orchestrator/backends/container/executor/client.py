@@ -366,9 +366,9 @@ class ExecutorClient:
     async def arun(self, cmd: Command, grace: float, probe: Probe | None = None) -> AChunks:
         """`run` for an asyncio caller, without a FIFO: no thread waits for it (the frames
         come from the reader thread every command of this executor shares), and cancelling
-        the awaiting task kills the command's whole tree, as closing `run` early does. A
-        probe (an engine call) runs in a thread of its own, only once the executor has been
-        silent for SILENT seconds."""
+        the awaiting task kills the command's whole tree, as closing `run` early does. Once
+        the executor has been silent for SILENT seconds, the probe (an engine call) runs in
+        one thread, shared by every call waiting meanwhile."""
         arrived = asyncio.Event()
         call = _Call(self, cmd, grace)
         call.inbox.wake = _waker(asyncio.get_running_loop(), arrived, call.forget)
