@@ -53,8 +53,9 @@ from orchestrator.spec.loader import Environment
 
 T = TypeVar("T")
 P = ParamSpec("P")
-POOL_POLL = 0.02
-"""Seconds between looks at a pool with nothing ready."""
+POOL_LOOK = 1.0
+"""Longest an acquire waits for the pool's wake-up before it looks again (a bound, not the
+way it learns: the pool wakes it when it offers one)."""
 
 
 def _removed(rt: Runtime) -> None:
@@ -328,19 +329,34 @@ class AsyncPool:
 
     async def acquire(self, timeout: float | None = None) -> AsyncRuntime:
         """As Pool.acquire: TimeoutError after `timeout` s with none ready. Waits on the event
-        loop; taking one (a file written in its project folder) runs in a thread."""
-        pool = self.sync
+        loop, woken by the pool when it offers one; taking it (a file written in its project
+        folder) runs in a thread."""
+        pool, loop, offered = self.sync, asyncio.get_running_loop(), asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(offered.set)
+
+        stop = pool.watch(wake)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if pool.offered or pool.closed:
-                try:
-                    taken = await in_thread(lambda: pool.acquire(timeout=0), abandoned=pool.release)
-                    return AsyncRuntime(taken)
-                except TimeoutError:  # another caller took it first
-                    pass
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"no environment became ready within {timeout:g}s")
-            await asyncio.sleep(POOL_POLL)
+        try:
+            while True:
+                offered.clear()
+                if pool.offered or pool.closed:
+                    try:
+                        taken = await in_thread(
+                            lambda: pool.acquire(timeout=0), abandoned=pool.release
+                        )
+                        return AsyncRuntime(taken)
+                    except TimeoutError:  # another caller took it first
+                        continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"no environment became ready within {timeout:g}s")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(offered.wait(), min(left or POOL_LOOK, POOL_LOOK))
+        finally:
+            stop()
 
     async def release(self, rt: AsyncRuntime, *, reset: bool | None = None) -> None:
         await in_thread(lambda: self.sync.release(rt.sync, reset=reset))

@@ -68,6 +68,8 @@ class Pool:
         self._cond = threading.Condition()
         self._pending = 0
         self._closed = False
+        self._watchers: set[Callable[[], None]] = set()
+        """Called (in the pool's threads) when something is offered or the pool closes."""
         for _ in range(size):
             self._refill()
 
@@ -94,6 +96,19 @@ class Pool:
     def closed(self) -> bool:
         with self._cond:
             return self._closed
+
+    def watch(self, watcher: Callable[[], None]) -> Callable[[], None]:
+        """Call `watcher()` (in whatever thread offers) each time an environment or a failed
+        start is offered, and when the pool closes: a waiter that cannot block on the pool
+        (an asyncio task) is woken instead of polling. Returns what stops it."""
+        with self._cond:
+            self._watchers.add(watcher)
+
+        def stop() -> None:
+            with self._cond:
+                self._watchers.discard(watcher)
+
+        return stop
 
     @property
     def starting(self) -> int:
@@ -142,7 +157,13 @@ class Pool:
             if not self._closed:
                 self._ready.append(item)
                 self._cond.notify()
-                return
+                watchers = list(self._watchers)
+            else:
+                watchers = None
+        if watchers is not None:
+            for watcher in watchers:
+                watcher()
+            return
         if isinstance(item, Runtime):
             self._discard(item)
 
@@ -230,6 +251,9 @@ class Pool:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            watcher()
         self._starts.shutdown(wait=True)
         with self._cond:
             waiting, self._ready = list(self._ready), collections.deque()

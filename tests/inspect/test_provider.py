@@ -24,10 +24,12 @@ from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
 pytestmark = pytest.mark.docker
 
 
-def env_file(folder: Path) -> str:
+def env_file(folder: Path, name: str = "provider") -> str:
+    """The tests' file; each test that lists environments by name has a name of its own (the
+    tests of this module may run at once, in several workers)."""
     path = folder / "env.yaml"
     path.write_text(
-        f"version: 1\nname: provider\nimage: {PYTHON_IMAGE}\nuser: '1000:1000'\n"
+        f"version: 1\nname: {name}\nimage: {PYTHON_IMAGE}\nuser: '1000:1000'\n"
         f"services:\n  web: {{image: {BUSYBOX_IMAGE}, command: [sleep, '3600']}}\n"
     )
     return str(path)
@@ -63,7 +65,8 @@ def test_services_by_name_connection_keep_and_cli_cleanup(tmp_path: Path, capsys
         return box.runtime.info().id if not box.runtime.closed else box.runtime.env.name
 
     kept = asyncio.run(scenario())
-    [info] = [p for p in list_projects() if p.env == "provider"]
+    found = [p for p in list_projects() if p.env == "provider"]
+    [info] = found if len(found) == 1 else pytest.fail(f"not one 'provider' environment: {found}")
     out = capsys.readouterr().out
     assert f"kept sandbox {info.name}: remove it with `orchestrator down {info.name}`" in out
     assert "running" in {state for _, _, state in info.containers}
@@ -73,7 +76,7 @@ def test_services_by_name_connection_keep_and_cli_cleanup(tmp_path: Path, capsys
 
 
 def test_limits_interruption_and_a_dead_sandbox(tmp_path: Path) -> None:
-    config = env_file(tmp_path)
+    config = env_file(tmp_path, "provider-limits")
     before = labelled_ids()
 
     async def scenario() -> None:
@@ -147,7 +150,7 @@ def test_a_cancelled_sample_leaves_no_process_and_a_usable_sandbox(tmp_path: Pat
     """Inspect cancels a sample's task (its time limit, an error elsewhere, Ctrl-C) while a
     command sleeps: that command's whole tree dies in the sandbox, at once, and the sandbox
     answers the next call as before."""
-    config = env_file(tmp_path)
+    config = env_file(tmp_path, "provider-cancel")
     before = labelled_ids()
     alive = (
         "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f | grep -q '[s]leep 321' "
@@ -183,7 +186,7 @@ def test_a_cancelled_sample_leaves_no_process_and_a_usable_sandbox(tmp_path: Pat
 
 
 def test_a_prewarmed_task_gives_every_sample_a_fresh_environment(tmp_path: Path) -> None:
-    config = OrchestratorSandboxConfig(file=env_file(tmp_path), prewarm=2)
+    config = OrchestratorSandboxConfig(file=env_file(tmp_path, "provider-warm"), prewarm=2)
     assert OrchestratorSandbox.config_deserialize(config.model_dump()) == config
     with pytest.raises(ValueError, match="prewarm"):
         OrchestratorSandboxConfig(file="env.yaml", prewarm=-1)

@@ -101,3 +101,21 @@ def test_only_the_pools_own_environments_go_back() -> None:
         with pytest.raises(UsageError, match="not an environment of this pool"):
             second.release(rt)
         first.release(rt)
+
+
+def test_watchers_hear_every_offer_and_the_close() -> None:
+    heard: list[int] = []
+    pool = Pool(load_environment_text(env()), size=2)
+    stop = pool.watch(lambda: heard.append(pool.offered))
+    try:
+        deadline = time.monotonic() + 20
+        while len(heard) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(heard)[-1] == 2  # each start, once offered, woke the watcher
+        rt = pool.acquire(timeout=20)
+        pool.release(rt)
+    finally:
+        pool.close()
+    assert len(heard) >= 3  # the replacement offered, and the close
+    stop()
+    stop()  # twice is harmless
