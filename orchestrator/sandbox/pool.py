@@ -246,21 +246,24 @@ class Pool:
         rt.detach()
 
     def close(self) -> None:
-        """Remove every environment still waiting, after the starts in flight end (those
-        handed out are their holders' to release)."""
+        """Remove every environment still waiting, at once, after the starts in flight end;
+        starts not begun yet are dropped (those handed out are their holders' to release)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             watchers = list(self._watchers)
         for watcher in watchers:
             watcher()
-        self._starts.shutdown(wait=True)
+        self._starts.shutdown(wait=True, cancel_futures=True)
         with self._cond:
             waiting, self._ready = list(self._ready), collections.deque()
-        for item in waiting:
-            if not isinstance(item, Runtime):
-                continue
-            if item.pool_move("ready", "removing"):
-                self._discard(item)
-            else:
-                self._let_go(item)
+        left = [item for item in waiting if isinstance(item, Runtime)]
+        if left:
+            with ThreadPoolExecutor(min(len(left), 8), thread_name_prefix="orch-pool") as ex:
+                list(ex.map(self._close_one, left))
+
+    def _close_one(self, item: Runtime) -> None:
+        if item.pool_move("ready", "removing"):
+            self._discard(item)
+        else:
+            self._let_go(item)
