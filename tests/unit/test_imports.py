@@ -25,7 +25,7 @@ _SESSION = """
 import tempfile
 from orchestrator import load_environment_text, spawn_runtime
 env = load_environment_text("version: 1\\nname: l\\nbackend: local\\n")
-with spawn_runtime(env, workspace=tempfile.mkdtemp()) as rt:
+with tempfile.TemporaryDirectory() as ws, spawn_runtime(env, workspace=ws) as rt:
     assert rt.execute("echo hi").stdout == "hi\\n"
     rt.write_file("a.txt", "b")
     assert rt.read_file("a.txt") == "b"
