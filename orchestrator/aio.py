@@ -32,11 +32,11 @@ import functools
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Literal, ParamSpec, overload
 
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.attach import attach as attach_runtime
-from orchestrator.sandbox.base import Runtime, Sandbox, _check, _Events, _written
+from orchestrator.sandbox.base import ERR_LIMIT, Runtime, Sandbox, _check, _Events, _written
 from orchestrator.sandbox.options import Command, default_output_limit
 from orchestrator.sandbox.pool import Pool
 from orchestrator.sandbox.registry import spawn_runtime
@@ -51,7 +51,6 @@ from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.sandbox.threads import in_thread
 from orchestrator.spec.loader import Environment
 
-T = TypeVar("T")
 P = ParamSpec("P")
 POOL_LOOK = 1.0
 """Longest an acquire waits for the pool's wake-up before it looks again (a bound, not the
@@ -146,7 +145,7 @@ class AsyncSandbox:
     ) -> None:
         """As Sandbox.write_file."""
         cmd, target, deadline = self.sync._write_command(path, content, user, timeout)
-        _, err, outcome = await self.sync._acollect(cmd, 64 * 1024)
+        _, err, outcome = await self.sync._acollect(cmd, ERR_LIMIT)
         _written(err, outcome, target, deadline)
 
     @overload
@@ -252,39 +251,36 @@ class AsyncRuntime(AsyncSandbox):
             self._services[name] = AsyncSandbox(self.sync.service(name))
         return self._services[name]
 
-    async def _call(self, fn: Callable[[], T]) -> T:
-        return await in_thread(fn)
-
     async def cleanup(self) -> None:
-        await self._call(self.sync.cleanup)
+        await in_thread(self.sync.cleanup)
 
     async def kill(self) -> None:
-        await self._call(self.sync.kill)
+        await in_thread(self.sync.kill)
 
     async def poll(self) -> int | None:
-        return await self._call(self.sync.poll)
+        return await in_thread(self.sync.poll)
 
     async def pause(self) -> None:
-        await self._call(self.sync.pause)
+        await in_thread(self.sync.pause)
 
     async def resume(self) -> None:
-        await self._call(self.sync.resume)
+        await in_thread(self.sync.resume)
 
     async def keep(self) -> None:
-        await self._call(self.sync.keep)
+        await in_thread(self.sync.keep)
 
     async def detach(self) -> None:
-        await self._call(self.sync.detach)
+        await in_thread(self.sync.detach)
 
     async def snapshot(self, dest: str | Path | None = None, **kwargs: Any) -> Snapshot:
         """As Runtime.snapshot."""
-        return await self._call(functools.partial(self.sync.snapshot, dest, **kwargs))
+        return await in_thread(functools.partial(self.sync.snapshot, dest, **kwargs))
 
     async def restore(self, snap: Snapshot) -> None:
-        await self._call(lambda: self.sync.restore(snap))
+        await in_thread(lambda: self.sync.restore(snap))
 
     async def suspend(self, name: str | None = None, *, keep: bool = True) -> Snapshot:
-        return await self._call(lambda: self.sync.suspend(name, keep=keep))
+        return await in_thread(lambda: self.sync.suspend(name, keep=keep))
 
 
 def _awaited(

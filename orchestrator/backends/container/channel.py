@@ -210,8 +210,7 @@ class Channel:
         none runs yet, or it cannot run `cmd`, by the blocking path in a thread of its own
         (threads.thread_chunks), which starts one or goes plain as `run` does."""
         ex = self._executor if self.mode != "plain" else None
-        fit = ex is not None and ex.ready_now and (ex.info.get("setuid", True) or cmd.user in ROOT)
-        if ex is None or not fit:
+        if ex is None or not ex.ready_now or not _runs_as(ex, cmd):
             async with contextlib.aclosing(thread_chunks(lambda: self.run(cmd))) as way:
                 async for item in way:
                     yield item
@@ -229,7 +228,7 @@ class Channel:
     def _executor_for(self, cmd: Command) -> ExecutorClient | None:
         """The executor, where it runs and can run `cmd` as its user."""
         ex = self.ready()
-        if ex is not None and not (ex.info.get("setuid", True) or cmd.user in ROOT):
+        if ex is not None and not _runs_as(ex, cmd):
             return None  # root without CAP_SETUID here (a non-root service): docker exec -u
         return ex
 
@@ -319,6 +318,12 @@ class Channel:
             if not self._fifo_ok:
                 log.info("%s: folders go through the engine's exec stream", self.label)
         return self._fifo_ok
+
+
+def _runs_as(ex: ExecutorClient, cmd: Command) -> bool:
+    """Whether the executor can run `cmd` as its user (one without CAP_SETUID: only as
+    itself, root)."""
+    return bool(ex.info.get("setuid", True)) or cmd.user in ROOT
 
 
 def _after_loss(why: SandboxUnavailable | bool, exc: ExecutorLost, started: float) -> Outcome:
