@@ -3,6 +3,7 @@ too, saved as images and the workspace, its containers removed, then woken under
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -68,7 +69,7 @@ def _served(rt: Runtime) -> str:
             url = f"http://127.0.0.1:{port.host}/store"
             with urllib.request.urlopen(url, timeout=5) as answer:
                 return str(answer.read().decode())
-        except OSError:
+        except (OSError, http.client.HTTPException):  # a reply cut while it starts, too
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
