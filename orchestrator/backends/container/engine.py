@@ -196,11 +196,12 @@ def wrap(action: str, exc: DockerException) -> OrchestratorError:
     )
 
 
-def run_cli(action: str, argv: list[str]) -> str:
+def run_cli(action: str, argv: list[str], bound: float | None = None) -> str:
     """One docker CLI call as a plain subprocess (its stdout), for hot paths where
     python-on-whales' wrapper costs a third more; under coreutils `timeout` where that
-    program exists (ORCHESTRATOR_ENGINE_TIMEOUT), and typed like every engine error."""
-    bound = engine_timeout()
+    program exists (`bound`, else ORCHESTRATOR_ENGINE_TIMEOUT), and typed like every engine
+    error."""
+    bound = engine_timeout() if bound is None else bound
     if shutil.which("timeout") is not None:
         argv = ["timeout", "-k", "5", f"{bound:g}", *argv]
     with docker_errors(action):

@@ -16,6 +16,7 @@ from python_on_whales import DockerClient
 
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
+    NoSuchContainer,
     StorageOptUnsupported,
     SubnetOverlap,
     docker_client,
@@ -25,6 +26,7 @@ from orchestrator.backends.container.engine import (
     is_remote,
     published_ports,
     raw_docker,
+    run_cli,
     runtimes,
     service_of,
     up_timeout,
@@ -42,6 +44,7 @@ from orchestrator.backends.container.identity import (
 from orchestrator.backends.container.inventory import reap_soon, remove_by_label
 from orchestrator.backends.container.readiness import LOG_LINES, Look, failure, late, not_ready
 from orchestrator.backends.docker.build import get_images
+from orchestrator.backends.docker.direct import DirectRun, direct_run
 from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT
 from orchestrator.backends.docker.render import (
     GVISOR_RUNTIME_ENV,
@@ -144,10 +147,29 @@ class Project:
         get_images(self.compiled, self.name, host=self.host)  # as compiled.build says
         # not engine_call: `up` is not idempotent; start_project removes a failed start
         with docker_errors(f"starting project {self.name}"):
-            self.up_client.compose.up(detach=True, quiet=True)
+            if (run := self._direct()) is not None:
+                self._run(run)
+            else:
+                self.up_client.compose.up(detach=True, quiet=True)
         self._verify_runtimes()
         if GATEWAY in self.compiled.infra:
             self._wait_gateway()
+
+    def _direct(self) -> DirectRun | None:
+        """How `docker run` makes this project, when it is one container Compose would only
+        make (see direct.py); None: Compose brings it up and down."""
+        text = self.compiled.compose_yaml
+        if not text:  # attached: the file it was started from
+            with contextlib.suppress(OSError):
+                text = (self.directory / "compose.yaml").read_text()
+        return direct_run(text, self.name, self.directory)
+
+    def _run(self, run: DirectRun) -> None:
+        for folder in run.folders:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        run_cli(
+            f"starting project {self.name}", [*raw_docker(self.client), *run.argv], up_timeout()
+        )
 
     def _verify_runtimes(self) -> None:
         """After `up`, before anything runs in them: each container that needs gVisor runs
@@ -264,6 +286,14 @@ class Project:
         if keep:
             (self.directory / KEPT_FILE).touch()  # reapers and guardians leave it alone
             engine_call(f"stopping project {self.name}", lambda: compose.stop(timeout=STOP_TIMEOUT))
+        elif self._direct() is not None:  # its one container, and nothing else to look for
+            with contextlib.suppress(NoSuchContainer):
+                engine_call(
+                    f"removing project {self.name}",
+                    lambda: self.client.container.remove(
+                        self.main_container, force=True, volumes=True
+                    ),
+                )
         else:
             engine_call(
                 f"removing project {self.name}",

@@ -1,0 +1,177 @@
+"""A one-container environment comes up through one `docker run` (backends/docker/direct.py)
+and must be the container Compose would have made from the same file: the same
+configuration, mounts, limits and labels, seen by the same Compose commands after."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import load_environment, spawn_runtime
+from orchestrator.backends.docker.direct import UP_PATH_ENV
+from orchestrator.backends.docker.runtime import ComposeRuntime
+from orchestrator.errors import OrchestratorError
+from tests.conftest import main_container
+from tests.docker.conftest import MakeEnv
+
+RICH = """\
+user: "1000:1000"
+workdir: /work/here
+env: {GREETING: "hello, world", EMPTY: "", MULTI: "a\\nb", PRICE: "$5 $$ ${X}"}
+static_assets:
+  - {name: a, path: assets, save_path: assets}
+mounts:
+  - {source: ./data, target: /data, read_only: false}
+resources: {memory: 256m, cpus: 0.5, pids: 128, tmp: 16m}
+"""
+
+COMPOSE_VERSION = "com.docker.compose.version"
+"""Set by Compose on what it makes, never by the direct path: tells the two apart."""
+
+
+def _inspect(container: str) -> dict[str, Any]:
+    out = subprocess.run(
+        ["docker", "container", "inspect", container], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    found: dict[str, Any] = json.loads(out.stdout)[0]
+    return found
+
+
+def _shape(found: dict[str, Any], folder: str) -> dict[str, Any]:
+    """What a container is, without what differs by name (ids, project, dates) or by who
+    made it (Compose's own labels, how the entrypoint is split from the command)."""
+    config, host = found["Config"], found["HostConfig"]
+    name = found["Name"].lstrip("/").removesuffix("-main-1")
+
+    def mine(text: str) -> str:
+        return text.replace(folder, "FOLDER").replace(name, "PROJECT")
+
+    return {
+        "argv": [*(config["Entrypoint"] or []), *(config["Cmd"] or [])],
+        "env": sorted(config["Env"]),
+        "user": config["User"],
+        "workdir": config["WorkingDir"],
+        "image": config["Image"],
+        "stop": config.get("StopTimeout"),
+        "labels": {
+            k: mine(v)
+            for k, v in config["Labels"].items()
+            if not k.startswith("com.docker.compose.")
+            and k not in ("org.orchestrator.started", "org.orchestrator.owner.start")
+        },
+        "mounts": sorted(
+            (mine(m["Source"]), m["Destination"], m["RW"], m["Type"]) for m in found["Mounts"]
+        ),
+        "host": {
+            k: _empty_is_unset(k, host.get(k))
+            for k in (
+                "CapAdd",
+                "CapDrop",
+                "SecurityOpt",
+                "Init",
+                "NetworkMode",
+                "Memory",
+                "MemorySwap",
+                "NanoCpus",
+                "PidsLimit",
+                "Tmpfs",
+                "Runtime",
+                "Privileged",
+                "ReadonlyRootfs",
+                "IpcMode",
+                "PidMode",
+                "UsernsMode",
+                "ShmSize",
+                "Ulimits",
+                "Devices",
+                "Sysctls",
+                "StorageOpt",
+                "Dns",
+                "ExtraHosts",
+                "PortBindings",
+                "PublishAllPorts",
+                "RestartPolicy",
+                "AutoRemove",
+            )
+        },
+    }
+
+
+def _empty_is_unset(key: str, value: Any) -> Any:
+    """The engine keeps an empty list, or none, as the client sent it: the same to it."""
+    if key == "RestartPolicy" and isinstance(value, dict):
+        return {**value, "Name": value.get("Name") or "no"}
+    return value if value not in ([], {}) else None
+
+
+def _started(env_file: Path, path: str, monkeypatch: pytest.MonkeyPatch) -> ComposeRuntime:
+    monkeypatch.setenv(UP_PATH_ENV, path)
+    rt = spawn_runtime(load_environment(env_file))
+    assert isinstance(rt, ComposeRuntime)
+    return rt
+
+
+def test_the_direct_path_makes_the_container_compose_makes(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_file = make_env(RICH)
+    (env_file.parent / "assets").mkdir()
+    (env_file.parent / "data").mkdir()
+    shapes, made_by = {}, {}
+    for path in ("compose", "auto"):
+        rt = _started(env_file, path, monkeypatch)
+        try:
+            assert rt.project is not None
+            found = _inspect(main_container(rt))
+            made_by[path] = COMPOSE_VERSION in found["Config"]["Labels"]
+            shapes[path] = _shape(found, str(rt.project.directory))
+            r = rt.execute("id -u; pwd; printenv GREETING; printenv PRICE")
+            assert r.stdout.splitlines() == ["1000", "/work/here", "hello, world", "$5 $$ ${X}"]
+        finally:
+            rt.cleanup()
+    assert made_by == {"compose": True, "auto": False}  # each path taken as asked
+    direct, compose = shapes["auto"], shapes["compose"]
+    differ = {
+        k: (direct[k], compose[k]) for k in compose if k != "host" and direct[k] != compose[k]
+    }
+    differ |= {
+        k: (direct["host"][k], v) for k, v in compose["host"].items() if direct["host"][k] != v
+    }
+    assert differ == {}
+
+
+def test_compose_commands_see_a_directly_made_project(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logs, states and kill go through Compose: they find the container it did not make."""
+    rt = _started(make_env(""), "auto", monkeypatch)
+    try:
+        assert rt.project is not None
+        states = rt.project.service_states()
+        assert [s for s, _ in states] == ["main"]
+        rt.project.kill()
+        assert all(look.ended for _, look in rt.project.service_states())
+    finally:
+        rt.cleanup()
+    gone = subprocess.run(
+        ["docker", "container", "inspect", f"{rt.project.name}-main-1"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert gone.returncode != 0  # removed by its name, and nothing else of it is left
+
+
+@pytest.mark.parametrize("path", ["compose", "auto"])
+def test_a_failed_start_says_why_and_leaves_nothing(
+    path: str, make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine makes the container but cannot start it (its workdir is a file, where the
+    workspace must be mounted): the error carries the engine's reason, and the container
+    it made is removed (the autouse leak check), on both paths alike."""
+    with pytest.raises(OrchestratorError, match="not a directory"):
+        _started(make_env("workdir: /etc/passwd\n"), path, monkeypatch)
