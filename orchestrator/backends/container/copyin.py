@@ -27,7 +27,7 @@ from python_on_whales.utils import run
 
 from orchestrator.backends.container.engine import engine_call
 from orchestrator.backends.container.exec_target import ExecTarget
-from orchestrator.backends.container.executor.client import FILES
+from orchestrator.backends.container.executor.client import executor_files
 from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
 from orchestrator.errors import DockerError, OrchestratorError, StartupError
 from orchestrator.spec.loader import Environment
@@ -371,8 +371,10 @@ def main_archive(env: Environment) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, SANDBOX_MOUNT.lstrip("/"), None, 0o555)
-        for f in FILES:
-            _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{f.name}", f.read_bytes(), 0o444)
+        for rel, data in executor_files().items():
+            if "/" in rel:  # its cache folder first
+                _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{rel.rpartition('/')[0]}", None, 0o555)
+            _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{rel}", data, 0o444)
         _static_into(tar, env)
     return out.getvalue()
 

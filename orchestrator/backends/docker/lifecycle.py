@@ -387,6 +387,7 @@ def start_project(
             project.compiled = compile_project(env, make_options(name, labels, pick_subnet()))
         project.compiled.write(directory)
         for rel, data in (extra_files or {}).items():
+            (directory / rel).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             (directory / rel).write_bytes(data)
         try:
             project.up()

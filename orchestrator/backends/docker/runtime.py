@@ -3,7 +3,6 @@ to through the in-container executor (or plain `docker exec` where it cannot run
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import posixpath
@@ -22,7 +21,7 @@ from orchestrator.backends.container.engine import (
     raw_docker,
     up_timeout,
 )
-from orchestrator.backends.container.executor.client import FILES
+from orchestrator.backends.container.executor.client import executor_files
 from orchestrator.backends.container.identity import LABEL_DIR
 from orchestrator.backends.container.layout import IO_DIR, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
@@ -340,10 +339,9 @@ def _service_images(env: Environment, snap: Snapshot | None) -> dict[str, str]:
     return {s: image for s, image in snap.services.items() if s in env.spec.services}
 
 
-@functools.cache
 def _executor_files() -> dict[str, bytes]:
-    """The executor's sources, copied into every project's sandbox folder (read once)."""
-    return {f"{SANDBOX_DIR}/{f.name}": f.read_bytes() for f in FILES}
+    """The executor, copied into every project's sandbox folder (made once)."""
+    return {f"{SANDBOX_DIR}/{rel}": data for rel, data in executor_files().items()}
 
 
 def _give(path: Path, user: str) -> None:

@@ -16,11 +16,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import os
+import py_compile
 import queue
 import select
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -30,19 +34,51 @@ from typing import Any, NamedTuple
 
 from orchestrator import procutil
 from orchestrator.backends.container.executor import wire
+from orchestrator.backends.container.layout import SANDBOX_MOUNT
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.sandbox.options import AChunks, Chunks, Command, stdin_chunks
 from orchestrator.sandbox.results import Outcome, StreamKind
 from orchestrator.sandbox.threads import SingleFlight
 
 HERE = Path(__file__).resolve().parent
+AGENT = "agent.py"
 #: Files copied into the sandbox folder so the executor can run inside the container.
 FILES = (
-    HERE / "agent.py",
+    HERE / AGENT,
     HERE / "spawner.py",
     HERE / "wire.py",
     Path(procutil.__file__).resolve(),
 )
+
+
+@functools.cache
+def executor_files() -> dict[str, bytes]:
+    """What the executor's folder in a container holds, by relative path: its sources, and
+    the compiled code of the modules it imports for this machine's Python
+    (`__pycache__/NAME.<tag>.pyc`, checked against the source's hash at import). That
+    folder is read-only in the container, so Python cannot cache there itself: a container
+    whose Python has this tag imports them without compiling ~50 KB of source at each
+    executor start (about 45 ms of CPU); any other compiles the sources as before."""
+    out = {f.name: f.read_bytes() for f in FILES}
+    tag = sys.implementation.cache_tag
+    if not tag:
+        return out
+    with tempfile.TemporaryDirectory(prefix="orch-pyc-") as tmp:
+        for f in FILES:
+            if f.name == AGENT:  # run as a script: Python never loads that from a cache
+                continue
+            cfile = Path(tmp) / f"{f.stem}.pyc"
+            py_compile.compile(
+                str(f),
+                cfile=str(cfile),
+                dfile=f"{SANDBOX_MOUNT}/{f.name}",
+                doraise=True,
+                invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+            )
+            out[f"__pycache__/{f.stem}.{tag}.pyc"] = cfile.read_bytes()
+    return out
+
+
 BACKSTOP = 2.0
 """Seconds past a command's own timeout (and grace) before the host asks the executor to kill
 it again, and as long again before it declares the executor lost."""
