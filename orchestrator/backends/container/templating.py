@@ -6,18 +6,27 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import jinja2
 
 from orchestrator._resources import data_dir
 
 
+_NOT_YAML = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
+"""What JSON leaves as it is but a YAML double-quoted scalar may not hold as itself: a YAML
+parser folds NEL and the Unicode line and paragraph separators into a space, and refuses
+the other non-printable characters."""
+
+
 def quote(value: object) -> str:
     """A YAML scalar, JSON-quoted, with `$` escaped against Compose (and `docker stack
-    deploy`) interpolation."""
+    deploy`) interpolation, and any character YAML would not read back as itself given as
+    its `\\u` escape."""
     if isinstance(value, bool | int | float):
         return json.dumps(value)
-    return json.dumps(str(value), ensure_ascii=False).replace("$", "$$")
+    text = json.dumps(str(value), ensure_ascii=False)
+    return _NOT_YAML.sub(lambda m: f"\\u{ord(m.group()):04x}", text).replace("$", "$$")
 
 
 @functools.cache
