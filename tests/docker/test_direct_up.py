@@ -21,7 +21,12 @@ from tests.docker.conftest import MakeEnv
 RICH = """\
 user: "1000:1000"
 workdir: /work/here
-env: {GREETING: "hello, world", EMPTY: "", MULTI: "a\\nb", PRICE: "$5 $$ ${X}"}
+env:
+  GREETING: "hello, world"
+  EMPTY: ""
+  MULTI: "a\\nb"
+  PRICE: "$5 $$ ${X}"
+  ODD: "a\\x85b\\u2028c\\x7f"
 static_assets:
   - {name: a, path: assets, save_path: assets}
 mounts:
@@ -29,6 +34,17 @@ mounts:
 resources: {memory: 256m, cpus: 0.5, pids: 128, tmp: 16m}
 """
 
+NAME_FILES = ("/etc/hosts", "/etc/resolv.conf")
+VIEW = r"""
+cat /etc/hosts /etc/resolv.conf /proc/sys/net/ipv6/conf/*/disable_ipv6
+ls /sys/class/net; cat /proc/net/if_inet6; echo "$(hostname | wc -c) $(cat /etc/hostname | wc -c)"
+grep -E ' /etc/(hosts|resolv.conf|hostname) ' /proc/self/mountinfo | cut -d' ' -f5,6 | sort
+stat -c '%n %a %U %s' /etc/hosts /etc/resolv.conf /etc/hostname
+python3 -c 'import socket; print(sorted(socket.getaddrinfo("localhost", 80, type=1)))'
+python3 -c 'import socket; socket.create_connection(("1.1.1.1", 53), timeout=1)' 2>&1 | tail -1
+"""
+"""The sandbox's network and name files, as its commands see them: the direct path gives
+a sandbox without network no engine network hook, and writes these itself (direct.py)."""
 COMPOSE_VERSION = "com.docker.compose.version"
 """Set by Compose on what it makes, never by the direct path: tells the two apart."""
 
@@ -65,8 +81,10 @@ def _shape(found: dict[str, Any], folder: str) -> dict[str, Any]:
             and k not in ("org.orchestrator.started", "org.orchestrator.owner.start")
         },
         "mounts": sorted(
-            (mine(m["Source"]), m["Destination"], m["RW"], m["Type"]) for m in found["Mounts"]
-        ),
+            (mine(m["Source"]), m["Destination"], m["RW"], m["Type"])
+            for m in found["Mounts"]
+            if m["Destination"] not in NAME_FILES  # the engine's own are not listed: compared
+        ),  # in the sandbox (VIEW)
         "host": {
             k: _empty_is_unset(k, host.get(k))
             for k in (
@@ -89,7 +107,6 @@ def _shape(found: dict[str, Any], folder: str) -> dict[str, Any]:
                 "ShmSize",
                 "Ulimits",
                 "Devices",
-                "Sysctls",
                 "StorageOpt",
                 "Dns",
                 "ExtraHosts",
@@ -122,19 +139,25 @@ def test_the_direct_path_makes_the_container_compose_makes(
     env_file = make_env(RICH)
     (env_file.parent / "assets").mkdir()
     (env_file.parent / "data").mkdir()
-    shapes, made_by = {}, {}
+    shapes, made_by, views = {}, {}, {}
     for path in ("compose", "auto"):
         rt = _started(env_file, path, monkeypatch)
         try:
             assert rt.project is not None
             found = _inspect(main_container(rt))
             made_by[path] = COMPOSE_VERSION in found["Config"]["Labels"]
+            assert found["Config"].get("NetworkDisabled", False) is (path == "auto")
             shapes[path] = _shape(found, str(rt.project.directory))
-            r = rt.execute("id -u; pwd; printenv GREETING; printenv PRICE")
-            assert r.stdout.splitlines() == ["1000", "/work/here", "hello, world", "$5 $$ ${X}"]
+            r = rt.execute("id -u; pwd; printenv GREETING; printenv PRICE; printenv ODD")
+            # (a YAML parser folds NEL and U+2028 into a space unless the template escapes them)
+            said = ["1000", "/work/here", "hello, world", "$5 $$ ${X}", "a\x85b\u2028c\x7f"]
+            assert r.stdout.split("\n")[:-1] == said
+            views[path] = rt.execute(VIEW, user="root").stdout
         finally:
             rt.cleanup()
     assert made_by == {"compose": True, "auto": False}  # each path taken as asked
+    assert views["auto"] == views["compose"]
+    assert "127.0.0.1\tlocalhost" in views["auto"] and "Network is unreachable" in views["auto"]
     direct, compose = shapes["auto"], shapes["compose"]
     differ = {
         k: (direct[k], compose[k]) for k in compose if k != "host" and direct[k] != compose[k]

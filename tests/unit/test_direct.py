@@ -1,12 +1,11 @@
-"""direct_run: which compose files the fast path makes with `docker run`, and that what it
-passes the docker CLI reads back as the file said (a hostile path or name cannot change
-what is mounted, set or run). The container itself is compared with Compose's in
-tests/docker/test_direct_up.py."""
+"""direct_run: which compose files the fast path makes through the Engine API, and that
+what it asks the engine for is what the file said, read as Compose reads it (every `$`
+escaped by the template's own quoting comes back as one `$`). The container itself is
+compared with Compose's in tests/docker/test_direct_up.py."""
 
 from __future__ import annotations
 
-import csv
-import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.backends.docker.direct import UP_PATH_ENV, direct_run
+from orchestrator.backends.container.templating import quote
+from orchestrator.backends.docker.direct import HOSTS, UP_PATH_ENV, direct_run
+from orchestrator.errors import UsageError
 
 FOLDER = Path("/state/projects/orch-t-1")
 
@@ -42,32 +43,78 @@ def project(**main: Any) -> dict[str, Any]:
     return {"name": "orch-t-1", "services": {"main": svc}}
 
 
-def plan(doc: dict[str, Any]) -> list[str] | None:
-    # as the template renders it: JSON is YAML, and each `$` is escaped from Compose
-    text = json.dumps(doc, ensure_ascii=False).replace("$", "$$")
-    run = direct_run(text, "orch-t-1", FOLDER)
-    return None if run is None else run.argv
+def render(value: Any) -> str:
+    """YAML in flow style, every scalar through the template's own `q`."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{quote(k)}: {render(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(render(v) for v in value) + "]"
+    return "null" if value is None else quote(value)
 
 
-def values(argv: list[str], flag: str) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag and "--" not in argv[:i]]
+def plan(doc: dict[str, Any]) -> dict[str, Any] | None:
+    run = direct_run(render(doc), "orch-t-1", FOLDER)
+    return None if run is None else run.body
 
 
-def test_a_plain_sandbox_is_one_docker_run() -> None:
-    argv = plan(project())
-    assert argv is not None
-    assert argv[:4] == ["run", "--detach", "--name", "orch-t-1-main-1"]
-    # the image and its arguments come after `--`: no name can be read as an option
-    assert argv[argv.index("--") :] == ["--", "img:1", "/.orchestrator/entry.sh"]
-    assert values(argv, "--entrypoint") == ["/bin/sh"]
-    assert values(argv, "--env") == ["A=1"]
-    assert values(argv, "--mount") == [
-        f"type=bind,source={FOLDER}/sandbox,target=/.orchestrator,readonly"
-    ]
-    assert values(argv, "--network") == ["none"]
-    labels = values(argv, "--label")
-    assert "org.orchestrator.project=orch-t-1" in labels
-    assert "com.docker.compose.project=orch-t-1" in labels  # Compose's ps and down find it
+def test_a_plain_sandbox_is_one_create() -> None:
+    run = direct_run(render(project()), "orch-t-1", FOLDER)
+    assert run is not None and run.name == "orch-t-1-main-1"
+    body = run.body
+    assert body["Image"] == "img:1"
+    assert body["Entrypoint"] == ["/bin/sh", "/.orchestrator/entry.sh"] and body["Cmd"] == []
+    assert body["Env"] == ["A=1"] and body["User"] == "0:0" and body["StopTimeout"] == 2
+    host = body["HostConfig"]
+    assert host["Mounts"][0] == {
+        "Type": "bind",
+        "Source": f"{FOLDER}/sandbox",
+        "Target": "/.orchestrator",
+        "ReadOnly": True,
+    }
+    assert host["CapDrop"] == ["ALL"] and host["CapAdd"] == ["CAP_CHOWN"]
+    assert host["Init"] is True and host["NetworkMode"] == "none"
+    labels = body["Labels"]
+    assert labels["org.orchestrator.project"] == "orch-t-1"
+    assert labels["com.docker.compose.project"] == "orch-t-1"  # Compose's ps and down find it
+
+
+def test_no_network_is_made_without_the_engine_hook_and_keeps_its_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # not root: the engine's files could
+    run = direct_run(render(project()), "orch-t-1", FOLDER)  # not be root's: the hook stays
+    assert run is not None and "NetworkDisabled" not in run.body and not run.files
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    run = direct_run(render(project()), "orch-t-1", FOLDER)
+    assert run is not None and run.body["NetworkDisabled"] is True
+    names = {m["Target"]: m["Source"] for m in run.body["HostConfig"]["Mounts"]}
+    assert run.files[Path(names["/etc/hosts"])] == HOSTS
+    assert "nameserver" in run.files[Path(names["/etc/resolv.conf"])]
+    assert set(run.body["HostConfig"]["Sysctls"].values()) == {"1"}  # IPv6 off, as the hook
+    # gVisor's runtime keeps the engine's own network setup
+    gvisor = direct_run(render(project(runtime="runsc")), "orch-t-1", FOLDER)
+    assert gvisor is not None and "NetworkDisabled" not in gvisor.body and not gvisor.files
+    host = direct_run(render(project(network_mode="host")), "orch-t-1", FOLDER)
+    assert host is not None and "NetworkDisabled" not in host.body and not host.files
+
+
+def test_limits_read_as_compose_reads_them() -> None:
+    body = plan(
+        project(
+            mem_limit="256m",
+            memswap_limit="1.5g",
+            cpus=0.5,
+            pids_limit=128,
+            tmpfs="/tmp:size=16m,mode=1777",
+            storage_opt={"size": "1g"},
+        )
+    )
+    assert body is not None
+    host = body["HostConfig"]
+    assert host["Memory"] == 256 * 2**20 and host["MemorySwap"] == 3 * 2**29
+    assert host["NanoCpus"] == 500_000_000 and host["PidsLimit"] == 128
+    assert host["Tmpfs"] == {"/tmp": "size=16m,mode=1777"}
+    assert host["StorageOpt"] == {"size": "1g"}
 
 
 @pytest.mark.parametrize(
@@ -94,14 +141,8 @@ def test_a_plain_sandbox_is_one_docker_run() -> None:
         pytest.param(
             project(volumes=[{"type": "volume", "source": "v", "target": "/v"}]), id="a volume"
         ),
-        pytest.param(
-            project(volumes=[{"type": "bind", "source": "/a,readonly=false", "target": "/a"}]),
-            id="a comma in a path",
-        ),
-        pytest.param(
-            project(volumes=[{"type": "bind", "source": '/a"b', "target": "/a"}]),
-            id="a quote in a path",
-        ),
+        pytest.param(project(mem_limit="lots"), id="a size it cannot read"),
+        pytest.param(project(tmpfs="tmp"), id="a tmpfs not at a path"),
         pytest.param(
             project(volumes=[{"type": "bind", "source": "/a", "target": "/a", "read_only": "no"}]),
             id="read_only not a bool",
@@ -121,18 +162,14 @@ def test_compose_everywhere_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(UP_PATH_ENV, "compose")
     assert plan(project()) is None
     monkeypatch.setenv(UP_PATH_ENV, "sometimes")
-    from orchestrator.errors import UsageError
-
     with pytest.raises(UsageError, match=UP_PATH_ENV):
         plan(project())
 
 
-def test_a_dollar_reads_as_compose_reads_it() -> None:
-    argv = plan(project(environment={"P": "$5 $$ ${X}"}))
-    assert argv is not None and values(argv, "--env") == ["P=$5 $$ ${X}"]
-    # a `$` Compose would interpolate (never rendered by us): Compose decides
-    doc = json.dumps(project(), ensure_ascii=False).replace('"A": "1"', '"A": "$HOME"')
-    assert direct_run(doc, "orch-t-1", FOLDER) is None
+def test_a_lone_dollar_is_left_to_compose() -> None:
+    """The template escapes every `$`; a lone one would be Compose's interpolation."""
+    text = render(project()).replace('"A": "1"', '"A": "$HOME"')
+    assert "$HOME" in text and direct_run(text, "orch-t-1", FOLDER) is None
 
 
 def test_not_yaml_goes_to_compose() -> None:
@@ -142,28 +179,16 @@ def test_not_yaml_goes_to_compose() -> None:
 
 @given(
     source=st.text(min_size=1, max_size=40).map(lambda s: "/" + s),
-    target=st.text(min_size=1, max_size=20).map(lambda s: "/" + s),
     value=st.text(max_size=40),
-    read_only=st.booleans(),
+    label=st.text(max_size=40),
 )
-def test_what_the_cli_reads_is_what_the_file_said(
-    source: str, target: str, value: str, read_only: bool
-) -> None:
-    """Whatever the path or value, the docker CLI's reading of --mount (one CSV record of
-    key=value fields) and --env (NAME=VALUE) gives back exactly the file's."""
-    vol = {"type": "bind", "source": source, "target": target, "read_only": read_only}
-    argv = plan(project(volumes=[vol], environment={"V": value}))
-    if argv is None:
+def test_what_the_engine_gets_is_what_the_file_said(source: str, value: str, label: str) -> None:
+    """Whatever a path, a variable or a label holds (`$`, quotes, commas, newlines,
+    unicode), the engine is asked for exactly it, or the project is left to Compose."""
+    vol = {"type": "bind", "source": source, "target": "/data", "read_only": False}
+    body = plan(project(volumes=[vol], environment={"V": value}, labels={"l": label}))
+    if body is None:
         return
-    (mount,) = values(argv, "--mount")
-    fields = next(csv.reader([mount]))
-    parsed = dict(f.partition("=")[::2] for f in fields)
-    assert parsed == {
-        "type": "bind",
-        "source": source,
-        "target": target,
-        **({"readonly": ""} if read_only else {}),
-    }
-    assert len(fields) == 3 + read_only
-    (env,) = values(argv, "--env")
-    assert env.split("=", 1) == ["V", value]
+    assert body["HostConfig"]["Mounts"][0]["Source"] == str(Path(source))
+    assert body["Env"] == [f"V={value}"]
+    assert body["Labels"]["l"] == label

@@ -12,7 +12,6 @@ import jinja2
 
 from orchestrator._resources import data_dir
 
-
 _NOT_YAML = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
 """What JSON leaves as it is but a YAML double-quoted scalar may not hold as itself: a YAML
 parser folds NEL and the Unicode line and paragraph separators into a space, and refuses

@@ -1,4 +1,4 @@
-"""Bring a one-container project up with one `docker run` instead of `docker compose up`.
+"""Bring a one-container project up through the Engine API instead of `docker compose up`.
 
 Most environments are one sandbox with no network of its own (`network_mode: none`, the
 default), no service, no port and no named volume. For those Compose only parses the file,
@@ -7,11 +7,13 @@ per start than `docker run` of the same container, and about as much again at `d
 (`bench/results/inspect_race.md`, where environments start and end by the hundred).
 
 `direct_run` reads the compose file we rendered (the same text Compose would get) and, when
-every key in it is one it knows, says how `docker run` makes the container Compose would:
-the same name, configuration, mounts and labels, plus the labels Compose itself looks for,
-so `docker compose ps`, `logs`, `stop`, `kill` and `down` keep working on it. Any other key,
-or a value the docker CLI would read differently from Compose, leaves the project to Compose:
-what the fast path cannot make exactly, it does not make.
+every key in it is one it knows, says how to create the container Compose would: the same
+name, configuration, mounts and labels, plus the labels Compose itself looks for, so
+`docker compose ps`, `logs`, `stop`, `kill` and `down` keep working on it. Any other key,
+or a value it does not read exactly as Compose does, leaves the project to Compose: what
+the fast path cannot make exactly, it does not make. The container is created and started
+with two Engine API calls on the local socket (engine_api.py), and removed with one: no
+docker CLI process, and no network hook for a sandbox with no network (see `_plan`).
 
 ORCHESTRATOR_UP_PATH=compose sends every project through Compose (auto: the fast path where
 it applies)."""
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +63,8 @@ _SERVICE_KEYS = {
 }
 _MOUNT_KEYS = {"type", "source", "target", "read_only", "bind"}
 _NETWORK_MODES = {"none", "host"}
-_SAFE_FIELD = re.compile(r"[^,\"\n\r\x00]+")
-"""What a --mount field may hold: the docker CLI reads --mount as one CSV record, so a comma
-or a quote would change what it mounts (Compose reads the same path as one path)."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([bkmg]?)")
 _SECONDS = re.compile(r"(\d{1,4})s")
 
 
@@ -72,12 +74,15 @@ def up_path() -> str:
 
 @dataclass(frozen=True)
 class DirectRun:
-    """One `docker run -d` that makes a project's only container as Compose would."""
+    """How to make a project's only container as Compose would, through the Engine API."""
 
-    argv: list[str]
-    """After the docker command itself (`run`, options, image, arguments)."""
+    name: str
+    body: dict[str, Any]
+    """Of `POST /containers/create`."""
     folders: tuple[Path, ...]
     """Host folders to make first (Compose's `bind.create_host_path`)."""
+    files: dict[Path, str] = field(default_factory=dict)
+    """Host files to write first (a sandbox without a network: its name files)."""
 
 
 class _Refused(Exception):
@@ -99,8 +104,8 @@ def _unescaped(value: Any) -> Any:
     """The file as Compose reads it: every `$` we render is escaped as `$$`; a lone `$` is
     Compose's interpolation, which the fast path does not do."""
     if isinstance(value, str):
-        if "$" in value.replace("$$", ""):
-            raise _Refused(value)
+        if "$" in value.replace("$$", "") or _SURROGATE.search(value):
+            raise _Refused(value)  # interpolation, or a string Compose may read otherwise
         return value.replace("$$", "$")
     if isinstance(value, dict):
         return {_unescaped(k): _unescaped(v) for k, v in value.items()}
@@ -150,32 +155,104 @@ def _plan(doc: Any, project: str, directory: Path) -> DirectRun:
         raise _Refused("stop_grace_period")
     mounts, folders = _mounts(svc.get("volumes", []), directory)
     labels = {**_mapping(svc.get("labels", {})), **_compose_labels(project, directory, svc)}
-    argv = ["run", "--detach", "--name", f"{project}-{SERVICE}-1", "--entrypoint", entrypoint[0]]
-    if svc.get("init") is True:
-        argv.append("--init")
-    argv += ["--network", svc["network_mode"], "--stop-timeout", grace.group(1)]
-    for key, flag in (("runtime", "--runtime"), ("working_dir", "--workdir"), ("user", "--user")):
+    config: dict[str, Any] = {
+        "Image": image,
+        "Entrypoint": entrypoint,
+        "Cmd": _strings(svc.get("command", [])),
+        "Env": [f"{k}={v}" for k, v in _mapping(svc.get("environment", {})).items()],
+        "Labels": labels,
+        "StopTimeout": int(grace.group(1)),
+    }
+    host: dict[str, Any] = {
+        "NetworkMode": svc["network_mode"],
+        "Init": svc.get("init") is True,
+        "Mounts": mounts,
+        "CapDrop": _caps(svc.get("cap_drop", [])),
+        "CapAdd": _caps(svc.get("cap_add", [])),
+        "SecurityOpt": _strings(svc.get("security_opt", [])),
+        "RestartPolicy": {"Name": "no"},
+        **_limits(svc),
+    }
+    files: dict[Path, str] = {}
+    if svc["network_mode"] == "none" and "runtime" not in svc and os.geteuid() == 0:
+        # (root's files, as the engine's are: a sandbox user whose uid is ours could
+        # otherwise chmod and rewrite them)
+        files = _unnetworked(config, host, directory)
+    for key, name in (("working_dir", "WorkingDir"), ("user", "User")):
         if key in svc:
             if not isinstance(svc[key], str):
                 raise _Refused(key)
-            argv += [flag, svc[key]]
-    for k, v in _mapping(svc.get("environment", {})).items():
-        argv += ["--env", f"{k}={v}"]  # never a bare name: that would read our own variable
-    for k, v in labels.items():
-        argv += ["--label", f"{k}={v}"]
-    for m in mounts:
-        argv += ["--mount", m]
-    for key, flag in (("cap_drop", "--cap-drop"), ("cap_add", "--cap-add")):
-        for cap in _strings(svc.get(key, [])):
-            argv += [flag, cap]
-    for opt in _strings(svc.get("security_opt", [])):
-        argv += ["--security-opt", opt]
-    argv += _limits(svc)
-    argv += ["--", image, *entrypoint[1:], *_strings(svc.get("command", []))]
-    return DirectRun(argv, tuple(folders))
+            config[name] = svc[key]
+    if "runtime" in svc:
+        if not isinstance(svc["runtime"], str):
+            raise _Refused("runtime")
+        host["Runtime"] = svc["runtime"]
+    body = {**config, "HostConfig": host}
+    return DirectRun(f"{project}-{SERVICE}-1", body, tuple(folders), files)
 
 
-def _mounts(volumes: Any, directory: Path) -> tuple[list[str], list[Path]]:
+NAME_FILES = "names"
+"""The project's folder of /etc/hosts and /etc/resolv.conf for a sandbox without network."""
+HOSTS = """\
+127.0.0.1\tlocalhost
+::1\tlocalhost ip6-localhost ip6-loopback
+fe00::0\tip6-localnet
+ff00::0\tip6-mcastprefix
+ff02::1\tip6-allnodes
+ff02::2\tip6-allrouters
+"""
+"""The engine's /etc/hosts for a container on no network."""
+NO_IPV6 = ("all", "default", "lo")
+_LOCAL_NAMESERVER = re.compile(
+    r"(?m)^nameserver\s+((127\.([0-9]{1,3}\.){2}[0-9]{1,3})|(::1))\s*\n*"
+)
+_IPV6_NAMESERVER = re.compile(r"(?m)^nameserver\s+([0-9A-Fa-f]*:[0-9A-Fa-f:.%a-zA-Z]*)\s*\n*")
+_NAMESERVER = re.compile(r"(?m)^nameserver\s+\S+")
+RESOLVED_STUB = "/run/systemd/resolve/resolv.conf"
+DEFAULT_DNS = "nameserver 8.8.8.8\nnameserver 8.8.4.4"
+
+
+def _unnetworked(config: dict[str, Any], host: dict[str, Any], directory: Path) -> dict[Path, str]:
+    """A sandbox with no network, made without the engine's network hook: at each start the
+    engine runs a whole copy of its own binary to set up a network namespace, about 0.1
+    CPU-s, even for `none`. With networking disabled it makes the same empty namespace
+    (loopback only) itself; what the hook would have added is given here instead, as the
+    engine would write it: /etc/hosts, /etc/resolv.conf and IPv6 off. Returns the files
+    to write."""
+    config["NetworkDisabled"] = True
+    host["Sysctls"] = {f"net.ipv6.conf.{c}.disable_ipv6": "1" for c in NO_IPV6}
+    folder = directory / NAME_FILES
+    files = {folder / "hosts": HOSTS, folder / "resolv.conf": _resolv_conf()}
+    host["Mounts"] = [
+        *host["Mounts"],
+        *({"Type": "bind", "Source": str(f), "Target": f"/etc/{f.name}"} for f in files),
+    ]
+    return files
+
+
+def _resolv_conf() -> str:
+    """The engine's /etc/resolv.conf for a container: this machine's, without nameservers
+    it cannot reach from a container (its own loopback, IPv6 when that is off), and its
+    defaults when none is left."""
+    try:
+        text = Path("/etc/resolv.conf").read_text(errors="replace")
+        names = _NAMESERVER.findall(text)
+        if names and all(n.split()[1] == "127.0.0.53" for n in names):  # systemd's stub
+            text = Path(RESOLVED_STUB).read_text(errors="replace")
+    except OSError:
+        text = ""
+    text = _IPV6_NAMESERVER.sub("", _LOCAL_NAMESERVER.sub("", text))
+    if not _NAMESERVER.search(text):
+        text += "\n" + DEFAULT_DNS
+    return text
+
+
+def _caps(value: Any) -> list[str]:
+    """Capabilities named as the CLI sends them (CAP_CHOWN for CHOWN; ALL stays)."""
+    return [c if c == "ALL" or c.startswith("CAP_") else f"CAP_{c}" for c in _strings(value)]
+
+
+def _mounts(volumes: Any, directory: Path) -> tuple[list[dict[str, Any]], list[Path]]:
     if not isinstance(volumes, list):
         raise _Refused(volumes)
     mounts, folders = [], []
@@ -193,34 +270,51 @@ def _mounts(volumes: Any, directory: Path) -> tuple[list[str], list[Path]]:
             raise _Refused(v)
         if bind.get("create_host_path") is True:
             folders.append(path)
-        fields = [f"source={path}", f"target={target}"]
-        if not all(_SAFE_FIELD.fullmatch(f) for f in fields):
-            raise _Refused(v)
         if v.get("read_only", False) not in (True, False):
             raise _Refused(v)
         mounts.append(
-            ",".join(["type=bind", *fields, *(["readonly"] if v.get("read_only") else [])])
+            {
+                "Type": "bind",
+                "Source": str(path),
+                "Target": target,
+                "ReadOnly": v.get("read_only") is True,
+            }
         )
     return mounts, folders
 
 
-def _limits(svc: dict[str, Any]) -> list[str]:
-    argv = []
-    for key, flag in (
-        ("mem_limit", "--memory"),
-        ("memswap_limit", "--memory-swap"),
-        ("cpus", "--cpus"),
-        ("pids_limit", "--pids-limit"),
-        ("tmpfs", "--tmpfs"),
-    ):
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def _bytes(value: Any) -> int:
+    """A size as Compose and the docker CLI read it (binary units: 1k = 1024)."""
+    found = _SIZE.fullmatch(str(value).strip().lower())
+    if found is None or isinstance(value, bool):
+        raise _Refused(value)
+    return int(float(found.group(1)) * _UNITS[found.group(2)])
+
+
+def _limits(svc: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, name in (("mem_limit", "Memory"), ("memswap_limit", "MemorySwap")):
         if key in svc:
-            value = svc[key]
-            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-                raise _Refused(key)
-            argv += [flag, str(value)]
-    for k, v in _mapping(svc.get("storage_opt", {})).items():
-        argv += ["--storage-opt", f"{k}={v}"]
-    return argv
+            out[name] = _bytes(svc[key])
+    if "cpus" in svc:
+        if isinstance(svc["cpus"], bool):
+            raise _Refused("cpus")
+        out["NanoCpus"] = round(float(svc["cpus"]) * 1e9)
+    if "pids_limit" in svc:
+        if not isinstance(svc["pids_limit"], int) or isinstance(svc["pids_limit"], bool):
+            raise _Refused("pids_limit")
+        out["PidsLimit"] = svc["pids_limit"]
+    if "tmpfs" in svc:
+        where, _, options = str(svc["tmpfs"]).partition(":")
+        if not isinstance(svc["tmpfs"], str) or not where.startswith("/"):
+            raise _Refused("tmpfs")
+        out["Tmpfs"] = {where: options}
+    if "storage_opt" in svc:
+        out["StorageOpt"] = _mapping(svc["storage_opt"])
+    return out
 
 
 def _compose_labels(project: str, directory: Path, svc: dict[str, Any]) -> dict[str, str]:

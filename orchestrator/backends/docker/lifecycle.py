@@ -14,23 +14,26 @@ from typing import Any, TypeVar
 
 from python_on_whales import DockerClient
 
+from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
     NoSuchContainer,
+    NoSuchImage,
     StorageOptUnsupported,
     SubnetOverlap,
     docker_client,
     docker_errors,
     engine_call,
     engine_host,
+    engine_timeout,
     is_remote,
     published_ports,
     raw_docker,
-    run_cli,
     runtimes,
     service_of,
     up_timeout,
 )
+from orchestrator.backends.container.engine_api import local_socket
 from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.guardian import ensure_guardian
 from orchestrator.backends.container.identity import (
@@ -101,6 +104,8 @@ class Project:
     """For `up`, which may build images: bounded by ORCHESTRATOR_UP_TIMEOUT."""
     _tethers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
     _tether_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _direct_run: DirectRun | None = field(init=False, default=None)
+    """How `up` made it, when by `docker run` (see direct.py)."""
 
     def __post_init__(self) -> None:
         compose: dict[str, Any] = {
@@ -146,30 +151,68 @@ class Project:
         self._require_runtimes()
         get_images(self.compiled, self.name, host=self.host)  # as compiled.build says
         # not engine_call: `up` is not idempotent; start_project removes a failed start
-        with docker_errors(f"starting project {self.name}"):
-            if (run := self._direct()) is not None:
-                self._run(run)
-            else:
+        self._direct_run = None  # a retry compiled it again
+        run = self._direct()
+        if run is not None and self._create(run):
+            self._direct_run = run
+        else:
+            with docker_errors(f"starting project {self.name}"):
                 self.up_client.compose.up(detach=True, quiet=True)
         self._verify_runtimes()
         if GATEWAY in self.compiled.infra:
             self._wait_gateway()
 
     def _direct(self) -> DirectRun | None:
-        """How `docker run` makes this project, when it is one container Compose would only
-        make (see direct.py); None: Compose brings it up and down."""
+        """How to make this project through the Engine API, when it is one container
+        Compose would only make, on an engine on this machine's socket (see direct.py);
+        None: Compose brings it up and down."""
+        if self._direct_run is not None:
+            return self._direct_run
+        if local_socket(self.host) is None:
+            return None
         text = self.compiled.compose_yaml
         if not text:  # attached: the file it was started from
             with contextlib.suppress(OSError):
                 text = (self.directory / "compose.yaml").read_text()
         return direct_run(text, self.name, self.directory)
 
-    def _run(self, run: DirectRun) -> None:
+    def _create(self, run: DirectRun) -> bool:
+        """Create and start the container; False when its image is missing (Compose pulls
+        it: a registry is the CLI's business)."""
         for folder in run.folders:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        run_cli(
-            f"starting project {self.name}", [*raw_docker(self.client), *run.argv], up_timeout()
-        )
+        for path, text in run.files.items():
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            path.write_text(text)
+            path.chmod(0o644)  # as the engine's: any user of the sandbox reads them
+        sock, bound = local_socket(self.host) or "", up_timeout()
+        action = f"starting project {self.name}"
+        try:
+            engine_api.call(
+                action,
+                sock,
+                "POST",
+                "/containers/create",
+                body=run.body,
+                query={"name": run.name},
+                timeout=bound,
+            )
+        except NoSuchImage:
+            return False
+        engine_api.call(action, sock, "POST", f"/containers/{run.name}/start", timeout=bound)
+        return True
+
+    def _delete(self, run: DirectRun) -> None:
+        sock = local_socket(self.host) or ""
+        with contextlib.suppress(NoSuchContainer):
+            engine_api.call(
+                f"removing project {self.name}",
+                sock,
+                "DELETE",
+                f"/containers/{run.name}",
+                query={"force": "1", "v": "1"},
+                timeout=engine_timeout(),
+            )
 
     def _verify_runtimes(self) -> None:
         """After `up`, before anything runs in them: each container that needs gVisor runs
@@ -286,14 +329,8 @@ class Project:
         if keep:
             (self.directory / KEPT_FILE).touch()  # reapers and guardians leave it alone
             engine_call(f"stopping project {self.name}", lambda: compose.stop(timeout=STOP_TIMEOUT))
-        elif self._direct() is not None:  # its one container, and nothing else to look for
-            with contextlib.suppress(NoSuchContainer):
-                engine_call(
-                    f"removing project {self.name}",
-                    lambda: self.client.container.remove(
-                        self.main_container, force=True, volumes=True
-                    ),
-                )
+        elif (run := self._direct()) is not None:  # its one container, and nothing else
+            self._delete(run)
         else:
             engine_call(
                 f"removing project {self.name}",

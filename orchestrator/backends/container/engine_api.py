@@ -1,0 +1,111 @@
+"""The few Engine API calls made on a hot path straight over the engine's Unix socket, with
+no docker CLI process: creating, starting and removing the one container of a project
+(backends/docker/direct.py). Everything else goes through python-on-whales and the CLI.
+
+Only for an engine on this machine's Unix socket that the docker CLI itself would use: the
+address in ORCHESTRATOR_DOCKER_HOST or DOCKER_HOST, else the default socket when no other
+Docker context is chosen. Any other engine (TCP, SSH, a context) gets `local_socket() ==
+None`, and the caller goes through the CLI as before. Every call has a deadline (the
+socket's timeout), a bounded answer (MAX_ANSWER) and fails as the CLI's errors do."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from python_on_whales.exceptions import DockerException
+
+from orchestrator.backends.container.engine import TIMED_OUT, engine_host, wrap
+from orchestrator.errors import OrchestratorError
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+MAX_ANSWER = 1024 * 1024
+"""Bytes of an answer read at most (these calls answer with a few hundred)."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _chosen_context() -> str:
+    """The Docker context the CLI would use ("default" when none is chosen)."""
+    if name := os.environ.get("DOCKER_CONTEXT", "").strip():
+        return name
+    folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    try:
+        with (folder / "config.json").open("rb") as f:
+            config = json.loads(f.read(MAX_ANSWER))
+    except (OSError, ValueError):
+        return "default"
+    chosen = config.get("currentContext") if isinstance(config, dict) else None
+    return chosen if isinstance(chosen, str) and chosen else "default"
+
+
+def local_socket(host: str = "") -> str | None:
+    """The Unix socket of engine `host` (else the process's, as the CLI would reach it), or
+    None (another kind, or a context the CLI resolves itself)."""
+    host = host or engine_host()
+    if host.startswith("unix://"):
+        return host.removeprefix("unix://") or None
+    if host or _chosen_context() != "default":
+        return None
+    return DEFAULT_SOCKET
+
+
+def call(
+    action: str,
+    path: str,
+    method: str,
+    url: str,
+    *,
+    body: Any = None,
+    query: dict[str, str] | None = None,
+    timeout: float,
+) -> Any:
+    """One API call: the answer's JSON (None when empty). An answer of 400 and above raises
+    the error the CLI's would (classified from the engine's message); no answer within
+    `timeout` raises one with the CLI's timed-out status."""
+    target = quote(url) + (f"?{urlencode(query)}" if query else "")
+    data = None if body is None else json.dumps(body).encode()
+    conn = _UnixConnection(path, timeout)
+    try:
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, target, body=data, headers=headers)
+        answer = conn.getresponse()
+        raw = answer.read(MAX_ANSWER)
+        status = answer.status
+    except TimeoutError:
+        raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise _failed(action, 1, f"Cannot connect to the Docker daemon at {path}: {exc}") from None
+    finally:
+        conn.close()
+    if status >= 400:
+        try:
+            message = str(json.loads(raw).get("message", ""))
+        except (ValueError, AttributeError):
+            message = raw.decode("utf-8", "replace")
+        raise _failed(action, 125, f"Error response from daemon: {message}")
+    return json.loads(raw) if raw.strip() else None
+
+
+def _failed(action: str, status: int, stderr: str) -> OrchestratorError:
+    """The error the docker CLI's call would have raised with this status and stderr."""
+    return wrap(action, DockerException(["docker", "(engine API)"], status, b"", stderr.encode()))

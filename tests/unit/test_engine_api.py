@@ -1,0 +1,146 @@
+"""engine_api: the Engine API calls made straight on the local socket. Each has a deadline
+and a bounded answer, fails as the docker CLI's call would (typed from the engine's words),
+and is used only for an engine the CLI itself would reach on that socket."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.container import engine_api
+from orchestrator.backends.container.engine import TIMED_OUT, NoSuchContainer
+from orchestrator.errors import BackendUnavailable, DockerError
+
+Answer = Callable[[socket.socket, bytes], None]
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Callable[[Answer], str]]:
+    """A stand-in engine on a Unix socket that answers each request with `answer`."""
+    servers: list[socket.socket] = []
+
+    def start(answer: Answer) -> str:
+        path = str(tmp_path / f"engine{len(servers)}.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(4)
+        servers.append(server)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                with conn:
+                    request = conn.recv(65536)
+                    with contextlib.suppress(OSError):  # the client left
+                        answer(conn, request)
+
+        threading.Thread(target=serve, daemon=True).start()
+        return path
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def reply(status: int, body: bytes) -> Answer:
+    def answer(conn: socket.socket, request: bytes) -> None:
+        head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        conn.sendall(head + body)
+
+    return answer
+
+
+def test_an_answer_is_its_json(engine: Callable[[Answer], str]) -> None:
+    sock = engine(reply(201, b'{"Id": "abc"}'))
+    got = engine_api.call("creating", sock, "POST", "/containers/create", body={}, timeout=5)
+    assert got == {"Id": "abc"}
+
+
+def test_an_engine_error_is_typed_as_the_clis_would_be(engine: Callable[[Answer], str]) -> None:
+    sock = engine(reply(404, b'{"message": "No such container: orch-x-main-1"}'))
+    with pytest.raises(NoSuchContainer, match="removing"):
+        engine_api.call("removing", sock, "DELETE", "/containers/orch-x-main-1", timeout=5)
+
+
+def test_an_engine_that_never_answers_is_given_up_on(engine: Callable[[Answer], str]) -> None:
+    def silent(conn: socket.socket, request: bytes) -> None:
+        time.sleep(30)
+
+    sock = engine(silent)
+    began = time.monotonic()
+    with pytest.raises(DockerError) as caught:
+        engine_api.call("starting", sock, "POST", "/containers/x/start", timeout=0.5)
+    assert caught.value.returncode == TIMED_OUT and time.monotonic() - began < 5
+
+
+def test_an_endless_answer_is_read_only_to_its_bound(engine: Callable[[Answer], str]) -> None:
+    """A hostile or broken engine streaming forever: the read stops at MAX_ANSWER."""
+
+    def endless(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n")
+        chunk = b" " * 65536
+        for _ in range(4 * engine_api.MAX_ANSWER // len(chunk)):
+            conn.sendall(chunk)
+
+    sock = engine(endless)
+    assert engine_api.call("listing", sock, "GET", "/x", timeout=5) is None  # blanks: no JSON
+
+
+def test_no_engine_there_is_backend_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(BackendUnavailable):
+        engine_api.call("starting", str(tmp_path / "none.sock"), "GET", "/x", timeout=2)
+
+
+def test_a_name_is_one_path_segment(engine: Callable[[Answer], str]) -> None:
+    seen: list[bytes] = []
+
+    def record(conn: socket.socket, request: bytes) -> None:
+        seen.append(request.split(b"\r\n")[0])
+        reply(204, b"")(conn, request)
+
+    sock = engine(record)
+    engine_api.call("x", sock, "DELETE", "/containers/a b?c", query={"force": "1"}, timeout=5)
+    assert seen == [b"DELETE /containers/a%20b%3Fc?force=1 HTTP/1.1"]
+
+
+@pytest.mark.parametrize(
+    ("variables", "config", "expected"),
+    [
+        ({}, None, engine_api.DEFAULT_SOCKET),
+        ({"DOCKER_HOST": "unix:///run/other.sock"}, None, "/run/other.sock"),
+        ({"ORCHESTRATOR_DOCKER_HOST": "unix:///run/o.sock"}, None, "/run/o.sock"),
+        ({"DOCKER_HOST": "tcp://127.0.0.1:2375"}, None, None),
+        ({"DOCKER_HOST": "ssh://me@there"}, None, None),
+        ({"DOCKER_CONTEXT": "remote"}, None, None),
+        ({"DOCKER_CONTEXT": "default"}, None, engine_api.DEFAULT_SOCKET),
+        ({}, {"currentContext": "remote"}, None),
+        ({}, {"currentContext": "default"}, engine_api.DEFAULT_SOCKET),
+        ({}, "not json", engine_api.DEFAULT_SOCKET),
+    ],
+)
+def test_only_the_engine_the_cli_would_reach_on_its_socket(
+    variables: dict[str, str],
+    config: object,
+    expected: str | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("DOCKER_HOST", "ORCHESTRATOR_DOCKER_HOST", "DOCKER_CONTEXT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    if config is not None:
+        text = config if isinstance(config, str) else json.dumps(config)
+        (tmp_path / "config.json").write_text(text)
+    assert engine_api.local_socket() == expected
