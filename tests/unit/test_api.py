@@ -67,6 +67,8 @@ def test_entry_point_backends(monkeypatch: pytest.MonkeyPatch) -> None:
         "from-plugin", "orchestrator.backends.local:LocalRuntime", registry.ENTRY_POINT_GROUP
     )
     monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == ep.group else [])
+    registry._scan.cache_clear()  # scanned once per sys.path: this one is new
+    monkeypatch.setattr(registry, "_scan", registry._scan.__wrapped__)
     assert "from-plugin" in runtime_names()
     assert issubclass(get_runtime_class("from-plugin"), LocalRuntime)
     assert get_runtime_class("from-plugin").name == "from-plugin"

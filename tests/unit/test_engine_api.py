@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -39,10 +40,8 @@ def engine(tmp_path: Path) -> Iterator[Callable[[Answer], str]]:
                     conn, _ = server.accept()
                 except OSError:
                     return
-                with conn:
-                    request = conn.recv(65536)
-                    with contextlib.suppress(OSError):  # the client left
-                        answer(conn, request)
+                with conn, contextlib.suppress(OSError):  # the client left
+                    answer(conn, _request(conn))
 
         threading.Thread(target=serve, daemon=True).start()
         return path
@@ -50,6 +49,24 @@ def engine(tmp_path: Path) -> Iterator[Callable[[Answer], str]]:
     yield start
     for server in servers:
         server.close()
+
+
+def _request(conn: socket.socket) -> bytes:
+    """One whole request: its head, and a body of its Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    found = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    while found and len(body) < int(found.group(1)):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
 
 def reply(status: int, body: bytes) -> Answer:
@@ -99,6 +116,18 @@ def test_an_endless_answer_is_read_only_to_its_bound(engine: Callable[[Answer], 
 def test_no_engine_there_is_backend_unavailable(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable):
         engine_api.call("starting", str(tmp_path / "none.sock"), "GET", "/x", timeout=2)
+
+
+def test_an_answer_broken_off_is_an_engine_error_not_a_missing_engine(
+    engine: Callable[[Answer], str],
+) -> None:
+    def hang_up(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")
+
+    sock = engine(hang_up)
+    with pytest.raises(DockerError, match="broke off") as caught:
+        engine_api.call("creating", sock, "POST", "/containers/create", body={}, timeout=5)
+    assert not isinstance(caught.value, BackendUnavailable)
 
 
 def test_a_name_is_one_path_segment(engine: Callable[[Answer], str]) -> None:

@@ -6,6 +6,7 @@ Inspect provider loads inspect_ai. None of them may creep into these paths."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -14,10 +15,12 @@ import pytest
 # beyond the standard library; what site itself may add (setuptools' hook, sysconfig data)
 _SITE = {"__main__", "_distutils_hack", "sitecustomize", "usercustomize"}
 _MODELS = {"pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection"}
+_YAML = {"ruamel", "_ruamel_yaml", "cython_runtime", "_cython"}
+"""ruamel, and its C loader (ruamel.yaml.clib, a Cython module with its runtime)."""
 ALLOWED = {
     "import orchestrator": {"orchestrator"},
-    "from orchestrator import spawn_runtime": {"orchestrator", "ruamel", *_MODELS},
-    "local session": {"orchestrator", "ruamel", *_MODELS},
+    "from orchestrator import spawn_runtime": {"orchestrator", *_YAML, *_MODELS},
+    "local session": {"orchestrator", *_YAML, *_MODELS},
 }
 NEVER = ("python_on_whales", "jinja2", "typer", "click", "rich", "inspect_ai", "docker")
 
@@ -46,7 +49,10 @@ def _loaded(code: str) -> set[str]:
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
-    top = set(json.loads(out.stdout.splitlines()[-1]))
+    # (Cython names its shared module after its version: _cython_3_0_11)
+    top = {
+        re.sub(r"^_cython_[0-9_]+$", "_cython", m) for m in json.loads(out.stdout.splitlines()[-1])
+    }
     return {m for m in top if m not in sys.stdlib_module_names and m not in _SITE} - {
         m for m in top if m.startswith("_sysconfigdata")
     }

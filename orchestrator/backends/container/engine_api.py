@@ -28,6 +28,10 @@ MAX_ANSWER = 1024 * 1024
 """Bytes of an answer read at most (these calls answer with a few hundred)."""
 
 
+class _NoEngine(OSError):
+    """Nothing takes connections on the socket."""
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
@@ -38,9 +42,9 @@ class _UnixConnection(http.client.HTTPConnection):
         sock.settimeout(self.timeout)
         try:
             sock.connect(self._path)
-        except OSError:
+        except OSError as exc:
             sock.close()
-            raise
+            raise _NoEngine(str(exc)) from exc
         self.sock = sock
 
 
@@ -93,8 +97,10 @@ def call(
         status = answer.status
     except TimeoutError:
         raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None
-    except (OSError, http.client.HTTPException) as exc:
+    except _NoEngine as exc:
         raise _failed(action, 1, f"Cannot connect to the Docker daemon at {path}: {exc}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise _failed(action, 1, f"the engine's answer broke off: {exc!r}") from None
     finally:
         conn.close()
     if status >= 400:
@@ -103,7 +109,10 @@ def call(
         except (ValueError, AttributeError):
             message = raw.decode("utf-8", "replace")
         raise _failed(action, 125, f"Error response from daemon: {message}")
-    return json.loads(raw) if raw.strip() else None
+    try:
+        return json.loads(raw) if raw.strip() else None
+    except ValueError:
+        raise _failed(action, 1, f"the engine's answer broke off: {raw[:200]!r}") from None
 
 
 def _failed(action: str, status: int, stderr: str) -> OrchestratorError:

@@ -170,10 +170,10 @@ class Project:
             return self._direct_run
         if local_socket(self.host) is None:
             return None
-        text = self.compiled.compose_yaml
-        if not text:  # attached: the file it was started from
-            with contextlib.suppress(OSError):
-                text = (self.directory / "compose.yaml").read_text()
+        try:  # what Compose would read (also for an attached project)
+            text = (self.directory / "compose.yaml").read_text(encoding="utf-8")
+        except OSError:
+            return None
         return direct_run(text, self.name, self.directory)
 
     def _create(self, run: DirectRun) -> bool:
