@@ -1,6 +1,6 @@
 """`python -m bench.inspect_race` (part of `just bench`): the same eval-shaped workload through
 Inspect AI three ways, side by side in one run: on our provider with a warm pool (`prewarm`
-= the samples at once), on our provider cold (each sample starts its own environment), and
+= the samples at once, told how many samples the eval has), on our provider cold (each sample starts its own environment), and
 on Inspect's own Docker sandbox, same image. Each sample runs 20 commands and a file round
 trip; 32 samples, 8 at a time, in rounds that alternate the three (medians reported: one run
 on a shared machine says little). Writes bench/results/inspect_race.md and prints the table.
@@ -54,7 +54,7 @@ def done():
 @task
 def race(config: str = "", provider: str = "", prewarm: int = 0):
     if prewarm:
-        config = OrchestratorSandboxConfig(file=config, prewarm=prewarm)
+        config = OrchestratorSandboxConfig(file=config, prewarm=prewarm, samples={samples})
     return Task(
         dataset=[Sample(input=str(i), target="x") for i in range({samples})],
         solver=work(),

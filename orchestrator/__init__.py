@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         OrchestratorError,
         OutputLimitExceeded,
         PolicyError,
+        PoolExhausted,
         ProjectNotFound,
         RuntimeClosed,
         SandboxFileNotFound,
@@ -88,6 +89,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "Pool",
+    "PoolExhausted",
     "ProjectNotFound",
     "PublishedPort",
     "Runtime",
@@ -134,7 +136,8 @@ __all__ = [
 _HOME = {
     "orchestrator.errors": (
         "AdmissionTimeout BackendUnavailable CommandFailed CommandTimeout DockerError ExecutorLost "
-        "HealthcheckFailed OrchestratorError OutputLimitExceeded PolicyError ProjectNotFound "
+        "HealthcheckFailed OrchestratorError OutputLimitExceeded PolicyError PoolExhausted "
+        "ProjectNotFound "
         "RuntimeClosed SandboxFileNotFound SandboxFileTimeout SandboxIsADirectory "
         "SandboxNotADirectory SandboxPaused SandboxPermissionError SandboxUnavailable "
         "SandboxUnsafeArchive SetupFailed SpecError SpecIssue StartupError UsageError"

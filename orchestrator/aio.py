@@ -312,10 +312,16 @@ class AsyncPool:
 
     @classmethod
     async def start(
-        cls, env: Environment | str | Path, size: int, *, reuse: bool = False, **spawn: Any
+        cls,
+        env: Environment | str | Path,
+        size: int,
+        *,
+        reuse: bool = False,
+        total: int | None = None,
+        **spawn: Any,
     ) -> AsyncPool:
         """A pool of `size` (as Pool(...)); its environments start in the background."""
-        return cls(await in_thread(lambda: Pool(env, size, reuse=reuse, **spawn)))
+        return cls(await in_thread(lambda: Pool(env, size, reuse=reuse, total=total, **spawn)))
 
     async def __aenter__(self) -> AsyncPool:
         return self
@@ -324,7 +330,8 @@ class AsyncPool:
         await self.close()
 
     async def acquire(self, timeout: float | None = None) -> AsyncRuntime:
-        """As Pool.acquire: TimeoutError after `timeout` s with none ready. Waits on the event
+        """As Pool.acquire: TimeoutError after `timeout` s with none ready, PoolExhausted past
+        its total. Waits on the event
         loop, woken by the pool when it offers one; taking it (a file written in its project
         folder) runs in a thread."""
         pool, loop, offered = self.sync, asyncio.get_running_loop(), asyncio.Event()
@@ -338,7 +345,7 @@ class AsyncPool:
         try:
             while True:
                 offered.clear()
-                if pool.offered or pool.closed:
+                if pool.offered or pool.closed or pool.exhausted:
                     try:
                         taken = await in_thread(
                             lambda: pool.acquire(timeout=0), abandoned=pool.release

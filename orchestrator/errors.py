@@ -127,6 +127,11 @@ class RuntimeClosed(OrchestratorError, RuntimeError):
     """The runtime was cleaned up; it takes no more calls."""
 
 
+class PoolExhausted(OrchestratorError, RuntimeError):
+    """A pool made with `total` has started that many environments, and none is left to
+    hand out: start one yourself (spawn_runtime)."""
+
+
 class CommandFailed(OrchestratorError, RuntimeError):
     """Raised only with ``check=True`` when a command exits non-zero."""
 

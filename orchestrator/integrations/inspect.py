@@ -65,6 +65,7 @@ from orchestrator.aio import AsyncPool, AsyncRuntime, AsyncSandbox
 from orchestrator.errors import (
     OrchestratorError,
     OutputLimitExceeded,
+    PoolExhausted,
     ProjectNotFound,
     SandboxUnavailable,
     UsageError,
@@ -94,6 +95,11 @@ class OrchestratorSandboxConfig(BaseModel):
     eval's max_sandboxes); 0: each sample starts its own. A sample's metadata then reaches
     its commands as variables, but not the file's setup commands, which ran before the
     sample was known."""
+    samples: int | None = Field(default=None, ge=1)
+    """With prewarm: how many samples this config serves in the eval (samples x epochs),
+    when known. The warm pool then starts no more environments than that: none is started
+    for nothing at the end (on a busy machine those cost the others CPU). A sample past it
+    (a retry) starts its own."""
 
 
 def _on_asyncio() -> bool:
@@ -166,8 +172,11 @@ def _environment(
     return env
 
 
-def _prewarm(config: SandboxEnvironmentConfigType | None) -> int:
-    return config.prewarm if isinstance(config, OrchestratorSandboxConfig) else 0
+def _prewarm(config: SandboxEnvironmentConfigType | None) -> tuple[int, int | None]:
+    """The warm pool's size and total starts (0: none)."""
+    if not isinstance(config, OrchestratorSandboxConfig):
+        return 0, None
+    return config.prewarm, config.samples
 
 
 def metadata_env(metadata: dict[str, Any]) -> dict[str, str]:
@@ -238,7 +247,7 @@ class OrchestratorSandbox(SandboxEnvironment):
         sample starts; with `prewarm`, start that many environments."""
         env = _environment(config)
         await _call(lambda: prepare(env))
-        size = _prewarm(config)
+        size, total = _prewarm(config)
         if size and any(v.startswith("SAMPLE_METADATA_") for v in env.variables):
             raise UsageError(
                 f"{env.source}: prewarm starts environments before any sample exists, and this "
@@ -246,7 +255,7 @@ class OrchestratorSandbox(SandboxEnvironment):
                 "the metadata from the commands' environment instead"
             )
         if size and config not in cls._pools:
-            pool = await _call(lambda: AsyncPool(Pool(env, size)))
+            pool = await _call(lambda: AsyncPool(Pool(env, min(size, total or size), total=total)))
             cls._pools[config] = pool
 
     @classmethod
@@ -259,10 +268,14 @@ class OrchestratorSandbox(SandboxEnvironment):
         variables = metadata_env(metadata)
         env = _environment(config, variables)
         pool = cls._pools.get(config)
+        runtime = None
         if pool is not None:
             warm = pool
-            runtime = await _call(lambda: AsyncRuntime(warm.sync.acquire()), warm.acquire)
-        else:
+            try:
+                runtime = await _call(lambda: AsyncRuntime(warm.sync.acquire()), warm.acquire)
+            except PoolExhausted:  # past the samples it was told of: a start of its own
+                pool = None
+        if runtime is None:
             runtime = await _call(
                 lambda: AsyncRuntime(spawn_runtime(env, env_vars=variables)),
                 lambda: aio.spawn(env, env_vars=variables),

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import OrchestratorError, RuntimeClosed, UsageError
+from orchestrator.errors import OrchestratorError, PoolExhausted, RuntimeClosed, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.spec.loader import Environment, load_environment
 
@@ -46,12 +46,26 @@ log = logging.getLogger("orchestrator.pool")
 
 class Pool:
     def __init__(
-        self, env: Environment | str | Path, size: int, *, reuse: bool = False, **spawn: Any
+        self,
+        env: Environment | str | Path,
+        size: int,
+        *,
+        reuse: bool = False,
+        total: int | None = None,
+        **spawn: Any,
     ) -> None:
         """Keep `size` environments of `env` ready; `spawn` is passed on to spawn_runtime
-        (workspace excepted: each environment gets a private one)."""
+        (workspace excepted: each environment gets a private one). With `total` (a
+        disposable pool), start no more than that many in all: a batch of known size gets
+        none started for nothing at its end; past it, acquire() raises PoolExhausted."""
         if size < 1:
             raise UsageError(f"a pool needs a size of at least 1, got {size}")
+        if total is not None and (total < 1 or reuse):
+            raise UsageError(
+                f"a pool's total must be at least 1, got {total}"
+                if total is not None and total < 1
+                else "total bounds a disposable pool's starts; a reuse pool starts `size` once"
+            )
         if "workspace" in spawn:
             raise UsageError("pooled environments cannot share a workspace; each has its own")
         from orchestrator.sandbox.registry import spawn_runtime
@@ -67,6 +81,8 @@ class Pool:
         self._starts = ThreadPoolExecutor(max_workers=size, thread_name_prefix="orch-pool")
         self._cond = threading.Condition()
         self._pending = 0
+        self._left = total
+        """Starts the pool may still make (None: no bound)."""
         self._closed = False
         self._watchers: set[Callable[[], None]] = set()
         """Called (in the pool's threads) when something is offered or the pool closes."""
@@ -123,10 +139,22 @@ class Pool:
             return len(self._baselines) - sum(isinstance(i, Runtime) for i in self._ready)
 
     # ----- filling -------------------------------------------------------------------------
+    @property
+    def exhausted(self) -> bool:
+        """Whether acquire() would raise PoolExhausted: every start `total` allowed made,
+        none ready or starting."""
+        with self._cond:
+            return self._exhausted()
+
+    def _exhausted(self) -> bool:
+        return self._left == 0 and not self._ready and not self._pending
+
     def _refill(self) -> None:
         with self._cond:
-            if self._closed:
+            if self._closed or self._left == 0:
                 return
+            if self._left is not None:
+                self._left -= 1
             self._pending += 1
         self._starts.submit(self._start_one)
 
@@ -146,6 +174,8 @@ class Pool:
             self._pending -= 1
             if isinstance(item, Runtime):
                 self._baselines[item] = baseline
+            elif self._left is not None:
+                self._left += 1  # a failed start hands nothing out: its replacement may start
         self._offer(item)
 
     def _offer(self, item: Runtime | OrchestratorError) -> None:
@@ -175,11 +205,17 @@ class Pool:
     # ----- handing out ---------------------------------------------------------------------
     def acquire(self, timeout: float | None = None) -> Runtime:
         """An environment, set up and running. Waits up to `timeout` seconds when none is
-        ready (TimeoutError after); a start that failed raises its error here."""
+        ready (TimeoutError after); a start that failed raises its error here; PoolExhausted
+        when `total` environments were started and none is left."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cond:
                 while not self._ready and not self._closed:
+                    if self._exhausted():
+                        raise PoolExhausted(
+                            f"the pool of {self.env.name} started all the environments its "
+                            "total allows; start one with spawn_runtime"
+                        )
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise TimeoutError(f"no environment became ready within {timeout:g}s")

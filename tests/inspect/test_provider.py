@@ -190,6 +190,8 @@ def test_a_prewarmed_task_gives_every_sample_a_fresh_environment(tmp_path: Path)
     assert OrchestratorSandbox.config_deserialize(config.model_dump()) == config
     with pytest.raises(ValueError, match="prewarm"):
         OrchestratorSandboxConfig(file="env.yaml", prewarm=-1)
+    with pytest.raises(ValueError, match="samples"):
+        OrchestratorSandboxConfig(file="env.yaml", prewarm=2, samples=0)
     before = labelled_ids()
 
     async def scenario() -> list[str]:
@@ -215,6 +217,37 @@ def test_a_prewarmed_task_gives_every_sample_a_fresh_environment(tmp_path: Path)
     assert [s.split()[1] for s in seen] == ["one", "two", "three"]
     assert len({s.split()[0] for s in seen}) == 3  # never the same environment twice
     assert labelled_ids() <= before  # the pool's waiting ones went with task_cleanup
+
+
+def test_a_prewarmed_task_told_its_samples_starts_none_for_nothing(tmp_path: Path) -> None:
+    """prewarm=2 for 3 samples: the pool starts 3 environments in all (none is left waiting
+    at the end); a 4th sample (a retry) starts its own."""
+    config = OrchestratorSandboxConfig(
+        file=env_file(tmp_path, "provider-total"), prewarm=2, samples=3
+    )
+    before = labelled_ids()
+
+    async def scenario() -> tuple[list[bool], int, int]:
+        await OrchestratorSandbox.task_init("startup", config)
+        warm, ids = [], set()
+        try:
+            for _ in range(4):
+                envs = await OrchestratorSandbox.sample_init("t", config, {})
+                box = envs["default"]
+                assert isinstance(box, OrchestratorSandbox)
+                warm.append(box.pool is not None)
+                assert (await box.exec(["sh", "-c", "test ! -e used && touch used"])).success
+                ids.add(box.runtime.info().id)
+                await OrchestratorSandbox.sample_cleanup("t", config, envs, interrupted=False)
+            pool = OrchestratorSandbox._pools[config].sync
+            left = pool.ready + pool.starting
+        finally:
+            await OrchestratorSandbox.task_cleanup("shutdown", config, cleanup=True)
+        return warm, len(ids), left
+
+    warm, distinct, left = asyncio.run(scenario())
+    assert warm == [True, True, True, False] and distinct == 4 and left == 0
+    assert labelled_ids() <= before
 
 
 def test_prewarm_is_refused_for_a_compose_file_that_reads_sample_metadata(

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import Pool, RuntimeClosed, SetupFailed, UsageError, load_environment_text
+from orchestrator import (
+    Pool,
+    PoolExhausted,
+    RuntimeClosed,
+    SetupFailed,
+    UsageError,
+    load_environment_text,
+)
 
 
 def env(setup: str = "echo ready > .ready") -> str:
@@ -119,3 +126,33 @@ def test_watchers_hear_every_offer_and_the_close() -> None:
     assert len(heard) >= 3  # the replacement offered, and the close
     stop()
     stop()  # twice is harmless
+
+
+def test_a_pool_with_a_total_starts_no_more_than_that() -> None:
+    """A batch of 3 through a pool of 2: three environments are started in all, none for
+    nothing at the end, and a fourth acquire is told to start its own."""
+    with Pool(load_environment_text(env()), size=2, total=3) as pool:
+        given = [pool.acquire(timeout=20) for _ in range(3)]
+        assert len({r.workdir for r in given}) == 3
+        assert pool.ready == 0 and pool.starting == 0 and pool.exhausted
+        with pytest.raises(PoolExhausted, match="spawn_runtime"):
+            pool.acquire(timeout=5)  # at once, not after the timeout
+        for rt in given:
+            pool.release(rt)
+
+
+def test_a_failed_start_does_not_spend_the_total() -> None:
+    """Each failed start is raised by acquire() and replaced; the total still counts only
+    what it could hand out (setup fails: none), so acquire never says exhausted."""
+    with Pool(load_environment_text(env("exit 3")), size=1, total=1) as pool:
+        for _ in range(3):
+            with pytest.raises(SetupFailed):
+                pool.acquire(timeout=20)
+        assert not pool.exhausted
+
+
+def test_a_total_is_for_disposable_pools_of_at_least_one() -> None:
+    with pytest.raises(UsageError, match="at least 1"):
+        Pool(load_environment_text(env()), size=1, total=0)
+    with pytest.raises(UsageError, match="reuse"):
+        Pool(load_environment_text(env()), size=1, total=4, reuse=True)
