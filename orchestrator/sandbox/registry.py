@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -71,12 +72,20 @@ def _register(name: str, cls: object, what: str) -> type[Runtime]:
 def _entry_points() -> dict[str, str]:
     """The plugin backends installed where this process imports from. Scanning every
     installed distribution's metadata costs about 4 ms, paid on each spawn until cached;
-    a change of sys.path (a plugin folder added) scans again."""
-    return _scan(tuple(sys.path))
+    the cache is keyed by sys.path and each folder's mtime, so a plugin folder added to the
+    path, or a plugin installed into one (a new dist-info folder), scans again."""
+    return _scan(tuple((p, _mtime(p)) for p in sys.path))
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path or ".").st_mtime_ns
+    except OSError:
+        return 0
 
 
 @functools.lru_cache(maxsize=4)
-def _scan(path: tuple[str, ...]) -> dict[str, str]:
+def _scan(path: tuple[tuple[str, int], ...]) -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 

@@ -198,3 +198,24 @@ def test_a_failed_start_says_why_and_leaves_nothing(
     it made is removed (the autouse leak check), on both paths alike."""
     with pytest.raises(OrchestratorError, match="not a directory"):
         _started(make_env("workdir: /etc/passwd\n"), path, monkeypatch)
+
+
+@pytest.mark.parametrize("path", ["compose", "auto"])
+def test_a_files_own_names_files_are_what_the_sandbox_sees(
+    path: str, make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file may mount its own /etc/hosts and /etc/resolv.conf: the engine then leaves its
+    own out, and so must the direct path (two mounts at one target fail the start)."""
+    env_file = make_env(
+        "mounts:\n"
+        "  - {source: ./myhosts, target: /etc/hosts, read_only: true}\n"
+        "  - {source: ./myresolv, target: /etc/resolv.conf}\n"
+    )
+    (env_file.parent / "myhosts").write_text("10.9.8.7 mine\n")
+    (env_file.parent / "myresolv").write_text("nameserver 10.9.8.6\n")
+    rt = _started(env_file, path, monkeypatch)
+    try:
+        seen = rt.execute("cat /etc/hosts /etc/resolv.conf").stdout
+        assert seen == "10.9.8.7 mine\nnameserver 10.9.8.6\n"
+    finally:
+        rt.cleanup()

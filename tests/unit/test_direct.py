@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.templating import quote
 from orchestrator.backends.docker.direct import HOSTS, UP_PATH_ENV, direct_run
 from orchestrator.errors import UsageError
@@ -98,6 +99,25 @@ def test_no_network_is_made_without_the_engine_hook_and_keeps_its_names(
     assert host is not None and "NetworkDisabled" not in host.body and not host.files
 
 
+def test_the_files_own_names_files_and_a_kernel_without_ipv6(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A file that mounts its own /etc/hosts or /etc/resolv.conf keeps it (the engine leaves
+    its own out then); a kernel without IPv6 gets no IPv6 setting (the start would fail)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    mine = [
+        {"type": "bind", "source": "/srv/hosts", "target": "/etc//hosts", "read_only": True},
+        {"type": "bind", "source": "/srv/resolv", "target": "/etc/resolv.conf"},
+    ]
+    run = direct_run(render(project(volumes=mine)), "orch-t-1", FOLDER)
+    assert run is not None and run.files == {}
+    targets = [m["Target"] for m in run.body["HostConfig"]["Mounts"]]
+    assert targets == ["/etc//hosts", "/etc/resolv.conf"]
+    monkeypatch.setattr("orchestrator.backends.docker.direct.IPV6_SWITCH", str(tmp_path / "x"))
+    run = direct_run(render(project()), "orch-t-1", FOLDER)
+    assert run is not None and "Sysctls" not in run.body["HostConfig"] and len(run.files) == 2
+
+
 def test_limits_read_as_compose_reads_them() -> None:
     body = plan(
         project(
@@ -152,6 +172,8 @@ def test_limits_read_as_compose_reads_them() -> None:
             id="a relative path",
         ),
         pytest.param(project(pids_limit=True), id="a flag for a number"),
+        pytest.param(project(cpus=1e300), id="cpus beyond any number"),
+        pytest.param(project(mem_limit="9" * 400), id="a size beyond any number"),
     ],
 )
 def test_what_it_cannot_make_exactly_goes_to_compose(doc: dict[str, Any]) -> None:
@@ -192,3 +214,23 @@ def test_what_the_engine_gets_is_what_the_file_said(source: str, value: str, lab
     assert body["HostConfig"]["Mounts"][0]["Source"] == str(Path(source))
     assert body["Env"] == [f"V={value}"]
     assert body["Labels"]["l"] == label
+
+
+def test_a_project_keeps_the_engine_it_was_made_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made while the process's engine was another machine's (a variable set for a while,
+    as a harness may), a project never later takes the fast path to this machine's socket:
+    its removal would go to the wrong engine and leave the container where it runs."""
+    from orchestrator.backends.docker.lifecycle import Project
+    from orchestrator.backends.docker.render import CompiledProject
+
+    (tmp_path / "compose.yaml").write_text(render({**project(), "name": "orch-t-1"}))
+    compiled = CompiledProject("orch-t-1", "", {}, (), (), {}, "0:0", "", False, False)
+    monkeypatch.setenv("ORCHESTRATOR_DOCKER_HOST", "tcp://192.0.2.1:2375")
+    remote = Project("orch-t-1", tmp_path, compiled)
+    monkeypatch.delenv("ORCHESTRATOR_DOCKER_HOST")
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert remote._direct() is None  # Compose, on the engine its clients were made for
+    local = Project("orch-t-1", tmp_path, compiled)
+    assert local._direct() is not None or engine_api.local_socket() is None

@@ -113,6 +113,25 @@ def test_an_endless_answer_is_read_only_to_its_bound(engine: Callable[[Answer], 
     assert engine_api.call("listing", sock, "GET", "/x", timeout=5) is None  # blanks: no JSON
 
 
+def test_an_answer_dripping_in_is_given_up_on_at_the_deadline(
+    engine: Callable[[Answer], str],
+) -> None:
+    """A byte every half second never trips the socket's per-read timeout: the whole call
+    still ends at its deadline."""
+
+    def drip(conn: socket.socket, request: bytes) -> None:
+        body = b'{"Id": "' + b"a" * 200 + b'"}'
+        for byte in b"HTTP/1.1 201 X\r\nContent-Length: %d\r\n\r\n" % len(body) + body:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.5)
+
+    sock = engine(drip)
+    began = time.monotonic()
+    with pytest.raises(DockerError) as caught:
+        engine_api.call("creating", sock, "POST", "/containers/create", body={}, timeout=2)
+    assert caught.value.returncode == TIMED_OUT and time.monotonic() - began < 4
+
+
 def test_no_engine_there_is_backend_unavailable(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable):
         engine_api.call("starting", str(tmp_path / "none.sock"), "GET", "/x", timeout=2)
@@ -154,7 +173,8 @@ def test_a_name_is_one_path_segment(engine: Callable[[Answer], str]) -> None:
         ({"DOCKER_CONTEXT": "default"}, None, engine_api.DEFAULT_SOCKET),
         ({}, {"currentContext": "remote"}, None),
         ({}, {"currentContext": "default"}, engine_api.DEFAULT_SOCKET),
-        ({}, "not json", engine_api.DEFAULT_SOCKET),
+        ({}, "not json", None),  # whatever the CLI makes of it: not guessed here
+        ({}, "x" * (engine_api.MAX_ANSWER + 1), None),  # too long to read here
     ],
 )
 def test_only_the_engine_the_cli_would_reach_on_its_socket(

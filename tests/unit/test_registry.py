@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,3 +253,25 @@ def test_render_checks_against_the_workspace_it_renders_for(tmp_path: Path) -> N
     assert r.returncode == 0 and str(ws / "data") in r.stdout, r.stderr
     r = _cli(tmp_path, "render", str(path))  # the private workspace: no root of the file's
     assert r.returncode == 2 and "outside the allowed roots" in r.stderr, r.stderr
+
+
+def test_a_plugin_installed_while_the_process_runs_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry points are scanned once and cached: a plugin installed later into a folder
+    already on the path (a new dist-info) is still found, by name and in a file."""
+    site = tmp_path / "later"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    assert PLUGIN not in runtime_names()  # scanned (and cached) without it
+    time.sleep(0.01)  # a coarse clock would give the folder the same mtime
+    made = _write_plugin(tmp_path)
+    for entry in made.iterdir():
+        entry.rename(site / entry.name)
+    try:
+        assert PLUGIN in runtime_names()
+        path = _env_file(tmp_path, f"version: 1\nname: p\nbackend: {PLUGIN}\n")
+        assert load_environment(path, backends=runtime_names).backend == PLUGIN
+    finally:
+        registry._registered.pop(PLUGIN, None)
+        sys.modules.pop("orch_test_plugin_0", None)

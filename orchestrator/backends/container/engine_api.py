@@ -10,10 +10,12 @@ socket's timeout), a bounded answer (MAX_ANSWER) and fails as the CLI's errors d
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -25,7 +27,9 @@ from orchestrator.errors import OrchestratorError
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 MAX_ANSWER = 1024 * 1024
-"""Bytes of an answer read at most (these calls answer with a few hundred)."""
+"""Bytes of an answer read at most (these calls answer with a few hundred), and of the
+CLI's config file."""
+UNREAD = "(a config file not read here)"
 
 
 class _NoEngine(OSError):
@@ -55,9 +59,15 @@ def _chosen_context() -> str:
     folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
     try:
         with (folder / "config.json").open("rb") as f:
-            config = json.loads(f.read(MAX_ANSWER))
-    except (OSError, ValueError):
+            raw = f.read(MAX_ANSWER + 1)
+    except OSError:  # none: the CLI's default
         return "default"
+    try:
+        if len(raw) > MAX_ANSWER:
+            raise ValueError("too long to read here")
+        config = json.loads(raw)
+    except ValueError:
+        return UNREAD  # whatever the CLI makes of it, not ours to guess
     chosen = config.get("currentContext") if isinstance(config, dict) else None
     return chosen if isinstance(chosen, str) and chosen else "default"
 
@@ -89,8 +99,20 @@ def call(
     target = quote(url) + (f"?{urlencode(query)}" if query else "")
     data = None if body is None else json.dumps(body).encode()
     conn = _UnixConnection(path, timeout)
+    expired = threading.Event()
+
+    def expire() -> None:  # the whole call's deadline: the socket's own is per read
+        expired.set()
+        if conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(timeout, expire)
+    watchdog.daemon = True
     try:
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.connect()
+        watchdog.start()
         conn.request(method, target, body=data, headers=headers)
         answer = conn.getresponse()
         raw = answer.read(MAX_ANSWER)
@@ -100,9 +122,14 @@ def call(
     except _NoEngine as exc:
         raise _failed(action, 1, f"Cannot connect to the Docker daemon at {path}: {exc}") from None
     except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None
         raise _failed(action, 1, f"the engine's answer broke off: {exc!r}") from None
     finally:
+        watchdog.cancel()
         conn.close()
+    if expired.is_set():
+        raise _failed(action, TIMED_OUT, "the engine did not answer in time")
     if status >= 400:
         try:
             message = str(json.loads(raw).get("message", ""))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +97,7 @@ def direct_run(compose_yaml: str, project: str, directory: Path) -> DirectRun | 
     try:
         doc = _unescaped(YAML(typ="safe").load(compose_yaml))
         return _plan(doc, project, directory)
-    except (_Refused, YAMLError, TypeError, ValueError, AttributeError):
+    except (_Refused, YAMLError, TypeError, ValueError, AttributeError, ArithmeticError):
         return None
 
 
@@ -203,6 +204,7 @@ ff02::2\tip6-allrouters
 """
 """The engine's /etc/hosts for a container on no network."""
 NO_IPV6 = ("all", "default", "lo")
+IPV6_SWITCH = "/proc/sys/net/ipv6/conf/all/disable_ipv6"
 _LOCAL_NAMESERVER = re.compile(
     r"(?m)^nameserver\s+((127\.([0-9]{1,3}\.){2}[0-9]{1,3})|(::1))\s*\n*"
 )
@@ -217,12 +219,19 @@ def _unnetworked(config: dict[str, Any], host: dict[str, Any], directory: Path) 
     engine runs a whole copy of its own binary to set up a network namespace, about 0.1
     CPU-s, even for `none`. With networking disabled it makes the same empty namespace
     (loopback only) itself; what the hook would have added is given here instead, as the
-    engine would write it: /etc/hosts, /etc/resolv.conf and IPv6 off. Returns the files
-    to write."""
+    engine would: /etc/hosts and /etc/resolv.conf (each unless the file mounts its own
+    there, as the engine then leaves it), and IPv6 off (where this kernel has IPv6).
+    Returns the files to write."""
     config["NetworkDisabled"] = True
-    host["Sysctls"] = {f"net.ipv6.conf.{c}.disable_ipv6": "1" for c in NO_IPV6}
+    if Path(IPV6_SWITCH).exists():  # a kernel without IPv6 has no such setting to make
+        host["Sysctls"] = {f"net.ipv6.conf.{c}.disable_ipv6": "1" for c in NO_IPV6}
+    taken = {posixpath.normpath(m["Target"]) for m in host["Mounts"]}
     folder = directory / NAME_FILES
-    files = {folder / "hosts": HOSTS, folder / "resolv.conf": _resolv_conf()}
+    files: dict[Path, str] = {}
+    if "/etc/hosts" not in taken:
+        files[folder / "hosts"] = HOSTS
+    if "/etc/resolv.conf" not in taken:
+        files[folder / "resolv.conf"] = _resolv_conf()
     host["Mounts"] = [
         *host["Mounts"],
         *({"Type": "bind", "Source": str(f), "Target": f"/etc/{f.name}"} for f in files),

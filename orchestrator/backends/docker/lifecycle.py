@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import subprocess
 import threading
@@ -17,6 +18,7 @@ from python_on_whales import DockerClient
 from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
+    ContainerNotRunning,
     NoSuchContainer,
     NoSuchImage,
     StorageOptUnsupported,
@@ -71,6 +73,7 @@ from orchestrator.spec.resolve import MAIN
 
 STOP_TIMEOUT = 2
 T = TypeVar("T")
+log = logging.getLogger("orchestrator.docker")
 
 # `sh -c TETHER`, in each extra service of a project with an owner process
 TETHER = r"""
@@ -105,7 +108,10 @@ class Project:
     _tethers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
     _tether_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     _direct_run: DirectRun | None = field(init=False, default=None)
-    """How `up` made it, when by `docker run` (see direct.py)."""
+    """How `up` made it, when through the Engine API (see direct.py)."""
+    _socket: str | None = field(init=False, default=None)
+    """Its engine's local socket, if it has one: fixed when made, as the clients' engine
+    is (a variable changed later must not send a removal to another engine)."""
 
     def __post_init__(self) -> None:
         compose: dict[str, Any] = {
@@ -117,6 +123,7 @@ class Project:
             compose["host"] = self.host
         self.client = docker_client(**compose)
         self.up_client = docker_client(up_timeout(), **compose)
+        self._socket = local_socket(self.host)
 
     @property
     def main_container(self) -> str:
@@ -168,13 +175,20 @@ class Project:
         None: Compose brings it up and down."""
         if self._direct_run is not None:
             return self._direct_run
-        if local_socket(self.host) is None:
+        if self._socket is None:
             return None
         try:  # what Compose would read (also for an attached project)
             text = (self.directory / "compose.yaml").read_text(encoding="utf-8")
         except OSError:
             return None
         return direct_run(text, self.name, self.directory)
+
+    def _direct_or_none(self) -> DirectRun | None:
+        """As `_direct`, for a removal, which must not fail on the file: Compose then."""
+        try:
+            return self._direct()
+        except (OrchestratorError, OSError):
+            return None
 
     def _create(self, run: DirectRun) -> bool:
         """Create and start the container; False when its image is missing (Compose pulls
@@ -185,10 +199,10 @@ class Project:
             path.parent.mkdir(mode=0o700, exist_ok=True)
             path.write_text(text)
             path.chmod(0o644)  # as the engine's: any user of the sandbox reads them
-        sock, bound = local_socket(self.host) or "", up_timeout()
+        sock, bound = self._socket or "", up_timeout()
         action = f"starting project {self.name}"
         try:
-            engine_api.call(
+            made = engine_api.call(
                 action,
                 sock,
                 "POST",
@@ -199,11 +213,24 @@ class Project:
             )
         except NoSuchImage:
             return False
+        for warning in (made or {}).get("Warnings") or []:  # e.g. a limit this kernel lacks
+            log.warning("%s: the engine warns: %s", self.name, warning)
         engine_api.call(action, sock, "POST", f"/containers/{run.name}/start", timeout=bound)
         return True
 
     def _delete(self, run: DirectRun) -> None:
-        sock = local_socket(self.host) or ""
+        """Stop, then remove, as `compose down` does: SIGTERM, and SIGKILL after the
+        container's grace (a command may save its work to a mounted folder meanwhile)."""
+        sock = self._socket or ""
+        with contextlib.suppress(NoSuchContainer, ContainerNotRunning):
+            engine_api.call(
+                f"stopping project {self.name}",
+                sock,
+                "POST",
+                f"/containers/{run.name}/stop",
+                query={"t": str(STOP_TIMEOUT)},
+                timeout=engine_timeout(),
+            )
         with contextlib.suppress(NoSuchContainer):
             engine_api.call(
                 f"removing project {self.name}",
@@ -329,7 +356,7 @@ class Project:
         if keep:
             (self.directory / KEPT_FILE).touch()  # reapers and guardians leave it alone
             engine_call(f"stopping project {self.name}", lambda: compose.stop(timeout=STOP_TIMEOUT))
-        elif (run := self._direct()) is not None:  # its one container, and nothing else
+        elif (run := self._direct_or_none()) is not None:  # its one container, and nothing else
             self._delete(run)
         else:
             engine_call(
@@ -423,8 +450,8 @@ def start_project(
             claim_folder(directory)  # the failed attempt removed it
             project.compiled = compile_project(env, make_options(name, labels, pick_subnet()))
         project.compiled.write(directory)
-        for rel, data in (extra_files or {}).items():
-            (directory / rel).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for rel, data in (extra_files or {}).items():  # the executor: any user reads it
+            (directory / rel).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             (directory / rel).write_bytes(data)
         try:
             project.up()
