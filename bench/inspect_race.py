@@ -1,9 +1,10 @@
 """`python -m bench.inspect_race` (part of `just bench`): the same eval-shaped workload through
 Inspect AI three ways, side by side in one run: on our provider with a warm pool (`prewarm`
-= the samples at once, told how many samples the eval has), on our provider cold (each sample starts its own environment), and
-on Inspect's own Docker sandbox, same image. Each sample runs 20 commands and a file round
-trip; 32 samples, 8 at a time, in rounds that alternate the three (medians reported: one run
-on a shared machine says little). Writes bench/results/inspect_race.md and prints the table.
+= the samples at once, told how many samples the eval has), on our provider cold (each
+sample starts its own environment), and on Inspect's own Docker sandbox, same image. Each
+sample runs 20 commands and a file round trip; 32 samples, 8 at a time, in rounds that
+alternate the three (medians reported: one run on a shared machine says little). Writes
+bench/results/inspect_race.md and prints the table.
 
 This engine (20.10) is older than the 24.0.6 Inspect's Docker sandbox asks for; its version
 check is bypassed here (and said so in the results), nothing else about it is changed."""
