@@ -28,7 +28,7 @@ def exec_paths(n: int) -> list[Sample]:
     env = load_environment(PY_ENV)
     out: list[Sample] = []
     out.append(timed("plain subprocess on the host", lambda: subprocess.run(["true"]), n))
-    with spawn_runtime(ROOT / "environments" / "local.yaml") as local:
+    with spawn_runtime(ROOT / "environments" / "local.yaml", backend="local") as local:
         out.append(timed("orchestrator local execute", lambda: local.execute(["true"]), n))
     with spawn_runtime(env, disable_setup=True) as rt:
         # the raw paths need the engine's own handles: a benchmark may look inside
@@ -82,7 +82,8 @@ def exec_paths(n: int) -> list[Sample]:
 def output_and_stream(n: int) -> list[Sample]:
     out = []
     for label, path in (("local", ROOT / "environments" / "local.yaml"), ("docker", PY_ENV)):
-        with spawn_runtime(path, disable_setup=True) as rt:
+        backend = "local" if label == "local" else None  # the caller's choice, not the file's
+        with spawn_runtime(path, disable_setup=True, backend=backend) as rt:
             out.append(
                 timed(
                     f"{label}: execute with 1 MB output",
