@@ -29,6 +29,7 @@ from orchestrator import (
     Policy,
     PolicyError,
     Pool,
+    PoolExhausted,
     ProjectNotFound,
     PublishedPort,
     Runtime,
@@ -192,10 +193,12 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     assert attachable(env) == []  # a local sandbox is left running for no one to attach to
     with pytest.raises(CALLER_ERRORS):
         attach("orch-consumer-00000000")  # a Runtime, for an environment left running
-    with Pool(env, size=1) as pool:
+    with Pool(env, size=1, total=1) as pool:  # a batch of one: no start after it
         pooled: Runtime = pool.acquire(timeout=30)
         assert grade(pooled, "echo pooled") == (0, "pooled\n")
         pool.release(pooled)
+        with pytest.raises(PoolExhausted):  # the rest start their own
+            pool.acquire(timeout=30)
     with pytest.raises(SpecError) as caught:
         load_environment_text("version: 1\nname: x\nimage: i\nnetwork: {mode: bridged}\n")
     issue: SpecIssue = caught.value.issues[0]
