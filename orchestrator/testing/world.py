@@ -322,6 +322,8 @@ class World:
     _folder: Path | None = field(default=None, repr=False)
     _resolver: str = field(default="", repr=False)
     _seen: int = field(default=0, repr=False)
+    _late: bool = field(default=False, repr=False)
+    """A call of its start outlived its deadline (what it asked for may come later)."""
     """Lines of the query log that were the readiness probe's, not the caller's."""
 
     def queries(self) -> list[str]:
@@ -334,8 +336,22 @@ class World:
 
     def close(self) -> None:
         """Remove every container and the network the world made, by id, and its temporary
-        folder; idempotent. Raises RuntimeError naming what could not be removed."""
+        folder; idempotent. Raises RuntimeError naming what could not be removed. When a
+        call of its start outlived its deadline, the engine may still make what it asked
+        for after this looked: it looks again, a few times over LATE_PAUSES."""
         problems: list[str] = []
+        self._sweep(problems)
+        for pause in LATE_PAUSES if self._late else ():
+            time.sleep(pause)
+            self._sweep(problems)
+        self._resolver = ""
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+        if problems:
+            raise RuntimeError("the test world was not removed whole: " + "; ".join(problems))
+
+    def _sweep(self, problems: list[str]) -> None:
         found: list[str] = []
         if self.token:  # what a call that timed out made without telling its id
             selector = f"label={WORLD_LABEL}={self.token}"
@@ -357,12 +373,6 @@ class World:
             removed = _remove(["network", "rm", ident], "No such network", problems)
             if removed and ident == self.network_id:
                 self.network_id = ""
-        self._resolver = ""
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
-        if problems:
-            raise RuntimeError("the test world was not removed whole: " + "; ".join(problems))
 
     def __enter__(self) -> World:
         return self
@@ -402,12 +412,29 @@ def start_world(
                 ) from exc
             raise
     except BaseException as exc:
+        world._late = _outlived(exc)
         try:
             world.close()
         except Exception as err:
             exc.add_note(f"cleaning up after it failed too: {err}")
         raise
     return world
+
+
+LATE_PAUSES = (1.0, 2.0, 4.0)
+"""Seconds between the looks of close() after a call outlived its deadline (7 s in all)."""
+
+
+class _Outlived(RuntimeError):
+    """A docker call killed at its deadline: the engine may still do what it was asked."""
+
+
+def _outlived(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if isinstance(exc, _Outlived):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _check_names(names: Sequence[str]) -> list[str]:
@@ -580,7 +607,7 @@ def _docker(args: list[str], *, timeout: float) -> str:
             ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"{what} did not end within {timeout:.3g} s") from exc
+        raise _Outlived(f"{what} did not end within {timeout:.3g} s") from exc
     except FileNotFoundError as exc:
         raise RuntimeError("the docker CLI is missing") from exc
     if done.returncode != 0:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -173,6 +175,35 @@ def test_world_that_fails_halfway_cleans_up(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(world_module, "SERVER", "raise SystemExit('broken on purpose')")
     with pytest.raises(RuntimeError, match="broken on purpose"):
         start_world(["only.test"], timeout=60)
+    assert leftovers(token) == []
+
+
+def test_a_network_the_engine_makes_after_its_call_timed_out_is_removed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loaded engine can outlive `docker network create`'s deadline and make the network
+    later, after the failed start has looked for what to remove: close() looks again."""
+    token = secrets.token_hex(6)
+    monkeypatch.setattr(world_module, "_new_token", lambda: token)
+    real = world_module._docker
+    late: list[threading.Thread] = []
+
+    def slow_engine(args: list[str], *, timeout: float) -> str:
+        if args[:2] != ["network", "create"]:
+            return real(args, timeout=timeout)
+
+        def made_later() -> None:
+            time.sleep(1.5)
+            real(args, timeout=60)
+
+        late.append(threading.Thread(target=made_later))
+        late[0].start()
+        raise world_module._Outlived("docker network create did not end within 0.1 s")
+
+    monkeypatch.setattr(world_module, "_docker", slow_engine)
+    with pytest.raises(RuntimeError, match="did not end"):
+        start_world(["only.test"], timeout=60)
+    late[0].join(60)
     assert leftovers(token) == []
 
 
