@@ -3,7 +3,7 @@
 Most environments are one sandbox with no network of its own (`network_mode: none`, the
 default), no service, no port and no named volume. For those Compose only parses the file,
 finds nothing to create but the one container, and makes it: about 0.15 CPU-s and 0.1 s more
-per start than `docker run` of the same container, and about as much again at `down`
+per start than creating the same container directly, and about as much again at `down`
 (`bench/results/inspect_race.md`, where environments start and end by the hundred).
 
 `direct_run` reads the compose file we rendered (the same text Compose would get) and, when
@@ -63,7 +63,9 @@ _SERVICE_KEYS = {
     "labels",
 }
 _MOUNT_KEYS = {"type", "source", "target", "read_only", "bind"}
-_NETWORK_MODES = {"none", "host"}
+_NETWORK_MODES = {"none"}
+"""Only a sandbox without network (the default): the one the comparison test proves alike
+(tests/docker/test_direct_up.py); the host's network stays with Compose."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([bkmg]?)")
 _SECONDS = re.compile(r"(\d{1,4})s")
@@ -91,7 +93,7 @@ class _Refused(Exception):
 
 
 def direct_run(compose_yaml: str, project: str, directory: Path) -> DirectRun | None:
-    """How to make this project with `docker run`, or None when Compose must."""
+    """How to make this project through the Engine API, or None when Compose must."""
     if up_path() != "auto" or not compose_yaml:
         return None
     try:
