@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import socket
 import threading
@@ -175,6 +176,7 @@ def test_a_name_is_one_path_segment(engine: Callable[[Answer], str]) -> None:
         ({}, {"currentContext": "default"}, engine_api.DEFAULT_SOCKET),
         ({}, "not json", None),  # whatever the CLI makes of it: not guessed here
         ({}, "x" * (engine_api.MAX_ANSWER + 1), None),  # too long to read here
+        ({}, "fifo", None),  # not a file: never waited on
     ],
 )
 def test_only_the_engine_the_cli_would_reach_on_its_socket(
@@ -189,7 +191,9 @@ def test_only_the_engine_the_cli_would_reach_on_its_socket(
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
-    if config is not None:
+    if config == "fifo":
+        os.mkfifo(tmp_path / "config.json")
+    elif config is not None:
         text = config if isinstance(config, str) else json.dumps(config)
         (tmp_path / "config.json").write_text(text)
     assert engine_api.local_socket() == expected

@@ -5,8 +5,8 @@ no docker CLI process: creating, starting and removing the one container of a pr
 Only for an engine on this machine's Unix socket that the docker CLI itself would use: the
 address in ORCHESTRATOR_DOCKER_HOST or DOCKER_HOST, else the default socket when no other
 Docker context is chosen. Any other engine (TCP, SSH, a context) gets `local_socket() ==
-None`, and the caller goes through the CLI as before. Every call has a deadline (the
-socket's timeout), a bounded answer (MAX_ANSWER) and fails as the CLI's errors do."""
+None`, and the caller goes through the CLI as before. Every call has one deadline for the
+whole call, a bounded answer (MAX_ANSWER) and fails as the CLI's errors do."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import socket
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,18 @@ def _chosen_context() -> str:
     if name := os.environ.get("DOCKER_CONTEXT", "").strip():
         return name
     folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
-    try:
-        with (folder / "config.json").open("rb") as f:
-            raw = f.read(MAX_ANSWER + 1)
+    try:  # (never blocking: a FIFO there would hang the read)
+        fd = os.open(folder / "config.json", os.O_RDONLY | os.O_NONBLOCK)
     except OSError:  # none: the CLI's default
         return "default"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return UNREAD
+        raw = os.read(fd, MAX_ANSWER + 1)
+    except OSError:
+        return UNREAD
+    finally:
+        os.close(fd)
     try:
         if len(raw) > MAX_ANSWER:
             raise ValueError("too long to read here")
