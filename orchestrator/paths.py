@@ -9,6 +9,7 @@ current folder (so `ps` in one folder missed what `up` in another started)."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from orchestrator.errors import UsageError
@@ -35,3 +36,20 @@ def state_dir() -> Path:
 def projects_dir() -> Path:
     """Where every environment's project folder is (records for `attach` included)."""
     return state_dir() / "projects"
+
+
+def read_regular(path: Path, limit: int, *, follow: bool = False) -> bytes | None:
+    """At most `limit` + 1 bytes of a regular file (a caller tells one past `limit` by the
+    length), never waiting on a FIFO and never through a link unless `follow`; None when it
+    is missing, not a regular file, or cannot be read."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.paths import projects_dir, state_dir
+from orchestrator.paths import projects_dir, read_regular, state_dir
 from orchestrator.procutil import stat_fields
 
 TICKET_MAX = 4096
@@ -232,18 +232,9 @@ class Ledger:
         known = _parsed.get(key)
         if known is not None:
             return known
-        try:
-            fd = os.open(self.tickets / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
+        raw = read_regular(self.tickets / name, TICKET_MAX)
+        if raw is None:
             return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            raw = os.read(fd, TICKET_MAX + 1)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
         ticket = parse_ticket(raw, name) if len(raw) <= TICKET_MAX else None
         if ticket is not None:
             if len(_parsed) > PARSED_MAX:

@@ -15,7 +15,6 @@ import http.client
 import json
 import os
 import socket
-import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from python_on_whales.exceptions import DockerException
 
 from orchestrator.backends.container.engine import TIMED_OUT, engine_host, wrap
 from orchestrator.errors import OrchestratorError
+from orchestrator.paths import read_regular
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 MAX_ANSWER = 1024 * 1024
@@ -57,19 +57,10 @@ def _chosen_context() -> str:
     """The Docker context the CLI would use ("default" when none is chosen)."""
     if name := os.environ.get("DOCKER_CONTEXT", "").strip():
         return name
-    folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
-    try:  # (never blocking: a FIFO there would hang the read)
-        fd = os.open(folder / "config.json", os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:  # none: the CLI's default
-        return "default"
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return UNREAD
-        raw = os.read(fd, MAX_ANSWER + 1)
-    except OSError:
-        return UNREAD
-    finally:
-        os.close(fd)
+    path = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+    raw = read_regular(path, MAX_ANSWER, follow=True)  # (a FIFO there would hang a read)
+    if raw is None:  # none: the CLI's default; anything else is not ours to guess
+        return UNREAD if os.path.lexists(path) else "default"
     try:
         if len(raw) > MAX_ANSWER:
             raise ValueError("too long to read here")
