@@ -188,13 +188,23 @@ def test_files_through_the_async_door(rt: Runtime, tmp_path: Path) -> None:
     assert (tmp_path / "out" / "bin.dat").read_bytes() == data
 
 
-def test_a_cancelled_spawn_removes_what_it_started(make_env: MakeEnv) -> None:
-    path = make_env("", name="aio-cancel")
+@pytest.mark.parametrize("when", ["at-once", "in-setup"])
+def test_a_cancelled_spawn_removes_what_it_started(make_env: MakeEnv, when: str) -> None:
+    """Cancelled before the project exists, or once its container runs and its setup is
+    under way (a slow setup command keeps it there: a bare sandbox is up in a quarter of a
+    second, faster than any fixed sleep could aim at)."""
+    path = make_env("setup:\n  commands: ['sleep 3']\n", name=f"aio-cancel-{when}")
     before = labelled_ids()
 
     async def main() -> None:
         task = asyncio.ensure_future(aio.spawn(path))
-        await asyncio.sleep(0.5)  # under way: the project is being made
+        await asyncio.sleep(0)
+        if when == "in-setup":
+            deadline = time.monotonic() + 60
+            while not (seen := labelled_ids() - before) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert seen, "no container appeared within 60 s"
+            assert not task.done(), "the spawn ended before its setup command could"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
