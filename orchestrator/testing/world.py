@@ -529,7 +529,9 @@ def _ips(world: World, containers: list[str], timeout: float) -> list[str]:
     ips = []
     for line in out.splitlines():
         networks: dict[str, dict[str, str]] = json.loads(line)
-        found = [n["IPAddress"] for n in networks.values() if n["NetworkID"] == world.network_id]
+        # Docker names the network by id here, Podman by name
+        ours = (world.network_id, world.network)
+        found = [n["IPAddress"] for n in networks.values() if n["NetworkID"] in ours]
         if not found or not found[0]:
             _fail_if_stopped(world, timeout)  # the likely cause, with its logs
             raise RuntimeError(f"a world container has no IP on {world.network}: {networks}")
