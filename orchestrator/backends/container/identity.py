@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from orchestrator import settings
-from orchestrator.paths import projects_dir
+from orchestrator.paths import projects_dir, read_regular
 from orchestrator.procutil import stat_fields
 from orchestrator.spec.loader import Environment
 
@@ -88,11 +88,8 @@ def claim_folder(directory: Path, *, backend: str | None = None) -> None:
 
 def folder_backend(folder: Path) -> str | None:
     """The backend a project folder names (None: a Compose project's, which names none)."""
-    try:
-        with (folder / BACKEND_FILE).open("rb") as f:
-            name = f.read(200).decode(errors="replace").strip()
-    except OSError:
-        return None
+    raw = read_regular(folder / BACKEND_FILE, 200)  # (a FIFO there must not hang a reap)
+    name = (raw or b"").decode(errors="replace").strip()
     return name if _BACKEND_NAME.fullmatch(name) else None
 
 
@@ -242,9 +239,19 @@ def pick_subnet(rng: random.Random | None = None) -> str:
     return str(ipaddress.ip_network((int(pool.network_address) + index * size, prefix)))
 
 
+_ENGINE_ADDRESS = re.compile(r"(unix|tcp|ssh|npipe|fd)://[^\s]{1,2000}")
+ENGINE_FILE_LIMIT = 4096
+
+
 def folder_engine(folder: Path) -> str | None:
-    """The engine address a project folder records (None: the engine of whoever asks)."""
-    try:
-        return (folder / ENGINE_FILE).read_text().strip()
-    except OSError:
+    """The engine a project folder records: an address, or "" for the docker CLI's default
+    (which a folder without the file, from before every folder recorded one, stands for
+    too); None when the file holds no address (a reaper leaves such a folder alone)."""
+    path = folder / ENGINE_FILE
+    raw = read_regular(path, ENGINE_FILE_LIMIT)
+    if raw is None:
+        return None if os.path.lexists(path) else ""
+    text = raw.decode(errors="replace").strip()
+    if len(raw) > ENGINE_FILE_LIMIT or not (text == "" or _ENGINE_ADDRESS.fullmatch(text)):
         return None
+    return text

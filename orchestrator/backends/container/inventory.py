@@ -25,6 +25,7 @@ from orchestrator.backends.container.engine import (
     docker_client,
     docker_errors,
     engine_call,
+    engine_timeout,
 )
 from orchestrator.backends.container.identity import (
     DETACHED,
@@ -283,14 +284,15 @@ def reap(
             removed.append(info.name)
     images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
     live = {p.name for p in projects if p.name not in removed}
+    asked: dict[str, Listing | None] = {}
     for folder in orphan_folders(live):
         if folder_backend(folder) is not None:  # another backend's (a stack on a Swarm)
             with contextlib.suppress(OrchestratorError):  # its engine is away: next reap
                 reap_folder(folder)
                 removed.append(folder.name)
             continue
-        if _removed_elsewhere(folder, client):
-            removed.append(folder.name)
+        if (gone := _removed_elsewhere(folder, client, asked)) is not None:
+            removed += [folder.name] if gone else []
             continue
         if _has_objects(folder.name, client):  # created since we listed: not an orphan
             continue
@@ -302,7 +304,8 @@ def reap(
 def orphan_folders_of(owner: dict[str, str]) -> list[str]:
     """Remove the project folders this owner created that hold no project (a start it did
     not finish); return their names."""
-    removed = []
+    removed: list[str] = []
+    asked: dict[str, Listing | None] = {}
     for folder in project_folders():
         if folder_owner(folder) != owner:
             continue
@@ -310,25 +313,70 @@ def orphan_folders_of(owner: dict[str, str]) -> list[str]:
             with contextlib.suppress(OrchestratorError):  # its engine is away: next reap
                 reap_folder(folder)
                 removed.append(folder.name)
-        elif _removed_elsewhere(folder):
-            removed.append(folder.name)
+        elif (gone := _removed_elsewhere(folder, None, asked)) is not None:
+            removed += [folder.name] if gone else []
         elif not _has_objects(folder.name, None):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder.name)
     return removed
 
 
-def _removed_elsewhere(folder: Path, client: DockerClient | None = None) -> bool:
-    """For the folder of a project on another engine than `client`'s: remove the project
-    there (by label, by id), then the folder; False for a project of `client`'s engine."""
+PROBE_TIMEOUT = 10.0
+"""Seconds a reap waits on another engine's listing (the engine timeout, if shorter)."""
+PROBE_AGAIN = 60.0
+"""Seconds before a reap asks again an engine that did not answer."""
+_silent: dict[str, float] = {}
+_silent_lock = threading.Lock()
+Listing = tuple[DockerClient, dict[str, "ProjectInfo"]]
+
+
+def _listing_elsewhere(host: str) -> Listing | None:
+    """A client of the engine at `host` ("": the docker CLI's default) and our projects
+    there, each call bounded by PROBE_TIMEOUT; None when it did not answer (and, for
+    PROBE_AGAIN seconds after, without asking)."""
+    with _silent_lock:
+        if time.monotonic() - _silent.get(host, -PROBE_AGAIN) < PROBE_AGAIN:
+            return None
+    there = docker_client(min(engine_timeout(), PROBE_TIMEOUT), host=host or None)
+    try:
+        return there, {p.name: p for p in list_projects(there)}
+    except OrchestratorError:
+        with _silent_lock:
+            _silent[host] = time.monotonic()
+        return None
+
+
+def _removed_elsewhere(
+    folder: Path, client: DockerClient | None = None, asked: dict[str, Listing | None] | None = None
+) -> bool | None:
+    """For the folder of a project on another engine than `client`'s (Podman's, another
+    machine's, or Docker's when the caller works with another): what its own engine says
+    decides. A project alive there (its owner runs, or it is detached or kept) is spared;
+    one whose owner is gone is removed there (by label, by id), then its folder. None for
+    a project of `client`'s engine; else whether it was removed (False also while that
+    engine does not answer, and for a folder whose record names no engine: left alone).
+    `asked`: the listings of one reap, by engine (each engine is listed once)."""
     host = folder_engine(folder)
+    if host is None:
+        return False
     here = (client or docker_client()).client_config.host or ""
-    if host is None or host == here:
+    if host == here:
+        return None
+    asked = {} if asked is None else asked
+    if host not in asked:
+        asked[host] = _listing_elsewhere(host)
+    listing = asked[host]
+    if listing is None:
+        return False
+    there, projects = listing
+    info = projects.get(folder.name)
+    if info is not None and (owner_alive(info.labels) or info.kept):
         return False
     with contextlib.suppress(OrchestratorError):  # that engine is away: the next reap
-        remove_by_label(folder.name, docker_client(host=host))
+        remove_by_label(folder.name, there)
         shutil.rmtree(folder, ignore_errors=True)
-    return True
+        return True
+    return False
 
 
 def _has_objects(name: str, client: DockerClient | None) -> bool:
@@ -427,11 +475,32 @@ def running_environments() -> tuple[list[EnvironmentStatus], list[str]]:
     return project_statuses()
 
 
+def elsewhere() -> dict[str, str]:
+    """Our project folders on another engine than the process's (one named for a spawn, as
+    `--engine podman` or `-H` for an `up`): id -> that engine's address. Their ids are
+    ours to take down by id, whichever engine the caller names."""
+    here = docker_client().client_config.host or ""
+    found = {}
+    for folder in project_folders():
+        host = folder_engine(folder)
+        if host is not None and host != here and folder_backend(folder) is None:
+            found[folder.name] = host  # ("": the docker CLI's default engine)
+    return found
+
+
+def running_ids() -> list[str]:
+    """Ids of our projects on the process's engine, and of those whose folder records
+    another engine (see `elsewhere`; not asked there: a listing must not wait on it)."""
+    return sorted({p.name for p in list_projects()} | set(elsewhere()))
+
+
 def remove_by_id(ident: str, *, force: bool = False) -> str | None:
-    """Remove our environment `ident` (an exact id; None: none of ours). One its owner
-    process still uses needs `force`, unless it was kept on purpose (claimed from a pool,
-    `up`)."""
-    info = next((p for p in list_projects() if p.name == ident), None)
+    """Remove our environment `ident` (an exact id; None: none of ours), on the engine its
+    folder records (else the process's). One its owner process still uses needs `force`,
+    unless it was kept on purpose (claimed from a pool, `up`)."""
+    away = elsewhere()
+    client = docker_client(host=away[ident] or None) if ident in away else docker_client()
+    info = next((p for p in list_projects(client) if p.name == ident), None)
     if info is None:
         return None
     if info.owner != "detached" and owner_alive(info.labels) and not info.kept and not force:
@@ -439,9 +508,9 @@ def remove_by_id(ident: str, *, force: bool = False) -> str | None:
             f"{info.name} belongs to a running process ({info.owner}), which still uses it; "
             "pass force=True (--force) to take it down anyway"
         )
-    remove_project(info)
+    remove_project(info, client)
     with contextlib.suppress(OrchestratorError):  # a woken environment's images: now orphans
-        images.reap_orphans()
+        images.reap_orphans(client)
     return info.name
 
 

@@ -109,9 +109,9 @@ class ContainerRuntime(Runtime):
 
     @classmethod
     def running_ids(cls) -> list[str]:
-        from orchestrator.backends.container.inventory import list_projects
+        from orchestrator.backends.container.inventory import running_ids
 
-        return [p.name for p in list_projects()]
+        return running_ids()
 
     @classmethod
     def remove_running(cls, ident: str, *, force: bool = False) -> str | None:

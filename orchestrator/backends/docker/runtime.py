@@ -148,7 +148,10 @@ class ComposeRuntime(ContainerRuntime):
             "temp_workspace": self._temp_workspace is not None,
             "mounts": [[str(m.source), m.target, m.read_only, m.origin] for m in c.mounts],
         }
-        attach.remember(self.project.directory, self.name, self.env, self.options.host or "", state)
+        # the engine it runs on, even when only the process's variables named it (`-H`,
+        # `--engine podman`): whoever attaches later reaches it there
+        host = self.options.host or engine_host()
+        attach.remember(self.project.directory, self.name, self.env, host, state)
 
     @classmethod
     def _attach(
