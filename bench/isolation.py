@@ -1,7 +1,8 @@
-"""`python -m bench.isolation` (part of `just bench`): what `isolation: gvisor` costs against
-runc, for the same file (the python test image, user 1000:1000) under each, in interleaved
-rounds (each round runs both, the first alternating from round to round, so drift on a
-shared machine hits them alike):
+"""`python -m bench.isolation` (part of `just bench`): what `isolation: gvisor` and root
+Podman (`--engine podman`, runc under Podman's API) cost against runc on Docker, for the same
+file (the python test image, user 1000:1000) on each, in interleaved rounds (each round runs
+every side, the order rotating from round to round, so drift on a shared machine hits them
+alike):
 
 - exec: p50 and p99 of `execute(["true"])` through the in-container executor, and the ratio
   gvisor / runc (goal, issue 25: at most TARGET x); beside it, the raw reference: `docker
@@ -36,10 +37,13 @@ from bench.measure import report
 from orchestrator import Runtime, load_environment_text, spawn_runtime
 from orchestrator.backends.container.engine import docker_client, runtimes
 from orchestrator.backends.docker.render import gvisor_runtime
+from orchestrator.settings import podman_socket
 
 TARGET = 3.0
 """Goal: `execute(["true"])` under gvisor takes at most this many times runc's (p50)."""
-ISOLATIONS = ("runc", "gvisor")
+SIDES = ("runc", "gvisor", "podman")
+"""runc and gvisor on the process's Docker engine; podman: runc on root Podman's API."""
+ISOLATIONS = SIDES  # (the name the bench's test and older notes use)
 OUTPUT = 1024 * 1024
 
 EXEC, RAW, FLOOR, READY, BIG, UPLOAD, DOWNLOAD = (
@@ -66,12 +70,22 @@ Got = dict[tuple[str, str], list[list[float]]]
 """(measurement, isolation) -> per round, the seconds of each call."""
 
 
-def env_text(isolation: str) -> str:
-    """The file both rows run: only `isolation` differs."""
+def env_text(side: str) -> str:
+    """The file every side runs: only `isolation` differs (Podman's is runc)."""
+    isolation = "gvisor" if side == "gvisor" else "runc"
     return (
         "version: 1\nname: isobench\nimage: orchestrator-test/python:3.11\n"
         f"user: '1000:1000'\nisolation: {isolation}\n"
     )
+
+
+def host_of(side: str) -> str | None:
+    """The engine a side runs on: Podman's for podman, else the process's."""
+    return "podman" if side == "podman" else None
+
+
+def spawn(side: str) -> Runtime:
+    return spawn_runtime(load_environment_text(env_text(side)), host=host_of(side))
 
 
 @dataclass(frozen=True)
@@ -99,12 +113,9 @@ def make_tree(root: Path, sizes: Sizes) -> int:
 
 @contextmanager
 def pair() -> Iterator[dict[str, Runtime]]:
-    """One environment of the file under each isolation, up; removed after."""
+    """One environment of the file on each side, up; removed after."""
     with ExitStack() as stack:
-        yield {
-            iso: stack.enter_context(spawn_runtime(load_environment_text(env_text(iso))))
-            for iso in ISOLATIONS
-        }
+        yield {side: stack.enter_context(spawn(side)) for side in SIDES}
 
 
 def timed(fn: Callable[[], object], count: int) -> list[float]:
@@ -137,16 +148,16 @@ def floor(rt: Runtime, count: int) -> list[float]:
     return times
 
 
-def raw_once(container: str) -> None:
-    subprocess.run(["docker", "exec", container, "true"], check=True, capture_output=True)
+def raw_once(container: str, side: str = "runc") -> None:
+    host = ["--host", podman_socket()] if host_of(side) else []
+    subprocess.run(["docker", *host, "exec", container, "true"], check=True, capture_output=True)
 
 
-def spawn_to_ready(isolation: str) -> float:
+def spawn_to_ready(side: str) -> float:
     """Seconds from `spawn_runtime` to the first `execute(["true"])` answered, in a fresh
     environment (removed after, not timed)."""
-    env = load_environment_text(env_text(isolation))
     start = time.perf_counter()
-    rt = spawn_runtime(env)
+    rt = spawn(side)
     try:
         true_once(rt)
         return time.perf_counter() - start
@@ -170,7 +181,7 @@ def transfer(rt: Runtime, tree: Path, into: Path, n: int, entries: int) -> tuple
 
 
 def measure(rounds: int, sizes: Sizes) -> Got:
-    """Every measurement under both isolations, `rounds` interleaved rounds."""
+    """Every measurement on every side, `rounds` interleaved rounds."""
     out: Got = {}
     with tempfile.TemporaryDirectory(prefix="orch-isobench-") as work:
         tree, back = Path(work) / "tree", Path(work) / "back"
@@ -182,10 +193,10 @@ def measure(rounds: int, sizes: Sizes) -> Got:
                 timed(partial(true_once, rt), 5)
                 output_once(rt)
                 transfer(rt, tree, back / f"warm-{iso}", 0, entries)
-                raw_once(rt.info().container or "")
+                raw_once(rt.info().container or "", iso)
                 floor(rt, 3)
             for n in range(rounds):
-                order = ISOLATIONS if n % 2 == 0 else ISOLATIONS[::-1]
+                order = SIDES[n % len(SIDES) :] + SIDES[: n % len(SIDES)]
                 for iso in order:
                     rt = sides[iso]
                     container = rt.info().container or ""
@@ -194,7 +205,7 @@ def measure(rounds: int, sizes: Sizes) -> Got:
                         out.setdefault((what, iso), []).append(times)
 
                     add(EXEC, timed(partial(true_once, rt), sizes.execs))
-                    add(RAW, timed(partial(raw_once, container), sizes.raw))
+                    add(RAW, timed(partial(raw_once, container, iso), sizes.raw))
                     add(FLOOR, floor(rt, sizes.floor))
                     add(BIG, timed(partial(output_once, rt), sizes.outputs))
                     into = back / f"{iso}-{n}"
@@ -231,21 +242,23 @@ def exec_ratio(got: Got) -> tuple[float, float]:
 def table_lines(got: Got, sizes: Sizes) -> list[str]:
     """The report's two tables and the verdict on the exec goal."""
     ms = 1000.0
+    heads = " | ".join(f"{side} p50 ms | {side} p99 ms" for side in SIDES)
+    ratios = [side for side in SIDES if side != "runc"]
     lines = [
         f"## Exec: `true`, {sizes.execs} through the executor, {sizes.raw} raw and "
-        f"{sizes.floor} started inside per isolation and round",
+        f"{sizes.floor} started inside per side and round",
         "",
-        "| path | n | runc p50 ms | runc p99 ms | gvisor p50 ms | gvisor p99 ms "
-        "| gvisor / runc (p50) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| path | n | {heads} | {' | '.join(f'{s} / runc (p50)' for s in ratios)} |",
+        "|---|---:|" + "---:|" * (2 * len(SIDES) + len(ratios)),
     ]
     for what in (EXEC, RAW, FLOOR):
-        r, g = flat(got, what, "runc"), flat(got, what, "gvisor")
-        lines.append(
-            f"| {what} | {len(r)} | {statistics.median(r) * ms:.1f} | {pct(r, 0.99) * ms:.1f} "
-            f"| {statistics.median(g) * ms:.1f} | {pct(g, 0.99) * ms:.1f} "
-            f"| {statistics.median(g) / statistics.median(r):.2f}x |"
+        each = {side: flat(got, what, side) for side in SIDES}
+        cells = " | ".join(
+            f"{statistics.median(t) * ms:.1f} | {pct(t, 0.99) * ms:.1f}" for t in each.values()
         )
+        base = statistics.median(each["runc"])
+        over = " | ".join(f"{statistics.median(each[s]) / base:.2f}x" for s in ratios)
+        lines.append(f"| {what} | {len(each['runc'])} | {cells} | {over} |")
     per_round, whole = exec_ratio(got)
     verdict = "met" if max(per_round, whole) <= TARGET else "not met"
     lines += [
@@ -254,19 +267,19 @@ def table_lines(got: Got, sizes: Sizes) -> list[str]:
         f"**{verdict}** ({per_round:.2f}x, the median of the per-round ratios; "
         f"{whole:.2f}x, the ratio of the p50s over the run; met only when both are).",
         "",
-        f"## The rest: medians ({OUTPUT / 2**20:.0f} MiB output: {sizes.outputs} per isolation "
+        f"## The rest: medians ({OUTPUT / 2**20:.0f} MiB output: {sizes.outputs} per side "
         f"and round; folder: {sizes.files} files of 1 KiB + one of "
         f"{sizes.big / 2**20:.0f} MiB, into the workspace and back, once per round)",
         "",
-        "| measurement | n | runc median s | gvisor median s | gvisor / runc |",
-        "|---|---:|---:|---:|---:|",
+        f"| measurement | n | {' | '.join(f'{s} median s' for s in SIDES)} "
+        f"| {' | '.join(f'{s} / runc' for s in ratios)} |",
+        "|---|---:|" + "---:|" * (len(SIDES) + len(ratios)),
     ]
     for what in (READY, BIG, UPLOAD, DOWNLOAD):
-        r, g = flat(got, what, "runc"), flat(got, what, "gvisor")
-        lines.append(
-            f"| {what} | {len(r)} | {statistics.median(r):.3f} | {statistics.median(g):.3f} "
-            f"| {statistics.median(g) / statistics.median(r):.2f}x |"
-        )
+        mid = {side: statistics.median(flat(got, what, side)) for side in SIDES}
+        cells = " | ".join(f"{v:.3f}" for v in mid.values())
+        over = " | ".join(f"{mid[s] / mid['runc']:.2f}x" for s in ratios)
+        lines.append(f"| {what} | {len(flat(got, what, 'runc'))} | {cells} | {over} |")
     return [*lines, ""]
 
 
@@ -281,6 +294,16 @@ def gvisor_setup() -> str:
     return f"{where}; {version[0] if version else 'runsc version unknown'}"
 
 
+def podman_version() -> str:
+    got = subprocess.run(
+        ["docker", "--host", podman_socket(), "version", "--format", "{{.Server.Version}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return f"Podman {got.stdout.strip() or '?'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
@@ -293,13 +316,14 @@ def main() -> None:
     started = time.perf_counter()
     got = measure(args.rounds, sizes)
     lines = [
-        "# Isolation: what gVisor costs against runc",
+        "# Isolation: what gVisor and Podman cost against runc on Docker",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs, load "
         f"average {os.getloadavg()[1]:.1f} over the run; {args.rounds} interleaved rounds; "
         f"the whole run took {time.perf_counter() - started:.0f} s. gVisor: {gvisor_setup()}. "
-        "The same file under each (orchestrator-test/python:3.11, user 1000:1000), only "
-        "`isolation` differing.",
+        "The same file on each (orchestrator-test/python:3.11, user 1000:1000), only "
+        "`isolation` differing; podman: runc under root Podman's API (`--engine podman`, "
+        f"{podman_version()}).",
         "",
         *table_lines(got, sizes),
     ]

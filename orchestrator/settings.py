@@ -101,3 +101,30 @@ def flag(name: str, default: bool) -> bool:
 def file_timeout() -> float:
     """Seconds a file call may take when the call gives no `timeout=`."""
     return number(FILE_TIMEOUT_ENV, 600.0)
+
+
+ENGINE_ENV = "ORCHESTRATOR_ENGINE"
+ENGINES = ("docker", "podman")
+"""The engines an environment may run on, by name (ORCHESTRATOR_ENGINE, or `--host podman`):
+docker is the process's Docker engine; podman is Podman through its Docker-compatible API."""
+
+
+def podman_socket() -> str:
+    """Podman's API socket: the system one for root, the user's own (rootless) for anyone
+    else, where `podman system service` listens by default."""
+    uid = os.geteuid()
+    if uid == 0:
+        return "unix:///run/podman/podman.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "").strip() or f"/run/user/{uid}"
+    return f"unix://{runtime}/podman/podman.sock"
+
+
+def engine_address(host: str) -> str:
+    """An engine as a caller names it: `podman` is Podman's socket (podman_socket); any
+    other value is an address as `docker --host` takes it."""
+    return podman_socket() if host.strip() == "podman" else host
+
+
+def named_engine() -> str:
+    """The address of ORCHESTRATOR_ENGINE's engine: "" for docker (the process's)."""
+    return engine_address(choice(ENGINE_ENV, "docker", ENGINES).replace("docker", ""))

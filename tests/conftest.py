@@ -75,6 +75,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ):
             item.add_marker(pytest.mark.swarm)
             item.add_marker(pytest.mark.usefixtures("swarm_cluster"))
+        if getattr(target, "id", "") == "docker-podman" or "podman" in path.stem:
+            item.add_marker(pytest.mark.podman)
+            item.add_marker(pytest.mark.usefixtures("podman_engine"))
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
     if problem is None:
         return
@@ -121,12 +124,18 @@ _SESSION_ROOT: list[str] = []
 """This test session's temporary root: every project folder of the session lies below it."""
 
 
-def labelled_ids() -> set[str]:
+PODMAN = "unix:///run/podman/podman.sock"
+"""Root Podman's API socket, where scripts/bootstrap-podman starts it."""
+
+
+def labelled_ids(host: str = "") -> set[str]:
     """Ids of every container, network, volume and snapshot image this session made: our
     label, and a project (or state) folder under the session's temporary root. Another
-    run's on the same machine are not ours to count or to remove."""
+    run's on the same machine are not ours to count or to remove. `host`: another engine
+    (Podman's), whose ids come prefixed with it."""
     root = _SESSION_ROOT[0] if _SESSION_ROOT else ""
     folder = '{{.Label "org.orchestrator.dir"}}'
+    docker = ["docker", "--host", host] if host else ["docker"]
     ids: set[str] = set()
     for kind, ident in (
         (["ps", "-a"], "{{.ID}}"),
@@ -134,7 +143,7 @@ def labelled_ids() -> set[str]:
         (["volume", "ls"], "{{.Name}}"),
     ):
         out = subprocess.run(
-            ["docker", *kind, "--filter", f"label={LABEL}", "--format", f"{ident} {folder}"],
+            [*docker, *kind, "--filter", f"label={LABEL}", "--format", f"{ident} {folder}"],
             capture_output=True,
             text=True,
             check=False,
@@ -142,8 +151,8 @@ def labelled_ids() -> set[str]:
         for line in out.stdout.splitlines():
             name, _, where = line.partition(" ")
             if name and where.startswith(root):
-                ids.add(f"{kind[0]}:{name}")
-    return ids | _snapshot_images(root)
+                ids.add(f"{host}|{kind[0]}:{name}" if host else f"{kind[0]}:{name}")
+    return ids if host else ids | _snapshot_images(root)
 
 
 def _snapshot_images(root: str) -> set[str]:
@@ -181,21 +190,33 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if not uses_docker or docker_problem() is not None:
         yield
         return
-    before = labelled_ids()
+    uses_podman = any(
+        "podman" in item.keywords
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+    ) and os.path.exists(PODMAN.removeprefix("unix://"))
+
+    def ours() -> set[str]:
+        return labelled_ids() | (labelled_ids(PODMAN) if uses_podman else set())
+
+    before = ours()
     yield
-    leaked = labelled_ids() - before
+    leaked = ours() - before
     if leaked:
         order = {"ps": 0, "network": 1, "volume": 2, "image": 3}  # a network in use stays
-        for ident in sorted(leaked, key=lambda i: order[i.partition(":")[0]]):
+        kinds = {ident: ident.rpartition("|")[2].partition(":") for ident in leaked}
+        for ident in sorted(leaked, key=lambda i: order[kinds[i][0]]):
             # remove only what this module created, by id
-            kind, _, i = ident.partition(":")
+            kind, _, i = kinds[ident]
+            host = ident.rpartition("|")[0]
             argv = {
                 "ps": ["rm", "-f", "-v"],
                 "network": ["network", "rm"],
                 "volume": ["volume", "rm", "-f"],
                 "image": ["rmi", "-f"],
             }[kind]
-            subprocess.run(["docker", *argv, i], capture_output=True, check=False)
+            docker = ["docker", "--host", host] if host else ["docker"]
+            subprocess.run([*docker, *argv, i], capture_output=True, check=False)
         pytest.fail(f"{request.module.__name__} leaked Docker objects: {sorted(leaked)}")
 
 
@@ -319,6 +340,26 @@ def gvisor_engine() -> str:
             pytest.fail(f"CI=true but {why}")
         pytest.skip(why)
     return name
+
+
+@pytest.fixture(scope="session")
+def podman_engine() -> str:
+    """Root Podman's API socket, where `--engine podman` goes (scripts/bootstrap-podman
+    starts it, with the test images); skips without it (fails in CI)."""
+    why = ""
+    if os.geteuid() != 0:
+        why = "the Podman tests run as root (rootless Podman is tested by its own user)"
+    elif not _ok(["docker", "--host", PODMAN, "version"]):
+        why = f"nothing answers on {PODMAN} (run scripts/bootstrap-podman)"
+    else:
+        for image in (PYTHON_IMAGE, BUSYBOX_IMAGE):
+            if not _ok(["docker", "--host", PODMAN, "image", "inspect", image]):
+                why = f"Podman has no image {image} (run scripts/bootstrap-podman)"
+    if why:
+        if in_ci():
+            pytest.fail(f"CI=true but Podman tests cannot run: {why}")
+        pytest.skip(f"Podman tests skipped: {why}")
+    return PODMAN
 
 
 CLUSTER = str(ROOT / "scripts" / "cluster")

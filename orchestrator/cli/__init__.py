@@ -19,7 +19,7 @@ from typer.completion import (  # type: ignore[attr-defined]  # its own options 
     show_callback,
 )
 
-from orchestrator import __version__
+from orchestrator import __version__, settings
 from orchestrator.cli import lifecycle, spec_cmds, state_cmds, suspend_cmds
 from orchestrator.cli.doctor import ENGINE_ENV, doctor
 from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
@@ -63,6 +63,12 @@ def _root(
         None, "--host", "-H", help="The Docker engine to use (any `docker --host` address)."
     ),
     context: str = typer.Option(None, "--context", help="Or a Docker context's engine."),
+    engine: str = typer.Option(
+        None,
+        "--engine",
+        help="docker (the default) or podman (Podman's socket: the system one as root, "
+        "the user's own rootless one otherwise); as ORCHESTRATOR_ENGINE.",
+    ),
     _install: Shells = typer.Option(
         None,
         "--install-completion",
@@ -81,8 +87,14 @@ def _root(
     ),
 ) -> None:
     """Run code-evaluation and AI-agent sandboxes from versioned environment files."""
-    if host and context:
-        raise UsageError("give --host or --context, not both")
+    if sum(bool(x) for x in (host, context, engine)) > 1:
+        raise UsageError("give one of --host, --context and --engine")
+    if engine:  # over any engine the process's variables name
+        if engine not in settings.ENGINES:
+            raise UsageError(f"--engine must be one of {', '.join(settings.ENGINES)}")
+        os.environ[settings.ENGINE_ENV] = engine
+        os.environ.pop(ENGINE_ENV, None)
+        host = settings.named_engine()
     if context:
         host = _context_host(context)
     if host:  # every engine call of this run, and its guardian, go there

@@ -12,13 +12,17 @@ from pathlib import Path
 
 import typer
 
+from orchestrator import settings
+
 Check = tuple[str, str]  # (status, message)
 ENGINE_ENV = "ORCHESTRATOR_DOCKER_HOST"
 """The engine every Docker call of this process goes to (`orchestrator --host`)."""
 
 
 def _engine() -> str:
-    return os.environ.get(ENGINE_ENV, "").strip()
+    """The engine's address: `--host` (or `podman`), else ORCHESTRATOR_ENGINE's."""
+    chosen = os.environ.get(ENGINE_ENV, "").strip()
+    return settings.engine_address(chosen) if chosen else settings.named_engine()
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -43,14 +47,21 @@ def _cli() -> Check:
 
 
 def _daemon() -> Check:
-    out = _run(["docker", "version", "--format", "{{.Server.Version}}"])
+    fmt = "{{.Server.Version}}{{range .Server.Components}} {{.Name}}{{end}}"
+    out = _run(["docker", "version", "--format", fmt])
     where = f" at {_engine()}" if _engine() else ""
     if out.returncode != 0:
         return "fail", (
             f"Docker engine{where} not reachable: start it (Docker Desktop or dockerd; "
-            "on our machines scripts/bootstrap-docker), or check the --host address"
+            "on our machines scripts/bootstrap-docker; Podman: `podman system service`), "
+            "or check the --host address"
         )
-    return "pass", f"Docker engine {out.stdout.strip()}{where}"
+    version, _, names = out.stdout.strip().partition(" ")
+    if "podman" in names.lower():
+        return "pass", (
+            f"Podman engine {version}{where}: sandboxes without network only (docs/isolation.md)"
+        )
+    return "pass", f"Docker engine {version}{where}"
 
 
 def _compose() -> Check:

@@ -74,6 +74,10 @@ class SpawnOptions:
     build: BuildChoice = "auto"
     """How the images the file builds are got (see BuildChoice)."""
 
+    def __post_init__(self) -> None:
+        if self.host:  # `podman` names Podman's socket; an address stays as it is
+            object.__setattr__(self, "host", settings.engine_address(self.host))
+
 
 @dataclass(frozen=True)
 class Command:

@@ -2,9 +2,10 @@
 both front doors: the blocking API, and `orchestrator.aio` (the `-async` targets, called
 through orchestrator.testing.door). `docker-plain` is the Docker backend with the fast
 executor switched off, so the fallback path keeps the same rules; `swarm` runs on the test
-Swarm of `scripts/cluster` (started for the session if none runs), and `docker-remote` is
+Swarm of `scripts/cluster` (started for the session if none runs), `docker-remote` is
 the Docker backend on the engine of one of its nodes: another engine, whose machine shares
-no folder with ours."""
+no folder with ours, and `docker-podman` the Docker backend on root Podman's API
+(`--engine podman`, started by scripts/bootstrap-podman)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,18 @@ TARGETS = [
         deviations={
             "pause": "gVisor's runsc (2022-12, ptrace) thaws a paused sandbox with its "
             "sleeping processes stuck: pause is refused under gvisor (suspend works)",
+        },
+    ),
+    Target(
+        "docker",
+        env_lines=DOCKER_LINES,
+        default_uid="1000",
+        label="docker-podman",
+        service_image=SIDECARS,
+        process_env={"ORCHESTRATOR_ENGINE": "podman"},
+        deviations={
+            "services": "Podman runs sandboxes without network: a file with services is "
+            "refused before anything is made (docs/isolation.md)",
         },
     ),
     Target(

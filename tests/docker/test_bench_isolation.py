@@ -1,15 +1,18 @@
 """The isolation bench (bench/isolation.py) at a tiny size, so that it cannot rot unnoticed:
-every measurement comes out for both rows, runc and gvisor, and the report renders. How fast
+every measurement comes out for every side (runc, gvisor, podman), and the report renders. How fast
 is not asserted."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
+
 from bench import isolation
 
 
-def test_bench_isolation_measures_both_rows(gvisor_engine: str) -> None:
+@pytest.mark.podman  # (its leak check looks on Podman's engine too)
+def test_bench_isolation_measures_every_side(gvisor_engine: str, podman_engine: str) -> None:
     sizes = isolation.Sizes(execs=3, raw=2, floor=2, outputs=1, files=5, big=64 * 1024)
     got = isolation.measure(1, sizes)
     measurements = (

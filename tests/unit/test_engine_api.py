@@ -197,3 +197,49 @@ def test_only_the_engine_the_cli_would_reach_on_its_socket(
         text = config if isinstance(config, str) else json.dumps(config)
         (tmp_path / "config.json").write_text(text)
     assert engine_api.local_socket() == expected
+
+
+def _versioned(components: list[str], libpod: dict[str, object] | None = None) -> Answer:
+    """An engine whose /version lists these components, and whose libpod/info says this."""
+
+    def answer(conn: socket.socket, request: bytes) -> None:
+        if b"/libpod/info" in request.split(b"\r\n", 1)[0]:
+            body = json.dumps(libpod or {}).encode()
+        else:
+            body = json.dumps({"Components": [{"Name": n} for n in components]}).encode()
+        conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("components", "libpod", "want"),
+    [
+        (["Engine", "containerd", "runc"], None, engine_api.EngineFacts("docker")),
+        (["Podman Engine"], {"host": {"cgroupVersion": "v2"}}, engine_api.EngineFacts("podman")),
+        (
+            ["Podman Engine", "Conmon"],
+            {"host": {"cgroupVersion": "v1", "security": {"rootless": True}}},
+            engine_api.EngineFacts("podman", rootless=True, cgroup_v1=True),
+        ),
+        # an answer of the wrong shapes says nothing rootless: root, limits kept
+        (["Podman Engine"], {"host": {"security": "rootless"}}, engine_api.EngineFacts("podman")),
+    ],
+)
+def test_what_the_engine_is_comes_from_its_own_answers(
+    engine: Callable[[Answer], str],
+    components: list[str],
+    libpod: dict[str, object] | None,
+    want: engine_api.EngineFacts,
+) -> None:
+    sock = engine(_versioned(components, libpod))
+    asked: list[str] = []
+    got = engine_api.engine_facts(f"unix://{sock}", lambda: asked or ["unused"], timeout=5)
+    assert got == want and asked == []  # over the socket, not the CLI
+
+
+def test_a_podman_not_on_this_machines_socket_is_refused() -> None:
+    with pytest.raises(BackendUnavailable, match="only on this machine's socket"):
+        engine_api.engine_facts("tcp://10.0.0.9:2375", lambda: ["Podman Engine"], timeout=5)
+    facts = engine_api.engine_facts("tcp://10.0.0.8:2375", lambda: ["Engine"], timeout=5)
+    assert facts.kind == "docker"

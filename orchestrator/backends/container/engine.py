@@ -48,9 +48,12 @@ DOCKER_HOST_ENV = "ORCHESTRATOR_DOCKER_HOST"
 
 
 def engine_host() -> str:
-    """The engine this process works with: ORCHESTRATOR_DOCKER_HOST, else DOCKER_HOST (any
-    `docker --host` address), else "" for the docker CLI's default."""
-    return (os.environ.get(DOCKER_HOST_ENV) or os.environ.get("DOCKER_HOST") or "").strip()
+    """The engine this process works with: ORCHESTRATOR_DOCKER_HOST (an address, or
+    `podman`), else ORCHESTRATOR_ENGINE's (podman: Podman's socket), else DOCKER_HOST,
+    else "" for the docker CLI's default."""
+    if chosen := os.environ.get(DOCKER_HOST_ENV, "").strip():
+        return settings.engine_address(chosen)
+    return settings.named_engine() or os.environ.get("DOCKER_HOST", "").strip()
 
 
 def is_remote(host: str) -> bool:
@@ -272,3 +275,9 @@ def published_ports(containers: Iterable[Container]) -> list[PublishedPort]:
                 for b in binds or []
             ]
     return out
+
+
+def component_names(client: DockerClient) -> list[str]:
+    """The names of the engine's components, as its `docker version` lists them."""
+    server = engine_call("asking what the engine is", lambda: client.version().server)
+    return [str(c.name or "") for c in (server.components or [])] if server else []

@@ -16,6 +16,8 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -23,7 +25,7 @@ from urllib.parse import quote, urlencode
 from python_on_whales.exceptions import DockerException
 
 from orchestrator.backends.container.engine import TIMED_OUT, engine_host, wrap
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import BackendUnavailable, OrchestratorError
 from orchestrator.paths import read_regular
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -89,7 +91,7 @@ def call(
     url: str,
     *,
     body: Any = None,
-    query: dict[str, str] | None = None,
+    query: dict[str, str] | list[tuple[str, str]] | None = None,
     timeout: float,
 ) -> Any:
     """One API call: the answer's JSON (None when empty). An answer of 400 and above raises
@@ -144,3 +146,61 @@ def call(
 def _failed(action: str, status: int, stderr: str) -> OrchestratorError:
     """The error the docker CLI's call would have raised with this status and stderr."""
     return wrap(action, DockerException(["docker", "(engine API)"], status, b"", stderr.encode()))
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine is, as far as what it can hold depends on it."""
+
+    kind: str
+    """"docker" or "podman" (Podman's Docker-compatible API)."""
+    rootless: bool = False
+    """Podman running as an unprivileged user (its containers' root is that user)."""
+    cgroup_v1: bool = False
+    """Rootless Podman on cgroup v1 ignores every resource limit, without a word."""
+
+
+_FACTS: dict[tuple[str, str], EngineFacts] = {}
+_FACTS_LOCK = threading.Lock()
+
+
+def engine_facts(host: str, ask: Callable[[], Iterable[str]], timeout: float) -> EngineFacts:
+    """What the engine at `host` ("": the process's) is, by the names of its components
+    (Podman's API calls its own "Podman Engine"), and for Podman whether it is rootless on
+    cgroup v1 (its own `libpod/info`). Asked once per address and socket in a process,
+    over the socket when it is on this machine, else with `ask` (the names, through the
+    CLI). A Podman that is not on this machine's socket is refused: what it holds cannot
+    be asked."""
+    sock = local_socket(host)
+    key = (host or engine_host(), sock or "")
+    with _FACTS_LOCK:
+        if key in _FACTS:
+            return _FACTS[key]
+    action = "asking what the engine is"
+    if sock:
+        answer = call(action, sock, "GET", "/version", timeout=timeout)
+        listed = answer.get("Components") if isinstance(answer, dict) else None
+        names = [str(c.get("Name", "")) for c in listed or [] if isinstance(c, dict)]
+    else:
+        names = list(ask())
+    facts = EngineFacts("docker")
+    if any("podman" in n.lower() for n in names):
+        if not sock:
+            raise BackendUnavailable(
+                f"the engine at {key[0]} is Podman, which runs environments only on this "
+                "machine's socket (--engine podman): whether it can hold their limits "
+                "cannot be asked from here"
+            )
+        info = call(action, sock, "GET", "/v4.0.0/libpod/info", timeout=timeout)
+        found = info.get("host") if isinstance(info, dict) else None
+        about: dict[str, Any] = found if isinstance(found, dict) else {}
+        listed_security = about.get("security")
+        security: dict[str, Any] = listed_security if isinstance(listed_security, dict) else {}
+        facts = EngineFacts(
+            "podman",
+            rootless=security.get("rootless") is True,
+            cgroup_v1=about.get("cgroupVersion") == "v1",
+        )
+    with _FACTS_LOCK:
+        _FACTS[key] = facts
+    return facts

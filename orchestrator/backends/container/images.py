@@ -15,7 +15,14 @@ from pathlib import Path
 from python_on_whales import DockerClient
 from python_on_whales.utils import run
 
-from orchestrator.backends.container.engine import NoSuchImage, docker_client, engine_call
+from orchestrator.backends.container import engine_api
+from orchestrator.backends.container.engine import (
+    NoSuchImage,
+    component_names,
+    docker_client,
+    engine_call,
+    engine_timeout,
+)
 from orchestrator.backends.container.identity import LABEL_MANAGED, L
 from orchestrator.errors import DockerError, UsageError
 from orchestrator.paths import state_dir
@@ -37,9 +44,30 @@ def commit(
     cannot change it half-way."""
     client = client or docker_client()
     tag = f"{SNAPSHOT_REPO}:{uuid.uuid4().hex[:12]}"
+    labels = {
+        LABEL_MANAGED: "1",
+        LABEL_RECORD: json.dumps(str(record)),
+        LABEL_STATE: json.dumps(str(state_dir().resolve())),
+    }
+    host = client.client_config.host or ""
+    facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
+    if facts.kind == "podman":  # its `commit` cannot decode the CLI's empty body (4.3)
+        repo, _, name = tag.partition(":")
+        query = [("container", container), ("repo", repo), ("tag", name)]
+        query += [("pause", str(pause).lower())]
+        query += [("changes", f"LABEL {k}={v}") for k, v in labels.items()]  # one each
+        engine_api.call(
+            f"committing {container}",
+            engine_api.local_socket(host) or "",
+            "POST",
+            "/commit",
+            body={},
+            query=query,
+            timeout=engine_timeout(),
+        )
+        return tag
     argv = [*client.client_config.docker_cmd, "commit", f"--pause={str(pause).lower()}"]
-    label = f"LABEL {LABEL_MANAGED}=1 {LABEL_RECORD}={json.dumps(str(record))} "
-    label += f"{LABEL_STATE}={json.dumps(str(state_dir().resolve()))}"
+    label = "LABEL " + " ".join(f"{k}={v}" for k, v in labels.items())
     argv += ["--change", label, container, tag]
     engine_call(f"committing {container}", lambda: run(argv), retry=False)
     return tag

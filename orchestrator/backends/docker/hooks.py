@@ -11,7 +11,13 @@ from pathlib import Path
 
 from python_on_whales.exceptions import DockerException
 
-from orchestrator.backends.container.engine import docker_client, runtimes
+from orchestrator.backends.container import engine_api
+from orchestrator.backends.container.engine import (
+    component_names,
+    docker_client,
+    engine_timeout,
+    runtimes,
+)
 from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
 from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.render import (
@@ -84,7 +90,33 @@ def render(env: Environment, workspace: Path | None, policy: Policy) -> dict[str
 
 
 def doctor() -> list[tuple[str, str]]:
-    """The egress gateway's image, and whether `isolation: gvisor` can run."""
+    """The egress gateway's image, and whether `isolation: gvisor` can run; on Podman,
+    what its engine does not run (it lists runtimes it then ignores)."""
+    client = docker_client()
+    try:
+        facts = engine_api.engine_facts(
+            client.client_config.host or "", lambda: component_names(client), engine_timeout()
+        )
+    except OrchestratorError as exc:
+        return [("warn", f"could not ask the engine what it is: {exc}")]
+    if facts.kind == "podman":
+        checks = [
+            (
+                "warn",
+                "Podman: sandboxes without network only; files with services, published "
+                "ports, an egress allowlist or `isolation: gvisor` are refused here (they run "
+                "on Docker; docs/isolation.md)",
+            )
+        ]
+        if facts.rootless and facts.cgroup_v1:
+            checks.append(
+                (
+                    "warn",
+                    "rootless Podman on cgroup v1 ignores every resource limit: environments "
+                    "are refused unless ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS=1 accepts that",
+                )
+            )
+        return checks
     return [_gateway_check(), _gvisor_check()]
 
 

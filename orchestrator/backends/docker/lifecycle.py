@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from python_on_whales import DockerClient
 
+from orchestrator import settings
 from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
@@ -23,12 +24,12 @@ from orchestrator.backends.container.engine import (
     NoSuchImage,
     StorageOptUnsupported,
     SubnetOverlap,
+    component_names,
     docker_client,
     docker_errors,
     engine_call,
     engine_host,
     engine_timeout,
-    is_remote,
     published_ports,
     raw_docker,
     runtimes,
@@ -155,6 +156,7 @@ class Project:
         return engine_call("inspecting a service's image", ask) or "0:0"
 
     def up(self) -> None:
+        self.require_engine()
         self._require_runtimes()
         get_images(self.compiled, self.name, host=self.host)  # as compiled.build says
         # not engine_call: `up` is not idempotent; start_project removes a failed start
@@ -254,6 +256,10 @@ class Project:
                     " this engine or its Compose ignores `runtime:`; use Docker with runsc "
                     "registered (docs/isolation.md)"
                 )
+
+    def require_engine(self) -> None:
+        """What the engine cannot hold is refused (see `require_engine`)."""
+        require_engine(self.compiled, self.name, self.host, self.client)
 
     def _require_runtimes(self) -> None:
         """Refuse, before anything is made, a project whose runtime (gVisor's) the engine
@@ -417,6 +423,10 @@ def _retry_subnet(attempt: Callable[[int], T], tries: int = 8) -> T:
     raise AssertionError("unreachable")
 
 
+NO_LIMITS_ENV = "ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS"
+"""Set to 1 to run on a rootless Podman that cannot hold resource limits (cgroup v1)."""
+
+
 def start_project(
     env: Environment,
     make_options: Callable[[str, dict[str, str], str | None], CompileOptions],
@@ -430,20 +440,22 @@ def start_project(
     name = project_name(env.name)
     directory = projects_dir() / name
     claim_folder(directory)
-    if is_remote(engine := host or engine_host()):
-        (directory / ENGINE_FILE).write_text(engine + "\n")
-    reap_soon()  # leftovers of crashed runs, in the background
-    if not detached:
-        ensure_guardian()  # removes this process's projects if it dies without cleaning up
+    # its engine ("": the docker CLI's default): whoever reaps it, working with whichever
+    # engine, asks that one whether it is still someone's
+    (directory / ENGINE_FILE).write_text((host or engine_host()) + "\n")
     labels = project_labels(env, name, directory, detached)
-    # Spec and policy errors surface here, before anything runs. The subnet is only used
-    # when the project has a network of its own; a retry recompiles with a fresh one.
+    # Spec, policy and engine errors surface here, before anything runs. The subnet is only
+    # used when the project has a network of its own; a retry recompiles with a fresh one.
     try:
         compiled = compile_project(env, make_options(name, labels, pick_subnet()))
+        project = Project(name, directory, compiled, host)
+        project.require_engine()
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    project = Project(name, directory, compiled, host)
+    reap_soon()  # leftovers of crashed runs, in the background
+    if not detached:
+        ensure_guardian()  # removes this process's projects if it dies without cleaning up
 
     def attempt(retry: int) -> Project:
         if retry:  # the subnet was taken meanwhile: compile again with another
@@ -536,4 +548,48 @@ def build_images(env: Environment, compiled: CompiledProject, *, host: str = "")
     """Get the images the environment builds as `compiled.build` says (see build.py), on
     engine `host` (else the process's): spawns starting together build each once. Returns
     the tags built."""
+    require_engine(compiled, env.name, host, docker_client(host=host) if host else docker_client())
     return get_images(compiled, env.name, host=host)
+
+
+def require_engine(compiled: CompiledProject, name: str, host: str, client: DockerClient) -> None:
+    """Refuse, before anything is built or made, what Podman's Docker-compatible API does
+    not do as Docker does (docs/isolation.md): it runs a sandbox without a network. The
+    environment's networks would hold no egress rule there: Podman ignores `internal`, runs
+    no healthcheck of its own and, beside Docker, has its bridges' traffic dropped; and it
+    ignores `runtime:`. Rootless on cgroup v1 it ignores every resource limit: refused
+    unless the caller accepts that (ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS=1)."""
+    facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
+    if facts.kind != "podman":
+        return
+    networked = (
+        compiled.network_mode != "none"
+        or compiled.has_network
+        or compiled.published
+        or bool(compiled.infra)
+    )
+    unlimited = facts.rootless and facts.cgroup_v1 and not settings.flag(NO_LIMITS_ENV, False)
+    needs = [
+        what
+        for what, needed in (
+            ("a network (services, published ports, or egress other than none)", networked),
+            ("`isolation: gvisor` (Podman's API ignores `runtime:`)", bool(compiled.runtimes)),
+            (
+                "its resource limits (memory, cpus, pids), which rootless Podman on cgroup v1 "
+                f"ignores without a word ({NO_LIMITS_ENV}=1 runs it without them)",
+                unlimited,
+            ),
+        )
+        if needed
+    ]
+    if needs:
+        where = (
+            " (on Podman a sandbox runs without network: network: {mode: none}, or the "
+            "default egress none with no ports and no services)"
+            if networked
+            else ""
+        )
+        raise BackendUnavailable(
+            f"{name}: this file needs {' and '.join(needs)}, which the Podman engine does "
+            f"not give here{where}. Run it on Docker (see docs/isolation.md)"
+        )
