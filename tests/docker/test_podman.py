@@ -31,24 +31,12 @@ from tests.conftest import (
     main_container,
 )
 from tests.docker.conftest import MakeEnv
-
-CLI = [sys.executable, "-m", "orchestrator"]
+from tests.docker.test_cli_manners import CLI, cli
 
 
 def on(host: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["docker", "--host", host, *args], capture_output=True, text=True, timeout=60, check=False
-    )
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        env={**os.environ, **(env or {})},
     )
 
 
