@@ -333,8 +333,12 @@ def test_podman_commands_spare_dockers_detached_environments(
             done = cli("--engine", "podman", *args)
             assert "Traceback" not in done.stderr, done.stderr
             assert ident not in done.stdout, (args, done.stdout)  # not "removed ..."
-        again = cli("exec", ident, "--", "sh", "-c", "echo whole > kept && cat kept")
-        assert (again.returncode, again.stdout) == (0, "whole\n"), again.stderr
+        # Podman named the standard way: the docker CLI's own default is Podman for this one
+        done = cli("ps", env={"DOCKER_HOST": PODMAN})
+        assert ident not in done.stdout and "Traceback" not in done.stderr, done
+        # reached on its own engine, whichever engine the caller names
+        again = cli("--engine", "podman", "exec", ident, "--", "sh", "-c", "echo w > k && cat k")
+        assert (again.returncode, again.stdout) == (0, "w\n"), again.stderr
     finally:
         down = cli("--engine", "podman", "down", ident)  # by id, on the engine it runs on
     assert down.returncode == 0, down.stderr
@@ -370,3 +374,27 @@ def test_a_broken_engine_record_is_left_alone_and_hangs_nothing(
         assert folder.is_dir()  # not ours to judge: left alone
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_start_tried_again_keeps_its_engine_record(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start whose subnet was taken is made again in a new folder: that folder records its
+    engine too (without it, a reaper on another engine would take the folder for its own)."""
+    from orchestrator.backends.container.engine import SubnetOverlap
+    from orchestrator.backends.docker import lifecycle
+
+    real, folders = lifecycle.Project.up, []
+
+    def taken_once(self: lifecycle.Project) -> None:
+        folders.append((self.directory / "engine").read_text().strip())
+        if len(folders) == 1:
+            raise SubnetOverlap("Pool overlaps with other one on this address space")
+        real(self)
+
+    monkeypatch.setattr(lifecycle.Project, "up", taken_once)
+    rt = spawn_runtime(make_env("", name="retried"), host="podman")
+    try:
+        assert folders == [PODMAN, PODMAN]
+    finally:
+        rt.cleanup()

@@ -84,6 +84,20 @@ def local_socket(host: str = "") -> str | None:
     return DEFAULT_SOCKET
 
 
+def resolved_host(host: str = "", *, default: bool = False) -> str:
+    """The address the docker CLI reaches for `host` ("": the process's engine, or with
+    `default` the CLI's own default, whatever this process names): `host`, else the
+    process's, else the default context's socket; "" for a context the CLI resolves itself
+    (not ours to guess). What a project records, so whoever reads the record, working with
+    whichever engine, reaches that one."""
+    host = host or ("" if default else engine_host())
+    if host:
+        return host
+    if not default and os.environ.get("DOCKER_HOST", "").strip():
+        return os.environ["DOCKER_HOST"].strip()
+    return f"unix://{DEFAULT_SOCKET}" if _chosen_context() == "default" else ""
+
+
 def call(
     action: str,
     path: str,
@@ -172,7 +186,12 @@ def engine_facts(host: str, ask: Callable[[], Iterable[str]], timeout: float) ->
     CLI). A Podman that is not on this machine's socket is refused: what it holds cannot
     be asked."""
     sock = local_socket(host)
-    key = (host or engine_host(), sock or "")
+    try:  # a socket made again (an engine restarted, or another one in its place) is new
+        made = os.stat(sock) if sock else None
+        identity = f"{sock}:{made.st_dev}:{made.st_ino}" if made else ""
+    except OSError:
+        identity = sock or ""
+    key = (host or engine_host(), identity)
     with _FACTS_LOCK:
         if key in _FACTS:
             return _FACTS[key]

@@ -244,14 +244,14 @@ ENGINE_FILE_LIMIT = 4096
 
 
 def folder_engine(folder: Path) -> str | None:
-    """The engine a project folder records: an address, or "" for the docker CLI's default
-    (which a folder without the file, from before every folder recorded one, stands for
-    too); None when the file holds no address (a reaper leaves such a folder alone)."""
+    """The engine a project folder records: its address; "" when it has none (a folder from
+    before every folder recorded one: the default engine's), None when the file holds no
+    address (a reaper leaves such a folder alone)."""
     path = folder / ENGINE_FILE
     raw = read_regular(path, ENGINE_FILE_LIMIT)
     if raw is None:
         return None if os.path.lexists(path) else ""
     text = raw.decode(errors="replace").strip()
-    if len(raw) > ENGINE_FILE_LIMIT or not (text == "" or _ENGINE_ADDRESS.fullmatch(text)):
+    if len(raw) > ENGINE_FILE_LIMIT or not _ENGINE_ADDRESS.fullmatch(text):
         return None
     return text

@@ -27,6 +27,7 @@ from orchestrator.backends.container.engine import (
     engine_call,
     engine_timeout,
 )
+from orchestrator.backends.container.engine_api import resolved_host
 from orchestrator.backends.container.identity import (
     DETACHED,
     KEPT_FILE,
@@ -111,7 +112,9 @@ LISTED_LABELS = (
 )
 
 
-def _rows(client: DockerClient, kind: list[str], fields: list[str]) -> list[list[str]]:
+def _rows(
+    client: DockerClient, kind: list[str], fields: list[str], *, retry: bool = True
+) -> list[list[str]]:
     """One `docker ... ls` call for our objects, each line a JSON array of `fields` (labels
     JSON-quoted, so any value parses). No object is inspected afterwards: objects removed by
     someone else meanwhile cannot fail the listing."""
@@ -121,7 +124,11 @@ def _rows(client: DockerClient, kind: list[str], fields: list[str]) -> list[list
     argv += [f"label={LABEL_MANAGED}=1", "--format", fmt]
     for attempt in range(LIST_TRIES):
         try:
-            out = engine_call(f"listing ({' '.join(kind)})", lambda: run(argv, return_stderr=False))
+            out = engine_call(
+                f"listing ({' '.join(kind)})",
+                lambda: run(argv, return_stderr=False),
+                retry=retry,
+            )
             break
         except (NoSuchContainer, NoSuchNetwork):  # the engine tripped over one just removed
             if attempt == LIST_TRIES - 1:
@@ -135,7 +142,7 @@ LIST_TRIES = 5
 they are made again, this many times at most."""
 
 
-def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
+def list_projects(client: DockerClient | None = None, *, retry: bool = True) -> list[ProjectInfo]:
     """Every project carrying our labels and named as ours (`is_project_name`), from its
     containers and networks. Anyone who can start a container can set these labels: what
     they say is used to find objects of ours, never trusted with a host folder (see
@@ -144,7 +151,9 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
     found: dict[str, ProjectInfo] = {}
     n = len(LISTED_LABELS)
     fields = ["{{json .ID}}", "{{json .State}}", "{{json .Ports}}"]
-    for cid, state, ports, *values in _rows(client, ["ps", "-a", "--no-trunc"], fields):
+    for cid, state, ports, *values in _rows(
+        client, ["ps", "-a", "--no-trunc"], fields, retry=retry
+    ):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if not is_project_name(name):
@@ -158,7 +167,9 @@ def list_projects(client: DockerClient | None = None) -> list[ProjectInfo]:
             info.ports.append(dataclasses.replace(port, service=owner, container=target))
         if service == MAIN:
             info.main_user = labels.get(USER_LABEL, "")
-    for nid, *values in _rows(client, ["network", "ls", "--no-trunc"], ["{{json .ID}}"]):
+    for nid, *values in _rows(
+        client, ["network", "ls", "--no-trunc"], ["{{json .ID}}"], retry=retry
+    ):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):
@@ -321,8 +332,9 @@ def orphan_folders_of(owner: dict[str, str]) -> list[str]:
     return removed
 
 
-PROBE_TIMEOUT = 10.0
-"""Seconds a reap waits on another engine's listing (the engine timeout, if shorter)."""
+PROBE_TIMEOUT = 5.0
+"""Seconds a reap waits on each of another engine's two listing calls (the engine
+timeout, if shorter; no second try)."""
 PROBE_AGAIN = 60.0
 """Seconds before a reap asks again an engine that did not answer."""
 _silent: dict[str, float] = {}
@@ -337,13 +349,17 @@ def _listing_elsewhere(host: str) -> Listing | None:
     with _silent_lock:
         if time.monotonic() - _silent.get(host, -PROBE_AGAIN) < PROBE_AGAIN:
             return None
-    there = docker_client(min(engine_timeout(), PROBE_TIMEOUT), host=host or None)
+    there = docker_client(min(engine_timeout(), PROBE_TIMEOUT), host=host)
     try:
-        return there, {p.name: p for p in list_projects(there)}
+        return there, {p.name: p for p in list_projects(there, retry=False)}
     except OrchestratorError:
-        with _silent_lock:
-            _silent[host] = time.monotonic()
+        _gone_silent(host)
         return None
+
+
+def _gone_silent(host: str) -> None:
+    with _silent_lock:
+        _silent[host] = time.monotonic()
 
 
 def _removed_elsewhere(
@@ -357,9 +373,11 @@ def _removed_elsewhere(
     engine does not answer, and for a folder whose record names no engine: left alone).
     `asked`: the listings of one reap, by engine (each engine is listed once)."""
     host = folder_engine(folder)
+    here = resolved_host((client or docker_client()).client_config.host or "")
+    if host == "":  # made before folders recorded their engine: the default engine's
+        return None if here == resolved_host("", default=True) else False
     if host is None:
         return False
-    here = (client or docker_client()).client_config.host or ""
     if host == here:
         return None
     asked = {} if asked is None else asked
@@ -372,11 +390,14 @@ def _removed_elsewhere(
     info = projects.get(folder.name)
     if info is not None and (owner_alive(info.labels) or info.kept):
         return False
-    with contextlib.suppress(OrchestratorError):  # that engine is away: the next reap
+    try:
         remove_by_label(folder.name, there)
-        shutil.rmtree(folder, ignore_errors=True)
-        return True
-    return False
+    except OrchestratorError:  # that engine is away: the next reap, and no more asking now
+        asked[host] = None
+        _gone_silent(host)
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _has_objects(name: str, client: DockerClient | None) -> bool:
@@ -479,12 +500,12 @@ def elsewhere() -> dict[str, str]:
     """Our project folders on another engine than the process's (one named for a spawn, as
     `--engine podman` or `-H` for an `up`): id -> that engine's address. Their ids are
     ours to take down by id, whichever engine the caller names."""
-    here = docker_client().client_config.host or ""
+    here = resolved_host(docker_client().client_config.host or "")
     found = {}
     for folder in project_folders():
         host = folder_engine(folder)
-        if host is not None and host != here and folder_backend(folder) is None:
-            found[folder.name] = host  # ("": the docker CLI's default engine)
+        if host and host != here and folder_backend(folder) is None:
+            found[folder.name] = host
     return found
 
 
@@ -499,7 +520,7 @@ def remove_by_id(ident: str, *, force: bool = False) -> str | None:
     folder records (else the process's). One its owner process still uses needs `force`,
     unless it was kept on purpose (claimed from a pool, `up`)."""
     away = elsewhere()
-    client = docker_client(host=away[ident] or None) if ident in away else docker_client()
+    client = docker_client(host=away[ident]) if ident in away else docker_client()
     info = next((p for p in list_projects(client) if p.name == ident), None)
     if info is None:
         return None

@@ -28,7 +28,6 @@ from orchestrator.backends.container.engine import (
     docker_client,
     docker_errors,
     engine_call,
-    engine_host,
     engine_timeout,
     published_ports,
     raw_docker,
@@ -36,7 +35,7 @@ from orchestrator.backends.container.engine import (
     service_of,
     up_timeout,
 )
-from orchestrator.backends.container.engine_api import local_socket
+from orchestrator.backends.container.engine_api import local_socket, resolved_host
 from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.guardian import ensure_guardian
 from orchestrator.backends.container.identity import (
@@ -439,10 +438,8 @@ def start_project(
     failure remove everything it created."""
     name = project_name(env.name)
     directory = projects_dir() / name
-    claim_folder(directory)
-    # its engine ("": the docker CLI's default): whoever reaps it, working with whichever
-    # engine, asks that one whether it is still someone's
-    (directory / ENGINE_FILE).write_text((host or engine_host()) + "\n")
+    engine = resolved_host(host)
+    _claim(directory, engine)
     labels = project_labels(env, name, directory, detached)
     # Spec, policy and engine errors surface here, before anything runs. The subnet is only
     # used when the project has a network of its own; a retry recompiles with a fresh one.
@@ -459,7 +456,7 @@ def start_project(
 
     def attempt(retry: int) -> Project:
         if retry:  # the subnet was taken meanwhile: compile again with another
-            claim_folder(directory)  # the failed attempt removed it
+            _claim(directory, engine)  # the failed attempt removed it
             project.compiled = compile_project(env, make_options(name, labels, pick_subnet()))
         project.compiled.write(directory)
         for rel, data in (extra_files or {}).items():  # the executor: any user reads it
@@ -490,6 +487,14 @@ def start_project(
     except BaseException:  # interrupted mid-start: remove whatever exists
         _remove_quietly(project)
         raise
+
+
+def _claim(directory: Path, engine: str) -> None:
+    """Make the project folder, with its owner and its engine's address: whoever reaps it,
+    working with whichever engine, asks that one whether it is still someone's."""
+    claim_folder(directory)
+    if engine:  # (none: a context the CLI resolves itself; the folder stays the default's)
+        (directory / ENGINE_FILE).write_text(engine + "\n")
 
 
 def _remove_quietly(project: Project) -> None:

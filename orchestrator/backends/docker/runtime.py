@@ -22,7 +22,7 @@ from orchestrator.backends.container.engine import (
     up_timeout,
 )
 from orchestrator.backends.container.executor.client import executor_files
-from orchestrator.backends.container.identity import LABEL_DIR
+from orchestrator.backends.container.identity import LABEL_DIR, folder_engine
 from orchestrator.backends.container.layout import IO_DIR, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.container.readiness import ServiceWatch
@@ -150,7 +150,7 @@ class ComposeRuntime(ContainerRuntime):
         }
         # the engine it runs on, even when only the process's variables named it (`-H`,
         # `--engine podman`): whoever attaches later reaches it there
-        host = self.options.host or engine_host()
+        host = self.options.host or engine_host()  # ("": the docker CLI's default)
         attach.remember(self.project.directory, self.name, self.env, host, state)
 
     @classmethod
@@ -166,7 +166,9 @@ class ComposeRuntime(ContainerRuntime):
         except (KeyError, TypeError, ValueError) as exc:
             raise ProjectNotFound(f"{ident}: its record is not usable ({exc!r})") from None
         compiled = CompiledProject(ident, "", {}, (), mounts, {}, user, "", False, published)
-        rt.project = Project(ident, folder, compiled, options.host or "")
+        # no engine named (by the caller or the record): the one the folder records, not
+        # whichever this process works with
+        rt.project = Project(ident, folder, compiled, options.host or folder_engine(folder) or "")
         rt._temp_workspace = folder / "workspace" if temp else None
         rt._docker_cmd = raw_docker(rt.project.client)
         # (a project made before the transfer folders were per container has none: no FIFO)
