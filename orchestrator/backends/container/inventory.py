@@ -343,8 +343,8 @@ Listing = tuple[DockerClient, dict[str, "ProjectInfo"]]
 
 
 def _listing_elsewhere(host: str) -> Listing | None:
-    """A client of the engine at `host` ("": the docker CLI's default) and our projects
-    there, each call bounded by PROBE_TIMEOUT; None when it did not answer (and, for
+    """A client of the engine at address `host` and our projects there, each call bounded
+    by PROBE_TIMEOUT; None when it did not answer (and, for
     PROBE_AGAIN seconds after, without asking)."""
     with _silent_lock:
         if time.monotonic() - _silent.get(host, -PROBE_AGAIN) < PROBE_AGAIN:
