@@ -220,6 +220,8 @@ def rootless_folder() -> Iterator[Path]:
         if in_ci():
             pytest.fail(f"CI=true but {why}")
         pytest.skip(why)
+    scratch = Path(tempfile.gettempdir()) / f"containers-user-{ROOTLESS_UID}"  # Podman's own
+    made_scratch = not scratch.exists()
     top = Path(tempfile.mkdtemp(prefix="orch-rootless-"))
     top.chmod(0o755)
     for name in ("home", "run", "ws"):
@@ -251,6 +253,8 @@ def rootless_folder() -> Iterator[Path]:
             check=False,
         )
         shutil.rmtree(top, ignore_errors=True)
+        if made_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def test_rootless_podman_maps_the_sandboxs_root_to_an_unprivileged_user(
