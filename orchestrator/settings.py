@@ -127,4 +127,4 @@ def engine_address(host: str) -> str:
 
 def named_engine() -> str:
     """The address of ORCHESTRATOR_ENGINE's engine: "" for docker (the process's)."""
-    return engine_address(choice(ENGINE_ENV, "docker", ENGINES).replace("docker", ""))
+    return podman_socket() if choice(ENGINE_ENV, "docker", ENGINES) == "podman" else ""

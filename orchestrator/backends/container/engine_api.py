@@ -90,11 +90,9 @@ def resolved_host(host: str = "", *, default: bool = False) -> str:
     process's, else the default context's socket; "" for a context the CLI resolves itself
     (not ours to guess). What a project records, so whoever reads the record, working with
     whichever engine, reaches that one."""
-    host = host or ("" if default else engine_host())
+    host = host or ("" if default else engine_host())  # (DOCKER_HOST included)
     if host:
         return host
-    if not default and os.environ.get("DOCKER_HOST", "").strip():
-        return os.environ["DOCKER_HOST"].strip()
     return f"unix://{DEFAULT_SOCKET}" if _chosen_context() == "default" else ""
 
 

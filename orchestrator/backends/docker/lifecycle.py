@@ -155,7 +155,6 @@ class Project:
         return engine_call("inspecting a service's image", ask) or "0:0"
 
     def up(self) -> None:
-        self.require_engine()
         self._require_runtimes()
         get_images(self.compiled, self.name, host=self.host)  # as compiled.build says
         # not engine_call: `up` is not idempotent; start_project removes a failed start
@@ -255,10 +254,6 @@ class Project:
                     " this engine or its Compose ignores `runtime:`; use Docker with runsc "
                     "registered (docs/isolation.md)"
                 )
-
-    def require_engine(self) -> None:
-        """What the engine cannot hold is refused (see `require_engine`)."""
-        require_engine(self.compiled, self.name, self.host, self.client)
 
     def _require_runtimes(self) -> None:
         """Refuse, before anything is made, a project whose runtime (gVisor's) the engine
@@ -446,7 +441,7 @@ def start_project(
     try:
         compiled = compile_project(env, make_options(name, labels, pick_subnet()))
         project = Project(name, directory, compiled, host)
-        project.require_engine()
+        require_engine(compiled, name, host, project.client)  # (a retry changes no network)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
