@@ -128,3 +128,15 @@ def engine_address(host: str) -> str:
 def named_engine() -> str:
     """The address of ORCHESTRATOR_ENGINE's engine: "" for docker (the process's)."""
     return podman_socket() if choice(ENGINE_ENV, "docker", ENGINES) == "podman" else ""
+
+
+DOCKER_HOST_ENV = "ORCHESTRATOR_DOCKER_HOST"
+
+
+def engine_host() -> str:
+    """The engine this process works with: ORCHESTRATOR_DOCKER_HOST (an address, or
+    `podman`), else ORCHESTRATOR_ENGINE's (podman: Podman's socket), else DOCKER_HOST,
+    else "" for the docker CLI's default."""
+    if chosen := os.environ.get(DOCKER_HOST_ENV, "").strip():
+        return engine_address(chosen)
+    return named_engine() or os.environ.get("DOCKER_HOST", "").strip()

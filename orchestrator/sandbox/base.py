@@ -72,7 +72,7 @@ from orchestrator.sandbox.results import (
 from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.sandbox.streams import ArchiveFile, ArchiveStream
 from orchestrator.sandbox.threads import thread_chunks
-from orchestrator.settings import FILE_TIMEOUT_ENV, file_timeout
+from orchestrator.settings import FILE_TIMEOUT_ENV, engine_host, file_timeout
 from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.models import USER_RE
 from orchestrator.spec.policy import Policy
@@ -738,11 +738,17 @@ class Runtime(Sandbox):
             archive = self._pack_here(self.workdir, None, limit, timeout)
         try:
             image = self._commit(path.with_suffix(".json")) if filesystem else ""
-            env, host = self.env, self.options.host or ""
+            env, host = self.env, self._engine()
             return snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
         finally:
             if isinstance(archive, Path):
                 archive.unlink(missing_ok=True)  # (moved into place unless that failed)
+
+    def _engine(self) -> str:
+        """The engine this runtime's containers are on, as a snapshot records it: the one
+        named at spawn, else the process's (ORCHESTRATOR_ENGINE and the rest included), so
+        a record made on Podman says so ("": the docker CLI's default)."""
+        return self.options.host or engine_host()
 
     def _commit(self, record: Path) -> str:
         """Save the main container's filesystem as an image owned by `record`; its tag."""
@@ -769,7 +775,7 @@ class Runtime(Sandbox):
         path = suspend.record_path(self.env.name, name)
         images = self._commit_all(path.with_suffix(".json"))  # all at one frozen instant
         main = images.pop(MAIN, "")
-        env, host = self.env, self.options.host or ""
+        env, host = self.env, self._engine()
         try:
             self._kill_processes()  # nothing changes the workspace while it is packed
             archive = self._pack_workdir(None, snapshot_limit())

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator import settings
 from orchestrator.errors import OrchestratorError, PolicyError, UsageError
 from orchestrator.procutil import stat_fields
 from orchestrator.sandbox import snapshot
@@ -178,7 +179,8 @@ def _wake_target(
     from orchestrator.sandbox.registry import get_runtime_class, runtime_names
     from orchestrator.spec.loader import load_environment
 
-    if snap.host and (host or "") != snap.host:
+    named = settings.engine_address(host) if host else settings.engine_host()
+    if snap.host and named != snap.host:
         raise UsageError(
             f"{snap.name}: its images are on the engine at {snap.host}; wake it there "
             f"(wake(..., host={snap.host!r}) / orchestrator -H {snap.host} wake)"

@@ -608,6 +608,47 @@ def test_cli_exec_timeout_kills_the_tree_and_exits_124(make_env: MakeEnv) -> Non
         subprocess.run([*cli, "down", ident], capture_output=True, check=True)
 
 
+ODD_STATE = "état $HOME \"q\" 'a' b\\c"
+"""A state folder whose name a Dockerfile instruction would not read back as written:
+non-ASCII, a variable, both quotes and a backslash."""
+
+
+def snapshot_under_an_odd_state_folder(
+    path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str = "",
+    name: str = ODD_STATE,
+) -> None:
+    """A filesystem snapshot's image carries the record and state folder in its labels
+    exactly, whatever their characters: only then is it owned, resumed and removed. The
+    record names the process's engine (`engine`; "": the CLI's default)."""
+    from orchestrator.backends.container import images
+    from orchestrator.backends.container.engine import docker_client
+
+    state = tmp_path / name
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(state))
+    client = docker_client()  # the process's engine
+    with spawn_runtime(path) as first:
+        first.execute("echo built > /made", user="0:0")
+        snap = first.snapshot(tmp_path / "fs.tar", filesystem=True)
+    assert snap.host == engine
+    labels = client.image.inspect(snap.image).config.labels or {}
+    assert labels[images.LABEL_STATE] == str(state.resolve())
+    assert labels[images.LABEL_RECORD] == str(snap.record)
+    assert images.owned(snap.image, snap.record, client)
+    with spawn_runtime(path, resume=snap) as second:
+        assert second.execute("cat /made").stdout == "built\n"
+    snap.remove()
+    assert not images.exists(snap.image, client)
+
+
+def test_a_snapshot_image_is_owned_whatever_the_state_folder_is_called(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snapshot_under_an_odd_state_folder(make_env("", name="oddstate"), tmp_path, monkeypatch)
+
+
 def test_filesystem_snapshot_resumes_the_container_and_goes_with_it(
     make_env: MakeEnv, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import SpawnOptions, UsageError, settings, spawn_runtime
+from orchestrator import BackendUnavailable, SpawnOptions, UsageError, settings, spawn_runtime
 from tests.conftest import (
     BUSYBOX_IMAGE,
     PODMAN,
@@ -32,6 +32,7 @@ from tests.conftest import (
 )
 from tests.docker.conftest import MakeEnv
 from tests.docker.test_cli_manners import CLI, cli
+from tests.docker.test_compose import ODD_STATE, snapshot_under_an_odd_state_folder
 
 
 def on(host: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -57,7 +58,7 @@ def test_a_spawn_that_names_podman_runs_there_and_nowhere_else(make_env: MakeEnv
 
 
 def test_the_engine_is_named_by_variable_option_or_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.backends.container.engine import engine_host
+    from orchestrator.settings import engine_host
 
     monkeypatch.delenv("ORCHESTRATOR_DOCKER_HOST", raising=False)
     monkeypatch.setenv("DOCKER_HOST", "unix:///elsewhere.sock")
@@ -127,6 +128,43 @@ def test_what_podman_cannot_keep_is_refused_before_anything_is_made(
     assert "Traceback" not in done.stderr
     assert labelled_ids(PODMAN) == before
     assert not any((state / "projects").glob("*/compose.yaml"))  # no folder left either
+
+
+def test_a_snapshot_on_podman_records_podman_and_resumes_only_there(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ORCHESTRATOR_ENGINE alone chose Podman: the snapshot's record says so, so a process
+    working with Docker is told where it is rather than looking on the wrong engine."""
+    path = make_env("", name="podsnap")
+    monkeypatch.setenv(settings.ENGINE_ENV, "podman")
+    # Podman's API cannot mount a folder whose path holds `"` or `,`: refused, by name
+    for odd in ('a"b', "a,b"):
+        monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / odd))
+        before = labelled_ids(PODMAN)
+        with pytest.raises(BackendUnavailable, match="Podman cannot bind-mount .*" + odd):
+            spawn_runtime(path)
+        assert labelled_ids(PODMAN) == before
+        assert not list((tmp_path / odd / "projects").iterdir())
+    odd = ODD_STATE.replace('"', "")
+    snapshot_under_an_odd_state_folder(path, tmp_path, monkeypatch, PODMAN, odd)
+    with spawn_runtime(path) as rt:
+        images_before = on(PODMAN, "images", "-q").stdout
+        with pytest.raises(UsageError, match="Podman cannot label an image with a double quote"):
+            rt.snapshot(tmp_path / 'x"y' / "s.tar", filesystem=True)  # its record's path
+        assert on(PODMAN, "images", "-q").stdout == images_before
+        assert not list((tmp_path / 'x"y').glob("*"))  # no record, no archive
+        snap = rt.snapshot(tmp_path / "again.tar", filesystem=True)
+    try:
+        monkeypatch.delenv(settings.ENGINE_ENV)
+        before = labelled_ids()
+        with pytest.raises(UsageError, match=f"is on the engine at {PODMAN}"):
+            spawn_runtime(path, resume=snap)
+        assert labelled_ids() == before
+        with spawn_runtime(path, resume=snap, host="podman") as rt:  # named: found there
+            assert rt.execute("true").exit_code == 0
+    finally:
+        monkeypatch.setenv(settings.ENGINE_ENV, "podman")
+        snap.remove()
 
 
 def test_a_dead_owners_sandbox_on_podman_is_removed(make_env: MakeEnv) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from python_on_whales.exceptions import DockerException
 from orchestrator import settings
 from orchestrator.backends.container.layout import FORWARDS_LABEL, parse_forwards
 from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
+from orchestrator.settings import engine_host
 from orchestrator.spec.models import Protocol, PublishedPort
 
 T = TypeVar("T")
@@ -42,18 +42,6 @@ def engine_timeout(name: str = ENGINE_TIMEOUT_ENV, default: float = 120.0) -> fl
 def up_timeout() -> float:
     """Bound of `compose up`, which may build images (ORCHESTRATOR_UP_TIMEOUT, 900 s)."""
     return engine_timeout(UP_TIMEOUT_ENV, 900.0)
-
-
-DOCKER_HOST_ENV = "ORCHESTRATOR_DOCKER_HOST"
-
-
-def engine_host() -> str:
-    """The engine this process works with: ORCHESTRATOR_DOCKER_HOST (an address, or
-    `podman`), else ORCHESTRATOR_ENGINE's (podman: Podman's socket), else DOCKER_HOST,
-    else "" for the docker CLI's default."""
-    if chosen := os.environ.get(DOCKER_HOST_ENV, "").strip():
-        return settings.engine_address(chosen)
-    return settings.named_engine() or os.environ.get("DOCKER_HOST", "").strip()
 
 
 def is_remote(host: str) -> bool:

@@ -24,9 +24,10 @@ from urllib.parse import quote, urlencode
 
 from python_on_whales.exceptions import DockerException
 
-from orchestrator.backends.container.engine import TIMED_OUT, engine_host, wrap
+from orchestrator.backends.container.engine import TIMED_OUT, wrap
 from orchestrator.errors import BackendUnavailable, OrchestratorError
 from orchestrator.paths import read_regular
+from orchestrator.settings import engine_host
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 MAX_ANSWER = 1024 * 1024

@@ -5,7 +5,7 @@ image, and an image whose record is gone is reaped like any other leftover of ou
 from __future__ import annotations
 
 import contextlib
-import json
+import re
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -46,8 +46,8 @@ def commit(
     tag = f"{SNAPSHOT_REPO}:{uuid.uuid4().hex[:12]}"
     labels = {
         LABEL_MANAGED: "1",
-        LABEL_RECORD: json.dumps(str(record)),
-        LABEL_STATE: json.dumps(str(state_dir().resolve())),
+        LABEL_RECORD: str(record),
+        LABEL_STATE: str(state_dir().resolve()),
     }
     host = client.client_config.host or ""
     facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
@@ -55,7 +55,7 @@ def commit(
         repo, _, name = tag.partition(":")
         query = [("container", container), ("repo", repo), ("tag", name)]
         query += [("pause", str(pause).lower())]
-        query += [("changes", f"LABEL {k}={v}") for k, v in labels.items()]  # one each
+        query += [("changes", f"LABEL {k}={_podman_word(v)}") for k, v in labels.items()]
         engine_api.call(
             f"committing {container}",
             engine_api.local_socket(host) or "",
@@ -67,10 +67,35 @@ def commit(
         )
         return tag
     argv = [*client.client_config.docker_cmd, "commit", f"--pause={str(pause).lower()}"]
-    label = "LABEL " + " ".join(f"{k}={v}" for k, v in labels.items())
+    label = "LABEL " + " ".join(f"{k}={_word(v)}" for k, v in labels.items())
     argv += ["--change", label, container, tag]
     engine_call(f"committing {container}", lambda: run(argv), retry=False)
     return tag
+
+
+def _word(value: str) -> str:
+    """`value` as one word of a Dockerfile instruction that Docker's parser reads back as
+    itself: double-quoted, with the three characters special there (`"`, `\\`, and `$`,
+    which would expand a variable) escaped; any other character, non-ASCII too, as itself."""
+    _check_label(value)
+    return '"' + re.sub(r'(["\\$])', r"\\\1", value) + '"'
+
+
+def _podman_word(value: str) -> str:
+    """`value` as Podman's commit reads a label back as itself (4.3): double-quoted, every
+    character inside as it is (it unescapes nothing and expands nothing), so a double quote
+    cannot be written at all: refused."""
+    _check_label(value)
+    if '"' in value:
+        raise UsageError(f"Podman cannot label an image with a double quote: {value!r}")
+    return f'"{value}"'
+
+
+def _check_label(value: str) -> None:
+    """A line break or NUL cannot be written in an instruction: refused (a record or state
+    folder path with one is no path anyone means)."""
+    if any(c in value for c in "\n\r\0"):
+        raise UsageError(f"a snapshot label cannot hold a line break or NUL: {value!r}")
 
 
 def remove(image: str, client: DockerClient | None = None) -> None:

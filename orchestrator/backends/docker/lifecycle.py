@@ -441,7 +441,8 @@ def start_project(
     try:
         compiled = compile_project(env, make_options(name, labels, pick_subnet()))
         project = Project(name, directory, compiled, host)
-        require_engine(compiled, name, host, project.client)  # (a retry changes no network)
+        # (a retry changes no network and no folder)
+        require_engine(compiled, name, host, project.client, directory)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
@@ -552,16 +553,38 @@ def build_images(env: Environment, compiled: CompiledProject, *, host: str = "")
     return get_images(compiled, env.name, host=host)
 
 
-def require_engine(compiled: CompiledProject, name: str, host: str, client: DockerClient) -> None:
+PODMAN_UNMOUNTABLE = frozenset('",\n\r')
+"""What Podman's API cannot take in a bind mount's source: it reads each mount back as a CSV
+line of options (`"` breaks the parse, `,` starts another option)."""
+
+
+def require_engine(
+    compiled: CompiledProject,
+    name: str,
+    host: str,
+    client: DockerClient,
+    directory: Path | None = None,
+) -> None:
     """Refuse, before anything is built or made, what Podman's Docker-compatible API does
     not do as Docker does (docs/isolation.md): it runs a sandbox without a network. The
     environment's networks would hold no egress rule there: Podman ignores `internal`, runs
     no healthcheck of its own and, beside Docker, has its bridges' traffic dropped; and it
     ignores `runtime:`. Rootless on cgroup v1 it ignores every resource limit: refused
-    unless the caller accepts that (ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS=1)."""
+    unless the caller accepts that (ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS=1). A folder it
+    would bind-mount (the project folder `directory`, the workspace, each mount) whose path
+    Podman cannot parse is refused by name."""
     facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
     if facts.kind != "podman":
         return
+    sources = [*([directory] if directory else []), *(m.source for m in compiled.mounts)]
+    for source in sources:
+        if PODMAN_UNMOUNTABLE & set(str(source)):
+            raise BackendUnavailable(
+                f"{name}: Podman cannot bind-mount {str(source)!r}: its API reads a mount's "
+                "path as a list split at commas, and a double quote or a line break breaks it. "
+                "Use a folder without those characters (the state folder: "
+                "ORCHESTRATOR_STATE_DIR), or run it on Docker"
+            )
     networked = (
         compiled.network_mode != "none"
         or compiled.has_network

@@ -16,7 +16,6 @@ from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
     docker_client,
     engine_call,
-    engine_host,
     is_remote,
     raw_docker,
     up_timeout,
@@ -35,6 +34,7 @@ from orchestrator.sandbox import attach, files, hostfs, hostpack
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.settings import engine_host
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import IMAGE_USER, MAIN
@@ -249,7 +249,7 @@ class ComposeRuntime(ContainerRuntime):
             if images.owned(image, snap.record, engine):
                 continue
             what = f"snapshot {snap.name} ({service}): its filesystem image {image}"
-            if not images.exists(image, engine) and snap.host != (self.options.host or ""):
+            if not images.exists(image, engine) and snap.host != self._engine():
                 where = f"the engine at {snap.host}" if snap.host else "the process's own engine"
                 raise UsageError(
                     f"{what} is on {where}; resume it there (spawn_runtime(..., host=...))"
