@@ -51,8 +51,9 @@ def churn(make_env: MakeEnv) -> Iterator[list[BaseException]]:
     assert done[0] >= CHURNERS
 
 
-LISTINGS = 200
-"""Listings under churn: the crash this pins showed in about 1 of 6 runs of `ps`."""
+LISTINGS = 80
+"""Listings under churn: the crash this pins showed in about 1 of 6 runs of `ps`, so 40 runs
+of it miss it about once in 1,500 (each listing costs a churn of CPU on a shared machine)."""
 
 
 def test_ps_never_crashes_while_environments_come_and_go(churn: list[BaseException]) -> None:
@@ -74,7 +75,7 @@ def test_ps_never_crashes_while_environments_come_and_go(churn: list[BaseExcepti
             failures.append(repr(exc))
     assert not churn, churn
     assert failures == [], f"{len(failures)} of {LISTINGS} listings failed: {failures[:3]}"
-    assert time.monotonic() - started < 300  # about 25 s alone; a bound against a hang
+    assert time.monotonic() - started < 300  # about 10 s alone; a bound against a hang
 
 
 def test_up_pool_claims_under_churn(make_env: MakeEnv, churn: list[BaseException]) -> None:
