@@ -248,3 +248,36 @@ def test_cli_rm_of_a_crafted_record_leaves_a_foreign_image_alone() -> None:
         assert docker("image", "inspect", tag).returncode == 0, "a foreign image was untagged"
     finally:
         docker("rmi", tag)  # our own tag only: the image stays under its other name
+
+
+def test_a_hung_engine_in_a_folders_record_delays_a_listing_only_by_the_probe_bound(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    """`ps` asks each engine our folders record (an environment `--engine podman` started is
+    listed from Docker's side too). A folder naming an engine that accepts and never answers
+    (written by anyone who can write the state folder) costs one bounded probe: the listing
+    still comes, with the real environment in it, and the folder is left alone."""
+    from orchestrator import environments, spawn_runtime
+    from orchestrator.backends.container.identity import ENGINE_FILE
+    from orchestrator.backends.container.inventory import PROBE_TIMEOUT
+    from orchestrator.paths import projects_dir
+
+    hung = socket.socket(socket.AF_UNIX)
+    address = tmp_path / "hung.sock"
+    hung.bind(str(address))
+    hung.listen(8)  # accepts (in the backlog), never answers
+    folder = projects_dir() / f"orch-hung-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    (folder / ENGINE_FILE).write_text(f"unix://{address}")
+    try:
+        with spawn_runtime(make_env("", name="listed", image=BUSYBOX_IMAGE)) as rt:
+            started = time.monotonic()
+            rows, removed = environments()
+            took = time.monotonic() - started
+            assert rt.info().id in {r.id for r in rows}
+            assert folder.name not in {r.id for r in rows} | set(removed)
+            assert took < 2 * PROBE_TIMEOUT + 20, took  # two bounded calls at most, once
+        assert folder.is_dir()  # an engine that did not answer decides nothing
+    finally:
+        hung.close()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -46,6 +46,10 @@ REAL = [
         "image: orchestrator-snapshot:nonexist",
         NoSuchImage,
     ),
+    (  # Podman, listing images while one is removed (4.3)
+        'Error response from daemon: locating image with ID "22119ea2c400": image not known',
+        NoSuchImage,
+    ),
     ("Error: No such network: orch-x-12345678_default", NoSuchNetwork),
     (
         "Error response from daemon: error while removing network: network orch-x_default id "

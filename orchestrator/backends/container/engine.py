@@ -135,7 +135,7 @@ KINDS: tuple[tuple[type[DockerError], tuple[str, ...]], ...] = (
     (NoSuchContainer, ("no such container", "no such object")),
     (ContainerPaused, ("is paused, unpause",)),
     (ContainerNotRunning, ("is not running",)),
-    (NoSuchImage, ("no such image",)),
+    (NoSuchImage, ("no such image", "image not known")),  # (the second: Podman's)
     (NoSuchNetwork, ("no such network", "network not found")),
     (NetworkInUse, ("has active endpoints",)),
     (SubnetOverlap, ("pool overlaps", "overlapping ipv4", "overlaps with other")),

@@ -35,6 +35,11 @@ LABEL_STATE = L + "snapshot.state"
 may remove it)."""
 
 
+LIST_TRIES = 5
+"""Listings of images are made again, this many times at most, when one image went while
+the engine listed them."""
+
+
 def commit(
     container: str, record: Path, client: DockerClient | None = None, *, pause: bool = True
 ) -> str:
@@ -180,7 +185,13 @@ def labelled(label: str, client: DockerClient) -> list[tuple[str, dict[str, str]
     fails whole, and `ps` with it), and one gone meanwhile is simply not there."""
     argv = [*client.client_config.docker_cmd, "image", "ls", "-q", "--no-trunc"]
     argv += ["--filter", f"label={label}"]
-    listed = engine_call("listing snapshot images", lambda: run(argv))
+    for attempt in range(LIST_TRIES):
+        try:
+            listed = engine_call("listing snapshot images", lambda: run(argv))
+            break
+        except NoSuchImage:  # Podman fails a whole listing over an image removed meanwhile
+            if attempt == LIST_TRIES - 1:
+                raise
     found = []
     for ident in sorted(set(str(listed or "").split())):
         try:

@@ -211,8 +211,9 @@ def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectSt
     containers removed meanwhile by anyone cannot fail it."""
     client = client or docker_client()
     projects = list_projects(client)
-    removed = reap(client=client, projects=projects)  # owners gone: list nothing of theirs
-    live = [p for p in projects if p.name not in removed]
+    asked: dict[str, Listing | None] = {}  # other engines the reap asked, and what they hold
+    removed = reap(client=client, projects=projects, asked=asked)  # owners gone: not listed
+    live = [p for p in projects if p.name not in removed] + _alive_elsewhere(asked, removed)
     statuses = [
         ProjectStatus(
             id=p.name,
@@ -228,6 +229,23 @@ def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectSt
         for p in live
     ]
     return statuses, removed
+
+
+def _alive_elsewhere(asked: dict[str, Listing | None], removed: list[str]) -> list[ProjectInfo]:
+    """Our projects that another engine holds (one that `--engine podman` or `-H` started):
+    each whose folder names that engine, and which the reap spared, from one listing of each
+    such engine (the reap's, where it made one). An engine that did not answer within
+    PROBE_TIMEOUT adds none."""
+    away = elsewhere()
+    found = []
+    for host in sorted(set(away.values())):
+        if host not in asked:
+            asked[host] = _listing_elsewhere(host)
+        listing = asked[host]
+        for name, info in (listing[1] if listing else {}).items():
+            if away.get(name) == host and name not in removed:
+                found.append(info)
+    return sorted(found, key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
 def claim_from_pool(
@@ -280,12 +298,14 @@ def reap(
     projects: list[ProjectInfo] | None = None,
     *,
     include_kept: bool = False,
+    asked: dict[str, Listing | None] | None = None,
 ) -> list[str]:
     """Remove our projects whose owner process is gone (or all of ours), and project folders
     that no project and no live owner account for (a start killed half-way). Projects kept
     on purpose go only with `include_kept` (or `all_projects`). Never touches anything
     without our labels, nor folders outside our state folder. `projects`: a listing the
-    caller already made."""
+    caller already made; `asked`: filled with the listings of the other engines asked about
+    folders that record them (see `_removed_elsewhere`)."""
     removed = []
     projects = list_projects(client) if projects is None else projects
     for info in projects:
@@ -295,7 +315,7 @@ def reap(
             removed.append(info.name)
     images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
     live = {p.name for p in projects if p.name not in removed}
-    asked: dict[str, Listing | None] = {}
+    asked = {} if asked is None else asked
     for folder in orphan_folders(live):
         if folder_backend(folder) is not None:  # another backend's (a stack on a Swarm)
             with contextlib.suppress(OrchestratorError):  # its engine is away: next reap
