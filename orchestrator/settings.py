@@ -131,6 +131,13 @@ def named_engine() -> str:
 
 
 DOCKER_HOST_ENV = "ORCHESTRATOR_DOCKER_HOST"
+DEFAULT_ENGINE = "unix:///var/run/docker.sock"
+"""The address the docker CLI's default context reaches."""
+
+
+def same_engine(a: str, b: str) -> bool:
+    """Whether two engine addresses name one engine ("": the docker CLI's default)."""
+    return (a or DEFAULT_ENGINE) == (b or DEFAULT_ENGINE)
 
 
 def engine_host() -> str:

@@ -43,8 +43,8 @@ class Snapshot:
     """On Docker, with filesystem=True: the image holding the main container's filesystem
     (its changes above the image it ran), which a resume runs instead of the file's image."""
     host: str = ""
-    """The engine holding `image` when it was made by `spawn_runtime(host=...)` ("": the
-    process's own engine)."""
+    """The engine holding the images: the one named at spawn, else the process's
+    (ORCHESTRATOR_ENGINE and the rest); "": the docker CLI's default."""
     backend: str = ""
     """The registered backend that made `image`, and whose class removes it."""
     services: dict[str, str] = field(default_factory=dict)

@@ -180,7 +180,7 @@ def _wake_target(
     from orchestrator.spec.loader import load_environment
 
     named = settings.engine_address(host) if host else settings.engine_host()
-    if snap.host and named != snap.host:
+    if snap.host and not settings.same_engine(named, snap.host):
         raise UsageError(
             f"{snap.name}: its images are on the engine at {snap.host}; wake it there "
             f"(wake(..., host={snap.host!r}) / orchestrator -H {snap.host} wake)"

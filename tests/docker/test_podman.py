@@ -132,29 +132,60 @@ def test_what_podman_cannot_keep_is_refused_before_anything_is_made(
     assert not any((state / "projects").glob("*/compose.yaml"))  # no folder left either
 
 
+@pytest.mark.parametrize("what", ["mount-target", "workdir", "static-asset"])
+def test_a_path_podman_would_read_as_mount_options_is_refused(
+    make_env: MakeEnv, tmp_path: Path, what: str
+) -> None:
+    """Podman reads each mount back as comma-separated options, the last `src=` winning: a
+    target `/m,src=/etc` would bind the host's /etc, writable, into the sandbox (a hostile
+    file's way out). Any mount path with a comma is refused before anything is made."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "secret").write_text("the host's\n")
+    lines = {
+        "mount-target": f"mounts: [{{source: ./data, target: '/m,src={victim}'}}]\n",
+        "workdir": f"workdir: '/w,src={victim}'\n",
+        "static-asset": f"static_assets: [{{name: s, path: data, save_path: 'x,src={victim}'}}]\n",
+    }
+    path = make_env(lines[what], name=f"comma-{what}")
+    (path.parent / "data").mkdir(exist_ok=True)
+    before = labelled_ids(PODMAN)
+    with pytest.raises(BackendUnavailable, match=r"Podman cannot mount .*,src="):
+        spawn_runtime(path, host="podman")
+    assert labelled_ids(PODMAN) == before
+    assert os.listdir(victim) == ["secret"]
+    with spawn_runtime(path) as rt:  # Docker takes the comma as part of the name
+        assert rt.execute("cat /m*/secret /w*/secret /static/x*/secret").exit_code != 0
+
+
 def test_a_snapshot_on_podman_records_podman_and_resumes_only_there(
     make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ORCHESTRATOR_ENGINE alone chose Podman: the snapshot's record says so, so a process
     working with Docker is told where it is rather than looking on the wrong engine."""
+    from orchestrator.backends.container import images
+    from orchestrator.backends.container.engine import docker_client
+
     path = make_env("", name="podsnap")
     monkeypatch.setenv(settings.ENGINE_ENV, "podman")
     # Podman's API cannot mount a folder whose path holds `"` or `,`: refused, by name
     for odd in ('a"b', "a,b"):
         monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / odd))
         before = labelled_ids(PODMAN)
-        with pytest.raises(BackendUnavailable, match="Podman cannot bind-mount .*" + odd):
+        with pytest.raises(BackendUnavailable, match="Podman cannot mount .*" + odd):
             spawn_runtime(path)
         assert labelled_ids(PODMAN) == before
         assert not list((tmp_path / odd / "projects").iterdir())
     odd = ODD_STATE.replace('"', "")
     snapshot_under_an_odd_state_folder(path, tmp_path, monkeypatch, PODMAN, odd)
     with spawn_runtime(path) as rt:
+        quoted = rt.snapshot(tmp_path / 'x"y' / "s.tar", filesystem=True)  # in its record's path
+        assert images.owned(quoted.image, quoted.record, docker_client())
+        quoted.remove()
         images_before = on(PODMAN, "images", "-q").stdout
-        with pytest.raises(UsageError, match="Podman cannot label an image with a double quote"):
-            rt.snapshot(tmp_path / 'x"y' / "s.tar", filesystem=True)  # its record's path
+        with pytest.raises(UsageError, match="must be UTF-8"):
+            rt.snapshot(tmp_path / "x\udcffy" / "s.tar", filesystem=True)  # not UTF-8
         assert on(PODMAN, "images", "-q").stdout == images_before
-        assert not list((tmp_path / 'x"y').glob("*"))  # no record, no archive
         snap = rt.snapshot(tmp_path / "again.tar", filesystem=True)
     try:
         monkeypatch.delenv(settings.ENGINE_ENV)

@@ -87,20 +87,25 @@ def _word(value: str) -> str:
 
 
 def _podman_word(value: str) -> str:
-    """`value` as Podman's commit reads a label back as itself (4.3): double-quoted, every
-    character inside as it is (it unescapes nothing and expands nothing), so a double quote
-    cannot be written at all: refused."""
+    """`value` as Podman's commit reads a label back as itself (4.3): between double
+    quotes, which it strips, every character as it is (it unescapes nothing and expands
+    nothing; a double quote inside stays one)."""
     _check_label(value)
-    if '"' in value:
-        raise UsageError(f"Podman cannot label an image with a double quote: {value!r}")
     return f'"{value}"'
 
 
 def _check_label(value: str) -> None:
-    """A line break or NUL cannot be written in an instruction: refused (a record or state
-    folder path with one is no path anyone means)."""
+    """A line break or NUL cannot be written in an instruction, and a path that is not
+    UTF-8 cannot be a label (it would read back as another path, owned by no one, and never
+    be reaped): refused before anything is made."""
     if any(c in value for c in "\n\r\0"):
         raise UsageError(f"a snapshot label cannot hold a line break or NUL: {value!r}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"a snapshot label must be UTF-8, and this path is not: {value!r}"
+        ) from None
 
 
 def remove(image: str, client: DockerClient | None = None) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from python_on_whales import DockerClient
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from orchestrator import settings
 from orchestrator.backends.container import engine_api
@@ -554,8 +556,31 @@ def build_images(env: Environment, compiled: CompiledProject, *, host: str = "")
 
 
 PODMAN_UNMOUNTABLE = frozenset('",\n\r')
-"""What Podman's API cannot take in a bind mount's source: it reads each mount back as a CSV
-line of options (`"` breaks the parse, `,` starts another option)."""
+"""What Podman's API cannot take in a mount's source or target: it reads each mount back as
+a CSV line of options (`"` breaks the parse, and `,` starts another option: a target
+`/m,src=/etc` would mount the host's /etc)."""
+
+
+def _mount_paths(compose_yaml: str, directory: Path | None) -> list[str]:
+    """Every path a mount of the project names (the project folder, whose files the
+    relative sources are; each volume's source and target, each tmpfs), for the check
+    above. A file that cannot be read gives every string in it: nothing is let through
+    unread."""
+    paths = [str(directory)] if directory else []
+    try:
+        doc = YAML(typ="safe").load(compose_yaml) or {}
+        services = doc.get("services") or {}
+        for svc in services.values():
+            for volume in svc.get("volumes") or []:
+                if isinstance(volume, dict):
+                    paths += [str(volume.get(k, "")) for k in ("source", "target")]
+                else:
+                    paths.append(str(volume))
+            tmpfs = svc.get("tmpfs") or []
+            paths += [str(t) for t in ([tmpfs] if isinstance(tmpfs, str) else tmpfs)]
+    except (YAMLError, AttributeError, TypeError):
+        paths.append(compose_yaml)
+    return paths
 
 
 def require_engine(
@@ -570,19 +595,21 @@ def require_engine(
     environment's networks would hold no egress rule there: Podman ignores `internal`, runs
     no healthcheck of its own and, beside Docker, has its bridges' traffic dropped; and it
     ignores `runtime:`. Rootless on cgroup v1 it ignores every resource limit: refused
-    unless the caller accepts that (ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS=1). A folder it
-    would bind-mount (the project folder `directory`, the workspace, each mount) whose path
-    Podman cannot parse is refused by name."""
+    unless the caller accepts that (ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS=1). A mount whose
+    source or target Podman would misread (the project folder `directory`, the workspace,
+    the workdir, each mount and static asset) is refused by name."""
     facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
     if facts.kind != "podman":
         return
-    sources = [*([directory] if directory else []), *(m.source for m in compiled.mounts)]
-    for source in sources:
-        if PODMAN_UNMOUNTABLE & set(str(source)):
+    sources = _mount_paths(compiled.compose_yaml, directory)
+    sources += [str(p) for m in compiled.mounts for p in (m.source, m.target)]
+    for path in sources:
+        if PODMAN_UNMOUNTABLE & set(path):
             raise BackendUnavailable(
-                f"{name}: Podman cannot bind-mount {str(source)!r}: its API reads a mount's "
-                "path as a list split at commas, and a double quote or a line break breaks it. "
-                "Use a folder without those characters (the state folder: "
+                f"{name}: Podman cannot mount {path!r}: its API reads a mount as a list split "
+                "at commas (a comma in a path would add options, or name another host "
+                "folder), and a double quote or a line break breaks it. Use paths without "
+                "those characters (mounts, workdir, static assets, the state folder: "
                 "ORCHESTRATOR_STATE_DIR), or run it on Docker"
             )
     networked = (

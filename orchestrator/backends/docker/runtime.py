@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator import procutil
+from orchestrator import procutil, settings
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
     docker_client,
@@ -34,7 +34,7 @@ from orchestrator.sandbox import attach, files, hostfs, hostpack
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.settings import engine_host
+from orchestrator.settings import engine_host, same_engine
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import IMAGE_USER, MAIN
@@ -249,8 +249,8 @@ class ComposeRuntime(ContainerRuntime):
             if images.owned(image, snap.record, engine):
                 continue
             what = f"snapshot {snap.name} ({service}): its filesystem image {image}"
-            if not images.exists(image, engine) and snap.host != self._engine():
-                where = f"the engine at {snap.host}" if snap.host else "the process's own engine"
+            if not images.exists(image, engine) and not same_engine(snap.host, self._engine()):
+                where = f"the engine at {snap.host}" if snap.host else "the docker CLI's default"
                 raise UsageError(
                     f"{what} is on {where}; resume it there (spawn_runtime(..., host=...))"
                 )
@@ -284,6 +284,17 @@ class ComposeRuntime(ContainerRuntime):
 
     @classmethod
     def remove_snapshot_image(cls, snap: Snapshot) -> None:
+        """A record is a file anyone with access to it can write: the engine it names is
+        reached only when this process names it too (its own, or Podman's socket), never an
+        address the record alone gives (an `ssh://` one would start ssh)."""
+        named = same_engine(snap.host, engine_host()) or snap.host == settings.podman_socket()
+        if snap.images and not named:
+            log.warning(
+                "snapshot %s holds images on the engine at %s, which this process does not "
+                "name: left there (remove them with -H %s)",
+                *(snap.name, snap.host, snap.host),
+            )
+            return
         engine = docker_client(host=snap.host) if snap.host else None
         for image in snap.images.values():
             if not images.remove_owned(image, snap.record, engine) and images.exists(image, engine):

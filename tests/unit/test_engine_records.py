@@ -1,0 +1,62 @@
+"""Which engine a snapshot or suspend record names, and who may reach it: one engine named
+two ways is one engine, and an engine the record alone names is never contacted (a record
+is a file anyone with access to it can write)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from orchestrator import UsageError, settings
+from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.sandbox.suspend import _wake_target
+from orchestrator.spec.policy import Policy
+
+
+def test_an_engine_named_two_ways_is_one_engine() -> None:
+    assert settings.same_engine("", settings.DEFAULT_ENGINE)
+    assert settings.same_engine(settings.DEFAULT_ENGINE, "")
+    assert not settings.same_engine("", "unix:///run/podman/podman.sock")
+    assert not settings.same_engine("tcp://a:2375", "tcp://b:2375")
+
+
+def _record(tmp_path: Path, host: str) -> Snapshot:
+    return Snapshot(tmp_path / "s.tar", "e", "d", "", 0, "img", host, "docker", suspended=True)
+
+
+def test_a_record_of_the_default_socket_wakes_from_a_process_naming_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("DOCKER_HOST", settings.DOCKER_HOST_ENV, settings.ENGINE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    env = tmp_path / "env.yaml"
+    env.write_text("version: 1\nname: e\nimage: busybox\n")
+    _wake_target(_record(tmp_path, settings.DEFAULT_ENGINE), env, None, None, Policy())
+    monkeypatch.setenv("DOCKER_HOST", "tcp://elsewhere.test:2375")  # another engine
+    with pytest.raises(UsageError, match="its images are on the engine at unix://"):
+        _wake_target(_record(tmp_path, settings.DEFAULT_ENGINE), env, None, None, Policy())
+    with pytest.raises(UsageError, match="its images are on the engine at tcp://x"):
+        _wake_target(_record(tmp_path, "tcp://x.test:2375"), env, None, None, Policy())
+    _wake_target(_record(tmp_path, "tcp://x.test:2375"), env, None, "tcp://x.test:2375", Policy())
+
+
+def test_removing_a_record_never_reaches_an_engine_only_the_record_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.backends.docker.runtime import ComposeRuntime
+
+    for name in ("DOCKER_HOST", settings.DOCKER_HOST_ENV, settings.ENGINE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ORCHESTRATOR_ENGINE_TIMEOUT", "3")  # were it called: fail fast
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "engine.sock"))
+    listener.listen(8)
+    listener.setblocking(False)
+    try:
+        ComposeRuntime.remove_snapshot_image(_record(tmp_path, f"unix://{tmp_path}/engine.sock"))
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody called
+    finally:
+        listener.close()
