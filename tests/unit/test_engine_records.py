@@ -1,10 +1,9 @@
-"""Which engine a snapshot or suspend record names, and who may reach it: one engine named
-two ways is one engine, and an engine the record alone names is never contacted (a record
-is a file anyone with access to it can write)."""
+"""Which engine a snapshot or suspend record names: one engine named two ways is one engine,
+and a wake goes only to an engine the caller names (a record is a file anyone with access
+to it can write)."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -40,23 +39,3 @@ def test_a_record_of_the_default_socket_wakes_from_a_process_naming_none(
     with pytest.raises(UsageError, match="its images are on the engine at tcp://x"):
         _wake_target(_record(tmp_path, "tcp://x.test:2375"), env, None, None, Policy())
     _wake_target(_record(tmp_path, "tcp://x.test:2375"), env, None, "tcp://x.test:2375", Policy())
-
-
-def test_removing_a_record_never_reaches_an_engine_only_the_record_names(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from orchestrator.backends.docker.runtime import ComposeRuntime
-
-    for name in ("DOCKER_HOST", settings.DOCKER_HOST_ENV, settings.ENGINE_ENV):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ORCHESTRATOR_ENGINE_TIMEOUT", "3")  # were it called: fail fast
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(tmp_path / "engine.sock"))
-    listener.listen(8)
-    listener.setblocking(False)
-    try:
-        ComposeRuntime.remove_snapshot_image(_record(tmp_path, f"unix://{tmp_path}/engine.sock"))
-        with pytest.raises(BlockingIOError):
-            listener.accept()  # nobody called
-    finally:
-        listener.close()

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator import procutil, settings
+from orchestrator import procutil
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
     docker_client,
@@ -284,17 +284,6 @@ class ComposeRuntime(ContainerRuntime):
 
     @classmethod
     def remove_snapshot_image(cls, snap: Snapshot) -> None:
-        """A record is a file anyone with access to it can write: the engine it names is
-        reached only when this process names it too (its own, or Podman's socket), never an
-        address the record alone gives (an `ssh://` one would start ssh)."""
-        named = same_engine(snap.host, engine_host()) or snap.host == settings.podman_socket()
-        if snap.images and not named:
-            log.warning(
-                "snapshot %s holds images on the engine at %s, which this process does not "
-                "name: left there (remove them with -H %s)",
-                *(snap.name, snap.host, snap.host),
-            )
-            return
         engine = docker_client(host=snap.host) if snap.host else None
         for image in snap.images.values():
             if not images.remove_owned(image, snap.record, engine) and images.exists(image, engine):
