@@ -39,3 +39,22 @@ def test_a_record_of_the_default_socket_wakes_from_a_process_naming_none(
     with pytest.raises(UsageError, match="its images are on the engine at tcp://x"):
         _wake_target(_record(tmp_path, "tcp://x.test:2375"), env, None, None, Policy())
     _wake_target(_record(tmp_path, "tcp://x.test:2375"), env, None, "tcp://x.test:2375", Policy())
+
+
+@pytest.mark.parametrize("path", ["/a\nb", "/a\rb", "/a\0b", "/a\udcffb"])
+def test_a_label_path_no_instruction_can_carry_is_refused(path: str) -> None:
+    """A line break would end the commit's LABEL instruction (the rest read as another),
+    and a path that is not UTF-8 would be labelled as another path: both refused, on both
+    engines' writers, before any image is made."""
+    from orchestrator.backends.container.images import _podman_word, _word
+
+    for write in (_word, _podman_word):
+        with pytest.raises(UsageError, match=r"line break or NUL|must be UTF-8"):
+            write(path)
+
+
+def test_a_docker_label_word_escapes_exactly_what_its_parser_reads() -> None:
+    from orchestrator.backends.container.images import _podman_word, _word
+
+    assert _word('/é $HOME "q" \\b') == '"/é \\$HOME \\"q\\" \\\\b"'
+    assert _podman_word('/é $HOME "q" \\b') == '"/é $HOME "q" \\b"'

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any, TypeVar, cast
 
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
+from python_on_whales.utils import run
 
 from orchestrator import settings
 from orchestrator.backends.container.layout import FORWARDS_LABEL, parse_forwards
@@ -81,6 +83,27 @@ def engine_call(action: str, fn: Callable[[], T], *, retry: bool = True) -> T:
         except DockerError as exc:
             if not (retry and attempt == 0 and exc.returncode == TIMED_OUT):
                 raise
+    raise AssertionError("unreachable")
+
+
+LIST_TRIES = 5
+"""Listings made while the engine removes one of the objects it lists can fail over it;
+they are made again, this many times at most."""
+
+
+def listing(
+    action: str, argv: list[str], gone: tuple[type[DockerError], ...], *, retry: bool = True
+) -> str:
+    """The output of one `docker ... ls` call, made again (a moment later, LIST_TRIES times
+    at most) when the engine fails it over an object of a kind in `gone` removed while it
+    listed (Docker so trips over containers and networks, Podman over images)."""
+    for attempt in range(LIST_TRIES):
+        try:
+            return str(engine_call(action, lambda: run(argv), retry=retry) or "")
+        except gone:
+            if attempt == LIST_TRIES - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
     raise AssertionError("unreachable")
 
 

@@ -22,6 +22,7 @@ from orchestrator.backends.container.engine import (
     docker_client,
     engine_call,
     engine_timeout,
+    listing,
 )
 from orchestrator.backends.container.identity import LABEL_MANAGED, L
 from orchestrator.errors import DockerError, UsageError
@@ -33,11 +34,6 @@ LABEL_RECORD = L + "snapshot.record"
 LABEL_STATE = L + "snapshot.state"
 """On a snapshot image: the state folder of the process that made it (whose reapers alone
 may remove it)."""
-
-
-LIST_TRIES = 5
-"""Listings of images are made again, this many times at most, when one image went while
-the engine listed them."""
 
 
 def commit(
@@ -190,15 +186,9 @@ def labelled(label: str, client: DockerClient) -> list[tuple[str, dict[str, str]
     fails whole, and `ps` with it), and one gone meanwhile is simply not there."""
     argv = [*client.client_config.docker_cmd, "image", "ls", "-q", "--no-trunc"]
     argv += ["--filter", f"label={label}"]
-    for attempt in range(LIST_TRIES):
-        try:
-            listed = engine_call("listing snapshot images", lambda: run(argv))
-            break
-        except NoSuchImage:  # Podman fails a whole listing over an image removed meanwhile
-            if attempt == LIST_TRIES - 1:
-                raise
+    listed = listing("listing snapshot images", argv, (NoSuchImage,))
     found = []
-    for ident in sorted(set(str(listed or "").split())):
+    for ident in sorted(set(listed.split())):
         try:
             image = engine_call("inspecting a snapshot image", partial(client.image.inspect, ident))
         except NoSuchImage:

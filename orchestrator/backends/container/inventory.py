@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from python_on_whales import DockerClient
-from python_on_whales.utils import run
 
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
@@ -26,6 +25,7 @@ from orchestrator.backends.container.engine import (
     docker_errors,
     engine_call,
     engine_timeout,
+    listing,
 )
 from orchestrator.backends.container.engine_api import resolved_host
 from orchestrator.backends.container.identity import (
@@ -122,24 +122,9 @@ def _rows(
     fmt = "[" + ",".join([*fields, *labels]) + "]"
     argv = [*client.client_config.docker_cmd, *kind, "--filter"]
     argv += [f"label={LABEL_MANAGED}=1", "--format", fmt]
-    for attempt in range(LIST_TRIES):
-        try:
-            out = engine_call(
-                f"listing ({' '.join(kind)})",
-                lambda: run(argv, return_stderr=False),
-                retry=retry,
-            )
-            break
-        except (NoSuchContainer, NoSuchNetwork):  # the engine tripped over one just removed
-            if attempt == LIST_TRIES - 1:
-                raise
-            time.sleep(0.05 * (attempt + 1))
+    gone = (NoSuchContainer, NoSuchNetwork)
+    out = listing(f"listing ({' '.join(kind)})", argv, gone, retry=retry)
     return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
-LIST_TRIES = 5
-"""Listings made while the engine removes one of the objects it lists can fail over it;
-they are made again, this many times at most."""
 
 
 def list_projects(client: DockerClient | None = None, *, retry: bool = True) -> list[ProjectInfo]:

@@ -601,9 +601,7 @@ def require_engine(
     facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
     if facts.kind != "podman":
         return
-    sources = _mount_paths(compiled.compose_yaml, directory)
-    sources += [str(p) for m in compiled.mounts for p in (m.source, m.target)]
-    for path in sources:
+    for path in _mount_paths(compiled.compose_yaml, directory):
         if PODMAN_UNMOUNTABLE & set(path):
             raise BackendUnavailable(
                 f"{name}: Podman cannot mount {path!r}: its API reads a mount as a list split "
