@@ -91,6 +91,11 @@ FLAG_ON = ("1", "true", "yes", "on")
 FLAG_OFF = ("0", "false", "no", "off")
 
 
+GUARDIAN_ENV = "ORCHESTRATOR_GUARDIAN"
+"""0: no guardian removes what an owner process leaves when it dies (a reaper still does, for
+the container backends; nothing does for the local backend's processes)."""
+
+
 def flag(name: str, default: bool) -> bool:
     """On or off: 1, true, yes, on or 0, false, no, off (any case)."""
     want = f"one of {', '.join(FLAG_ON)} (on) or {', '.join(FLAG_OFF)} (off)"

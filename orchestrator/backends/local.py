@@ -17,7 +17,7 @@ import weakref
 from pathlib import Path
 from typing import ClassVar
 
-from orchestrator import procutil
+from orchestrator import procutil, settings
 from orchestrator.errors import SandboxUnavailable, SpecIssue, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import Chunks, Command, SpawnOptions, stdin_chunks
@@ -74,23 +74,36 @@ def _refusals(env: Environment, policy: Policy) -> list[SpecIssue]:
     return out
 
 
-def _remove(tmp: Path, mark: bytes) -> None:
-    """What a runtime leaves: processes carrying its mark, and its folder."""
-    for pid in procutil.marked(mark):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    _writable(tmp)
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _writable(root: Path) -> None:
-    if not root.exists():
+def _remove(owner: int, tmp: Path, mark: bytes, guard: subprocess.Popen[bytes] | None) -> None:
+    """What a runtime leaves: processes carrying its mark, and its folder; then its guardian
+    is told it is done with (it finds nothing left, and exits). Nothing in a child forked
+    from the owner (`owner` is the owner's pid), which holds a copy of the runtime at its
+    exit or when it drops it: the runtime is its parent's, still in use."""
+    if os.getpid() != owner:
         return
-    root.chmod(root.stat().st_mode | 0o700)
-    for dirpath, dirnames, _ in os.walk(root):
-        for name in dirnames:
-            p = Path(dirpath, name)
-            p.chmod(p.stat().st_mode | 0o700)
+    procutil.kill_marked(mark)
+    procutil.remove_tree(str(tmp))
+    if guard is not None and guard.stdin is not None:
+        with contextlib.suppress(OSError):
+            guard.stdin.close()
+
+
+GUARD = (
+    "import sys; from orchestrator import procutil; "
+    "procutil.guard_marked(int(sys.argv[1]), sys.argv[2], sys.argv[3].encode(), sys.argv[4])"
+)
+
+
+def _guard(tmp: Path, mark: str) -> subprocess.Popen[bytes] | None:
+    """A guardian of this runtime (see `procutil.guard_marked`): when the owner dies, by any
+    signal, its processes and folder go all the same."""
+    if not settings.flag(settings.GUARDIAN_ENV, True):
+        return None
+    pid = os.getpid()
+    guard = procutil.guardian(GUARD, [str(pid), procutil.process_start(pid), mark, str(tmp)])
+    # reaped whenever it ends, whoever still holds the runtime
+    threading.Thread(target=guard.wait, name="orchestrator-local-guard", daemon=True).start()
+    return guard
 
 
 class LocalRuntime(Runtime):
@@ -116,7 +129,10 @@ class LocalRuntime(Runtime):
     def __init__(self, env: Environment, options: SpawnOptions) -> None:
         super().__init__(env, options)
         self._tmp: Path | None = None
-        self._leftovers: weakref.finalize[[Path, bytes], LocalRuntime] | None = None
+        self._leftovers: (
+            weakref.finalize[[int, Path, bytes, subprocess.Popen[bytes] | None], LocalRuntime]
+            | None
+        ) = None
         self._workspace: Path | None = None
         self._static: Path | None = None
         self._env: dict[str, str] = {}
@@ -138,7 +154,14 @@ class LocalRuntime(Runtime):
         self._tmp = Path(tempfile.mkdtemp(prefix=f"orch-local-{spec.name}-"))
         # a runtime dropped without cleanup (and collected) or still open at exit: its
         # processes and folder go all the same
-        self._leftovers = weakref.finalize(self, _remove, self._tmp, self._mark.encode())
+        try:
+            guard = _guard(self._tmp, self._mark)  # when this process is killed, by any signal
+        except OSError as exc:  # no interpreter to run it: go on without, and say so
+            guard = None
+            self.warnings.append(f"local backend: no guardian ({exc}): a killed owner leaks")
+        self._leftovers = weakref.finalize(
+            self, _remove, os.getpid(), self._tmp, self._mark.encode(), guard
+        )
         if self.options.workspace is not None:
             self._workspace = self.options.workspace
             self._workspace.mkdir(parents=True, exist_ok=True)
@@ -200,17 +223,7 @@ class LocalRuntime(Runtime):
             procs = list(self._procs)
         for proc in procs:
             procutil.kill_tree(proc.pid, signal.SIGKILL)
-        # Again until a few passes in a row find none: a process forking while a pass read
-        # /proc has a child that pass never saw, and one in the middle of exec() has no
-        # environment to read for an instant (after a second, give up: poll() says it lives).
-        deadline, quiet = time.monotonic() + 1.0, 0
-        while quiet < 3 and time.monotonic() < deadline:
-            found = procutil.marked(self._mark.encode())
-            quiet = 0 if found else quiet + 1
-            for pid in found:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.02)
+        procutil.kill_marked(self._mark.encode())  # after a second, give up: poll() says so
 
     # ----- pause / resume: SIGSTOP and SIGCONT (see `deviations`) --------------------------
     def _pause(self) -> None:

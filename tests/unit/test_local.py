@@ -96,3 +96,148 @@ def test_a_runtime_dropped_without_cleanup_leaves_nothing() -> None:
     while running(token) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running(token)
+
+
+_OWNER = """
+import os, sys, time
+from orchestrator import load_environment_text, spawn_runtime
+env = load_environment_text("version: 1\\nname: l\\nbackend: local\\n", source="l.yaml")
+os.chdir({cwd!r})  # the owner's current folder: where a sandbox might have written
+rt = spawn_runtime(env)
+r = rt.execute("setsid sleep {seconds} >/dev/null 2>&1 < /dev/null & sleep {seconds} & echo ok")
+print(rt.workdir, flush=True)
+time.sleep(300)
+"""
+
+
+_FORKER = """
+import gc, os, sys, threading, time
+from orchestrator import UsageError, load_environment_text, spawn_runtime
+from orchestrator.sandbox.ledger import Ledger
+def daemon():
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"sleep\\x00{seconds}" in open(f"/proc/{{p}}/cmdline", "rb").read():
+                return True
+        except OSError:
+            pass
+    return False
+def admitted():
+    with Ledger().locked():
+        return len([t for t in Ledger().read() if t.pid == os.getpid() and t.admitted])
+env = load_environment_text("version: 1\\nname: l\\nbackend: local\\n", source="l.yaml")
+rt = spawn_runtime(env)
+rt.execute("setsid sleep {seconds} >/dev/null 2>&1 < /dev/null & echo ok")
+deadline = time.monotonic() + 10
+while not daemon() and time.monotonic() < deadline:
+    time.sleep(0.05)
+before = admitted()
+for how in ("drops it", "exits", "leaves a with block", "uses it", "forked under a lock"):
+    held, go = threading.Event(), threading.Event()
+    if how == "forked under a lock":  # another thread of the owner holds the ledger's lock
+        def hold():
+            with Ledger().locked():
+                held.set()
+                go.wait()
+        threading.Thread(target=hold).start()
+        held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child ends normally: its finalizers and atexit hooks run
+        if how == "drops it":
+            del rt
+            gc.collect()
+        elif how == "leaves a with block":
+            with rt:
+                pass
+        elif how == "uses it":
+            try:
+                rt.execute("echo from-child")
+                os._exit(3)
+            except UsageError:
+                pass
+        elif how == "forked under a lock":
+            time.sleep(60)  # while it lives, the owner must still take the lock
+        sys.exit(0)
+    if how == "forked under a lock":
+        go.set()
+        with Ledger().locked(deadline=time.monotonic() + 10):
+            pass
+        os.kill(pid, 9)
+    _, status = os.waitpid(pid, 0)
+    assert how == "forked under a lock" or status == 0, (how, status)
+time.sleep(0.2)
+alive = rt.execute("echo alive").stdout.strip()
+print(os.path.isdir(rt.workdir), alive, daemon(), before, admitted(), flush=True)
+rt.cleanup()
+"""
+
+
+def test_a_forked_child_leaves_its_parents_runtime_alone() -> None:
+    """A child forked from the owner holds a copy of its runtime: whether it drops it, just
+    exits, leaves a `with` block or tries to run a command (UsageError), the parent's
+    runtime goes on (folder, daemons, commands, its admission), and a lock another thread
+    held at the fork is not held by the child."""
+    import subprocess
+    import sys
+
+    seconds = str(30000 + uuid.uuid4().int % 9999)
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKER.format(seconds=seconds)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "alive", "True", "1", "1"], done.stdout
+    deadline = time.monotonic() + 5
+    while running(f"sleep\0{seconds}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(f"sleep\0{seconds}") == [], "the parent's cleanup left its daemon"
+
+
+PLANTED = "open({out!r}, 'w').write('ran'); raise SystemExit(3)\n"
+"""What a sandbox could leave in the owner's current folder for the guardian to import."""
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGKILL of its process group", "planted files"])
+def test_an_owner_killed_outright_leaves_no_process_and_no_folder(how: str, tmp_path: Path) -> None:
+    """A harness killed by SIGKILL runs no cleanup, finalizer or atexit hook: the runtime's
+    guardian (a process of its own session) kills what its commands left running, daemons
+    included, and removes its folder. Modules planted in the owner's current folder are
+    never imported by it."""
+    import signal
+    import subprocess
+    import sys
+
+    seconds = str(30000 + uuid.uuid4().int % 9999)
+    ran = tmp_path / "ran"
+    if how == "planted files":
+        for name in ("selectors.py", "threading.py", "shutil.py", "orchestrator.py"):
+            (tmp_path / name).write_text(PLANTED.format(out=str(ran)))
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER.format(seconds=seconds, cwd=str(tmp_path))],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert owner.stdout is not None
+        workdir = Path(owner.stdout.readline().strip())
+        deadline = time.monotonic() + 10
+        while len(running(f"sleep\0{seconds}")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(running(f"sleep\0{seconds}")) == 2 and workdir.is_dir()
+    finally:
+        if how == "SIGKILL of its process group":
+            os.killpg(owner.pid, signal.SIGKILL)
+        else:
+            owner.kill()
+        owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+    deadline = time.monotonic() + 10
+    while (running(f"sleep\0{seconds}") or workdir.exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running(f"sleep\0{seconds}") == [], "a command of the dead owner still runs"
+    assert not workdir.exists(), "the dead owner's folder is still there"
+    assert not ran.exists(), "the guardian imported a module planted in the owner's folder"

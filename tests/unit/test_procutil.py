@@ -110,3 +110,21 @@ def test_no_thread_before_the_process_means_no_process(monkeypatch: pytest.Monke
     monkeypatch.setattr(threading.Thread, "start", refuse)
     with pytest.raises(procutil.NoProcess, match="process limit"):
         _drain(procutil.run(["true"], None, None, timeout=5))
+
+
+def test_a_zombie_owner_is_not_alive_though_its_start_time_still_reads() -> None:
+    """An owner killed and not yet reaped by its parent is a zombie: its /proc entry, start
+    time included, stays until then. A guardian must act at once all the same."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        start = procutil.process_start(pid)
+        deadline = time.monotonic() + 5
+        while procutil.stat_fields(pid)[:1] != [b"Z"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert procutil.process_start(pid) == start != ""  # what a pid check alone sees
+        assert not procutil.alive(pid, start)
+        assert procutil.alive(os.getpid(), procutil.process_start(os.getpid()))
+    finally:
+        os.waitpid(pid, 0)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 
-from orchestrator import settings
+from orchestrator import procutil, settings
 from orchestrator.backends.container.identity import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
@@ -30,7 +30,7 @@ from orchestrator.backends.container.identity import (
 )
 from orchestrator.errors import OrchestratorError
 
-GUARDIAN_ENV = "ORCHESTRATOR_GUARDIAN"
+GUARDIAN_ENV = settings.GUARDIAN_ENV
 LOG_ENV = "ORCHESTRATOR_GUARDIAN_LOG"
 """A file the guardians append their errors to (none by default)."""
 POLL = 0.5
@@ -54,18 +54,8 @@ def ensure_guardian() -> None:
     with _lock:
         if _guardian is not None and _guardian[0] == pid and _guardian[1].poll() is None:
             return
-        argv = [sys.executable, "-c", ENTRY, str(pid)]
-        argv += [process_start(pid), socket.gethostname()]
-        log = os.environ.get(LOG_ENV)
-        with open(log or os.devnull, "ab") as err:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                start_new_session=True,
-            )
-        _guardian = (pid, proc)
+        args = [str(pid), process_start(pid), socket.gethostname()]
+        _guardian = (pid, procutil.guardian(ENTRY, args, os.environ.get(LOG_ENV)))
 
 
 def watch(pid: str, start: str, host: str) -> None:
