@@ -8,8 +8,11 @@ current folder (so `ps` in one folder missed what `up` in another started)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from orchestrator.errors import UsageError
@@ -53,3 +56,48 @@ def read_regular(path: Path, limit: int, *, follow: bool = False) -> bytes | Non
         return None
     finally:
         os.close(fd)
+
+
+_LOCK_FDS: set[int] = set()
+"""Descriptors this process holds a lock through (see `lock_descriptor`)."""
+_LOCK_FDS_GUARD = threading.Lock()
+"""Held from opening such a descriptor to recording it, and across every os.fork(): a child
+never gets one that is not in _LOCK_FDS."""
+
+
+def _close_lock_fds() -> None:
+    for fd in _LOCK_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+    _LOCK_FDS_GUARD.release()
+
+
+os.register_at_fork(
+    before=_LOCK_FDS_GUARD.acquire,
+    after_in_parent=_LOCK_FDS_GUARD.release,
+    after_in_child=_close_lock_fds,
+)
+
+
+def open_for_lock(path: Path, flags: int, mode: int = 0o600) -> int:
+    """`path` opened (os.open) to flock through: leave it to `lock_descriptor`, at once."""
+    with _LOCK_FDS_GUARD:
+        fd = os.open(path, flags, mode)
+        _LOCK_FDS.add(fd)
+    return fd
+
+
+@contextlib.contextmanager
+def lock_descriptor(fd: int) -> Iterator[int]:
+    """`fd` (from `open_for_lock`), closed on leaving. A flock belongs to the open file, so a
+    child forked while some thread holds it would keep it for as long as it lives (every
+    other spawn of this user waiting on it): the child's copy is closed at fork, and a child
+    forked inside the block leaves whatever has that number there now alone."""
+    pid = os.getpid()
+    try:
+        yield fd
+    finally:
+        if os.getpid() == pid:
+            _LOCK_FDS.discard(fd)
+            os.close(fd)

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.paths import projects_dir, read_regular, state_dir
+from orchestrator.paths import lock_descriptor, open_for_lock, projects_dir, read_regular, state_dir
+from orchestrator.procutil import process_start as process_start
 from orchestrator.procutil import stat_fields
 
 TICKET_MAX = 4096
@@ -40,12 +41,6 @@ PARSED_MAX = 4096
 """Tickets (and holders) remembered by this process, to read only what changed."""
 _parsed: dict[tuple[str, str, int, int, int], Ticket] = {}
 _alive: dict[tuple[int, str], tuple[bool, float]] = {}
-
-
-def process_start(pid: int) -> str:
-    """Start time of a process in clock ticks since boot ('' when it is gone)."""
-    fields = stat_fields(pid)
-    return fields[19].decode() if len(fields) > 19 else ""
 
 
 @dataclass(frozen=True)
@@ -162,20 +157,20 @@ class Ledger:
         self._own_folder(self.root)
         self._own_folder(self.tickets)
         lock = self.root / "lock"
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+            fd = open_for_lock(lock, flags)
         except OSError as exc:  # a folder, a link, ...: not a lock of ours
             raise OrchestratorError(
                 f"the admission ledger's lock {lock} cannot be opened ({exc.strerror}): remove "
                 "it (it is an ordinary empty file), or set ORCHESTRATOR_ADMISSION=0"
             ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OrchestratorError(
-                f"the admission ledger's lock {lock} is not a regular file: remove it, or set "
-                "ORCHESTRATOR_ADMISSION=0"
-            )
-        try:
+        with lock_descriptor(fd):  # (the lock goes as it closes)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OrchestratorError(
+                    f"the admission ledger's lock {lock} is not a regular file: remove it, or "
+                    "set ORCHESTRATOR_ADMISSION=0"
+                )
             end = time.monotonic() + LOCK_WAIT if deadline is None else deadline
             while True:
                 try:
@@ -192,8 +187,6 @@ class Ledger:
                     )
                 time.sleep(0.005)
             yield None
-        finally:
-            os.close(fd)  # the lock goes with it
 
     # ----- tickets (call inside `locked()`) --------------------------------------------
     def read(self) -> list[Ticket]:

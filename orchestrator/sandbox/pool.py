@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 import uuid
@@ -84,6 +85,9 @@ class Pool:
         self._left = total
         """Starts the pool may still make (None: no bound)."""
         self._closed = False
+        self._pid = os.getpid()
+        """The process the pool belongs to: a forked child's copy neither hands out nor
+        removes its environments."""
         self._watchers: set[Callable[[], None]] = set()
         """Called (in the pool's threads) when something is offered or the pool closes."""
         for _ in range(size):
@@ -207,6 +211,7 @@ class Pool:
         """An environment, set up and running. Waits up to `timeout` seconds when none is
         ready (TimeoutError after); a start that failed raises its error here; PoolExhausted
         when `total` environments were started and none is left."""
+        self._check_owner()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cond:
@@ -235,6 +240,7 @@ class Pool:
         """Give an environment back. With reset (the default of a reuse pool) its processes
         are killed, its workspace is put back as it was after setup, and it waits for the
         next acquire(); otherwise, or when that fails, it is removed."""
+        self._check_owner()
         with self._cond:
             if rt not in self._baselines:
                 raise UsageError(f"{rt.env.name}: not an environment of this pool")
@@ -258,6 +264,7 @@ class Pool:
         """Drop the waiting environments another process claimed (`orchestrator up --pool`)
         and start one in place of each; returns how many. A start that failed meanwhile is
         raised here (and replaced), as acquire() would."""
+        self._check_owner()
         with self._cond:
             failed = next((i for i in self._ready if not isinstance(i, Runtime)), None)
             if failed is not None:
@@ -275,6 +282,13 @@ class Pool:
             self._refill()
         return len(taken)
 
+    def _check_owner(self) -> None:
+        if os.getpid() != self._pid:
+            raise UsageError(
+                f"the pool of {self.env.name} belongs to process {self._pid}, which this "
+                "process was forked from; make a pool here"
+            )
+
     def _let_go(self, rt: Runtime) -> None:
         """Forget an environment another process claimed: it keeps running, theirs now."""
         with self._cond:
@@ -283,7 +297,11 @@ class Pool:
 
     def close(self) -> None:
         """Remove every environment still waiting, at once, after the starts in flight end;
-        starts not begun yet are dropped (those handed out are their holders' to release)."""
+        starts not begun yet are dropped (those handed out are their holders' to release).
+        In a child forked from the pool's process it only closes the child's copy."""
+        if os.getpid() != self._pid:
+            self._closed = True
+            return
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -89,6 +90,14 @@ class _Left:
         return running is None or running.is_closed()
 
 
+def _stop_in(pid: int, stop: threading.Event) -> None:
+    """End a call's command (its generator closed, or dropped and collected): only in the
+    process that made it. A child forked meanwhile runs this at exit, and must neither touch
+    the parent's command nor wait on a lock a parent thread held inside the Event."""
+    if os.getpid() == pid:
+        stop.set()
+
+
 async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
     """A blocking command run (`make()`, a backend's `_run`) for an asyncio caller: driven by
     a thread of its own, at most AHEAD chunks ahead of the caller. When the caller stops
@@ -136,8 +145,8 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
     threading.Thread(target=pump, name="orch-aio-run", daemon=True).start()
     # a caller that drops this generator unclosed (its loop closed under it) never runs the
     # `finally` below: the command must end all the same, when the frame is collected
-    owner = _Owner()
-    weakref.finalize(owner, stop.set)
+    owner, pid = _Owner(), os.getpid()
+    weakref.finalize(owner, _stop_in, pid, stop)
     try:
         while True:
             what, value = await items.get()
@@ -151,7 +160,7 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
             else:
                 raise value
     finally:
-        stop.set()
+        _stop_in(pid, stop)
 
 
 class _Owner:

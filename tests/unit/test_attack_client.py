@@ -6,6 +6,7 @@ command's credit allows, never allocates what a frame header claims, and fails t
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -107,3 +108,77 @@ def test_a_frame_header_claiming_a_huge_payload_allocates_nothing(
     raised, _, peak = _consume(client, 0.0)
     assert isinstance(raised, ExecutorLost), raised
     assert peak < 8 << 20, f"{peak} bytes allocated for a frame that never came"
+
+
+_FORK_WHILE_HELD = """
+import os, sys, threading, time
+held, release = threading.Event(), threading.Event()
+
+def hold(lock):
+    with lock:  # a parent thread inside the call's machinery at the moment of the fork
+        held.set()
+        release.wait(60)
+
+def fork_and_wait(lock):
+    threading.Thread(target=hold, args=(lock,), daemon=True).start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # its finalizers run now, the call's among them
+    deadline = time.monotonic() + 10
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            release.set()
+            sys.exit("the child hung at exit on the parent's call")
+        time.sleep(0.05)
+    release.set()
+"""
+
+_EXECUTOR_CALL = """
+from orchestrator.backends.container.executor.client import ExecutorClient, _Call
+from orchestrator.sandbox.options import Command
+
+client = ExecutorClient(["true"])
+call = _Call(client, Command(["true"], {}, "/", None, None, None), 1.0)
+fork_and_wait(client._out_cond)  # the executor's send lock
+"""
+
+_ASYNC_CALL = """
+import asyncio, weakref
+from orchestrator.sandbox.threads import thread_chunks
+
+def chunks():
+    yield ("stdout", b"one")
+    time.sleep(60)
+    yield ("stdout", b"two")
+
+async def main():
+    calls = thread_chunks(chunks)
+    await calls.__anext__()
+    [stop] = [  # the Event the call's finalizer sets to end its command
+        arg
+        for info in (f.peek() for f in list(weakref.finalize._registry))
+        if info is not None
+        for arg in (getattr(info[1], "__self__", None), *info[2])
+        if isinstance(arg, threading.Event)
+    ]
+    fork_and_wait(stop._cond)
+    await calls.aclose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("call", [_EXECUTOR_CALL, _ASYNC_CALL], ids=["executor", "async"])
+def test_a_child_forked_while_a_call_runs_exits_without_touching_it(call: str) -> None:
+    """A call's finalizer ends its command (through the executor, or the thread that runs
+    an async call). In a forked child it must do nothing: the command is the parent's, and
+    a lock a parent thread held at the fork would hold the child's exit forever."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_WHILE_HELD + call],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr

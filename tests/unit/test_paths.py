@@ -81,3 +81,37 @@ def test_the_cli_exits_2_on_a_relative_state_dir(tmp_path: Path) -> None:
     assert "ORCHESTRATOR_STATE_DIR must be an absolute path" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "state").exists()
+
+
+_FORK_IN_A_LOCK = """
+import os, sys
+from orchestrator.paths import lock_descriptor, open_for_lock
+lock, log = sys.argv[1], sys.argv[2]
+pid = -1
+try:
+    with lock_descriptor(open_for_lock(lock, os.O_RDWR | os.O_CREAT)) as fd:
+        pid = os.fork()
+        if pid == 0:
+            out = open(log, "w")  # takes the number the fork freed in the child
+            print(out.fileno() == fd, file=sys.stderr)
+finally:
+    if pid == 0:  # the child left the block
+        out.write("still open")
+        out.close()
+        os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_inside_a_lock_block_keeps_what_reuses_its_number(tmp_path: Path) -> None:
+    """The child's copy of a lock descriptor is closed at fork; leaving the block in the
+    child must not close whatever the child opened since under that number."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_IN_A_LOCK, str(tmp_path / "lock"), str(tmp_path / "log")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "True"  # the child did reuse the number
+    assert (tmp_path / "log").read_text() == "still open"

@@ -15,6 +15,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from orchestrator.paths import lock_descriptor, open_for_lock
+
 POOL_FILE = "pool"
 READY = "ready"
 """Up, set up, waiting in its pool."""
@@ -28,12 +30,10 @@ REMOVING = "removing"
 
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[int]:
-    fd = os.open(directory / POOL_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
+    fd = open_for_lock(directory / POOL_FILE, os.O_RDWR | os.O_CREAT)
+    with lock_descriptor(fd):  # its closing releases the lock
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _read_fd(fd: int) -> tuple[str, str] | None:

@@ -165,6 +165,8 @@ class ExecutorClient:
         self._last_ping = 0.0
         self._probe_once = SingleFlight()
         """The probe async callers share while it runs (see _asilence)."""
+        self._pid = os.getpid()
+        """The process that talks to the executor: a child forked from it sends nothing."""
 
     # ----- process -------------------------------------------------------------------------
     def start(self) -> None:
@@ -595,7 +597,11 @@ class _Waker:
 
 
 def _forget(client: ExecutorClient, cid: int, done: list[bool]) -> None:
-    """A call is over: unless its command exited, it is killed; its inbox goes."""
+    """A call is over: unless its command exited, it is killed; its inbox goes. In a child
+    forked while the call ran (its finalizers run at its exit) nothing is done: the command
+    is the parent's, and a lock a parent thread held at the fork stays held in the child."""
+    if os.getpid() != client._pid:
+        return
     if not done[0] and not client._dead.is_set():
         client._send(wire.KILL, cid)
     client._queues.pop(cid, None)
