@@ -5,6 +5,7 @@ service; `logs` names the services; `up` and `run` print the runtime's warnings.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -125,3 +126,45 @@ def test_up_and_run_print_the_runtime_warnings(make_env: MakeEnv) -> None:
     finally:
         cli("down", up.stdout.strip())
     assert Path(path).exists()
+
+
+_PROBE = """
+import contextlib, json, sys
+sys.argv = ["orchestrator", *json.loads(sys.argv[1])]
+from orchestrator.cli import main
+with contextlib.suppress(SystemExit):
+    main()
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr)
+"""
+
+
+def _loaded_by(*args: str) -> tuple[str, set[str]]:
+    """What `orchestrator ARGS` printed, and the top-level modules it loaded."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout, set(json.loads(done.stderr.splitlines()[-1]))
+
+
+HEAVY = {"python_on_whales", "jinja2"}
+
+
+def test_exec_ps_and_down_load_neither_python_on_whales_nor_jinja(make_env: MakeEnv) -> None:
+    """The commands a harness runs most stay light: python-on-whales (about 0.3 s of CPU to
+    import) and Jinja are not loaded to run a command, list or take down an environment."""
+    up = cli("up", str(make_env("", name="light")))
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        out, loaded = _loaded_by("exec", ident, "--", "echo", "hi")
+        assert out == "hi\n" and not loaded & HEAVY, sorted(loaded)
+        out, loaded = _loaded_by("ps")
+        assert ident in out and not loaded & HEAVY, sorted(loaded)
+    finally:
+        out, loaded = _loaded_by("down", ident)
+    assert ident in out and not loaded & HEAVY, sorted(loaded)
+    assert ident not in cli("ps").stdout

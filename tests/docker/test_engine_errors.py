@@ -1,19 +1,21 @@
 """The real engine's errors arrive as types (backends/container/engine.py): an exec into a
-container that was removed, stopped or paused, built by the one ExecTarget."""
+container that was removed, stopped or paused, built by the one ExecTarget, through our own
+CLI runner and python-on-whales' alike."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
-from python_on_whales.utils import run
+from python_on_whales.utils import run as whales_run
 
 from orchestrator.backends.container.engine import (
     ContainerNotRunning,
     ContainerPaused,
     NoSuchContainer,
     engine_call,
+    run,
 )
 from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.errors import DockerError
@@ -37,21 +39,27 @@ def container() -> Iterator[str]:
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=60)
 
 
-def _exec(cid: str) -> str:
+Runner = Callable[[list[str]], object]
+
+
+def _exec(cid: str, runner: Runner) -> str:
     argv = ExecTarget(["docker"], cid).argv(["echo", "hi"], user="0", workdir="/")
-    return str(engine_call("exec into it", lambda: run(argv), retry=False))
+    return str(engine_call("exec into it", lambda: runner(argv), retry=False))
 
 
-def test_exec_into_a_removed_paused_or_stopped_container_raises_its_type(container: str) -> None:
-    assert _exec(container).strip() == "hi"
+@pytest.mark.parametrize("runner", [run, whales_run], ids=["ours", "python-on-whales"])
+def test_exec_into_a_removed_paused_or_stopped_container_raises_its_type(
+    container: str, runner: Runner
+) -> None:
+    assert _exec(container, runner).strip() == "hi"
     _docker("pause", container)
     with pytest.raises(ContainerPaused):
-        _exec(container)
+        _exec(container, runner)
     _docker("unpause", container)
     _docker("kill", container)
     with pytest.raises(ContainerNotRunning):
-        _exec(container)
+        _exec(container, runner)
     _docker("rm", "-f", container)
     with pytest.raises(NoSuchContainer) as info:
-        _exec(container)
+        _exec(container, runner)
     assert isinstance(info.value, DockerError) and "No such container" in info.value.stderr

@@ -172,6 +172,8 @@ def test_a_name_is_one_path_segment(engine: Callable[[Answer], str]) -> None:
         ({"DOCKER_HOST": "ssh://me@there"}, None, None),
         ({"DOCKER_CONTEXT": "remote"}, None, None),
         ({"DOCKER_CONTEXT": "default"}, None, engine_api.DEFAULT_SOCKET),
+        ({"DOCKER_API_VERSION": "1.41"}, None, None),  # pinned: the CLI keeps it, we would not
+        ({"DOCKER_API_VERSION": "1.41", "DOCKER_HOST": "unix:///run/o.sock"}, None, None),
         ({}, {"currentContext": "remote"}, None),
         ({}, {"currentContext": "default"}, engine_api.DEFAULT_SOCKET),
         ({}, "not json", None),  # whatever the CLI makes of it: not guessed here
@@ -186,7 +188,7 @@ def test_only_the_engine_the_cli_would_reach_on_its_socket(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("DOCKER_HOST", "ORCHESTRATOR_DOCKER_HOST", "DOCKER_CONTEXT"):
+    for name in ("DOCKER_HOST", "ORCHESTRATOR_DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_API_VERSION"):
         monkeypatch.delenv(name, raising=False)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)

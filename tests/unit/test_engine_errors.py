@@ -4,10 +4,17 @@ Docker 20.10 engine and CLI print (captured from the test machine's engine)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 from python_on_whales.exceptions import DockerException
 
 from orchestrator.backends.container.engine import (
+    TIMED_OUT,
     ContainerNotRunning,
     ContainerPaused,
     NetworkInUse,
@@ -18,6 +25,8 @@ from orchestrator.backends.container.engine import (
     StorageOptUnsupported,
     SubnetOverlap,
     classify,
+    engine_call,
+    run,
     unknown_user,
     wrap,
 )
@@ -96,3 +105,104 @@ def test_an_unknown_user_is_read_from_the_exec_s_own_words() -> None:
     said = "unable to find user nobody2: no matching entries in passwd file\n"
     assert unknown_user(said) == said.strip()
     assert unknown_user("sh: 1: nope: not found") is None
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "fake-docker"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def test_our_runner_returns_stdout_and_types_a_failure_as_the_engine_said(tmp_path: Path) -> None:
+    ok = _script(tmp_path, 'printf "a\\nb\\n\\n"\n')
+    assert run([ok]) == "a\nb\n"  # one trailing newline dropped, as python-on-whales does
+    gone = _script(tmp_path, "echo 'Error: No such container: x' >&2; exit 1\n")
+    with pytest.raises(NoSuchContainer) as info:
+        engine_call("inspecting x", lambda: run([gone]), retry=False)
+    assert info.value.returncode == 1 and "No such container" in info.value.stderr
+
+
+def test_bytes_that_are_not_utf8_in_an_engine_message_do_not_break_its_error(
+    tmp_path: Path,
+) -> None:
+    said = _script(tmp_path, "printf 'no such image: \\377\\376\\n' >&2; exit 1\n")
+    with pytest.raises(NoSuchImage) as info:
+        engine_call("pulling", lambda: run([said]), retry=False)
+    assert "\ufffd" in info.value.stderr  # replaced, where python-on-whales' decode raised
+
+
+def test_a_missing_docker_cli_is_backend_unavailable() -> None:
+    with pytest.raises(BackendUnavailable, match="docker CLI is not installed"):
+        engine_call("listing", lambda: run(["/nonexistent/docker", "ps"]), retry=False)
+
+
+def test_a_client_loads_python_on_whales_only_when_its_api_is_used() -> None:
+    code = (
+        "import sys\n"
+        "from orchestrator.backends.container.engine import docker_client\n"
+        "c = docker_client(7, host='unix:///x.sock')\n"
+        "print(c.docker_cmd[-3:], c.raw_cmd, 'python_on_whales' in sys.modules)\n"
+        "c.container\n"
+        "print('python_on_whales' in sys.modules, c.whales.client_config.host)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "['docker', '--host', 'unix:///x.sock'] ['docker', '--host', 'unix:///x.sock'] False",
+        "True unix:///x.sock",
+    ]
+
+
+def test_a_call_whose_leftover_holds_its_output_open_is_given_up_after_its_bound() -> None:
+    """coreutils `timeout` kills the call's process group; a process it started in a
+    session of its own keeps the output open. The call is still given up (TIMED_OUT) a few
+    seconds after its bound, not when that process ends."""
+    if shutil.which("timeout") is None or shutil.which("setsid") is None:
+        pytest.skip("needs coreutils timeout and util-linux setsid")
+    marker = "47.125"
+    argv = ["timeout", "-k", "1", "1", "sh", "-c", f"setsid sleep {marker} & sleep {marker}"]
+    started = time.monotonic()
+    try:
+        with pytest.raises(DockerError) as info:
+            engine_call("waiting", lambda: run(argv), retry=False)
+        assert info.value.returncode == TIMED_OUT and "timed out" in str(info.value)
+        assert time.monotonic() - started < 20
+    finally:
+        subprocess.run(["pkill", "-f", f"sleep {marker}"], check=False)
+
+
+def test_a_call_that_timeout_had_to_kill_is_timed_out_and_tried_once_more(tmp_path: Path) -> None:
+    """A docker CLI call that ignores SIGTERM is KILLed by `timeout -k` (ending it with 137,
+    or -9 when `timeout` goes with its process group): that is a time-out, as 124 is, so an
+    idempotent call is made once more, and the error says it timed out."""
+    if shutil.which("timeout") is None:
+        pytest.skip("needs coreutils timeout")
+    calls = tmp_path / "calls"
+    stubborn = _script(tmp_path, f"echo x >> {calls}\ntrap '' TERM\nsleep 30 & wait\n")
+    argv = ["timeout", "-k", "1", "1", str(stubborn)]
+    started = time.monotonic()
+    with pytest.raises(DockerError) as info:
+        engine_call("listing", lambda: run(argv))
+    assert info.value.returncode == TIMED_OUT and "timed out" in str(info.value)
+    assert calls.read_text().count("x") == 2  # idempotent: tried once more
+    assert time.monotonic() - started < 15
+
+
+def test_a_bounded_call_that_timeout_had_to_kill_is_a_timeout() -> None:
+    """A Compose call under `timeout` that ignores SIGTERM is KILLed (137): that is the
+    bound spent, as `run` says it, not a failure that a caller may follow with more calls."""
+    from python_on_whales.utils import run as whales_run
+
+    hung = ["timeout", "-k", "1", "1", "sh", "-c", "trap '' TERM; sleep 30"]
+    with pytest.raises(DockerException) as caught:
+        whales_run(hung)
+    assert caught.value.return_code in (137, -9)
+    err = wrap("removing project p", caught.value)
+    assert isinstance(err, DockerError)
+    assert err.returncode == TIMED_OUT and "timed out" in str(err)
+    unbounded = wrap("x", DockerException(["docker", "run", "img"], 137, b"", b""))
+    assert (
+        isinstance(unbounded, DockerError) and unbounded.returncode == 137
+    )  # a command's own SIGKILL, with no bound of ours

@@ -23,9 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from python_on_whales.utils import run
-
-from orchestrator.backends.container.engine import engine_call
+from orchestrator.backends.container.engine import engine_call, run
 from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.executor.client import executor_files
 from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
@@ -157,7 +155,7 @@ def _image_config(docker_cmd: Sequence[str], container: str) -> dict[str, object
     """The config of the image a container runs (its entrypoint, command and user)."""
 
     def ask(argv: list[str]) -> str:
-        return str(run([*docker_cmd, *argv], return_stderr=False)).strip()
+        return str(run([*docker_cmd, *argv])).strip()
 
     image = engine_call(
         "inspecting a service",
@@ -256,7 +254,7 @@ def _exec(target: ExecTarget, name: str, script: str, args: Sequence[str], **how
     try:
         out = engine_call(
             f"preparing {name}",
-            lambda: run(argv, input=stdin, return_stderr=False),
+            lambda: run(argv, input=stdin),
             retry=False,
         )
     except DockerError as exc:

@@ -4,8 +4,9 @@ no docker CLI process: creating, starting and removing the one container of a pr
 
 Only for an engine on this machine's Unix socket that the docker CLI itself would use: the
 address in ORCHESTRATOR_DOCKER_HOST or DOCKER_HOST, else the default socket when no other
-Docker context is chosen. Any other engine (TCP, SSH, a context) gets `local_socket() ==
-None`, and the caller goes through the CLI as before. Every call has one deadline for the
+Docker context is chosen, and no API version is pinned (DOCKER_API_VERSION). Any other
+engine (TCP, SSH, a context) gets `local_socket() == None`, and the caller goes through the
+CLI as before. Every call has one deadline for the
 whole call, a bounded answer (MAX_ANSWER) and fails as the CLI's errors do."""
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from python_on_whales.exceptions import DockerException
-
-from orchestrator.backends.container.engine import TIMED_OUT, wrap
+from orchestrator.backends.container.engine import TIMED_OUT, CallFailed, wrap
 from orchestrator.errors import BackendUnavailable, OrchestratorError
 from orchestrator.paths import read_regular
 from orchestrator.settings import engine_host
@@ -76,7 +75,10 @@ def _chosen_context() -> str:
 
 def local_socket(host: str = "") -> str | None:
     """The Unix socket of engine `host` (else the process's, as the CLI would reach it), or
-    None (another kind, or a context the CLI resolves itself)."""
+    None (another kind, a context the CLI resolves itself, or an API version pinned with
+    DOCKER_API_VERSION, which the CLI keeps and these calls would not)."""
+    if os.environ.get("DOCKER_API_VERSION", "").strip():
+        return None
     host = host or engine_host()
     if host.startswith("unix://"):
         return host.removeprefix("unix://") or None
@@ -158,7 +160,7 @@ def call(
 
 def _failed(action: str, status: int, stderr: str) -> OrchestratorError:
     """The error the docker CLI's call would have raised with this status and stderr."""
-    return wrap(action, DockerException(["docker", "(engine API)"], status, b"", stderr.encode()))
+    return wrap(action, CallFailed(["docker", "(engine API)"], status, "", stderr))
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,16 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from python_on_whales import DockerClient
-from python_on_whales.utils import run
-
 from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
+    Client,
     NoSuchImage,
     component_names,
     docker_client,
     engine_call,
     engine_timeout,
     listing,
+    run,
 )
 from orchestrator.backends.container.identity import LABEL_MANAGED, L
 from orchestrator.errors import DockerError, UsageError
@@ -37,7 +36,7 @@ may remove it)."""
 
 
 def commit(
-    container: str, record: Path, client: DockerClient | None = None, *, pause: bool = True
+    container: str, record: Path, client: Client | None = None, *, pause: bool = True
 ) -> str:
     """Save the container's filesystem (what it changed, above its image; mounts are not
     included) as an image owned by `record`; returns its tag (unique to it). The container is paused
@@ -50,7 +49,7 @@ def commit(
         LABEL_RECORD: str(record),
         LABEL_STATE: str(state_dir().resolve()),
     }
-    host = client.client_config.host or ""
+    host = client.host or ""
     facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
     if facts.kind == "podman":  # its `commit` cannot decode the CLI's empty body (4.3)
         repo, _, name = tag.partition(":")
@@ -67,7 +66,7 @@ def commit(
             timeout=engine_timeout(),
         )
         return tag
-    argv = [*client.client_config.docker_cmd, "commit", f"--pause={str(pause).lower()}"]
+    argv = [*client.docker_cmd, "commit", f"--pause={str(pause).lower()}"]
     label = "LABEL " + " ".join(f"{k}={_word(v)}" for k, v in labels.items())
     argv += ["--change", label, container, tag]
     engine_call(f"committing {container}", lambda: run(argv), retry=False)
@@ -104,14 +103,14 @@ def _check_label(value: str) -> None:
         ) from None
 
 
-def remove(image: str, client: DockerClient | None = None) -> None:
+def remove(image: str, client: Client | None = None) -> None:
     """Remove a snapshot image (gone already is fine)."""
     client = client or docker_client()
     with contextlib.suppress(NoSuchImage):
         engine_call("removing a snapshot image", lambda: client.image.remove(image))
 
 
-def remove_owned(image: str, record: Path, client: DockerClient | None = None) -> bool:
+def remove_owned(image: str, record: Path, client: Client | None = None) -> bool:
     """Remove a snapshot image only when its labels say it is `record`'s and was made with
     our state folder: a record names any image it likes (it is a file anyone with access to
     it can write), the labels were set when we committed it. False when it is not (left
@@ -123,7 +122,7 @@ def remove_owned(image: str, record: Path, client: DockerClient | None = None) -
     return True
 
 
-def owned(image: str, record: Path, client: DockerClient | None = None) -> bool:
+def owned(image: str, record: Path, client: Client | None = None) -> bool:
     """Whether image `image` exists and its labels say it is `record`'s, made with our state
     folder: only then may a resume run it (or a removal remove it). A record names any
     image it likes; the labels were set when we committed it."""
@@ -144,14 +143,14 @@ def _real(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def exists(image: str, client: DockerClient | None = None) -> bool:
+def exists(image: str, client: Client | None = None) -> bool:
     client = client or docker_client()
     if not image or image.startswith("-"):  # never an option of the docker command
         return False
     return bool(engine_call("looking for an image", lambda: client.image.exists(image)))
 
 
-def reap_orphans(client: DockerClient | None = None) -> list[str]:
+def reap_orphans(client: Client | None = None) -> list[str]:
     """Remove the snapshot images of ours whose record is gone (after the records of
     suspended environments whose owner is gone: see sandbox/suspend.py); returns their ids."""
     from orchestrator.sandbox.suspend import reap_suspended
@@ -167,7 +166,7 @@ def reap_orphans(client: DockerClient | None = None) -> list[str]:
     return gone
 
 
-def orphaned(client: DockerClient | None = None) -> list[str]:
+def orphaned(client: Client | None = None) -> list[str]:
     """Ids of the snapshot images made with our state folder whose record is gone (those
     of another state folder are never touched)."""
     client = client or docker_client()
@@ -180,11 +179,11 @@ def orphaned(client: DockerClient | None = None) -> list[str]:
     return sorted(set(found))
 
 
-def labelled(label: str, client: DockerClient) -> list[tuple[str, dict[str, str]]]:
+def labelled(label: str, client: Client) -> list[tuple[str, dict[str, str]]]:
     """(id, labels) of each image carrying `label`. Each is inspected on its own: another
     process may remove one between the listing and the look (python-on-whales' list then
     fails whole, and `ps` with it), and one gone meanwhile is simply not there."""
-    argv = [*client.client_config.docker_cmd, "image", "ls", "-q", "--no-trunc"]
+    argv = [*client.docker_cmd, "image", "ls", "-q", "--no-trunc"]
     argv += ["--filter", f"label={label}"]
     listed = listing("listing snapshot images", argv, (NoSuchImage,))
     found = []
@@ -198,7 +197,7 @@ def labelled(label: str, client: DockerClient) -> list[tuple[str, dict[str, str]
 
 
 def commit_all(
-    containers: Mapping[str, str], record: Path, client: DockerClient | None = None
+    containers: Mapping[str, str], record: Path, client: Client | None = None
 ) -> dict[str, str]:
     """Save the filesystem of every container (by service) as images owned by `record`,
     side by side: each running one is paused by the engine while it is committed, and
@@ -241,13 +240,13 @@ def commit_all(
     return made
 
 
-def _volumes(container: str, client: DockerClient) -> list[str]:
+def _volumes(container: str, client: Client) -> list[str]:
     """Where a container has a volume (named or anonymous) mounted."""
     found = engine_call("inspecting a container", lambda: client.container.inspect(container))
     return sorted(str(m.destination) for m in found.mounts or [] if str(m.type) == "volume")
 
 
-def _state(container: str, client: DockerClient) -> str:
+def _state(container: str, client: Client) -> str:
     """running, paused, exited, ... (a paused container is also running to the engine)."""
     state = engine_call("inspecting a container", lambda: client.container.inspect(container).state)
     return "paused" if state.paused else str(state.status)

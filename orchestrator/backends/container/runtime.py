@@ -20,8 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, cast, get_args
 
-from python_on_whales.utils import run
-
 from orchestrator import procutil, settings
 from orchestrator.backends.container import copyin, freeze, membership
 from orchestrator.backends.container.channel import Channel, Mode
@@ -29,6 +27,7 @@ from orchestrator.backends.container.engine import (
     TIMED_OUT,
     NoSuchContainer,
     engine_call,
+    run,
     unknown_user,
     up_timeout,
 )
@@ -46,7 +45,8 @@ from orchestrator.errors import (
     StartupError,
     UsageError,
 )
-from orchestrator.sandbox.base import PoolState, Runtime, Sandbox
+from orchestrator.sandbox.base import PoolState, Runtime
+from orchestrator.sandbox.calls import Sandbox
 from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Connection, EnvironmentStatus, RuntimeInfo
 from orchestrator.spec.models import PublishedPort
@@ -410,15 +410,18 @@ class ContainerRuntime(Runtime):
 
     # ----- pools ---------------------------------------------------------------------------
     def pool_enter(self, pool: str) -> None:
+        self._check_owner()
         folder = self._project_folder()
         if folder is not None:
             membership.enter(folder, pool, membership.READY)
 
     def pool_move(self, frm: PoolState, to: PoolState) -> bool:
+        self._check_owner()
         folder = self._project_folder()
         return folder is None or membership.move(folder, frm, to)
 
     def pool_state(self) -> PoolState | None:
+        self._check_owner()
         found = membership.membership(self._project_folder())
         return cast(PoolState, found[1]) if found is not None else None
 

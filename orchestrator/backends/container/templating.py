@@ -1,16 +1,19 @@
 """The templates every container backend renders its native project from (the Compose file,
 the Swarm stack file, the entry script): one Jinja environment per process, shared, so each
-template compiles once (about 20 ms each), not per call."""
+template compiles once (about 20 ms each), not per call. Jinja is imported on the first
+render, not before: a process that only runs commands (`orchestrator exec`) never loads it."""
 
 from __future__ import annotations
 
 import functools
 import json
 import re
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from orchestrator._resources import data_dir
+
+if TYPE_CHECKING:
+    import jinja2
 
 _NOT_YAML = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
 """What JSON leaves as it is but a YAML double-quoted scalar may not hold as itself: a YAML
@@ -32,6 +35,8 @@ def quote(value: object) -> str:
 def jinja() -> jinja2.Environment:
     """The templates' environment: undefined names are errors, nothing is escaped (YAML is
     quoted by the `q` filter)."""
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
         undefined=jinja2.StrictUndefined,

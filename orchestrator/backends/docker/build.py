@@ -28,9 +28,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from python_on_whales.exceptions import DockerException
-
 from orchestrator.backends.container.engine import (
+    CallFailed,
     docker_client,
     docker_errors,
     engine_call,
@@ -181,7 +180,7 @@ def _build(plan: ImageBuild, name: str, host: str) -> None:
     if plan.ours:  # the base is picked now, by what this engine has (see gateway.py)
         base = gateway.base_image(lambda tag: _exists(tag, host))
         plan = dataclasses.replace(plan, args={**plan.args, "BASE": base})
-    argv = build_argv(plan, [str(c) for c in client.client_config.docker_cmd])
+    argv = build_argv(plan, [str(c) for c in client.docker_cmd])
     log.info("building %s for %s", plan.tag, name)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     with docker_errors(f"building image {plan.tag} of {name}"):
@@ -207,7 +206,7 @@ def _build(plan: ImageBuild, name: str, host: str) -> None:
             proc.stdout.close()
     code = proc.returncode
     if code != 0:
-        failed = DockerException(argv, code, None, "\n".join(tail).encode())
+        failed = CallFailed(argv, code, None, "\n".join(tail))
         raise wrap(f"building image {plan.tag} of {name}", failed) from None
 
 

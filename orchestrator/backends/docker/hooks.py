@@ -9,12 +9,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from python_on_whales.exceptions import DockerException
-
 from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
     component_names,
     docker_client,
+    docker_errors,
     engine_timeout,
     runtimes,
 )
@@ -95,7 +94,7 @@ def doctor() -> list[tuple[str, str]]:
     client = docker_client()
     try:
         facts = engine_api.engine_facts(
-            client.client_config.host or "", lambda: component_names(client), engine_timeout()
+            client.host or "", lambda: component_names(client), engine_timeout()
         )
     except OrchestratorError as exc:
         return [("warn", f"could not ask the engine what it is: {exc}")]
@@ -146,8 +145,9 @@ def _gateway_check() -> tuple[str, str]:
 
     def present(image: str) -> bool:
         try:
-            return bool(client.image.exists(image))
-        except (DockerException, OSError):  # an engine that does not answer: doctor says so
+            with docker_errors(f"looking for image {image}"):
+                return bool(client.image.exists(image))
+        except (OrchestratorError, OSError):  # an engine that does not answer: doctor says so
             return False
 
     tag = gateway.tag()

@@ -17,15 +17,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from python_on_whales import DockerClient
-from python_on_whales.utils import run
-
 from orchestrator.backends.container.engine import (
+    Client,
     NotSwarmManager,
     StackEmpty,
     docker_client,
     engine_call,
-    raw_docker,
+    run,
     up_timeout,
 )
 from orchestrator.backends.container.identity import LABEL_PROJECT
@@ -46,7 +44,7 @@ def manager_host() -> str:
     return os.environ.get(SWARM_HOST_ENV, "").strip()
 
 
-def client_for(host: str, timeout: float | None = None) -> DockerClient:
+def client_for(host: str, timeout: float | None = None) -> Client:
     return docker_client(timeout, host=host) if host else docker_client(timeout)
 
 
@@ -75,7 +73,7 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.client = client_for(self.host)
-        self._nodes: dict[str, DockerClient] = {}
+        self._nodes: dict[str, Client] = {}
         self.deployed = False
         """Whether a deploy was tried that may have created something."""
 
@@ -88,7 +86,7 @@ class Stack:
 
     def deploy(self) -> None:
         path = self.write()
-        argv = [*client_for(self.host, up_timeout()).client_config.docker_cmd, "stack", "deploy"]
+        argv = [*client_for(self.host, up_timeout()).docker_cmd, "stack", "deploy"]
         argv += ["--resolve-image", "never", "-c", str(path), self.name]
         self.deployed = True
         try:
@@ -104,13 +102,12 @@ class Stack:
     def tasks(self) -> dict[str, Task]:
         """The newest task of each service of the stack (two engine calls: the stack's task
         names, then all its tasks inspected at once)."""
-        cmd = self.client.client_config.docker_cmd
+        cmd = self.client.docker_cmd
         try:
             listed = engine_call(
                 "listing stack tasks",
                 lambda: run(
                     [*cmd, "stack", "ps", "--no-trunc", "--format", "{{.ID}} {{.Name}}", self.name],
-                    return_stderr=False,
                 ),
             )
         except StackEmpty:  # just deployed: its tasks are not made yet
@@ -125,7 +122,7 @@ class Stack:
             return {}
         raw = engine_call(
             "inspecting stack tasks",
-            lambda: run([*cmd, "inspect", "--type", "task", *names], return_stderr=False),
+            lambda: run([*cmd, "inspect", "--type", "task", *names]),
         )
         newest: dict[str, tuple[str, Task]] = {}
         for item in json.loads(str(raw)):
@@ -187,7 +184,7 @@ class Stack:
         ended = task.state in ("complete", "failed") and task.exit_code is not None
         return service != MAIN and bool(task.container) and ended
 
-    def node_client(self, node: str) -> DockerClient:
+    def node_client(self, node: str) -> Client:
         """A client of the engine of node `node` (its address asked of the manager once)."""
         if node not in self._nodes:
             self._nodes[node] = client_for(node_host(self.host, node))
@@ -195,7 +192,7 @@ class Stack:
 
     def node_cmd(self, node: str) -> list[str]:
         """The docker command for the engine of node `node` (no time bound: exec lasts)."""
-        return raw_docker(self.node_client(node))
+        return self.node_client(node).raw_cmd
 
     def remove(self, tasks: list[Task] | None = None) -> None:
         """Remove the stack (services, their containers, its network) and wait until Swarm
@@ -214,10 +211,10 @@ class Stack:
 def node_host(manager: str, node: str) -> str:
     """The engine address of a node, from ORCHESTRATOR_SWARM_NODE_HOST; the manager's own
     node is the manager's engine."""
-    cmd = client_for(manager).client_config.docker_cmd
+    cmd = client_for(manager).docker_cmd
 
     def ask(what: str, argv: list[str]) -> str:
-        return str(engine_call(what, lambda: run([*cmd, *argv], return_stderr=False))).strip()
+        return str(engine_call(what, lambda: run([*cmd, *argv]))).strip()
 
     fmt = "{{.Status.Addr}} {{.Description.Hostname}}"
     addr, _, hostname = ask(
@@ -238,15 +235,15 @@ def remove_stack(name: str, host: str) -> None:
     """`docker stack rm` until no service or network of the stack is left (bounded): Swarm
     refuses to remove a network while a task of it is still being taken down, so the first
     call may leave the network for a later one."""
-    cmd = client_for(host).client_config.docker_cmd
+    cmd = client_for(host).docker_cmd
     flt = f"label={LABEL_PROJECT}={name}"
 
     def left() -> str:
         return engine_call(
             f"listing what is left of stack {name}",
             lambda: (
-                str(run([*cmd, "service", "ls", "-q", "--filter", flt], return_stderr=False))
-                + str(run([*cmd, "network", "ls", "-q", "--filter", flt], return_stderr=False))
+                str(run([*cmd, "service", "ls", "-q", "--filter", flt]))
+                + str(run([*cmd, "network", "ls", "-q", "--filter", flt]))
             ),
         )
 
