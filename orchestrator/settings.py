@@ -145,6 +145,25 @@ def same_engine(a: str, b: str) -> bool:
     return (a or DEFAULT_ENGINE) == (b or DEFAULT_ENGINE)
 
 
+_engines_named: set[str] = set()
+"""Engines a spawn of this process named (`spawn_runtime(..., host=…)`)."""
+
+
+def engine_named(host: str) -> None:
+    """Remember that this process works with the engine at `host` (a spawn named it)."""
+    if host:
+        _engines_named.add(host)
+
+
+def may_reach(host: str) -> bool:
+    """Whether an engine address read from a file (a snapshot's record) may be reached by
+    this process: its own engine, or one a spawn of this process named. Another address
+    (`ssh://…` runs ssh, `tcp://…` connects out, `unix://…` any listener's socket) is
+    reached only when the caller names it (`-H ADDRESS`, ORCHESTRATOR_DOCKER_HOST): a record
+    is a file, and may have been written by anyone who could write beside its archive."""
+    return same_engine(host, engine_host()) or host in _engines_named
+
+
 def engine_host() -> str:
     """The engine this process works with: ORCHESTRATOR_DOCKER_HOST (an address, or
     `podman`), else ORCHESTRATOR_ENGINE's (podman: Podman's socket), else DOCKER_HOST,

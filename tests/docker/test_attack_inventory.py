@@ -281,3 +281,178 @@ def test_a_hung_engine_in_a_folders_record_delays_a_listing_only_by_the_probe_bo
     finally:
         hung.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder of another user (needs root)")
+def test_a_folder_of_another_user_never_makes_a_reap_reach_its_engine(fake_ssh: Path) -> None:
+    """In a projects folder others can write, a folder that is not ours recording an engine
+    (here `ssh://`) runs nothing and is left alone by a listing's reap."""
+    from orchestrator import environments
+    from orchestrator.backends.container.identity import ENGINE_FILE
+    from orchestrator.paths import projects_dir
+
+    folder = projects_dir() / f"orch-theirs-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    (folder / ENGINE_FILE).write_text("ssh://someone@far-away.invalid")
+    for path in (folder / ENGINE_FILE, folder):
+        os.chown(path, 65534, 65534)
+    try:
+        _, removed = environments()
+        assert not fake_ssh.exists(), fake_ssh.read_text()
+        assert folder.is_dir() and folder.name not in removed
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ----- removal by id, whatever others do to a project's objects -------------------------------
+@contextlib.contextmanager
+def project_of_ours(name: str) -> Iterator[tuple[str, str, str]]:
+    """A project carrying our labels (its owner on another machine: no reaper here takes it
+    meanwhile): a container on its own network, with its own volume; (container, network,
+    volume) ids, removed by id afterwards."""
+    made: list[tuple[str, ...]] = []
+    labels = [f"--label={L}managed=1", f"--label={L}project={name}"]
+    try:
+        net = docker("network", "create", *labels, f"net-{name}").stdout.strip()
+        made.append(("network", "rm", net))
+        vol = docker("volume", "create", *labels, f"vol-{name}").stdout.strip()
+        made.append(("volume", "rm", "-f", vol))
+        started = docker(
+            "run", "-d", "--network", net, "-v", f"{vol}:/v", *labels,
+            f"--label={L}owner.pid=1", f"--label={L}owner.start=1",
+            f"--label={L}owner.host=another-machine",
+            "--label=com.docker.compose.service=main", BUSYBOX_IMAGE, "sleep", "600",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        cid = started.stdout.strip()
+        made.insert(0, ("rm", "-f", cid))
+        yield cid, net, vol
+    finally:
+        for argv in made:
+            docker(*argv)
+
+
+def _info(name: str) -> object:
+    from orchestrator.backends.container.inventory import list_projects
+
+    [info] = [p for p in list_projects() if p.name == name]
+    return info
+
+
+def exists(kind: str, ident: str) -> bool:
+    return docker(kind, "inspect", ident).returncode == 0
+
+
+def test_removal_never_takes_an_object_named_after_one_of_our_short_ids() -> None:
+    """The engine takes a name before an id prefix: decoys named after our objects' short
+    ids, with none of our labels, outlive the removal; ours go at the first try."""
+    from orchestrator.backends.container.inventory import remove_project
+
+    name = f"orch-decoy-{uuid.uuid4().hex[:8]}"
+    with project_of_ours(name) as (cid, net, vol):
+        decoy_net = docker("network", "create", net[:12]).stdout.strip()
+        decoy = docker("run", "-d", "--name", cid[:12], BUSYBOX_IMAGE, "sleep", "600")
+        try:
+            assert decoy.returncode == 0 and decoy_net, decoy.stderr
+            remove_project(_info(name))  # type: ignore[arg-type]
+            assert exists("container", decoy.stdout.strip())
+            assert exists("network", decoy_net)
+            assert not exists("container", cid) and not exists("network", net)
+            assert not exists("volume", vol)
+        finally:
+            docker("rm", "-f", decoy.stdout.strip())
+            docker("network", "rm", decoy_net)
+
+
+def test_a_foreign_container_joined_to_our_network_does_not_keep_it() -> None:
+    """Someone else's container connected to our network holds it in use: it is
+    disconnected (not removed) and the network and volume go."""
+    from orchestrator.backends.container.inventory import remove_project
+
+    name = f"orch-joined-{uuid.uuid4().hex[:8]}"
+    with project_of_ours(name) as (_, net, vol):
+        other = docker("run", "-d", BUSYBOX_IMAGE, "sleep", "600").stdout.strip()
+        try:
+            assert docker("network", "connect", net, other).returncode == 0
+            remove_project(_info(name))  # type: ignore[arg-type]
+            assert not exists("network", net) and not exists("volume", vol)
+            assert exists("container", other)
+        finally:
+            docker("rm", "-f", other)
+
+
+def test_a_volume_someone_else_holds_stays_listed_as_ours_until_it_is_free() -> None:
+    """A volume of ours that another's container mounts cannot go. It does not fail the
+    removal (anyone could so make any removal fail, with a volume wearing our labels): the
+    rest goes, and the volume stays listed as ours, for the removal that finds it free."""
+    from orchestrator.backends.container.inventory import remove_project
+
+    name = f"orch-held-{uuid.uuid4().hex[:8]}"
+    with project_of_ours(name) as (cid, net, vol):
+        other = docker("run", "-d", "-v", f"{vol}:/v", BUSYBOX_IMAGE, "sleep", "600")
+        try:
+            assert other.returncode == 0, other.stderr
+            remove_project(_info(name))  # type: ignore[arg-type]
+            assert not exists("container", cid) and not exists("network", net)
+            assert _info(name).volumes == [vol]  # type: ignore[attr-defined]
+        finally:
+            docker("rm", "-f", other.stdout.strip())
+        remove_project(_info(name))  # type: ignore[arg-type]
+        assert not exists("volume", vol)
+
+
+def test_a_forged_network_naming_a_dead_owner_spares_a_start_in_progress() -> None:
+    """A start has made its folder (its owner recorded there) and no container yet. Someone
+    on the engine makes a network wearing that project's name, its folder and a dead owner:
+    a reap believes the folder's own record, and removes neither the folder nor anything."""
+    from orchestrator import reap
+    from orchestrator.backends.container.identity import claim_folder
+    from orchestrator.paths import projects_dir
+
+    name = f"orch-starting-{uuid.uuid4().hex[:8]}"
+    folder = projects_dir() / name
+    claim_folder(folder)  # its owner: this process, alive
+    labels = {
+        "managed": "1",
+        "project": name,
+        "dir": str(folder),
+        "owner.pid": str(dead_pid()),
+        "owner.start": "1",
+        "owner.host": socket.gethostname(),
+    }
+    flags = [f"--label={L}{k}={v}" for k, v in labels.items()]
+    net = docker("network", "create", *flags, f"net-{name}").stdout.strip()
+    try:
+        assert net and name not in reap()
+        assert folder.is_dir() and exists("network", net)
+    finally:
+        docker("network", "rm", net)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_foreign_container_naming_a_dead_owner_does_not_condemn_our_live_project(
+    make_env: MakeEnv,
+) -> None:
+    """Someone on a shared engine starts a container wearing our live project's labels, its
+    folder and a dead owner of this machine. It is listed first (the newest): a reap still
+    finds our owner alive through our own containers, and removes nothing of ours."""
+    from orchestrator import reap, spawn_runtime
+    from orchestrator.backends.container.inventory import list_projects
+
+    with spawn_runtime(make_env("", name="victim2")) as rt:
+        name = rt.info().id
+        folder = Path(next(p for p in list_projects() if p.name == name).labels[f"{L}dir"])
+        labels = {
+            f"{L}managed": "1",
+            f"{L}project": name,
+            f"{L}dir": str(folder),
+            f"{L}owner.pid": str(dead_pid()),
+            f"{L}owner.start": "1",
+            f"{L}owner.host": socket.gethostname(),
+            "com.docker.compose.service": "main",
+        }
+        with foreign_container(labels) as foreign:
+            [info] = [p for p in list_projects() if p.name == name]
+            assert info.containers[0][0] == foreign  # the forged labels come first
+            assert name not in reap()
+            assert folder.is_dir() and rt.execute("echo alive").stdout == "alive\n"

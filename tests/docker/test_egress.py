@@ -23,7 +23,7 @@ import pytest
 
 from orchestrator import Runtime, SpecError, spawn_runtime
 from orchestrator.backends.docker.network import EGRESS_DNS_ENV, EGRESS_NETWORK_ENV, GATEWAY
-from orchestrator.sandbox.base import Sandbox
+from orchestrator.sandbox.calls import Sandbox
 from orchestrator.testing.world import World, start_world
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
 

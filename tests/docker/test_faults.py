@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -105,21 +106,28 @@ def test_paused_container_is_a_clear_error_within_timeout_plus_two(
 
 HOG = """
 import os, time
+full = False
 while True:
     try:
         if os.fork() == 0:
             time.sleep(300)
             os._exit(0)
     except OSError:
+        if not full:  # every slot is taken: say so (no process needed to make a file)
+            open("full", "w").close()
+            full = True
         time.sleep(0.001)
 """
+WAIT_FULL = "import os, time\nwhile not os.path.exists('full'): time.sleep(0.05)"
 
 
 def test_exhausted_pids_is_sandbox_unavailable(make_env: MakeEnv) -> None:
     with spawn(make_env("resources: {pids: 40}\n"), "executor") as rt:
         # a daemon that outlives its command and takes every process slot that frees up
         rt.write_file("hog.py", HOG)
-        rt.execute("setsid python3 hog.py >/dev/null 2>&1 & sleep 1", timeout=20)
+        # started before the slots run out: waiting for the hog needs no new process
+        wait = f"python3 -c {shlex.quote(WAIT_FULL)}"
+        rt.execute(f"setsid python3 hog.py >/dev/null 2>&1 & exec {wait}", timeout=60)
         started = time.monotonic()
         with pytest.raises(SandboxUnavailable, match="cannot"):
             rt.execute("true", timeout=10)
@@ -278,7 +286,7 @@ def test_a_hung_engine_call_is_bounded_and_retried_once(monkeypatch: pytest.Monk
 
     def hangs() -> object:  # `docker events` never returns by itself
         calls.append(1)
-        return run([*client.client_config.docker_cmd, "events"])
+        return run([*client.docker_cmd, "events"])
 
     started = time.monotonic()
     with pytest.raises(DockerError, match="timed out"):
@@ -331,3 +339,193 @@ def test_stdin_to_a_paused_sandbox_does_not_block_the_caller(make_env: MakeEnv, 
         finally:
             docker("unpause", main_container(rt))
         assert rt.execute("wc -c", stdin=b"y" * 1000, timeout=20).stdout.strip() == "1000"
+
+
+FORKER = """
+import os, sys
+from orchestrator import UsageError, spawn_runtime
+with spawn_runtime(sys.argv[1]) as rt:
+    gen = rt.stream("echo from-a-stream")  # made here, iterated in the child
+    for how in ("exits", "uses a service", "uses the main sandbox", "iterates a stream"):
+        pid = os.fork()
+        if pid == 0:  # a child of the owner: it exits normally, and leaves the `with` block
+            try:
+                if how == "uses a service":
+                    rt.service("db").execute("echo from-child")
+                    os._exit(3)
+                if how == "uses the main sandbox":
+                    rt.execute("echo from-child")
+                    os._exit(3)
+                if how == "iterates a stream":
+                    list(gen)
+                    os._exit(3)
+            except UsageError:
+                pass
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, (how, status)
+    main, db = rt.execute("echo alive"), rt.service("db").execute("echo alive")
+    print(main.stdout.strip(), db.stdout.strip(), rt.info().id, flush=True)
+"""
+
+
+def test_a_forked_child_leaves_its_parents_environment_up(make_env: MakeEnv) -> None:
+    """The owner forks (a worker, a helper that daemonizes) and the child exits, leaving the
+    owner's `with` block, or tries to run a command (UsageError: the runtime is its
+    parent's, and an executor started from the child would stop the sandbox as the child
+    ends): the environment its parent still uses stays up, services included."""
+    path = make_env(f"services: {{db: {{image: {PYTHON_IMAGE}, command: [sleep, '600']}}}}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", FORKER, str(path)], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    main, db, name = done.stdout.split()
+    assert (main, db) == ("alive", "alive"), done.stderr
+    assert project_objects(name) == []  # the parent's own cleanup still removed it all
+
+
+POOL_FORKER = """
+import os, sys, time
+from orchestrator import Pool
+with Pool(sys.argv[1], 1) as pool:
+    deadline = time.monotonic() + 120
+    while pool.ready < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    waiting = pool._ready[0].info().id
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # the child leaves the `with Pool` block: its copy closes, nothing else
+    os.waitpid(pid, 0)
+    rt = pool.acquire(timeout=120)
+    print(waiting, rt.info().id, rt.pool_state(), flush=True)
+    pool.release(rt)
+"""
+
+
+def test_a_forked_child_leaving_a_pool_block_leaves_the_pool_alone(make_env: MakeEnv) -> None:
+    """A child forked from a pool's owner leaves the `with Pool` block: the environment
+    waiting in the pool is still the parent's to hand out, and nothing is left running."""
+    path = make_env("")
+    done = subprocess.run(
+        [sys.executable, "-c", POOL_FORKER, str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    waiting, got, state = done.stdout.split()
+    assert (got, state) == (waiting, "in-use"), done.stdout
+    assert project_objects(waiting) == []
+
+
+@contextlib.contextmanager
+def first_removal_fails(container: str) -> Iterator[list[bool]]:
+    """Make the engine's first removal of `container` fail as it does under load ("unable to
+    remove filesystem for <id>", the container left Dead): an immutable file in its folder,
+    taken away once the engine has tried and given up. Yields [True] once that happened."""
+    root = docker("info", "-f", "{{.DockerRootDir}}").stdout.strip()
+    cid = docker("inspect", "-f", "{{.Id}}", container).stdout.strip()
+    folder = Path(root) / "containers" / cid
+    if os.geteuid() != 0 or not folder.is_dir():
+        pytest.skip("needs root on the engine's own machine to pin a container's folder")
+    pin = folder / "pin"
+    pin.touch()
+    if subprocess.run(["chattr", "+i", str(pin)], capture_output=True).returncode != 0:
+        pin.unlink()
+        pytest.skip("the engine's filesystem has no immutable flag (chattr +i)")
+    failed: list[bool] = []
+    done = threading.Event()
+
+    def unpin_once_dead() -> None:
+        while not done.wait(0.02):
+            with contextlib.suppress(OSError):
+                if os.listdir(folder) != ["pin"]:  # its removal has not reached the pin yet
+                    continue
+            if docker("inspect", "-f", "{{.State.Dead}}", cid).stdout.strip() == "true":
+                failed.append(True)
+                break
+        subprocess.run(["chattr", "-i", str(pin)], capture_output=True)
+
+    watcher = threading.Thread(target=unpin_once_dead, daemon=True)
+    watcher.start()
+    try:
+        yield failed
+    finally:
+        done.set()
+        watcher.join(30)
+        subprocess.run(["chattr", "-i", str(pin)], capture_output=True)
+
+
+@pytest.mark.parametrize("network", ["none", "outbound"])
+def test_a_removal_the_engine_fails_once_still_removes_everything(
+    make_env: MakeEnv, network: str
+) -> None:
+    """Docker can fail a removal over a race of its own under load (its folder "not empty");
+    the container is then Dead. Removal (direct, and through Compose with a gateway) goes on
+    by label and id until nothing of the project is left."""
+    body = "network: {outbound: true}\n" if network == "outbound" else ""
+    rt = spawn_runtime(make_env(body))
+    name = rt.info().id
+    try:
+        with first_removal_fails(main_container(rt)) as failed:
+            rt.cleanup()
+        assert failed, "the engine's first removal did not fail: the fault never happened"
+        assert project_objects(name) == []
+    finally:
+        rt.cleanup()
+
+
+def test_a_foreign_container_on_our_network_neither_keeps_it_nor_is_touched(
+    make_env: MakeEnv,
+) -> None:
+    """Compose leaves a network another's container has joined, says "Resource is still in
+    use" and exits 0: removal goes on by label (that container disconnected, not removed)."""
+    rt = spawn_runtime(make_env("network: {outbound: true}\n"))
+    name = rt.info().id
+    flt = f"label=org.orchestrator.project={name}"
+    [net, *_] = docker("network", "ls", "-q", "--filter", flt).stdout.split()
+    foreign = docker("run", "-d", "--network", net, BUSYBOX_IMAGE, "sleep", "600").stdout.strip()
+    try:
+        rt.cleanup()
+        assert project_objects(name) == []
+        assert docker("inspect", "-f", "{{.State.Running}}", foreign).stdout.strip() == "true"
+    finally:
+        docker("rm", "-f", foreign)
+        rt.cleanup()
+
+
+@pytest.mark.parametrize("whose", ["its own", "forged"])
+def test_a_volume_another_container_holds_is_said_and_found_again(
+    tmp_path: Path, whose: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A volume labelled with the environment (its own, or one someone on the engine made
+    wearing its labels) that another's container mounts cannot go: cleanup says so and goes
+    on (it must not fail over what anyone can make), and the volume stays listed as the
+    environment's until a removal finds it free."""
+    from orchestrator import environments, load_environment, remove_environment
+    from orchestrator.paths import projects_dir
+
+    (tmp_path / "compose.yaml").write_text(
+        f"services:\n  default:\n    image: {BUSYBOX_IMAGE}\n"
+        "    command: [sleep, '600']\n    volumes: ['data:/data']\nvolumes:\n  data: {}\n"
+    )
+    rt = spawn_runtime(load_environment(tmp_path / "compose.yaml"))
+    name = rt.info().id
+    flt = f"label=org.orchestrator.project={name}"
+    [volume] = docker("volume", "ls", "-q", "--filter", flt).stdout.split()
+    if whose == "forged":
+        labels = ["--label=org.orchestrator.managed=1", f"--label=org.orchestrator.project={name}"]
+        volume = docker("volume", "create", *labels).stdout.strip()
+    foreign = docker("run", "-d", "-v", f"{volume}:/x", BUSYBOX_IMAGE, "sleep", "600").stdout
+    folder = projects_dir() / name
+    assert folder.is_dir()
+    try:
+        try:
+            rt.cleanup()
+            assert "is in use by a container of another project" in caplog.text
+            assert project_objects(name) == [] and not folder.exists()
+            assert name in [e.id for e in environments()[0]]  # the volume is still ours
+        finally:
+            docker("rm", "-f", foreign.strip())
+        assert remove_environment(name, force=True) == name
+        assert docker("volume", "ls", "-q", "--filter", flt).stdout.split() == []
+    finally:  # a forged volume has no folder label: the leak check would not see it
+        if whose == "forged":
+            docker("volume", "rm", "-f", volume)

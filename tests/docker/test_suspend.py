@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -173,6 +174,36 @@ def test_a_record_naming_a_foreign_image_is_refused(
     assert images.exists(own["db"])  # its own, no longer named by it: the reaper's
     reap()
     assert not images.exists(own["db"])
+
+
+@pytest.mark.parametrize("kind", ["ssh", "unix"])
+def test_removing_a_record_never_reaches_an_engine_only_the_record_names(
+    make_env: MakeEnv, tmp_path: Path, fake_ssh: Path, kind: str
+) -> None:
+    """A record that names an engine this process does not (`ssh://`, which would run ssh;
+    a `unix://` socket anyone may listen on) is removed with its archive, but its images
+    are not looked for there: nothing is run and nothing connects. The images stay for the
+    reap of the engine holding them."""
+    path = make_env(BODY, name=f"far{kind}")
+    with spawn_runtime(path) as rt:
+        record = rt.suspend(f"far-record-{kind}")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "engine.sock"))
+    listener.listen(8)
+    listener.setblocking(False)
+    host = {"ssh": "ssh://someone@far-away.invalid", "unix": f"unix://{tmp_path}/engine.sock"}
+    _forged(record, host=host[kind])
+    try:
+        Snapshot.named(record.name).remove()
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
+    finally:
+        listener.close()
+    assert not fake_ssh.exists(), fake_ssh.read_text()
+    assert not record.record.exists() and not record.path.exists()
+    assert all(images.exists(image) for image in record.images.values())
+    reap()  # their record is gone: the reap of the engine that holds them removes them
+    assert not any(images.exists(image) for image in record.images.values())
 
 
 OWNER = textwrap.dedent(

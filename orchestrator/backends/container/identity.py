@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orchestrator import settings
 from orchestrator.paths import projects_dir, read_regular
-from orchestrator.procutil import stat_fields
+from orchestrator.procutil import process_start as process_start
 from orchestrator.spec.loader import Environment
 
 L = "org.orchestrator."
@@ -35,12 +35,6 @@ POOL_ENV = "ORCHESTRATOR_SUBNET_POOL"
 PREFIX_ENV = "ORCHESTRATOR_SUBNET_PREFIX"
 DEFAULT_POOL = "10.213.0.0/16"
 DEFAULT_PREFIX = 27
-
-
-def process_start(pid: int) -> str:
-    """Start time of a process in clock ticks since boot ('' where /proc is absent)."""
-    fields = stat_fields(pid)
-    return fields[19].decode() if len(fields) > 19 else ""
 
 
 def owner_alive(labels: dict[str, str]) -> bool:
@@ -246,8 +240,15 @@ ENGINE_FILE_LIMIT = 4096
 def folder_engine(folder: Path) -> str | None:
     """The engine a project folder records: its address; "" when it has none (a folder from
     before every folder recorded one: the default engine's), None when the file holds no
-    address (a reaper leaves such a folder alone)."""
+    address, or the folder or file is not this user's: in a projects folder others can
+    write, their record could make a reap run ssh or connect anywhere (a reaper leaves such
+    a folder alone)."""
     path = folder / ENGINE_FILE
+    try:
+        if any(p.lstat().st_uid != os.geteuid() for p in (folder, path) if os.path.lexists(p)):
+            return None
+    except OSError:
+        return None
     raw = read_regular(path, ENGINE_FILE_LIMIT)
     if raw is None:
         return None if os.path.lexists(path) else ""

@@ -6,26 +6,31 @@ import atexit
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from python_on_whales import DockerClient
-
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
     COMPOSE_SERVICE,
+    CallFailed,
+    Client,
+    NetworkInUse,
     NoSuchContainer,
     NoSuchNetwork,
+    VolumeInUse,
     docker_client,
     docker_errors,
     engine_call,
     engine_timeout,
     listing,
+    run,
 )
 from orchestrator.backends.container.engine_api import resolved_host
 from orchestrator.backends.container.identity import (
@@ -61,18 +66,38 @@ from orchestrator.sandbox.results import EnvironmentStatus
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN
 
+log = logging.getLogger("orchestrator.docker")
+
 
 @dataclass
 class ProjectInfo:
     name: str
     labels: dict[str, str]
     containers: list[tuple[str, str, str]]
-    """(id, service, state)"""
+    """(id, service, state); full ids: the engine takes a name before an id prefix, so a
+    short id could name someone else's object"""
     networks: list[str]
+    volumes: list[str] = field(default_factory=list)
     main_user: str = ""
     """The user commands run as in the main container ("uid:gid"; "" if unknown)."""
     ports: list[PublishedPort] = field(default_factory=list)
     """Published ports of its containers, as the listing read them."""
+    owners: list[dict[str, str]] = field(default_factory=list)
+    """The owner each of its containers names (their labels), each one once."""
+
+    @property
+    def alive(self) -> bool:
+        """Whether an owner still runs: one any of its containers names, or the one its own
+        project folder records. Labels are anyone's to set on a shared engine: a container
+        naming a dead owner beside ours, which name a live one, must not get our project
+        (and its folder) removed; nor a network or volume naming a dead owner, made while
+        our start has not made a container yet."""
+        owners = self.owners or [self.labels]
+        if any(owner_alive(owner) for owner in owners):
+            return True
+        folder = self.directory
+        recorded = folder_owner(folder) if folder is not None else None
+        return recorded is not None and owner_alive(recorded)
 
     @property
     def env(self) -> str:
@@ -110,28 +135,29 @@ LISTED_LABELS = (
     USER_LABEL,
     FORWARDS_LABEL,
 )
+OWNER_LABELS = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)
 
 
 def _rows(
-    client: DockerClient, kind: list[str], fields: list[str], *, retry: bool = True
+    client: Client, kind: list[str], fields: list[str], *, retry: bool = True
 ) -> list[list[str]]:
     """One `docker ... ls` call for our objects, each line a JSON array of `fields` (labels
     JSON-quoted, so any value parses). No object is inspected afterwards: objects removed by
     someone else meanwhile cannot fail the listing."""
     labels = [f"{{{{json (.Label {json.dumps(k)})}}}}" for k in LISTED_LABELS]
     fmt = "[" + ",".join([*fields, *labels]) + "]"
-    argv = [*client.client_config.docker_cmd, *kind, "--filter"]
+    argv = [*client.docker_cmd, *kind, "--filter"]
     argv += [f"label={LABEL_MANAGED}=1", "--format", fmt]
     gone = (NoSuchContainer, NoSuchNetwork)
     out = listing(f"listing ({' '.join(kind)})", argv, gone, retry=retry)
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def list_projects(client: DockerClient | None = None, *, retry: bool = True) -> list[ProjectInfo]:
+def list_projects(client: Client | None = None, *, retry: bool = True) -> list[ProjectInfo]:
     """Every project carrying our labels and named as ours (`is_project_name`), from its
-    containers and networks. Anyone who can start a container can set these labels: what
-    they say is used to find objects of ours, never trusted with a host folder (see
-    `ProjectInfo.directory`)."""
+    containers, networks and volumes. Anyone who can start a container can set these
+    labels: what they say is used to find objects of ours, never trusted with a host folder
+    (see `ProjectInfo.directory`)."""
     client = client or docker_client()
     found: dict[str, ProjectInfo] = {}
     n = len(LISTED_LABELS)
@@ -144,8 +170,11 @@ def list_projects(client: DockerClient | None = None, *, retry: bool = True) -> 
         if not is_project_name(name):
             continue
         info = found.setdefault(name, ProjectInfo(name, labels, [], []))
+        named = {k: labels[k] for k in OWNER_LABELS if k in labels}
+        if named not in info.owners:
+            info.owners.append(named)
         service = labels.get(COMPOSE_SERVICE, "")
-        info.containers.append((cid[:12], service, state))
+        info.containers.append((cid, service, state))
         forwards = parse_forwards(labels.get(FORWARDS_LABEL, ""))
         for port in parse_ports(service, ports):
             owner, target = forwards.get((port.container, port.protocol), (service, port.container))
@@ -158,7 +187,12 @@ def list_projects(client: DockerClient | None = None, *, retry: bool = True) -> 
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):
-            found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(nid[:12])
+            found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(nid)
+    for vid, *values in _rows(client, ["volume", "ls"], ["{{json .Name}}"], retry=retry):
+        labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
+        name = labels.get(LABEL_PROJECT, "")
+        if is_project_name(name):  # (one left alone: another's container held it)
+            found.setdefault(name, ProjectInfo(name, labels, [], [])).volumes.append(vid)
     return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
@@ -190,7 +224,7 @@ def parse_ports(service: str, text: str) -> list[PublishedPort]:
 ProjectStatus = EnvironmentStatus
 
 
-def project_statuses(client: DockerClient | None = None) -> tuple[list[ProjectStatus], list[str]]:
+def project_statuses(client: Client | None = None) -> tuple[list[ProjectStatus], list[str]]:
     """Our environments, after reaping those whose owner is gone (returned second, by name),
     with their ports as the one listing call read them: nothing is inspected afterwards, so
     containers removed meanwhile by anyone cannot fail it."""
@@ -233,9 +267,7 @@ def _alive_elsewhere(asked: dict[str, Listing | None], removed: list[str]) -> li
     return sorted(found, key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
-def claim_from_pool(
-    digest: str, count: int = 1, client: DockerClient | None = None
-) -> list[ProjectInfo]:
+def claim_from_pool(digest: str, count: int = 1, client: Client | None = None) -> list[ProjectInfo]:
     """Take up to `count` waiting members of running pools (`orchestrator pool`) of the
     environment file with this digest: they become the caller's, kept until `down` whatever
     their pool does next. Empty when no pool has one ready."""
@@ -246,7 +278,7 @@ def claim_from_pool(
             break
         if info.labels.get(LABEL_DIGEST) != digest or folder is None:
             continue
-        if not owner_alive(info.labels):  # its pool is gone; the reaper removes it
+        if not info.alive:  # its pool is gone; the reaper removes it
             continue
         if move(folder, READY, CLAIMED, (folder / KEPT_FILE).touch):
             claimed.append(info)
@@ -258,13 +290,13 @@ def match_project(ref: str, names: list[str]) -> str:
     return match_id(ref, names, prefix=PROJECT_PREFIX)
 
 
-def find_project(ref: str, client: DockerClient | None = None) -> ProjectInfo:
+def find_project(ref: str, client: Client | None = None) -> ProjectInfo:
     """A project by full name, short id or unique prefix (see `match_project`)."""
     projects = {p.name: p for p in list_projects(client)}
     return projects[match_project(ref, list(projects))]
 
 
-def remove_project(info: ProjectInfo, client: DockerClient | None = None) -> None:
+def remove_project(info: ProjectInfo, client: Client | None = None) -> None:
     """Remove a project by the ids already listed for it, then its folder when that is ours
     (`ProjectInfo.directory`: a folder named by a label alone is left alone). Only a
     project named as ours is removed at all."""
@@ -279,7 +311,7 @@ def remove_project(info: ProjectInfo, client: DockerClient | None = None) -> Non
 
 def reap(
     all_projects: bool = False,
-    client: DockerClient | None = None,
+    client: Client | None = None,
     projects: list[ProjectInfo] | None = None,
     *,
     include_kept: bool = False,
@@ -294,7 +326,7 @@ def reap(
     removed = []
     projects = list_projects(client) if projects is None else projects
     for info in projects:
-        spared = owner_alive(info.labels) or (info.kept and not include_kept)
+        spared = info.alive or (info.kept and not include_kept)
         if all_projects or not spared:
             remove_project(info, client)
             removed.append(info.name)
@@ -344,7 +376,7 @@ PROBE_AGAIN = 60.0
 """Seconds before a reap asks again an engine that did not answer."""
 _silent: dict[str, float] = {}
 _silent_lock = threading.Lock()
-Listing = tuple[DockerClient, dict[str, "ProjectInfo"]]
+Listing = tuple[Client, dict[str, "ProjectInfo"]]
 
 
 def _listing_elsewhere(host: str) -> Listing | None:
@@ -368,7 +400,7 @@ def _gone_silent(host: str) -> None:
 
 
 def _removed_elsewhere(
-    folder: Path, client: DockerClient | None = None, asked: dict[str, Listing | None] | None = None
+    folder: Path, client: Client | None = None, asked: dict[str, Listing | None] | None = None
 ) -> bool | None:
     """For the folder of a project on another engine than `client`'s (Podman's, another
     machine's, or Docker's when the caller works with another): what its own engine says
@@ -378,7 +410,7 @@ def _removed_elsewhere(
     engine does not answer, and for a folder whose record names no engine: left alone).
     `asked`: the listings of one reap, by engine (each engine is listed once)."""
     host = folder_engine(folder)
-    here = resolved_host((client or docker_client()).client_config.host or "")
+    here = resolved_host((client or docker_client()).host or "")
     if host == "":  # made before folders recorded their engine: the default engine's
         return None if here == resolved_host("", default=True) else False
     if host is None:
@@ -393,7 +425,7 @@ def _removed_elsewhere(
         return False
     there, projects = listing
     info = projects.get(folder.name)
-    if info is not None and (owner_alive(info.labels) or info.kept):
+    if info is not None and (info.alive or info.kept):
         return False
     try:
         remove_by_label(folder.name, there)
@@ -405,9 +437,10 @@ def _removed_elsewhere(
     return True
 
 
-def _has_objects(name: str, client: DockerClient | None) -> bool:
-    containers, networks = _listed(client or docker_client(), name)
-    return bool(containers or networks)
+def _has_objects(name: str, client: Client | None) -> bool:
+    client = client or docker_client()
+    containers, networks = _listed(client, name)
+    return bool(containers or networks or _volumes(client, name))
 
 
 _last_reap = 0.0
@@ -428,11 +461,11 @@ def reap_soon() -> None:
             return
         _last_reap = now
 
-    def run() -> None:
+    def reap_quietly() -> None:
         with contextlib.suppress(OrchestratorError):
             reap()
 
-    _reaper = threading.Thread(target=run, name="orchestrator-reaper", daemon=True)
+    _reaper = threading.Thread(target=reap_quietly, name="orchestrator-reaper", daemon=True)
     _reaper.start()
 
 
@@ -445,52 +478,109 @@ def wait_for_reaper(timeout: float = 10.0) -> None:
 atexit.register(wait_for_reaper)  # a short-lived process (`orchestrator up`) lets it end
 
 
-def _listed(client: DockerClient, name: str) -> tuple[list[str], list[str]]:
-    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
-    return engine_call(
-        f"listing project {name}",
-        lambda: (
-            [c.id for c in client.container.list(all=True, filters=flt)],
-            [n.id for n in client.network.list(filters=flt)],
-        ),
+def _listed(client: Client, name: str) -> tuple[list[str], list[str]]:
+    """The ids of the containers and networks carrying project label `name`."""
+    flt = ["--filter", f"label={LABEL_PROJECT}={name}"]
+    return (
+        _ids(client, f"listing project {name}", ["ps", "-a", "-q", "--no-trunc", *flt]),
+        _ids(client, f"listing project {name}", ["network", "ls", "-q", "--no-trunc", *flt]),
     )
 
 
-def remove_by_label(name: str, client: DockerClient | None = None) -> int:
+def _ids(client: Client, action: str, argv: list[str]) -> list[str]:
+    return engine_call(action, lambda: run([*client.docker_cmd, *argv])).split()
+
+
+def remove_by_label(name: str, client: Client | None = None) -> int:
     """Remove every container, network and volume carrying project label `name`, by id."""
     client = client or docker_client()
     return _remove(client, name, *_listed(client, name))
 
 
-REMOVE_TRIES = 3
+REMOVE_TRIES = 5
+"""Tries of a removal by label, a moment more apart each time (2 s of waiting in all)."""
 
 
-def _remove(client: DockerClient, name: str, containers: list[str], networks: list[str]) -> int:
-    """Remove these containers and networks, and the volumes labelled with the project.
-    Others may be removing the same project at once (a reaper, the owner's guardian, a
-    `down`); the engine then fails the whole call over the part already gone, so on failure
-    we list what is left and go again: the project ends up removed whoever removes which."""
-    flt: Any = [("label", f"{LABEL_PROJECT}={name}")]
+def _remove(client: Client, name: str, containers: list[str], networks: list[str]) -> int:
+    """Remove these containers, the volumes labelled with the project and these networks
+    (after disconnecting whatever else joined them), each kind whatever became of the
+    others. Others may be removing the same project at once (a reaper, the owner's guardian,
+    a `down`); the engine then fails the whole call over the part already gone, so on
+    failure we list what is left and go again: the project ends up removed whoever removes
+    which, or the last failure is raised (a volume someone else's container holds, say)."""
     count = 0
     for attempt in range(REMOVE_TRIES):
+        volumes, failed = _remove_once(client, name, containers, networks)
+        if failed is None:
+            return count + len(containers) + len(networks) + volumes
+        left = _listed(client, name)
+        if attempt == REMOVE_TRIES - 1 and (left[0] or left[1] or _volumes(client, name)):
+            raise failed
+        count += len(containers) + len(networks) - len(left[0]) - len(left[1])
+        containers, networks = left
+        time.sleep(0.2 * (attempt + 1))
+    return count
+
+
+def _remove_once(
+    client: Client, name: str, containers: list[str], networks: list[str]
+) -> tuple[int, DockerError | None]:
+    """One try of `_remove`: how many volumes it removed, and its first failure."""
+    docker = client.docker_cmd
+    volumes: list[str] = []
+    failed: DockerError | None = None
+
+    def step(fn: Callable[[], object]) -> None:
+        nonlocal failed
         try:
             with docker_errors(f"removing project {name}"):
-                if containers:
-                    client.container.remove(containers, force=True, volumes=True)
-                if networks:  # the stub asks for list[Network | str]; ids are what we have
-                    client.network.remove(networks)  # type: ignore[arg-type]
-                volumes: Any = [v.name for v in client.volume.list(filters=flt)]
-                if volumes:
-                    client.volume.remove(volumes)
-            return count + len(containers) + len(networks) + len(volumes)
-        except DockerError:
-            left = _listed(client, name)
-            if attempt == REMOVE_TRIES - 1 and (left[0] or left[1]):
-                raise
-            count += len(containers) + len(networks) - len(left[0]) - len(left[1])
-            containers, networks = left
-            time.sleep(0.2 * (attempt + 1))
-    return count
+                fn()
+        except DockerError as exc:
+            failed = failed or exc
+
+    if containers:
+        step(lambda: run([*docker, "rm", "--force", "--volumes", "--", *containers]))
+    step(lambda: volumes.extend(_volumes(client, name)))
+    held = False
+    if volumes:
+        try:
+            with docker_errors(f"removing project {name}"):
+                run([*docker, "volume", "rm", "--", *volumes])
+        except VolumeInUse:  # by a container not of this project: trying again cannot help
+            held = True
+            log.warning(
+                "%s: a volume labelled with it is in use by a container of another project; "
+                "it stays, listed as this environment's, until a reap or `orchestrator down` "
+                "finds it free",
+                name,
+            )
+        except DockerError as exc:
+            failed = failed or exc
+    if networks:
+        step(lambda: _remove_networks(client, networks))
+    return (len(volumes) if failed is None and not held else 0), failed
+
+
+def _volumes(client: Client, name: str) -> list[str]:
+    label = f"label={LABEL_PROJECT}={name}"
+    return _ids(client, f"listing the volumes of {name}", ["volume", "ls", "-q", "--filter", label])
+
+
+def _remove_networks(client: Client, networks: list[str]) -> None:
+    """Remove our networks; one a container of someone else's has joined (which holds it
+    in use) has that container disconnected first: the network is ours to remove."""
+    docker = client.docker_cmd
+    removing = f"removing networks {' '.join(networks)}"
+    try:
+        engine_call(removing, lambda: run([*docker, "network", "rm", "--", *networks]), retry=False)
+    except NetworkInUse:
+        fmt = "{{range $id, $c := .Containers}}{{$id}} {{end}}"
+        for net in networks:
+            with contextlib.suppress(DockerError, CallFailed):  # removed meanwhile
+                inspect = ["network", "inspect", "-f", fmt, "--", net]
+                for joined in _ids(client, f"listing what joined {net}", inspect):
+                    run([*docker, "network", "disconnect", "--force", net, joined])
+        run([*docker, "network", "rm", "--", *networks])
 
 
 # ----- what ContainerRuntime answers for `orchestrator.environments`, `remove_environment`, `reap`
@@ -505,7 +595,7 @@ def elsewhere() -> dict[str, str]:
     """Our project folders on another engine than the process's (one named for a spawn, as
     `--engine podman` or `-H` for an `up`): id -> that engine's address. Their ids are
     ours to take down by id, whichever engine the caller names."""
-    here = resolved_host(docker_client().client_config.host or "")
+    here = resolved_host(docker_client().host or "")
     found = {}
     for folder in project_folders():
         host = folder_engine(folder)
@@ -529,7 +619,7 @@ def remove_by_id(ident: str, *, force: bool = False) -> str | None:
     info = next((p for p in list_projects(client) if p.name == ident), None)
     if info is None:
         return None
-    if info.owner != "detached" and owner_alive(info.labels) and not info.kept and not force:
+    if info.owner != "detached" and info.alive and not info.kept and not force:
         raise UsageError(
             f"{info.name} belongs to a running process ({info.owner}), which still uses it; "
             "pass force=True (--force) to take it down anyway"

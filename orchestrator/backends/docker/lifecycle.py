@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import subprocess
@@ -13,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from python_on_whales import DockerClient
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
@@ -21,6 +21,7 @@ from orchestrator import settings
 from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
+    Client,
     ContainerNotRunning,
     NoSuchContainer,
     NoSuchImage,
@@ -32,7 +33,6 @@ from orchestrator.backends.container.engine import (
     engine_call,
     engine_timeout,
     published_ports,
-    raw_docker,
     runtimes,
     service_of,
     up_timeout,
@@ -43,6 +43,7 @@ from orchestrator.backends.container.guardian import ensure_guardian
 from orchestrator.backends.container.identity import (
     ENGINE_FILE,
     KEPT_FILE,
+    LABEL_PROJECT,
     claim_folder,
     pick_subnet,
     project_labels,
@@ -103,9 +104,9 @@ class Project:
     compiled: CompiledProject
     host: str = ""
     """Its engine ("": the process's)."""
-    client: DockerClient = field(init=False)
+    client: Client = field(init=False)
     """Every call bounded by ORCHESTRATOR_ENGINE_TIMEOUT."""
-    up_client: DockerClient = field(init=False)
+    up_client: Client = field(init=False)
     """For `up`, which may build images: bounded by ORCHESTRATOR_UP_TIMEOUT."""
     _tethers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
     _tether_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
@@ -283,7 +284,7 @@ class Project:
         """Wait until the egress gateway takes connections, with one exec that looks from
         inside it (a healthcheck would exec into it every interval of its whole life)."""
         deadline = up_timeout()
-        argv = ExecTarget(raw_docker(self.client), self.container_of(GATEWAY)).argv(
+        argv = ExecTarget(self.client.raw_cmd, self.container_of(GATEWAY)).argv(
             ["/bin/bash", "-c", GATEWAY_READY, "ready", str(int(deadline * 10))]
         )
         try:
@@ -307,7 +308,7 @@ class Project:
         service stops itself from inside, as the main container does through its
         executor's --owned. A service without /bin/sh is not tied: the next reaper (`ps`,
         any spawn) removes it. `release()` unties them."""
-        docker = raw_docker(self.client)
+        docker = self.client.raw_cmd
         for service in services:
             target = ExecTarget(docker, self.container_of(service))
             argv = target.argv(["/bin/sh", "-c", TETHER], stdin=True)
@@ -351,24 +352,65 @@ class Project:
         """Remove containers, networks and volumes (or only stop them with keep=True)."""
         self.release()
         if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
-            remove_by_label(self.name)
+            remove_by_label(self.name, self.client)
             shutil.rmtree(self.directory, ignore_errors=True)
             return
-        compose = self.client.compose
         if keep:
             (self.directory / KEPT_FILE).touch()  # reapers and guardians leave it alone
-            engine_call(f"stopping project {self.name}", lambda: compose.stop(timeout=STOP_TIMEOUT))
-        elif (run := self._direct_or_none()) is not None:  # its one container, and nothing else
-            self._delete(run)
-        else:
             engine_call(
-                f"removing project {self.name}",
-                lambda: compose.down(
-                    remove_orphans=True, volumes=True, timeout=STOP_TIMEOUT, quiet=True
-                ),
+                f"stopping project {self.name}",
+                lambda: self.client.compose.stop(timeout=STOP_TIMEOUT),
             )
-        if not keep:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            return
+        run = self._direct_or_none()  # its one container, and nothing else
+        try:
+            self._remove(run)
+            # Compose leaves a network or volume that another's container holds, saying so
+            # only as "Resource is still in use", and exits 0
+            left = run is None and self._left() is not False  # None: not known
+        except DockerError as exc:
+            if exc.returncode == TIMED_OUT:  # a hung engine: its bound is spent already
+                raise
+            # the engine can fail a removal over a race of its own ("unable to remove
+            # filesystem ...: directory not empty" under load, the container left Dead)
+            log.info(
+                "%s: the engine failed its removal (%s); removing what is left", self.name, exc
+            )
+            left = True
+        if left:
+            remove_by_label(self.name, self.client)  # a volume in use stays (said), for later
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _remove(self, run: DirectRun | None) -> None:
+        """One removal of the whole project: its one container directly, or `compose down`."""
+        if run is not None:
+            self._delete(run)
+            return
+        engine_call(
+            f"removing project {self.name}",
+            lambda: self.client.compose.down(
+                remove_orphans=True, volumes=True, timeout=STOP_TIMEOUT, quiet=True
+            ),
+        )
+
+    def _left(self) -> bool | None:
+        """Whether anything with this project's label is left on its engine, asked through
+        the API on a local socket (None without one: `remove_by_label` lists and finds)."""
+        if self._socket is None:
+            return None
+        label = json.dumps({"label": [f"{LABEL_PROJECT}={self.name}"]})
+        for url, extra in (("/containers/json", {"all": "1"}), ("/networks", {}), ("/volumes", {})):
+            got = engine_api.call(
+                f"listing what is left of {self.name}",
+                self._socket,
+                "GET",
+                url,
+                query={"filters": label, **extra},
+                timeout=engine_timeout(),
+            )
+            if got.get("Volumes") if isinstance(got, dict) else got:
+                return True
+        return False
 
     def kill(self) -> None:
         self.release()
@@ -501,7 +543,7 @@ def _remove_quietly(project: Project) -> None:
     except OrchestratorError:
         # if the engine is gone too, `orchestrator cleanup` finds the rest by label later
         with contextlib.suppress(OrchestratorError):
-            remove_by_label(project.name)
+            remove_by_label(project.name, project.client)
     shutil.rmtree(project.directory, ignore_errors=True)
 
 
@@ -587,7 +629,7 @@ def require_engine(
     compiled: CompiledProject,
     name: str,
     host: str,
-    client: DockerClient,
+    client: Client,
     directory: Path | None = None,
 ) -> None:
     """Refuse, before anything is built or made, what Podman's Docker-compatible API does

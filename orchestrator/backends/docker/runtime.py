@@ -17,7 +17,6 @@ from orchestrator.backends.container.engine import (
     docker_client,
     engine_call,
     is_remote,
-    raw_docker,
     up_timeout,
 )
 from orchestrator.backends.container.executor.client import executor_files
@@ -34,7 +33,7 @@ from orchestrator.sandbox import attach, files, hostfs, hostpack
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.settings import engine_host, same_engine
+from orchestrator.settings import engine_host, may_reach, same_engine
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import IMAGE_USER, MAIN
@@ -121,7 +120,7 @@ class ComposeRuntime(ContainerRuntime):
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
-        self._docker_cmd = raw_docker(self.project.client)  # exec calls last: no time bound
+        self._docker_cmd = self.project.client.raw_cmd  # exec calls last: no time bound
         if remote:
             self._copy_in_all(compiled.user)
         else:  # each container sees its own IO_DIR/<service>: folders go through FIFOs there
@@ -170,7 +169,7 @@ class ComposeRuntime(ContainerRuntime):
         # whichever this process works with
         rt.project = Project(ident, folder, compiled, options.host or folder_engine(folder) or "")
         rt._temp_workspace = folder / "workspace" if temp else None
-        rt._docker_cmd = raw_docker(rt.project.client)
+        rt._docker_cmd = rt.project.client.raw_cmd
         # (a project made before the transfer folders were per container has none: no FIFO)
         rt._shared = folder / IO_DIR if shared and (folder / IO_DIR).is_dir() else None
         # its executor starts at the first command, which says why when it cannot run (a
@@ -193,7 +192,7 @@ class ComposeRuntime(ContainerRuntime):
         if self._temp_workspace is not None:
             shutil.rmtree(self._temp_workspace, ignore_errors=True)
 
-    def detach(self) -> None:
+    def _detach(self) -> None:
         with self._lock:
             self._closed = True
         for channel in self._channels():
@@ -284,6 +283,14 @@ class ComposeRuntime(ContainerRuntime):
 
     @classmethod
     def remove_snapshot_image(cls, snap: Snapshot) -> None:
+        if snap.host and not may_reach(snap.host):
+            log.warning(
+                "snapshot %s: its images are on the engine at %r, which this process does "
+                "not name: left there, for a reap on that engine to remove",
+                snap.name,
+                snap.host,
+            )
+            return
         engine = docker_client(host=snap.host) if snap.host else None
         for image in snap.images.values():
             if not images.remove_owned(image, snap.record, engine) and images.exists(image, engine):
