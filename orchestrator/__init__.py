@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     )
     from orchestrator.sandbox.admission import check_admission
     from orchestrator.sandbox.attach import attach, attachable
-    from orchestrator.sandbox.base import Runtime, Sandbox
+    from orchestrator.sandbox.base import Runtime
+    from orchestrator.sandbox.calls import Sandbox
     from orchestrator.sandbox.inventory import environments, reap, remove_environment
     from orchestrator.sandbox.options import BuildChoice, SpawnOptions
     from orchestrator.sandbox.pool import Pool
@@ -144,7 +145,8 @@ _HOME = {
     ),
     "orchestrator.sandbox.admission": "check_admission",
     "orchestrator.sandbox.attach": "attach attachable",
-    "orchestrator.sandbox.base": "Runtime Sandbox",
+    "orchestrator.sandbox.base": "Runtime",
+    "orchestrator.sandbox.calls": "Sandbox",
     "orchestrator.sandbox.inventory": "environments reap remove_environment",
     "orchestrator.sandbox.options": "BuildChoice SpawnOptions",
     "orchestrator.sandbox.pool": "Pool",

@@ -36,7 +36,8 @@ from typing import Any, Literal, ParamSpec, overload
 
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.attach import attach as attach_runtime
-from orchestrator.sandbox.base import ERR_LIMIT, Runtime, Sandbox, _check, _Events, _written
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.calls import ERR_LIMIT, Sandbox, _check, _Events, _written
 from orchestrator.sandbox.options import Command, default_output_limit
 from orchestrator.sandbox.pool import Pool
 from orchestrator.sandbox.registry import spawn_runtime
@@ -124,6 +125,7 @@ class AsyncSandbox:
         return self._stream(cmd, output_limit or default_output_limit())
 
     async def _stream(self, cmd: Command, limit: int) -> AsyncGenerator[StreamEvent, None]:
+        self.sync._check_usable()  # again where it is iterated (another process, a pause)
         events = _Events(self.sync, limit)
         async with contextlib.aclosing(self.sync._arun(cmd)) as run:
             async for item in run:

@@ -47,7 +47,7 @@ def test_write_file_to_a_fifo_ends_at_the_default_deadline(
 
 def test_a_helper_that_cannot_fork_is_sandbox_unavailable() -> None:
     from orchestrator.errors import SandboxUnavailable
-    from orchestrator.sandbox.base import _raise_held
+    from orchestrator.sandbox.calls import _raise_held
     from orchestrator.sandbox.results import Outcome
 
     runc = (  # docker exec under a full pids limit (CI, 2026-11-26): Go aborts, exit 2

@@ -12,7 +12,7 @@ from orchestrator.backends.container.channel import Channel
 from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.layout import STATIC_ROOT
 from orchestrator.errors import UsageError
-from orchestrator.sandbox.base import Sandbox
+from orchestrator.sandbox.calls import Sandbox
 from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Connection
 from orchestrator.spec.models import Service, StaticAsset
