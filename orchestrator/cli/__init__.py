@@ -20,7 +20,14 @@ from typer.completion import (  # type: ignore[attr-defined]  # its own options 
 )
 
 from orchestrator import __version__, settings
-from orchestrator.cli import lifecycle, spec_cmds, state_cmds, suspend_cmds
+from orchestrator.cli import (
+    exec_cmds,
+    running_cmds,
+    spec_cmds,
+    start_cmds,
+    state_cmds,
+    suspend_cmds,
+)
 from orchestrator.cli.doctor import ENGINE_ENV, doctor
 from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
 
@@ -115,15 +122,15 @@ def _context_host(name: str) -> str:
 
 
 for command in (
-    lifecycle.up,
-    lifecycle.pool,
-    lifecycle.run,
-    lifecycle.exec_,
-    lifecycle.down,
-    lifecycle.ps,
-    lifecycle.logs,
-    lifecycle.shell,
-    lifecycle.snapshot,
+    start_cmds.up,
+    start_cmds.pool,
+    exec_cmds.run,
+    exec_cmds.exec_,
+    running_cmds.down,
+    running_cmds.ps,
+    running_cmds.logs,
+    exec_cmds.shell,
+    running_cmds.snapshot,
     suspend_cmds.suspend,
     suspend_cmds.wake,
     state_cmds.pause,
@@ -133,7 +140,7 @@ for command in (
     spec_cmds.schema,
     spec_cmds.migrate,
     doctor,
-    lifecycle.cleanup,
+    running_cmds.cleanup,
 ):
     name = command.__name__.rstrip("_")
     app.command(

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.cli.lifecycle import _complete_ids
+from orchestrator.cli.common import complete_ids
 
 ID_HELP = "Environment id (or a unique part of it)."
 
 
 def pause(
-    ref: str = typer.Argument(..., help=ID_HELP, autocompletion=_complete_ids),
+    ref: str = typer.Argument(..., help=ID_HELP, autocompletion=complete_ids),
 ) -> None:
     """Freeze every process of a running environment, its services too: no CPU, its memory
     kept. Commands in it fail (exit 3) until `orchestrator resume ID`."""
@@ -24,7 +24,7 @@ def pause(
 
 
 def resume(
-    ref: str = typer.Argument(..., help=ID_HELP, autocompletion=_complete_ids),
+    ref: str = typer.Argument(..., help=ID_HELP, autocompletion=complete_ids),
 ) -> None:
     """Let a paused environment run on, its processes where they were."""
     from orchestrator import attach

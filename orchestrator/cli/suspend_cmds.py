@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.cli.lifecycle import _attach, _complete_ids, _described, print_started
+from orchestrator.cli.common import attach_ref, complete_ids, described, print_started
 from orchestrator.errors import UsageError
 
 
 def suspend(
     ref: str = typer.Argument(
-        ..., help="Environment id (or a unique part of it).", autocompletion=_complete_ids
+        ..., help="Environment id (or a unique part of it).", autocompletion=complete_ids
     ),
     output: str = typer.Option(
         None, "--output", "-o", help="The record's name in the snapshots folder (default: new)."
@@ -20,7 +20,7 @@ def suspend(
     """Save a running environment to disk (its workspace and every container's filesystem,
     services too) and remove it, freeing its memory; print the record's name, which `wake`
     takes. Running processes are not kept. The record stays until woken or removed."""
-    with _attach(ref) as rt:
+    with attach_ref(ref) as rt:
         saved = rt.suspend(output)
     typer.echo(saved.name)
 
@@ -41,7 +41,7 @@ def wake(
         raise UsageError("name a suspended environment (`orchestrator snapshot --list`)")
     rt = wake_(name, keep_record=keep_record, detached=True)
     try:
-        record, ports, warnings = _described(rt)
+        record, ports, warnings = described(rt)
         rt.detach()
     except BaseException:
         rt.cleanup()

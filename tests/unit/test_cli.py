@@ -158,22 +158,35 @@ PUBLIC = {"orchestrator", "orchestrator.errors", "orchestrator.cli.progress"}
 
 
 def test_commands_on_environments_use_public_names_only() -> None:
-    """up, pool, run, exec, shell, logs and snapshot reach environments through the public
-    API (`attach`, the runtime protocol), never through a backend's modules."""
+    """up, pool, run, exec, shell, down, ps, logs, cleanup and snapshot (and what they share)
+    reach environments through the public API (`attach`, the runtime protocol), never
+    through a backend's modules."""
     import ast
 
-    from orchestrator.cli import lifecycle
+    from orchestrator.cli import common, exec_cmds, running_cmds, start_cmds
 
-    tree = ast.parse(Path(lifecycle.__file__).read_text())
-    top = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
-    assert top <= {"__future__", *PUBLIC, "collections.abc", "dataclasses", "pathlib", "typing"}
-    helpers = {"_load", "_attach", "_claim", "_start_many", "_stream", "_described"}
-    commands = {"up", "pool", "run", "exec_", "shell", "logs", "snapshot", *helpers}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in commands:
-            used = {n.module or "" for n in ast.walk(node) if isinstance(n, ast.ImportFrom)}
-            ours = {m for m in used if m.startswith("orchestrator")}
-            assert ours <= PUBLIC, (node.name, ours - PUBLIC)
+    allowed = {
+        "__future__",
+        *PUBLIC,
+        "orchestrator.cli.common",
+        "collections.abc",
+        "dataclasses",
+        "pathlib",
+        "typing",
+    }
+    functions = 0
+    for module in (common, exec_cmds, running_cmds, start_cmds):
+        tree = ast.parse(Path(module.__file__ or "").read_text())
+        top = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+        assert top <= allowed, (module.__name__, top - allowed)
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                functions += 1
+                used = {n.module or "" for n in ast.walk(node) if isinstance(n, ast.ImportFrom)}
+                ours = {m for m in used if m.startswith("orchestrator")}
+                ours -= {m for m in ours if m.startswith("orchestrator.cli.")}  # the CLI's own
+                assert ours <= PUBLIC, (module.__name__, node.name, ours - PUBLIC)
+    assert functions >= 20  # every command and helper was looked at
 
 
 def test_attach_trusts_no_record_it_did_not_write(

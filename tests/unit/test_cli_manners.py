@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import orchestrator
-from orchestrator.cli import lifecycle
+from orchestrator.cli import common
 
 CLI = [sys.executable, "-m", "orchestrator"]
 
@@ -116,11 +116,11 @@ def test_id_completion_is_bounded_and_never_raises(monkeypatch: pytest.MonkeyPat
     def broken() -> list[str]:
         raise RuntimeError("state folder on fire")
 
-    monkeypatch.setattr(lifecycle, "COMPLETE_WITHIN", 0.5)
+    monkeypatch.setattr(common, "COMPLETE_WITHIN", 0.5)
     for lister in (slow, broken):
         monkeypatch.setattr(orchestrator, "attachable", lister)
         started = time.monotonic()
-        assert lifecycle._complete_ids("orch-") == []
+        assert common.complete_ids("orch-") == []
         assert time.monotonic() - started < 5
 
 

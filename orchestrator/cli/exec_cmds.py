@@ -1,0 +1,209 @@
+"""Commands that run something: run (up, one command, down), exec and shell in a running
+environment. Each goes through the runtime protocol, so its exit code, output split and
+timeout are the library's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from orchestrator.cli.common import (
+    BUILD_HELP,
+    attach_ref,
+    build_choice,
+    complete_ids,
+    load_file,
+    say_warnings,
+)
+from orchestrator.errors import UsageError
+
+if TYPE_CHECKING:
+    from orchestrator import (
+        Runtime,
+        RuntimeResult,
+        Sandbox,
+    )
+
+
+def run(
+    file: Path = typer.Argument(..., help="Environment file."),
+    command: list[str] = typer.Argument(None, help="Command to run (after --)."),
+    named: str = typer.Option(
+        None, "--named", help="Run the file's `commands.NAME` ({{static:...}} resolved)."
+    ),
+    workspace: Path = typer.Option(None, "--workspace", "-w", help="Host workspace folder."),
+    timeout: float = typer.Option(
+        None, "--timeout", "-t", help="Kill the command after this many seconds."
+    ),
+    evaluation: bool = typer.Option(False, "--eval", help="Also run setup.eval_commands."),
+    on: str = typer.Option(
+        None, "--on", help="Run on this backend instead of the file's (e.g. swarm)."
+    ),
+    build: bool | None = typer.Option(None, "--build/--no-build", help=BUILD_HELP),
+) -> None:
+    """Bring an environment up, run one command in it, take it down. The command's exit code
+    becomes ours (124 on timeout)."""
+    from orchestrator import spawn_runtime
+    from orchestrator.cli.progress import admission_progress, build_progress
+
+    env = load_file(file, backend=on, workspace=workspace.resolve() if workspace else None)
+    if named is not None and command:
+        raise UsageError("give either a command after -- or --named NAME, not both")
+    if named is not None and named not in env.spec.commands:
+        known = ", ".join(sorted(env.spec.commands)) or "none"
+        raise UsageError(f"{file} has no command named {named!r} (known: {known})")
+    argv = _argv(command) if named is None else ""
+    with (
+        build_progress(f"building {env.name}", eager=False),  # shown only if it builds
+        admission_progress(),  # shown only while it waits for room on this host
+    ):
+        started = spawn_runtime(
+            env,
+            workspace=workspace,
+            is_evaluation=evaluation,
+            backend=on,
+            build=build_choice(build),
+        )
+    with started as rt:
+        say_warnings(rt.warnings, env)
+        result = _stream(rt, argv or rt.file_command(named), timeout=timeout)
+    raise typer.Exit(_exit_code(result, timeout))
+
+
+def _stream(
+    place: Sandbox,
+    argv: str | list[str],
+    *,
+    user: str | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+) -> RuntimeResult:
+    """Run a command, its stdout to ours and its stderr to ours as they come (interrupted,
+    the command's whole tree is killed)."""
+    events = place.stream(argv, user=user, cwd=cwd, timeout=timeout)
+    try:
+        for event in events:
+            if event.kind == "finished":
+                assert event.result is not None
+                return event.result
+            stream = sys.stdout if event.kind == "stdout" else sys.stderr
+            stream.write(event.text)
+            stream.flush()
+    finally:
+        events.close()
+    raise AssertionError("a stream ends with a finished event")
+
+
+def _exit_code(result: RuntimeResult, timeout: float | None) -> int:
+    if result.timed_out:
+        typer.echo(f"error: timed out after {timeout or 0:g}s", err=True)
+        return 124  # as timeout(1)
+    return result.exit_code
+
+
+def _argv(command: list[str] | None) -> str | list[str]:
+    """Words after `--`: one word runs through the shell, several run as argv."""
+    command = command or []
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no command given: write it after --")
+    return command[0] if len(command) == 1 else command
+
+
+_EXEC_OPTIONS = {
+    "--service": "service",
+    "-s": "service",
+    "--user": "user",
+    "-u": "user",
+    "--workdir": "workdir",
+    "-w": "workdir",
+    "--timeout": "timeout",
+    "-t": "timeout",
+}
+
+
+def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Options written after the id (`exec ID --service side -- cmd`), then the command."""
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        name, eq, value = words[i].partition("=")
+        if name not in _EXEC_OPTIONS:
+            break
+        if not eq:
+            if i + 1 == len(words):
+                raise UsageError(f"{name} needs a value")
+            i, value = i + 1, words[i + 1]
+        found[_EXEC_OPTIONS[name]] = value
+        i += 1
+    rest = words[i:]
+    if rest and rest[0].startswith("-") and rest[0] != "--" and "--" in rest:
+        known = ", ".join(o for o in _EXEC_OPTIONS if o.startswith("--"))
+        raise UsageError(
+            f"exec has no option {rest[0]} (it has {known}); the command goes after --"
+        )
+    return found, rest
+
+
+def _refuse_service_word(rt: Runtime, words: list[str], verb: str) -> None:
+    """Compose's `exec ID SERVICE -- cmd` must not run a command named after the service."""
+    services = {"main", *rt.env.spec.services}
+    if len(words) >= 2 and words[1] == "--" and words[0] in services:
+        raise UsageError(
+            f"`{verb} ID {words[0]} -- ...` would run a command named {words[0]!r}: to run "
+            f"in service {words[0]!r}, use --service {words[0]}"
+        )
+
+
+def exec_(
+    ref: str = typer.Argument(
+        ..., help="Environment id (or a unique part of it).", autocompletion=complete_ids
+    ),
+    command: list[str] = typer.Argument(..., help="Command to run (after --)."),
+    service: str = typer.Option(None, "--service", "-s", help="Run in this service."),
+    user: str = typer.Option(None, "--user", "-u", help='As this user ("uid[:gid]", "root").'),
+    workdir: str = typer.Option(None, "--workdir", "-w", help="In this folder."),
+    timeout: float = typer.Option(
+        None, "--timeout", "-t", help="Kill the command's whole tree after this many seconds."
+    ),
+) -> None:
+    """Run a command in a running environment: `exec ID [--service NAME] [--user U]
+    [--workdir W] [--timeout S] -- CMD...`. Its exit code becomes ours (124 on timeout)."""
+    given, words = _exec_words(command)
+    service = given.get("service", service)
+    user, workdir = given.get("user", user), given.get("workdir", workdir)
+    if "timeout" in given:
+        try:
+            timeout = float(given["timeout"])
+        except ValueError:
+            raise UsageError(f"--timeout takes seconds, got {given['timeout']!r}") from None
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
+    with attach_ref(ref) as rt:  # leaving the block leaves it running
+        _refuse_service_word(rt, words, "exec")
+        argv = _argv(words)
+        place = rt.service(service) if service else rt
+        result = _stream(place, argv, user=user, cwd=workdir, timeout=timeout)
+    raise typer.Exit(_exit_code(result, timeout))
+
+
+def shell(
+    ref: str = typer.Argument(..., help="Environment id.", autocompletion=complete_ids),
+    word: str = typer.Argument(None, hidden=True),
+    service: str = typer.Option(None, "--service", "-s", help="Open it in this service."),
+    user: str = typer.Option(None, "--user", "-u", help='As this user ("uid[:gid]", "root").'),
+) -> None:
+    """Open an interactive shell (bash where the image has it) in a running environment."""
+    if word is not None:
+        raise UsageError(f"`shell ID {word}`: to open it in service {word!r}, use --service {word}")
+    with attach_ref(ref) as rt:
+        place = rt.service(service) if service else rt
+        argv = list(place.connection(user=user).shell)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        argv = ["-i" if a == "-it" else a for a in argv]  # no terminal to give it
+    raise typer.Exit(subprocess.call(argv))
