@@ -13,194 +13,22 @@ from orchestrator.spec.compose.model import (
     FIX_SHAPE,
     KEEP_ALIVE,
     MAX_ENV_FILES,
-    MAX_PORT_RANGE,
-    MAX_PORTS,
     ComposeMapping,
     Fate,
     Status,
 )
-from orchestrator.spec.compose.variables import Loc, beside
-
-
-def _words(value: Any) -> list[str] | str | None:
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    return str(value)
-
-
-def _duration(value: Any) -> str | None:
-    """A Compose duration (1m30s, 500ms, 10) as one v1 unit (90s, 500ms, 10s)."""
-    if value is None:
-        return None
-    text = str(value).strip()
-    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
-        return f"{text}s"
-    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s|us|ns)", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return text  # the schema names the bad value
-    scale = {"h": 3600000.0, "m": 60000.0, "s": 1000.0, "ms": 1.0, "us": 0.001, "ns": 1e-6}
-    ms = sum(float(n) * scale[u] for n, u in parts)
-    return f"{ms / 1000:g}s" if ms >= 1000 and ms % 1000 == 0 else f"{ms:g}ms"
-
-
-def _size(value: Any) -> str | None:
-    """A Compose size (512m, 1gb, 2GiB, 1073741824) as a v1 size."""
-    if value is None:
-        return None
-    text = str(value).strip()
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([bkmgBKMG])?(?:i?[bB])?", text)
-    return f"{m.group(1)}{(m.group(2) or '').lower()}" if m else text
-
-
-def _env(value: Any) -> tuple[dict[str, Any], list[str]]:
-    """`environment:` as a mapping or a list of KEY=VALUE; a bare KEY (take it from the host)
-    comes back in the second list."""
-    passed: list[str] = []
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if v is None:
-                passed.append(str(k))
-            else:  # Compose writes a YAML boolean as its text
-                out[str(k)] = str(v).lower() if isinstance(v, bool) else v
-        return out, passed
-    out = {}
-    for item in value or []:
-        key, sep, val = str(item).partition("=")
-        if sep:
-            out[key] = val
-        else:
-            passed.append(key)
-    return out, passed
-
-
-_PORT = re.compile(
-    r"^(?:(?:\[?(?P<ip>[0-9a-fA-F.:]+?)\]?:)?(?P<host>[0-9]+(?:-[0-9]+)?)?:)?"
-    r"(?P<container>[0-9]+(?:-[0-9]+)?)(?:/(?P<proto>tcp|udp))?$"
+from orchestrator.spec.compose.values import (
+    IGNORED,
+    PORT_KEYS,
+    REFUSED,
+    duration,
+    env_pairs,
+    is_host_path,
+    port_maps,
+    size,
+    words,
 )
-
-
-PORT_KEYS = frozenset({"target", "published", "host_ip", "protocol"})
-"""The long form's keys that are kept (`mode`, `name`, `app_protocol` change nothing here)."""
-
-
-def _ports(value: Any, limit: int) -> tuple[list[Any], list[str]]:
-    """Compose ports (short or long form) as v1 PortMaps, at most `limit` of them (ValueError
-    past it); the second list says what could not be read (the schema sees the raw value
-    then)."""
-    out: list[Any] = []
-    bad: list[str] = []
-
-    def add(entry: Any) -> None:
-        if len(out) >= limit:
-            raise ValueError(f"more than {MAX_PORTS} ports published in all")
-        out.append(entry)
-
-    for item in value or []:
-        if isinstance(item, dict):
-            published = str(item.get("published") or "")
-            if "-" in published.strip("-"):
-                raise ValueError(f"published range {published} in the long form: use the short")
-            entry: dict[str, Any] = {"container": item.get("target")}
-            if published:
-                entry["host"] = int(published)
-            if item.get("host_ip"):
-                entry["host_ip"] = item["host_ip"]
-            if item.get("protocol"):
-                entry["protocol"] = item["protocol"]
-            add(entry)
-            continue
-        m = _PORT.match(str(item))
-        if m is None:
-            bad.append(str(item))
-            add(item)
-            continue
-        c_lo, _, c_hi = m.group("container").partition("-")
-        h = m.group("host")
-        h_lo, _, h_hi = h.partition("-") if h else ("", "", "")
-        count = int(c_hi or c_lo) - int(c_lo) + 1
-        if count < 1 or count > MAX_PORT_RANGE or (h_hi and int(h_hi) - int(h_lo) + 1 != count):
-            bad.append(str(item))
-            add(item)
-            continue
-        for k in range(count):
-            entry = {"container": int(c_lo) + k}
-            if h_lo:
-                entry["host"] = int(h_lo) + k
-            if m.group("ip"):
-                entry["host_ip"] = m.group("ip")
-            if m.group("proto"):
-                entry["protocol"] = m.group("proto")
-            add(entry)
-    return out, bad
-
-
-def _is_host_path(source: str) -> bool:
-    return source.startswith((".", "/", "~")) or source == ""
-
-
-IGNORED: dict[str, str] = {
-    "container_name": "each environment names its own containers, so that many can run at once",
-    "hostname": "a container is reached by its service name",
-    "domainname": "a container is reached by its service name",
-    "restart": "an environment lives as long as its owner; a service that exits fails the "
-    "start, or shows as lost",
-    "labels": "the environment's containers carry its own labels",
-    "logging": "logs stay with the engine's default driver (`orchestrator logs`)",
-    "stdin_open": "each command gets its own stdin through exec",
-    "tty": "each command asks for a terminal itself (`orchestrator shell`)",
-    "platform": "images are built and run for this machine",
-    "stop_signal": "an environment's containers are removed, not stopped gracefully",
-    "stop_grace_period": "an environment's containers are removed, not stopped gracefully",
-    "pull_policy": "images are never pulled: they must be on the engine or built",
-    "extra_hosts": "host names are not added: services reach each other by name",
-    "dns": "name resolution is the environment's own (it enforces egress)",
-    "dns_search": "name resolution is the environment's own (it enforces egress)",
-    "dns_opt": "name resolution is the environment's own (it enforces egress)",
-    "mac_address": "addresses are the engine's",
-    "ulimits": "limits are set by `resources` (memory, cpus, pids)",
-    "shm_size": "/dev/shm keeps the engine's default size",
-    "group_add": "supplementary groups come from the image's /etc/group",
-    "read_only": "the root filesystem stays writable (nothing of the host is in it)",
-    "oom_score_adj": "out-of-memory handling is the engine's",
-    "oom_kill_disable": "out-of-memory handling is the engine's",
-    "mem_reservation": "only limits are set, not reservations",
-    "memswap_limit": "swap follows the memory limit",
-    "mem_swappiness": "swap follows the memory limit",
-    "cpu_shares": "only `cpus` limits are set",
-    "cpu_quota": "only `cpus` limits are set",
-    "cpu_period": "only `cpus` limits are set",
-    "cpuset": "only `cpus` limits are set",
-    "cpu_count": "only `cpus` limits are set",
-    "cpu_percent": "only `cpus` limits are set",
-    "blkio_config": "block-device weights are the engine's",
-    "storage_opt": "storage is the engine's",
-    "annotations": "not used by the engine",
-    "attach": "logs are read with `orchestrator logs`",
-    "develop": "a development-only setting",
-    "scale": "one container per service",
-    "secrets": "secrets are not mounted; pass values in `environment`",
-    "configs": "configs are not mounted; use a bind mount",
-    "links": "a container is reached by its service name",
-    "external_links": "a container is reached by its service name",
-    "volumes_from": "each container has only its own mounts",
-}
-"""Service keys that have no effect here, and why."""
-
-REFUSED: dict[str, tuple[str, str]] = {
-    "userns_mode": ("a host user namespace takes away the sandbox's", "remove it"),
-    "cgroup_parent": ("a cgroup chosen by the file escapes the environment's limits", "remove it"),
-    "cgroup": ("the host's cgroup namespace", "remove it"),
-    "sysctls": ("kernel settings are not set by files", "remove them"),
-    "device_cgroup_rules": ("device access is refused", "remove it"),
-    "gpus": ("devices are not given to sandboxes", "remove it"),
-    "isolation": ("Windows isolation", "remove it"),
-    "credential_spec": ("Windows credentials", "remove it"),
-}
-"""Service keys that would weaken the sandbox and have no v1 field for the policy, with the
-reason and the fix."""
+from orchestrator.spec.compose.variables import Loc, beside
 
 
 class Container:
@@ -258,7 +86,7 @@ class Container:
             "init": lambda v: self.fate(
                 ("init",), "mapped", "every container runs an init as PID 1 already"
             ),
-            "mem_limit": lambda v: self._simple("mem_limit", ("resources", "memory"), _size(v)),
+            "mem_limit": lambda v: self._simple("mem_limit", ("resources", "memory"), size(v)),
             "cpus": lambda v: self._simple("cpus", ("resources", "cpus"), v),
             "pids_limit": self._pids,
             "deploy": self._deploy,
@@ -338,7 +166,7 @@ class Container:
                 self.m.where[(*self.target, "build", key)] = (*self.src, "build", key)
                 self.fate(("build", key), "mapped")
             elif key == "args":
-                args, passed = _env(v)
+                args, passed = env_pairs(v)
                 out["args"] = {k: ("" if a is None else a) for k, a in args.items()}
                 for k in passed:
                     out["args"][k] = ""
@@ -368,7 +196,7 @@ class Container:
 
     def _command(self, value: Any) -> None:
         if not self.main:
-            self._simple("command", ("command",), _words(value))
+            self._simple("command", ("command",), words(value))
             return
         text = " ".join(value) if isinstance(value, list) else str(value)
         if KEEP_ALIVE.match(text.strip()):
@@ -383,7 +211,7 @@ class Container:
 
     def _entrypoint(self, value: Any) -> None:
         if not self.main:
-            self._simple("entrypoint", ("entrypoint",), _words(value))
+            self._simple("entrypoint", ("entrypoint",), words(value))
         else:
             self.fate(
                 ("entrypoint",), "ignored", "the main sandbox runs the executor as its entrypoint"
@@ -393,7 +221,7 @@ class Container:
         if not isinstance(value, dict | list):
             self.put(("env",), value, ("environment",))
             return
-        env, passed = _env(value)
+        env, passed = env_pairs(value)
         self.out.setdefault("env", {}).update(env)
         self.m.where[(*self.target, "env")] = (*self.src, "environment")
         self.fate(("environment",), "mapped")
@@ -435,7 +263,7 @@ class Container:
         self.fate(("env_file",), "mapped")
 
     def _ports(self, value: Any) -> None:
-        ports, bad = _ports(value if isinstance(value, list) else [value], self.m.ports_left)
+        ports, bad = port_maps(value if isinstance(value, list) else [value], self.m.ports_left)
         self.m.ports_left -= len(ports)
         for i, item in enumerate(value if isinstance(value, list) else []):
             for extra in sorted(set(item) - PORT_KEYS) if isinstance(item, dict) else []:
@@ -471,7 +299,7 @@ class Container:
                 else:
                     source, target = parts[0], parts[1]
                     read_only = "ro" in (parts[2].split(",") if len(parts) > 2 else [])
-                    kind = "bind" if _is_host_path(source) else "volume"
+                    kind = "bind" if is_host_path(source) else "volume"
             if kind == "bind":
                 self.m.where[(*self.target, "mounts", len(mounts))] = (*self.src, *key)
                 mounts.append({"source": source, "target": target, "read_only": read_only})
@@ -506,9 +334,9 @@ class Container:
             key: Loc = ("tmpfs", i) if isinstance(value, list) else ("tmpfs",)
             path, _, opts = str(item).partition(":")
             if path == "/tmp":
-                size = re.search(r"size=([0-9a-zA-Z.]+)", opts)
-                if size:
-                    self.put(("resources", "tmp"), _size(size.group(1)), key)
+                found = re.search(r"size=([0-9a-zA-Z.]+)", opts)
+                if found:
+                    self.put(("resources", "tmp"), size(found.group(1)), key)
                 self.fate(key, "mapped", "/tmp is a private tmpfs")
             else:
                 self.fate(key, "ignored", f"only /tmp is a tmpfs here, not {path}")
@@ -530,7 +358,7 @@ class Container:
             if key == "test":
                 out["test"] = v
             elif key in ("interval", "timeout", "start_period"):
-                out[key] = _duration(v)
+                out[key] = duration(v)
             elif key == "retries":
                 out["retries"] = v
             else:
@@ -686,7 +514,7 @@ class Container:
                 for lim, amount in limits.items():
                     key3: Loc = ("deploy", "resources", "limits", lim)
                     if lim == "memory":
-                        self.put(("resources", "memory"), _size(amount), key3)
+                        self.put(("resources", "memory"), size(amount), key3)
                     elif lim == "cpus":
                         self.put(("resources", "cpus"), amount, key3)
                     elif lim == "pids":
