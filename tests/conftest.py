@@ -101,6 +101,28 @@ def main_container(rt: Runtime) -> str:
     return container
 
 
+def pause_container(container: str, tries: int = 5) -> None:
+    """`docker pause` from outside, as a user would, tried again while the cgroup freezer
+    gives up ("unable to freeze": on a loaded machine it can lose the race with processes
+    forking; the library's own pause tries again the same way)."""
+    for attempt in range(tries):
+        done = subprocess.run(
+            ["docker", "pause", container], capture_output=True, text=True, timeout=60
+        )
+        if done.returncode == 0:
+            return
+        state = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Paused}}", container],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if state.stdout.strip() == "true":
+            return  # the freezer got there after all
+        assert "unable to freeze" in done.stderr and attempt < tries - 1, done.stderr
+        time.sleep(0.2 * (attempt + 1))
+
+
 def bounded(call: Callable[[], object], within: float) -> tuple[object, float]:
     """What `call` returned or raised, and how long it took; fails if it outlives `within`
     seconds (on a hanging call the thread is left behind, the runtime's cleanup ends it)."""
@@ -218,6 +240,19 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
             docker = ["docker", "--host", host] if host else ["docker"]
             subprocess.run([*docker, *argv, i], capture_output=True, check=False)
         pytest.fail(f"{request.module.__name__} leaked Docker objects: {sorted(leaked)}")
+
+
+@pytest.fixture
+def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `ssh` first on PATH that only appends its arguments to the file returned (which
+    exists once anything ran it): what reaching an `ssh://` engine would start, and no
+    traffic at all."""
+    bin_dir, ran = tmp_path / "fake-ssh-bin", tmp_path / "ssh-ran"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "$@" >> {ran}\nexit 255\n')
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return ran
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,7 +19,7 @@ from orchestrator import OrchestratorError, SandboxUnavailable, spawn_runtime
 from orchestrator.backends.docker.runtime import ComposeRuntime
 from orchestrator.sandbox import files
 from orchestrator.sandbox.options import Command
-from tests.conftest import main_container
+from tests.conftest import main_container, pause_container
 from tests.docker.conftest import MakeEnv
 from tests.docker.conftest import same_tree as _same
 from tests.docker.conftest import within as _within
@@ -246,7 +246,7 @@ def test_a_sandbox_paused_mid_download_is_unavailable_within_a_bound(
         cmd = Command(files.download_argv(f"{rt.workdir}/big"), {}, "/", None, None, None)
         chunks = rt._main.run(cmd, bulk=True)
         assert next(chunks)[0] == "stdout"  # under way (the packer waits for us now)
-        subprocess.run(["docker", "pause", main_container(rt)], check=True, timeout=60)
+        pause_container(main_container(rt))
         try:
             started = time.monotonic()
 

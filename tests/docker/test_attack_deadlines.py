@@ -29,7 +29,8 @@ STOPPED_TAR = (
 # own tar, whatever PATH holds, in a child that keeps the shell's command line); builtins
 # only, so it spins without forking
 STOP_TAR = (
-    "sh -c 'while :; do for d in /proc/[0-9]*; do [ ${d#/proc/} = $$ ] && continue; "
+    "sh -c ': > /tmp/.stopper; "
+    "while :; do for d in /proc/[0-9]*; do [ ${d#/proc/} = $$ ] && continue; "
     "c=; read -r c 2>/dev/null < $d/cmdline; "
     'case $c in *"tar -"[cx]" -"*|tar-[cx]*|*/tar-[cx]*) kill -STOP ${d#/proc/} ;; esac; '
     "done; done' </dev/null >/dev/null 2>&1 &"
@@ -39,6 +40,10 @@ STOP_TAR = (
 def stop_tar(rt: Runtime) -> None:
     rt.execute(STOPPED_TAR, user="root", timeout=10, check=True)
     rt.execute(STOP_TAR, user="root", timeout=10)
+    # the stopper is in its loop before the file call starts (on a loaded machine the
+    # background shell may not have run yet, and a small upload would be over before it)
+    waiting = "while [ ! -e /tmp/.stopper ]; do sleep 0.05; done"
+    rt.execute(waiting, user="root", timeout=10, check=True)
 
 
 CASES = [(PYTHON_IMAGE, "auto"), (BUSYBOX_IMAGE, "plain")]
@@ -94,7 +99,7 @@ def test_download_with_its_tar_stopped_ends_at_its_deadline(rt: Runtime, tmp_pat
 def test_upload_with_its_tar_stopped_ends_at_its_deadline(rt: Runtime, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    (src / "f").write_bytes(os.urandom(3 << 20))  # more than a pipe holds
+    (src / "f").write_bytes(os.urandom(32 << 20))  # far more than a pipe holds
     stop_tar(rt)
     outcome, _ = bounded(lambda: rt.upload(src, "up", timeout=3), 3 + SLACK)
     assert_timed_out(outcome, "up")

@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator import SandboxPaused, SandboxUnavailable, environments, spawn_runtime
 from orchestrator.sandbox.base import Runtime
-from tests.conftest import BUSYBOX_IMAGE, main_container
+from tests.conftest import BUSYBOX_IMAGE, main_container, pause_container
 from tests.docker.cgroups import cpu_ns
 from tests.docker.conftest import MakeEnv
 from tests.docker.test_faults import owner_process, project_objects, project_state, wait_until
@@ -210,7 +210,7 @@ def test_a_pause_by_another_process_is_seen_and_resumed_here(make_env: MakeEnv) 
     SandboxPaused (the silent executor is probed), `paused` says so, and it may resume it."""
     with spawn_runtime(make_env("")) as rt:
         container = main_container(rt)
-        subprocess.run(["docker", "pause", container], check=True, timeout=60)
+        pause_container(container)
         try:
             started = time.monotonic()
             with pytest.raises(SandboxPaused):
