@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,12 @@ from orchestrator.backends.container.identity import (
     LABEL_DIR,
     LABEL_PROJECT,
     claim_folder,
+    owner_labels,
 )
 from orchestrator.backends.container.inventory import ProjectInfo, match_project
 from orchestrator.errors import ProjectNotFound, UsageError
 from orchestrator.paths import projects_dir
+from orchestrator.procutil import process_start
 from orchestrator.sandbox.snapshot import Snapshot, snapshots_dir
 
 NAME = "orch-evil-0badf00d"
@@ -76,6 +80,58 @@ def test_kept_is_only_looked_at_where_the_label_is_plain(state: Path, tmp_path: 
     assert info(NAME, str(elsewhere)).kept  # another state folder's kept project: spared
     assert info(NAME, str(elsewhere)).directory is None  # but never ours to remove
     assert not info(NAME, f"{elsewhere}/../{NAME}").kept
+
+
+def dead_owner_info(folder: Path) -> ProjectInfo:
+    """A network-only project naming `folder` and an owner that cannot be alive."""
+    labels = {LABEL_PROJECT: NAME, LABEL_DIR: str(folder)}
+    labels |= owner_labels(str(2**22 + 7), "1", socket.gethostname())
+    return ProjectInfo(NAME, labels, [], ["net"])
+
+
+def test_another_state_folders_start_in_progress_is_alive_by_its_owner_file(
+    state: Path, tmp_path: Path
+) -> None:
+    """A reap run from one state folder must not condemn a project another state folder is
+    starting, when a label forged on the engine names a dead owner: its folder's owner file
+    (this process) is read, only read."""
+    elsewhere = tmp_path / "other-state" / "projects" / NAME
+    claim_folder(elsewhere)
+    assert dead_owner_info(elsewhere).directory is None  # never ours to remove
+    assert dead_owner_info(elsewhere).alive
+    (elsewhere / "owner").write_text(f"{2**22 + 7} 1 {socket.gethostname()}\n")
+    assert not dead_owner_info(elsewhere).alive
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "huge", "binary"])
+def test_a_labelled_owner_file_that_is_not_a_plain_small_record_is_no_owner(
+    state: Path, tmp_path: Path, kind: str
+) -> None:
+    """A label names the folder, so its owner file may be anything: a FIFO never stalls a
+    listing, a link is not followed, and garbage is not an owner."""
+    elsewhere = tmp_path / "other-state" / "projects" / NAME
+    elsewhere.mkdir(parents=True)
+    owner = elsewhere / "owner"
+    live = f"{os.getpid()} {process_start(os.getpid())} {socket.gethostname()}\n"
+    if kind == "fifo":
+        os.mkfifo(owner)
+    elif kind == "link":
+        (tmp_path / "real").write_text(live)
+        owner.symlink_to(tmp_path / "real")
+    elif kind == "huge":
+        owner.write_text(live + " " * 4096)
+    else:
+        owner.write_bytes(b"\xff\xfe " * 3)
+    done = threading.Event()
+    result: list[bool] = []
+
+    def look() -> None:
+        result.append(dead_owner_info(elsewhere).alive)
+        done.set()
+
+    threading.Thread(target=look, daemon=True).start()
+    assert done.wait(5), "reading a labelled owner file waited"
+    assert result == [False]
 
 
 # ----- item 11: a prefix counts only what follows `orch-` -----------------------------------

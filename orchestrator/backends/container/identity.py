@@ -107,10 +107,15 @@ def owner_labels(pid: str, start: str, host: str) -> dict[str, str]:
 
 
 def folder_owner(folder: Path) -> dict[str, str] | None:
-    """The owner labels recorded in a project folder (None without a readable owner file)."""
+    """The owner labels recorded in a project folder (None without a readable owner file).
+    The folder may be one a label names (another state folder's): the file is read only when
+    it is a regular file, never through a link or from a FIFO, and at most 512 bytes of it."""
+    data = read_regular(folder / OWNER_FILE, 512)
+    if data is None or len(data) > 512:
+        return None
     try:
-        pid, start, host = (folder / OWNER_FILE).read_text().split()
-    except (OSError, ValueError):
+        pid, start, host = data.decode().split()
+    except (UnicodeDecodeError, ValueError):
         return None
     return owner_labels(pid, start, host)
 

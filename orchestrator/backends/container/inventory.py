@@ -91,11 +91,12 @@ class ProjectInfo:
         project folder records. Labels are anyone's to set on a shared engine: a container
         naming a dead owner beside ours, which name a live one, must not get our project
         (and its folder) removed; nor a network or volume naming a dead owner, made while
-        our start has not made a container yet."""
+        our start has not made a container yet. Another state folder's project folder is
+        looked at too (as for `kept`), only to read its owner file."""
         owners = self.owners or [self.labels]
         if any(owner_alive(owner) for owner in owners):
             return True
-        folder = self.directory
+        folder = self.directory or labelled_folder(self.name, self.labels.get(LABEL_DIR))
         recorded = folder_owner(folder) if folder is not None else None
         return recorded is not None and owner_alive(recorded)
 
