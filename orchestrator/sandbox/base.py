@@ -162,6 +162,8 @@ class Runtime(Sandbox):
         self.setup_result: RuntimeResult | None = None
         self.warnings: list[str] = list(env.notices)
         self._closed = False
+        self._removal: str | None = None
+        """What cleanup() got to: None (not tried), running, done, or failed (tried again)."""
         self._killed = False
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -250,16 +252,25 @@ class Runtime(Sandbox):
 
     def cleanup(self) -> None:
         """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed.
-        In a child forked from the runtime's process it only closes the child's copy: the
+        A removal that fails (an engine that hung or refused) raises, and the next cleanup()
+        tries it again; one another thread is running meanwhile is not waited for. In a
+        child forked from the runtime's process it only closes the child's copy: the
         environment, its processes and its admission are the parent's."""
         with self._lock:
-            if self._closed:
+            again = self._removal == "failed"
+            if self._closed and not again:  # removed, being removed, or detached
                 return
             self._closed = True
+            self._removal = "running"
         if self._in_child():
             return
         try:
             self._close()
+        except BaseException:
+            self._removal = "failed"
+            raise
+        else:
+            self._removal = "done"
         finally:
             if self._admission is not None:
                 self._admission.release()

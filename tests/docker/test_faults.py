@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import SandboxUnavailable, StartupError, spawn_runtime
+from orchestrator import (
+    OrchestratorError,
+    RuntimeClosed,
+    SandboxUnavailable,
+    StartupError,
+    spawn_runtime,
+)
 from orchestrator.sandbox.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
 from tests.docker.conftest import MakeEnv
@@ -416,10 +422,11 @@ def test_a_forked_child_leaving_a_pool_block_leaves_the_pool_alone(make_env: Mak
 
 
 @contextlib.contextmanager
-def first_removal_fails(container: str) -> Iterator[list[bool]]:
-    """Make the engine's first removal of `container` fail as it does under load ("unable to
-    remove filesystem for <id>", the container left Dead): an immutable file in its folder,
-    taken away once the engine has tried and given up. Yields [True] once that happened."""
+def pinned(container: str) -> Iterator[tuple[str, Path]]:
+    """An immutable file in `container`'s folder under the engine's root, so every removal
+    of it fails as one does under load ("unable to remove filesystem for <id>", the
+    container left Dead) until the file is unpinned, at the latest on leaving. Yields the
+    container's id and the file."""
     root = docker("info", "-f", "{{.DockerRootDir}}").stdout.strip()
     cid = docker("inspect", "-f", "{{.Id}}", container).stdout.strip()
     folder = Path(root) / "containers" / cid
@@ -430,6 +437,23 @@ def first_removal_fails(container: str) -> Iterator[list[bool]]:
     if subprocess.run(["chattr", "+i", str(pin)], capture_output=True).returncode != 0:
         pin.unlink()
         pytest.skip("the engine's filesystem has no immutable flag (chattr +i)")
+    try:
+        yield cid, pin
+    finally:
+        subprocess.run(["chattr", "-i", str(pin)], capture_output=True)
+
+
+@contextlib.contextmanager
+def first_removal_fails(container: str) -> Iterator[list[bool]]:
+    """Make the engine's first removal of `container` fail (see `pinned`), the file taken
+    away once the engine has tried and given up. Yields [True] once that happened."""
+    with pinned(container) as (cid, pin), _unpin_once_dead(cid, pin) as failed:
+        yield failed
+
+
+@contextlib.contextmanager
+def _unpin_once_dead(cid: str, pin: Path) -> Iterator[list[bool]]:
+    folder = pin.parent
     failed: list[bool] = []
     done = threading.Event()
 
@@ -450,7 +474,6 @@ def first_removal_fails(container: str) -> Iterator[list[bool]]:
     finally:
         done.set()
         watcher.join(30)
-        subprocess.run(["chattr", "-i", str(pin)], capture_output=True)
 
 
 @pytest.mark.parametrize("network", ["none", "outbound"])
@@ -467,6 +490,25 @@ def test_a_removal_the_engine_fails_once_still_removes_everything(
         with first_removal_fails(main_container(rt)) as failed:
             rt.cleanup()
         assert failed, "the engine's first removal did not fail: the fault never happened"
+        assert project_objects(name) == []
+    finally:
+        rt.cleanup()
+
+
+def test_a_cleanup_the_engine_keeps_failing_raises_and_is_tried_again(make_env: MakeEnv) -> None:
+    """A removal the engine refuses for longer than down()'s own tries is said (cleanup
+    raises), the runtime is closed to calls, and the next cleanup() removes it: a harness
+    that retries its cleanup is not left with an object it can no longer remove."""
+    rt = spawn_runtime(make_env(""))
+    name = rt.info().id
+    try:
+        with pinned(main_container(rt)):
+            with pytest.raises(OrchestratorError):
+                rt.cleanup()
+            assert project_objects(name) != []
+            with pytest.raises(RuntimeClosed):
+                rt.execute("true")
+        rt.cleanup()
         assert project_objects(name) == []
     finally:
         rt.cleanup()
