@@ -44,6 +44,7 @@ from typing import (
     NoReturn,
     Optional,
     Protocol,
+    Set,
     Tuple,
     Union,
 )
@@ -63,6 +64,70 @@ F_SETPIPE_SZ = 1031  # fcntl's name for it arrived in Python 3.10; the number is
 NO_PROCESS = (errno.EAGAIN, errno.ENOMEM)
 """fork() errors that mean no process can be started at all (pids or memory limit)."""
 _scope = threading.local()
+
+_FED: Set[int] = set()
+"""Write ends of the stdin pipes this process is feeding (see `_feed`)."""
+_FED_GUARD = threading.Lock()
+"""Held from recording such a descriptor to using it last, and across every os.fork()."""
+
+
+def _fork_child_drops_fed() -> None:
+    """In a child forked while commands of its parent were being fed: its copies of their
+    stdin's write ends are replaced by /dev/null, so each command sees the end of its input
+    when its parent is done, not when this child exits too. The numbers stay taken (the
+    child's copies of the file objects close them again one day, and must not close
+    something else then)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        null = -1
+    for fd in _FED:
+        try:
+            if null >= 0:
+                os.dup2(null, fd)
+            else:
+                os.close(fd)
+        except OSError:
+            pass
+    if null >= 0:
+        os.close(null)
+    _FED.clear()
+    _FED_GUARD.release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_FED_GUARD.acquire,
+        after_in_parent=_FED_GUARD.release,
+        after_in_child=_fork_child_drops_fed,
+    )
+
+
+def _feeding(pipe: IO[bytes]) -> None:
+    with _FED_GUARD:
+        if not pipe.closed:
+            _FED.add(pipe.fileno())
+
+
+def _close_fed(pipe: IO[bytes]) -> None:
+    """Close a stdin pipe being fed: its buffer is flushed first (that may wait on the
+    command), then it is closed and forgotten at once, so no fork sees a number we freed.
+    The guard is never held across a write that waits: what the buffer took since the
+    flush (only when the command is being abandoned) is dropped rather than waited for."""
+    try:
+        pipe.flush()
+    except (OSError, ValueError):
+        pass
+    with _FED_GUARD:
+        if pipe.closed:
+            return
+        fd = pipe.fileno()
+        _FED.discard(fd)
+        try:
+            os.set_blocking(fd, False)
+            pipe.close()  # a flush that would wait raises, and the descriptor goes all the same
+        except (OSError, ValueError):
+            pass
 
 
 class Flag(Protocol):
@@ -470,14 +535,10 @@ def _feed(pipe: IO[bytes], chunks: Iterable[bytes]) -> None:
         for chunk in chunks:
             if chunk:
                 pipe.write(chunk)
-        pipe.close()
     except (BrokenPipeError, OSError, ValueError):
         pass  # the command stopped reading; that is its business
     finally:
-        try:
-            pipe.close()
-        except OSError:
-            pass
+        _close_fed(pipe)
 
 
 def _watchdog(
@@ -526,6 +587,7 @@ def pump(
         return thread
 
     if stdin is not None and proc.stdin is not None:
+        _feeding(proc.stdin)  # a child forked from now on does not hold it open
         begin(_feed, proc.stdin, stdin)
     known: List[int] = []
     kill_lock = threading.Lock()
@@ -649,7 +711,9 @@ def run(
         if proc.returncode is None:  # abandoned (pump has killed it) or never pumped
             if proc.poll() is None:
                 kill_tree(proc.pid, signal.SIGKILL)
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if proc.stdin is not None:
+                _close_fed(proc.stdin)
+            for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
             proc.wait()

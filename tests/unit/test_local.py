@@ -195,6 +195,44 @@ def test_a_forked_child_leaves_its_parents_runtime_alone() -> None:
     assert running(f"sleep\0{seconds}") == [], "the parent's cleanup left its daemon"
 
 
+_FED_FORK = """
+import os, threading, time
+from orchestrator import load_environment_text, spawn_runtime
+children = []
+def fork():  # while the command sleeps, its 4 MB input waits in the pipe, being fed
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    children.append(pid)
+env = load_environment_text("version: 1\\nname: fed\\nbackend: local\\n")
+try:
+    with spawn_runtime(env) as rt:
+        threading.Timer(0.5, fork).start()
+        done = rt.execute(["sh", "-c", "sleep 2; wc -c"], stdin=b"x" * (4 << 20), timeout=15)
+        print(len(children), done.exit_code, done.timed_out, done.stdout, flush=True)
+finally:
+    for pid in children:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_while_a_command_is_fed_does_not_hold_its_input_open() -> None:
+    """A child forked (multiprocessing's fork, say) while a local command's stdin is being
+    fed gets a copy of that pipe's write end. The command must still see the end of its
+    input when the parent is done feeding, not when that child exits (here: after the
+    command's own timeout)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FED_FORK], capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "0", "False", str(4 << 20)], done.stdout
+
+
 PLANTED = "open({out!r}, 'w').write('ran'); raise SystemExit(3)\n"
 """What a sandbox could leave in the owner's current folder for the guardian to import."""
 
