@@ -153,10 +153,16 @@ def _loaded_by(*args: str) -> tuple[str, set[str]]:
 HEAVY = {"python_on_whales", "jinja2"}
 
 
-def test_exec_ps_and_down_load_neither_python_on_whales_nor_jinja(make_env: MakeEnv) -> None:
+@pytest.mark.parametrize("image", ["python", "busybox"])
+def test_exec_ps_and_down_load_neither_python_on_whales_nor_jinja(
+    make_env: MakeEnv, image: str
+) -> None:
     """The commands a harness runs most stay light: python-on-whales (about 0.3 s of CPU to
-    import) and Jinja are not loaded to run a command, list or take down an environment."""
-    up = cli("up", str(make_env("", name="light")))
+    import) and Jinja are not loaded to run a command, list or take down an environment;
+    also in an image without Python, where each command runs by plain `docker exec` after
+    the container's state and defaults are asked (through the engine's API)."""
+    chosen = {"image": BUSYBOX_IMAGE} if image == "busybox" else {}
+    up = cli("up", str(make_env("", name=f"light{image}", **chosen)))
     assert up.returncode == 0, up.stderr
     ident = up.stdout.strip()
     try:

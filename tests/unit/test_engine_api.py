@@ -245,3 +245,43 @@ def test_a_podman_not_on_this_machines_socket_is_refused() -> None:
         engine_api.engine_facts("tcp://10.0.0.9:2375", lambda: ["Podman Engine"], timeout=5)
     facts = engine_api.engine_facts("tcp://10.0.0.8:2375", lambda: ["Engine"], timeout=5)
     assert facts.kind == "docker"
+
+
+@pytest.mark.parametrize(
+    "state",
+    [None, [], "running", {"Running": "yes", "ExitCode": "x", "Health": "healthy"}],
+    ids=["none", "list", "text", "odd-values"],
+)
+def test_a_container_state_of_any_shape_reads_as_not_running_or_plain_values(
+    state: object,
+) -> None:
+    """An engine's answer is read, not trusted: whatever shape `State` has, a state comes
+    out with plain values (a missing or odd field is not running, exit 0, no health)."""
+    from orchestrator.backends.container.engine_api import ContainerState
+
+    got = ContainerState.of(state)
+    assert got.paused is False and got.exit_code == 0 and got.health is None
+    assert got.running is (isinstance(state, dict))  # "yes" is truthy, as the CLI reads it
+
+
+def test_a_container_state_reads_the_fields_python_on_whales_names() -> None:
+    from orchestrator.backends.container.engine_api import ContainerState
+
+    state = {
+        "Status": "exited",
+        "Running": False,
+        "Paused": False,
+        "ExitCode": 137,
+        "OOMKilled": True,
+        "Error": "boom",
+        "Health": {"Status": "unhealthy"},
+    }
+    got = ContainerState.of(state)
+    assert (got.status, got.running, got.exit_code, got.oom_killed, got.error) == (
+        "exited",
+        False,
+        137,
+        True,
+        "boom",
+    )
+    assert got.health is not None and got.health.status == "unhealthy"

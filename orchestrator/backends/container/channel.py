@@ -51,6 +51,10 @@ NO_FIFO = wire.NO_FIFO
 """The exit status of a command whose FIFO the executor could not open (nothing ran)."""
 LOST_WITHIN = 2.0
 """How long a dead executor's container may still read as running before we believe it."""
+KILLED_EXIT = 128 + 9
+PLAIN_LOST_WITHIN = 1.0
+"""How long a plain command's container, after the command ended by SIGKILL, may still read
+as running before we believe it (a command killed in a running sandbox waits this long)."""
 PROBE_TIMEOUT = 5.0
 """Longest the one-time FIFO check may take (an engine in a VM: its bind mounts copy files,
 not FIFOs)."""
@@ -291,7 +295,10 @@ class Channel:
         outcome = yield from run_plain(self._docker_cmd, self._container, cmd)
         failed = outcome.exit_code != 0 or outcome.timed_out
         if failed and not self._killed():  # the command failed, or the container did?
-            lost = self._lost()
+            # a container killed under it ends `docker exec` with 137, a moment before the
+            # engine records that it stopped: that one is asked again for a while
+            killed = outcome.exit_code == KILLED_EXIT and not outcome.timed_out
+            lost = self._lost_soon(PLAIN_LOST_WITHIN) if killed else self._lost()
             if lost is not None:
                 raise lost
         return outcome

@@ -158,6 +158,43 @@ def call(
         raise _failed(action, 1, f"the engine's answer broke off: {raw[:200]!r}") from None
 
 
+@dataclass(frozen=True)
+class Health:
+    status: str | None
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """A container's state as the API's inspection gives it (`State`), under the names
+    python-on-whales gives the CLI's: callers read either the same way."""
+
+    status: str
+    running: bool
+    paused: bool
+    exit_code: int
+    oom_killed: bool
+    error: str
+    health: Health | None
+
+    @classmethod
+    def of(cls, state: object) -> ContainerState:
+        got = state if isinstance(state, dict) else {}
+        health = got.get("Health")
+        return cls(
+            status=str(got.get("Status") or ""),
+            running=bool(got.get("Running")),
+            paused=bool(got.get("Paused")),
+            exit_code=_whole(got.get("ExitCode")),
+            oom_killed=bool(got.get("OOMKilled")),
+            error=str(got.get("Error") or ""),
+            health=Health(health.get("Status")) if isinstance(health, dict) else None,
+        )
+
+
+def _whole(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _failed(action: str, status: int, stderr: str) -> OrchestratorError:
     """The error the docker CLI's call would have raised with this status and stderr."""
     return wrap(action, CallFailed(["docker", "(engine API)"], status, "", stderr))

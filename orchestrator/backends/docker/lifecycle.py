@@ -140,11 +140,32 @@ class Project:
         """Where `docker exec` starts in that service and as whom: its WORKDIR (or /) and its
         user (None: root)."""
         container = self.container_of(service)
-        config = engine_call(
-            "inspecting a service", lambda: self.client.container.inspect(container).config
+        got = self.inspected(container, "inspecting a service")
+        if got is not None:
+            config = got.get("Config") or {}
+            workdir, user = str(config.get("WorkingDir") or ""), config.get("User")
+        else:
+            found = engine_call(
+                "inspecting a service", lambda: self.client.container.inspect(container).config
+            )
+            workdir, user = str(found.working_dir or ""), found.user
+        # unset comes back as "" or "."
+        return (workdir if workdir.startswith("/") else "/"), (str(user) if user else None)
+
+    def inspected(self, container: str, action: str) -> dict[str, Any] | None:
+        """The engine's inspection of one of its containers as its API gives it (`State`,
+        `Config`, ...), asked on the local socket: no CLI process, and python-on-whales is
+        not loaded. None without such a socket (the caller asks through the CLI)."""
+        if self._socket is None:
+            return None
+        sock = self._socket
+        got = engine_call(
+            action,
+            lambda: engine_api.call(
+                action, sock, "GET", f"/containers/{container}/json", timeout=engine_timeout()
+            ),
         )
-        workdir = str(config.working_dir or "")  # unset comes back as "" or "."
-        return (workdir if workdir.startswith("/") else "/"), (config.user or None)
+        return got if isinstance(got, dict) else {}
 
     def image_user(self, service: str) -> str:
         """The USER of the image a service's container runs ("0:0" when it names none): a

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import procutil
-from orchestrator.backends.container import images
+from orchestrator.backends.container import engine_api, images
 from orchestrator.backends.container.engine import (
     docker_client,
     engine_call,
@@ -306,9 +306,12 @@ class ComposeRuntime(ContainerRuntime):
     def _state(self, service: str = MAIN) -> Any:
         assert self.project is not None
         project = self.project
+        container = project.container_of(service)
+        got = project.inspected(container, "inspecting the sandbox")
+        if got is not None:
+            return engine_api.ContainerState.of(got.get("State"))
         return engine_call(
-            "inspecting the sandbox",
-            lambda: project.client.container.inspect(project.container_of(service)).state,
+            "inspecting the sandbox", lambda: project.client.container.inspect(container).state
         )
 
     def _locate(self, service: str) -> tuple[str, list[str]]:
