@@ -43,19 +43,43 @@ def projects_dir() -> Path:
 
 def read_regular(path: Path, limit: int, *, follow: bool = False) -> bytes | None:
     """At most `limit` + 1 bytes of a regular file (a caller tells one past `limit` by the
-    length), never waiting on a FIFO and never through a link unless `follow`; None when it
-    is missing, not a regular file, or cannot be read."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    length), never through a link unless `follow`; None when it is missing, not a regular
+    file, or cannot be read. Anything else is never opened for reading: a FIFO would make
+    us wait, and a device's driver acts on an open (the path may come from a label anyone
+    on the engine sets, into a sandbox's filesystem). On Linux the file is found without
+    being opened (O_PATH), checked, then opened through that very handle."""
+    nofollow = 0 if follow else os.O_NOFOLLOW
+    read = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    o_path = getattr(os, "O_PATH", 0)
     try:
-        fd = os.open(path, flags)
+        if o_path:
+            handle = os.open(path, o_path | os.O_CLOEXEC | nofollow)
+            try:
+                if not stat.S_ISREG(os.fstat(handle).st_mode):
+                    return None
+                fd = os.open(f"/proc/self/fd/{handle}", read)
+            finally:
+                os.close(handle)
+        else:  # another system: checked first, then the file opened must be the one checked
+            seen = os.stat(path, follow_symlinks=follow)
+            if not stat.S_ISREG(seen.st_mode):
+                return None
+            fd = os.open(path, read | nofollow)
     except OSError:
         return None
     try:
-        return os.read(fd, limit + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or (not o_path and not _same(found, seen)):
+            return None
+        return os.read(fd, limit + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 _LOCK_FDS: set[int] = set()

@@ -4,6 +4,7 @@ the same one; a relative ORCHESTRATOR_STATE_DIR is a usage error naming it (exit
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,42 @@ def test_a_child_forked_inside_a_lock_block_keeps_what_reuses_its_number(tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == "True"  # the child did reuse the number
     assert (tmp_path / "log").read_text() == "still open"
+
+
+@pytest.mark.parametrize("kind", ["char device", "fifo", "link to a device", "regular"])
+def test_read_regular_never_opens_what_is_not_a_regular_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A path a label names may be a device node a sandbox's root made (reachable through
+    /proc/PID/root): its driver acts on an open, so nothing but a regular file is ever
+    opened for reading; a FIFO would make us wait."""
+    from orchestrator import paths
+
+    target = tmp_path / "owner"
+    if kind == "char device":
+        if os.geteuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(target, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "link to a device":
+        target.symlink_to("/dev/null")
+    else:
+        target.write_text("1 2 host\n")
+    opened: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def spy(path: str | os.PathLike[str], flags: int, *args: int, **kwargs: object) -> int:
+        opened.append((os.fspath(path), flags))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", spy)
+    got = paths.read_regular(target, 100)
+    readable = [p for p, flags in opened if not flags & getattr(os, "O_PATH", 0)]
+    if kind == "regular":
+        assert got == b"1 2 host\n" and len(readable) == 1
+    else:
+        assert got is None and readable == [], opened
+    assert paths.read_regular(target, 100, follow=True) == (
+        None if kind != "regular" else b"1 2 host\n"
+    )
