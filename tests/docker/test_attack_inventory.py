@@ -430,6 +430,33 @@ def test_a_forged_network_naming_a_dead_owner_spares_a_start_in_progress() -> No
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_a_forged_network_listed_first_without_a_folder_spares_a_start_in_progress() -> None:
+    """As above, but the forged network names no folder and sorts before ours (the engine
+    lists networks by name): the project is judged by every object's labels, not the first
+    listed one's, and a reap removes neither network nor the folder."""
+    from orchestrator import reap
+    from orchestrator.backends.container.identity import claim_folder
+    from orchestrator.paths import projects_dir
+
+    name = f"orch-starting-{uuid.uuid4().hex[:8]}"
+    folder = projects_dir() / name
+    claim_folder(folder)  # its owner: this process, alive
+    owner = {"owner.pid": str(dead_pid()), "owner.start": "1", "owner.host": socket.gethostname()}
+    ours = {"managed": "1", "project": name, "dir": str(folder)} | owner
+    forged = {"managed": "1", "project": name} | owner
+    made = []
+    try:
+        for prefix, labels in (("zz", ours), ("aa", forged)):
+            flags = [f"--label={L}{k}={v}" for k, v in labels.items()]
+            made.append(docker("network", "create", *flags, f"{prefix}-{name}").stdout.strip())
+        assert all(made) and name not in reap()
+        assert folder.is_dir() and all(exists("network", net) for net in made)
+    finally:
+        for net in made:
+            docker("network", "rm", net)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_a_foreign_container_naming_a_dead_owner_does_not_condemn_our_live_project(
     make_env: MakeEnv,
 ) -> None:

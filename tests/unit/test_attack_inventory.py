@@ -103,6 +103,31 @@ def test_another_state_folders_start_in_progress_is_alive_by_its_owner_file(
     assert not dead_owner_info(elsewhere).alive
 
 
+@pytest.mark.parametrize("forged_dir", ["none", "elsewhere"])
+def test_an_object_listed_first_with_a_forged_owner_and_folder_condemns_nothing(
+    state: Path, tmp_path: Path, forged_dir: str
+) -> None:
+    """Anyone on the engine can add an object wearing a project's name that lists first,
+    naming a dead owner and no folder (or another one): the project is still alive by what
+    its own objects and folder say, and a kept one is still kept."""
+    folder = projects_dir() / NAME
+    claim_folder(folder)  # a start in progress: this process, alive
+    forged = {LABEL_PROJECT: NAME} | owner_labels(str(2**22 + 7), "1", socket.gethostname())
+    if forged_dir == "elsewhere":
+        forged[LABEL_DIR] = str(tmp_path / "elsewhere" / NAME)
+    ours = {LABEL_PROJECT: NAME, LABEL_DIR: str(folder)}
+    ours |= owner_labels(str(2**22 + 7), "1", socket.gethostname())  # its labels' owner died
+    project = ProjectInfo(NAME, forged, [], ["forged-net", "our-net"])
+    project.saw(forged)
+    project.saw(ours)
+    assert project.directory == folder.resolve()
+    assert project.alive  # by the owner file of the folder our network names
+    (folder / "owner").write_text(f"{2**22 + 7} 1 {socket.gethostname()}\n")
+    assert not project.alive
+    (folder / KEPT_FILE).touch()
+    assert project.kept
+
+
 @pytest.mark.parametrize("kind", ["fifo", "link", "huge", "binary"])
 def test_a_labelled_owner_file_that_is_not_a_plain_small_record_is_no_owner(
     state: Path, tmp_path: Path, kind: str

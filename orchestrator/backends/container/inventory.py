@@ -83,22 +83,50 @@ class ProjectInfo:
     ports: list[PublishedPort] = field(default_factory=list)
     """Published ports of its containers, as the listing read them."""
     owners: list[dict[str, str]] = field(default_factory=list)
-    """The owner each of its containers names (their labels), each one once."""
+    """The owner each of its containers, networks and volumes names (their labels), each
+    one once."""
+    folders: list[str] = field(default_factory=list)
+    """The project folder each of them names (`org.orchestrator.dir`), each one once."""
+
+    def saw(self, labels: dict[str, str]) -> None:
+        """Take in what one more of its objects' labels say of its owner and folder."""
+        named = {k: labels[k] for k in OWNER_LABELS if k in labels}
+        if named not in self.owners:
+            self.owners.append(named)
+        folder = labels.get(LABEL_DIR, "")
+        if folder and folder not in self.folders:
+            self.folders.append(folder)
+
+    def _labelled(self) -> list[str]:
+        return self.folders or [self.labels.get(LABEL_DIR, "")]
 
     @property
     def alive(self) -> bool:
-        """Whether an owner still runs: one any of its containers names, or the one its own
-        project folder records. Labels are anyone's to set on a shared engine: a container
-        naming a dead owner beside ours, which name a live one, must not get our project
-        (and its folder) removed; nor a network or volume naming a dead owner, made while
-        our start has not made a container yet. Another state folder's project folder is
-        looked at too (as for `kept`), only to read its owner file."""
+        """Whether an owner still runs: one any of its objects names, or the one a project
+        folder they name records. Labels are anyone's to set on a shared engine, and any
+        object of theirs may be listed first: a container, network or volume naming a dead
+        owner, or no folder, beside ours must not get our project (and its folder) removed,
+        nor one made while our start has not made a container yet. Another state folder's
+        project folder is looked at too (as for `kept`), only to read its owner file. A
+        forger gains nothing by it: a live owner in their labels already keeps a project."""
         owners = self.owners or [self.labels]
         if any(owner_alive(owner) for owner in owners):
             return True
-        folder = self.directory or labelled_folder(self.name, self.labels.get(LABEL_DIR))
-        recorded = folder_owner(folder) if folder is not None else None
-        return recorded is not None and owner_alive(recorded)
+        for folder in self._looked_at():
+            recorded = folder_owner(folder)
+            if recorded is not None and owner_alive(recorded):
+                return True
+        return False
+
+    def _looked_at(self) -> list[Path]:
+        """The folders its objects name that may be looked at: ours, and other state
+        folders' (see `labelled_folder`)."""
+        found = []
+        for labelled in self._labelled():
+            folder = our_folder(self.name, labelled) or labelled_folder(self.name, labelled)
+            if folder is not None and folder not in found:
+                found.append(folder)
+        return found
 
     @property
     def env(self) -> str:
@@ -106,15 +134,19 @@ class ProjectInfo:
 
     @property
     def directory(self) -> Path | None:
-        """Its project folder when that is ours to change and remove (see `our_folder`);
-        None otherwise, whatever its labels say."""
-        return our_folder(self.name, self.labels.get(LABEL_DIR))
+        """Its project folder when that is ours to change and remove (see `our_folder`):
+        the one of those its objects name that is; None otherwise, whatever labels say."""
+        for labelled in self._labelled():
+            folder = our_folder(self.name, labelled)
+            if folder is not None:
+                return folder
+        return None
 
     @property
     def kept(self) -> bool:
         """Kept on purpose (see KEPT_FILE), also when its folder is another state folder's
         (that one is only looked at)."""
-        return kept(self.directory or labelled_folder(self.name, self.labels.get(LABEL_DIR)))
+        return any(kept(folder) for folder in self._looked_at())
 
     @property
     def owner(self) -> str:
@@ -171,9 +203,7 @@ def list_projects(client: Client | None = None, *, retry: bool = True) -> list[P
         if not is_project_name(name):
             continue
         info = found.setdefault(name, ProjectInfo(name, labels, [], []))
-        named = {k: labels[k] for k in OWNER_LABELS if k in labels}
-        if named not in info.owners:
-            info.owners.append(named)
+        info.saw(labels)
         service = labels.get(COMPOSE_SERVICE, "")
         info.containers.append((cid, service, state))
         forwards = parse_forwards(labels.get(FORWARDS_LABEL, ""))
@@ -188,12 +218,16 @@ def list_projects(client: Client | None = None, *, retry: bool = True) -> list[P
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):
-            found.setdefault(name, ProjectInfo(name, labels, [], [])).networks.append(nid)
+            info = found.setdefault(name, ProjectInfo(name, labels, [], []))
+            info.networks.append(nid)
+            info.saw(labels)
     for vid, *values in _rows(client, ["volume", "ls"], ["{{json .Name}}"], retry=retry):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):  # (one left alone: another's container held it)
-            found.setdefault(name, ProjectInfo(name, labels, [], [])).volumes.append(vid)
+            info = found.setdefault(name, ProjectInfo(name, labels, [], []))
+            info.volumes.append(vid)
+            info.saw(labels)
     return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
