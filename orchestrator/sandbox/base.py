@@ -73,7 +73,7 @@ def _cleanup_at_exit() -> None:
     A process killed outright leaves its projects to `orchestrator cleanup` (owner gone); in
     a child forked from the owner, cleanup() closes only the child's copies."""
     for rt in list(_live):
-        if not rt.closed and not rt.options.detached:
+        if (not rt.closed or rt._removal == "failed") and not rt.options.detached:
             with contextlib.suppress(Exception):
                 rt.cleanup()
 
@@ -163,7 +163,8 @@ class Runtime(Sandbox):
         self.warnings: list[str] = list(env.notices)
         self._closed = False
         self._removal: str | None = None
-        """What cleanup() got to: None (not tried), running, done, or failed (tried again)."""
+        """What cleanup() got to: None (not tried), running, done, failed (tried again), or
+        detached (never removed by this object)."""
         self._killed = False
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -253,7 +254,8 @@ class Runtime(Sandbox):
     def cleanup(self) -> None:
         """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed.
         A removal that fails (an engine that hung or refused) raises, and the next cleanup()
-        tries it again; one another thread is running meanwhile is not waited for. In a
+        (the caller's, or the one at exit) tries it again; one another thread is running
+        meanwhile is not waited for. Its admission is released once the removal is done. In a
         child forked from the runtime's process it only closes the child's copy: the
         environment, its processes and its admission are the parent's."""
         with self._lock:
@@ -267,13 +269,11 @@ class Runtime(Sandbox):
         try:
             self._close()
         except BaseException:
-            self._removal = "failed"
+            self._removal = "failed"  # its admission stays held: the environment is there
             raise
-        else:
-            self._removal = "done"
-        finally:
-            if self._admission is not None:
-                self._admission.release()
+        self._removal = "done"
+        if self._admission is not None:
+            self._admission.release()
 
     def lasting_folder(self) -> Path | None:
         """The host folder that stands for this environment beyond this object (a container
@@ -555,6 +555,9 @@ class Runtime(Sandbox):
             self._closed = True
             return
         self._detach()
+        with self._lock:  # (also after a removal that failed: it is left as it is now)
+            self._closed = True
+            self._removal = "detached"
 
     def _detach(self) -> None:
         """`detach`, in the runtime's own process."""

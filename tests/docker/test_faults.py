@@ -514,6 +514,25 @@ def test_a_cleanup_the_engine_keeps_failing_raises_and_is_tried_again(make_env: 
         rt.cleanup()
 
 
+def test_a_runtime_detached_after_a_failed_cleanup_is_left_running(make_env: MakeEnv) -> None:
+    """detach() after a cleanup that failed leaves the environment to `orchestrator down`:
+    a later cleanup() (or the one at exit) must not remove it."""
+    from orchestrator import remove_environment
+
+    rt = spawn_runtime(make_env(""))
+    name = rt.info().id
+    try:
+        with pinned(main_container(rt)):
+            with pytest.raises(OrchestratorError):
+                rt.cleanup()
+            rt.detach()
+        rt.cleanup()
+        assert project_objects(name) != []
+    finally:
+        remove_environment(name, force=True)
+    assert project_objects(name) == []
+
+
 def test_a_foreign_container_on_our_network_neither_keeps_it_nor_is_touched(
     make_env: MakeEnv,
 ) -> None:

@@ -233,6 +233,40 @@ def test_a_child_forked_while_a_command_is_fed_does_not_hold_its_input_open() ->
     assert done.stdout.split() == ["1", "0", "False", str(4 << 20)], done.stdout
 
 
+def test_a_failed_removal_is_tried_again_at_exit_and_holds_its_admission_until_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cleanup() whose removal raised leaves the runtime closed to calls, its admission
+    held (the environment is still there), and the exit's safety net tries the removal
+    again, which then releases it."""
+    from orchestrator import RuntimeClosed
+    from orchestrator.sandbox import base
+
+    rt = spawn_runtime(load_environment_text("version: 1\nname: retried\nbackend: local\n"))
+    folder = Path(rt.workdir)
+    real_close, tries = rt._close, []
+
+    def close_once_failing() -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise OSError("the first removal fails")
+        real_close()
+
+    monkeypatch.setattr(rt, "_close", close_once_failing)
+    with pytest.raises(OSError):
+        rt.cleanup()
+    with pytest.raises(RuntimeClosed):
+        rt.execute("true")
+    held = rt._admission
+    assert held is None or not held._released
+    base._cleanup_at_exit()
+    assert len(tries) == 2 and not folder.exists()
+    assert held is None or held._released
+    base._cleanup_at_exit()
+    rt.cleanup()
+    assert len(tries) == 2  # done: never again
+
+
 PLANTED = "open({out!r}, 'w').write('ran'); raise SystemExit(3)\n"
 """What a sandbox could leave in the owner's current folder for the guardian to import."""
 
