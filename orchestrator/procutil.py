@@ -67,30 +67,34 @@ _scope = threading.local()
 
 _FED: Set[int] = set()
 """Write ends of the stdin pipes this process is feeding (see `_feed`)."""
-_FED_GUARD = threading.Lock()
-"""Held from recording such a descriptor to using it last, and across every os.fork()."""
+_FED_GUARD = threading.RLock()
+"""Held from recording such a descriptor to letting it go, and across every os.fork(). Held
+only for calls that cannot wait; reentrant, as a garbage collection inside it may finish
+another command (its generator's `finally`)."""
+
+
+def _to_devnull(fd: int) -> None:
+    """Make `fd` /dev/null (its number stays taken; not inherited by what is exec'd)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.dup2(null, fd, inheritable=False)
+    except OSError:
+        pass
+    finally:
+        os.close(null)
 
 
 def _fork_child_drops_fed() -> None:
     """In a child forked while commands of its parent were being fed: its copies of their
-    stdin's write ends are replaced by /dev/null, so each command sees the end of its input
-    when its parent is done, not when this child exits too. The numbers stay taken (the
-    child's copies of the file objects close them again one day, and must not close
-    something else then)."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    except OSError:
-        null = -1
+    stdin's write ends become /dev/null, so each command sees the end of its input when its
+    parent is done, not when this child exits too. The numbers stay taken (the child's
+    copies of the file objects close them again one day, and must not close something
+    else then)."""
     for fd in _FED:
-        try:
-            if null >= 0:
-                os.dup2(null, fd)
-            else:
-                os.close(fd)
-        except OSError:
-            pass
-    if null >= 0:
-        os.close(null)
+        _to_devnull(fd)
     _FED.clear()
     _FED_GUARD.release()
 
@@ -110,24 +114,27 @@ def _feeding(pipe: IO[bytes]) -> None:
 
 
 def _close_fed(pipe: IO[bytes]) -> None:
-    """Close a stdin pipe being fed: its buffer is flushed first (that may wait on the
-    command), then it is closed and forgotten at once, so no fork sees a number we freed.
-    The guard is never held across a write that waits: what the buffer took since the
-    flush (only when the command is being abandoned) is dropped rather than waited for."""
+    """Close a stdin pipe being fed. Its buffer is flushed first (that may wait on the
+    command). Then, under the guard and without waiting, its descriptor becomes /dev/null
+    and is forgotten: the command sees the end of its input, and no fork sees a number we
+    freed. The file object is closed after that, outside the guard: what a buffer took
+    since the flush (only from a caller abandoning the command) goes to /dev/null."""
     try:
         pipe.flush()
     except (OSError, ValueError):
         pass
     with _FED_GUARD:
-        if pipe.closed:
-            return
-        fd = pipe.fileno()
-        _FED.discard(fd)
         try:
-            os.set_blocking(fd, False)
-            pipe.close()  # a flush that would wait raises, and the descriptor goes all the same
-        except (OSError, ValueError):
-            pass
+            fd = pipe.fileno()
+        except (OSError, ValueError):  # closed already
+            fd = -1
+        if fd in _FED:
+            _FED.discard(fd)
+            _to_devnull(fd)
+    try:
+        pipe.close()
+    except (OSError, ValueError):
+        pass
 
 
 class Flag(Protocol):

@@ -128,3 +128,72 @@ def test_a_zombie_owner_is_not_alive_though_its_start_time_still_reads() -> None
         assert procutil.alive(os.getpid(), procutil.process_start(os.getpid()))
     finally:
         os.waitpid(pid, 0)
+
+
+def test_a_fed_pipe_let_go_inside_the_guard_does_not_wait_on_itself() -> None:
+    """A garbage collection inside the guard may finish another command, whose generator
+    lets its stdin go (the guard again, in the same thread): that must not deadlock it."""
+    read_end, write_end = os.pipe()
+    pipe = os.fdopen(write_end, "wb")
+    procutil._feeding(pipe)
+    done = threading.Event()
+
+    def inside() -> None:
+        with procutil._FED_GUARD:
+            procutil._close_fed(pipe)
+        done.set()
+
+    threading.Thread(target=inside, daemon=True).start()
+    assert done.wait(5), "letting a fed pipe go inside the guard waited on the guard"
+    assert os.read(read_end, 10) == b"" and write_end not in procutil._FED
+    os.close(read_end)
+
+
+class _SlowPipe:
+    """A stdin pipe whose close() takes its time (a buffered writer waiting on a command
+    that reads no more), recording whether another thread could take the guard meanwhile."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.closed, self.free = fd, False, [False]
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        other = threading.Thread(target=self._try)
+        other.start()
+        other.join()
+        os.close(self.fd)
+        self.closed = True
+
+    def _try(self) -> None:
+        if procutil._FED_GUARD.acquire(timeout=1):
+            procutil._FED_GUARD.release()
+            self.free[0] = True
+
+
+def test_a_fed_pipe_is_closed_outside_the_guard_every_fork_takes() -> None:
+    """Closing a pipe's file object may wait (its buffer); meanwhile every os.fork() of the
+    process would wait on the guard: the pipe is dropped under it (to /dev/null) and closed
+    outside it."""
+    read_end, write_end = os.pipe()
+    pipe = _SlowPipe(write_end)
+    procutil._feeding(pipe)  # type: ignore[arg-type]
+    procutil._close_fed(pipe)  # type: ignore[arg-type]
+    assert pipe.closed and pipe.free == [True]
+    assert write_end not in procutil._FED
+    os.close(read_end)
+
+
+def test_a_dropped_fed_pipe_becomes_dev_null_not_inherited() -> None:
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    procutil._to_devnull(write_end)
+    assert os.readlink(f"/proc/self/fd/{write_end}") == os.devnull
+    assert not os.get_inheritable(write_end)
+    assert os.read(read_end, 10) == b""  # the pipe's only write end went
+    os.close(write_end)
+    os.close(read_end)
