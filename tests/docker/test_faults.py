@@ -96,6 +96,25 @@ def test_killed_container_is_sandbox_unavailable_not_a_failed_command(
             rt.execute("true", timeout=10)
 
 
+def test_a_plain_command_killed_in_a_running_sandbox_is_its_own_137_at_once(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain command that ends by SIGKILL while its container runs on (`kill -9 $$`, the
+    out-of-memory killer) is that command's 137: the engine is not asked again and again
+    as for a container killed under it (seen here: its first process lives)."""
+    with spawn(make_env(""), "plain") as rt:
+        channel = rt._main  # type: ignore[attr-defined]
+        asked_again: list[float] = []
+
+        def lost_soon(*args: float) -> None:
+            asked_again.append(1)
+
+        monkeypatch.setattr(channel, "_lost_soon", lost_soon)
+        for command in ("kill -9 $$", "exit 137"):
+            assert rt.execute(command, timeout=20).exit_code == 137
+        assert asked_again == []
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_paused_container_is_a_clear_error_within_timeout_plus_two(
     make_env: MakeEnv, mode: str

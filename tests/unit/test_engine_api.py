@@ -285,3 +285,28 @@ def test_a_container_state_reads_the_fields_python_on_whales_names() -> None:
         "boom",
     )
     assert got.health is not None and got.health.status == "unhealthy"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"Config": ["x"]}', ("/", None)),
+        (b'{"Config": "weird"}', ("/", None)),
+        (b"[]", ("/", None)),
+        (b'{"Config": {"WorkingDir": ".", "User": ""}}', ("/", None)),
+        (b'{"Config": {"WorkingDir": "/srv", "User": "1000:1000"}}', ("/srv", "1000:1000")),
+    ],
+    ids=["list", "text", "not-an-object", "unset", "set"],
+)
+def test_exec_defaults_from_an_answer_of_any_shape_are_plain(
+    engine: Callable[[Answer], str], body: bytes, expected: tuple[str, str | None]
+) -> None:
+    """Where `docker exec` starts and as whom, read from the engine's inspection on its
+    socket: an odd answer reads as the defaults (/ and the image's user), never an error
+    of another kind."""
+    from orchestrator.backends.docker.lifecycle import Project
+
+    project = Project.__new__(Project)
+    project.name = "orch-odd-12345678"
+    project._socket = engine(reply(200, body))
+    assert project.exec_defaults("main") == expected

@@ -54,7 +54,8 @@ LOST_WITHIN = 2.0
 KILLED_EXIT = 128 + 9
 PLAIN_LOST_WITHIN = 1.0
 """How long a plain command's container, after the command ended by SIGKILL, may still read
-as running before we believe it (a command killed in a running sandbox waits this long)."""
+as running before we believe it, where this machine cannot see that it runs on (an engine in
+a VM): a command killed in a running sandbox there waits this long."""
 PROBE_TIMEOUT = 5.0
 """Longest the one-time FIFO check may take (an engine in a VM: its bind mounts copy files,
 not FIFOs)."""
@@ -71,6 +72,7 @@ class Channel:
         owned: bool,
         lost: Callable[[], SandboxUnavailable | None],
         killed: Callable[[], bool],
+        running: Callable[[], bool],
         warn: Callable[[str], None],
         shared: Path | None = None,
     ) -> None:
@@ -81,6 +83,8 @@ class Channel:
         self._owned = owned
         self._lost = lost
         self._killed = killed
+        self._running = running
+        """Whether the container visibly runs on (False: it cannot be told here)."""
         self._warn = warn
         self._executor: ExecutorClient | None = None
         self._lock = threading.Lock()
@@ -296,8 +300,11 @@ class Channel:
         failed = outcome.exit_code != 0 or outcome.timed_out
         if failed and not self._killed():  # the command failed, or the container did?
             # a container killed under it ends `docker exec` with 137, a moment before the
-            # engine records that it stopped: that one is asked again for a while
+            # engine records that it stopped: unless it visibly runs on (only the command
+            # was killed), that one is asked again for a while
             killed = outcome.exit_code == KILLED_EXIT and not outcome.timed_out
+            if killed and self._running():
+                return outcome
             lost = self._lost_soon(PLAIN_LOST_WITHIN) if killed else self._lost()
             if lost is not None:
                 raise lost

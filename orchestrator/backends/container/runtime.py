@@ -292,6 +292,7 @@ class ContainerRuntime(Runtime):
             owned=not self.options.detached,
             lost=lambda: self._lost(service),
             killed=lambda: self._killed,
+            running=lambda: self._visibly_running(service),
             warn=warn,
             shared=None if self._shared is None else self._shared / service,
         )
@@ -355,6 +356,11 @@ class ContainerRuntime(Runtime):
         except OrchestratorError:
             logs = ""
         return f"{what} is not running ({why}); last log lines:\n{logs or '(none)'}"
+
+    def _visibly_running(self, service: str = MAIN) -> bool:
+        """Whether this machine sees a service's container running on, its first process
+        alive (False where that cannot be told: the caller asks the engine again)."""
+        return False
 
     def _lost(self, service: str = MAIN) -> SandboxUnavailable | None:
         why = self._probe(service)

@@ -142,7 +142,8 @@ class Project:
         container = self.container_of(service)
         got = self.inspected(container, "inspecting a service")
         if got is not None:
-            config = got.get("Config") or {}
+            config = got.get("Config")
+            config = config if isinstance(config, dict) else {}
             workdir, user = str(config.get("WorkingDir") or ""), config.get("User")
         else:
             found = engine_call(

@@ -29,6 +29,7 @@ from orchestrator.backends.docker import hooks
 from orchestrator.backends.docker.lifecycle import Project, start_project
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
+from orchestrator.paths import read_regular
 from orchestrator.sandbox import attach, files, hostfs, hostpack
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
@@ -313,6 +314,29 @@ class ComposeRuntime(ContainerRuntime):
         return engine_call(
             "inspecting the sandbox", lambda: project.client.container.inspect(container).state
         )
+
+    def _visibly_running(self, service: str = MAIN) -> bool:
+        """The engine (asked on its local socket) says the container runs, and its first
+        process is alive here, in a cgroup naming the container's id: the engine runs on
+        this machine's kernel (not in a VM), and the process is that container's. Nothing a
+        sandbox does inside changes its first process's host pid or cgroup."""
+        assert self.project is not None
+        try:
+            got = self.project.inspected(self._locate(service)[0], "inspecting the sandbox")
+        except OrchestratorError:
+            return False
+        state = (got or {}).get("State")
+        cid = (got or {}).get("Id")
+        if not isinstance(state, dict) or not isinstance(cid, str) or len(cid) < 12:
+            return False
+        pid = state.get("Pid")
+        if state.get("Running") is not True or not isinstance(pid, int) or pid <= 0:
+            return False
+        fields = procutil.stat_fields(pid)
+        if not fields or fields[0] in (b"Z", b"X"):  # gone, or dead and not yet reaped
+            return False
+        cgroup = read_regular(Path(f"/proc/{pid}/cgroup"), 1 << 16) or b""
+        return cid.encode() in cgroup
 
     def _locate(self, service: str) -> tuple[str, list[str]]:
         """A service's container, and the docker command that reaches its engine."""
