@@ -118,14 +118,57 @@ def test_an_object_listed_first_with_a_forged_owner_and_folder_condemns_nothing(
     ours = {LABEL_PROJECT: NAME, LABEL_DIR: str(folder)}
     ours |= owner_labels(str(2**22 + 7), "1", socket.gethostname())  # its labels' owner died
     project = ProjectInfo(NAME, forged, [], ["forged-net", "our-net"])
-    project.saw(forged)
-    project.saw(ours)
+    project.saw(forged, container=False)
+    project.saw(ours, container=False)
     assert project.directory == folder.resolve()
     assert project.alive  # by the owner file of the folder our network names
     (folder / "owner").write_text(f"{2**22 + 7} 1 {socket.gethostname()}\n")
     assert not project.alive
     (folder / KEPT_FILE).touch()
     assert project.kept
+
+
+def test_what_another_folder_says_counts_for_nothing_once_ours_is_named(
+    state: Path, tmp_path: Path
+) -> None:
+    """A volume anyone adds may name a folder of theirs holding a `kept` mark or a live
+    owner: while the project's objects name our folder, only ours counts (a dead owner's
+    project is removed, and its admission freed); without ours, another state folder's is
+    read as before."""
+    folder = projects_dir() / NAME
+    claim_folder(folder)
+    dead = owner_labels(str(2**22 + 7), "1", socket.gethostname())
+    (folder / "owner").write_text(f"{2**22 + 7} 1 {socket.gethostname()}\n")
+    theirs = tmp_path / "theirs" / NAME
+    claim_folder(theirs)  # a live owner: this process
+    (theirs / KEPT_FILE).touch()
+    forged = {LABEL_PROJECT: NAME, LABEL_DIR: str(theirs)} | dead
+    ours = {LABEL_PROJECT: NAME, LABEL_DIR: str(folder)} | dead
+    project = ProjectInfo(NAME, forged, [], ["net"], ["vol"])
+    project.saw(forged, container=False)
+    project.saw(ours, container=False)
+    assert not project.kept and not project.alive and project.directory == folder.resolve()
+    alone = ProjectInfo(NAME, forged, [], [], ["vol"])
+    alone.saw(forged, container=False)
+    assert alone.kept and alone.alive and alone.directory is None
+
+
+def test_many_objects_naming_folders_cost_a_bounded_look_and_ours_is_always_seen(
+    state: Path,
+) -> None:
+    """Volumes are cheap to forge: ten thousand naming each another folder must not make
+    every listing look at each (quadratic, and each a look at the filesystem), nor push
+    the folder our start named out of sight."""
+    from orchestrator.backends.container import inventory
+
+    folder = projects_dir() / NAME
+    claim_folder(folder)
+    project = ProjectInfo(NAME, {LABEL_PROJECT: NAME}, [], [])
+    for i in range(10_000):
+        project.saw({LABEL_DIR: f"/elsewhere/{i}/{NAME}"}, container=False)
+    project.saw({LABEL_DIR: str(folder)}, container=False)
+    assert len(project.folders) == inventory.FOLDERS_LOOKED_AT + 1
+    assert project.directory == folder.resolve() and project.alive
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link", "huge", "binary"])

@@ -61,6 +61,7 @@ from orchestrator.backends.container.identity import (
 from orchestrator.backends.container.layout import FORWARDS_LABEL, USER_LABEL, parse_forwards
 from orchestrator.backends.container.membership import CLAIMED, READY, membership, move
 from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound, UsageError
+from orchestrator.paths import projects_dir
 from orchestrator.sandbox.attach import match_id
 from orchestrator.sandbox.results import EnvironmentStatus
 from orchestrator.spec.models import PublishedPort
@@ -83,32 +84,40 @@ class ProjectInfo:
     ports: list[PublishedPort] = field(default_factory=list)
     """Published ports of its containers, as the listing read them."""
     owners: list[dict[str, str]] = field(default_factory=list)
-    """The owner each of its containers, networks and volumes names (their labels), each
-    one once."""
-    folders: list[str] = field(default_factory=list)
-    """The project folder each of them names (`org.orchestrator.dir`), each one once."""
+    """The owner each of its containers names (their labels), each one once."""
+    folders: dict[str, None] = field(default_factory=dict)
+    """The project folders its containers, networks and volumes name (`org.orchestrator.dir`),
+    each one once, in the order seen: at most FOLDERS_LOOKED_AT of them, and always the one
+    `start_project` would have named."""
+    _owner_keys: set[tuple[tuple[str, str], ...]] = field(default_factory=set, repr=False)
 
-    def saw(self, labels: dict[str, str]) -> None:
-        """Take in what one more of its objects' labels say of its owner and folder."""
-        named = {k: labels[k] for k in OWNER_LABELS if k in labels}
-        if named not in self.owners:
-            self.owners.append(named)
+    def saw(self, labels: dict[str, str], *, container: bool) -> None:
+        """Take in what one more of its objects' labels say: the folder any of them names
+        (anyone can add one, listed first or not: see `directory`), and the owner a
+        container names."""
+        if container:
+            named = {k: labels[k] for k in OWNER_LABELS if k in labels}
+            key = tuple(sorted(named.items()))
+            if key not in self._owner_keys:
+                self._owner_keys.add(key)
+                self.owners.append(named)
         folder = labels.get(LABEL_DIR, "")
-        if folder and folder not in self.folders:
-            self.folders.append(folder)
+        if not folder or folder in self.folders:
+            return
+        if len(self.folders) < FOLDERS_LOOKED_AT or folder == str(projects_dir() / self.name):
+            self.folders[folder] = None
 
     def _labelled(self) -> list[str]:
-        return self.folders or [self.labels.get(LABEL_DIR, "")]
+        return list(self.folders) or [self.labels.get(LABEL_DIR, "")]
 
     @property
     def alive(self) -> bool:
-        """Whether an owner still runs: one any of its objects names, or the one a project
-        folder they name records. Labels are anyone's to set on a shared engine, and any
-        object of theirs may be listed first: a container, network or volume naming a dead
-        owner, or no folder, beside ours must not get our project (and its folder) removed,
-        nor one made while our start has not made a container yet. Another state folder's
-        project folder is looked at too (as for `kept`), only to read its owner file. A
-        forger gains nothing by it: a live owner in their labels already keeps a project."""
+        """Whether an owner still runs: one any of its containers names, or the one its
+        project folder records (see `_looked_at`). Labels are anyone's to set on a shared
+        engine, and any object may be listed first: a container naming a dead owner beside
+        ours, which name a live one, must not get our project (and its folder) removed; nor
+        a network or volume naming a dead owner, or no folder, made while our start has not
+        made a container yet."""
         owners = self.owners or [self.labels]
         if any(owner_alive(owner) for owner in owners):
             return True
@@ -119,14 +128,14 @@ class ProjectInfo:
         return False
 
     def _looked_at(self) -> list[Path]:
-        """The folders its objects name that may be looked at: ours, and other state
-        folders' (see `labelled_folder`)."""
-        found = []
-        for labelled in self._labelled():
-            folder = our_folder(self.name, labelled) or labelled_folder(self.name, labelled)
-            if folder is not None and folder not in found:
-                found.append(folder)
-        return found
+        """The folders whose owner file and kept mark count: ours alone when its objects name
+        it (what another folder says then counts for nothing: anyone can name one); else
+        those of other state folders they name, only to be read (see `labelled_folder`)."""
+        ours = self.directory
+        if ours is not None:
+            return [ours]
+        found = (labelled_folder(self.name, labelled) for labelled in self._labelled())
+        return list(dict.fromkeys(folder for folder in found if folder is not None))
 
     @property
     def env(self) -> str:
@@ -145,7 +154,7 @@ class ProjectInfo:
     @property
     def kept(self) -> bool:
         """Kept on purpose (see KEPT_FILE), also when its folder is another state folder's
-        (that one is only looked at)."""
+        (that one is only looked at; see `_looked_at`)."""
         return any(kept(folder) for folder in self._looked_at())
 
     @property
@@ -153,6 +162,11 @@ class ProjectInfo:
         pid = self.labels.get(LABEL_OWNER_PID, DETACHED)
         return "detached" if pid == DETACHED else f"pid {pid}@{self.labels.get(LABEL_OWNER_HOST)}"
 
+
+FOLDERS_LOOKED_AT = 8
+"""Of the project folders a project's objects name, how many are looked at (each costs a
+look at the filesystem), besides the one `start_project` would have named: anyone on the
+engine can add objects naming others."""
 
 LISTED_LABELS = (
     LABEL_PROJECT,
@@ -203,7 +217,7 @@ def list_projects(client: Client | None = None, *, retry: bool = True) -> list[P
         if not is_project_name(name):
             continue
         info = found.setdefault(name, ProjectInfo(name, labels, [], []))
-        info.saw(labels)
+        info.saw(labels, container=True)
         service = labels.get(COMPOSE_SERVICE, "")
         info.containers.append((cid, service, state))
         forwards = parse_forwards(labels.get(FORWARDS_LABEL, ""))
@@ -220,14 +234,14 @@ def list_projects(client: Client | None = None, *, retry: bool = True) -> list[P
         if is_project_name(name):
             info = found.setdefault(name, ProjectInfo(name, labels, [], []))
             info.networks.append(nid)
-            info.saw(labels)
+            info.saw(labels, container=False)
     for vid, *values in _rows(client, ["volume", "ls"], ["{{json .Name}}"], retry=retry):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):  # (one left alone: another's container held it)
             info = found.setdefault(name, ProjectInfo(name, labels, [], []))
             info.volumes.append(vid)
-            info.saw(labels)
+            info.saw(labels, container=False)
     return sorted(found.values(), key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
