@@ -96,6 +96,20 @@ def test_killed_container_is_sandbox_unavailable_not_a_failed_command(
             rt.execute("true", timeout=10)
 
 
+def test_a_container_killed_with_many_processes_is_unavailable_not_a_137(
+    make_env: MakeEnv,
+) -> None:
+    """With many processes in the sandbox, the kernel takes a while to kill them all after
+    the container's first process is killed; meanwhile that process still exists and the
+    engine still says running. A plain command killed so is the sandbox lost, not the
+    command's own 137 (the first process is seen to be exiting)."""
+    many = "for i in $(seq 1500); do setsid sleep 1000 </dev/null >/dev/null 2>&1 & done"
+    with spawn(make_env(""), "plain") as rt:
+        assert rt.execute(many, timeout=120).exit_code == 0
+        outcome, _ = fault_during(rt, 60, "kill", after=1)
+        assert isinstance(outcome, SandboxUnavailable), outcome
+
+
 def test_a_plain_command_killed_in_a_running_sandbox_is_its_own_137_at_once(
     make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:

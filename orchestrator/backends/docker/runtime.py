@@ -43,6 +43,11 @@ __all__ = ["EXEC_MODE_ENV", "KILL_OTHERS", "ComposeRuntime"]
 log = logging.getLogger("orchestrator.docker")
 
 
+PF_EXITING = 0x4
+"""In /proc/PID/stat's flags: the process is exiting. A container's first process killed
+stays so while the kernel kills every other process of its namespace (long, with many)."""
+
+
 class ComposeRuntime(ContainerRuntime):
     name: ClassVar[str] = "docker"
     deviations: ClassVar[dict[str, str]] = {}
@@ -333,7 +338,9 @@ class ComposeRuntime(ContainerRuntime):
         if state.get("Running") is not True or not isinstance(pid, int) or pid <= 0:
             return False
         fields = procutil.stat_fields(pid)
-        if not fields or fields[0] in (b"Z", b"X"):  # gone, or dead and not yet reaped
+        if len(fields) < 7 or fields[0] in (b"Z", b"X"):  # gone, or dead and not yet reaped
+            return False
+        if int(fields[6]) & PF_EXITING:  # dying: its namespace's processes are being killed
             return False
         cgroup = read_regular(Path(f"/proc/{pid}/cgroup"), 1 << 16) or b""
         return cid.encode() in cgroup
