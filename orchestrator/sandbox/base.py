@@ -73,7 +73,7 @@ def _cleanup_at_exit() -> None:
     A process killed outright leaves its projects to `orchestrator cleanup` (owner gone); in
     a child forked from the owner, cleanup() closes only the child's copies."""
     for rt in list(_live):
-        if (not rt.closed or rt._removal == "failed") and not rt.options.detached:
+        if not rt.closed and not rt.options.detached:
             with contextlib.suppress(Exception):
                 rt.cleanup()
 
@@ -254,8 +254,8 @@ class Runtime(Sandbox):
     def cleanup(self) -> None:
         """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed.
         A removal that fails (an engine that hung or refused) raises, and the next cleanup()
-        (the caller's, or the one at exit) tries it again; one another thread is running
-        meanwhile is not waited for. Its admission is released once the removal is done. In a
+        tries it again (after this process, the owner's guardian or a reap removes it); one
+        another thread is running meanwhile is not waited for. In a
         child forked from the runtime's process it only closes the child's copy: the
         environment, its processes and its admission are the parent's."""
         with self._lock:
@@ -269,11 +269,19 @@ class Runtime(Sandbox):
         try:
             self._close()
         except BaseException:
-            self._removal = "failed"  # its admission stays held: the environment is there
+            with self._lock:
+                if self._removal == "running":  # (not detached meanwhile)
+                    self._removal = "failed"
             raise
-        self._removal = "done"
-        if self._admission is not None:
-            self._admission.release()
+        else:
+            with self._lock:
+                if self._removal == "running":
+                    self._removal = "done"
+        finally:
+            # released whether or not the removal went through: what is left goes with a
+            # later cleanup(), the owner's guardian or a reap, and must not hold back spawns
+            if self._admission is not None:
+                self._admission.release()
 
     def lasting_folder(self) -> Path | None:
         """The host folder that stands for this environment beyond this object (a container
