@@ -48,34 +48,44 @@ def read_regular(path: Path, limit: int, *, follow: bool = False) -> bytes | Non
     us wait, and a device's driver acts on an open (the path may come from a label anyone
     on the engine sets, into a sandbox's filesystem). On Linux the file is found without
     being opened (O_PATH), checked, then opened through that very handle."""
-    nofollow = 0 if follow else os.O_NOFOLLOW
-    read = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    o_path = getattr(os, "O_PATH", 0)
     try:
-        if o_path:
-            handle = os.open(path, o_path | os.O_CLOEXEC | nofollow)
-            try:
-                if not stat.S_ISREG(os.fstat(handle).st_mode):
-                    return None
-                fd = os.open(f"/proc/self/fd/{handle}", read)
-            finally:
-                os.close(handle)
-        else:  # another system: checked first, then the file opened must be the one checked
-            seen = os.stat(path, follow_symlinks=follow)
-            if not stat.S_ISREG(seen.st_mode):
-                return None
-            fd = os.open(path, read | nofollow)
+        fd, checked = _open_regular(path, follow)
     except OSError:
+        return None
+    if fd < 0:
         return None
     try:
         found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode) or (not o_path and not _same(found, seen)):
+        if not stat.S_ISREG(found.st_mode) or (checked is not None and not _same(found, checked)):
             return None
         return os.read(fd, limit + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _open_regular(path: Path, follow: bool) -> tuple[int, os.stat_result | None]:
+    """`path` opened for reading when it is a regular file (-1 when it is not), and what
+    was checked before opening it (None: nothing to compare, the handle was the check)."""
+    nofollow = 0 if follow else os.O_NOFOLLOW
+    read = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    o_path = getattr(os, "O_PATH", 0)
+    if o_path:
+        handle = os.open(path, o_path | os.O_CLOEXEC | nofollow)
+        try:
+            if not stat.S_ISREG(os.fstat(handle).st_mode):
+                return -1, None
+            try:
+                return os.open(f"/proc/self/fd/{handle}", read), None
+            except FileNotFoundError:  # no /proc here: checked, then compared (below)
+                pass
+        finally:
+            os.close(handle)
+    seen = os.stat(path, follow_symlinks=follow)
+    if not stat.S_ISREG(seen.st_mode):
+        return -1, None
+    return os.open(path, read | nofollow), seen
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:

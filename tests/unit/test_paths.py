@@ -155,3 +155,25 @@ def test_read_regular_never_opens_what_is_not_a_regular_file(
     assert paths.read_regular(target, 100, follow=True) == (
         None if kind != "regular" else b"1 2 host\n"
     )
+
+
+def test_read_regular_without_proc_still_reads_a_regular_file_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a mount namespace without /proc, the handle cannot be reopened through it: the
+    file is checked, opened, and must be the one checked."""
+    from orchestrator import paths
+
+    real_open = os.open
+
+    def no_proc(path: str | os.PathLike[str], flags: int, *args: int, **kwargs: object) -> int:
+        if os.fspath(path).startswith("/proc/self/fd/"):
+            raise FileNotFoundError(2, "no /proc here")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", no_proc)
+    regular, fifo = tmp_path / "owner", tmp_path / "fifo"
+    regular.write_text("1 2 host\n")
+    os.mkfifo(fifo)
+    assert paths.read_regular(regular, 100) == b"1 2 host\n"
+    assert paths.read_regular(fifo, 100) is None
