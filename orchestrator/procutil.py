@@ -73,12 +73,34 @@ only for calls that cannot wait; reentrant, as a garbage collection inside it ma
 another command (its generator's `finally`)."""
 
 
-def _to_devnull(fd: int) -> None:
-    """Make `fd` /dev/null (its number stays taken; not inherited by what is exec'd)."""
+def _let_go(fd: int) -> None:
+    """Make `fd` /dev/null: the pipe it was goes (its reader sees the end), and the number
+    stays taken; not inherited by what is exec'd. /dev/null is opened without waiting and
+    must be the null device (root in a sandbox may have replaced it by a FIFO); else `fd`
+    becomes the write end of a fresh pipe nobody reads; with no descriptor left, it is
+    closed."""
     try:
-        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        null = os.open(os.devnull, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return
+        null = -1
+    if null >= 0:
+        try:
+            if os.fstat(null).st_rdev != os.makedev(1, 3):
+                os.close(null)
+                null = -1
+        except OSError:
+            os.close(null)
+            null = -1
+    if null < 0:
+        try:
+            reader, null = os.pipe()
+            os.close(reader)
+        except OSError:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            return
     try:
         os.dup2(null, fd, inheritable=False)
     except OSError:
@@ -89,12 +111,12 @@ def _to_devnull(fd: int) -> None:
 
 def _fork_child_drops_fed() -> None:
     """In a child forked while commands of its parent were being fed: its copies of their
-    stdin's write ends become /dev/null, so each command sees the end of its input when its
+    stdin's write ends are let go (`_let_go`), so each command sees the end of its input when its
     parent is done, not when this child exits too. The numbers stay taken (the child's
     copies of the file objects close them again one day, and must not close something
     else then)."""
     for fd in _FED:
-        _to_devnull(fd)
+        _let_go(fd)
     _FED.clear()
     _FED_GUARD.release()
 
@@ -115,10 +137,10 @@ def _feeding(pipe: IO[bytes]) -> None:
 
 def _close_fed(pipe: IO[bytes]) -> None:
     """Close a stdin pipe being fed. Its buffer is flushed first (that may wait on the
-    command). Then, under the guard and without waiting, its descriptor becomes /dev/null
-    and is forgotten: the command sees the end of its input, and no fork sees a number we
+    command). Then, under the guard and without waiting, its descriptor is let go (see
+    `_let_go`) and forgotten: the command sees the end of its input, and no fork sees a number we
     freed. The file object is closed after that, outside the guard: what a buffer took
-    since the flush (only from a caller abandoning the command) goes to /dev/null."""
+    since the flush (only from a caller abandoning the command) is dropped."""
     try:
         pipe.flush()
     except (OSError, ValueError):
@@ -130,7 +152,7 @@ def _close_fed(pipe: IO[bytes]) -> None:
             fd = -1
         if fd in _FED:
             _FED.discard(fd)
-            _to_devnull(fd)
+            _let_go(fd)
     try:
         pipe.close()
     except (OSError, ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import sys
 import threading
 import time
@@ -177,7 +178,7 @@ class _SlowPipe:
 
 def test_a_fed_pipe_is_closed_outside_the_guard_every_fork_takes() -> None:
     """Closing a pipe's file object may wait (its buffer); meanwhile every os.fork() of the
-    process would wait on the guard: the pipe is dropped under it (to /dev/null) and closed
+    process would wait on the guard: the pipe is let go under it and closed
     outside it."""
     read_end, write_end = os.pipe()
     pipe = _SlowPipe(write_end)
@@ -188,12 +189,27 @@ def test_a_fed_pipe_is_closed_outside_the_guard_every_fork_takes() -> None:
     os.close(read_end)
 
 
-def test_a_dropped_fed_pipe_becomes_dev_null_not_inherited() -> None:
+@pytest.mark.parametrize("null", ["the null device", "a FIFO someone put there"])
+def test_a_fed_pipe_let_go_is_gone_for_its_reader_and_not_inherited(
+    null: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its number stays taken (a file object still names it): by /dev/null, or, where that
+    is not the null device (root in a sandbox can make it a FIFO, whose open would wait),
+    by a pipe nobody reads."""
+    if null != "the null device":
+        fifo = tmp_path / "null"
+        os.mkfifo(fifo)
+        keeper = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader: opening it succeeds
+        monkeypatch.setattr(os, "devnull", str(fifo))
     read_end, write_end = os.pipe()
     os.set_inheritable(write_end, True)
-    procutil._to_devnull(write_end)
-    assert os.readlink(f"/proc/self/fd/{write_end}") == os.devnull
+    procutil._let_go(write_end)
+    mode = os.fstat(write_end).st_mode
+    assert stat.S_ISCHR(mode) if null == "the null device" else stat.S_ISFIFO(mode)
     assert not os.get_inheritable(write_end)
     assert os.read(read_end, 10) == b""  # the pipe's only write end went
     os.close(write_end)
     os.close(read_end)
+    if null != "the null device":
+        assert os.read(keeper, 10) == b""  # and nothing went to the FIFO
+        os.close(keeper)
