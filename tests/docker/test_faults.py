@@ -528,19 +528,27 @@ def test_a_removal_the_engine_fails_once_still_removes_everything(
         rt.cleanup()
 
 
+@contextlib.contextmanager
+def a_failed_cleanup(make_env: MakeEnv) -> Iterator[tuple[Runtime, str]]:
+    """A runtime whose cleanup() just failed (its container pinned past down()'s tries),
+    and its id; the container is unpinned on leaving."""
+    rt = spawn_runtime(make_env(""))
+    name = rt.info().id
+    with pinned(main_container(rt)):
+        with pytest.raises(OrchestratorError):
+            rt.cleanup()
+        yield rt, name
+
+
 def test_a_cleanup_the_engine_keeps_failing_raises_and_is_tried_again(make_env: MakeEnv) -> None:
     """A removal the engine refuses for longer than down()'s own tries is said (cleanup
     raises), the runtime is closed to calls, and the next cleanup() removes it: a harness
     that retries its cleanup is not left with an object it can no longer remove."""
-    rt = spawn_runtime(make_env(""))
-    name = rt.info().id
+    with a_failed_cleanup(make_env) as (rt, name):
+        assert project_objects(name) != []
+        with pytest.raises(RuntimeClosed):
+            rt.execute("true")
     try:
-        with pinned(main_container(rt)):
-            with pytest.raises(OrchestratorError):
-                rt.cleanup()
-            assert project_objects(name) != []
-            with pytest.raises(RuntimeClosed):
-                rt.execute("true")
         rt.cleanup()
         assert project_objects(name) == []
     finally:
@@ -552,13 +560,9 @@ def test_a_runtime_detached_after_a_failed_cleanup_is_left_running(make_env: Mak
     a later cleanup() (or the one at exit) must not remove it."""
     from orchestrator import remove_environment
 
-    rt = spawn_runtime(make_env(""))
-    name = rt.info().id
+    with a_failed_cleanup(make_env) as (rt, name):
+        rt.detach()
     try:
-        with pinned(main_container(rt)):
-            with pytest.raises(OrchestratorError):
-                rt.cleanup()
-            rt.detach()
         rt.cleanup()
         assert project_objects(name) != []
     finally:
