@@ -570,6 +570,30 @@ def test_a_runtime_detached_after_a_failed_cleanup_is_left_running(make_env: Mak
     assert project_objects(name) == []
 
 
+def test_a_tether_still_running_after_its_release_ends_with_the_removal(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service's tether that does not exit on `release` within its wait (a gVisor exec
+    that never returns once its container is gone; seen leaking, orphaned, after a run)
+    is ended once the environment is removed: nothing of ours outlives it."""
+    from orchestrator.backends.docker import lifecycle
+
+    monkeypatch.setattr(lifecycle, "TETHER_WAIT", 0.2)
+    rt = spawn_runtime(make_env(""))
+    project = rt.project  # type: ignore[attr-defined]
+    stuck = subprocess.Popen(
+        ["sleep", "600"], stdin=subprocess.PIPE, start_new_session=True
+    )  # deaf to `release`, as such a tether is
+    project._tethers.append(stuck)
+    try:
+        rt.cleanup()
+        assert stuck.wait(10) == -signal.SIGKILL
+    finally:
+        if stuck.poll() is None:
+            stuck.kill()
+            stuck.wait()
+
+
 def test_a_foreign_container_on_our_network_neither_keeps_it_nor_is_touched(
     make_env: MakeEnv,
 ) -> None:

@@ -95,6 +95,16 @@ TETHER_WAIT = 5.0
 """Longest `release` waits for the tethers to take their word and exit."""
 
 
+def _end_tethers(tethers: list[subprocess.Popen[bytes]]) -> None:
+    """Kill the tethers still running once their services are removed (or their removal
+    failed: the guardian or a reap finishes it). A `docker exec` into a gVisor container
+    that is removed never returns: left, it would outlive this process, an orphan."""
+    for proc in tethers:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+
+
 @dataclass
 class Project:
     """One compose project on disk and, once up, in the engine."""
@@ -110,6 +120,8 @@ class Project:
     """For `up`, which may build images: bounded by ORCHESTRATOR_UP_TIMEOUT."""
     _tethers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
     _tether_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _lingering: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+    """Tethers released that had not exited within TETHER_WAIT (see `_end_tethers`)."""
     _direct_run: DirectRun | None = field(init=False, default=None)
     """How `up` made it, when through the Engine API (see direct.py)."""
     _socket: str | None = field(init=False, default=None)
@@ -349,7 +361,8 @@ class Project:
 
     def release(self) -> None:
         """Untie the services from this process (kept, handed over, or being removed):
-        each tether gets the word `release` and exits, leaving its service running."""
+        each tether gets the word `release` and exits, leaving its service running. Those
+        still running after TETHER_WAIT linger (see `down`)."""
         with self._tether_lock:
             tethers, self._tethers = self._tethers, []
         for proc in tethers:
@@ -361,18 +374,29 @@ class Project:
                 proc.stdin.close()
         deadline = time.monotonic() + TETHER_WAIT
         for proc in tethers:
-            # never killed: that would end its input, which stops the service; a tether
+            # never killed here: that would end its input, which stops the service; a tether
             # slow to exit (a gVisor service's exec ends slowly) is waited for by a thread of
             # its own, which holds it until it ends: dropped while running, it would be a
             # zombie and a ResourceWarning
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                with self._tether_lock:
+                    self._lingering.append(proc)
                 threading.Thread(target=proc.wait, daemon=True).start()
 
     def down(self, keep: bool = False) -> None:
         """Remove containers, networks and volumes (or only stop them with keep=True)."""
         self.release()
+        try:
+            self._down(keep)
+        finally:
+            if not keep:
+                with self._tether_lock:
+                    lingering, self._lingering = self._lingering, []
+                _end_tethers(lingering)
+
+    def _down(self, keep: bool) -> None:
         if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
             remove_by_label(self.name, self.client)
             shutil.rmtree(self.directory, ignore_errors=True)
