@@ -165,8 +165,16 @@ def _fifos(rt: ComposeRuntime) -> list[str]:
 
 
 def _in_background(rt: ComposeRuntime, script: str, user: str, name: str = "attack") -> None:
-    rt.write_file(f"/tmp/{name}.py", script)
+    """Start `script` as `user` in the background, and return once it runs: under load its
+    interpreter can start after the calls it is meant to attack are over."""
+    ready = f"/tmp/{name}.ready"
+    rt.execute(f"rm -f {ready}", check=True)
+    rt.write_file(f"/tmp/{name}.py", f"open({ready!r}, 'w').close()\n{script}")
     rt.execute(f"nohup python3 /tmp/{name}.py >/dev/null 2>&1 &", user=user, check=True)
+    deadline = time.monotonic() + 60
+    while rt.execute(f"test -e {ready}").exit_code != 0:
+        assert time.monotonic() < deadline, f"{name} never started"
+        time.sleep(0.05)
 
 
 def _count(rt: ComposeRuntime, prefix: str) -> int:

@@ -22,6 +22,7 @@ def test_a_slow_tether_is_waited_for_not_dropped(monkeypatch: pytest.MonkeyPatch
     project = object.__new__(lifecycle.Project)
     project._tethers = []
     project._tether_lock = threading.Lock()
+    project._lingering = []
     slow = subprocess.Popen(["sh", "-c", "cat >/dev/null; sleep 1"], stdin=subprocess.PIPE)
     pid = slow.pid
     project._tethers.append(slow)
