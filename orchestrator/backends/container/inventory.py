@@ -83,13 +83,12 @@ class ProjectInfo:
     """The user commands run as in the main container ("uid:gid"; "" if unknown)."""
     ports: list[PublishedPort] = field(default_factory=list)
     """Published ports of its containers, as the listing read them."""
-    owners: list[dict[str, str]] = field(default_factory=list)
+    owners: dict[tuple[tuple[str, str], ...], dict[str, str]] = field(default_factory=dict)
     """The owner each of its containers names (their labels), each one once."""
     folders: dict[str, None] = field(default_factory=dict)
     """The project folders its containers, networks and volumes name (`org.orchestrator.dir`),
     each one once, in the order seen: at most FOLDERS_LOOKED_AT of them, and always the one
     `start_project` would have named."""
-    _owner_keys: set[tuple[tuple[str, str], ...]] = field(default_factory=set, repr=False)
 
     def saw(self, labels: dict[str, str], *, container: bool) -> None:
         """Take in what one more of its objects' labels say: the folder any of them names
@@ -97,10 +96,7 @@ class ProjectInfo:
         container names."""
         if container:
             named = {k: labels[k] for k in OWNER_LABELS if k in labels}
-            key = tuple(sorted(named.items()))
-            if key not in self._owner_keys:
-                self._owner_keys.add(key)
-                self.owners.append(named)
+            self.owners.setdefault(tuple(sorted(named.items())), named)
         folder = labels.get(LABEL_DIR, "")
         if not folder or folder in self.folders:
             return
@@ -118,7 +114,7 @@ class ProjectInfo:
         ours, which name a live one, must not get our project (and its folder) removed; nor
         a network or volume naming a dead owner, or no folder, made while our start has not
         made a container yet."""
-        owners = self.owners or [self.labels]
+        owners = list(self.owners.values()) or [self.labels]
         if any(owner_alive(owner) for owner in owners):
             return True
         for folder in self._looked_at():

@@ -25,6 +25,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator import paths
+
 WALK_FILES = 20_000
 """Most entries of a context hashed; a larger one is left to the engine's cache."""
 WALK_SECONDS = 2.0
@@ -36,24 +38,10 @@ VERSION = b"orchestrator-build-fingerprint 2\n"
 
 def read_regular(path: Path, limit: int) -> bytes | None:
     """The bytes of `path` when it is a regular file (not a link, FIFO or device) of at
-    most `limit` bytes; None otherwise. Never blocks on what it opens."""
-    try:
-        before = os.lstat(path)
-        if not stat.S_ISREG(before.st_mode) or before.st_size > limit:
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
-            return None  # swapped between the look and the open
-        data = os.read(fd, limit + 1)
-        return data if len(data) <= limit else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    most `limit` bytes; None otherwise. Never blocks on what it opens (see
+    `paths.read_regular`)."""
+    data = paths.read_regular(path, limit)
+    return data if data is not None and len(data) <= limit else None
 
 
 def _entry(rel: str, st: os.stat_result, link: str = "") -> bytes:

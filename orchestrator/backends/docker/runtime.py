@@ -327,7 +327,9 @@ class ComposeRuntime(ContainerRuntime):
         sandbox does inside changes its first process's host pid or cgroup."""
         assert self.project is not None
         try:
-            got = self.project.inspected(self._locate(service)[0], "inspecting the sandbox")
+            got = self.project.inspected(
+                self.project.container_of(service), "inspecting the sandbox"
+            )
         except OrchestratorError:
             return False
         state = (got or {}).get("State")
