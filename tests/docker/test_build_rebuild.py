@@ -115,8 +115,9 @@ def test_no_build_with_the_image_missing_is_a_usage_error_naming_it(project: Pat
     assert run_echo(project, "--no-build").stdout == "yes\n"
 
 
-def test_build_rebuilds_what_the_fingerprint_cannot_see(project: Path) -> None:
-    """A base image moved under the same tag changes no file here: only --build sees it."""
+def moved_base(project: Path) -> tuple[str, str]:
+    """Build the project from a base image, then move the base's tag to a new image: a change
+    no file here shows. Returns (tag, "id created") of the project's build from the old base."""
     name = load_environment(project / "env.yaml").name
     base = f"orchestrator-test/{name}-base:1"
 
@@ -135,9 +136,30 @@ def test_build_rebuilds_what_the_fingerprint_cannot_see(project: Path) -> None:
     assert run_echo(project, what="$(cat /base)").stdout == "old\n"
     make_base("new")
     assert run_echo(project, what="$(cat /base)").stdout == "old\n"  # unchanged here
+    return image_of(project)
+
+
+def test_build_rebuilds_what_the_fingerprint_cannot_see(project: Path) -> None:
+    """A base image moved under the same tag changes no file here: only --build sees it.
+    The image the rebuild took the tag from is removed, not left behind untagged (one more
+    per rebuild), and the old base, untagged by now, goes with it."""
+    tag, replaced = moved_base(project)
     rebuilt = run_echo(project, "--build", what="$(cat /base)")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert rebuilt.stdout == "new\n"
+    assert image_of(project)[1] != replaced
+    old = replaced.split()[0]
+    assert docker("image", "inspect", old).returncode != 0, f"{tag} left {old} behind"
+
+
+def test_a_rebuild_keeps_the_replaced_image_when_someone_tagged_it(project: Path) -> None:
+    """Nor is it removed while another tag names it: the user's tag keeps its image."""
+    tag, replaced = moved_base(project)
+    mine = tag.replace("orchestrator-build/", "orchestrator-test/").replace("-main:", "-base:")
+    assert docker("tag", tag, mine).returncode == 0
+    assert run_echo(project, "--build", what="$(cat /base)").stdout == "new\n"
+    kept = docker("image", "inspect", "--format", "{{.Id}} {{.Created}}", mine)
+    assert kept.stdout.strip() == replaced
 
 
 def test_up_with_several_builds_once_and_keeps_stdout_for_ids(project: Path) -> None:

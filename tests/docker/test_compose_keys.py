@@ -10,6 +10,7 @@ from pathlib import Path
 
 from orchestrator import load_environment, spawn_runtime
 from orchestrator.backends.container.identity import LABEL_PROJECT
+from orchestrator.backends.docker.render import build_tags
 from tests.docker.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
 
 SERVE = (
@@ -113,13 +114,17 @@ def test_the_images_user_and_workdir_when_compose_names_none(tmp_path: Path) -> 
     )
     env = load_environment(tmp_path / "compose.yaml")
     assert (env.spec.user, env.spec.workdir) == ("image", None)
-    with spawn_runtime(env) as rt:
-        assert rt.execute("id -u; pwd").stdout == "1234\n/home/app\n"
-        assert rt.workdir == "/home/app"
-        rt.write_file("note.txt", "here\n")  # relative paths start there too
-        assert rt.execute("cat /home/app/note.txt").stdout == "here\n"
-        assert rt.execute("cat /root/flag").exit_code != 0
-        assert rt.execute("id -u", user="root").stdout == "0\n"  # the caller may still ask
+    try:
+        with spawn_runtime(env) as rt:
+            assert rt.execute("id -u; pwd").stdout == "1234\n/home/app\n"
+            assert rt.workdir == "/home/app"
+            rt.write_file("note.txt", "here\n")  # relative paths start there too
+            assert rt.execute("cat /home/app/note.txt").stdout == "here\n"
+            assert rt.execute("cat /root/flag").exit_code != 0
+            assert rt.execute("id -u", user="root").stdout == "0\n"  # the caller may ask
+    finally:
+        for tag in build_tags(env):  # this test's build, by its tag: one per run otherwise
+            subprocess.run(["docker", "image", "rm", tag], capture_output=True, timeout=60)
 
 
 def test_a_services_healthcheck_runs_as_its_user(tmp_path: Path) -> None:

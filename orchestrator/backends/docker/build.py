@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orchestrator.backends.container.engine import (
     CallFailed,
@@ -40,6 +41,9 @@ from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.render import CompiledProject, ImageBuild
 from orchestrator.errors import OrchestratorError, StartupError, UsageError
 from orchestrator.sandbox.options import BuildChoice
+
+if TYPE_CHECKING:
+    from python_on_whales import Image
 
 BUILD_LOG = "orchestrator.build"
 """Logger of the builder's output, one INFO record per line."""
@@ -99,10 +103,12 @@ def get_images(compiled: CompiledProject, name: str, *, host: str = "") -> list[
         try:
             if _needed(plan, compiled.build, slot, asked, name, host):
                 began = time.monotonic()
+                replaced = _ours_under(plan, host)
                 _build(plan, name, host)
                 slot.began = began
                 built.append(plan.tag)
                 _drop_older(plan, host)
+                _drop_replaced(plan, replaced, host)
         finally:
             slot.lock.release()
     return built
@@ -148,6 +154,38 @@ def _drop_older(plan: ImageBuild, host: str) -> None:
                 client.image.remove(tag)
     except OrchestratorError as exc:
         log.debug("older builds of %s left: %s", repository, exc)
+
+
+def _ours_under(plan: ImageBuild, host: str) -> str | None:
+    """The id of the image `plan.tag` names now, if it is this build's (its source label);
+    None for none, another's, or an engine that cannot say."""
+    image = _inspected(plan.tag, host)
+    labels = (image.config.labels or {}) if image is not None else {}
+    return str(image.id) if image and labels.get(SOURCE_LABEL) == _source(plan) else None
+
+
+def _drop_replaced(plan: ImageBuild, replaced: str | None, host: str) -> None:
+    """Remove the image a rebuild took the tag from (`--build` over an unchanged
+    fingerprint), which would otherwise stay behind untagged, one more per rebuild. Only
+    while no tag names it (one someone else gave it keeps it), by id and never forced (one a
+    container uses stays)."""
+    if replaced is None or _ours_under(plan, host) in (replaced, None):
+        return
+    image = _inspected(replaced, host)
+    if image is None or image.repo_tags:
+        return
+    client = docker_client(host=host) if host else docker_client()
+    with contextlib.suppress(OrchestratorError):
+        engine_call("removing a replaced build", lambda: client.image.remove(replaced))
+
+
+def _inspected(image: str, host: str) -> Image | None:
+    """python-on-whales' Image for a tag or id, or None when the engine has none."""
+    client = docker_client(host=host) if host else docker_client()
+    try:
+        return engine_call("looking at a build", lambda: client.image.inspect(image))
+    except OrchestratorError:
+        return None
 
 
 def _exists(tag: str, host: str) -> bool:
