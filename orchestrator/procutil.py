@@ -46,7 +46,6 @@ from typing import (
     Protocol,
     Set,
     Tuple,
-    Union,
 )
 
 GRACE = 0.5
@@ -514,34 +513,99 @@ def _shell_answer(exc: OSError, argv: List[str], cwd: Optional[str]) -> Tuple[in
     return 126, "%s: %s" % (argv[0], exc.strerror or exc)
 
 
+IDLE_WORKERS = 3
+"""Threads kept waiting after their job, for the next: a command takes up to three (its
+runner in the executor, its watchdog, its stdin feeder), and starting a thread costs about
+1 ms under gVisor (0.1 ms under runc), which each command would pay again."""
+_idle: List["_Worker"] = []
+_idle_lock = threading.Lock()
+
+
+class _Worker:
+    """A thread that runs the jobs it is given, one at a time; between them it waits among
+    the idle (at most IDLE_WORKERS), or ends."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._job: Optional[Callable[[], None]] = None
+        threading.Thread(target=self._serve, daemon=True).start()  # RuntimeError: none
+
+    def assign(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._job = job
+            self._cond.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None:
+                    self._cond.wait()
+                job, self._job = self._job, None
+            _scope.__dict__.clear()  # nothing of the last job's (abandon_when) carries over
+            job()  # a job that raises ends its thread, reported as any thread's would be
+            with _idle_lock:
+                if len(_idle) >= IDLE_WORKERS:
+                    return
+                _idle.append(self)
+
+
+def _worker() -> _Worker:
+    """An idle worker, or a new one (RuntimeError when no thread can start)."""
+    with _idle_lock:
+        if _idle:
+            return _idle.pop()
+    return _Worker()
+
+
+def _forget_workers() -> None:
+    """In a forked child: the idle workers' threads were not copied."""
+    global _idle_lock
+    _idle_lock = threading.Lock()
+    del _idle[:]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_workers)
+
+
+def in_thread(job: Callable[[], None]) -> None:
+    """Run `job` on a thread of its own (an idle worker's when there is one); RuntimeError
+    when none can start."""
+    _worker().assign(job)
+
+
 class _Spare:
-    """A thread started before the process it will serve. Under a pids limit a command can
+    """A thread held before the process it will serve. Under a pids limit a command can
     take every free pid before a thread could start after it (a fork bomb does, in
-    microseconds); a thread started first cannot be taken away, and the deadline it keeps
+    microseconds); a thread held first cannot be taken away, and the deadline it keeps
     then holds."""
 
     def __init__(self) -> None:
-        self._job: Optional[Callable[[], None]] = None
-        self._given = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()  # RuntimeError when no thread can start: before any process
-
-    def _serve(self) -> None:
-        self._given.wait()
-        if self._job is not None:
-            self._job()
+        self._worker: Optional[_Worker] = _worker()  # RuntimeError: before any process
+        self._lock = threading.Lock()
+        self._done = threading.Event()
 
     def give(self, job: Optional[Callable[[], None]]) -> "_Spare":
-        """Run `job` on the spare thread, or release the thread with None; only the first
+        """Run `job` on the held thread, or let the thread go with None; only the first
         call counts."""
-        if self._given.is_set():
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is None:
             return self
-        self._job = job
-        self._given.set()
+
+        def work() -> None:
+            try:
+                if job is not None:
+                    job()
+            finally:
+                self._done.set()
+
+        worker.assign(work)
         return self
 
     def join(self) -> None:
-        self._thread.join()
+        """Wait for the job given to end."""
+        self._done.wait()
 
 
 def _spares(count: int) -> List[_Spare]:
@@ -608,12 +672,9 @@ def pump(
     start = time.monotonic() if started is None else started
     spare = list(spares or ())
 
-    def begin(target: Callable[..., None], *args: Any) -> Union[_Spare, threading.Thread]:
-        if spare:
-            return spare.pop().give(lambda: target(*args))
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        thread.start()
-        return thread
+    def begin(target: Callable[..., None], *args: Any) -> _Spare:
+        held = spare.pop() if spare else _Spare()
+        return held.give(lambda: target(*args))
 
     if stdin is not None and proc.stdin is not None:
         _feeding(proc.stdin)  # a child forked from now on does not hold it open

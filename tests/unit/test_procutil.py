@@ -9,7 +9,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -109,8 +109,100 @@ def test_no_thread_before_the_process_means_no_process(monkeypatch: pytest.Monke
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(threading.Thread, "start", refuse)
+    monkeypatch.setattr(procutil, "_idle", [])  # no thread of an earlier command waiting
     with pytest.raises(procutil.NoProcess, match="process limit"):
         _drain(procutil.run(["true"], None, None, timeout=5))
+
+
+def _idle_at_least(count: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(procutil._idle) < count:
+        assert time.monotonic() < deadline, "the last command's threads never came back"
+        time.sleep(0.01)
+
+
+def refuse_threads(self: threading.Thread) -> None:
+    raise RuntimeError("can't start new thread")
+
+
+def test_the_next_command_takes_the_last_ones_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command takes up to three threads (the executor's runner, its watchdog, its stdin
+    feeder), and a thread costs about 1 ms to start under gVisor: the last command's wait
+    for the next instead of ending. So the next one starts none, and runs where none can
+    start (its deadline kept)."""
+    monkeypatch.setattr(procutil, "_idle", [])
+    first = _drain(procutil.run(["cat"], None, None, stdin=iter([b"x"]), timeout=5))
+    assert first.exit_code == 0
+    _idle_at_least(2)
+    monkeypatch.setattr(threading.Thread, "start", refuse_threads)
+    started = time.monotonic()
+    outcome = _drain(
+        procutil.run(["sh", "-c", "cat; sleep 30"], None, None, stdin=[b"in"], timeout=0.5)
+    )
+    assert outcome.timed_out and time.monotonic() - started < 10
+    procutil.in_thread(lambda: None)  # the executor's runner, likewise
+    assert len(procutil._idle) <= procutil.IDLE_WORKERS
+
+
+def test_at_most_so_many_threads_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle threads count against a sandbox's pids limit: no more than IDLE_WORKERS wait,
+    however many commands ran at once."""
+    monkeypatch.setattr(procutil, "_idle", [])
+    ends = [threading.Event() for _ in range(8)]
+
+    def waiting(end: threading.Event) -> Callable[[], None]:
+        def job() -> None:
+            end.wait()
+
+        return job
+
+    for end in ends:
+        procutil.in_thread(waiting(end))
+    for end in ends:
+        end.set()
+    _idle_at_least(procutil.IDLE_WORKERS)
+    time.sleep(0.2)  # the others end rather than wait
+    assert len(procutil._idle) == procutil.IDLE_WORKERS
+
+
+def test_a_job_on_a_waiting_thread_does_not_inherit_the_last_ones_scope(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that marked its thread abandoned (abandon_when) leaves that mark behind: the
+    next job on the same thread must not find its command abandoned at once."""
+    monkeypatch.setattr(procutil, "_idle", [])
+    gone = threading.Event()
+    gone.set()
+    procutil.in_thread(lambda: procutil.abandon_when(gone))
+    _idle_at_least(1)
+    got: list[Outcome] = []
+    done = threading.Event()
+
+    def run_one() -> None:
+        try:
+            got.append(_drain(procutil.run(["sh", "-c", "sleep 0.2; echo ok"], None, None)))
+        finally:
+            done.set()
+
+    procutil.in_thread(run_one)  # the same thread: the only one waiting
+    assert done.wait(10) and got[0].exit_code == 0
+
+
+def test_a_forked_child_starts_its_own_threads() -> None:
+    """The idle threads are not copied into a child forked from this process: its command's
+    deadline must be kept by a thread that runs there."""
+    _drain(procutil.run(["true"], None, None, timeout=5))
+    _idle_at_least(1)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports by its exit status
+        try:
+            began = time.monotonic()
+            outcome = _drain(procutil.run(["sleep", "20"], None, None, timeout=0.3))
+            os._exit(0 if outcome.timed_out and time.monotonic() - began < 5 else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_zombie_owner_is_not_alive_though_its_start_time_still_reads() -> None:

@@ -185,7 +185,7 @@ class Agent:
             req = wire.decode_request(payload)
             if req.stdin:
                 self.stdin[cid] = queue.Queue()
-            threading.Thread(target=self.run, args=(cid, req), daemon=True).start()
+            procutil.in_thread(lambda: self.run(cid, req))
         except RuntimeError:  # no thread: the pids limit is reached
             self.refuse(cid, 126, "cannot start a thread", unavailable=True)
         except ValueError as exc:  # includes JSON errors
