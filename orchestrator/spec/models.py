@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from orchestrator.errors import UsageError
+from orchestrator.procutil import MAX_ID
 from orchestrator.spec import egress
 from orchestrator.spec.egress import Egress
 
@@ -43,6 +44,16 @@ USER_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$"
 """A name, name:group, uid or uid:gid (looked up in the container's own passwd and group
 files), or `host` / `root`."""
 ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _user_ids(value: str | None) -> str | None:
+    """A user's numeric parts within the kernel's range (see procutil.MAX_ID)."""
+    for part, what in zip((value or "").split(":"), ("uid", "gid"), strict=False):
+        if part.isdigit() and int(part) > MAX_ID:
+            raise ValueError(f"{what} {part} is out of range: the engine takes 0 to {MAX_ID}")
+    return value
+
+
 SUPPORTED_VERSIONS = (1,)
 PARTIAL: dict[str, bool] = {"partial": True}
 """Validation context of the valid rest of an invalid file (spec/partial.py): the file's
@@ -383,6 +394,11 @@ class Service(Hardening):
                 raise ValueError(f"cannot be split into words ({exc}); give a list") from None
         return value
 
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return _user_ids(value)
+
     @field_validator("workdir")
     @classmethod
     def _workdir(cls, value: str | None) -> str | None:
@@ -500,6 +516,11 @@ class EnvironmentV1(Hardening):
     keep_after_cleanup: bool = False
     """Keep the containers (stopped) after cleanup, for inspection; `orchestrator cleanup --all`
     removes them later."""
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        return _user_ids(value) or value
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> EnvironmentV1:

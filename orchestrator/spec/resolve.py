@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
+from orchestrator.errors import UsageError
+from orchestrator.procutil import MAX_ID
 from orchestrator.spec.models import STATIC_PLACEHOLDER, EnvironmentV1
 from orchestrator.spec.policy import Policy, passed_env
 
@@ -43,6 +45,12 @@ def resolve_user(user: str, host_env: Mapping[str, str] | None = None) -> str:
         host = os.environ if host_env is None else host_env
         uid = host.get("HUID") or str(os.getuid())
         gid = host.get("HGID") or str(os.getgid())
+        for name, value in (("HUID", uid), ("HGID", gid)):
+            if not (value.isascii() and value.isdigit()) or int(value) > MAX_ID:
+                raise UsageError(
+                    f"{name}={value!r} is not a numeric id: `user: host` runs as HUID:HGID, "
+                    f"which must be numbers from 0 to {MAX_ID} (unset them for your own ids)"
+                )
         return f"{uid}:{gid}"
     return user
 

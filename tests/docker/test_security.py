@@ -148,6 +148,19 @@ def test_user_names_resolve_in_the_sandbox_and_unknown_ones_fail_fast(make_env: 
 
 
 @pytest.mark.parametrize("mode", ["auto", "plain"])
+def test_a_user_out_of_the_kernels_range_never_runs_as_root(
+    make_env: MakeEnv, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4294967295 is -1 to setuid ("leave it unchanged"): `execute(user="4294967295")` ran
+    as root through the executor. Every path refuses it as an unknown user (126)."""
+    monkeypatch.setenv("ORCHESTRATOR_EXEC_MODE", mode)
+    with spawn_runtime(make_env("user: '1000:1000'\n")) as rt:
+        for user in ("4294967295", "1000:4294967295", "4294967296"):
+            r = rt.execute("id -u; id -g", user=user, timeout=20)
+            assert r.exit_code == 126 and r.stdout == "", (user, r)
+
+
+@pytest.mark.parametrize("mode", ["auto", "plain"])
 def test_the_file_user_may_be_a_name_of_the_image(
     make_env: MakeEnv, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from orchestrator import PolicyError, SpecError, load_environment_text
+from orchestrator import PolicyError, SpecError, UsageError, load_environment_text
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions, compile_project
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy
+from orchestrator.spec.resolve import resolve_user
 
 BASE = "version: 1\nname: t\nimage: img:1\nuser: '1000:1000'\n"
 
@@ -185,6 +186,15 @@ def test_env_passthrough(tmp_path: Path) -> None:
     )
     env = doc["services"]["main"]["environment"]
     assert env["KEEP"] == "1" and "DROP" not in env
+
+
+@pytest.mark.parametrize(
+    "host_env", [{"HUID": "4294967295"}, {"HGID": "-1"}, {"HUID": "x"}, {"HUID": "\u0661"}]
+)
+def test_user_host_refuses_huid_that_is_not_an_id(host_env: dict[str, str]) -> None:
+    """HUID=4294967295 made `user: host` run every command as root (-1 to setuid)."""
+    with pytest.raises(UsageError, match=r"HUID|HGID"):
+        resolve_user("host", host_env)
 
 
 def test_user_host_uses_huid(tmp_path: Path) -> None:

@@ -114,6 +114,16 @@ def test_no_thread_before_the_process_means_no_process(monkeypatch: pytest.Monke
         _drain(procutil.run(["true"], None, None, timeout=5))
 
 
+def _run_all(gen: Generator[procutil.Chunk, None, Outcome]) -> tuple[Outcome, bytes]:
+    """The outcome, and everything the command printed (both streams)."""
+    out = b""
+    while True:
+        try:
+            out += next(gen)[1]
+        except StopIteration as stop:
+            return stop.value, out
+
+
 def _idle_at_least(count: int) -> None:
     deadline = time.monotonic() + 5
     while len(procutil._idle) < count:
@@ -305,3 +315,31 @@ def test_a_fed_pipe_let_go_is_gone_for_its_reader_and_not_inherited(
     if null != "the null device":
         assert os.read(keeper, 10) == b""  # and nothing went to the FIFO
         os.close(keeper)
+
+
+@pytest.mark.parametrize("user", ["4294967295", "0:4294967295", "2147483648", "7:99999999999"])
+def test_an_id_out_of_the_kernels_range_is_an_unknown_user(user: str) -> None:
+    """4294967295 is -1 to setuid and setgid ("leave it unchanged"): a command asked to run
+    as it ran as root. Refused as a user that does not exist (126), like any other."""
+    with pytest.raises(procutil.UnknownUser, match="out of range"):
+        procutil.resolve_ids(user)
+    outcome, out = _run_all(procutil.run(["id", "-u"], None, None, user=user))
+    assert outcome.exit_code == 126 and b"out of range" in out
+
+
+def test_a_passwd_entry_out_of_range_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image's passwd file may give a name the id -1: the name does not make it root."""
+    import pwd
+
+    entry = pwd.struct_passwd(("agent", "x", 4294967295, 4294967295, "", "/", "/bin/sh"))
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: entry)
+    with pytest.raises(procutil.UnknownUser, match="uid 4294967295 is out of range"):
+        procutil.resolve_ids("agent")
+
+
+def test_only_ascii_digits_are_an_id() -> None:
+    """int() reads other scripts' digits too: an Arabic-Indic one would have been uid 1
+    here, and a name to the engine."""
+    assert procutil.numeric_ids("\u0661") is None
+    with pytest.raises(procutil.UnknownUser, match="unable to find user"):
+        procutil.resolve_ids("\u0661")

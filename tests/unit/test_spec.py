@@ -233,6 +233,22 @@ def test_a_malformed_file_user_is_refused_at_its_line(user: str) -> None:
     assert msg.startswith("env.yaml:4:7: user")
 
 
+@pytest.mark.parametrize("user", ["4294967295", "0:4294967295", "2147483648", "1:99999999999"])
+def test_a_file_user_out_of_the_kernels_range_is_refused(user: str) -> None:
+    """4294967295 is -1 to setuid and setgid ("leave it unchanged"): the commands of a file
+    asking for it ran as root. Refused at its line, in the main sandbox and in a service."""
+    [msg] = issues(BASE + f"user: '{user}'\n")
+    assert msg.startswith("env.yaml:4:7: user") and "out of range" in msg
+    service = f"services:\n  db:\n    image: i\n    user: '{user}'\n"
+    [msg] = issues(BASE + service)
+    assert msg.startswith("env.yaml:7:11: services.db.user") and "out of range" in msg
+
+
+def test_the_largest_id_is_taken() -> None:
+    user = "2147483647:2147483647"
+    assert load_environment_text(BASE + f"user: '{user}'\n").spec.user == user
+
+
 def test_text_that_trips_the_yaml_parser_is_a_spec_error() -> None:
     [msg] = issues("-_")
     assert "malformed YAML" in msg
