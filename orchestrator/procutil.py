@@ -523,8 +523,11 @@ def _raise_as_shell(exc: OSError, argv: List[str], cwd: Optional[str]) -> NoRetu
 
 def _shell_answer(exc: OSError, argv: List[str], cwd: Optional[str]) -> Tuple[int, str]:
     """The exit code and message a shell would give for a command that could not start."""
-    if isinstance(exc, FileNotFoundError) and cwd and not os.path.isdir(cwd):
-        return 2, "cannot change directory to %s: No such file or directory" % cwd
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)) and cwd:
+        if not os.path.exists(cwd):
+            return 2, "cannot change directory to %s: No such file or directory" % cwd
+        if not os.path.isdir(cwd):
+            return 2, "cannot change directory to %s: Not a directory" % cwd
     if isinstance(exc, FileNotFoundError):
         return 127, "%s: command not found" % argv[0]
     if isinstance(exc, PermissionError):

@@ -211,8 +211,14 @@ def test_relative_cwd(rt: Runtime) -> None:
 
 
 def test_missing_cwd_is_an_exit_code_not_an_exception(rt: Runtime) -> None:
+    """As a shell's `cd` answers (2), on every path: the plain exec gave the engine's 126
+    with its words on stdout, and a cwd that is a file blamed the command (126)."""
     r = rt.execute("pwd", cwd="does/not/exist")
-    assert r.exit_code != 0
+    assert (r.exit_code, r.stdout) == (2, ""), r
+    assert "cannot change directory to" in r.stderr and "No such file" in r.stderr, r
+    rt.write_file("a-file", "")
+    r = rt.execute("pwd", cwd="a-file")
+    assert (r.exit_code, r.stdout) == (2, "") and "Not a directory" in r.stderr, r
 
 
 def test_user_per_call(rt: Runtime, conformance_target: Target) -> None:

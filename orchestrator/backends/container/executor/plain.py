@@ -33,7 +33,9 @@ from orchestrator.errors import BackendUnavailable, SandboxUnavailable
 from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
 
 MARK = "ORCHESTRATOR_CMD"
-NO_USER = b"unable to find user "
+HOLD_LIMIT = 64 * 1024
+"""Most stdout held before the command's session line: the docker CLI prints why the engine
+would not start a command there (an unknown user, a missing cwd), never more."""
 KILL_TIMEOUT = 5.0
 """Longest the in-container kill may take, retries included (an engine that does not
 answer, a sandbox that cannot start the killer)."""
@@ -153,18 +155,19 @@ def run_plain(
         argv, None, None, stdin=stdin, timeout=cmd.timeout, killer=killer, out=out
     )
     try:
-        first = True
         head: bytes | None = b""  # stderr until the session's line is complete
+        held: bytes | None = b""  # stdout until then: the engine's refusal if it never comes
         while True:
             try:
                 kind, data = next(chunks)
-                if head is not None and kind == "stderr":
-                    head, data = _session(head + data, killer)
-                    if not data:
-                        continue
             except StopIteration as stop:
+                outcome: procutil.Outcome = stop.value
                 if head:
                     yield "stderr", head  # not our line after all (the exec failed)
+                if held:  # the command never started: the docker CLI's refusal
+                    code, said = _refusal(held, outcome.exit_code)
+                    outcome = outcome._replace(exit_code=code)
+                    yield "stderr", said
                 if killer.no_process:
                     raise SandboxUnavailable(
                         "the sandbox cannot start a process (its pids or memory limit is "
@@ -172,16 +175,40 @@ def run_plain(
                         "be killed and may still run: "
                         + killer.no_process.decode(errors="replace")[-300:]
                     ) from None
-                return stop.value  # type: ignore[no-any-return]
+                return outcome
             except procutil.NoProcess as exc:  # this host, not the sandbox, is out of processes
                 raise BackendUnavailable(f"cannot start the docker client: {exc.strerror}") from exc
-            if first and kind == "stdout" and data.startswith(NO_USER):
-                # the docker CLI prints its own refusal on stdout
-                kind, data = "stderr", data.replace(b"\r\n", b"\n")
-            first = False
+            if head is not None and kind == "stderr":
+                head, data = _session(head + data, killer)
+                if head is None:  # the first line is there: the command (or sh) runs
+                    if held:
+                        yield "stdout", held
+                    held = None
+                if not data:
+                    continue
+            elif held is not None and kind == "stdout" and len(held) < HOLD_LIMIT:
+                held += data
+                continue
+            elif held:  # more than a refusal: the command's own
+                yield "stdout", held
+                held = None
             yield kind, data
     finally:
         chunks.close()  # a caller that gave up: the core kills the tree in the container
+
+
+_CHDIR = re.compile(rb'chdir to cwd \("(.*)"\) set in config\.json failed: ([a-z ]+)')
+
+
+def _refusal(said: bytes, code: int) -> tuple[int, bytes]:
+    """The exit code and stderr of a command the engine would not start, from what the
+    docker CLI printed (on its stdout): a missing or non-folder cwd is 2 and the words the
+    executor uses, as a shell would say it; the rest keep the engine's words."""
+    found = _CHDIR.search(said)
+    if found is not None and found.group(2) in (b"no such file or directory", b"not a directory"):
+        why = found.group(2).decode().capitalize()
+        return 2, b"cannot change directory to %s: %s\n" % (found.group(1), why.encode())
+    return code, said.replace(b"\r\n", b"\n")
 
 
 def _session(head: bytes, killer: _Killer) -> tuple[bytes | None, bytes]:
