@@ -90,9 +90,16 @@ def _stream(
             if event.kind == "finished":
                 assert event.result is not None
                 return event.result
+            if not event.data:  # a decoder's last characters: their bytes went already
+                continue
             stream = sys.stdout if event.kind == "stdout" else sys.stderr
-            stream.write(event.text)
-            stream.flush()
+            stream.flush()  # anything of ours written as text goes first
+            raw = getattr(stream, "buffer", None)
+            if raw is None:  # not a real stream (a test's capture): as text
+                stream.write(event.text)
+            else:  # the bytes as the command wrote them: binary output passes unchanged
+                raw.write(event.data)
+                raw.flush()
     finally:
         events.close()
     raise AssertionError("a stream ends with a finished event")

@@ -535,7 +535,7 @@ class _Events:
     def add(self, kind: StreamKind, data: bytes) -> StreamEvent | None:
         self._bufs[kind].add(data)
         text = self._decoders[kind].decode(data)
-        return StreamEvent(kind, text) if text else None
+        return StreamEvent(kind, text, data=data) if data else None
 
     def finish(self, outcome: Outcome) -> list[StreamEvent]:
         events = []

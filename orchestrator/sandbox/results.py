@@ -59,7 +59,14 @@ class StreamEvent:
     kind: Literal["stdout", "stderr", "finished"]
     """Output of one stream, or "finished" (last, with `result`)."""
     text: str = ""
+    """The output decoded (UTF-8, undecodable bytes replaced); a character cut in two between
+    chunks comes whole in the later event."""
     result: RuntimeResult | None = None
+    data: bytes = b""
+    """The output's own bytes, as the command wrote them (`text` is their decoding): what
+    passes binary output on unchanged. All events' `data` of a stream joined are its
+    output; an event may carry `data` whose `text` comes later, and the decoder's last
+    characters come in an event with no `data`."""
 
 
 ExecMode = Literal["executor", "plain", "process"]

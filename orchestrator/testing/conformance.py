@@ -298,6 +298,18 @@ def test_stream_order_and_finish(rt: Runtime) -> None:
     assert events[-1].result.stdout == "1\n2\n3\n" and events[-1].result.exit_code == 0
 
 
+def test_stream_data_is_the_commands_own_bytes(rt: Runtime) -> None:
+    """`text` is decoded (bytes that are not UTF-8 replaced); `data` keeps the bytes, so a
+    caller (the CLI) passes binary output on unchanged. A character split across writes
+    comes whole in `text`."""
+    script = "printf '\\377a\\303'; sleep 0.2; printf '\\251'; printf '\\303\\251' >&2"
+    events = list(rt.stream(["sh", "-c", script]))
+    joined = {k: b"".join(e.data for e in events if e.kind == k) for k in ("stdout", "stderr")}
+    assert joined == {"stdout": b"\xffa\xc3\xa9", "stderr": b"\xc3\xa9"}
+    assert "".join(e.text for e in events if e.kind == "stdout") == "\ufffda\u00e9"
+    assert events[-1].result is not None and events[-1].result.stdout == "\ufffda\u00e9"
+
+
 def test_stream_is_incremental(rt: Runtime) -> None:
     start = time.monotonic()
     for event in rt.stream("echo first; sleep 3; echo second"):

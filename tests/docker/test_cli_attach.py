@@ -77,6 +77,30 @@ def test_exec_splits_output_and_reaches_a_sidecar(running: str) -> None:
     assert as_user.stdout.split() == ["1234", "/tmp"]
 
 
+def test_exec_passes_binary_output_through_unchanged(running: str) -> None:
+    """Bytes that are not UTF-8 came out as U+FFFD (three bytes each): 3 MB of random bytes
+    came out as 5.4 MB. stdout and stderr carry the command's own bytes, on the executor
+    and on the plain path (the busybox sidecar)."""
+    script = (
+        "{ printf '\\377\\376\\000\\001'; head -c 300000 /dev/urandom; } | tee /tmp/sent; "
+        "printf '\\303' >&2"
+    )
+    for where in ([], ["--service", "side"]):
+        done = subprocess.run(
+            [*CLI, "exec", running, *where, "--", "sh", "-c", script],
+            capture_output=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        sent = subprocess.run(
+            [*CLI, "exec", running, *where, "--", "cat", "/tmp/sent"],
+            capture_output=True,
+            timeout=120,
+        ).stdout
+        assert len(sent) == 300004 and done.stdout == sent and done.stdout[:4] == b"\xff\xfe\0\1"
+        assert done.stderr.endswith(b"\n\xc3") or done.stderr == b"\xc3", done.stderr
+
+
 def test_compose_service_form_is_refused_not_run(running: str) -> None:
     done = cli("exec", running, "side", "--", "echo", "hi")
     assert done.returncode == 2
