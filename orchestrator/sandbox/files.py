@@ -101,8 +101,11 @@ UPLOAD = (
     'tar -x -o -f - -C "$d" || exit 13'
 )
 DOWNLOAD = (
-    's=$1; [ -e "$s" ] || exit 2; [ -d "$s" ] || exit 20; [ -r "$s" ] && [ -x "$s" ] || exit 13; '
-    'export TAR_OPTIONS=--blocking-factor=2048; tar -c -f - -C "$s" .'
+    # missing, or out of reach (a folder on the way this user cannot enter): as READ tells
+    's=$1; e=$( (: < "$s") 2>&1 ) || case "$e" in *ermission*) exit 13 ;; *) exit 2 ;; esac; '
+    '[ -d "$s" ] || exit 20; [ -r "$s" ] && [ -x "$s" ] || exit 13; '
+    'export TAR_OPTIONS=--blocking-factor=2048; tar -c -f - -C "$s" .; t=$?; '
+    "[ $t = 2 ] && exit 13; exit $t"  # GNU tar's 2 (a file it could not open) is not "missing"
 )
 # (GNU tar then writes 1 MiB records instead of 10 KiB ones: fewer, fuller reads on our side;
 # busybox's tar ignores the variable.)

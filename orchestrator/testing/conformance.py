@@ -386,6 +386,18 @@ def test_permission_denied(rt: Runtime, conformance_target: Target) -> None:
         rt.write_file("locked/x.txt", "x", user="65534:65534")
 
 
+def test_a_download_with_something_unreadable_inside_is_permission_denied(
+    rt: Runtime, conformance_target: Target, tmp_path: Path
+) -> None:
+    """GNU tar exits 2 on a file it cannot open, the helper's code for "no such folder": a
+    folder that exists was reported missing."""
+    _skip_if(conformance_target, "user", when=os.geteuid() != 0)
+    name = f"part-{uuid.uuid4().hex[:8]}"
+    rt.execute(f"mkdir -p {name}/sub && echo b > {name}/sub/b && chmod 700 {name}/sub", user="root")
+    with pytest.raises(PermissionError):
+        rt.download(name, tmp_path / "out", user="65534:65534")
+
+
 def test_file_over_limit(rt: Runtime) -> None:
     rt.write_file("hundred.txt", "x" * 100)
     with pytest.raises(OutputLimitExceeded):
