@@ -49,7 +49,7 @@ WRITE = (
 )
 READ = (
     'p=$1; [ -d "$p" ] && exit 21; '
-    'e=$( (: < "$p") 2>&1 ) || case "$e" in *ermission*) exit 13 ;; *) exit 2 ;; esac; '
+    'e=$( (: < "$p") 2>&1 ) || case "${e##*: }" in *ermission*) exit 13 ;; *) exit 2 ;; esac; '
     '[ -n "$(find -L "$p" -maxdepth 0 -perm /444 2>/dev/null)" ] || exit 13; '
     'n=$(wc -c < "$p") || exit 13; '
     'n=$((n + 0)); if [ "$n" -gt "$2" ]; then echo "$n"; exit 27; fi; exec cat -- "$p"'
@@ -101,8 +101,11 @@ UPLOAD = (
     'tar -x -o -f - -C "$d" || exit 13'
 )
 DOWNLOAD = (
-    # missing, or out of reach (a folder on the way this user cannot enter): as READ tells
-    's=$1; e=$( (: < "$s") 2>&1 ) || case "$e" in *ermission*) exit 13 ;; *) exit 2 ;; esac; '
+    # not there, or out of reach (a folder on the way this user cannot enter): the reason
+    # that ends the shell's message says which (not its start, which holds the path); opened
+    # only when nothing is there to stat, so never a FIFO that would wait for a writer
+    's=$1; if [ ! -e "$s" ]; then e=$( (: < "$s") 2>&1 ); '
+    'case "${e##*: }" in *ermission*) exit 13 ;; esac; exit 2; fi; '
     '[ -d "$s" ] || exit 20; [ -r "$s" ] && [ -x "$s" ] || exit 13; '
     'export TAR_OPTIONS=--blocking-factor=2048; tar -c -f - -C "$s" .; t=$?; '
     "[ $t = 2 ] && exit 13; exit $t"  # GNU tar's 2 (a file it could not open) is not "missing"

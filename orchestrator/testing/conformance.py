@@ -639,6 +639,15 @@ def test_folder_transfer_errors(rt: Runtime, tmp_path: Path) -> None:
         rt.download(f"{name}/file", tmp_path / "out")
     with pytest.raises(FileNotFoundError):
         rt.download(f"{name}/missing", tmp_path / "out")
+    with pytest.raises(FileNotFoundError):  # the path's words are not the reason's
+        rt.download(f"{name}/no-permission-here", tmp_path / "out")
+    with pytest.raises(FileNotFoundError):
+        rt.read_file(f"{name}/Permission denied")
+    rt.execute(f"mkfifo {name}-fifo")  # opened, it would wait for a writer: it is not
+    started = time.monotonic()
+    with pytest.raises(NotADirectoryError):
+        rt.download(f"{name}-fifo", tmp_path / "out", timeout=20)
+    assert time.monotonic() - started < 10
     with pytest.raises(UsageError):
         rt.upload(tmp_path / "no-such-folder", name)
     rt.write_file(f"{name}/big", "y" * 20000)
