@@ -115,9 +115,12 @@ def test_no_build_with_the_image_missing_is_a_usage_error_naming_it(project: Pat
     assert run_echo(project, "--no-build").stdout == "yes\n"
 
 
-def moved_base(project: Path) -> tuple[str, str]:
+def moved_base(project: Path, request: pytest.FixtureRequest) -> tuple[str, str, str]:
     """Build the project from a base image, then move the base's tag to a new image: a change
-    no file here shows. Returns (tag, "id created") of the project's build from the old base."""
+    no file here shows. Returns (tag, "id created") of the project's build from the old base,
+    and the old base's id.
+    The old base, untagged, is removed after the test, by id (a rebuild leaves it: it might
+    be the user's)."""
     name = load_environment(project / "env.yaml").name
     base = f"orchestrator-test/{name}-base:1"
 
@@ -132,29 +135,36 @@ def moved_base(project: Path) -> tuple[str, str]:
         assert made.returncode == 0, made.stderr
 
     make_base("old")
+    old = docker("image", "inspect", "--format", "{{.Id}}", base).stdout.strip()
+    request.addfinalizer(lambda: docker("image", "rm", old) and None)
     (project / "Dockerfile").write_text(f"FROM {base}\n")
     assert run_echo(project, what="$(cat /base)").stdout == "old\n"
     make_base("new")
     assert run_echo(project, what="$(cat /base)").stdout == "old\n"  # unchanged here
-    return image_of(project)
+    return (*image_of(project), old)
 
 
-def test_build_rebuilds_what_the_fingerprint_cannot_see(project: Path) -> None:
+def test_build_rebuilds_what_the_fingerprint_cannot_see(
+    project: Path, request: pytest.FixtureRequest
+) -> None:
     """A base image moved under the same tag changes no file here: only --build sees it.
     The image the rebuild took the tag from is removed, not left behind untagged (one more
-    per rebuild), and the old base, untagged by now, goes with it."""
-    tag, replaced = moved_base(project)
+    per rebuild); its untagged parent, the old base, is not ours to remove."""
+    tag, replaced, old = moved_base(project, request)
     rebuilt = run_echo(project, "--build", what="$(cat /base)")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert rebuilt.stdout == "new\n"
     assert image_of(project)[1] != replaced
-    old = replaced.split()[0]
-    assert docker("image", "inspect", old).returncode != 0, f"{tag} left {old} behind"
+    gone = replaced.split()[0]
+    assert docker("image", "inspect", gone).returncode != 0, f"{tag} left {gone} behind"
+    assert docker("image", "inspect", old).returncode == 0  # the base: the user's
 
 
-def test_a_rebuild_keeps_the_replaced_image_when_someone_tagged_it(project: Path) -> None:
+def test_a_rebuild_keeps_the_replaced_image_when_someone_tagged_it(
+    project: Path, request: pytest.FixtureRequest
+) -> None:
     """Nor is it removed while another tag names it: the user's tag keeps its image."""
-    tag, replaced = moved_base(project)
+    tag, replaced, _ = moved_base(project, request)
     mine = tag.replace("orchestrator-build/", "orchestrator-test/").replace("-main:", "-base:")
     assert docker("tag", tag, mine).returncode == 0
     assert run_echo(project, "--build", what="$(cat /base)").stdout == "new\n"

@@ -175,8 +175,10 @@ def _drop_replaced(plan: ImageBuild, replaced: str | None, host: str) -> None:
     if image is None or image.repo_tags:
         return
     client = docker_client(host=host) if host else docker_client()
-    with contextlib.suppress(OrchestratorError):
-        engine_call("removing a replaced build", lambda: client.image.remove(replaced))
+    with contextlib.suppress(OrchestratorError):  # not its untagged parents: one may be the
+        engine_call(  # user's base image, moved on (the classic builder records it)
+            "removing a replaced build", lambda: client.image.remove(replaced, prune=False)
+        )
 
 
 def _inspected(image: str, host: str) -> Image | None:
