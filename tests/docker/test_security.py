@@ -5,13 +5,15 @@ Keep this module growing: every escape found gets a test here."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from orchestrator import PolicyError, SpecError, spawn_runtime
-from tests.conftest import BUSYBOX_IMAGE, labelled_ids
+from orchestrator import PolicyError, SpecError, load_environment, spawn_runtime
+from orchestrator.backends.docker.render import build_tags
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
 from tests.docker.conftest import MakeEnv
 
 # /proc/PID/status CapEff bits (linux/capability.h)
@@ -158,6 +160,34 @@ def test_a_user_out_of_the_kernels_range_never_runs_as_root(
         for user in ("4294967295", "1000:4294967295", "4294967296"):
             r = rt.execute("id -u; id -g", user=user, timeout=20)
             assert r.exit_code == 126 and r.stdout == "", (user, r)
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "user"),
+    [
+        ("USER 4294967295\n", "image"),  # the image's USER, as Compose would run it
+        ("RUN echo 'big:x:4294967295:4294967295::/:/bin/sh' >> /etc/passwd\n", "big"),
+    ],
+    ids=["image-user", "passwd-entry"],
+)
+def test_an_image_giving_an_id_out_of_range_is_a_spec_error(
+    tmp_path: Path, dockerfile: str, user: str
+) -> None:
+    """An image may say anything: USER 4294967295 gave a traceback (exit 1), and a name whose
+    passwd entry says it started a sandbox whose every command then failed."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {PYTHON_IMAGE}\n{dockerfile}")
+    (tmp_path / "env.yaml").write_text(
+        f"version: 1\nname: big{user.replace('-', '')}\nbuild: {{context: .}}\nuser: {user}\n"
+    )
+    env = load_environment(tmp_path / "env.yaml")
+    before = labelled_ids()
+    try:
+        with pytest.raises(SpecError, match=r"user: .*4294967295 is out of range"):
+            spawn_runtime(env)
+    finally:
+        for tag in build_tags(env):
+            subprocess.run(["docker", "image", "rm", tag], capture_output=True, timeout=60)
+    assert labelled_ids() == before  # nothing left half-started
 
 
 @pytest.mark.parametrize("mode", ["auto", "plain"])

@@ -255,11 +255,26 @@ class ContainerRuntime(Runtime):
                 f"tar): {exc.stderr.strip() or exc}"
             ) from exc
 
+    def _check_ids(self, user: str, what: str) -> tuple[int, int] | None:
+        """`user`'s ids if it is numeric (None for a name); SpecError naming `user` when they
+        are out of the engine's range (an image's USER may be anything)."""
+        try:
+            return procutil.numeric_ids(user)
+        except procutil.UnknownUser as exc:
+            raise SpecError(
+                SpecIssue(
+                    self.env.source,
+                    field="user",
+                    message=f"{what} {user!r}: {exc}",
+                    fix="give `user:` a uid[:gid] in range, or a name the image has",
+                )
+            ) from None
+
     def _check_named_user(self) -> None:
         """A user the file gives by name exists only in the image: ask it once, at spawn, so
         a typo fails here, naming the field, and not as 126 on every command."""
         user = self.default_user
-        if not user or procutil.numeric_ids(user) is not None:
+        if not user or self._check_ids(user, "the user") is not None:
             return
         probe = self.execute(["true"], timeout=30)
         said = unknown_user(probe.stderr) if probe.exit_code == 126 else None

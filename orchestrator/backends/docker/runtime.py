@@ -123,6 +123,7 @@ class ComposeRuntime(ContainerRuntime):
         if compiled.user == IMAGE_USER:  # the image says, as Compose runs it
             compiled = replace(compiled, user=self.project.image_user(MAIN))
             self.project.compiled = compiled
+            self._check_ids(compiled.user, "the image's USER")
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
