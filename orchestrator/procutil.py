@@ -391,8 +391,9 @@ def _id_text(text: str) -> bool:
 
 
 def _in_range(number: int, what: str) -> int:
-    if not 0 <= number <= MAX_ID:
-        raise UnknownUser("%s %d is out of range (0 to %d)" % (what, number, MAX_ID))
+    if not 0 <= number <= MAX_ID:  # (pwd gives 4294967295 as -1: said as written)
+        shown = number % (1 << 32) if -(1 << 31) <= number < 0 else number
+        raise UnknownUser("%s %d is out of range (0 to %d)" % (what, shown, MAX_ID))
     return number
 
 
@@ -528,11 +529,13 @@ def _raise_as_shell(exc: OSError, argv: List[str], cwd: Optional[str]) -> NoRetu
 
 def _shell_answer(exc: OSError, argv: List[str], cwd: Optional[str]) -> Tuple[int, str]:
     """The exit code and message a shell would give for a command that could not start."""
-    if isinstance(exc, (FileNotFoundError, NotADirectoryError)) and cwd:
-        if not os.path.exists(cwd):
-            return 2, "cannot change directory to %s: No such file or directory" % cwd
-        if not os.path.isdir(cwd):
-            return 2, "cannot change directory to %s: Not a directory" % cwd
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)) and cwd and not os.path.isdir(cwd):
+        why = (
+            "Not a directory"
+            if isinstance(exc, NotADirectoryError)
+            else "No such file or directory"
+        )
+        return 2, "cannot change directory to %s: %s" % (cwd, why)  # the error's, as a shell
     if isinstance(exc, FileNotFoundError):
         return 127, "%s: command not found" % argv[0]
     if isinstance(exc, PermissionError):

@@ -160,6 +160,11 @@ def run_plain(
 ) -> Chunks:
     """`cmd` by one `docker exec`. `out`: the read end of a FIFO the command's output goes
     to instead of through the engine (see `procutil.pump`)."""
+    try:  # ids the engine's runtime may not refuse (runsc runs -1 as nobody): refused here
+        procutil.numeric_ids(cmd.user or "")
+    except procutil.UnknownUser as exc:
+        yield "stderr", f"{exc}\n".encode()
+        return procutil.Outcome(126, False, 0.0)
     token = uuid.uuid4().hex
     # through sh, so a missing program is 127 with the message on stderr, as everywhere else
     argv = ExecTarget(docker_cmd, container).argv(
@@ -294,7 +299,10 @@ class _ExitMark:
         return held
 
 
-_CHDIR = re.compile(rb'chdir to cwd \("(.*)"\) set in config\.json failed: ([a-z ]+)')
+_CHDIR = re.compile(  # runc's words, then runsc's
+    rb'(?:chdir to cwd \("(.*)"\) set in config\.json failed'
+    rb'|failed to find initial working directory "(.*)"): ([a-z ]+)'
+)
 
 
 def _refusal(said: bytes, code: int) -> tuple[int, bytes]:
@@ -302,9 +310,10 @@ def _refusal(said: bytes, code: int) -> tuple[int, bytes]:
     docker CLI printed (on its stdout): a missing or non-folder cwd is 2 and the words the
     executor uses, as a shell would say it; the rest keep the engine's words."""
     found = _CHDIR.search(said)
-    if found is not None and found.group(2) in (b"no such file or directory", b"not a directory"):
-        why = found.group(2).decode().capitalize()
-        return 2, b"cannot change directory to %s: %s\n" % (found.group(1), why.encode())
+    if found is not None and found.group(3) in (b"no such file or directory", b"not a directory"):
+        why = found.group(3).decode().capitalize()
+        where = found.group(1) or found.group(2)
+        return 2, b"cannot change directory to %s: %s\n" % (where, why.encode())
     return code, said.replace(b"\r\n", b"\n")
 
 
