@@ -38,7 +38,7 @@ from orchestrator.errors import UsageError
 from orchestrator.sandbox.attach import attach as attach_runtime
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.calls import ERR_LIMIT, Sandbox, _check, _Events, _written
-from orchestrator.sandbox.options import Command, default_output_limit
+from orchestrator.sandbox.options import Command, output_limit_of
 from orchestrator.sandbox.pool import Pool
 from orchestrator.sandbox.registry import spawn_runtime
 from orchestrator.sandbox.results import (
@@ -100,7 +100,7 @@ class AsyncSandbox:
         """As Sandbox.execute."""
         sb = self.sync
         cmd = sb._command(command, env, stdin, cwd, user, timeout)
-        out, err, outcome = await sb._acollect(cmd, output_limit or default_output_limit())
+        out, err, outcome = await sb._acollect(cmd, output_limit_of(output_limit))
         result = sb._result(out, err, outcome)
         if check:
             _check(result, timeout)
@@ -122,7 +122,7 @@ class AsyncSandbox:
         if stdin is not None:
             raise UsageError("stream() takes no stdin; use execute(..., stdin=...)")
         cmd = self.sync._command(command, env, None, cwd, user, timeout)
-        return self._stream(cmd, output_limit or default_output_limit())
+        return self._stream(cmd, output_limit_of(output_limit))
 
     async def _stream(self, cmd: Command, limit: int) -> AsyncGenerator[StreamEvent, None]:
         self.sync._check_usable()  # again where it is iterated (another process, a pause)

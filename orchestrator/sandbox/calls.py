@@ -37,7 +37,7 @@ from orchestrator.sandbox.options import (
     Chunks,
     Command,
     default_file_limit,
-    default_output_limit,
+    output_limit_of,
 )
 from orchestrator.sandbox.results import (
     Connection,
@@ -195,7 +195,7 @@ class Sandbox(ABC):
         """Run a command to completion. A str runs through /bin/sh -c; a list runs as argv.
         `cwd` is relative to the workdir; `user` is "uid[:gid]", "root" or "host"."""
         cmd = self._command(command, env, stdin, cwd, user, timeout)
-        out, err, outcome = self._collect(cmd, output_limit or default_output_limit())
+        out, err, outcome = self._collect(cmd, output_limit_of(output_limit))
         result = self._result(out, err, outcome)
         if check:
             _check(result, timeout)
@@ -217,7 +217,7 @@ class Sandbox(ABC):
         if stdin is not None:
             raise UsageError("stream() takes no stdin; use execute(..., stdin=...)")
         cmd = self._command(command, env, None, cwd, user, timeout)
-        return self._stream(cmd, output_limit or default_output_limit())
+        return self._stream(cmd, output_limit_of(output_limit))
 
     def _stream(self, cmd: Command, limit: int) -> Generator[StreamEvent, None, None]:
         self._check_usable()  # again where it is iterated (another process, after a pause)

@@ -410,7 +410,14 @@ def stage(chunks: Iterable[bytes], folder: Path, limit: int) -> Staged:
     absolute names, `..`, links that could point out, devices and FIFOs refuse the archive;
     setuid bits are dropped). Refused, cut short or past `limit` bytes, the private folder
     goes and the error is raised. The caller commits; the names it gets are relative."""
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(
+            f"{folder} is not a folder on this machine: a download goes into one"
+        ) from None
+    except OSError as exc:
+        raise OrchestratorError(f"cannot make the folder {folder}: {exc.strerror}") from None
     staging = Path(tempfile.mkdtemp(prefix=".orchestrator-download-", dir=folder))
     incoming = _Incoming(chunks, limit)
     names: list[str] = []

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator import settings
+from orchestrator.errors import UsageError
 from orchestrator.sandbox.results import Outcome, StreamKind
 from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.spec.models import Mount, PortMap
@@ -37,6 +38,16 @@ last. Closing it early (or cancelling the task awaiting it) kills the command's 
 
 def default_output_limit() -> int:
     return settings.whole(OUTPUT_LIMIT_ENV, 10 * MiB)
+
+
+def output_limit_of(asked: int | None) -> int:
+    """A call's `output_limit`: the default when None; UsageError unless a positive whole
+    number of bytes (0 read as "the default", and a negative one dropped all output)."""
+    if asked is None:
+        return default_output_limit()
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked <= 0:
+        raise UsageError(f"output_limit must be a positive number of bytes, not {asked!r}")
+    return asked
 
 
 def default_file_limit() -> int:

@@ -149,6 +149,25 @@ def test_output_limit_per_call(rt: Runtime) -> None:
     assert r.truncated and r.stdout.endswith("999\n1000\n") and len(r.stdout) == 20
 
 
+@pytest.mark.parametrize("limit", [0, -5, 1.5, True])
+def test_an_output_limit_that_is_not_a_size_is_a_usage_error(rt: Runtime, limit: object) -> None:
+    """0 silently meant the default, and a negative limit dropped all output (and said
+    stderr was cut when there was none): refused before anything runs."""
+    with pytest.raises(UsageError, match="output_limit"):
+        rt.execute("echo x", output_limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="output_limit"):
+        list(rt.stream("echo x", output_limit=limit))  # type: ignore[arg-type]
+
+
+def test_a_download_onto_a_local_file_is_a_usage_error(rt: Runtime, tmp_path: Path) -> None:
+    name = f"d-{uuid.uuid4().hex[:8]}"
+    rt.write_file(f"{name}/f", "x")
+    (tmp_path / "a-file").write_text("mine\n")
+    with pytest.raises(UsageError, match="not a folder"):
+        rt.download(name, tmp_path / "a-file")
+    assert (tmp_path / "a-file").read_text() == "mine\n"
+
+
 def test_output_limit_from_environment(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCHESTRATOR_OUTPUT_LIMIT", "10")
     r = rt.execute("echo 0123456789abcdef")
