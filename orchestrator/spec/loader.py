@@ -280,6 +280,19 @@ def host_variables() -> Callable[[str], str | None]:
     return lambda name: os.environ.get(name) if policy.allows_env(name) else None
 
 
+def _kind(value: Any) -> str:
+    """What a YAML value is, in the file's words (not the parser's class names)."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return f"a {type(value).__name__}"
+
+
 def load_environment_text(
     text: str,
     *,
@@ -301,7 +314,7 @@ def load_environment_text(
     one (spec/compose/), its values interpolated from `variables` first."""
     root = parse_yaml(text, source)
     if not isinstance(root, dict):
-        got = "an empty file" if root is None else f"a {type(root).__name__}"
+        got = "an empty file" if root is None else _kind(root)
         raise SpecError(
             SpecIssue(
                 source,

@@ -249,6 +249,17 @@ def test_the_largest_id_is_taken() -> None:
     assert load_environment_text(BASE + f"user: '{user}'\n").spec.user == user
 
 
+@pytest.mark.parametrize(
+    ("text", "got"),
+    [("- a\n- b\n", "a list"), ("hello\n", "a string"), ("3\n", "a number"), ("", "an empty file")],
+)
+def test_a_file_that_is_not_a_mapping_says_what_it_is(text: str, got: str) -> None:
+    """In the file's words: "got a CommentedSeq" named the parser's class."""
+    [msg] = issues(text)
+    assert msg.startswith("env.yaml:1:1:")
+    assert f"expected a mapping at the top, got {got}\n" in msg
+
+
 def test_text_that_trips_the_yaml_parser_is_a_spec_error() -> None:
     [msg] = issues("-_")
     assert "malformed YAML" in msg
