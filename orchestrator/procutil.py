@@ -54,11 +54,6 @@ DRAIN = 0.1
 """Seconds of pipe silence, after the main process exited, before we stop reading."""
 DRAIN_MAX = 2.0
 """Longest we keep reading after the main process exited (a background writer)."""
-ENDED_WAIT = 10.0
-"""Longest a process is waited for once `ended()` says its command ended (see `pump`): the
-engine lets a docker client go about 2 s after its command, while a background process
-holds the command's streams. Killing the client sooner makes the engine hold the next
-execs' clients as long."""
 CHUNK = 1 << 18
 """Largest read of a command's output: one frame of the executor. The pipes are grown to it
 (Linux), so bulk output (a folder being packed) crosses in a few hundred frames per 100 MB,
@@ -671,13 +666,10 @@ def _watchdog(
     kill: Callable[[int], None],
     finished: threading.Event,
     timed_out: threading.Event,
-    ended: Optional[Callable[[], bool]] = None,
 ) -> None:
     """Enforce the deadline whatever the reader is doing: blocked on a consumer that stopped
     reading, or waiting for a process that closed its pipes."""
     if finished.wait(max(0.0, deadline - time.monotonic())) or proc.poll() is not None:
-        return
-    if ended is not None and ended():  # it ended in time: only its output is being drained
         return
     timed_out.set()
     kill(signal.SIGTERM)
@@ -694,7 +686,6 @@ def pump(
     started: Optional[float] = None,
     out: Optional[int] = None,
     spares: Optional[List[_Spare]] = None,
-    ended: Optional[Callable[[], bool]] = None,
 ) -> Generator[Chunk, None, Outcome]:
     """Yield ("stdout"|"stderr", bytes) as output arrives; return the Outcome. `killer(proc,
     sig)` replaces the default tree kill (the plain-exec path kills inside the container
@@ -702,10 +693,7 @@ def pump(
     not reading; closing the generator early kills the command. `out`: a file descriptor
     (the read end of a FIFO, the caller's to close) that carries the command's standard
     output instead; what the process itself prints on stdout then counts as stderr.
-    `spares`: threads started before the process (see _Spare), used before new ones.
-    `ended()`: whether the command has ended while `proc` runs on (the plain path's docker
-    client, which the engine holds while a background process holds the command's
-    streams): its deadline no longer applies, and `proc` is waited for at most ENDED_WAIT."""
+    `spares`: threads started before the process (see _Spare), used before new ones."""
     start = time.monotonic() if started is None else started
     spare = list(spares or ())
 
@@ -729,7 +717,7 @@ def pump(
     finished, timed_out = threading.Event(), threading.Event()
     watchdog = None
     if timeout is not None:
-        watchdog = begin(_watchdog, proc, start + timeout, grace, kill, finished, timed_out, ended)
+        watchdog = begin(_watchdog, proc, start + timeout, grace, kill, finished, timed_out)
     for unused in spare:
         unused.give(None)
     sel = selectors.DefaultSelector()
@@ -772,13 +760,12 @@ def pump(
                 except subprocess.TimeoutExpired:
                     continue
             now = time.monotonic()
-            exited = proc.poll() is not None
-            if exited_at is None and (exited or (ended is not None and ended())):
+            if exited_at is None and proc.poll() is not None:
                 exited_at = now  # leftovers of its group keep running, by design
             if exited_at is not None and (
                 not sel.get_map()
-                or (exited and now - last_data >= DRAIN and now - exited_at - held >= DRAIN)
-                or now - exited_at - held > (DRAIN_MAX if exited else ENDED_WAIT)
+                or (now - last_data >= DRAIN and now - exited_at - held >= DRAIN)
+                or now - exited_at - held > DRAIN_MAX
             ):
                 break
     finally:
@@ -808,12 +795,10 @@ def run(
     out: Optional[int] = None,
     stdio: Tuple[Optional[int], Optional[int]] = (None, None),
     spawn: Optional[Spawn] = None,
-    ended: Optional[Callable[[], bool]] = None,
 ) -> Generator[Chunk, None, Outcome]:
     """Run one command: yield its output as it arrives, return its Outcome. Whatever keeps it
     from starting comes back as a shell would report it (see the module rules), except
-    NoProcess. `on_start(proc)` sees the process once it runs; `out` and `ended` are as for
-    `pump`. Closing
+    NoProcess. `on_start(proc)` sees the process once it runs; `out` is as for `pump`. Closing
     the generator early kills the command's whole tree and reaps it: nothing outlives a caller
     that gave up."""
     start = time.monotonic() if started is None else started
@@ -832,14 +817,7 @@ def run(
             on_start(proc)
         return (
             yield from pump(
-                proc,
-                stdin,
-                timeout,
-                killer=killer,
-                started=start,
-                out=out,
-                spares=spares,
-                ended=ended,
+                proc, stdin, timeout, killer=killer, started=start, out=out, spares=spares
             )
         )
     finally:

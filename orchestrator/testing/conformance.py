@@ -308,22 +308,6 @@ def test_background_process_does_not_hold_the_call(rt: Runtime) -> None:
     )
 
 
-def test_a_command_that_ended_in_time_is_not_timed_out(rt: Runtime) -> None:
-    """Its background child holds its output past the deadline: on the plain path the
-    engine held the docker client ~2 s more, and the call came back timed out (exit 124 in
-    the CLI) with the child killed. The command ended in time, with its own status, and the
-    child is left running, as everywhere."""
-    s = unique_sleep()
-    r = rt.execute(f"sleep {s} & echo started; exit 3", timeout=1.5)
-    assert (r.exit_code, r.timed_out, r.stdout) == (3, False, "started\n"), r
-    found = f"grep -ls -a '[s]leep.{s}' /proc/[0-9]*/cmdline"  # no ps or pgrep in slim images
-    left = rt.execute(found)
-    rt.execute(f"for f in $({found}); do p=${{f#/proc/}}; kill ${{p%/cmdline}}; done")
-    assert left.exit_code == 0, left
-    killed = rt.execute("kill -9 $$")  # and a shell's own "Killed" report is not the command's
-    assert (killed.exit_code, killed.stderr) == (137, "")
-
-
 # ----- streaming -----------------------------------------------------------------------------
 def test_stream_order_and_finish(rt: Runtime) -> None:
     events = list(rt.stream("for i in 1 2 3; do echo $i; sleep 0.1; done; echo e >&2"))

@@ -39,23 +39,9 @@ would not start a command there (an unknown user, a missing cwd), never more."""
 KILL_TIMEOUT = 5.0
 """Longest the in-container kill may take, retries included (an engine that does not
 answer, a sandbox that cannot start the killer)."""
-# The command, through sh, in a subshell that says its session on stderr (echo is a builtin
-# everywhere; $$ is the wrapper's pid, the session's id) and execs the command (a program,
-# never a builtin of this shell's); then the wrapper says the command's exit status on
-# stderr. That last line says the command has ended while the docker client still waits on
-# the engine, which holds the exec's streams for ~2 s more while a background process has
-# them: the deadline no longer applies then. The wrapper's own stderr is /dev/null (the
-# command's is fd 9, closed in the command), so a shell's report of a child killed by a
-# signal ("Killed") is not taken for the command's; a session line that never came means the
-# subshell could not be forked (see `run_plain`).
+# The command, through sh: first its session on stderr (echo is a builtin everywhere)
 SESSION = b"orchestrator-session:"
-EXITED = b"\x1e\x1forchestrator-exit:"
-"""Starts the wrapper's last stderr line (two control characters first, so that output a
-command prints by chance does not end in it)."""
-WRAP = (
-    'exec 9>&2 2>/dev/null; (echo "orchestrator-session:$$" >&9; exec "$@" 2>&9 9>&-); '
-    'r=$?; echo "\036\037orchestrator-exit:$r" >&9; exit $r'
-)
+WRAP = 'echo "orchestrator-session:$$" >&2; exec "$@"'
 DONE = "orchestrator-killed:"
 """The killer's last line, then the sessions it found (passed to the next pass)."""
 # `sh -c KILL_TREE sh TOKEN SIGNAL [SESSION...]`: builtins only (see the module docstring)
@@ -110,15 +96,8 @@ class _Killer:
         nothing marked is left to find them by."""
         self.no_process = b""
         """Why the killer could not run at all, when the sandbox cannot start a process."""
-        self.ended = False
-        """The command has exited (its wrapper said so): what still runs in its session is
-        left running, as the executor leaves it; only the local docker client is ended."""
 
     def __call__(self, client: subprocess.Popen[bytes], sig: int) -> None:
-        if self.ended:
-            if sig == signal.SIGKILL:
-                client.kill()
-            return
         name = signal.Signals(sig).name.removeprefix("SIG")
         deadline, pause = time.monotonic() + KILL_TIMEOUT, 0.05
         while True:
@@ -178,16 +157,8 @@ def run_plain(
 
     stdin = stdin_chunks(cmd.stdin) if cmd.stdin is not None else None
     chunks = procutil.run(
-        argv,
-        None,
-        None,
-        stdin=stdin,
-        timeout=cmd.timeout,
-        killer=killer,
-        out=out,
-        ended=lambda: killer.ended,
+        argv, None, None, stdin=stdin, timeout=cmd.timeout, killer=killer, out=out
     )
-    mark = _ExitMark()
     try:
         head: bytes | None = b""  # stderr until the session's line is complete
         held: bytes | None = b""  # stdout until then: the engine's refusal if it never comes
@@ -198,13 +169,6 @@ def run_plain(
                 outcome: procutil.Outcome = stop.value
                 if head:
                     yield "stderr", head  # not our line after all (the exec failed)
-                if rest := mark.rest():
-                    yield "stderr", rest
-                if mark.code is not None and not outcome.timed_out:  # not the client's own
-                    outcome = outcome._replace(exit_code=mark.code)
-                if _unforked(killer, held, head, mark, outcome):
-                    yield "stderr", NO_FORK
-                    outcome = outcome._replace(exit_code=126)  # as the engine says it
                 if held:  # the command never started: the docker CLI's refusal
                     code, said = _refusal(held, outcome.exit_code)
                     outcome = outcome._replace(exit_code=code)
@@ -233,70 +197,9 @@ def run_plain(
             elif held:  # more than a refusal: the command's own
                 yield "stdout", held
                 held = None
-            if kind == "stderr" and head is None:
-                data = mark.feed(data)
-                killer.ended = mark.code is not None
-                if not data:
-                    continue
             yield kind, data
     finally:
         chunks.close()  # a caller that gave up: the core kills the tree in the container
-
-
-NO_FORK = b"sh: can't fork: the sandbox cannot start a process\n"
-"""What a command the wrapper could not fork says (in the words a shell uses, which the file
-helpers read as "the sandbox cannot start a process")."""
-
-
-def _unforked(
-    killer: _Killer,
-    held: bytes | None,
-    head: bytes | None,
-    mark: _ExitMark,
-    outcome: procutil.Outcome,
-) -> bool:
-    """Whether the wrapper ran but could not fork the command's subshell: no session line,
-    nothing else printed, and the wrapper's status line (busybox goes on after a failed
-    fork) or the 2 of a shell that exits at one (dash)."""
-    quiet = not killer.sessions and not held and not head
-    return quiet and not outcome.timed_out and (mark.code is not None or outcome.exit_code == 2)
-
-
-class _ExitMark:
-    """Finds the wrapper's last line (EXITED, the status, a newline) in the stderr after the
-    session's line, and takes it out; what may be its start, at the end of a chunk, is held
-    until the next chunk says."""
-
-    def __init__(self) -> None:
-        self.code: int | None = None
-        self._held = b""
-
-    def feed(self, data: bytes) -> bytes:
-        """What of `data` (after what was held) goes on as the command's stderr."""
-        if self.code is not None:
-            return data  # a background process's, after the command ended
-        data, self._held = self._held + data, b""
-        at = data.find(EXITED)
-        if at >= 0:
-            end = data.find(b"\n", at)
-            status = data[at + len(EXITED) : end]
-            if end < 0 and len(data) - at <= len(EXITED) + 3:
-                self._held = data[at:]  # the line is not complete yet
-                return data[:at]
-            if end >= 0 and status.isdigit() and len(status) <= 3:
-                self.code = int(status)
-                return data[:at] + data[end + 1 :]
-            return data  # not the wrapper's line
-        for size in range(min(len(EXITED) - 1, len(data)), 0, -1):
-            if data.endswith(EXITED[:size]):
-                self._held = data[-size:]
-                return data[:-size]
-        return data
-
-    def rest(self) -> bytes:
-        """What is held at the end: not the line after all."""
-        held, self._held = self._held, b""
-        return held
 
 
 _CHDIR = re.compile(  # runc's words, then runsc's
