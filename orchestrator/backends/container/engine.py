@@ -293,10 +293,13 @@ KINDS: tuple[tuple[type[DockerError], tuple[str, ...]], ...] = (
     (FreezerBusy, ("unable to freeze",)),
 )
 UNKNOWN_USER = re.compile(
-    r"unable to find (?:user|group) [^\n]*|(?:uid|gid) \d+ is out of range[^\n]*", re.IGNORECASE
+    r"unable to find (?:user|group) [^\n]*|(?:uid|gid) \d+ is out of range[^\n]*"
+    r"|uids and gids must be in range[^\n]*",
+    re.IGNORECASE,
 )
 """What runc says, as a command's own stderr (exit 126), when the exec's user is not in the
-image's passwd or group file; or the executor, when an id there is out of range."""
+image's passwd or group file, or an id there is out of its range; or the executor, when an
+id there is out of range."""
 
 
 def classify(stderr: str) -> type[DockerError]:
