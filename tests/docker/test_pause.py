@@ -51,6 +51,15 @@ def container_of(rt: Runtime, service: str) -> str:
     return rt.service(service).connection().container or ""
 
 
+def counted(rt: Runtime) -> int:
+    """The spinner's last count: its `echo > /tmp/count` empties the file before it writes,
+    so a read may find it empty for a moment (as a full run did once)."""
+    for _ in range(100):
+        if text := rt.execute("cat /tmp/count").stdout.strip():
+            return int(text)
+    raise AssertionError("/tmp/count stayed empty")
+
+
 @pytest.fixture
 def paired(make_env: MakeEnv) -> Iterator[Runtime]:
     """An environment with a sidecar that spins."""
@@ -79,8 +88,8 @@ def test_a_paused_environment_uses_no_cpu_and_resumes_intact(paired: Runtime) ->
     started_at = time.monotonic()
     rt.resume()
     assert time.monotonic() - started_at < 10 and not rt.paused
-    count = int(rt.execute("cat /tmp/count").stdout)
-    assert wait_until(lambda: int(rt.execute("cat /tmp/count").stdout or 0) > count, 30)
+    count = counted(rt)
+    assert wait_until(lambda: counted(rt) > count, 30)
     assert rt.execute(f"kill -0 {pid}", user="root").ok  # the same process counts on
     assert rt.service("side").execute("echo up").stdout == "up\n"
 
