@@ -261,14 +261,12 @@ class ContainerRuntime(Runtime):
         try:
             return procutil.numeric_ids(user)
         except procutil.UnknownUser as exc:
-            raise SpecError(
-                SpecIssue(
-                    self.env.source,
-                    field="user",
-                    message=f"{what} {user!r}: {exc}",
-                    fix="give `user:` a uid[:gid] in range, or a name the image has",
-                )
-            ) from None
+            fix = "give `user:` a uid[:gid] in range, or a name the image has"
+            raise self._user_error(f"{what} {user!r}: {exc}", fix) from None
+
+    def _user_error(self, message: str, fix: str) -> SpecError:
+        """A spec error on the file's `user`, found only once the image is there."""
+        return SpecError(SpecIssue(self.env.source, field="user", message=message, fix=fix))
 
     def _check_named_user(self) -> None:
         """A user the file gives by name exists only in the image: ask it once, at spawn, so
@@ -279,14 +277,8 @@ class ContainerRuntime(Runtime):
         probe = self.execute(["true"], timeout=30)
         said = unknown_user(probe.stderr) if probe.exit_code == 126 else None
         if said is not None:
-            raise SpecError(
-                SpecIssue(
-                    self.env.source,
-                    field="user",
-                    message=f"{said.strip()} of the image",
-                    fix="create the user in the image, or give a uid[:gid]",
-                )
-            )
+            fix = "create the user in the image, or give a uid[:gid]"
+            raise self._user_error(f"{said.strip()} of the image", fix)
 
     # ----- channels ------------------------------------------------------------------------
     def _channel(
