@@ -93,6 +93,8 @@ def _stream(
             if not event.data:  # a decoder's last characters: their bytes went already
                 continue
             stream = sys.stdout if event.kind == "stdout" else sys.stderr
+            if stream is None:  # started with that descriptor closed (`>&-`): nowhere to go
+                continue
             stream.flush()  # anything of ours written as text goes first
             raw = getattr(stream, "buffer", None)
             if raw is None:  # not a real stream (a test's capture): as text

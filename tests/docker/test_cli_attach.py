@@ -101,6 +101,15 @@ def test_exec_passes_binary_output_through_unchanged(running: str) -> None:
         assert done.stderr.endswith(b"\n\xc3") or done.stderr == b"\xc3", done.stderr
 
 
+def test_exec_with_its_stdout_closed_keeps_the_commands_exit_code(running: str) -> None:
+    """Started with stdout closed (`>&-`), it ended in a Python error (sys.stdout is None)."""
+    argv = [*CLI, "exec", running, "--", "sh", "-c", "echo out; echo err >&2; exit 3"]
+    done = subprocess.run(
+        ["sh", "-c", '"$@" >&-', "sh", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stderr) == (3, "err\n"), done.stderr
+
+
 def test_compose_service_form_is_refused_not_run(running: str) -> None:
     done = cli("exec", running, "side", "--", "echo", "hi")
     assert done.returncode == 2
