@@ -385,7 +385,8 @@ def _id_text(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _in_range(number: int, what: str) -> int:
+def in_range(number: int, what: str) -> int:
+    """`number` as a uid or gid (`what`); UnknownUser when it is out of MAX_ID's range."""
     if not 0 <= number <= MAX_ID:  # (pwd gives 4294967295 as -1: said as written)
         shown = number % (1 << 32) if -(1 << 31) <= number < 0 else number
         raise UnknownUser("%s %d is out of range (0 to %d)" % (what, shown, MAX_ID))
@@ -398,7 +399,7 @@ def numeric_ids(user: str) -> Optional[Tuple[int, int]]:
     uid, _, gid = user.partition(":")
     if not _id_text(uid) or not _id_text(gid or uid):
         return None
-    return _in_range(int(uid), "uid"), _in_range(int(gid or uid), "gid")
+    return in_range(int(uid), "uid"), in_range(int(gid or uid), "gid")
 
 
 def resolve_ids(user: str) -> Tuple[int, int]:
@@ -411,7 +412,7 @@ def resolve_ids(user: str) -> Tuple[int, int]:
     name, _, group = user.partition(":")
     entry = None
     if _id_text(name):
-        uid = _in_range(int(name), "uid")
+        uid = in_range(int(name), "uid")
     else:
         try:
             import pwd
@@ -421,19 +422,19 @@ def resolve_ids(user: str) -> Tuple[int, int]:
             raise UnknownUser(
                 "unable to find user %s: no matching entries in passwd file" % name
             ) from None
-        uid = _in_range(entry.pw_uid, "uid")
+        uid = in_range(entry.pw_uid, "uid")
     if _id_text(group):
-        return uid, _in_range(int(group), "gid")
+        return uid, in_range(int(group), "gid")
     if group:
         try:
             import grp
 
-            return uid, _in_range(grp.getgrnam(group).gr_gid, "gid")
+            return uid, in_range(grp.getgrnam(group).gr_gid, "gid")
         except (ImportError, KeyError):
             raise UnknownUser(
                 "unable to find group %s: no matching entries in group file" % group
             ) from None
-    return uid, _in_range(entry.pw_gid, "gid") if entry is not None else uid
+    return uid, in_range(entry.pw_gid, "gid") if entry is not None else uid
 
 
 def home_of(uid: int) -> str:

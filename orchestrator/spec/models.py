@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from orchestrator.errors import UsageError
-from orchestrator.procutil import MAX_ID
+from orchestrator.procutil import UnknownUser, in_range
 from orchestrator.spec import egress
 from orchestrator.spec.egress import Egress
 
@@ -47,10 +47,13 @@ ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 def _user_ids(value: str | None) -> str | None:
-    """A user's numeric parts within the kernel's range (see procutil.MAX_ID)."""
+    """A user's numeric parts within the engine's range (see procutil.MAX_ID)."""
     for part, what in zip((value or "").split(":"), ("uid", "gid"), strict=False):
-        if part.isdigit() and int(part) > MAX_ID:
-            raise ValueError(f"{what} {part} is out of range: the engine takes 0 to {MAX_ID}")
+        try:
+            if part.isdigit():
+                in_range(int(part), what)
+        except UnknownUser as exc:
+            raise ValueError(f"{exc}: the engine's range") from None
     return value
 
 

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from orchestrator.errors import UsageError
-from orchestrator.procutil import MAX_ID
+from orchestrator.procutil import MAX_ID, UnknownUser, numeric_ids
 from orchestrator.spec.models import STATIC_PLACEHOLDER, EnvironmentV1
 from orchestrator.spec.policy import Policy, passed_env
 
@@ -45,12 +45,15 @@ def resolve_user(user: str, host_env: Mapping[str, str] | None = None) -> str:
         host = os.environ if host_env is None else host_env
         uid = host.get("HUID") or str(os.getuid())
         gid = host.get("HGID") or str(os.getgid())
-        for name, value in (("HUID", uid), ("HGID", gid)):
-            if not (value.isascii() and value.isdigit()) or int(value) > MAX_ID:
-                raise UsageError(
-                    f"{name}={value!r} is not a numeric id: `user: host` runs as HUID:HGID, "
-                    f"which must be numbers from 0 to {MAX_ID} (unset them for your own ids)"
-                )
+        try:  # the one reader of numeric ids: ASCII digits, within the engine's range
+            ids = numeric_ids(f"{uid}:{gid}")
+        except UnknownUser:
+            ids = None
+        if ids is None:
+            raise UsageError(
+                f"HUID:HGID {uid}:{gid} are not numeric ids: `user: host` runs as them, "
+                f"numbers from 0 to {MAX_ID} (unset them for your own ids)"
+            )
         return f"{uid}:{gid}"
     return user
 
