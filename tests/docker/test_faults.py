@@ -167,10 +167,18 @@ def test_exhausted_pids_is_sandbox_unavailable(make_env: MakeEnv) -> None:
         # started before the slots run out: waiting for the hog needs no new process
         wait = f"python3 -c {shlex.quote(WAIT_FULL)}"
         rt.execute(f"setsid python3 hog.py >/dev/null 2>&1 & exec {wait}", timeout=60)
-        started = time.monotonic()
-        with pytest.raises(SandboxUnavailable, match="cannot"):
-            rt.execute("true", timeout=10)
-        assert time.monotonic() - started < 10
+        # a slot freed for a moment (the waiter's, as it exits) may go to our command before
+        # the hog takes it: that one runs, and frees it again for the hog; soon none can
+        for _ in range(20):
+            started = time.monotonic()
+            try:
+                ran = rt.execute("true", timeout=10)
+            except SandboxUnavailable as exc:
+                assert "cannot" in str(exc)
+                assert time.monotonic() - started < 10
+                return
+            assert ran.exit_code == 0, ran
+        pytest.fail("every command found a free pid: the limit never held")
 
 
 def test_main_container_dying_during_start_fails_the_spawn_with_its_logs(tmp_path: Path) -> None:
