@@ -1,6 +1,8 @@
 """What a sandbox leaves in a host folder it wrote through a bind mount, made harmless once
 the sandbox has ended: no setuid or setgid file (a root sandbox owns its files as uid 0 on
-the host), no device node. The walk never follows a link."""
+the host), no file capabilities (`security.capability`), no device node. The walk never
+follows a link. This is the second line: while it runs, a sandbox that writes a host folder
+other users can reach cannot make any of these there (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,13 @@ _NO_LINK = os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN = os.O_RDONLY | os.O_NONBLOCK | _NO_LINK
 
 
+FCAPS = "security.capability"
+
+
 def defuse(root: Path) -> list[str]:
-    """Clear setuid/setgid bits and remove device nodes below `root`; returns what changed
-    (relative names). What this process may not change is logged, not raised: the caller is
-    tearing down."""
+    """Clear setuid/setgid bits and file capabilities, and remove device nodes, below `root`;
+    returns what changed (relative names). What this process may not change is logged, not
+    raised: the caller is tearing down."""
     changed: list[str] = []
     for folder, dirs, names, dfd in os.fwalk(root, follow_symlinks=False):
         for name in (*dirs, *names):
@@ -31,16 +36,38 @@ def defuse(root: Path) -> list[str]:
                 if stat.S_ISBLK(st.st_mode) or stat.S_ISCHR(st.st_mode):
                     os.unlink(name, dir_fd=dfd)
                     changed.append(where)
-                elif stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    fd = os.open(name, _OPEN, dir_fd=dfd)
-                    try:
-                        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-                    finally:
-                        os.close(fd)
+                elif stat.S_ISREG(st.st_mode) and _defuse_file(name, dfd, st, folder):
                     changed.append(where)
             except OSError as exc:
                 log.warning("cannot defuse %s in %s: %s", where, root, exc.strerror)
     return changed
+
+
+def _defuse_file(name: str, dfd: int, st: os.stat_result, folder: str) -> bool:
+    """Clear one regular file's set-id bits and capabilities, through a descriptor opened
+    without following a link; whether anything was there to clear."""
+    setid = st.st_mode & (stat.S_ISUID | stat.S_ISGID)
+    try:  # (a look by path: what is cleared is cleared through the descriptor below)
+        caps = FCAPS in os.listxattr(os.path.join(folder, name), follow_symlinks=False)
+    except OSError:
+        caps = False
+    if not setid and not caps:
+        return False
+    fd = os.open(name, _OPEN, dir_fd=dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        if setid:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        if caps:
+            try:
+                os.removexattr(fd, FCAPS)
+            except OSError as exc:
+                if exc.errno != errno.ENODATA:  # (gone meanwhile: nothing to clear)
+                    raise
+    finally:
+        os.close(fd)
+    return True
 
 
 def read_inside(root: Path, name: str, limit: int = 64 * 1024 * 1024) -> bytes:

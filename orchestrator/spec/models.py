@@ -310,11 +310,12 @@ class Hardening(Strict):
     """Privileged mode (always refused by the default policy)."""
     cap_add: list[str] = Field(default_factory=list)
     """Extra Linux capabilities. Every container drops ALL and keeps a small set (CHOWN,
-    DAC_OVERRIDE, FOWNER, FSETID, KILL, SETUID, SETGID, SETPCAP, NET_BIND_SERVICE,
-    AUDIT_WRITE); a file may add SETFCAP or SYS_CHROOT. Anything else (MKNOD too: device
-    nodes would reach the host through the workspace; NET_RAW: raw frames would reach the host
-    past the network rules) needs the caller's opt-in
-    (ORCHESTRATOR_ALLOW_CAPS); ALL never."""
+    DAC_OVERRIDE, FOWNER, KILL, SETUID, SETGID, SETPCAP, NET_BIND_SERVICE, AUDIT_WRITE); a
+    file may add SYS_CHROOT. Anything else needs the caller's opt-in
+    (ORCHESTRATOR_ALLOW_CAPS): MKNOD (device nodes would reach the host through the
+    workspace), SETFCAP and FSETID (a program with file capabilities, or a rewritten
+    set-user-ID one, would give privileges to a host user who runs it), NET_RAW (raw frames
+    would reach the host past the network rules); ALL never."""
     devices: list[str] = Field(default_factory=list)
     """Host devices (refused by the default policy)."""
     pid: Literal["private", "host"] = "private"

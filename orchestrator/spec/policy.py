@@ -41,13 +41,15 @@ ENV_ENV = "ORCHESTRATOR_ALLOW_ENV"
 UNISOLATED_ENV = "ORCHESTRATOR_ALLOW_UNISOLATED"
 EGRESS_ENV = "ORCHESTRATOR_EGRESS"
 ISOLATION_ENV = "ORCHESTRATOR_ISOLATION"
+UNPINNED_ENV = "ORCHESTRATOR_ALLOW_UNPINNED_MOUNTS"
+PULL_ENV = "ORCHESTRATOR_ALLOW_PULL"
+HOST_BUILD_ENV = "ORCHESTRATOR_ALLOW_HOST_BUILD"
 
 DEFAULT_CAPS = (
     "AUDIT_WRITE",
     "CHOWN",
     "DAC_OVERRIDE",
     "FOWNER",
-    "FSETID",
     "KILL",
     "NET_BIND_SERVICE",
     "SETGID",
@@ -55,12 +57,16 @@ DEFAULT_CAPS = (
     "SETUID",
 )
 """What every container keeps after `cap_drop: [ALL]`: enough to own files, switch users
-and signal processes. Raw sockets, mknod, chroot and file capabilities are gone."""
-FILE_CAPS = frozenset({*DEFAULT_CAPS, "SETFCAP", "SYS_CHROOT"})
+and signal processes. Raw sockets, mknod, chroot and file capabilities are gone, and so is
+FSETID: without it a write to a set-user-ID file clears the bit, so root in a sandbox cannot
+turn a set-user-ID program of a host folder it writes into its own."""
+FILE_CAPS = frozenset({*DEFAULT_CAPS, "SYS_CHROOT"})
 """What an environment file may add on its own: the rest of Docker's default set but MKNOD
 (a root sandbox would leave device nodes in the bind-mounted workspace, for a host user to
-open) and NET_RAW (raw frames reach the host's side of the sandbox's internal bridge, past
-every network rule): those, like any other, only the caller grants."""
+open), SETFCAP (it would leave a program with file capabilities there, `cap_setuid+ep`,
+which makes any host user who runs it root) and NET_RAW (raw frames reach the host's side
+of the sandbox's internal bridge, past every network rule): those, like any other, only the
+caller grants."""
 NEVER_CAPS = frozenset({"ALL"})
 CAP_RISKS = {
     "MKNOD": "root in the sandbox can make device nodes, in the host's workspace too, which "
@@ -68,6 +74,10 @@ CAP_RISKS = {
     "NET_RAW": "root in the sandbox can send raw frames, which reach the host over the "
     "internal bridge (its IPv6 link-local address, any of its IPv4 ones) past the egress "
     "rules",
+    "FSETID": "root in the sandbox can rewrite a set-user-ID program in a host folder it "
+    "writes and keep the bit, making it its own program that runs as that program's owner",
+    "SETFCAP": "root in the sandbox can give a program in a host folder it writes file "
+    "capabilities (cap_setuid+ep), which make whoever runs it on the host root",
 }
 """What a capability granted by opt-in risks, where that is sharper than the general words."""
 
@@ -128,6 +138,19 @@ class Policy:
     """Let a file choose a backend that isolates nothing, whose commands run on this host as
     the caller (`backend: local`; ORCHESTRATOR_ALLOW_UNISOLATED=1). A caller that names the
     backend itself (`spawn_runtime(..., backend="local")`, `run --on local`) needs nothing."""
+    allow_unpinned_mounts: bool = False
+    """Mount host folders by path where the engine cannot take the descriptor this process
+    checked (a rootless engine, one in a VM, this process in a container;
+    ORCHESTRATOR_ALLOW_UNPINNED_MOUNTS=1): a sandbox that can write near such a folder could
+    swap it for a link between the check and the mount. Off: such a start is refused."""
+    allow_pull: bool = False
+    """Let the engine pull an image it does not have (ORCHESTRATOR_ALLOW_PULL=1): the file's
+    `image`, a build's bases, the gateway's base. Off: nothing is ever pulled, and a
+    missing image is an error naming it, before anything starts."""
+    allow_host_build: bool = False
+    """Build a file's images when the caller requires gVisor (ORCHESTRATOR_ISOLATION=gvisor;
+    ORCHESTRATOR_ALLOW_HOST_BUILD=1): `docker build` runs each RUN step on the host's
+    kernel, not gVisor's. Off: such a file must name a built image."""
 
     @classmethod
     def from_env(cls) -> Policy:
@@ -140,6 +163,9 @@ class Policy:
             allow_host_network=settings.flag(HOST_NETWORK_ENV, False),
             allow_env=frozenset(n.strip() for n in names.split(",") if n.strip()),
             allow_unisolated=settings.flag(UNISOLATED_ENV, False),
+            allow_unpinned_mounts=settings.flag(UNPINNED_ENV, False),
+            allow_pull=settings.flag(PULL_ENV, False),
+            allow_host_build=settings.flag(HOST_BUILD_ENV, False),
             egress=egress_from_env(),
             isolation=cast(Isolation, settings.choice(ISOLATION_ENV, "runc", ISOLATION_LEVELS)),
         )

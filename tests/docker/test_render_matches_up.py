@@ -31,9 +31,14 @@ def cli(*args: str, cwd: Path, roots: Path) -> subprocess.CompletedProcess[str]:
 
 
 def volumes(compose: dict[str, Any]) -> dict[str, tuple[str, bool]]:
-    """Target -> (source, read_only) of the main sandbox's mounts of host folders."""
+    """Target -> (source, read_only) of the main sandbox's mounts of host folders; a folder
+    `up` pinned (a volume bound to the descriptor it checked) by the path it stands for."""
+    pinned = {
+        name: v["labels"]["org.orchestrator.source"]
+        for name, v in (compose.get("volumes") or {}).items()
+    }
     return {
-        v["target"]: (v["source"], v["read_only"])
+        v["target"]: (pinned.get(v["source"], v["source"]), v["read_only"])
         for v in compose["services"]["main"]["volumes"]
         if not v["target"].startswith("/.orchestrator")
     }

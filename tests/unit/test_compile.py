@@ -102,11 +102,25 @@ def test_policy_extra_roots(tmp_path: Path, tmp_path_factory: pytest.TempPathFac
 
 
 def test_cap_add_from_the_file_only_within_dockers_defaults(tmp_path: Path) -> None:
-    doc, _ = build(BASE + "cap_add: [setfcap, CAP_SYS_CHROOT]\n", tmp_path)
+    doc, _ = build(BASE + "cap_add: [CAP_SYS_CHROOT]\n", tmp_path)
     main = doc["services"]["main"]
     assert main["cap_drop"] == ["ALL"]
-    assert {"SETFCAP", "SYS_CHROOT", "SETUID", "KILL"} <= set(main["cap_add"])
-    assert main["security_opt"] == ["no-new-privileges:true"]
+    assert {"SYS_CHROOT", "SETUID", "KILL"} <= set(main["cap_add"])
+    assert "SETFCAP" not in main["cap_add"] and "FSETID" not in main["cap_add"]
+    assert main["security_opt"][0] == "no-new-privileges:true"
+
+
+def test_setfcap_is_the_callers_to_grant(tmp_path: Path) -> None:
+    """File capabilities set on a program in a host folder make whoever runs it on the host
+    privileged (issue 37, item 3): a file cannot add SETFCAP, the caller can, warned."""
+    with pytest.raises(PolicyError, match="SETFCAP is not allowed") as err:
+        build(BASE + "cap_add: [setfcap]\n", tmp_path)
+    assert "ORCHESTRATOR_ALLOW_CAPS=SETFCAP" in str(err.value)
+    doc, c = build(
+        BASE + "cap_add: [setfcap]\n", tmp_path, policy=Policy(allow_caps=frozenset({"SETFCAP"}))
+    )
+    assert "SETFCAP" in doc["services"]["main"]["cap_add"]
+    assert any("SETFCAP" in w and "file capabilities" in w for w in c.warnings)
 
 
 def test_no_network_when_nothing_to_reach(tmp_path: Path) -> None:

@@ -122,7 +122,10 @@ def test_every_container_drops_all_capabilities_and_new_privileges(tmp_path: Pat
     doc, _ = compile_text(BASE + "services: {db: {image: x}}\n", tmp_path)
     for svc in doc["services"].values():
         assert svc["cap_drop"] == ["ALL"] and svc["cap_add"] == list(DEFAULT_CAPS)
-        assert svc["security_opt"] == ["no-new-privileges:true"]
+        assert svc["security_opt"][0] == "no-new-privileges:true"
+    # main writes the caller's workspace: no set-user-ID bits there; db writes no host folder
+    assert doc["services"]["main"]["security_opt"][1:] == ["seccomp=./seccomp.json"]
+    assert doc["services"]["db"]["security_opt"] == ["no-new-privileges:true"]
 
 
 def test_host_network_needs_the_callers_opt_in(tmp_path: Path) -> None:

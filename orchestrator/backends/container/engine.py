@@ -247,6 +247,10 @@ class NoSuchNetwork(DockerError):
     """The engine has no such network."""
 
 
+class NoSuchVolume(DockerError):
+    """The engine has no such volume."""
+
+
 class NetworkInUse(DockerError):
     """A network cannot be removed while a container still uses it."""
 
@@ -284,6 +288,7 @@ KINDS: tuple[tuple[type[DockerError], tuple[str, ...]], ...] = (
     (ContainerNotRunning, ("is not running",)),
     (NoSuchImage, ("no such image", "image not known")),  # (the second: Podman's)
     (NoSuchNetwork, ("no such network", "network not found")),
+    (NoSuchVolume, ("no such volume", "no volume with name")),  # (the second: Podman's)
     (NetworkInUse, ("has active endpoints",)),
     (VolumeInUse, ("volume is in use", "volume is being used")),  # (the second: Podman's)
     (SubnetOverlap, ("pool overlaps", "overlapping ipv4", "overlaps with other")),

@@ -25,7 +25,7 @@ import json
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from orchestrator import settings
 UP_PATH_ENV = "ORCHESTRATOR_UP_PATH"
 SERVICE = "main"
 
-_TOP = {"name", "services"}
+_TOP = {"name", "services", "volumes"}
 _SERVICE_KEYS = {
     "image",
     "pull_policy",
@@ -62,7 +62,9 @@ _SERVICE_KEYS = {
     "security_opt",
     "labels",
 }
-_MOUNT_KEYS = {"type", "source", "target", "read_only", "bind"}
+_MOUNT_KEYS = {"type", "source", "target", "read_only", "bind", "volume"}
+_PINNED_OPTS = ("type", "o", "device")
+"""A pinned host folder's volume (binding.py): the `local` driver binding a descriptor."""
 _NETWORK_MODES = {"none"}
 """Only a sandbox without network (the default): the one the comparison test proves alike
 (tests/docker/test_direct_up.py); the host's network stays with Compose."""
@@ -86,6 +88,23 @@ class DirectRun:
     """Host folders to make first (Compose's `bind.create_host_path`)."""
     files: dict[Path, str] = field(default_factory=dict)
     """Host files to write first (a sandbox without a network: its name files)."""
+    volumes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Volumes to make first, by name (pinned host folders), as `POST /volumes/create`."""
+    seccomp: Path | None = None
+    """The seccomp profile's file, whose text `SecurityOpt` carries (Podman's API takes the
+    file's path there instead: `for_podman`)."""
+
+    def for_podman(self) -> DirectRun:
+        """The same container for Podman's Docker-compatible API, which reads a seccomp
+        profile from the path `SecurityOpt` names (on its own machine: this one)."""
+        if self.seccomp is None:
+            return self
+        host = dict(self.body["HostConfig"])
+        host["SecurityOpt"] = [
+            f"seccomp={self.seccomp}" if o.startswith("seccomp=") else o
+            for o in host["SecurityOpt"]
+        ]
+        return replace(self, body={**self.body, "HostConfig": host})
 
 
 class _Refused(Exception):
@@ -156,7 +175,9 @@ def _plan(doc: Any, project: str, directory: Path) -> DirectRun:
     grace = _SECONDS.fullmatch(str(svc.get("stop_grace_period", "10s")))
     if grace is None:
         raise _Refused("stop_grace_period")
-    mounts, folders = _mounts(svc.get("volumes", []), directory)
+    volumes = _pinned(doc.get("volumes", {}), project)
+    security, seccomp = _security(svc.get("security_opt", []), directory)
+    mounts, folders = _mounts(svc.get("volumes", []), directory, volumes, project)
     labels = {**_mapping(svc.get("labels", {})), **_compose_labels(project, directory, svc)}
     config: dict[str, Any] = {
         "Image": image,
@@ -172,7 +193,7 @@ def _plan(doc: Any, project: str, directory: Path) -> DirectRun:
         "Mounts": mounts,
         "CapDrop": _caps(svc.get("cap_drop", [])),
         "CapAdd": _caps(svc.get("cap_add", [])),
-        "SecurityOpt": _strings(svc.get("security_opt", [])),
+        "SecurityOpt": security,
         "RestartPolicy": {"Name": "no"},
         **_limits(svc),
     }
@@ -191,7 +212,7 @@ def _plan(doc: Any, project: str, directory: Path) -> DirectRun:
             raise _Refused("runtime")
         host["Runtime"] = svc["runtime"]
     body = {**config, "HostConfig": host}
-    return DirectRun(f"{project}-{SERVICE}-1", body, tuple(folders), files)
+    return DirectRun(f"{project}-{SERVICE}-1", body, tuple(folders), files, volumes, seccomp)
 
 
 NAME_FILES = "names"
@@ -263,15 +284,61 @@ def _caps(value: Any) -> list[str]:
     return [c if c == "ALL" or c.startswith("CAP_") else f"CAP_{c}" for c in _strings(value)]
 
 
-def _mounts(volumes: Any, directory: Path) -> tuple[list[dict[str, Any]], list[Path]]:
+def _pinned(volumes: Any, project: str) -> dict[str, dict[str, Any]]:
+    """The project's volumes, each a pinned host folder's, as the engine creates it under
+    the name Compose would give it; any other volume leaves the project to Compose."""
+    if not isinstance(volumes, dict):
+        raise _Refused(volumes)
+    out = {}
+    for key, v in volumes.items():
+        if not isinstance(v, dict) or set(v) != {"driver", "driver_opts", "labels"}:
+            raise _Refused(v)
+        opts = v["driver_opts"]
+        if v["driver"] != "local" or not isinstance(opts, dict) or tuple(opts) != _PINNED_OPTS:
+            raise _Refused(v)
+        if opts["type"] != "none" or opts["o"] != "bind" or not isinstance(opts["device"], str):
+            raise _Refused(v)
+        labels = {
+            **_mapping(v["labels"]),
+            "com.docker.compose.project": project,
+            "com.docker.compose.volume": str(key),
+        }
+        name = f"{project}_{key}"
+        out[str(key)] = {"Name": name, "Driver": "local", "DriverOpts": opts, "Labels": labels}
+    return out
+
+
+def _security(value: Any, directory: Path) -> tuple[list[str], Path | None]:
+    """`security_opt` as the engine takes it: a seccomp profile's file (ours, in the project
+    folder) becomes its text, as the CLI sends it; and that file."""
+    out, profile = [], None
+    for opt in _strings(value):
+        if opt.startswith("seccomp="):
+            named = opt.removeprefix("seccomp=")
+            if not named.startswith("./") or "/" in named[2:]:
+                raise _Refused(opt)
+            profile = directory / named[2:]
+            opt = "seccomp=" + json.dumps(json.loads(profile.read_text()), separators=(",", ":"))
+        out.append(opt)
+    return out, profile
+
+
+def _mounts(
+    volumes: Any, directory: Path, pinned: dict[str, dict[str, Any]], project: str
+) -> tuple[list[dict[str, Any]], list[Path]]:
     if not isinstance(volumes, list):
         raise _Refused(volumes)
     mounts, folders = [], []
     for v in volumes:
-        if not isinstance(v, dict) or set(v) - _MOUNT_KEYS or v.get("type") != "bind":
+        if not isinstance(v, dict) or set(v) - _MOUNT_KEYS:
             raise _Refused(v)
         source, target = v.get("source"), v.get("target")
         if not isinstance(source, str) or not isinstance(target, str):
+            raise _Refused(v)
+        if v.get("type") == "volume":
+            mounts.append(_volume_mount(v, source, target, pinned))
+            continue
+        if v.get("type") != "bind" or "volume" in v:
             raise _Refused(v)
         bind = v.get("bind", {})
         if not isinstance(bind, dict) or set(bind) - {"create_host_path"}:
@@ -292,6 +359,23 @@ def _mounts(volumes: Any, directory: Path) -> tuple[list[dict[str, Any]], list[P
             }
         )
     return mounts, folders
+
+
+def _volume_mount(
+    v: dict[str, Any], source: str, target: str, pinned: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """A pinned folder's volume at `target`: never filled from the image (nocopy)."""
+    if source not in pinned or v.get("volume") != {"nocopy": True} or "bind" in v:
+        raise _Refused(v)
+    if v.get("read_only", False) not in (True, False) or not target.startswith("/"):
+        raise _Refused(v)
+    return {
+        "Type": "volume",
+        "Source": pinned[source]["Name"],
+        "Target": target,
+        "ReadOnly": v.get("read_only") is True,
+        "VolumeOptions": {"NoCopy": True},
+    }
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}

@@ -19,12 +19,14 @@ from ruamel.yaml.error import YAMLError
 
 from orchestrator import settings
 from orchestrator.backends.container import engine_api
+from orchestrator.backends.container.binds import PINNED_DIR, Pins
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
     Client,
     ContainerNotRunning,
     NoSuchContainer,
     NoSuchImage,
+    NoSuchVolume,
     StorageOptUnsupported,
     SubnetOverlap,
     component_names,
@@ -51,6 +53,7 @@ from orchestrator.backends.container.identity import (
 )
 from orchestrator.backends.container.inventory import reap_soon, remove_by_label
 from orchestrator.backends.container.readiness import LOG_LINES, Look, failure, late, not_ready
+from orchestrator.backends.docker.binding import pin_options
 from orchestrator.backends.docker.build import get_images
 from orchestrator.backends.docker.direct import DirectRun, direct_run
 from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT
@@ -238,6 +241,11 @@ class Project:
             path.chmod(0o644)  # as the engine's: any user of the sandbox reads them
         sock, bound = self._socket or "", up_timeout()
         action = f"starting project {self.name}"
+        facts = engine_api.engine_facts(self.host, lambda: component_names(self.client), bound)
+        if facts.kind == "podman":
+            run = run.for_podman()
+        for volume in run.volumes.values():  # pinned host folders, mounted at the start
+            engine_api.call(action, sock, "POST", "/volumes/create", body=volume, timeout=bound)
         try:
             made = engine_api.call(
                 action,
@@ -277,6 +285,15 @@ class Project:
                 query={"force": "1", "v": "1"},
                 timeout=engine_timeout(),
             )
+        for volume in run.volumes.values():
+            with contextlib.suppress(NoSuchVolume):
+                engine_api.call(
+                    f"removing project {self.name}",
+                    sock,
+                    "DELETE",
+                    f"/volumes/{volume['Name']}",
+                    timeout=engine_timeout(),
+                )
 
     def _verify_runtimes(self) -> None:
         """After `up`, before anything runs in them: each container that needs gVisor runs
@@ -526,14 +543,20 @@ def start_project(
     engine = resolved_host(host)
     _claim(directory, engine)
     labels = project_labels(env, name, directory, detached)
+    pins = Pins(directory / PINNED_DIR)  # held until the engine has mounted them
+
+    def options(subnet: str | None) -> CompileOptions:
+        return pin_options(make_options(name, labels, subnet), pins, host)
+
     # Spec, policy and engine errors surface here, before anything runs. The subnet is only
     # used when the project has a network of its own; a retry recompiles with a fresh one.
     try:
-        compiled = compile_project(env, make_options(name, labels, pick_subnet()))
+        compiled = compile_project(env, options(pick_subnet()))
         project = Project(name, directory, compiled, host)
         # (a retry changes no network and no folder)
         require_engine(compiled, name, host, project.client, directory)
     except BaseException:
+        pins.close()
         shutil.rmtree(directory, ignore_errors=True)
         raise
     reap_soon()  # leftovers of crashed runs, in the background
@@ -543,7 +566,7 @@ def start_project(
     def attempt(retry: int) -> Project:
         if retry:  # the subnet was taken meanwhile: compile again with another
             _claim(directory, engine)  # the failed attempt removed it
-            project.compiled = compile_project(env, make_options(name, labels, pick_subnet()))
+            project.compiled = compile_project(env, options(pick_subnet()))
         project.compiled.write(directory)
         for rel, data in (extra_files or {}).items():  # the executor: any user reads it
             (directory / rel).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -562,7 +585,10 @@ def start_project(
         return project
 
     try:
-        _retry_subnet(attempt)
+        try:
+            _retry_subnet(attempt)
+        finally:
+            pins.close()  # every container is made and started: the engine holds its mounts
         if not detached:  # its services stop when this process dies, guardian or not
             project.tether(  # jobs ended already
                 [*(n for n, s in env.spec.services.items() if not s.job), *project.compiled.infra]

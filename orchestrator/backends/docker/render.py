@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.container.binds import Pins
 from orchestrator.backends.container.copyin import (
     GATE,
     drops_privileges,
@@ -34,8 +35,10 @@ from orchestrator.backends.container.mounts import (
     static_mounts,
     volume_issues,
 )
+from orchestrator.backends.container.seccomp import profile_text
 from orchestrator.backends.container.templating import jinja as _jinja
 from orchestrator.backends.docker import gateway
+from orchestrator.backends.docker.binding import SECCOMP_FILE, Binding, volume_labels
 from orchestrator.backends.docker.fingerprint import fingerprint
 from orchestrator.backends.docker.network import (
     GATEWAY,
@@ -101,6 +104,13 @@ class CompileOptions:
     resolvers: tuple[str, ...] = field(default_factory=egress_dns)
     """Resolvers of the gateway and of `all` containers (ORCHESTRATOR_EGRESS_DNS; empty:
     the engine's)."""
+    pins: Pins | None = None
+    """A start's pins (binding.py): host folders and files mounted as checked. None: their
+    paths are rendered (`render`, `validate`, or a caller that accepted unpinned mounts)."""
+    pin_refused: str = ""
+    """Why this start cannot pin on its engine; every host mount is then a problem."""
+    unpinned_warning: str = ""
+    """Said when this start mounts host paths unpinned (the caller accepted it)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,8 @@ class CompiledProject:
     engine did run it there (an engine that ignores `runtime:` must not pass for gVisor)."""
     egress: dict[str, str] = field(default_factory=dict)
     """Each networked container's egress after the caller's policy (none, all, entries)."""
+    defuse: tuple[Path, ...] = ()
+    """Host folders to make harmless after the run besides the workspace (binding.py)."""
 
     def write(self, directory: Path) -> Path:
         """Write the project into `directory` (created, private); return compose.yaml's path."""
@@ -371,6 +383,7 @@ def _infra(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
             }
         )
     for context in out:
+        context["seccomp"] = False
         context["image"] = gateway.tag()
         context["labels"] = dict(sorted({**opts.labels, **context.get("labels", {})}.items()))
         context.setdefault("dns_options", [])
@@ -492,9 +505,27 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     )
     warnings += net.warnings
     raise_if([], net.issues)
+    binding = Binding(
+        env,
+        opts.pins,
+        opts.pin_refused,
+        private=opts.workspace if opts.private_workspace and spec.workspace.mount else None,
+        warning=opts.unpinned_warning,
+    )
     for svc_context in services:
         _attach(svc_context, svc_context["name"], net)
         svc_context["runtime"] = runtime_of(opts.policy.isolation_of(spec, svc_context["name"]))
+        svc_context["mounts"], svc_context["seccomp"] = binding.container(
+            svc_context["mounts"],
+            gvisor=svc_context["runtime"] is not None,
+            caps=svc_context["caps"],
+        )
+    main_runtime = runtime_of(opts.policy.isolation_of(spec, MAIN))
+    main_mounts, main_seccomp = binding.container(
+        mounts, gvisor=main_runtime is not None, caps=main_caps
+    )
+    raise_if([], binding.issues)
+    warnings += binding.warnings
     user = resolve_user(spec.user, opts.host_env)
     container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
     container_env.update(net.env.get(MAIN, {}))
@@ -506,13 +537,14 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "workdir": spec.workdir,
         "user": user,
         "env": container_env,
-        "mounts": mounts,
+        "mounts": main_mounts,
+        "seccomp": main_seccomp,
         "volumes": spec.volumes,
         "ports": _ports(main_ports) if net.direct_ports else [],
         "limits": _limits(spec.resources),
         "caps": [*DEFAULT_CAPS, *main_caps],
         "network_mode": mode,
-        "runtime": runtime_of(opts.policy.isolation_of(spec, MAIN)),
+        "runtime": main_runtime,
         "networks": net.members.get(MAIN, []),
         "dns": list(net.dns.get(MAIN, ())),
         "dns_options": list(net.dns_options.get(MAIN, ())),
@@ -531,6 +563,11 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
             {v.volume for v in spec.volumes}
             | {v.volume for svc in spec.services.values() for v in svc.volumes}
         ),
+        "pinned": {
+            name: {"device": v["device"], "labels": volume_labels(opts.labels, v["source"])}
+            for name, v in binding.volumes.items()
+        },
+        "seccomp_path": f"./{SECCOMP_FILE}",
         "subnet": opts.subnet,
         "sandbox_dir": SANDBOX_DIR,
         "sandbox_mount": SANDBOX_MOUNT,
@@ -546,6 +583,8 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     entry = jinja.get_template("entry.sh.j2").render(project=opts.project, keep_alive=KEEP_ALIVE)
     names = [MAIN, *(s["name"] for s in services)]
     files = {f"{SANDBOX_DIR}/entry.sh": entry}
+    if main_seccomp or any(svc["seccomp"] for svc in services):
+        files[SECCOMP_FILE] = profile_text()
     if net.rules is not None:
         files[RULES_FILE] = net.rules
     folders = () if opts.remote else tuple(f"{IO_DIR}/{name}" for name in names)
@@ -573,4 +612,5 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         },
         egress={n: describe(e) for n, e in net.egress.items()},
         build=opts.build,
+        defuse=tuple(binding.after),
     )

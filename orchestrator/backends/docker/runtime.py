@@ -153,6 +153,7 @@ class ComposeRuntime(ContainerRuntime):
             "shared": self._shared is not None,
             "temp_workspace": self._temp_workspace is not None,
             "mounts": [[str(m.source), m.target, m.read_only, m.origin] for m in c.mounts],
+            "defuse": [str(p) for p in c.defuse],
         }
         # the engine it runs on, even when only the process's variables named it (`-H`,
         # `--engine podman`): whoever attaches later reaches it there
@@ -167,11 +168,14 @@ class ComposeRuntime(ContainerRuntime):
         rt = cls(env, options)
         try:
             mounts = tuple(ResolvedMount(Path(s), t, bool(r), o) for s, t, r, o in state["mounts"])
+            defuse = tuple(Path(str(p)) for p in state.get("defuse", ()))
             user, published = str(state["user"]), bool(state["published"])
             shared, temp = bool(state["shared"]), bool(state["temp_workspace"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ProjectNotFound(f"{ident}: its record is not usable ({exc!r})") from None
-        compiled = CompiledProject(ident, "", {}, (), mounts, {}, user, "", False, published)
+        compiled = CompiledProject(
+            ident, "", {}, (), mounts, {}, user, "", False, published, defuse=defuse
+        )
         # no engine named (by the caller or the record): the one the folder records, not
         # whichever this process works with
         rt.project = Project(ident, folder, compiled, options.host or folder_engine(folder) or "")
@@ -193,9 +197,11 @@ class ComposeRuntime(ContainerRuntime):
     def _removed(self) -> None:
         self._release_images()
         if self.project is not None:
-            for mount in self.project.compiled.mounts:
-                if mount.origin == "workspace" and mount.source.is_dir():
-                    hostfs.defuse(mount.source)  # no setuid file or device stays behind
+            compiled = self.project.compiled
+            folders = [m.source for m in compiled.mounts if m.origin == "workspace"]
+            for folder in dict.fromkeys([*folders, *compiled.defuse]):
+                if folder.is_dir():  # no set-id program, file capability or device stays
+                    hostfs.defuse(folder)
         if self._temp_workspace is not None:
             shutil.rmtree(self._temp_workspace, ignore_errors=True)
 
