@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from orchestrator import settings
+from orchestrator.spec.policy import PULL_ENV
 
 Check = tuple[str, str]  # (status, message)
 ENGINE_ENV = "ORCHESTRATOR_DOCKER_HOST"
@@ -135,10 +136,17 @@ def _missing_image(image: str) -> Check:
             "repository's test images, which no registry has: build them with `just images` "
             "(scripts/build-images)"
         )
-    return "warn", (
-        f"image {image} not present on the engine{where}: `up` will pull it from "
-        f"{_registry(image)}; where the engine cannot reach that registry, `docker pull` it "
-        "elsewhere and `docker load` it here, or build it under that name"
+    if settings.flag(PULL_ENV, False):
+        return "warn", (
+            f"image {image} not present on the engine{where}: `up` will pull it from "
+            f"{_registry(image)} ({PULL_ENV} allows it); where the engine cannot reach that "
+            "registry, `docker pull` it elsewhere and `docker load` it here"
+        )
+    return "fail", (
+        f"image {image} not present on the engine{where}: `up` refuses it, as images are "
+        f"never pulled unless the caller allows it: `docker pull` or `docker load` it, build "
+        f"it under that name, or let the engine pull it from {_registry(image)} "
+        f"({PULL_ENV}=1)"
     )
 
 

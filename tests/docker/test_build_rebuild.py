@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import BuildChoice, spawn_runtime
-from orchestrator.backends.docker.render import build_tags
+from orchestrator.backends.docker.buildplan import build_tags
 from orchestrator.spec.loader import load_environment
 from tests.conftest import BUSYBOX_IMAGE
 

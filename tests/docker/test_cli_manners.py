@@ -92,12 +92,17 @@ def _engine() -> str:
     return found.stdout.strip() or "unix:///var/run/docker.sock"
 
 
-def test_doctor_says_up_pulls_a_missing_image(tmp_path: Path) -> None:
+def test_doctor_says_up_refuses_a_missing_image_unless_pulls_are_allowed(tmp_path: Path) -> None:
+    """A missing image is never pulled on the file's word (issue 37, item 8): doctor fails
+    it with the fix; where the caller allows pulls it says where `up` will pull it from."""
     file = tmp_path / "pulled.yaml"
     file.write_text("version: 1\nname: pulled\nimage: registry.example.invalid/team/tool:1\n")
     shown = cli("doctor", str(file))
-    assert shown.returncode == 0, shown.stdout  # a warning, not a failure
+    assert shown.returncode != 0, shown.stdout
     line = next(x for x in shown.stdout.splitlines() if "registry.example.invalid" in x)
+    assert line.startswith("[fail]") and "ORCHESTRATOR_ALLOW_PULL=1" in line
+    allowed = cli("doctor", str(file), env={"ORCHESTRATOR_ALLOW_PULL": "1"})
+    line = next(x for x in allowed.stdout.splitlines() if "registry.example.invalid" in x)
     assert line.startswith("[warn]") and "will pull it from registry.example.invalid" in line
     assert "just images" not in shown.stdout
 

@@ -377,7 +377,7 @@ def test_build_is_tagged_once_per_digest(tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text(f"FROM {BUSYBOX_IMAGE}\nRUN echo built > /built.txt\n")
     (tmp_path / "env.yaml").write_text("version: 1\nname: built\nbuild: {context: .}\n")
     from orchestrator import load_environment
-    from orchestrator.backends.docker.render import build_tags
+    from orchestrator.backends.docker.buildplan import build_tags
 
     env = load_environment(tmp_path / "env.yaml")
     [tag] = build_tags(env)  # by what the build reads (the Dockerfile, args and context)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from orchestrator import load_environment, spawn_runtime
 from orchestrator.backends.container.identity import LABEL_PROJECT
-from orchestrator.backends.docker.render import build_tags
+from orchestrator.backends.docker.buildplan import build_tags
 from tests.docker.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
 
 SERVE = (

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import PolicyError, SpecError, load_environment, spawn_runtime
-from orchestrator.backends.docker.render import build_tags
+from orchestrator.backends.docker.buildplan import build_tags
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
 from tests.docker.conftest import MakeEnv
 

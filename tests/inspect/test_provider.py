@@ -116,7 +116,7 @@ def test_task_init_builds_images_once(tmp_path: Path) -> None:
     path.write_text(
         f"version: 1\nname: prep-{tmp_path.name[-6:].lower()}\nbuild: {{context: ctx}}\n"
     )
-    from orchestrator.backends.docker.render import build_tags
+    from orchestrator.backends.docker.buildplan import build_tags
     from orchestrator.spec.loader import load_environment
 
     [tag] = build_tags(load_environment(path))

@@ -102,7 +102,7 @@ def test_refused_service_build_context_is_not_fingerprinted(
         walked.append(context)
         return real(context, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("orchestrator.backends.docker.render.fingerprint", spy)
+    monkeypatch.setattr("orchestrator.backends.docker.buildplan.fingerprint", spy)
     env = load_environment(path)
     with pytest.raises(PolicyError, match="outside the allowed roots"):
         backend_class(env).check(env, Policy.from_env())

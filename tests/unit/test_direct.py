@@ -150,7 +150,7 @@ def test_limits_read_as_compose_reads_them() -> None:
         pytest.param(project(ports=["8080:80"]), id="ports"),
         pytest.param(project(healthcheck={"test": "true"}), id="an unknown key"),
         pytest.param(project(build={"context": "."}), id="a build"),
-        pytest.param(project(pull_policy="never"), id="another pull policy"),
+        pytest.param(project(pull_policy="always"), id="another pull policy"),
         pytest.param(project(stop_grace_period="1m30s"), id="a grace it cannot say"),
         pytest.param(project(entrypoint=[]), id="no entrypoint"),
         pytest.param(project(entrypoint=["", "x"]), id="an empty entrypoint"),

@@ -85,6 +85,8 @@ def open_exact(real: Path) -> int:
                 raise PinRefused(f"{real}: {exc.strerror}") from None
             os.close(fd)
             fd = nxt
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
+            raise PinRefused(f"{real} changed after it was checked: a link now")
         return fd
     except BaseException:
         os.close(fd)

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
+import stat
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.container.binds import PinRefused, open_exact
 from orchestrator.backends.container.engine import engine_call, run
 from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.executor.client import executor_files
@@ -30,6 +34,7 @@ from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
 from orchestrator.errors import DockerError, OrchestratorError, StartupError
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Service
+from orchestrator.spec.policy import Policy, check_host_paths, look_up, raise_if
 from orchestrator.spec.resolve import resolve_user
 
 PREPARE = (
@@ -287,7 +292,13 @@ def _who(target: ExecTarget, name: str, user: str) -> Who:
 
 
 def prepare_service(
-    env: Environment, name: str, docker_cmd: Sequence[str], container: str, *, copied: bool
+    env: Environment,
+    name: str,
+    docker_cmd: Sequence[str],
+    container: str,
+    *,
+    copied: bool,
+    policy: Policy | None = None,
 ) -> None:
     """Prepare gated service `name` (its container runs the GATE): its static assets when
     they are copied in, its workdir, made by its user, then START_FILE, last."""
@@ -296,7 +307,7 @@ def prepare_service(
     config = _image_config(docker_cmd, container)
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        folders = _static_into(tar, env, 0o755) if copied and svc.static_assets else []
+        folders = _static_into(tar, env, policy, 0o755) if copied and svc.static_assets else []
     target = ExecTarget(docker_cmd, container)
     workdir = svc.workdir or ""
     user = resolve_user(svc.user) if svc.user else None
@@ -328,10 +339,14 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes | None, mode: int) -> None
         tar.addfile(info, io.BytesIO(data))
 
 
-def _static_into(tar: tarfile.TarFile, env: Environment, dir_mode: int = 0o555) -> list[str]:
+def _static_into(
+    tar: tarfile.TarFile, env: Environment, policy: Policy | None, dir_mode: int = 0o555
+) -> list[str]:
     """The static assets at /static/<save_path>, root's and read-only (folders `dir_mode`:
     0o755 where the unpacking root has no capability to write in a read-only folder and
-    makes them read-only after). Returns the folders' absolute paths."""
+    makes them read-only after). Returns the folders' absolute paths. Each asset's path is
+    checked again here, where it is read (the policy's rule, then a walk that follows no
+    link), so nothing swapped in since the spec was checked is copied."""
     folders: list[str] = []
     if not env.spec.static_assets:
         return folders
@@ -342,29 +357,72 @@ def _static_into(tar: tarfile.TarFile, env: Environment, dir_mode: int = 0o555) 
 
     folder(STATIC_ROOT.lstrip("/"))
     for asset in env.spec.static_assets:
-        src = (env.base_dir / asset.path).resolve()
+        real = look_up(Path(asset.path), env.base_dir).real
+        roots = (policy or Policy.from_env()).mount_roots(env.base_dir, None)
+        raise_if(check_host_paths(env.source, [(f"static_assets.{asset.name}", real)], roots))
         dest = f"{STATIC_ROOT.lstrip('/')}/{asset.save_path}"
         parts = dest.split("/")
         for i in range(2, len(parts)):
             folder("/".join(parts[:i]))
-        if src.is_dir():
-            folder(dest)
-            for path in sorted(src.rglob("*")):
-                rel = f"{dest}/{path.relative_to(src).as_posix()}"
-                if path.is_dir():
-                    folder(rel)
-                elif path.is_file():
-                    _add(
-                        tar, rel, path.read_bytes(), 0o555 if path.stat().st_mode & 0o111 else 0o444
-                    )
-        elif src.is_file():
-            _add(tar, dest, src.read_bytes(), 0o444)
-        else:
-            raise OrchestratorError(f"static asset {asset.name}: {src} is missing")
+        try:
+            top = open_exact(real)  # no link on the way: what was checked, or nothing
+        except PinRefused as exc:
+            raise OrchestratorError(f"static asset {asset.name}: {exc}") from None
+        try:
+            _asset_into(tar, top, dest, folder)
+        finally:
+            os.close(top)
     return folders
 
 
-def main_archive(env: Environment) -> bytes:
+def _asset_into(tar: tarfile.TarFile, top: int, dest: str, folder: Callable[[str], None]) -> None:
+    """One asset, file or folder, from the descriptor `top`: every entry reached from its
+    folder's descriptor without following a link (a link inside is copied as a link, never
+    read through: `key -> ~/.ssh/id_rsa` gives the sandbox a dangling link, not the key);
+    FIFOs, sockets and devices are left out."""
+    if stat.S_ISREG(os.fstat(top).st_mode):
+        _add(tar, dest, _read_fd(top), 0o444)
+        return
+    folder(dest)
+    root = os.open(f"/proc/self/fd/{top}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _tree_into(tar, root, dest, folder)
+    finally:
+        os.close(root)
+
+
+def _tree_into(tar: tarfile.TarFile, root: int, dest: str, folder: Callable[[str], None]) -> None:
+    for where, dirs, names, dfd in os.fwalk(".", dir_fd=root, follow_symlinks=False):
+        rel = os.path.normpath(where)
+        base = dest if rel == "." else f"{dest}/{rel}"
+        for name in sorted(dirs):
+            folder(f"{base}/{name}")
+        for name in sorted(names):
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                _link(tar, f"{base}/{name}", os.readlink(name, dir_fd=dfd))
+            elif stat.S_ISREG(st.st_mode):
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+                try:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        mode = 0o555 if st.st_mode & 0o111 else 0o444
+                        _add(tar, f"{base}/{name}", _read_fd(fd), mode)
+                finally:
+                    os.close(fd)
+
+
+def _read_fd(fd: int) -> bytes:
+    with os.fdopen(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        return f.read()
+
+
+def _link(tar: tarfile.TarFile, name: str, target: str) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+    tar.addfile(info)
+
+
+def main_archive(env: Environment, policy: Policy | None = None) -> bytes:
     """What the main container needs from here: the executor, and the static assets."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -373,12 +431,12 @@ def main_archive(env: Environment) -> bytes:
             if "/" in rel:  # its cache folder first
                 _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{rel.rpartition('/')[0]}", None, 0o555)
             _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{rel}", data, 0o444)
-        _static_into(tar, env)
+        _static_into(tar, env, policy)
     return out.getvalue()
 
 
-def static_archive(env: Environment) -> bytes:
+def static_archive(env: Environment, policy: Policy | None = None) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _static_into(tar, env)
+        _static_into(tar, env, policy)
     return out.getvalue()

@@ -201,7 +201,7 @@ class ContainerRuntime(Runtime):
         the workdir to the sandbox user."""
         self._copy_in(
             MAIN,
-            copyin.main_archive(self.env),
+            copyin.main_archive(self.env, self.options.policy),
             [copyin.PREPARE, "sh", self.env.spec.workdir or "", user],
         )
         self._prepare_services(copied=True)
@@ -219,6 +219,7 @@ class ContainerRuntime(Runtime):
                 docker_cmd,
                 container,
                 copied=copied,
+                policy=self.options.policy,
             )
         services = self.env.spec.services
         self._wait_healthy([s for s in gated if services[s].healthcheck is not None])

@@ -21,26 +21,49 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
     CallFailed,
+    NoSuchImage,
     docker_client,
     docker_errors,
     engine_call,
+    engine_timeout,
     up_timeout,
     wrap,
 )
+from orchestrator.backends.container.engine_api import local_socket
 from orchestrator.backends.docker import gateway
-from orchestrator.backends.docker.render import CompiledProject, ImageBuild
-from orchestrator.errors import OrchestratorError, StartupError, UsageError
+from orchestrator.backends.docker.buildcheck import (
+    PROBLEM_FIX,
+    absent,
+    private_context,
+    problems,
+    read_dockerfile,
+)
+from orchestrator.backends.docker.buildplan import ImageBuild
+from orchestrator.backends.docker.render import CompiledProject
+from orchestrator.errors import (
+    OrchestratorError,
+    SpecError,
+    SpecIssue,
+    StartupError,
+    UsageError,
+)
+from orchestrator.paths import state_dir
 from orchestrator.sandbox.options import BuildChoice
+from orchestrator.spec.policy import PULL_ENV
 
 if TYPE_CHECKING:
     from python_on_whales import Image
@@ -191,8 +214,40 @@ def _inspected(image: str, host: str) -> Image | None:
 
 
 def _exists(tag: str, host: str) -> bool:
+    """Whether the engine has the image: asked on its local socket where it has one (no
+    CLI process), else through the CLI."""
+    sock = local_socket(host)
+    if sock is not None:
+        try:
+            engine_api.call(
+                "looking for an image", sock, "GET", f"/images/{tag}/json", timeout=engine_timeout()
+            )
+            return True
+        except NoSuchImage:
+            return False
     client = docker_client(host=host) if host else docker_client()
     return bool(engine_call("looking for an image", lambda: client.image.exists(tag)))
+
+
+def missing_images(compiled: CompiledProject, *, host: str = "") -> list[SpecIssue]:
+    """Each image the project runs (not one it builds) that the engine does not have, at
+    the field that names it, unless the caller lets the engine pull (Policy.allow_pull):
+    asked before anything is made, so a missing image starts nothing and contacts no
+    registry."""
+    if compiled.pull:
+        return []
+    return [
+        SpecIssue(
+            compiled.source,
+            field=where,
+            message=f"image {image} is not on this engine, and images are never pulled unless "
+            "the caller allows it",
+            fix="get it onto the engine first (docker pull, docker load, or a `build:`), or let "
+            f"the caller allow pulls: {PULL_ENV}=1",
+        )
+        for where, image in compiled.images
+        if not _exists(image, host)
+    ]
 
 
 def _source(plan: ImageBuild) -> str:
@@ -202,30 +257,99 @@ def _source(plan: ImageBuild) -> str:
     return hashlib.sha256(where.encode()).hexdigest()[:20]
 
 
-def build_argv(plan: ImageBuild, docker: list[str]) -> list[str]:
-    """`docker build` of one image, labelled with its source. `--force-rm`: the classic
-    builder (an engine without BuildKit) otherwise keeps the container of a failed step,
-    unlabelled, one more for every failed `up`."""
-    dockerfile = plan.context / (plan.dockerfile or "Dockerfile")  # as Compose resolves it
+def build_argv(plan: ImageBuild, docker: list[str], context: Path, dockerfile: Path) -> list[str]:
+    """`docker build` of one image (the classic builder: see `_build`), labelled with its
+    source, from `context` with `dockerfile` (the private copies), under the network and
+    limits of the container it is for. `--force-rm`: the classic builder otherwise keeps
+    the container of a failed step, unlabelled, one more for every failed `up`."""
     argv = [*docker, "build", "--force-rm", "--pull=false", "--tag", plan.tag]
     argv += ["--label", f"{SOURCE_LABEL}={_source(plan)}", "--file", str(dockerfile)]
+    argv += ["--network", plan.network]
+    limits = dict(plan.limits)
+    if "mem_limit" in limits:  # no swap: as the container's own
+        argv += ["--memory", str(limits["mem_limit"]), "--memory-swap", str(limits["mem_limit"])]
+    if "cpus" in limits:
+        argv += ["--cpu-period", "100000", "--cpu-quota", str(int(float(limits["cpus"]) * 100000))]
     for key, value in plan.args.items():
         argv += ["--build-arg", f"{key}={value}"]
-    return [*argv, "--", str(plan.context)]
+    return [*argv, "--", str(context)]
+
+
+BUILDS_DIR = "builds"
+"""In the state folder: each build's private copy of its context, removed after it."""
 
 
 def _build(plan: ImageBuild, name: str, host: str) -> None:
-    """Build one image with `docker build`, its output logged; bounded by the up timeout."""
+    """Build one image with `docker build` from a private copy of its context whose
+    Dockerfile was checked (buildcheck.py), its output logged; bounded by the up timeout."""
     client = docker_client(host=host) if host else docker_client()
     if plan.ours:  # the base is picked now, by what this engine has (see gateway.py)
         base = gateway.base_image(lambda tag: _exists(tag, host))
+        if not plan.pull and not _exists(base, host):
+            raise UsageError(gateway.missing_base(base))
         plan = dataclasses.replace(plan, args={**plan.args, "BASE": base})
-    argv = build_argv(plan, [str(c) for c in client.docker_cmd])
-    log.info("building %s for %s", plan.tag, name)
+    folder = _private_folder()
+    try:
+        context, dockerfile = _checked_copy(plan, folder, host)
+        argv = build_argv(plan, [str(c) for c in client.docker_cmd], context, dockerfile)
+        log.info("building %s for %s", plan.tag, name)
+        _run_build(argv, plan, name)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _private_folder() -> Path:
+    root = state_dir() / BUILDS_DIR
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if root.is_symlink() or root.stat().st_uid != os.geteuid():
+        raise UsageError(f"{root} is not a folder of this user's: builds refuse it")
+    return Path(tempfile.mkdtemp(dir=root))
+
+
+def _checked_copy(plan: ImageBuild, folder: Path, host: str) -> tuple[Path, Path]:
+    """The build's context and Dockerfile copied privately, the copy's Dockerfile checked:
+    nothing it refuses, and every image it starts from on the engine (unless the caller
+    lets it pull)."""
+    try:
+        context, dockerfile = private_context(
+            plan.context, plan.context / (plan.dockerfile or "Dockerfile"), folder
+        )
+        text = read_dockerfile(dockerfile)
+    except (OSError, ValueError) as exc:
+        raise SpecError(SpecIssue(plan.source, field=plan.where, message=str(exc))) from None
+    found, images = problems(text, plan.args)
+    issues = [
+        SpecIssue(plan.source, field=f"{plan.where}.dockerfile", message=p, fix=PROBLEM_FIX)
+        for p in found
+    ]
+    if not plan.pull and not plan.ours:
+        for image in absent(images, lambda tag: _exists(tag, host)):
+            issues.append(
+                SpecIssue(
+                    plan.source,
+                    field=f"{plan.where}.dockerfile",
+                    message=f"the build starts from {image}, which this engine does not "
+                    "have, and images are never pulled unless the caller allows it",
+                    fix=f"get it onto the engine first (docker pull, docker load, or a build), "
+                    f"or let the caller allow pulls: {PULL_ENV}=1",
+                )
+            )
+    if issues:
+        raise SpecError(issues)
+    return context, dockerfile
+
+
+def _run_build(argv: list[str], plan: ImageBuild, name: str) -> None:
+    """The classic builder (DOCKER_BUILDKIT=0: the one that takes --network, --memory and
+    --cpu-quota for its RUN steps), its output logged line by line."""
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     with docker_errors(f"building image {plan.tag} of {name}"):
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "DOCKER_BUILDKIT": "0"},
         )
     watchdog = threading.Timer(up_timeout() + 10, proc.kill)  # `timeout` may be absent
     watchdog.daemon = True

@@ -167,7 +167,11 @@ def _plan(doc: Any, project: str, directory: Path) -> DirectRun:
     if svc.get("network_mode") not in _NETWORK_MODES:  # else Compose makes a network
         raise _Refused("network")
     image = svc.get("image")
-    if not isinstance(image, str) or not image or svc.get("pull_policy", "missing") != "missing":
+    if (
+        not isinstance(image, str)
+        or not image
+        or svc.get("pull_policy") not in ("never", "missing")
+    ):
         raise _Refused("image")
     entrypoint = _strings(svc.get("entrypoint"))
     if not entrypoint or not entrypoint[0]:

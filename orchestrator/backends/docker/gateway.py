@@ -33,6 +33,16 @@ def base_image(exists: Callable[[str], bool]) -> str:
     return LOCAL_BASE if exists(LOCAL_BASE) else DEFAULT_BASE
 
 
+def missing_base(base: str) -> str:
+    """Why the gateway's image cannot be built here, and what to do."""
+    return (
+        f"the egress gateway's image is built on {base}, which this engine does not have, and "
+        "images are never pulled unless the caller allows it: make the local base "
+        f"(scripts/build-images gateway makes {LOCAL_BASE}), name one the engine has "
+        f"({BASE_ENV}), or let the caller allow pulls (ORCHESTRATOR_ALLOW_PULL=1)"
+    )
+
+
 def context() -> Path:
     return data_dir("templates") / "gateway"
 

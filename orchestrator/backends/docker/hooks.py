@@ -160,8 +160,9 @@ def _gateway_check() -> tuple[str, str]:
             "nothing fetched)"
         )
     return "warn", (
-        f"egress gateway image {tag} is missing: the first environment with an egress "
-        f"allowlist or a published port builds it on {base}, which the engine must pull, "
-        "installing squid and socat from Debian; where no registry is reachable, run "
-        f"scripts/build-images gateway (or set {gateway.BASE_ENV} to a local Debian image)"
+        f"egress gateway image {tag} is missing, and so is its base {base}: an environment "
+        "with an egress allowlist or a published port is refused until it is there (images "
+        "are pulled only when the caller allows it: ORCHESTRATOR_ALLOW_PULL=1, which then "
+        "installs squid and socat from Debian); run scripts/build-images gateway (or set "
+        f"{gateway.BASE_ENV} to a local Debian image that has them)"
     )

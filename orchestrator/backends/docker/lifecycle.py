@@ -54,7 +54,7 @@ from orchestrator.backends.container.identity import (
 from orchestrator.backends.container.inventory import reap_soon, remove_by_label
 from orchestrator.backends.container.readiness import LOG_LINES, Look, failure, late, not_ready
 from orchestrator.backends.docker.binding import pin_options
-from orchestrator.backends.docker.build import get_images
+from orchestrator.backends.docker.build import get_images, missing_images
 from orchestrator.backends.docker.direct import DirectRun, direct_run
 from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT
 from orchestrator.backends.docker.render import (
@@ -75,6 +75,7 @@ from orchestrator.errors import (
 from orchestrator.paths import projects_dir
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import PublishedPort
+from orchestrator.spec.policy import raise_if
 from orchestrator.spec.resolve import MAIN
 
 STOP_TIMEOUT = 2
@@ -555,6 +556,7 @@ def start_project(
         project = Project(name, directory, compiled, host)
         # (a retry changes no network and no folder)
         require_engine(compiled, name, host, project.client, directory)
+        raise_if([], missing_images(compiled, host=host))  # nothing is pulled, or made
     except BaseException:
         pins.close()
         shutil.rmtree(directory, ignore_errors=True)

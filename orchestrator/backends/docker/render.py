@@ -39,9 +39,15 @@ from orchestrator.backends.container.seccomp import profile_text
 from orchestrator.backends.container.templating import jinja as _jinja
 from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.binding import SECCOMP_FILE, Binding, volume_labels
-from orchestrator.backends.docker.fingerprint import fingerprint
+from orchestrator.backends.docker.buildcheck import dockerfile_issues
+from orchestrator.backends.docker.buildplan import (
+    ImageBuild,
+    build_paths,
+    gateway_build,
+    host_build_issue,
+    image_build,
+)
 from orchestrator.backends.docker.network import (
-    GATEWAY,
     RULES_FILE,
     RULES_MOUNT,
     NetPlan,
@@ -64,7 +70,6 @@ from orchestrator.spec.policy import (
     check_host_paths,
     check_workspace,
     env_passthrough_warnings,
-    look_up,
     raise_if,
 )
 from orchestrator.spec.resolve import LOOPBACK, MAIN, resolve_env, resolve_user
@@ -147,6 +152,13 @@ class CompiledProject:
     """Each networked container's egress after the caller's policy (none, all, entries)."""
     defuse: tuple[Path, ...] = ()
     """Host folders to make harmless after the run besides the workspace (binding.py)."""
+    images: tuple[tuple[str, str], ...] = ()
+    """(field, image) of each image it runs and does not build, for the check that the
+    engine has them before anything starts (build.missing_images)."""
+    pull: bool = False
+    """The caller lets the engine pull missing images (Policy.allow_pull)."""
+    source: str = ""
+    """The environment file (for errors found after compiling)."""
 
     def write(self, directory: Path) -> Path:
         """Write the project into `directory` (created, private); return compose.yaml's path."""
@@ -188,84 +200,24 @@ def _limits(r: Resources) -> dict[str, Any]:
     return out
 
 
-def build_paths(env: Environment, build: Build | None, where: str) -> list[tuple[str, Path]]:
-    """The host paths a build reads: its context and its Dockerfile."""
-    if build is None:
-        return []
-    ctx = look_up(Path(build.context), env.base_dir).real
-    dockerfile = ctx / (build.dockerfile or "Dockerfile")
-    return [(f"{where}.context", ctx), (f"{where}.dockerfile", dockerfile)]
-
-
-@dataclass(frozen=True)
-class ImageBuild:
-    """One image the environment builds, and the tag it is built under."""
-
-    service: str
-    tag: str
-    """orchestrator-build/<env>-<service>:<fingerprint> (see fingerprint.py)."""
-    context: Path
-    dockerfile: str | None
-    args: dict[str, str]
-    complete: bool
-    """The tag covers the whole context: an image under it is up to date. False: the
-    context was too large to hash, and only the engine (its layer cache) can tell."""
-    ours: bool = False
-    """The environment's own image (the egress gateway's), not one of the file's: built
-    when missing, whatever the file's build choice."""
-
-
-def gateway_build() -> ImageBuild:
-    """The build of the gateway image (see gateway.py)."""
-    return ImageBuild(
-        GATEWAY,
-        gateway.tag(),
-        gateway.context(),
-        None,
-        {},
-        True,
-        ours=True,
-    )
-
-
-def image_build(env: Environment, build: Build, service: str) -> ImageBuild:
-    """The build of one service, tagged by what it reads: a change of the Dockerfile, the
-    build args or any entry of the context (path, mode, size, mtime) makes a new tag."""
-    ctx = look_up(Path(build.context), env.base_dir).real
-    args = dict(sorted(build.args.items()))
-    digest, complete = fingerprint(ctx, build.dockerfile, args)
-    tag = f"orchestrator-build/{env.name}-{service}:{digest[:20]}"
-    return ImageBuild(service, tag, ctx, build.dockerfile, args, complete)
-
-
-def _build(env: Environment, build: Build | None, service: str) -> dict[str, Any] | None:
+def _build(
+    env: Environment,
+    build: Build | None,
+    container: dict[str, Any],
+    opts: CompileOptions,
+    refused: list[SpecIssue],
+    problems: list[SpecIssue],
+) -> dict[str, Any] | None:
+    """The build of one container's image (its tag, and how it runs: buildplan.py), with
+    what the caller's policy refuses added to `refused`, and its Dockerfile's problems to
+    `problems`."""
     if build is None:
         return None
-    plan = image_build(env, build, service)
-    return {
-        "context": str(plan.context),
-        "dockerfile": build.dockerfile,
-        "args": plan.args,
-        "tag": plan.tag,
-        "plan": plan,
-    }
-
-
-def image_builds(env: Environment) -> list[ImageBuild]:
-    """Every image the environment builds (none when it only uses images)."""
-    builds = {MAIN: env.spec.build, **{n: s.build for n, s in env.spec.services.items()}}
-    return [image_build(env, b, name) for name, b in builds.items() if b is not None]
-
-
-def build_tag(env: Environment, service: str) -> str:
-    """The tag one service's image is built under (ValueError: it builds none)."""
-    [tag] = [b.tag for b in image_builds(env) if b.service == service]
-    return tag
-
-
-def build_tags(env: Environment) -> list[str]:
-    """The tags of every image the environment builds (none when it only uses images)."""
-    return [b.tag for b in image_builds(env)]
+    plan = image_build(env, build, container["name"], opts.policy, container["limits"])
+    issue = host_build_issue(env, plan.where, opts.policy)
+    refused += [issue] if issue else []
+    problems += dockerfile_issues(plan)
+    return {"tag": plan.tag, "plan": plan}
 
 
 def _service(
@@ -484,11 +436,20 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         for svc_context in services:
             svc_context["mounts"] = []
     raise_if(report.issues, issues)  # every problem in one error
+    builds: list[SpecIssue] = []
+    refused: list[SpecIssue] = []
     for svc_context in services:  # only now: a refused context is never walked or read
         if svc_context["name"] not in opts.service_images:
             svc_context["build"] = _build(
-                env, spec.services[svc_context["name"]].build, svc_context["name"]
+                env, spec.services[svc_context["name"]].build, svc_context, opts, refused, builds
             )
+    main_limits = _limits(spec.resources)
+    main_build = (
+        None
+        if opts.main_image
+        else _build(env, spec.build, {"name": MAIN, "limits": main_limits}, opts, refused, builds)
+    )
+    raise_if(refused, builds)
 
     networked = [MAIN] if mode == "bridge" else []
     networked += [svc["name"] for svc in services]
@@ -529,7 +490,6 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     user = resolve_user(spec.user, opts.host_env)
     container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
     container_env.update(net.env.get(MAIN, {}))
-    main_build = None if opts.main_image else _build(env, spec.build, MAIN)
     infra = _infra(net, opts)
     main_context: dict[str, Any] = {
         "image": opts.main_image or spec.image,
@@ -541,7 +501,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "seccomp": main_seccomp,
         "volumes": spec.volumes,
         "ports": _ports(main_ports) if net.direct_ports else [],
-        "limits": _limits(spec.resources),
+        "limits": main_limits,
         "caps": [*DEFAULT_CAPS, *main_caps],
         "network_mode": mode,
         "runtime": main_runtime,
@@ -568,6 +528,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
             for name, v in binding.volumes.items()
         },
         "seccomp_path": f"./{SECCOMP_FILE}",
+        "pull_policy": "missing" if opts.policy.allow_pull else "never",
         "subnet": opts.subnet,
         "sandbox_dir": SANDBOX_DIR,
         "sandbox_mount": SANDBOX_MOUNT,
@@ -602,7 +563,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         or any([main_ports, *(spec.services[n].ports for n in spec.services)]),
         folders=folders,
         builds=tuple(b["plan"] for b in [main_build, *(s["build"] for s in services)] if b)
-        + tuple(gateway_build() for _ in infra[:1]),
+        + tuple(gateway_build(opts.policy) for _ in infra[:1]),
         infra=tuple(i["name"] for i in infra),
         runtimes=tuple(sorted({c["runtime"] for c in [main_context, *services] if c["runtime"]})),
         runtime_of={
@@ -613,4 +574,14 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         egress={n: describe(e) for n, e in net.egress.items()},
         build=opts.build,
         defuse=tuple(binding.after),
+        images=tuple(
+            (where, c["image"])
+            for where, c in [
+                ("image", main_context),
+                *((f"services.{svc['name']}.image", svc) for svc in services),
+            ]
+            if c["image"] and not c["build"]
+        ),
+        pull=opts.policy.allow_pull,
+        source=env.source,
     )
