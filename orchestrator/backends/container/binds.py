@@ -33,6 +33,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -44,10 +45,19 @@ log = logging.getLogger("orchestrator.docker")
 
 PINNED_DIR = "pinned"
 """In the project folder: the private links (or copies) of pinned files."""
+PIN_VOLUME = "_pin"
+"""The key of a pinned folder's volume in a project is this and a number (`_pin0`): a name no
+file's own volume can take (theirs start with a letter or digit), so one is never taken for
+the other (a suspend refuses a container's own volumes, not these: they are host folders)."""
 SOURCE_LABEL = "org.orchestrator.source"
 """On a pinned folder's volume: the host path it was pinned at (for people; never read back
 to decide anything)."""
 _WALK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def is_pinned_volume(name: str) -> bool:
+    """Whether a volume (by its engine name, `<project>_<key>`) is a pinned host folder's."""
+    return re.search(rf"_{PIN_VOLUME}\d+$", name) is not None
 
 
 class PinRefused(Exception):

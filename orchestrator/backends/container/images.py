@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from orchestrator.backends.container import engine_api
+from orchestrator.backends.container.binds import is_pinned_volume
 from orchestrator.backends.container.engine import (
     Client,
     NoSuchImage,
@@ -241,9 +242,14 @@ def commit_all(
 
 
 def _volumes(container: str, client: Client) -> list[str]:
-    """Where a container has a volume (named or anonymous) mounted."""
+    """Where a container has a volume (named or anonymous) mounted: not a pinned host
+    folder's (binds.py), which is a host folder, as a bind is."""
     found = engine_call("inspecting a container", lambda: client.container.inspect(container))
-    return sorted(str(m.destination) for m in found.mounts or [] if str(m.type) == "volume")
+    return sorted(
+        str(m.destination)
+        for m in found.mounts or []
+        if str(m.type) == "volume" and not is_pinned_volume(str(m.name or ""))
+    )
 
 
 def _state(container: str, client: Client) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.container.binds import (
+    PIN_VOLUME,
     SOURCE_LABEL,
     Pinned,
     PinRefused,
@@ -154,7 +155,7 @@ class Binding:
     def _volume(self, pinned: Pinned) -> str:
         name = self._named.get(pinned.device)
         if name is None:
-            name = self._named[pinned.device] = f"pin{len(self._named)}"
+            name = self._named[pinned.device] = f"{PIN_VOLUME}{len(self._named)}"
             self.volumes[name] = {"device": pinned.device, "source": str(pinned.source)}
         return name
 
