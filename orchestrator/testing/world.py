@@ -1,17 +1,24 @@
 """A small hermetic "outside world" for egress tests and benches: fake outside servers and a
-logging DNS resolver on a Docker network made `--internal`, so nothing reaches past the machine.
+logging DNS resolver behind a Docker network of its own, so nothing reaches past the machine.
 
-`start_world()` makes the network and, per served name, one container (network alias = the
-name) answering HTTP on 80, HTTPS on 443 (a self-signed certificate for the name) and a plain
-TCP echo on 7000; then a resolver answering A queries for the served names and NXDOMAIN for
-every other name, which logs each query name it receives (`World.queries()`). The egress
-gateway under test joins `World.network` as its "egress network"; `World.close()` removes
-everything the world made, by id.
+`start_world()` makes the network (routed, but with no address on the host's side of its
+bridge) and a hub container that takes the network's gateway address and, per served name, an
+address of TEST-NET-3 (203.0.113.0/24, never routed anywhere): a container on the network
+reaches those through its default route, that is through the hub, and never through the host.
+In the hub's network namespace run, per served name, a server answering HTTP on 80, HTTPS on
+443 (a self-signed certificate for the name) and a plain TCP echo on 7000, on that name's
+address; and a resolver answering A queries for the served names and NXDOMAIN for every other
+name, which logs each query name it receives (`World.queries()`). No container of the world
+has a name or alias on the network: a served name resolves only through the resolver, and is
+never on a network the egress gateway under test is on (the gateway refuses those for names).
+The gateway joins `World.network` as its "egress network"; `World.close()` removes everything
+the world made, by id.
 
 The `docker` CLI is used through subprocess, so that the module stands alone."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -28,6 +35,12 @@ from types import TracebackType
 __all__ = ["LABEL", "PYTHON_IMAGE", "World", "start_world"]
 
 PYTHON_IMAGE = os.environ.get("ORCHESTRATOR_PYTHON_IMAGE", "orchestrator-test/python:3.11")
+HUB_IMAGE = os.environ.get("ORCHESTRATOR_BUSYBOX_IMAGE", "orchestrator-test/busybox:1")
+"""The hub's image: anything with busybox's `ip`."""
+OUTSIDE = "203.0.113."
+"""The served names' addresses: OUTSIDE + 10, 11, ... (TEST-NET-3, held by the hub alone)."""
+HUB_READY = "/tmp/hub-ready"
+"""Made by the hub once it holds its addresses."""
 LABEL = "org.orchestrator.test=1"
 """Carried by every container and network a world makes."""
 WORLD_LABEL = "org.orchestrator.test.world"
@@ -53,7 +66,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-NAME = sys.argv[1]
+NAME, ADDRESS = sys.argv[1], sys.argv[2]
 LIMIT = 64 * 1024 * 1024
 CHUNK = memoryview(bytes(range(256)) * 256)  # 64 KiB, streamed over and over
 
@@ -130,20 +143,21 @@ def echo(conn):
 
 
 def echo_server():
-    listener = socket.create_server(("", 7000), backlog=128, reuse_port=False)
+    listener = socket.create_server((ADDRESS, 7000), backlog=128, reuse_port=False)
     while True:
         conn, _ = listener.accept()
         threading.Thread(target=echo, args=(conn,), daemon=True).start()
 
 
-plain = ThreadingHTTPServer(("", 80), Handler)
+plain = ThreadingHTTPServer((ADDRESS, 80), Handler)
 plain.daemon_threads = True
-tls = TLSServer(("", 443), Handler)
+tls = TLSServer((ADDRESS, 443), Handler)
 threading.Thread(target=plain.serve_forever, daemon=True).start()
 threading.Thread(target=tls.serve_forever, daemon=True).start()
 echo_server()
 '''
-"""The served names' server: `python3 server.py NAME` (certificates under /world/certs)."""
+"""The served names' server: `python3 server.py NAME ADDRESS` (certificates under
+/world/certs), listening on ADDRESS only: the servers share the hub's network namespace."""
 
 RESOLVER = r'''
 """The test world's resolver: A records for the served names, NXDOMAIN for every other name;
@@ -305,18 +319,19 @@ class World:
     """A running test world; `close()` (or leaving the `with` block) removes it."""
 
     network: str
-    """Name of the test network (created `--internal`, labelled)."""
+    """Name of the test network (routed through the hub alone, labelled)."""
     subnet: str
     """Its subnet."""
     resolver_ip: str
-    """IP of the logging DNS resolver on it."""
+    """IP of the logging DNS resolver on it (the hub's address)."""
     hosts: dict[str, str]
-    """Served name -> IP of the container answering it."""
+    """Served name -> the address its server answers on (not on the network: beyond the
+    hub, reached through the network's gateway address)."""
     certs: dict[str, str] = field(default_factory=dict, repr=False)
     """Served name -> its self-signed certificate (PEM), for clients that verify."""
     network_id: str = ""
     containers: list[str] = field(default_factory=list)
-    """Ids of the world's containers (the resolver's last)."""
+    """Ids of the world's containers (the hub's first, the resolver's last)."""
     token: str = ""
     """The value of the label `org.orchestrator.test.world` on all the world made."""
     _folder: Path | None = field(default=None, repr=False)
@@ -362,7 +377,8 @@ class World:
                     problems.append(str(exc))
                     continue
                 found += [f"{kind[0]}:{ident}" for ident in listed.split()]
-        containers = [*self.containers, *(f[3:] for f in found if f.startswith("ps:"))]
+        # the hub last: the others live in its network namespace
+        containers = [*reversed(self.containers), *(f[3:] for f in found if f.startswith("ps:"))]
         for ident in dict.fromkeys(containers):
             removed = _remove(["rm", "-f", "-v", ident], "No such container", problems)
             if removed and ident in self.containers:
@@ -466,38 +482,80 @@ def _build(
     world._folder = folder
     _write_files(folder, served, openssl, left)
     world.certs = {name: (folder / "certs" / f"{name}.pem").read_text() for name in served}
-    if _docker(["image", "ls", "-q", image], timeout=left()).strip() == "":
-        raise RuntimeError(f"test image {image} is missing (run scripts/build-images)")
+    for needed in (image, HUB_IMAGE):
+        if _docker(["image", "ls", "-q", needed], timeout=left()).strip() == "":
+            raise RuntimeError(f"test image {needed} is missing (run scripts/build-images)")
     world.network = f"orch-world-{world.token}"
     labels = ["--label", LABEL, "--label", f"{WORLD_LABEL}={world.token}"]
-    created = _docker(["network", "create", "--internal", *labels, world.network], timeout=left())
-    world.network_id = created.strip()
-    ipam = json.loads(
-        _docker(
-            ["network", "inspect", "--format", "{{json .IPAM.Config}}", world.network_id],
-            timeout=left(),
-        )
-    )
-    world.subnet = next((c["Subnet"] for c in ipam or [] if "." in c.get("Subnet", "")), "")
-    common = [*labels, "--pull", "never", "--network", world.network_id]
+    gateway, prefix = _network(world, labels, left)
+    hub = _hub(world, labels, f"{gateway}/{prefix}", len(served), left)
+    world.hosts = {name: f"{OUTSIDE}{10 + i}" for i, name in enumerate(served)}
+    common = [*labels, "--pull", "never", "--network", f"container:{hub}"]
     common += ["-v", f"{folder}:{MOUNT}:ro", image, "python3", "-u"]
     servers = []
-    for name in served:
-        argv = ["create", "--network-alias", name, *common, f"{MOUNT}/server.py", name]
+    for name, address in world.hosts.items():
+        argv = ["create", *common, f"{MOUNT}/server.py", name, address]
         ident = _docker(argv, timeout=left()).strip()
         world.containers.append(ident)
         servers.append(ident)
     _docker(["start", *servers], timeout=left())
-    ips = _ips(world, servers, left())
-    world.hosts = dict(zip(served, ips, strict=True))
     pairs = [f"{name}={ip}" for name, ip in world.hosts.items()]
     argv = ["create", *common, f"{MOUNT}/resolver.py", QUERY_LOG, *pairs]
     world._resolver = _docker(argv, timeout=left()).strip()
     world.containers.append(world._resolver)
     _docker(["start", world._resolver], timeout=left())
-    world.resolver_ip = _ips(world, [world._resolver], left())[0]
+    world.resolver_ip = _ips(world, [hub], left())[0]
     _wait_until_up(world, left)
     world._seen = len(world.queries())
+
+
+def _network(world: World, labels: list[str], left: _Left) -> tuple[str, int]:
+    """Make the world's network: routed (its containers get a default route, through its
+    gateway address), with no address on the host's side of the bridge (the hub takes the
+    gateway address: nothing a container sends leaves through the host). Returns that
+    address and the subnet's prefix length."""
+    inhibit = "com.docker.network.bridge.inhibit_ipv4=true"
+    argv = ["network", "create", "--opt", inhibit, *labels, world.network]
+    world.network_id = _docker(argv, timeout=left()).strip()
+    fmt = "{{json .IPAM.Config}}"
+    ipam = json.loads(
+        _docker(["network", "inspect", "--format", fmt, world.network_id], timeout=left())
+    )
+    config: dict[str, str] = next((c for c in ipam or [] if "." in c.get("Subnet", "")), {})
+    world.subnet = config.get("Subnet", "")
+    if not world.subnet:
+        raise RuntimeError(f"the world's network has no IPv4 subnet: {ipam}")
+    net = ipaddress.ip_network(world.subnet)
+    gateway = config.get("Gateway") or str(net.network_address + 1)
+    return gateway, net.prefixlen
+
+
+def _hub(world: World, labels: list[str], gateway: str, served: int, left: _Left) -> str:
+    """Start the hub: it takes the network's gateway address (`gateway`, with its prefix)
+    and the served names' addresses, then sleeps; the servers and the resolver run in its
+    network namespace. Returns its id once it holds them all."""
+    if served > 200:
+        raise ValueError("a test world serves at most 200 names")
+    script = f"ip addr add {gateway} dev eth0"
+    for i in range(served):
+        script += f" && ip addr add {OUTSIDE}{10 + i}/32 dev lo"
+    script += f" && touch {HUB_READY} && exec sleep 2147483647"
+    argv = ["create", *labels, "--pull", "never", "--network", world.network_id]
+    argv += ["--cap-drop", "ALL", "--cap-add", "NET_ADMIN", HUB_IMAGE, "sh", "-c", script]
+    hub = _docker(argv, timeout=left()).strip()
+    world.containers.append(hub)
+    _docker(["start", hub], timeout=left())
+    while True:
+        ready = subprocess.run(
+            ["docker", "exec", hub, "test", "-e", HUB_READY],
+            capture_output=True,
+            timeout=min(left(), DOCKER_TIMEOUT),
+            check=False,
+        )
+        if ready.returncode == 0:
+            return hub
+        _fail_if_stopped(world, left())
+        time.sleep(min(0.1, left()))
 
 
 def _write_files(folder: Path, served: list[str], openssl: str, left: _Left) -> None:

@@ -200,10 +200,15 @@ def test_published_ports_go_through_the_forwarder(tmp_path: Path) -> None:
 
 def test_leaving_by_a_given_network_never_publishes_on_it(tmp_path: Path) -> None:
     text = BASE + "network: {egress: [a.test], ports: [{container: 80}]}\n"
-    doc, _ = compiled(text, tmp_path, leave_by="corp-net", resolvers=("10.1.1.1",))
-    assert doc["networks"]["egress"] == {"name": "corp-net", "external": True}
+    doc, c = compiled(text, tmp_path, leave_by="corp-net", resolvers=("10.1.1.1",))
+    assert "egress" not in doc["networks"]  # joined after create, with no alias (below)
+    assert c.late_networks == {GATEWAY: ("corp-net",)}
     assert doc["services"][GATEWAY]["dns"] == ["10.1.1.1"]
     assert "ingress" in doc["services"]["orchestrator-ports"]["networks"]
+    said = [line.strip() for line in c.compose_yaml.splitlines() if "corp-net" in line]
+    assert said == [
+        '# then, created and not yet started, it joins "corp-net" with no alias (docs/network.md)'
+    ]  # the render says it, in a comment Compose ignores
 
 
 def test_the_caller_policy_applies_at_compile(tmp_path: Path) -> None:
@@ -222,7 +227,9 @@ def test_rules_match_names_without_lookups_and_never_the_host() -> None:
     assert r"dstdom_regex -n -i \.pypi\.example$" in rules
     assert "http_access allow orch_ipliteral" in rules  # a range matches addresses only
     for line in rules.splitlines():
-        if line.startswith("http_access allow orch_e"):
+        if line.startswith("http_access allow orch_e"):  # a name: nor a network it is on
+            assert line.endswith("!orch_never !orch_host !orch_local")
+        elif line.startswith("http_access allow orch_ipliteral"):  # a range: as asked
             assert line.endswith("!orch_never !orch_host")
 
 
@@ -280,10 +287,21 @@ def test_the_gateway_is_waited_for_once_not_health_checked_forever(tmp_path: Pat
 
 
 def test_all_leaves_by_the_network_the_caller_names(tmp_path: Path) -> None:
-    doc, _ = compiled(BASE + "network: {egress: all}\n", tmp_path, leave_by="corp-net")
-    assert doc["services"]["main"]["networks"] == ["default", "egress"]
-    assert doc["networks"]["egress"] == {"name": "corp-net", "external": True}
+    doc, c = compiled(BASE + "network: {egress: all}\n", tmp_path, leave_by="corp-net")
+    assert "networks" not in doc["services"]["main"]  # default alone, in the Compose file
+    assert c.late_networks == {"main": ("corp-net",)}  # then the shared one, with no alias
+    assert "egress" not in doc["networks"]
     assert doc["networks"]["default"]["internal"] is True
+
+
+def test_the_gateway_listens_where_its_clients_reach_it(tmp_path: Path) -> None:
+    text = BASE + "network: {egress: [a.test]}\nservices:\n  db: {image: d, egress: none}\n"
+    doc, _ = compiled(text, tmp_path)
+    gateway = doc["services"][GATEWAY]
+    assert gateway["networks"] == ["proxy", "egress"]
+    assert gateway["command"] == ["proxy", doc["networks"]["proxy"]["ipam"]["config"][0]["subnet"]]
+    doc, _ = compiled(BASE + "network: {egress: [a.test]}\n", tmp_path)
+    assert doc["services"][GATEWAY]["command"] == ["proxy", "10.213.0.0/27"]  # default's
 
 
 @pytest.mark.parametrize(("egress", "pinned"), [("none", True), ("all", False)])

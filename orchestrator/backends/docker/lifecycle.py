@@ -56,7 +56,7 @@ from orchestrator.backends.container.readiness import LOG_LINES, Look, failure, 
 from orchestrator.backends.docker.binding import pin_options
 from orchestrator.backends.docker.build import get_images, missing_images
 from orchestrator.backends.docker.direct import DirectRun, direct_run
-from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT
+from orchestrator.backends.docker.network import EGRESS_NETWORK_ENV, GATEWAY, PROXY_PORT
 from orchestrator.backends.docker.render import (
     GVISOR_RUNTIME_ENV,
     CompiledProject,
@@ -71,6 +71,7 @@ from orchestrator.errors import (
     SpecError,
     SpecIssue,
     StartupError,
+    UsageError,
 )
 from orchestrator.paths import projects_dir
 from orchestrator.spec.loader import Environment
@@ -205,10 +206,54 @@ class Project:
             self._direct_run = run
         else:
             with docker_errors(f"starting project {self.name}"):
+                if self.compiled.late_networks:
+                    self._create_and_join()
                 self.up_client.compose.up(detach=True, quiet=True)
         self._verify_runtimes()
         if GATEWAY in self.compiled.infra:
             self._wait_gateway()
+
+    def _create_and_join(self) -> None:
+        """Create the containers, and join each to its shared networks with no alias before
+        `up` starts them (network.py): Compose would give it its service name there, which
+        a file chooses, and another environment's containers would reach it by that name."""
+        for network in sorted({n for v in self.compiled.late_networks.values() for n in v}):
+            self._require_network(network)
+        self.up_client.compose.create()
+        sock = self._socket
+        for service, networks in self.compiled.late_networks.items():
+            container = self.container_of(service)
+            for network in networks:
+                if sock is None:  # the CLI gives no alias unless told to
+                    self.client.network.connect(network, container)
+                    continue
+                engine_api.call(
+                    f"joining {service} to the network {network}",
+                    sock,
+                    "POST",
+                    f"/networks/{network}/connect",
+                    body={"Container": container, "EndpointConfig": {}},
+                    timeout=engine_timeout(),
+                )
+
+    def _require_network(self, network: str) -> None:
+        """Refuse a shared network the engine does not have: it would take the join of a
+        created container on trust, and fail only at its start, less clearly."""
+        action = f"inspecting the network {network}"
+        sock = self._socket
+        try:
+            if sock is None:
+                engine_call(action, lambda: self.client.network.inspect(network), retry=False)
+            else:
+                engine_api.call(
+                    action, sock, "GET", f"/networks/{network}", timeout=engine_timeout()
+                )
+        except DockerError as exc:
+            raise UsageError(
+                f"{EGRESS_NETWORK_ENV} names the network {network!r}, which this engine does not "
+                f"give ({exc}): create it (`docker network create {network}`) or unset the "
+                "variable"
+            ) from None
 
     def _direct(self) -> DirectRun | None:
         """How to make this project through the Engine API, when it is one container

@@ -48,6 +48,7 @@ from orchestrator.backends.docker.buildplan import (
     image_build,
 )
 from orchestrator.backends.docker.network import (
+    GATEWAY,
     RULES_FILE,
     RULES_MOUNT,
     NetPlan,
@@ -159,6 +160,9 @@ class CompiledProject:
     """The caller lets the engine pull missing images (Policy.allow_pull)."""
     source: str = ""
     """The environment file (for errors found after compiling)."""
+    late_networks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Networks a service's container joins after it is created, before it starts, with no
+    alias (a shared egress network: see network.py), by their engine names."""
 
     def write(self, directory: Path) -> Path:
         """Write the project into `directory` (created, private); return compose.yaml's path."""
@@ -301,6 +305,7 @@ def runtime_of(isolation: str) -> str | None:
 def _attach(context: dict[str, Any], name: str, net: NetPlan) -> None:
     """Put a container's networks, resolvers and proxy variables into its context."""
     context["networks"] = net.members.get(name, [])
+    context["late"] = net.late.get(name, [])
     context["dns"] = list(net.dns.get(name, ()))
     context["dns_options"] = list(net.dns_options.get(name, ()))
     context["env"] = dict(sorted({**context["env"], **net.env.get(name, {})}.items()))
@@ -316,7 +321,8 @@ def _infra(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
         out.append(
             {
                 **net.gateway,
-                "command": ["proxy"],
+                "command": ["proxy", *net.gateway["listen"]],  # where its clients reach it
+                "late": net.late.get(GATEWAY, []),
                 "caps": ["SETUID", "SETGID", "CHOWN"],
                 "healthcheck": None,  # the start waits for it once (Project._wait_gateway)
                 "mounts": [(RULES_FILE, RULES_MOUNT)],
@@ -339,6 +345,7 @@ def _infra(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
         context["image"] = gateway.tag()
         context["labels"] = dict(sorted({**opts.labels, **context.get("labels", {})}.items()))
         context.setdefault("dns_options", [])
+        context.setdefault("late", [])
     return out
 
 
@@ -506,6 +513,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "network_mode": mode,
         "runtime": main_runtime,
         "networks": net.members.get(MAIN, []),
+        "late": net.late.get(MAIN, []),
         "dns": list(net.dns.get(MAIN, ())),
         "dns_options": list(net.dns_options.get(MAIN, ())),
         "labels": dict(sorted({**opts.labels, USER_LABEL: user}.items())) if opts.labels else {},
@@ -584,4 +592,5 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         ),
         pull=opts.policy.allow_pull,
         source=env.source,
+        late_networks={name: tuple(nets) for name, nets in net.late.items()},
     )
