@@ -21,6 +21,7 @@ from orchestrator.backends.container.engine import (
     NoSuchContainer,
     NoSuchImage,
     NoSuchNetwork,
+    NoSuchVolume,
     NotSwarmManager,
     StorageOptUnsupported,
     SubnetOverlap,
@@ -60,6 +61,8 @@ REAL = [
         NoSuchImage,
     ),
     ("Error: No such network: orch-x-12345678_default", NoSuchNetwork),
+    ("Error response from daemon: network shared-egress not found", NoSuchNetwork),
+    ("Error response from daemon: no such volume: orch-x_pin0", NoSuchVolume),
     (
         "Error response from daemon: error while removing network: network orch-x_default id "
         "0a1b has active endpoints",

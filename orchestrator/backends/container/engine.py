@@ -307,12 +307,18 @@ image's passwd or group file, or an id there is out of its range; or the executo
 id there is out of range."""
 
 
+_NAMED_NOT_FOUND = re.compile(r"\bnetwork \S+ not found")
+"""The engine's other words for a missing network ("network NAME not found")."""
+
+
 def classify(stderr: str) -> type[DockerError]:
     """The error type the engine's message stands for (DockerError when none fits)."""
     lowered = stderr.lower()
     for kind, words in KINDS:
         if any(word in lowered for word in words):
             return kind
+    if _NAMED_NOT_FOUND.search(lowered):
+        return NoSuchNetwork
     return DockerError
 
 
