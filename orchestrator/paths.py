@@ -9,13 +9,15 @@ current folder (so `ps` in one folder missed what `up` in another started)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchestratorError, UsageError
 
 STATE_DIR_ENV = "ORCHESTRATOR_STATE_DIR"
 
@@ -39,6 +41,124 @@ def state_dir() -> Path:
 def projects_dir() -> Path:
     """Where every environment's project folder is (records for `attach` included)."""
     return state_dir() / "projects"
+
+
+# ----- what we write on the host ------------------------------------------------------------
+# Everything the library writes on this host (the state folder and all in it, records,
+# archives, locks, a rendering) is made private as it is created, whatever the umask: folders
+# 0700 and files 0600, each made with that mode (os.mkdir, os.open), never widened and then
+# narrowed. A folder it finds there already must be a real folder (not a link) of this user.
+# The few files a container reads through a bind mount (the executor, a gateway's rules) are
+# made readable by any user of the container, inside a project folder only we may enter.
+FOLDER_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def _refused(path: Path, why: str) -> OrchestratorError:
+    return OrchestratorError(
+        f"{path} is not a folder of this user that only it can change ({why}), as the "
+        "orchestrator's state and records need: remove it (or give it to this user), or set "
+        f"{STATE_DIR_ENV} to a folder of yours"
+    )
+
+
+def make_folders(path: Path, mode: int = FOLDER_MODE) -> Path:
+    """`path` and any missing folder above it made with `mode` (default 0700), whatever the
+    umask; folders there already are left as they are (a caller's choice of destination)."""
+    missing = []
+    at = path
+    while not os.path.lexists(at) and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, mode)
+            if mode & ~FOLDER_MODE:  # wider than private: as asked, whatever the umask
+                os.chmod(folder, mode)
+    return path
+
+
+def private_folder(path: Path) -> Path:
+    """`path` as a folder only this user can change: made (missing parents too) with mode
+    0700, or, when it is there, checked: a real folder, not a link, owned by this user. One
+    of ours that others may enter (an older release's 0755, a loose umask's) is narrowed to
+    0700 first thing; anything else is refused (OrchestratorError naming it and the fix).
+    Checked and narrowed through one descriptor opened without following a link."""
+    make_folders(path)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        why = f"not usable: {exc.strerror}"
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            why = "a link" if os.path.islink(path) else "not a folder"
+        raise _refused(path, why) from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise _refused(path, f"owned by uid {info.st_uid}, not by this user")
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.fchmod(fd, FOLDER_MODE)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _check_holders(folder: Path) -> None:
+    """Every folder above the state folder may be changed only by root or this user (or is
+    sticky, as /tmp is, so nobody else may move what is ours in it): else someone else could
+    put another folder in its place."""
+    me, my_group = os.geteuid(), os.getegid()
+    at = Path(os.path.realpath(folder))
+    while not os.path.lexists(at) and at != at.parent:  # (what is missing, we make: 0700)
+        at = at.parent
+    for holder in [at, *at.parents]:
+        try:
+            info = os.stat(holder)
+        except OSError as exc:
+            raise _refused(folder, f"{holder} is not usable: {exc.strerror}") from None
+        sticky = bool(info.st_mode & stat.S_ISVTX)
+        others = info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != my_group)
+        if info.st_uid not in (0, me):
+            raise _refused(folder, f"it is inside {holder}, owned by uid {info.st_uid}")
+        if others and not sticky:
+            raise _refused(folder, f"it is inside {holder}, which others may write")
+
+
+def state_folder(*parts: str) -> Path:
+    """The state folder (or the folder `parts` below it), made private as `private_folder`
+    says, each level; the folders holding it must be changeable by no one but root and this
+    user. Call it before writing anything there."""
+    root = state_dir()
+    _check_holders(root.parent)
+    folder = private_folder(root)
+    for part in parts:
+        folder = private_folder(folder / part)
+    return folder
+
+
+def write_file(path: Path, data: bytes | str, mode: int = FILE_MODE) -> None:
+    """Write `path` whole with `mode` (default 0600) whatever the umask: a new file beside
+    it, made with that mode, renamed into place, so a link or another file found there is
+    replaced, never written through, and no reader ever sees half of it."""
+    raw = data.encode() if isinstance(data, str) else data
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, mode)
+    try:
+        try:
+            if mode & ~FILE_MODE:  # wider than private: as asked, whatever the umask
+                os.fchmod(fd, mode)
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 def read_regular(path: Path, limit: int, *, follow: bool = False) -> bytes | None:

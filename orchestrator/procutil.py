@@ -267,7 +267,8 @@ def guardian(code: str, args: List[str], log: Optional[str] = None) -> "subproce
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    with open(log or os.devnull, "ab") as err:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    with os.fdopen(os.open(log or os.devnull, flags, 0o600), "ab") as err:  # (private)
         return subprocess.Popen(
             [sys.executable, "-P", "-c", code, *args],
             stdin=subprocess.PIPE,

@@ -110,7 +110,8 @@ class LocalRuntime(Runtime):
     name: ClassVar[str] = "local"
     isolated: ClassVar[bool] = False
     deviations: ClassVar[dict[str, str]] = {
-        "resources": "no memory, cpu or pid limits: processes run directly on the host",
+        "resources": "no memory, cpu or pid limits, the file's or the default ones: processes "
+        "run directly on the host (admission still counts them)",
         "isolation": "no file-system or network isolation; mounts, ports and network are ignored",
         "user": "commands run as the host user; another uid needs the caller to be root",
         "oom": "no memory limit, so nothing is reported as out-of-memory",

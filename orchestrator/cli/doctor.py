@@ -14,6 +14,7 @@ import typer
 
 from orchestrator import settings
 from orchestrator.spec.policy import PULL_ENV
+from orchestrator.errors import OrchestratorError
 
 Check = tuple[str, str]  # (status, message)
 ENGINE_ENV = "ORCHESTRATOR_DOCKER_HOST"
@@ -73,11 +74,14 @@ def _compose() -> Check:
 
 
 def _dirs() -> Check:
-    from orchestrator.paths import state_dir
+    from orchestrator.paths import state_dir, state_folder
 
+    try:
+        state_folder()  # private and ours, in folders only root and we may change
+    except OrchestratorError as exc:
+        return "fail", str(exc)
     for d in (Path(tempfile.gettempdir()), state_dir()):
         try:
-            d.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=d):
                 pass
         except OSError as exc:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from orchestrator.errors import SpecError, SpecIssue, UsageError
+from orchestrator.paths import make_folders
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -133,7 +134,7 @@ def _write_project(out: Path, rendered: dict[str, str]) -> None:
         parts = Path(rel).parts
         if not parts or Path(rel).is_absolute() or ".." in parts:
             raise UsageError(f"the backend rendered a file outside the project folder: {rel!r}")
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_folders(out)  # what is missing: 0700, whatever the umask
     for rel, text in rendered.items():
         *folders, name = Path(rel).parts
         try:
@@ -158,7 +159,7 @@ def _write_below(out: Path, folders: list[str], name: str, data: bytes) -> None:
             fd = inner
         temp = f".{name}.{secrets.token_hex(8)}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        file = os.open(temp, flags, 0o644, dir_fd=fd)
+        file = os.open(temp, flags, 0o600, dir_fd=fd)  # (it may name host paths and secrets)
         try:
             with os.fdopen(file, "wb") as f:
                 f.write(data)

@@ -1,16 +1,18 @@
 """Admission by capacity: a spawn starts only while the host has room for it.
 
-Each environment asks for the sum of its containers' declared `resources.memory` (the main
-sandbox and every service; ORCHESTRATOR_DEFAULT_MEMORY, 512m, for each that declares none)
-and of their declared `resources.cpus` (ORCHESTRATOR_DEFAULT_CPUS, 0, for each that declares
-none: a container without a CPU limit reserves no core, and counting a whole one would cap a
-2-core host at two idle environments). It is admitted while what is admitted plus it stays
-within the budget: ORCHESTRATOR_MAX_MEMORY (default 75% of MemTotal) and
-ORCHESTRATOR_MAX_CPUS (default the host's CPU count). The others wait in a queue, first come
-first admitted: only the head of the queue may be admitted, so a large request is never
-starved by a stream of small ones. A request larger than the whole budget fails at once
-(UsageError); a wait past ORCHESTRATOR_ADMISSION_TIMEOUT (600 s) raises AdmissionTimeout.
-ORCHESTRATOR_ADMISSION=0 turns admission off.
+Each environment asks for what its backend applies to its containers: the sum of their
+memory limits and of their CPU limits, over the main sandbox, every service and (on Docker)
+the environment's own egress gateway and port forwarder (`Runtime.requested`). A container
+whose file names no limit gets the caller's default (spec/limits.py: 1g, 1 CPU), and is
+counted at it. It is admitted while what is admitted plus it stays within the budget:
+ORCHESTRATOR_MAX_MEMORY (default 75% of MemTotal) and ORCHESTRATOR_MAX_CPUS (default
+CPU_OVERCOMMIT times the host's CPU count: a CPU limit is a ceiling on time that every
+container shares, so a container over it is slowed, never killed, and sandboxes mostly wait;
+memory, which cannot be shared so, is counted one for one). The others wait in a queue,
+first come first admitted: only the head of the queue may be admitted, so a large request
+is never starved by a stream of small ones. A request larger than the whole budget fails at
+once (UsageError); a wait past ORCHESTRATOR_ADMISSION_TIMEOUT (600 s) raises
+AdmissionTimeout. ORCHESTRATOR_ADMISSION=0 turns admission off.
 
 The queue is machine-wide for one user: the ledger (sandbox/ledger.py) is a private folder
 of tickets under the state folder, shared by every process of that user (and state folder).
@@ -26,25 +28,26 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator import settings
 from orchestrator.errors import AdmissionTimeout, UsageError
 from orchestrator.sandbox.ledger import Ledger, Ticket
+from orchestrator.spec.limits import DEFAULT_MEMORY_ENV, Limits
 from orchestrator.spec.loader import Environment
-from orchestrator.spec.models import Resources, size_bytes
 
 ADMISSION_ENV = "ORCHESTRATOR_ADMISSION"
 MAX_MEMORY_ENV = "ORCHESTRATOR_MAX_MEMORY"
 MAX_CPUS_ENV = "ORCHESTRATOR_MAX_CPUS"
-DEFAULT_MEMORY_ENV = "ORCHESTRATOR_DEFAULT_MEMORY"
-DEFAULT_CPUS_ENV = "ORCHESTRATOR_DEFAULT_CPUS"
 TIMEOUT_ENV = "ORCHESTRATOR_ADMISSION_TIMEOUT"
 ADMISSION_LOG = "orchestrator.admission"
 """The logger of waiting spawns' progress (INFO records; `admission_done` on the last)."""
 MEMORY_SHARE = 0.75
 """Share of the host's memory admitted by default."""
+CPU_OVERCOMMIT = 4
+"""CPU limits admitted by default, per CPU of the host (see the module's docstring)."""
 POLL = 0.1
 """Seconds between two looks at the ledger while waiting (a release in this process wakes
 its waiters at once)."""
@@ -80,6 +83,12 @@ class Amounts:
     def words(self) -> str:
         return f"{gib(self.memory)} GiB of memory and {self.cpus:g} CPUs"
 
+    @classmethod
+    def total(cls, limits: Iterable[Limits]) -> Amounts:
+        """What containers held to `limits` take together."""
+        each = list(limits)
+        return cls(sum(x.memory for x in each), sum(x.cpus for x in each))
+
 
 def gib(n: int) -> str:
     return f"{n / GiB:.3g}"
@@ -104,19 +113,25 @@ def host_memory() -> int:
 def budget() -> Amounts:
     """What may be admitted at once (ORCHESTRATOR_MAX_MEMORY, ORCHESTRATOR_MAX_CPUS)."""
     memory = settings.size(MAX_MEMORY_ENV, int(host_memory() * MEMORY_SHARE))
-    cpus = settings.number(MAX_CPUS_ENV, float(os.cpu_count() or 1), unit="CPUs")
+    cpus = settings.number(MAX_CPUS_ENV, float(CPU_OVERCOMMIT * (os.cpu_count() or 1)), unit="CPUs")
     return Amounts(memory, cpus)
 
 
 def request(env: Environment) -> Amounts:
-    """What `env` asks for: its main sandbox's and its services' declared resources."""
-    default_memory = settings.size(DEFAULT_MEMORY_ENV, 512 * 1024**2)
-    default_cpus = settings.amount(DEFAULT_CPUS_ENV, 0.0, unit="CPUs")
+    """What the file's containers (its main sandbox and its services) are held to, each at
+    its own limits or the caller's defaults: what a backend that runs nothing of its own
+    asks for (`Runtime.requested`; the Docker backend adds its gateway and forwarder)."""
     spec = env.spec
-    each: list[Resources] = [spec.resources, *(s.resources for s in spec.services.values())]
-    memory = sum(size_bytes(r.memory) if r.memory else default_memory for r in each)
-    cpus = sum(r.cpus if r.cpus is not None else default_cpus for r in each)
-    return Amounts(memory, cpus)
+    return Amounts.total(
+        Limits.of(r) for r in [spec.resources, *(s.resources for s in spec.services.values())]
+    )
+
+
+def _requested(env: Environment) -> Amounts:
+    """What `env` asks of this host on the backend its file names (`Runtime.requested`)."""
+    from orchestrator.sandbox.registry import get_runtime_class  # (it imports this module)
+
+    return get_runtime_class(env.backend).requested(env, None)
 
 
 def timeout() -> float:
@@ -153,32 +168,37 @@ class Admission:
             _released.notify_all()
 
 
-def check_admission(env: Environment, count: int = 1) -> None:
+def check_admission(env: Environment, count: int = 1, *, want: Amounts | None = None) -> None:
     """UsageError when `count` environments of `env` held at once (a batch such as
     `orchestrator up -n N`, whose first ones hold the room its last ones need) could never
-    be admitted together: such a batch would wait on itself until the admission timeout."""
+    be admitted together: such a batch would wait on itself until the admission timeout.
+    `want`: what one asks for (default: what its backend applies, `Runtime.requested`)."""
     if not enabled():
         return
-    one, limit = request(env), budget()
+    one, limit = want or _requested(env), budget()
     want = Amounts(one.memory * count, one.cpus * count)
     if not want.fits(Amounts(0, 0.0), limit):
         many = f"{count} environments of {env.name} ask" if count > 1 else f"{env.name} asks"
         raise UsageError(
-            f"{many} for {want.words()} (their containers' resources, "
+            f"{many} for {want.words()} (the limits of their containers, "
             f"{DEFAULT_MEMORY_ENV} for each that declares no memory), more than this host "
             f"admits at once ({limit.words()}): declare less, start fewer, or raise "
             f"{MAX_MEMORY_ENV} / {MAX_CPUS_ENV} (or set {ADMISSION_ENV}=0)"
         )
 
 
-def admit(env: Environment, *, wait: float | None = None) -> Admission | None:
-    """Wait (up to `wait` seconds, default ORCHESTRATOR_ADMISSION_TIMEOUT) until `env` is
-    admitted; None when admission is off. UsageError at once when it asks for more than the
-    whole budget; AdmissionTimeout past the wait."""
+def admit(
+    env: Environment, *, wait: float | None = None, want: Amounts | None = None
+) -> Admission | None:
+    """Wait (up to `wait` seconds, default ORCHESTRATOR_ADMISSION_TIMEOUT) until `env`,
+    asking `want` (default: what its backend applies), is admitted; None when admission is
+    off. UsageError at once when it asks for more than the whole budget; AdmissionTimeout
+    past the wait."""
     if not enabled():
         return None
-    check_admission(env)
-    want, limit = request(env), budget()
+    want = want or _requested(env)
+    check_admission(env, want=want)
+    limit = budget()
     seconds = timeout() if wait is None else wait
     ledger = Ledger()
     ticket = ledger.enqueue(want.memory, want.cpus, env.name)

@@ -111,6 +111,14 @@ class Runtime(Sandbox):
         cls.check(env, policy)
 
     @classmethod
+    def requested(cls, env: Environment, options: SpawnOptions | None) -> admission.Amounts:
+        """What `env` takes of this host once up, as admission counts it (`options`: the
+        spawn's, None: a spawn with none): the memory and CPU limits this backend applies to
+        each of its containers, the file's or the caller's defaults. The default: the file's
+        main sandbox and services; a backend that adds containers of its own counts them."""
+        return admission.request(env)
+
+    @classmethod
     def doctor(cls) -> list[tuple[str, str]]:
         """What `orchestrator doctor` should say about this backend on this machine, as
         (pass | warn | fail, message) lines, beyond the engine checks it makes itself. The
@@ -210,7 +218,8 @@ class Runtime(Sandbox):
             rt._check_resumable(rt.options.resume)
         if rt.options.host:  # its snapshots' images may be removed there (settings.may_reach)
             engine_named(rt.options.host)
-        rt._admission = admission.admit(env)  # waits for room on this host (sandbox/admission)
+        want = cls.requested(env, rt.options)  # what it will be held to, once up
+        rt._admission = admission.admit(env, want=want)  # waits for room (sandbox/admission)
         _live.add(rt)
         try:
             rt._start()
@@ -380,7 +389,7 @@ class Runtime(Sandbox):
         limit = limit or snapshot_limit()
         archive: bytes | Path
         if timeout is None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            snapshot.records_folder(path)
             archive = self._pack_workdir_file(path.parent, None, limit)
         else:
             archive = self._pack_here(self.workdir, None, limit, timeout)

@@ -27,7 +27,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.paths import lock_descriptor, open_for_lock, projects_dir, read_regular, state_dir
+from orchestrator.paths import (
+    lock_descriptor,
+    open_for_lock,
+    private_folder,
+    projects_dir,
+    read_regular,
+    state_dir,
+    state_folder,
+)
 from orchestrator.procutil import process_start as process_start
 from orchestrator.procutil import stat_fields
 
@@ -139,23 +147,14 @@ class Ledger:
         self.tickets = self.root / "tickets"
 
     # ----- the folder and its lock -----------------------------------------------------
-    def _own_folder(self, path: Path) -> None:
-        """Make `path` (mode 0700) or check the one there is ours, a real folder, private."""
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=0o700, parents=True)
-        info = path.lstat()
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-            raise OrchestratorError(
-                f"the admission ledger {path} is not a folder of this user (a link, a file, or "
-                "someone else's): remove it, or set ORCHESTRATOR_STATE_DIR to a folder of yours"
-            )
-        if info.st_mode & 0o077:
-            os.chmod(path, 0o700)
-
     @contextlib.contextmanager
     def locked(self, deadline: float | None = None) -> Iterator[None]:
-        self._own_folder(self.root)
-        self._own_folder(self.tickets)
+        # made 0700, or checked: ours, a real folder (see paths.private_folder)
+        if self.root == state_dir() / "admission":
+            state_folder(self.root.name)
+        else:
+            private_folder(self.root)
+        private_folder(self.tickets)
         lock = self.root / "lock"
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import UsageError
-from orchestrator.paths import state_dir
+from orchestrator.paths import make_folders, state_dir, state_folder, write_file
 
 SUFFIX = ".tar"
 IMAGE_BACKEND_BEFORE_FIELD = "docker"
@@ -24,6 +24,15 @@ log = logging.getLogger("orchestrator.snapshot")
 
 def snapshots_dir() -> Path:
     return state_dir() / "snapshots"
+
+
+def records_folder(path: Path) -> Path:
+    """The folder of an archive at `path`, ready to write in: the snapshots folder, private
+    and ours (see paths.state_folder), or a folder the caller named, whose missing parts are
+    made 0700."""
+    if path.parent == snapshots_dir():
+        return state_folder(path.parent.name)
+    return make_folders(path.parent)
 
 
 @dataclass(frozen=True)
@@ -204,7 +213,7 @@ def save(
     """Write an archive (at `path`, from archive_path) and its record (`backend`: the one
     that made `image` and `services`; `source`, `owner`: see Snapshot). `archive`: its
     bytes, or a file already written beside `path` (hostpack), moved into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    records_folder(path)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     snap = Snapshot(
         path,
@@ -223,10 +232,10 @@ def save(
     if isinstance(archive, Path):
         os.replace(archive, path)
     else:
-        path.write_bytes(archive)
+        write_file(path, archive)  # 0600, as the record: the workspace may hold secrets
     fresh = ("services", "source", "suspended", "owner")  # an older record has none
     record = {k: v for k, v in asdict(snap).items() if k != "path" and (v or k not in fresh)}
-    snap.record.write_text(json.dumps(record, indent=1))
+    write_file(snap.record, json.dumps(record, indent=1))
     return snap
 
 

@@ -184,7 +184,8 @@ class PortMap(Strict):
     """Host port; omit for an ephemeral one (reported by `rt.ports` and `orchestrator ps`)."""
     host_ip: str = "127.0.0.1"
     """Host address to bind; loopback by default so nothing is exposed beyond this machine
-    (any other address gets a warning)."""
+    (any other address is refused unless the caller allows it:
+    ORCHESTRATOR_ALLOW_PUBLIC_PORTS=1)."""
     protocol: Literal["tcp", "udp"] = "tcp"
     """Transport protocol."""
 
@@ -263,12 +264,14 @@ class Resources(Strict):
     """Limits enforced by the container runtime."""
 
     memory: str | None = Field(default=None, pattern=MEMORY_RE)
-    """Memory limit, e.g. 512m or 2g (at least 6m; omit for none). A process over it is killed
-    and reported as out-of-memory."""
+    """Memory limit, e.g. 512m or 2g (at least 6m; omitted: the caller's default,
+    ORCHESTRATOR_DEFAULT_MEMORY, 1g). A process over it is killed and reported as
+    out-of-memory."""
     cpus: float | None = Field(default=None, gt=0)
-    """CPU limit, in cores."""
+    """CPU limit, in cores (omitted: the caller's default, ORCHESTRATOR_DEFAULT_CPUS, 1)."""
     pids: int | None = Field(default=None, gt=0)
-    """Maximum number of processes (contains fork bombs)."""
+    """Maximum number of processes and threads (contains fork bombs; omitted: the caller's
+    default, ORCHESTRATOR_DEFAULT_PIDS, 1024)."""
     tmp: str | None = Field(default=None, pattern=MEMORY_RE)
     """Size of a private tmpfs at /tmp, e.g. 256m. Its pages count against
     `memory`, so a sandbox cannot fill the host's disk through /tmp."""

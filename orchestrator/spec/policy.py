@@ -30,6 +30,7 @@ from typing import cast
 
 from orchestrator import settings
 from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
+from orchestrator.paths import STATE_DIR_ENV, state_dir
 from orchestrator.spec import egress as _egress
 from orchestrator.spec.egress import Egress
 from orchestrator.spec.models import ISOLATION_LEVELS, EnvironmentV1, Hardening, Isolation
@@ -44,6 +45,7 @@ ISOLATION_ENV = "ORCHESTRATOR_ISOLATION"
 UNPINNED_ENV = "ORCHESTRATOR_ALLOW_UNPINNED_MOUNTS"
 PULL_ENV = "ORCHESTRATOR_ALLOW_PULL"
 HOST_BUILD_ENV = "ORCHESTRATOR_ALLOW_HOST_BUILD"
+PUBLIC_PORTS_ENV = "ORCHESTRATOR_ALLOW_PUBLIC_PORTS"
 
 DEFAULT_CAPS = (
     "AUDIT_WRITE",
@@ -134,6 +136,10 @@ class Policy:
     isolation: Isolation = "runc"
     """The least isolation any container gets (ORCHESTRATOR_ISOLATION: runc or gvisor): a
     file asking for less gets this; a file cannot lower it."""
+    allow_public_ports: bool = False
+    """Let files publish ports on an address other machines reach (`host_ip` other than
+    loopback, such as 0.0.0.0; ORCHESTRATOR_ALLOW_PUBLIC_PORTS=1), with a warning. Without
+    it such a port is refused: a file never opens this machine to the network on its own."""
     allow_unisolated: bool = False
     """Let a file choose a backend that isolates nothing, whose commands run on this host as
     the caller (`backend: local`; ORCHESTRATOR_ALLOW_UNISOLATED=1). A caller that names the
@@ -166,6 +172,7 @@ class Policy:
             allow_unpinned_mounts=settings.flag(UNPINNED_ENV, False),
             allow_pull=settings.flag(PULL_ENV, False),
             allow_host_build=settings.flag(HOST_BUILD_ENV, False),
+            allow_public_ports=settings.flag(PUBLIC_PORTS_ENV, False),
             egress=egress_from_env(),
             isolation=cast(Isolation, settings.choice(ISOLATION_ENV, "runc", ISOLATION_LEVELS)),
         )
@@ -206,7 +213,10 @@ class Policy:
             if real in out.labels:
                 continue
             if _too_broad(real):
-                out.ignored.append(f"{real} ({label}: a system, secret or shared temp folder)")
+                held = [p for p in state_paths() if p.is_relative_to(real)]
+                what = f"holds the state folder {held[0]}" if held else None
+                what = what or "a system, secret or shared temp folder"
+                out.ignored.append(f"{real} ({label}: {what})")
                 continue
             out.append(real)
             out.labels[real] = label
@@ -325,8 +335,12 @@ UNREADABLE_FIX = (
 
 
 def secret_paths() -> tuple[Path, ...]:
-    """The secret folders, as written and resolved (for this HOME and DOCKER_HOST)."""
-    return _secret_paths(os.environ.get("HOME") or "/root", os.environ.get("DOCKER_HOST", ""))
+    """The secret folders, as written and resolved (for this HOME and DOCKER_HOST), and the
+    state folder (every environment's project folder, private workspace and records, and
+    the admission ledger: see `state_paths`)."""
+    home = os.environ.get("HOME") or "/root"
+    fixed = _secret_paths(home, os.environ.get("DOCKER_HOST", ""))
+    return tuple(dict.fromkeys([*fixed, *state_paths()]))
 
 
 @functools.cache
@@ -335,6 +349,19 @@ def _secret_paths(home: str, engine: str) -> tuple[Path, ...]:
     if engine.startswith("unix://"):
         paths.append(Path(engine.removeprefix("unix://")))
     return tuple(dict.fromkeys([*paths, *(look_up(p).real for p in paths)]))
+
+
+def state_paths() -> tuple[Path, ...]:
+    """The state folder (ORCHESTRATOR_STATE_DIR, else the XDG one), as written and resolved:
+    a secret folder like /etc. A file whose folder holds it (`./.orch-state` in a CI
+    project) must not reach another environment's workspace, its records or the ledger
+    through a mount, an asset, a build context or a Compose volume."""
+    return _state_paths(str(state_dir()))
+
+
+@functools.cache
+def _state_paths(state: str) -> tuple[Path, ...]:
+    return tuple(dict.fromkeys([Path(state), look_up(Path(state)).real]))
 
 
 def _is_socket(path: Path) -> bool:
@@ -375,6 +402,40 @@ def _too_broad(path: Path) -> bool:
     return any(t.is_relative_to(path) for t in (*_temp_dirs(), *secret_paths()))
 
 
+def _secret_problem(real: Path, secret: Path) -> tuple[str, str]:
+    """(message, fix) for a host path that is, holds or lies in a secret folder."""
+    if secret in state_paths():
+        return (
+            f"{real} is, holds or lies in the orchestrator's state folder {secret} (every "
+            "environment's project folder and private workspace, snapshots, the admission "
+            "ledger), which no sandbox may see",
+            "name a folder of your project that neither is nor holds it, and keep the state "
+            f"folder out of the project ({STATE_DIR_ENV} outside the environment file's "
+            "folder)",
+        )
+    return (
+        f"{real} is or contains {secret}, which no sandbox may see",
+        "name a folder of your project instead",
+    )
+
+
+def _secret_in(real: Path, secrets: Iterable[Path]) -> tuple[str, str] | None:
+    for secret in secrets:
+        if real == secret or real.is_relative_to(secret) or secret.is_relative_to(real):
+            return _secret_problem(real, secret)
+    return None
+
+
+def _temp_in(real: Path) -> tuple[str, str] | None:
+    for temp in _temp_dirs():
+        if temp.is_relative_to(real):
+            return (
+                f"{real} is or contains the shared temp folder {temp} (other jobs' files)",
+                "name a folder of your own instead",
+            )
+    return None
+
+
 def _host_path_problem(real: Path, roots: list[Path]) -> tuple[str, str] | None:
     """(message, fix) when `real` (already resolved) may not reach a sandbox."""
     if real.name in ENGINE_SOCKETS or _is_socket(real):
@@ -389,18 +450,14 @@ def _host_path_problem(real: Path, roots: list[Path]) -> tuple[str, str] | None:
             f"{real} is {special}; only folders and regular files may reach a sandbox or a build",
             "name a regular file or a folder instead",
         )
-    for secret in secret_paths():
-        if real == secret or real.is_relative_to(secret) or secret.is_relative_to(real):
-            return (
-                f"{real} is or contains {secret}, which no sandbox may see",
-                "name a folder of your project instead",
-            )
-    for temp in _temp_dirs():
-        if temp.is_relative_to(real):
-            return (
-                f"{real} is or contains the shared temp folder {temp} (other jobs' files)",
-                "name a folder of your own instead",
-            )
+    state = state_paths()  # (said after the temp folders, which may hold it)
+    found = (
+        _secret_in(real, [s for s in secret_paths() if s not in state])
+        or _temp_in(real)
+        or _secret_in(real, state)
+    )
+    if found is not None:
+        return found
     if not any(real == r or real.is_relative_to(r) for r in roots):
         allowed = roots.describe() if isinstance(roots, MountRoots) else ", ".join(map(str, roots))
         return (

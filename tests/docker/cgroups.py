@@ -1,6 +1,6 @@
 """A container's cgroup counters, read on this machine (the engine runs on its kernel):
 CPU time used (cgroup v1 cpuacct.usage, v2 cpu.stat usage_usec) and memory (v1
-memory.usage_in_bytes, v2 memory.current)."""
+memory.usage_in_bytes, v2 memory.current) and tasks (pids.current)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,11 @@ def memory_bytes(container: str) -> int:
             (ROOT / "memory" / paths["memory"].lstrip("/") / "memory.usage_in_bytes").read_text()
         )
     return int((ROOT / paths[""].lstrip("/") / "memory.current").read_text())
+
+
+def pids(container: str) -> int:
+    """Host tasks (processes and threads) in the container's cgroup now."""
+    paths = _paths(container)
+    if "pids" in paths:
+        return int((ROOT / "pids" / paths["pids"].lstrip("/") / "pids.current").read_text())
+    return int((ROOT / paths[""].lstrip("/") / "pids.current").read_text())

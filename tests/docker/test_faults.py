@@ -104,7 +104,7 @@ def test_a_container_killed_with_many_processes_is_unavailable_not_a_137(
     engine still says running. A plain command killed so is the sandbox lost, not the
     command's own 137 (the first process is seen to be exiting)."""
     many = "for i in $(seq 1500); do setsid sleep 1000 </dev/null >/dev/null 2>&1 & done"
-    with spawn(make_env(""), "plain") as rt:
+    with spawn(make_env("resources: {pids: 4096}\n"), "plain") as rt:  # (over the default)
         assert rt.execute(many, timeout=120).exit_code == 0
         outcome, _ = fault_during(rt, 60, "kill", after=1)
         assert isinstance(outcome, SandboxUnavailable), outcome

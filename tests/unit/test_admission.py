@@ -95,21 +95,22 @@ def test_a_request_sums_the_main_sandbox_and_its_services_with_defaults(
         "services:\n  db: {image: x, resources: {memory: 32m, cpus: 0.5}}\n  web: {image: y}\n"
     )
     assert admission.request(env("64m", cpus=1, services=services)) == Amounts(
-        (64 + 32 + 512) * MiB, 1.5
+        (64 + 32 + 1024) * MiB,
+        2.5,  # web: the default limits, 1g and one CPU
     )
     monkeypatch.setenv("ORCHESTRATOR_DEFAULT_MEMORY", "100m")
     monkeypatch.setenv("ORCHESTRATOR_DEFAULT_CPUS", "1")
     assert admission.request(env(None)) == Amounts(100 * MiB, 1.0)
 
 
-def test_the_default_budget_is_a_share_of_host_memory_and_every_cpu(
+def test_the_default_budget_is_a_share_of_host_memory_and_four_times_every_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("ORCHESTRATOR_MAX_MEMORY")
     monkeypatch.delenv("ORCHESTRATOR_MAX_CPUS")
     got = admission.budget()
     assert got.memory == int(admission.host_memory() * 0.75) > 0
-    assert got.cpus == os.cpu_count()
+    assert got.cpus == 4 * (os.cpu_count() or 1)  # CPU limits are ceilings on shared time
 
 
 @pytest.mark.parametrize("value", ["lots", "0", "-1g", "1e400g"])

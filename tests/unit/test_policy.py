@@ -136,11 +136,13 @@ def test_host_network_needs_the_callers_opt_in(tmp_path: Path) -> None:
     assert any(w.startswith("WARNING: network.mode host") for w in compiled.warnings)
 
 
-def test_ports_beyond_loopback_warn(tmp_path: Path) -> None:
+def test_ports_beyond_loopback_need_the_callers_opt_in_and_warn(tmp_path: Path) -> None:
     text = BASE + "network: {ports: [{container: 80, host_ip: 0.0.0.0}]}\n"
     text += "services: {web: {image: x, ports: [{container: 81, host_ip: '::'}]}}\n"
-    _, compiled = compile_text(text, tmp_path)
-    wide = [w for w in compiled.warnings if "reachable from other machines" in w]
+    message = refused(text, tmp_path)
+    assert "network.ports.0.host_ip" in message and "services.web.ports.0.host_ip" in message
+    _, compiled = compile_text(text, tmp_path, policy=Policy(allow_public_ports=True))
+    wide = [w for w in compiled.warnings if "other machines reach it" in w]
     assert len(wide) == 2 and any("services.web.ports" in w for w in wide)
 
 

@@ -14,7 +14,13 @@ import uuid
 from pathlib import Path
 
 from orchestrator import settings
-from orchestrator.paths import projects_dir, read_regular
+from orchestrator.paths import (
+    private_folder,
+    projects_dir,
+    read_regular,
+    state_folder,
+    write_file,
+)
 from orchestrator.procutil import process_start as process_start
 from orchestrator.spec.loader import Environment
 
@@ -73,11 +79,13 @@ def claim_folder(directory: Path, *, backend: str | None = None) -> None:
     start killed half-way leaves a folder the reaper can tell is abandoned. `backend`: the
     registered name of a backend whose folders are not Compose projects (its class's
     `reap_folder` removes what one stands for)."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if directory.parent == projects_dir():
+        state_folder(directory.parent.name)  # private, ours, in folders only we may change
+    private_folder(directory)
     pid = os.getpid()
     if backend is not None:
-        (directory / BACKEND_FILE).write_text(backend + "\n")
-    (directory / OWNER_FILE).write_text(f"{pid} {process_start(pid)} {socket.gethostname()}\n")
+        write_file(directory / BACKEND_FILE, backend + "\n")
+    write_file(directory / OWNER_FILE, f"{pid} {process_start(pid)} {socket.gethostname()}\n")
 
 
 def folder_backend(folder: Path) -> str | None:

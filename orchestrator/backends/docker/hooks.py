@@ -15,6 +15,7 @@ from orchestrator.backends.container.engine import (
     docker_client,
     docker_errors,
     engine_timeout,
+    is_remote,
     runtimes,
 )
 from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
@@ -27,7 +28,9 @@ from orchestrator.backends.docker.render import (
 )
 from orchestrator.errors import OrchestratorError
 from orchestrator.paths import projects_dir
-from orchestrator.sandbox.options import BuildChoice
+from orchestrator.sandbox.admission import Amounts
+from orchestrator.sandbox.options import BuildChoice, SpawnOptions
+from orchestrator.settings import engine_host
 from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.policy import Policy
 
@@ -59,6 +62,29 @@ def prepare(env: Environment, policy: Policy, *, build: BuildChoice = "auto") ->
 
     compiled = _scratch_compile(env, policy, f"orch-prepare-{os.getpid()}")
     build_images(env, dataclasses.replace(compiled, build=build))
+
+
+def requested(env: Environment, options: SpawnOptions) -> Amounts:
+    """The limits of every container the spawn with `options` would run: the file's main
+    sandbox and services, and the environment's own gateway and forwarder when its egress
+    and ports need them, exactly as the project compiled for it says (compiled here as the
+    spawn will compile it, but without walking any build context: the images stand in)."""
+    require_main_image(env)
+    built = {n for n, s in env.spec.services.items() if s.build is not None}
+    host = options.host or engine_host()
+    opts = CompileOptions(
+        project=f"orch-{env.name}-admission",
+        workspace=options.workspace or projects_dir() / "admission" / "workspace",
+        private_workspace=options.workspace is None,
+        extra_mounts=options.mounts,
+        extra_ports=options.ports,
+        env_vars=options.env_vars,
+        policy=options.policy,
+        main_image="admission" if env.spec.build is not None else "",
+        service_images=dict.fromkeys(built, "admission"),
+        remote=is_remote(host),
+    )
+    return Amounts.total(compile_project(env, opts).limits.values())
 
 
 PLACEHOLDER_NOTE = (

@@ -73,7 +73,7 @@ from orchestrator.errors import (
     StartupError,
     UsageError,
 )
-from orchestrator.paths import projects_dir
+from orchestrator.paths import make_folders, projects_dir, write_file
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.policy import raise_if
@@ -280,11 +280,10 @@ class Project:
         """Create and start the container; False when its image is missing (Compose pulls
         it: a registry is the CLI's business)."""
         for folder in run.folders:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_folders(folder)
         for path, text in run.files.items():
-            path.parent.mkdir(mode=0o700, exist_ok=True)
-            path.write_text(text)
-            path.chmod(0o644)  # as the engine's: any user of the sandbox reads them
+            make_folders(path.parent)
+            write_file(path, text, 0o644)  # as the engine's: any user of the sandbox reads them
         sock, bound = self._socket or "", up_timeout()
         action = f"starting project {self.name}"
         facts = engine_api.engine_facts(self.host, lambda: component_names(self.client), bound)
@@ -465,7 +464,7 @@ class Project:
             shutil.rmtree(self.directory, ignore_errors=True)
             return
         if keep:
-            (self.directory / KEPT_FILE).touch()  # reapers and guardians leave it alone
+            write_file(self.directory / KEPT_FILE, b"")  # reapers and guardians leave it alone
             engine_call(
                 f"stopping project {self.name}",
                 lambda: self.client.compose.stop(timeout=STOP_TIMEOUT),
@@ -527,7 +526,7 @@ class Project:
 
     def keep(self) -> None:
         """Mark the project kept: reapers and guardians leave it (running) for `down`."""
-        (self.directory / KEPT_FILE).touch()
+        write_file(self.directory / KEPT_FILE, b"")
         self.release()
 
     def ports(self) -> list[PublishedPort]:
@@ -616,8 +615,8 @@ def start_project(
             project.compiled = compile_project(env, options(pick_subnet()))
         project.compiled.write(directory)
         for rel, data in (extra_files or {}).items():  # the executor: any user reads it
-            (directory / rel).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            (directory / rel).write_bytes(data)
+            make_folders((directory / rel).parent, 0o755)
+            write_file(directory / rel, data, 0o644)
         try:
             project.up()
         except DockerError as exc:
@@ -653,7 +652,7 @@ def _claim(directory: Path, engine: str) -> None:
     working with whichever engine, asks that one whether it is still someone's."""
     claim_folder(directory)
     if engine:  # (none: a context the CLI resolves itself; the folder stays the default's)
-        (directory / ENGINE_FILE).write_text(engine + "\n")
+        write_file(directory / ENGINE_FILE, engine + "\n")
 
 
 def _remove_quietly(project: Project) -> None:

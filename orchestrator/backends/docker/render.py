@@ -57,8 +57,10 @@ from orchestrator.backends.docker.network import (
     plan_network,
 )
 from orchestrator.errors import SpecIssue
+from orchestrator.paths import make_folders, write_file
 from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.egress import describe
+from orchestrator.spec.limits import Limits, applied
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
 from orchestrator.spec.policy import (
@@ -73,6 +75,7 @@ from orchestrator.spec.policy import (
     env_passthrough_warnings,
     raise_if,
 )
+from orchestrator.spec.ports import check_ports
 from orchestrator.spec.resolve import LOOPBACK, MAIN, resolve_env, resolve_user
 
 
@@ -163,19 +166,24 @@ class CompiledProject:
     late_networks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Networks a service's container joins after it is created, before it starts, with no
     alias (a shared egress network: see network.py), by their engine names."""
+    limits: dict[str, Limits] = field(default_factory=dict)
+    """What each container is held to, by service (the environment's own too): what
+    admission counts (`Runtime.requested`)."""
 
     def write(self, directory: Path) -> Path:
-        """Write the project into `directory` (created, private); return compose.yaml's path."""
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (directory / SANDBOX_DIR).mkdir(exist_ok=True)
+        """Write the project into `directory` (created, private); return compose.yaml's path.
+        Every folder is 0700 and compose.yaml 0600, whatever the umask, but what containers
+        read through a bind mount (SANDBOX_DIR, the gateway's rules): readable by any user
+        of the container, behind the project folder that only we may enter."""
+        make_folders(directory)
+        make_folders(directory / SANDBOX_DIR, 0o755)
         for rel in self.folders:  # private: only root (the executor) passes in a container
-            (directory / rel).mkdir(mode=0o700, parents=True, exist_ok=True)
-            (directory / rel).chmod(0o700)  # whatever the umask
+            make_folders(directory / rel)
         for rel, text in self.files.items():
-            (directory / rel).parent.mkdir(mode=0o700, exist_ok=True)
-            (directory / rel).write_text(text, encoding="utf-8")
+            make_folders((directory / rel).parent)
+            write_file(directory / rel, text, 0o644)
         compose = directory / "compose.yaml"
-        compose.write_text(self.compose_yaml, encoding="utf-8")
+        write_file(compose, self.compose_yaml)
         return compose
 
 
@@ -188,7 +196,15 @@ def _ports(ports: Sequence[PortMap]) -> list[str]:
     return out
 
 
+INFRA_LIMITS = Resources(memory="256m", cpus=0.5, pids=256)
+"""What each of the environment's own containers (the egress gateway, the port forwarder)
+is held to: counted by admission with the file's containers (`CompiledProject.limits`)."""
+
+
 def _limits(r: Resources) -> dict[str, Any]:
+    """A container's limits in Compose's words: the file's, and the caller's default for
+    each of memory, cpus and pids that it leaves out (spec/limits.py)."""
+    r = applied(r)
     out: dict[str, Any] = {}
     if r.memory:
         out["mem_limit"] = r.memory
@@ -259,7 +275,7 @@ def _service(
         roots,
     )
     caps = check_hardening(env.source, f"services.{name}.", svc, opts.policy, report)
-    report.warnings += _exposed(svc.ports, f"services.{name}.ports")
+    check_ports(env.source, f"services.{name}.ports", svc.ports, opts.policy, report)
     command = svc.command
     user = resolve_user(svc.user, opts.host_env) if svc.user else None
     return {
@@ -342,6 +358,7 @@ def _infra(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
         )
     for context in out:
         context["seccomp"] = False
+        context["limits"] = _limits(INFRA_LIMITS)
         context["image"] = gateway.tag()
         context["labels"] = dict(sorted({**opts.labels, **context.get("labels", {})}.items()))
         context.setdefault("dns_options", [])
@@ -350,7 +367,8 @@ def _infra(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
 
 
 def _exposed(ports: Sequence[PortMap], where: str) -> list[str]:
-    """Warnings for ports published beyond this machine."""
+    """Warnings for ports the caller publishes beyond this machine (a file's own are
+    refused unless the caller allows them: spec/ports.py)."""
     return [
         f"WARNING: {where}: port {p.container} is published on {p.host_ip}, reachable "
         "from other machines; use 127.0.0.1 unless that is intended"
@@ -412,7 +430,9 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     if mode != "bridge" and main_ports:
         warnings.append(f"network.ports ignored: the main sandbox uses {mode} networking")
         main_ports = []
-    warnings += _exposed(main_ports, "network.ports")
+    if main_ports:  # the file's own: refused beyond loopback unless the caller allows it
+        check_ports(env.source, "network.ports", spec.network.ports, opts.policy, report)
+    warnings += _exposed(main_ports[len(spec.network.ports) :], "ports")  # the caller's
     bind_host, notice = container_bind_host(spec, mode)
     if notice:
         warnings.append(notice)
@@ -551,6 +571,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     compose = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())
     entry = jinja.get_template("entry.sh.j2").render(project=opts.project, keep_alive=KEEP_ALIVE)
     names = [MAIN, *(s["name"] for s in services)]
+    service_resources = [(n, spec.services[n].resources) for n in names[1:]]
     files = {f"{SANDBOX_DIR}/entry.sh": entry}
     if main_seccomp or any(svc["seccomp"] for svc in services):
         files[SECCOMP_FILE] = profile_text()
@@ -593,4 +614,8 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         pull=opts.policy.allow_pull,
         source=env.source,
         late_networks={name: tuple(nets) for name, nets in net.late.items()},
+        limits={
+            **{name: Limits.of(r) for name, r in [(MAIN, spec.resources), *service_resources]},
+            **{i["name"]: Limits.of(INFRA_LIMITS) for i in infra},
+        },
     )

@@ -29,8 +29,9 @@ from orchestrator.backends.docker import hooks
 from orchestrator.backends.docker.lifecycle import Project, start_project
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
-from orchestrator.paths import read_regular
+from orchestrator.paths import make_folders, read_regular
 from orchestrator.sandbox import attach, files, hostfs, hostpack
+from orchestrator.sandbox.admission import Amounts
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
@@ -66,6 +67,10 @@ class ComposeRuntime(ContainerRuntime):
         return hooks.doctor()
 
     @classmethod
+    def requested(cls, env: Environment, options: SpawnOptions | None) -> Amounts:
+        return hooks.requested(env, options or SpawnOptions())
+
+    @classmethod
     def render(cls, env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
         return hooks.render(env, workspace, policy)
 
@@ -82,7 +87,7 @@ class ComposeRuntime(ContainerRuntime):
             self.options.workspace.mkdir(parents=True, exist_ok=True)
             return self.options.workspace
         self._temp_workspace = directory / "workspace"
-        self._temp_workspace.mkdir(exist_ok=True)
+        make_folders(self._temp_workspace)  # private until given to the sandbox user
         return self._temp_workspace
 
     def _start(self) -> None:

@@ -20,6 +20,7 @@ from orchestrator.backends.container.layout import KEEP_ALIVE, USER_LABEL, conta
 from orchestrator.backends.container.mounts import service_workdir_issues, static_mounts
 from orchestrator.backends.container.templating import jinja as _jinja
 from orchestrator.errors import SpecIssue
+from orchestrator.spec.limits import applied
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import EnvironmentV1, Resources
 from orchestrator.spec.policy import (
@@ -62,11 +63,11 @@ class CompiledStack:
 
 
 def _limits(r: Resources) -> tuple[dict[str, Any], str | None]:
-    limits: dict[str, Any] = {}
-    if r.memory:
-        limits["memory"] = r.memory
-    if r.cpus:
-        limits["cpus"] = str(r.cpus)
+    """A task's limits: the file's memory and cpus, else the caller's defaults
+    (spec/limits.py). Not its processes: Swarm services on this engine cannot limit them
+    (a declared `pids` is refused above; the default one is not applied, docs/scale-out.md)."""
+    full = applied(r)
+    limits: dict[str, Any] = {"memory": full.memory, "cpus": str(full.cpus)}
     tmp = f"/tmp:size={r.tmp},mode=1777" if r.tmp else None
     return limits, tmp
 

@@ -29,6 +29,7 @@ from orchestrator.backends.container.engine import (
 from orchestrator.backends.container.identity import LABEL_PROJECT
 from orchestrator.backends.swarm.compile import CompiledStack
 from orchestrator.errors import DockerError, OrchestratorError, StartupError, UsageError
+from orchestrator.paths import make_folders, write_file
 from orchestrator.spec.resolve import MAIN
 
 SWARM_HOST_ENV = "ORCHESTRATOR_SWARM_HOST"
@@ -78,10 +79,10 @@ class Stack:
         """Whether a deploy was tried that may have created something."""
 
     def write(self) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (self.directory / MANAGER_FILE).write_text(self.host + "\n")
+        make_folders(self.directory)
+        write_file(self.directory / MANAGER_FILE, self.host + "\n")
         path = self.directory / STACK_FILE
-        path.write_text(self.compiled.stack_yaml)
+        write_file(path, self.compiled.stack_yaml)
         return path
 
     def deploy(self) -> None:

@@ -276,7 +276,8 @@ class Container:
         self.fate(
             ("ports",),
             "mapped",
-            "published on 127.0.0.1 unless an address is written (Compose: every address)"
+            "published on 127.0.0.1 unless an address is written (Compose: every address); "
+            "one other machines reach needs the caller's ORCHESTRATOR_ALLOW_PUBLIC_PORTS=1"
             if not bad
             else "",
         )
