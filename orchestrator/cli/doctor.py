@@ -13,8 +13,8 @@ from pathlib import Path
 import typer
 
 from orchestrator import settings
-from orchestrator.spec.policy import PULL_ENV
 from orchestrator.errors import OrchestratorError
+from orchestrator.spec.policy import PULL_ENV
 
 Check = tuple[str, str]  # (status, message)
 ENGINE_ENV = "ORCHESTRATOR_DOCKER_HOST"
