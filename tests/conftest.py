@@ -352,6 +352,9 @@ def swarm_cluster() -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ORCHESTRATOR_SWARM_HOST", manager)
         patch.setenv("ORCHESTRATOR_SWARM_NODE_HOST", "tcp://{addr}:2375")
+        # a Swarm's nodes pull each task's image (from the cluster's own registry here): the
+        # caller's consent, which a file alone never gives
+        patch.setenv("ORCHESTRATOR_ALLOW_PULL", "1")
         yield manager
     leaked = swarm_ids(manager)  # this worker's own (by its temporary root)
     assert not leaked, f"the tests left these on the Swarm: {sorted(leaked)}"

@@ -26,8 +26,22 @@ FCAPS = "security.capability"
 def defuse(root: Path) -> list[str]:
     """Clear setuid/setgid bits and file capabilities, and remove device nodes, below `root`;
     returns what changed (relative names). What this process may not change is logged, not
-    raised: the caller is tearing down."""
+    raised: the caller is tearing down. `root` may be a single file (a file's own mount)."""
     changed: list[str] = []
+    try:
+        top = os.stat(root, follow_symlinks=False)
+    except OSError:
+        return changed
+    if stat.S_ISREG(top.st_mode):
+        parent = os.open(root.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if _defuse_file(root.name, parent, top, str(root.parent)):
+                changed.append(root.name)
+        except OSError as exc:
+            log.warning("cannot defuse %s: %s", root, exc.strerror)
+        finally:
+            os.close(parent)
+        return changed
     for folder, dirs, names, dfd in os.fwalk(root, follow_symlinks=False):
         for name in (*dirs, *names):
             where = os.path.relpath(os.path.join(folder, name), root)

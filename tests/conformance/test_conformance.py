@@ -63,7 +63,9 @@ TARGETS = [
         default_uid="1000",
         label="docker-podman",
         service_image=SIDECARS,
-        process_env={"ORCHESTRATOR_ENGINE": "podman"},
+        # Podman cannot take a pinned folder (it fills and re-owns a volume on its first
+        # mount): its host folders go by path, which the caller must accept
+        process_env={"ORCHESTRATOR_ENGINE": "podman", "ORCHESTRATOR_ALLOW_UNPINNED_MOUNTS": "1"},
         deviations={
             "services": "Podman runs sandboxes without network: a file with services is "
             "refused before anything is made (docs/isolation.md)",

@@ -314,3 +314,37 @@ def test_the_profile_is_what_the_engine_applied(tmp_path: Path) -> None:
                 check=True,
             ).stdout
             assert ("seccomp=" in opts) is expect, opts
+
+
+def test_under_gvisor_a_file_linked_elsewhere_is_refused_and_a_file_mount_defused(
+    tmp_path: Path, gvisor_engine: str
+) -> None:
+    """Review item 2: the folder above was closed, but a file in the writable folder had
+    another link where other users reach it (a dataset tarball keeps hard links): the
+    gVisor sandbox made it set-user-ID through its own link, then removed that link, and
+    nobody ran the other as root. A writable folder holding a file with several links is
+    refused under gVisor; a writable single file is defused after the run."""
+    closed = tmp_path / "closed"
+    (closed / "box" / "priv").mkdir(parents=True)
+    closed.chmod(0o700)
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    (closed / "box" / "priv" / "tool").write_text("x")
+    os.link(closed / "box" / "priv" / "tool", pub / "tool")
+    path = closed / "box" / "env.yaml"
+    path.write_text(
+        f"version: 1\nname: a37gvl\nimage: {BUSYBOX_IMAGE}\nuser: root\nisolation: gvisor\n"
+        "mounts: [{source: ./priv, target: /w}]\n"
+    )
+    with pytest.raises(SpecError, match="2 links"):
+        spawn_runtime(load_environment(path))
+    (pub / "tool").unlink()
+    single = closed / "box" / "one"
+    single.write_text("y")
+    path.write_text(
+        f"version: 1\nname: a37gvf\nimage: {BUSYBOX_IMAGE}\nuser: root\nisolation: gvisor\n"
+        "mounts: [{source: ./one, target: /one}]\n"
+    )
+    with spawn_runtime(load_environment(path)) as rt:
+        rt.execute("chmod 4755 /one")
+    assert not single.stat().st_mode & 0o6000

@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import BackendUnavailable, SpawnOptions, UsageError, settings, spawn_runtime
+from orchestrator import (
+    BackendUnavailable,
+    SpawnOptions,
+    SpecError,
+    UsageError,
+    settings,
+    spawn_runtime,
+)
 from tests.conftest import (
     BUSYBOX_IMAGE,
     PODMAN,
@@ -135,11 +142,13 @@ def test_what_podman_cannot_keep_is_refused_before_anything_is_made(
 
 @pytest.mark.parametrize("what", ["mount-target", "workdir", "static-asset"])
 def test_a_path_podman_would_read_as_mount_options_is_refused(
-    make_env: MakeEnv, tmp_path: Path, what: str
+    make_env: MakeEnv, tmp_path: Path, what: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Podman reads each mount back as comma-separated options, the last `src=` winning: a
     target `/m,src=/etc` would bind the host's /etc, writable, into the sandbox (a hostile
-    file's way out). Any mount path with a comma is refused before anything is made."""
+    file's way out). Any mount path with a comma is refused before anything is made (also
+    where the caller accepts host folders by path, as Podman needs)."""
+    monkeypatch.setenv("ORCHESTRATOR_ALLOW_UNPINNED_MOUNTS", "1")
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "secret").write_text("the host's\n")
@@ -483,3 +492,23 @@ def test_a_start_tried_again_keeps_its_engine_record(
         assert folders == [PODMAN, PODMAN]
     finally:
         rt.cleanup()
+
+
+def test_podman_is_given_no_pinned_folder_it_would_fill_and_re_own(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Podman fills a volume from the image and gives its folder the image's owner and mode
+    the first time it mounts it, nocopy or not: a pinned folder's volume, the host folder
+    itself, was filled with the image's set-user-ID program and opened to all (issue 37
+    review). Podman gets host folders by path, only when the caller accepts that; a folder
+    so mounted keeps its mode and gets nothing."""
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o700)
+    path = make_env("mounts: [{source: ./data, target: /var, read_only: true}]\n", name="pin-pod")
+    with pytest.raises(SpecError, match="Podman fills a volume"):
+        spawn_runtime(path, host="podman")
+    monkeypatch.setenv("ORCHESTRATOR_ALLOW_UNPINNED_MOUNTS", "1")
+    with spawn_runtime(path, host="podman") as rt:
+        assert any("by path" in w for w in rt.warnings)
+    assert os.listdir(data) == [] and data.stat().st_mode & 0o777 == 0o700

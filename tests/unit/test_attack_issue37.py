@@ -12,8 +12,15 @@ import pytest
 
 from orchestrator import PolicyError, load_environment
 from orchestrator.backends.container import seccomp
-from orchestrator.backends.container.binds import PinRefused, Pins, closed_to_others, open_exact
+from orchestrator.backends.container.binds import (
+    PinRefused,
+    Pins,
+    closed_to_others,
+    is_pinned_volume,
+    open_exact,
+)
 from orchestrator.backends.container.copyin import static_archive
+from orchestrator.backends.docker.buildcheck import Budget, private_context, problems
 from tests.conftest import bounded
 
 
@@ -111,3 +118,72 @@ def test_the_profile_filters_every_call_that_sets_a_set_id_bit() -> None:
     denied = [r for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ERRNO"]
     assert any(set(seccomp.UNAVAILABLE) <= set(r["names"]) for r in denied)
     assert "clone3" in {n for r in denied for n in r["names"]}
+
+
+BYPASSES = {
+    "quoted": 'ADD "http://127.0.0.1:9/x" /x',
+    "an ARG": "ARG U=http://127.0.0.1:9/\nADD $U /x",
+    "an ENV": "ENV U=http://127.0.0.1:9/\nADD ${U} /x",
+    "an escape in the scheme": "ADD h\\ttp://127.0.0.1:9/ /x",
+    "ONBUILD": "ONBUILD ADD http://127.0.0.1:9/ /x",
+    "a keyword split over lines": "AD\\\nD http://127.0.0.1:9/ /x",
+    "a directive after an unknown one": "RUN echo \\\nADD http://127.0.0.1:9/ /x",
+    "a no-break space after the escape": "RUN echo \\\u00a0\nADD http://127.0.0.1:9/ /x",
+    "git": "ADD git@127.0.0.1:repo.git /x",
+    "a checksum": "ADD --checksum=sha256:0 data /x",
+    "JSON": 'ADD ["http://127.0.0.1:9/", "/x"]',
+}
+
+
+@pytest.mark.parametrize("body", BYPASSES.values(), ids=BYPASSES.keys())
+def test_every_way_to_make_the_engine_fetch_is_refused(body: str) -> None:
+    """The review's bypasses of the Dockerfile check (issue 37, item 4): each made the engine
+    fetch http://127.0.0.1:PORT/ past `egress: none`. Every reading of the file is checked
+    now, and ADD takes only plain paths of the context."""
+    text = f"# x=y\n# escape=`\n\ufeffFROM orchestrator-test/busybox:1\n{body}\n"
+    found, _ = problems(text, {})
+    assert found, body
+    plain, _ = problems("FROM orchestrator-test/busybox:1\nADD data.txt sub/ /x/\n", {})
+    assert plain == []
+
+
+def test_from_a_number_is_an_image_and_stages_are_names() -> None:
+    """`FROM 0` is the image `0` (a pull), not a stage: only COPY --from takes indexes."""
+    _, images = problems("FROM 0\nFROM base AS one\nFROM one\nCOPY --from=0 /a /b\n", {})
+    assert images == ["0", "base"]
+
+
+def test_a_context_file_swapped_for_a_fifo_does_not_hold_the_copy(tmp_path: Path) -> None:
+    """Review item 4: the copy opened a file found by its descriptor blocking, before looking
+    at its type: a FIFO swapped in held the start forever. Refused at once now."""
+    fifo = tmp_path / "Dockerfile"
+    os.mkfifo(fifo)
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "out").mkdir()
+    outcome, took = bounded(
+        lambda: private_context(tmp_path / "ctx", fifo, tmp_path / "out", Budget(1 << 20, 10)),
+        10,
+    )
+    assert isinstance(outcome, ValueError) and took < 5, outcome
+
+
+def test_a_context_larger_than_its_bound_is_refused_before_it_is_copied(tmp_path: Path) -> None:
+    """Review item 5: a 4 GiB sparse file was copied whole into the state folder."""
+    (tmp_path / "ctx").mkdir()
+    with open(tmp_path / "ctx" / "sparse", "wb") as f:
+        f.truncate(4 << 30)
+    (tmp_path / "Dockerfile").write_text("FROM x\n")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ValueError, match="larger than"):
+        private_context(
+            tmp_path / "ctx", tmp_path / "Dockerfile", tmp_path / "out", Budget(1 << 20, 10)
+        )
+    assert sum(f.stat().st_size for f in (tmp_path / "out").rglob("*") if f.is_file()) < 1 << 20
+
+
+def test_a_files_volume_never_passes_for_a_pinned_folder() -> None:
+    """Review item 7: a file's volume `data__pin0` passed for a pinned folder, and suspend
+    dropped its data silently. Pinned ones are upper-case, which a file's never are."""
+    assert is_pinned_volume("orch-x-1234abcd__PIN0")
+    assert not is_pinned_volume("orch-x-1234abcd_data__pin0")
+    assert not is_pinned_volume("orch-x-1234abcd_data__PIN0x")

@@ -106,3 +106,16 @@ def test_the_images_user_and_workdir_are_refused_on_swarm() -> None:
         "user",
         "workdir",
     }
+
+
+def test_a_swarm_needs_the_callers_consent_to_pull(tmp_path: Path) -> None:
+    """A Swarm's nodes pull each task's image from the registry its name says (issue 37,
+    item 8): a spawn there is refused, naming the field and the fix, before anything is
+    asked of a Swarm, unless the caller allows pulls."""
+    from orchestrator import spawn_runtime
+
+    path = tmp_path / "sw.yaml"
+    path.write_text("version: 1\nname: sw\nimage: registry.example.invalid/x:1\nworkdir: /w\n")
+    with pytest.raises(PolicyError, match="ORCHESTRATOR_ALLOW_PULL=1") as err:
+        spawn_runtime(load_environment(path), backend="swarm")
+    assert "image" in str(err.value)

@@ -38,6 +38,7 @@ import shutil
 import socket
 import stat
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,10 +46,10 @@ log = logging.getLogger("orchestrator.docker")
 
 PINNED_DIR = "pinned"
 """In the project folder: the private links (or copies) of pinned files."""
-PIN_VOLUME = "_pin"
-"""The key of a pinned folder's volume in a project is this and a number (`_pin0`): a name no
-file's own volume can take (theirs start with a letter or digit), so one is never taken for
-the other (a suspend refuses a container's own volumes, not these: they are host folders)."""
+PIN_VOLUME = "_PIN"
+"""The key of a pinned folder's volume in a project is this and a number (`_PIN0`): a name no
+file's own volume can take or end with (theirs are lower-case), so one is never taken for the
+other (a suspend refuses a container's own volumes, not these: they are host folders)."""
 SOURCE_LABEL = "org.orchestrator.source"
 """On a pinned folder's volume: the host path it was pinned at (for people; never read back
 to decide anything)."""
@@ -227,6 +228,36 @@ def engine_shares_ns(sock_path: str | None) -> bool:
         except OSError:
             return False
     return True
+
+
+LINK_WALK = (100_000, 10.0)
+"""Most entries, and seconds, `linked_elsewhere` looks at before it gives up."""
+
+
+def linked_elsewhere(real: Path) -> str | None:
+    """Why a sandbox writing `real` (a folder, or a file) could reach another path of this
+    host than those below it: a regular file with more than one link (its other links may
+    lie anywhere on that filesystem, where other users reach them; a set-user-ID bit set
+    through this one shows there). None when there is no such file; a reason too when the
+    folder is too large to look through."""
+    limit, seconds = LINK_WALK
+    deadline = time.monotonic() + seconds
+    try:
+        top = os.stat(real, follow_symlinks=False)
+    except OSError as exc:
+        return f"{real} cannot be looked at: {exc.strerror}"
+    if stat.S_ISREG(top.st_mode):
+        return f"{real} has {top.st_nlink} links" if top.st_nlink > 1 else None
+    seen = 0
+    for folder, _, names, dfd in os.fwalk(real, follow_symlinks=False):
+        for name in names:
+            seen += 1
+            if seen > limit or time.monotonic() > deadline:
+                return f"{real} holds more than can be looked through ({limit} entries)"
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                return f"{os.path.join(folder, name)} has {st.st_nlink} links"
+    return None
 
 
 def closed_to_others(real: Path) -> Path | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.binds import (
     PIN_VOLUME,
     SOURCE_LABEL,
@@ -31,7 +32,9 @@ from orchestrator.backends.container.binds import (
     Pins,
     closed_to_others,
     engine_shares_ns,
+    linked_elsewhere,
 )
+from orchestrator.backends.container.engine import component_names, docker_client, engine_timeout
 from orchestrator.backends.container.engine_api import local_socket
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.errors import SpecIssue
@@ -52,6 +55,12 @@ CANNOT_PIN = (
     "or this process in a container), so the path would be resolved again by the engine, "
     "and a sandbox that can write near it could swap it for a link first"
 )
+PODMAN_CANNOT_PIN = (
+    "Podman fills a volume from the image and gives its folder the owner and mode of the "
+    "image's folder the first time it mounts it (it ignores nocopy), and a pinned folder's "
+    "volume is the host folder itself; so a host path is given to it by path, and a sandbox "
+    "that can write near it could swap it for a link first"
+)
 UNPINNED_WARNING = (
     f"WARNING: host mounts are given to the engine by path ({UNPINNED_ENV}=1): a sandbox "
     "that can write near one could swap it for a link between the check and the mount"
@@ -69,11 +78,22 @@ def pin_options(made: CompileOptions, pins: Pins, host: str) -> CompileOptions:
     paths only when the caller accepted them (Policy.allow_unpinned_mounts)."""
     if made.remote:
         return made
-    if _shares_ns(local_socket(host)):
+    sock = local_socket(host)
+    why = "" if _shares_ns(sock) else CANNOT_PIN
+    if not why and _is_podman(host):
+        why = PODMAN_CANNOT_PIN
+    if not why:
         return dataclasses.replace(made, pins=pins)
     if made.policy.allow_unpinned_mounts:
         return dataclasses.replace(made, unpinned_warning=UNPINNED_WARNING)
-    return dataclasses.replace(made, pin_refused=CANNOT_PIN)
+    return dataclasses.replace(made, pin_refused=why)
+
+
+def _is_podman(host: str) -> bool:
+    facts = engine_api.engine_facts(
+        host, lambda: component_names(docker_client(host=host)), engine_timeout()
+    )
+    return facts.kind == "podman"
 
 
 @dataclass
@@ -160,14 +180,26 @@ class Binding:
         return name
 
     def _closed(self, m: ResolvedMount) -> None:
+        """Under gVisor a sandbox may set set-id bits on what it writes: nothing it writes
+        may be reachable by another host user, through a folder above or another link."""
+        fix = (
+            f"make a folder above it private (chmod 700 {m.source.parent}), mount it "
+            "read_only, or use the private workspace"
+        )
         if closed_to_others(m.source) is None:
             self._problem(
                 m,
                 f"under gVisor a root sandbox can leave set-user-ID programs in {m.source}, "
                 "and other users of this host can reach it (no folder above it is closed "
                 "to them)",
-                f"make a folder above it private (chmod 700 {m.source.parent}), mount it "
-                "read_only, or use the private workspace",
+                fix,
+            )
+        elif (why := linked_elsewhere(m.source)) is not None:
+            self._problem(
+                m,
+                f"under gVisor a root sandbox can make a file it writes set-user-ID, and {why}"
+                ": another link may be where other users of this host reach it",
+                "give it a folder whose files have one link each, " + fix.partition(", ")[2],
             )
 
     def _problem(self, m: ResolvedMount, message: str, fix: str) -> None:

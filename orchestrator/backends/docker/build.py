@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator import procutil, settings
 from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
     CallFailed,
@@ -46,7 +47,9 @@ from orchestrator.backends.container.engine import (
 from orchestrator.backends.container.engine_api import local_socket
 from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.buildcheck import (
+    CONTEXT_LIMIT_ENV,
     PROBLEM_FIX,
+    Budget,
     absent,
     private_context,
     problems,
@@ -61,7 +64,7 @@ from orchestrator.errors import (
     StartupError,
     UsageError,
 )
-from orchestrator.paths import state_dir
+from orchestrator.paths import state_folder
 from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.policy import PULL_ENV
 
@@ -299,20 +302,27 @@ def _build(plan: ImageBuild, name: str, host: str) -> None:
 
 
 def _private_folder() -> Path:
-    root = state_dir() / BUILDS_DIR
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if root.is_symlink() or root.stat().st_uid != os.geteuid():
-        raise UsageError(f"{root} is not a folder of this user's: builds refuse it")
-    return Path(tempfile.mkdtemp(dir=root))
+    """A new private folder for one build's copy, named after this process (with its start
+    time), beside those of builds whose process is gone, which it removes first: a build
+    killed half-way leaves its copy for the next one to sweep."""
+    root = state_folder(BUILDS_DIR)
+    for old in root.iterdir():
+        pid, _, rest = old.name.partition("-")
+        started, _, _ = rest.partition("-")
+        if pid.isdigit() and not procutil.alive(int(pid), started):
+            shutil.rmtree(old, ignore_errors=True)
+    me = f"{os.getpid()}-{procutil.process_start(os.getpid())}-"
+    return Path(tempfile.mkdtemp(prefix=me, dir=root))
 
 
 def _checked_copy(plan: ImageBuild, folder: Path, host: str) -> tuple[Path, Path]:
     """The build's context and Dockerfile copied privately, the copy's Dockerfile checked:
-    nothing it refuses, and every image it starts from on the engine (unless the caller
-    lets it pull)."""
+    nothing it refuses, every image it starts from on the engine (unless the caller lets it
+    pull), and none with ONBUILD steps of its own."""
+    budget = Budget(settings.size(CONTEXT_LIMIT_ENV, 2 << 30), up_timeout())
     try:
         context, dockerfile = private_context(
-            plan.context, plan.context / (plan.dockerfile or "Dockerfile"), folder
+            plan.context, plan.context / (plan.dockerfile or "Dockerfile"), folder, budget
         )
         text = read_dockerfile(dockerfile)
     except (OSError, ValueError) as exc:
@@ -322,21 +332,38 @@ def _checked_copy(plan: ImageBuild, folder: Path, host: str) -> tuple[Path, Path
         SpecIssue(plan.source, field=f"{plan.where}.dockerfile", message=p, fix=PROBLEM_FIX)
         for p in found
     ]
-    if not plan.pull and not plan.ours:
-        for image in absent(images, lambda tag: _exists(tag, host)):
+    missing = [] if plan.pull else absent(images, lambda tag: _exists(tag, host))
+    for image in missing:
+        issues.append(
+            SpecIssue(
+                plan.source,
+                field=f"{plan.where}.dockerfile",
+                message=f"the build starts from {image}, which this engine does not "
+                "have, and images are never pulled unless the caller allows it",
+                fix="get it onto the engine first (docker pull, docker load, or a build), "
+                f"or let the caller allow pulls: {PULL_ENV}=1",
+            )
+        )
+    for image in (i for i in dict.fromkeys(images) if i not in missing):
+        if _onbuild(image, host):
             issues.append(
                 SpecIssue(
                     plan.source,
                     field=f"{plan.where}.dockerfile",
-                    message=f"the build starts from {image}, which this engine does not "
-                    "have, and images are never pulled unless the caller allows it",
-                    fix=f"get it onto the engine first (docker pull, docker load, or a build), "
-                    f"or let the caller allow pulls: {PULL_ENV}=1",
+                    message=f"the build starts from {image}, whose ONBUILD steps would run "
+                    "in this build, unseen by its checks",
+                    fix="start from an image without ONBUILD steps",
                 )
             )
     if issues:
         raise SpecError(issues)
     return context, dockerfile
+
+
+def _onbuild(image: str, host: str) -> bool:
+    """Whether the image (there, or about to be pulled: then not known) has ONBUILD steps."""
+    found = _inspected(image, host)
+    return found is not None and bool(found.config.on_build)
 
 
 def _run_build(argv: list[str], plan: ImageBuild, name: str) -> None:

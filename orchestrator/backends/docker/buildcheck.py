@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -33,45 +33,60 @@ from orchestrator.backends.docker.buildplan import ImageBuild
 from orchestrator.errors import SpecIssue
 from orchestrator.paths import read_regular
 
-_DIRECTIVE = re.compile(r"^#\s*escape\s*=\s*(\S)\s*$", re.IGNORECASE)
 _VAR = re.compile(r"\$(?:\{([A-Za-z_]\w*)(?:(:[-+])([^}]*))?\}|([A-Za-z_]\w*))")
-_REMOTE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@)", re.IGNORECASE)
+_PLAIN_SOURCE = re.compile(r"^[A-Za-z0-9._/*?\[\]+,=-]+$")
+"""What an ADD source may be here: a path of the context, with globs. No URL (`:`), no git
+(`@`), no variable (`$`), quote or escape: any of those the builder may turn into a fetch."""
+_WORD = re.compile(r"^\s*(\S+)\s*(.*)$", re.S)
 DOCKERFILE_LIMIT = 1 << 20
+ESCAPES = ("\\", "`")
+"""The two escape characters a Dockerfile may use (`# escape=`): every reading is checked."""
 
 
-def instructions(text: str) -> list[tuple[int, str, str]]:
-    """(line, INSTRUCTION, rest) of each instruction, continuation lines joined."""
-    lines = text.splitlines()
-    escape = "\\"
-    for line in lines:  # parser directives come first, before any other line
-        found = _DIRECTIVE.match(line.strip())
-        if not found:
-            if line.strip().startswith("#") and "=" in line:
-                continue
-            break
-        escape = found.group(1)
-    out: list[tuple[int, str, str]] = []
-    start, parts = 0, list[str]()
+def _logical(lines: list[str], escape: str, lstrip: bool) -> list[tuple[int, str]]:
+    r"""The instructions of `lines` as the builder joins them with `escape`: a line ending in
+    it (trailing blanks aside) goes on with the next, with nothing between (so `AD\` and
+    `D x` make `ADD x`); comment lines inside are dropped. `lstrip`: with the next line's
+    leading blanks removed, as some builders do."""
+    out: list[tuple[int, str]] = []
+    start, current = 0, None
     for number, raw in enumerate(lines, 1):
-        stripped = raw.strip()
-        if not parts and (not stripped or stripped.startswith("#")):
+        line = raw.lstrip(" \t") if (lstrip and current is not None) else raw
+        if current is None:
+            if not raw.strip(" \t") or raw.lstrip(" \t").startswith("#"):
+                continue
+            start, current = number, ""
+        elif raw.lstrip(" \t").startswith("#"):
             continue
-        if parts and stripped.startswith("#"):
-            continue  # a comment inside a continued instruction
-        if not parts:
-            start = number
-        if stripped.endswith(escape):
-            parts.append(stripped[: -len(escape)])
+        body = line.rstrip(" \t\r")
+        if body.endswith(escape):
+            current += body[: -len(escape)]
             continue
-        parts.append(stripped)
-        joined = " ".join(p for p in parts if p)
-        word, _, rest = joined.partition(" ")
-        out.append((start, word.upper(), rest.strip()))
-        parts = []
-    if parts:
-        joined = " ".join(p for p in parts if p)
-        word, _, rest = joined.partition(" ")
-        out.append((start, word.upper(), rest.strip()))
+        out.append((start, current + line))
+        current = None
+    if current is not None:
+        out.append((start, current))
+    return out
+
+
+def readings(text: str) -> list[tuple[int, str, str]]:
+    """(line, INSTRUCTION, rest) of every instruction under every way a builder may read
+    the file: each physical line on its own, and the lines joined with either escape
+    character, with and without the next line's leading blanks. A check that holds on all
+    of them holds on the builder's, whatever our parse and its differ on (a BOM, a
+    directive, a blank after the escape): each instruction starts some line in one of
+    them."""
+    lines = text.removeprefix("\ufeff").splitlines()
+    views = [[(n, line) for n, line in enumerate(lines, 1)]]
+    views += [_logical(lines, esc, strip) for esc in ESCAPES for strip in (False, True)]
+    out: list[tuple[int, str, str]] = []
+    for view in views:
+        for number, line in view:
+            found = _WORD.match(line)
+            if found and not found.group(1).startswith("#"):
+                entry = (number, found.group(1).upper(), found.group(2).strip())
+                if entry not in out:
+                    out.append(entry)
     return out
 
 
@@ -107,53 +122,67 @@ def _substitute(word: str, values: Mapping[str, str]) -> str | None:
         return value
 
     out = _VAR.sub(one, word)
-    return None if missing else out
+    return None if missing or "$" in out else out
 
 
 def problems(text: str, args: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(problems, images): what the Dockerfile does that no build may (each a sentence with
-    its line), and the images it starts from (FROM, COPY --from), for the engine to have."""
+    its line), and the images it starts from (FROM, COPY --from), for the engine to have.
+    Checked on every reading of the file (`readings`): a false alarm is possible on an odd
+    file, a miss is not."""
     found: list[str] = []
     images: list[str] = []
     stages: set[str] = set()
-    values: dict[str, str] = {}
-    seen_from = False
-    for line, word, rest in instructions(text):
+    values = _global_args(text, args)
+    for line, word, rest in readings(text):
         parts = _words(rest)
-        if word == "ARG" and not seen_from:
-            for part in parts:
+        flags = [p for p in parts if p.startswith("--")]
+        plain = [p for p in parts if not p.startswith("--")]
+        if word == "ONBUILD":
+            found.append(f"line {line}: ONBUILD adds steps that run in another build, unseen here")
+        elif word == "ADD":
+            bad = [p for p in plain[:-1] if not _PLAIN_SOURCE.match(p)] or [
+                f for f in flags if f.lower().startswith(("--checksum", "--keep-git-dir"))
+            ]
+            if bad or not plain[:-1]:
+                found.append(
+                    f"line {line}: ADD {' '.join(bad) or rest} is not a plain path of the "
+                    "context (a URL, a repository, a variable, a quote or an escape): the "
+                    "engine would fetch it itself, past the file's egress"
+                )
+        elif word == "FROM" and plain:
+            image = _substitute(plain[0], values)
+            if image is None:
+                found.append(f"line {line}: FROM {plain[0]} names a variable with no value")
+            elif image.lower() != "scratch" and image not in stages:
+                images.append(image)
+            if len(plain) >= 3 and plain[1].lower() == "as":
+                stages.add(plain[2].lower())
+        elif word == "COPY":
+            for flag in flags:
+                if flag.startswith("--from="):
+                    ref = flag.removeprefix("--from=")
+                    if "$" in ref:
+                        found.append(f"line {line}: COPY {flag} names a variable")
+                    elif ref.lower() not in stages and not ref.isdigit():
+                        images.append(ref)
+    return found, images
+
+
+def _global_args(text: str, args: Mapping[str, str]) -> dict[str, str]:
+    """The ARGs declared before the first FROM, with their defaults or the build's args."""
+    values: dict[str, str] = {}
+    for _, word, rest in readings(text):
+        if word == "FROM":
+            break
+        if word == "ARG":
+            for part in _words(rest):
                 name, eq, default = part.partition("=")
                 if name in args:
                     values[name] = args[name]
                 elif eq:
                     values[name] = default.strip("\"'")
-        elif word == "FROM":
-            seen_from = True
-            names = [p for p in parts if not p.startswith("--")]
-            if not names:
-                continue
-            image = _substitute(names[0], values)
-            if image is None:
-                found.append(f"line {line}: FROM {names[0]} names a variable with no value")
-            elif image.lower() != "scratch" and image not in stages:
-                images.append(image)
-            if len(names) >= 3 and names[1].lower() == "as":
-                stages.add(names[2])
-            stages.add(str(len(stages)))
-        elif word == "ADD":
-            for src in [p for p in parts if not p.startswith("--")][:-1]:
-                if _REMOTE.match(src):
-                    found.append(
-                        f"line {line}: ADD {src} is fetched by the engine itself, past the "
-                        "file's egress"
-                    )
-        elif word == "COPY":
-            for part in parts:
-                if part.startswith("--from="):
-                    ref = part.removeprefix("--from=")
-                    if ref not in stages and not ref.isdigit():
-                        images.append(ref)
-    return found, images
+    return values
 
 
 PROBLEM_FIX = (
@@ -186,16 +215,41 @@ def read_dockerfile(path: Path) -> str:
     return data.decode("utf-8", "replace")
 
 
-def private_context(context: Path, dockerfile: Path, into: Path) -> tuple[Path, Path]:
+CONTEXT_LIMIT_ENV = "ORCHESTRATOR_BUILD_CONTEXT_LIMIT"
+"""Most bytes a build's context may hold (its private copy is that large): 2g by default."""
+
+
+class Budget:
+    """What a context's copy may still take: bytes and time, both bounded."""
+
+    def __init__(self, limit: int, seconds: float) -> None:
+        self.left = limit
+        self.deadline = time.monotonic() + seconds
+
+    def take(self, size: int, what: str) -> None:
+        self.left -= size
+        if self.left < 0:
+            raise ValueError(
+                f"the build context is larger than {CONTEXT_LIMIT_ENV} allows (at {what}): "
+                "leave out what the build does not need (.dockerignore is read after the copy)"
+            )
+        if time.monotonic() > self.deadline:
+            raise ValueError(f"copying the build context took too long (at {what})")
+
+
+def private_context(
+    context: Path, dockerfile: Path, into: Path, budget: Budget
+) -> tuple[Path, Path]:
     """Copy the build context (resolved, checked: `context`) and its Dockerfile into the
     private folder `into`: reached without following links, every entry from its folder's
-    descriptor, links copied as links, FIFOs, sockets and devices left out. Returns the copy
-    of the context and of the Dockerfile (beside it, never inside: COPY cannot see it)."""
+    descriptor, links copied as links, FIFOs, sockets and devices left out, within `budget`
+    (a sparse file counts its whole size: the copy would hold it). Returns the copy of the
+    context and of the Dockerfile (beside it, never inside: COPY cannot see it)."""
     top = _open_dir(context)
     copy = into / "context"
     try:
         copy.mkdir(mode=0o700)
-        _copy_tree(top, copy)
+        _copy_tree(top, copy, budget)
     finally:
         os.close(top)
     try:
@@ -204,7 +258,7 @@ def private_context(context: Path, dockerfile: Path, into: Path) -> tuple[Path, 
         raise ValueError(str(exc)) from None
     try:
         target = into / "Dockerfile"
-        _copy_file(fd, target, 0o600)
+        _copy_file(fd, target, 0o600, budget)
     finally:
         os.close(fd)
     return copy, target
@@ -216,37 +270,51 @@ def _open_dir(path: Path) -> int:
     except PinRefused as exc:
         raise ValueError(str(exc)) from None
     try:
+        if not stat.S_ISDIR(os.fstat(pinned).st_mode):
+            raise ValueError(f"{path} is not a folder")
         return os.open(f"/proc/self/fd/{pinned}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     finally:
         os.close(pinned)
 
 
-def _copy_tree(src: int, dest: Path) -> None:
+def _copy_tree(src: int, dest: Path, budget: Budget) -> None:
     for where, dirs, names, dfd in os.fwalk(".", dir_fd=src, follow_symlinks=False):
         base = dest / os.path.normpath(where)
         for name in dirs:
+            budget.take(0, name)
             mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
-            (base / name).mkdir(mode=stat.S_IMODE(mode) | 0o700)
+            (base / name).mkdir(mode=stat.S_IMODE(mode) & 0o755 | 0o700)
         for name in names:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
+                budget.take(0, name)
                 os.symlink(os.readlink(name, dir_fd=dfd), base / name)
             elif stat.S_ISREG(st.st_mode):
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
                 try:
-                    _copy_file(fd, base / name, stat.S_IMODE(st.st_mode) & 0o755 | 0o600)
+                    _copy_file(fd, base / name, stat.S_IMODE(st.st_mode) & 0o755 | 0o600, budget)
                 finally:
                     os.close(fd)
 
 
-def _copy_file(fd: int, target: Path, mode: int) -> None:
-    """The regular file `fd` holds (O_PATH or not) copied to the new file `target`."""
-    with os.fdopen(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC), "rb") as src:
-        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
-            raise ValueError(f"{target.name} is not a regular file")
+def _copy_file(fd: int, target: Path, mode: int, budget: Budget) -> None:
+    """The regular file `fd` holds (an O_PATH descriptor) copied to the new file `target`:
+    its type is checked before it is opened, and it is opened without waiting (a FIFO put in
+    its place could not hold us)."""
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):
+        raise ValueError(f"{target.name} is not a regular file")
+    budget.take(found.st_size, target.name)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    with os.fdopen(os.open(f"/proc/self/fd/{fd}", flags), "rb") as src:
         out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         with os.fdopen(out, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+            copied = 0
+            while chunk := src.read(1 << 20):  # no more than it said it held
+                copied += len(chunk)
+                if copied > found.st_size:
+                    raise ValueError(f"{target.name} grew while it was copied")
+                dst.write(chunk)
 
 
 def absent(images: list[str], exists: Callable[[str], bool]) -> list[str]:

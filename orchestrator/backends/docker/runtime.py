@@ -205,7 +205,7 @@ class ComposeRuntime(ContainerRuntime):
             compiled = self.project.compiled
             folders = [m.source for m in compiled.mounts if m.origin == "workspace"]
             for folder in dict.fromkeys([*folders, *compiled.defuse]):
-                if folder.is_dir():  # no set-id program, file capability or device stays
+                if folder.exists():  # no set-id program, file capability or device stays
                     hostfs.defuse(folder)
         if self._temp_workspace is not None:
             shutil.rmtree(self._temp_workspace, ignore_errors=True)

@@ -150,6 +150,7 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
             "Swarm tasks cannot share a node's network",
             "use bridge (the stack's own overlay network)",
         )
+
     egress = {}
     for name in [MAIN, *spec.services]:
         egress[name], notes = opts.policy.egress_of(spec, name)

@@ -28,11 +28,11 @@ from orchestrator.backends.container.readiness import ServiceWatch
 from orchestrator.backends.container.runtime import ContainerRuntime
 from orchestrator.backends.swarm.compile import StackOptions, compile_stack
 from orchestrator.backends.swarm.stack import Stack, Task, manager_host, remove_stack_folder
-from orchestrator.errors import UsageError
+from orchestrator.errors import PolicyError, SpecIssue, UsageError
 from orchestrator.paths import projects_dir
 from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.loader import Environment, require_main_image
-from orchestrator.spec.policy import Policy
+from orchestrator.spec.policy import PULL_ENV, Policy
 from orchestrator.spec.resolve import MAIN
 
 SUSPEND_DEVIATION = (
@@ -78,6 +78,26 @@ class SwarmRuntime(ContainerRuntime):
 
     # ----- lifecycle -----------------------------------------------------------------------
     def _start(self) -> None:
+        self._require_pulls()
+        self._deploy()
+
+    def _require_pulls(self) -> None:
+        """A Swarm's nodes pull each task's image themselves, from the registry its name
+        says: only the caller may allow that (a file alone never makes the engine pull)."""
+        if not self.options.policy.allow_pull:
+            raise PolicyError(
+                SpecIssue(
+                    self.env.source,
+                    field="image",
+                    message="a Swarm's nodes pull each task's image themselves, from the "
+                    "registry its name says, and images are pulled only when the caller "
+                    "allows it",
+                    fix=f"let the caller allow pulls for a Swarm ({PULL_ENV}=1), with images "
+                    "in a registry of the caller's (docs/scale-out.md)",
+                )
+            )
+
+    def _deploy(self) -> None:
         opts = self.options
         refused = [
             what
