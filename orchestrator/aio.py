@@ -13,15 +13,21 @@ Commands and files (`execute`, `stream`, `read_file`, `write_file`) take the exe
 channel where the backend has one (the Docker backend's in-container executor): the call
 waits on the event loop, not in a thread, so a thousand calls in flight cost no thread
 each. Cancelling the task awaiting a call kills the command's whole process tree in the
-sandbox, and the sandbox stays usable. Elsewhere (the local backend, plain `docker exec`,
-an executor still starting) the blocking call runs in a thread of its own, never queued
-behind a bounded pool; a cancelled one is killed at its next output or its own timeout.
+sandbox, and the sandbox stays usable; the CancelledError reaches the caller once the
+executor has reported the command dead (at most a few seconds: a paused sandbox reports
+nothing). Elsewhere (the local backend, plain `docker exec`, an executor still starting)
+the blocking call runs in a thread of its own, never queued behind a bounded pool; a
+cancelled one is killed (within about 0.05 s where that thread pumps a process), and the
+cancel returns once that thread is done with it.
 
-Lifecycle calls (spawn, attach, cleanup, snapshot, folders, pools) are engine work that
-takes seconds: each runs in a thread of its own (`in_thread`, which a caller may use for
-any other blocking call of this package). A spawn cancelled while it starts removes
-the environment once it is up. Results, errors and limits are the blocking API's, word for
-word: both doors share every step but the waiting.
+Folder transfers, snapshot and restore run in a thread of their own too, and are stopped
+when the awaiting task is cancelled: their command is killed and what they half made is
+undone before the CancelledError reaches the caller, so nothing of them lands afterwards.
+Lifecycle calls (spawn, attach, cleanup, suspend, pools) are engine work that takes seconds:
+each runs in a thread of its own (`in_thread`, which a caller may use for any other
+blocking call of this package) and runs to its end. A spawn cancelled while it starts
+removes the environment once it is up. Results, errors and limits are the blocking API's,
+word for word: both doors share every step but the waiting.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from orchestrator.sandbox.results import (
     StreamEvent,
 )
 from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.sandbox.threads import in_thread
+from orchestrator.sandbox.threads import in_thread, stoppable
 from orchestrator.spec.loader import Environment
 
 P = ParamSpec("P")
@@ -202,8 +208,10 @@ class AsyncSandbox:
         user: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        """As Sandbox.upload (in a thread: a folder's archive is bulk work)."""
-        await in_thread(lambda: self.sync.upload(local, dest, user=user, timeout=timeout))
+        """As Sandbox.upload (in a thread: a folder's archive is bulk work). Cancelled, the
+        unpacking in the sandbox is killed before the CancelledError reaches the caller:
+        what it wrote by then stays, nothing more comes."""
+        await stoppable(lambda: self.sync.upload(local, dest, user=user, timeout=timeout))
 
     async def download(
         self,
@@ -214,9 +222,11 @@ class AsyncSandbox:
         limit: int | None = None,
         timeout: float | None = None,
     ) -> list[str]:
-        """As Sandbox.download (in a thread)."""
+        """As Sandbox.download (in a thread). Cancelled, nothing lands in `local`: the
+        packing is killed and the private folder it was unpacked into removed, before the
+        CancelledError reaches the caller."""
         sb = self.sync
-        return await in_thread(
+        return await stoppable(
             lambda: sb.download(src, local, user=user, limit=limit, timeout=timeout)
         )
 
@@ -275,11 +285,13 @@ class AsyncRuntime(AsyncSandbox):
         await in_thread(self.sync.detach)
 
     async def snapshot(self, dest: str | Path | None = None, **kwargs: Any) -> Snapshot:
-        """As Runtime.snapshot."""
-        return await in_thread(functools.partial(self.sync.snapshot, dest, **kwargs))
+        """As Runtime.snapshot. Cancelled, no snapshot is saved (its packing is stopped)."""
+        return await stoppable(functools.partial(self.sync.snapshot, dest, **kwargs))
 
     async def restore(self, snap: Snapshot) -> None:
-        await in_thread(lambda: self.sync.restore(snap))
+        """As Runtime.restore. Cancelled, the refilling is killed before the CancelledError
+        reaches the caller (the working folder is left as it got)."""
+        await stoppable(lambda: self.sync.restore(snap))
 
     async def suspend(self, name: str | None = None, *, keep: bool = True) -> Snapshot:
         return await in_thread(lambda: self.sync.suspend(name, keep=keep))

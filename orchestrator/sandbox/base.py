@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -38,7 +39,7 @@ from orchestrator.errors import (
     SetupFailed,
     UsageError,
 )
-from orchestrator.sandbox import admission, files, snapshot, suspend
+from orchestrator.sandbox import admission, files, hostpack, snapshot, suspend, threads
 from orchestrator.sandbox.calls import Sandbox, _deadline, _raise_held
 from orchestrator.sandbox.options import (
     BuildChoice,
@@ -322,9 +323,10 @@ class Runtime(Sandbox):
         """Freeze every process of the environment (the main sandbox and every service)
         where it is: no CPU, memory kept, until `resume()`. Meanwhile every call that would
         run something (execute, stream, the file calls, snapshot, service calls) raises
-        SandboxPaused at once; a command in flight raises it within about two seconds, and
-        is killed when the environment resumes. info(), poll(), logs(), kill() and
-        cleanup() still work. Idempotent; raises UsageError where the backend cannot."""
+        SandboxPaused at once; a command in flight raises it within about two seconds (by
+        plain `docker exec`, at its deadline), and is killed: it never runs again, whoever
+        resumes the environment. info(), poll(), logs(), kill() and cleanup() still work.
+        Idempotent; raises UsageError where the backend cannot."""
         self._check_usable_unpaused()
         if not self._paused:
             self._pause()
@@ -387,19 +389,22 @@ class Runtime(Sandbox):
         self._check_not_paused()
         path = snapshot.archive_path(self.env.name, dest)
         limit = limit or snapshot_limit()
-        archive: bytes | Path
-        if timeout is None:
-            snapshot.records_folder(path)
-            archive = self._pack_workdir_file(path.parent, None, limit)
-        else:
-            archive = self._pack_here(self.workdir, None, limit, timeout)
+        snapshot.records_folder(path)  # private, owner-checked
+        # with a timeout or without, into a file beside `path`: never whole in memory
+        archive = self._pack_workdir_file(path.parent, None, limit, timeout)
+        image, env, host = "", self.env, self._engine()
         try:
             image = self._commit(path.with_suffix(".json")) if filesystem else ""
-            env, host = self.env, self._engine()
+            threads.last_step()  # (an async caller that was cancelled gets no snapshot)
             return snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
+        except BaseException:
+            if image:  # made for a snapshot that is not: it goes (what is at `path` stays)
+                made = snapshot.Snapshot(path, "", "", "", 0, image, host, self.name)
+                with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
+                    self.remove_snapshot_image(made)
+            raise
         finally:
-            if isinstance(archive, Path):
-                archive.unlink(missing_ok=True)  # (moved into place unless that failed)
+            archive.unlink(missing_ok=True)  # (moved into place unless that failed)
 
     def _engine(self) -> str:
         """The engine this runtime's containers are on, as a snapshot records it: the one
@@ -433,9 +438,11 @@ class Runtime(Sandbox):
         images = self._commit_all(path.with_suffix(".json"))  # all at one frozen instant
         main = images.pop(MAIN, "")
         env, host = self.env, self._engine()
+        archive: Path | None = None
         try:
             self._kill_processes()  # nothing changes the workspace while it is packed
-            archive = self._pack_workdir(None, snapshot_limit())
+            snapshot.records_folder(path)  # private, owner-checked
+            archive = self._pack_workdir_file(path.parent, None, snapshot_limit())
             saved = snapshot.save(
                 archive,
                 *(env.name, env.digest, path, main, host, self.name),
@@ -448,6 +455,9 @@ class Runtime(Sandbox):
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is the news
                 snapshot.Snapshot(path, "", "", "", 0, main, host, self.name, images).remove()
             raise
+        finally:
+            if archive is not None:
+                archive.unlink(missing_ok=True)  # (moved into place unless that failed)
         self.kill()  # nothing in it is kept: no stop grace to wait for
         self.cleanup()
         return saved
@@ -549,11 +559,20 @@ class Runtime(Sandbox):
         can read it more directly than through a command does so."""
         return self._pack_here(self.workdir, user, limit)
 
-    def _pack_workdir_file(self, folder: Path, user: str | None, limit: int) -> bytes | Path:
-        """The working folder's archive for a snapshot: its bytes, or a new file in `folder`
-        holding it (the snapshot's folder: it is moved into place); a backend that can write
-        that file more directly than through a command does so."""
-        return self._pack_workdir(user, limit)
+    def _pack_workdir_file(
+        self, folder: Path, user: str | None, limit: int, timeout: float | None = None
+    ) -> Path:
+        """The working folder's archive for a snapshot or a suspend record, in a new file in
+        `folder` (the record's folder: the caller moves it into place, or removes it),
+        written as it comes, never whole in memory; past `timeout` seconds
+        SandboxFileTimeout. A backend that can write that file more directly than through a
+        command does so."""
+        return hostpack.into_part(
+            folder,
+            lambda fd: self._pack_into(
+                self.workdir, user, limit, timeout, functools.partial(hostpack.write_all, fd)
+            ),
+        )
 
     @abstractmethod
     def _kill_processes(self) -> None:

@@ -16,7 +16,7 @@ import dataclasses
 import posixpath
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -249,7 +249,9 @@ class Sandbox(ABC):
         timeout: float | None = None,
     ) -> None:
         """Write text or bytes (line endings kept as given), creating parent folders. Raises
-        SandboxFileTimeout past `timeout` seconds (default: ORCHESTRATOR_FILE_TIMEOUT)."""
+        SandboxPermissionError for a path that is no regular file (a FIFO, device or socket:
+        never opened), SandboxFileTimeout past `timeout` seconds (default:
+        ORCHESTRATOR_FILE_TIMEOUT)."""
         cmd, target, deadline = self._write_command(path, content, user, timeout)
         _, err, outcome = self._collect(cmd, ERR_LIMIT)
         _written(err, outcome, target, deadline)
@@ -303,8 +305,9 @@ class Sandbox(ABC):
     ) -> str | bytes:
         """Return a file's content as text (UTF-8, invalid bytes replaced) or bytes. Raises
         SandboxFileNotFound, SandboxIsADirectory, SandboxPermissionError (also the built-in
-        errors), OutputLimitExceeded past `limit` bytes, or SandboxFileTimeout past `timeout`
-        seconds (default: ORCHESTRATOR_FILE_TIMEOUT; a FIFO in its place never ends)."""
+        errors; also for a path that is no regular file: a FIFO, device or socket is never
+        read), OutputLimitExceeded past `limit` bytes, or SandboxFileTimeout past `timeout`
+        seconds (default: ORCHESTRATOR_FILE_TIMEOUT)."""
         read = self._read_command(path, user, limit, timeout)
         out, err, outcome = self._collect(read.cmd, read.limit + 1)
         return read.result(out, err, outcome, text)
@@ -357,19 +360,49 @@ class Sandbox(ABC):
     def _pack_here(
         self, src: str, user: str | None, limit: int, timeout: float | None = None
     ) -> bytes:
+        """The folder `src` packed by the sandbox, as bytes (a pool's baseline)."""
+        archive = bytearray()
+        self._pack_into(src, user, limit, timeout, archive.extend)
+        return bytes(archive)
+
+    def _pack_into(
+        self,
+        src: str,
+        user: str | None,
+        limit: int,
+        timeout: float | None,
+        sink: Callable[[bytes], object],
+    ) -> None:
+        """The folder `src` packed by the sandbox, its archive handed to `sink` chunk by chunk
+        as it comes (a snapshot's file: never whole in this process). Past `limit` bytes,
+        OutputLimitExceeded at once (the command is killed); past `timeout` seconds
+        SandboxFileTimeout."""
         target, deadline = self._path(src), _deadline(timeout)
         cmd = self._command(files.download_argv(target), None, None, None, user, deadline)
-        out, err, outcome = self._collect(cmd, limit + 1, bulk=True)
+        err, size = TailBuffer(ERR_LIMIT), 0
+        gen = self._run_bulk(cmd)
+        try:
+            while True:
+                try:
+                    kind, data = next(gen)
+                except StopIteration as stop:
+                    outcome: Outcome = stop.value
+                    break
+                if kind == "stderr":
+                    err.add(data)
+                    continue
+                size += len(data)
+                if size > limit:
+                    raise OutputLimitExceeded(
+                        f"{target} packs to more than the limit of {limit} bytes (pass limit= "
+                        f"or set {FILE_LIMIT_ENV})"
+                    )
+                sink(data)
+        finally:
+            gen.close()  # stopped early: the command is killed
         stderr = decode(err.value())
         _raise_held(outcome, stderr, target, "download", deadline)
         files.raise_for_folder(outcome.exit_code, target, "download", stderr)
-        archive = out.value()  # (one copy of what may be a gigabyte)
-        if out.truncated or len(archive) > limit:
-            raise OutputLimitExceeded(
-                f"{target} packs to more than the limit of {limit} bytes (pass limit= or set "
-                f"{FILE_LIMIT_ENV})"
-            )
-        return archive
 
     def download(
         self,

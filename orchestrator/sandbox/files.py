@@ -33,26 +33,74 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.procutil import F_SETPIPE_SZ
-from orchestrator.sandbox import unpack
+from orchestrator.sandbox import threads, unpack
 from orchestrator.sandbox.options import FILE_LIMIT_ENV
 from orchestrator.sandbox.streams import ArchiveStream, Feeder
 
 # Exit codes of the file helper scripts below.
-_NOT_FOUND, _IS_DIR, _DENIED, _TOO_BIG = 2, 21, 13, 27
+_NOT_FOUND, _IS_DIR, _DENIED, _TOO_BIG, _NOT_REGULAR = 2, 21, 13, 27, 22
+OPEN_WAIT = 5
+"""Seconds the helpers give an open that can block (below) before they refuse the path as
+not a regular file: opening a regular file takes microseconds, so only a FIFO put in its
+place after it was looked at (or an exotic device) waits that long."""
+
+# The helpers open what they act on once, and judge what they opened (/dev/fd/3), never
+# the path again: a FIFO, device or socket is refused (exit 22), as is anything a sandbox
+# renames into place between a look at the path and the open. A path that is no regular
+# file when looked at is refused without being opened at all (at once). An open for
+# reading and writing (`<>`) never waits on a FIFO; one for reading alone, or writing
+# alone, does until the other end is opened, so it runs in a subshell raced against a
+# `sleep`: the open ends first (and stops the sleep) or is killed, and the path refused,
+# after OPEN_WAIT s. Reading never opens for writing: `<>` creates a missing file (through
+# a link the sandbox planted, too), which a read must not do.
+# `_watched(redirection, body, failed)`: `body` run with fd 3 opened by `redirection`
+# of "$p" under that race; `failed`: what a refused open exits with.
+# not there, or out of reach: the reason find gives (it never opens the path), which ends
+# its message (the start holds the path, whose words may be anything)
+_PROBE = (
+    'e=$(find "$p" -maxdepth 0 2>&1 >/dev/null); '
+    'case "${e##*: }" in *ermission*) exit 13 ;; esac; exit 2'
+)
+
+
+def _watched(redirection: str, body: str, failed: str) -> str:
+    return (
+        f"sleep {OPEN_WAIT} </dev/null >/dev/null 2>&1 & s=$!; "
+        f'( {{ kill $s 2>/dev/null; {body} }} 3{redirection}"$p" || '
+        f"{{ kill $s 2>/dev/null; {failed} }} ) & b=$!; "
+        "if wait $s 2>/dev/null; then kill -9 $b; exit 22; fi; wait $b"
+    )
+
+
+# what was opened: a regular file that someone may read (or write: the mode is honoured
+# whoever asks, root too) and at most the limit long (its size counted only past it), read
+# through the descriptor
+_READ_BODY = (
+    "[ -f /dev/fd/3 ] || exit 22; "
+    '[ -n "$(find -L /dev/fd/3 -maxdepth 0 -perm /444 2>/dev/null)" ] || exit 13; '
+    'if [ -n "$(find -L /dev/fd/3 -maxdepth 0 -size +"$2"c 2>/dev/null)" ]; then '
+    "n=$(wc -c <&3); echo $((n + 0)); exit 27; fi; exec cat <&3;"
+)
+_WRITE_BODY = (
+    "[ -f /dev/fd/3 ] || exit 22; "
+    '[ -n "$(find -L /dev/fd/3 -maxdepth 0 -perm /222 2>/dev/null)" ] || exit 13; '
+    "true >/dev/fd/3 || exit 13; exec cat >&3 <&5;"  # emptied through the descriptor
+)
 WRITE = (
     'p=$1; d=${p%/*}; [ -n "$d" ] || d=/; '
     '[ -d "$p" ] && exit 21; '
     # a write bit for someone (`find -perm`, not `ls`: gVisor refuses the statx `ls` makes)
     'if [ -e "$p" ] && [ -z "$(find "$p" -maxdepth 0 -perm /222 2>/dev/null)" ]; then exit 13; fi; '
     'if ! mkdir -p -- "$d" 2>/dev/null; then [ -e "$d" ] && [ ! -d "$d" ] && exit 2; exit 13; fi; '
-    'cat > "$p" 2>/dev/null || { [ -d "$d" ] || exit 2; exit 13; }'
+    '[ -e "$p" ] && { [ -f "$p" ] || exit 22; }; exec 5<&0; '
+    # read and write: never waits (a file the user may write but not read goes on below)
+    f'{{ {_WRITE_BODY} }} 2>/dev/null 3<>"$p"; '
+    + _watched(">>", _WRITE_BODY, '[ -d "$d" ] || exit 2; exit 13;')
 )
 READ = (
     'p=$1; [ -d "$p" ] && exit 21; '
-    'e=$( (: < "$p") 2>&1 ) || case "${e##*: }" in *ermission*) exit 13 ;; *) exit 2 ;; esac; '
-    '[ -n "$(find -L "$p" -maxdepth 0 -perm /444 2>/dev/null)" ] || exit 13; '
-    'n=$(wc -c < "$p") || exit 13; '
-    'n=$((n + 0)); if [ "$n" -gt "$2" ]; then echo "$n"; exit 27; fi; exec cat -- "$p"'
+    f'if [ ! -e "$p" ]; then {_PROBE}; fi; '
+    '[ -f "$p" ] || exit 22; ' + _watched("<", _READ_BODY, '[ -e "$p" ] || exit 2; exit 13;')
 )
 
 
@@ -79,6 +127,11 @@ def raise_for(code: int, path: str, verb: str, stderr: str, limit: int = 0, size
         raise SandboxFileNotFound(f"cannot {verb} {path}: no such file or directory")
     if code == _IS_DIR:
         raise SandboxIsADirectory(f"cannot {verb} {path}: is a directory")
+    if code == _NOT_REGULAR:  # as the host's own reader of a workspace says it (hostfs)
+        raise SandboxPermissionError(
+            f"cannot {verb} {path}: not a regular file (a FIFO, device or socket is never "
+            "read or written)"
+        )
     if code in (_DENIED, 1):
         raise SandboxPermissionError(f"cannot {verb} {path}: permission denied")
     if code == CANNOT_START:  # the helper's own programs (sh, cat) exist: it could not run them
@@ -101,11 +154,9 @@ UPLOAD = (
     'tar -x -o -f - -C "$d" || exit 13'
 )
 DOWNLOAD = (
-    # not there, or out of reach (a folder on the way this user cannot enter): the reason
-    # that ends the shell's message says which (not its start, which holds the path); opened
-    # only when nothing is there to stat, so never a FIFO that would wait for a writer
-    's=$1; if [ ! -e "$s" ]; then e=$( (: < "$s") 2>&1 ); '
-    'case "${e##*: }" in *ermission*) exit 13 ;; esac; exit 2; fi; '
+    # not there, or out of reach (a folder on the way this user cannot enter): find says
+    # which, and never opens the path (a FIFO put there meanwhile would wait for a writer)
+    f's=$1; p=$1; if [ ! -e "$s" ]; then {_PROBE}; fi; '
     '[ -d "$s" ] || exit 20; [ -r "$s" ] && [ -x "$s" ] || exit 13; '
     'export TAR_OPTIONS=--blocking-factor=2048; tar -c -f - -C "$s" .; t=$?; '
     "[ $t = 2 ] && exit 13; exit $t"  # GNU tar's 2 (a file it could not open) is not "missing"
@@ -324,16 +375,32 @@ def pack_host(folder: Path, limit: int) -> bytes | None:
 class Staged:
     """An archive from the sandbox unpacked into a private folder inside the destination,
     as it arrived: `commit()` moves it into place, `discard()` removes it. Nothing reaches
-    the destination itself unless every entry passed."""
+    the destination itself unless every entry passed, and none would replace one of the
+    caller's of another kind (a folder by a file, a file by a folder)."""
 
     def __init__(self, folder: Path, staging: Path, names: list[str]) -> None:
         self.folder, self.staging, self.names = folder, staging, names
 
     def commit(self) -> list[str]:
         try:
+            threads.last_step()  # a caller that was cancelled gets nothing moved in
+        except threads.Stopped:
+            self.discard()
+            raise
+        try:
+            clash = _clash(self.staging, self.folder)
+            if clash is not None:
+                raise SandboxUnsafeArchive(
+                    f"refused the archive: {clash!r} is a folder on one side and not on the "
+                    f"other, and what is in {self.folder} is never replaced by another kind "
+                    f"(nothing was written to {self.folder})"
+                )
             for entry in sorted(self.staging.iterdir()):
                 _merge(entry, self.folder / entry.name)
             self.staging.rmdir()
+        except SandboxUnsafeArchive:
+            self.discard()
+            raise
         except OSError as exc:
             self.discard()
             raise OrchestratorError(f"cannot move the download into {self.folder}: {exc}") from exc
@@ -343,17 +410,44 @@ class Staged:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
+def _folder(path: Path) -> bool:
+    """A folder itself, not a link to one."""
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _clash(src: Path, dst: Path, where: str = "") -> str | None:
+    """The first name under the staged folder `src` whose entry is a folder where the
+    destination `dst` holds something else that is not a link, or the other way round:
+    merging would delete what the caller has there. None when there is none."""
+    for entry in sorted(src.iterdir()):
+        there, name = dst / entry.name, f"{where}{entry.name}"
+        if not os.path.lexists(there) or there.is_symlink():
+            continue  # new, or a link in the way (replaced, never followed)
+        if _folder(entry) != _folder(there):
+            return name
+        if _folder(entry):
+            found = _clash(entry, there, f"{name}/")
+            if found is not None:
+                return found
+    return None
+
+
 def _merge(src: Path, dst: Path) -> None:
-    """Move `src` to `dst`; folders merge into existing folders, anything else replaces."""
-    if dst.is_dir() and not dst.is_symlink():
-        if src.is_dir() and not src.is_symlink():
-            for child in sorted(src.iterdir()):
-                _merge(child, dst / child.name)
-            shutil.copystat(src, dst, follow_symlinks=False)
-            src.rmdir()
-            return
-        shutil.rmtree(dst)
-    elif dst.is_symlink() and src.is_dir() and not src.is_symlink():
+    """Move `src` to `dst`; folders merge into existing folders, a file replaces a file or a
+    link (never followed), a folder replaces a link. A folder of the caller's is never
+    replaced (`_clash` refused that archive before anything moved)."""
+    if _folder(dst):
+        if not _folder(src):
+            raise SandboxUnsafeArchive(f"refused to replace the folder {dst} by a file")
+        for child in sorted(src.iterdir()):
+            _merge(child, dst / child.name)
+        shutil.copystat(src, dst, follow_symlinks=False)
+        src.rmdir()
+        return
+    if dst.is_symlink() and _folder(src):
         dst.unlink()  # a link in the way is replaced, never followed
     os.replace(src, dst)
 
@@ -371,6 +465,7 @@ class _Incoming(io.RawIOBase):
 
     def _pull(self) -> bool:
         for chunk in self._chunks:
+            threads.check_stop()  # its caller was cancelled: the unpacking stops here
             self.received += len(chunk)
             if self.received > self.limit:
                 raise OutputLimitExceeded(

@@ -1,12 +1,21 @@
 """Blocking work for asyncio callers, where no native path exists: each call gets a thread of
 its own (never a shared, bounded pool: a limiter would make one sample's slow call queue
-behind another's), and a call whose caller was cancelled is finished in that thread, with
-what it made handed to `abandoned` (an environment a cancelled spawn started is removed)."""
+behind another's). Two kinds:
+
+- `in_thread`: a call whose caller was cancelled is finished in that thread, with what it
+  made handed to `abandoned` (an environment a cancelled spawn started is removed);
+- `stoppable`: a call whose work changes what its caller sees (files landing in a folder of
+  the caller's, files written into the sandbox) is stopped when its caller is cancelled,
+  and the cancel returns only once it has stopped: its command is killed, its own loops
+  stop at `check_stop`, what it made is undone, and its last step (`last_step`: moving a
+  download into place) never starts after the cancel. Nothing of it lands later."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import logging
 import os
 import threading
 import weakref
@@ -20,6 +29,12 @@ from orchestrator.sandbox.results import Outcome
 T = TypeVar("T")
 AHEAD = 64
 """Chunks a command run in a thread may produce before its async caller takes them."""
+STOP_WITHIN = 30.0
+"""Longest a cancelled call waits for its work to stop (a command killed in a sandbox that
+answers slowly, a partial download removed) before the cancel goes on; then a warning is
+logged (the work is told to stop all the same, and its last step is refused)."""
+log = logging.getLogger("orchestrator")
+_here = threading.local()
 
 
 async def in_thread(fn: Callable[[], T], *, abandoned: Callable[[T], None] | None = None) -> T:
@@ -73,6 +88,95 @@ async def in_thread(fn: Callable[[], T], *, abandoned: Callable[[T], None] | Non
         raise
 
 
+class Stopped(BaseException):
+    """Raised inside the work of a `stoppable` call once its caller has left (it was
+    cancelled): the work unwinds (past handlers of Exception, as CancelledError does),
+    undoing what it made on its way out."""
+
+
+class _Leave:
+    """Whether the caller of a `stoppable` call has left, and whether its work has begun its
+    last step: one or the other, never both (decided under a lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._left = False
+        self._final = False
+
+    def is_set(self) -> bool:  # (procutil.abandon_when watches this)
+        return self._left
+
+    def leave(self) -> None:
+        with self._lock:
+            if not self._final:
+                self._left = True
+
+    def finish(self) -> bool:
+        with self._lock:
+            if not self._left:
+                self._final = True
+            return self._final
+
+
+def check_stop() -> None:
+    """Raise Stopped when the caller of the `stoppable` call this thread runs has left
+    (nothing outside one)."""
+    leave: _Leave | None = getattr(_here, "leave", None)
+    if leave is not None and leave.is_set():
+        raise Stopped("the caller was cancelled")
+
+
+def last_step() -> None:
+    """Called by the work of a `stoppable` call right before the step that makes its effect
+    visible (a download moved into place): raises Stopped when its caller has left; else,
+    from now on, a cancel waits for that step to end instead of stopping it."""
+    leave: _Leave | None = getattr(_here, "leave", None)
+    if leave is not None and not leave.finish():
+        raise Stopped("the caller was cancelled")
+
+
+async def stoppable(fn: Callable[[], T], *, within: float = STOP_WITHIN) -> T:
+    """`fn()` in a new thread, awaited; cancelling the caller stops it (see the module): a
+    command it runs is killed (procutil.abandon_when), `check_stop` and `last_step` raise
+    Stopped in it, and the CancelledError reaches the caller once `fn` has returned or
+    raised (at most `within` seconds later)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    leave = _Leave()
+
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+
+    def work() -> None:
+        _here.leave = leave
+        procutil.abandon_when(leave)
+        value: T | None = None
+        error: BaseException | None = None
+        try:
+            value = fn()
+        except BaseException as exc:  # handed to the caller, raised there
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="orch-aio-stoppable", daemon=True).start()
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        leave.leave()
+        done, _ = await asyncio.wait({future}, timeout=within)
+        if not done:
+            log.warning("a cancelled call did not stop within %g s; it was told to", within)
+        elif not future.cancelled():
+            future.exception()  # (retrieved: its caller left, nobody else will)
+        raise
+
+
 class _Left:
     """Whether the caller of a thread's run has left: it said so (`stop`), or its event loop
     is gone or closed (a caller that closed its loop under a silent command: no chunk will
@@ -103,7 +207,9 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
     a thread of its own, at most AHEAD chunks ahead of the caller. When the caller stops
     early (or is cancelled), the command is killed: by procutil within about 0.05 s where
     the run pumps a process in this thread (the local backend, plain `docker exec`), else
-    when the run is closed, at its next chunk or its end."""
+    when the run is closed, at its next chunk or its end; and the caller goes on only once
+    that thread is done with it (at most STOP_WITHIN s), so nothing of the command runs on
+    after a cancel returns."""
     loop = asyncio.get_running_loop()
     items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     room = threading.Semaphore(AHEAD)
@@ -125,28 +231,17 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
 
     def pump() -> None:
         procutil.abandon_when(left)  # a command run here dies when the caller leaves
-        run = make()
         try:
-            while not left.is_set():
-                try:
-                    chunk = next(run)
-                except StopIteration as end:
-                    put(("end", end.value))
-                    return
-                put(("chunk", chunk))
-                while not room.acquire(timeout=0.25):
-                    if left.is_set():
-                        return
-        except BaseException as exc:  # raised to the caller
-            put(("error", exc))
+            _pump(make(), left, room, put)
         finally:
-            run.close()
+            put(("done", None))
 
     threading.Thread(target=pump, name="orch-aio-run", daemon=True).start()
     # a caller that drops this generator unclosed (its loop closed under it) never runs the
     # `finally` below: the command must end all the same, when the frame is collected
     owner, pid = _Owner(), os.getpid()
     weakref.finalize(owner, _stop_in, pid, stop)
+    over = False
     try:
         while True:
             what, value = await items.get()
@@ -154,13 +249,45 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
                 room.release()
                 yield value
             elif what == "end":
+                over = True
                 assert isinstance(value, Outcome)
                 yield value
                 return
             else:
+                over = True
                 raise value
     finally:
         _stop_in(pid, stop)
+        if not over and os.getpid() == pid:  # left early: the command is dead before we go on
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_done(items), STOP_WITHIN)
+
+
+def _pump(
+    run: Chunks, left: _Left, room: threading.Semaphore, put: Callable[[tuple[str, Any]], None]
+) -> None:
+    """thread_chunks' thread: `run`'s chunks to the caller until it ends or the caller left."""
+    try:
+        while not left.is_set():
+            try:
+                chunk = next(run)
+            except StopIteration as end:
+                put(("end", end.value))
+                return
+            put(("chunk", chunk))
+            while not room.acquire(timeout=0.25):
+                if left.is_set():
+                    return
+    except BaseException as exc:  # raised to the caller
+        put(("error", exc))
+    finally:
+        run.close()
+
+
+async def _done(items: asyncio.Queue[tuple[str, Any]]) -> None:
+    """Until thread_chunks' thread says it is done (what else it sent goes unread)."""
+    while (await items.get())[0] != "done":
+        pass
 
 
 class _Owner:

@@ -32,15 +32,16 @@ from orchestrator import procutil
 from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.executor import wire
 from orchestrator.backends.container.executor.client import ExecutorClient, Fifo
-from orchestrator.backends.container.executor.plain import run_plain
+from orchestrator.backends.container.executor.plain import MARK, Killer, run_plain
 from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
-from orchestrator.errors import ExecutorLost, SandboxUnavailable
+from orchestrator.backends.container.owed import Owed
+from orchestrator.errors import ExecutorLost, SandboxPaused, SandboxUnavailable
 from orchestrator.procutil import F_SETPIPE_SZ
 from orchestrator.sandbox import files
 from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Outcome, StreamKind
 from orchestrator.sandbox.streams import ArchiveStream, Feeder
-from orchestrator.sandbox.threads import SingleFlight, thread_chunks
+from orchestrator.sandbox.threads import SingleFlight, in_thread, thread_chunks
 
 log = logging.getLogger("orchestrator.docker")
 READY_TIMEOUT = 15.0
@@ -75,6 +76,7 @@ class Channel:
         running: Callable[[], bool],
         warn: Callable[[str], None],
         shared: Path | None = None,
+        owed: tuple[Owed, str] | None = None,
     ) -> None:
         self.label = label
         self.mode = mode
@@ -94,6 +96,8 @@ class Channel:
         self._fifo_ok: bool | None = None if shared is not None else False
         self._asked = SingleFlight()
         """Why the executor was lost, asked once for all the async calls that lost it."""
+        self._owed = owed
+        """The kills owed in the environment, and this container's service (see owed.py)."""
 
     # ----- the executor ----------------------------------------------------------------------
     def start(self) -> None:
@@ -167,6 +171,8 @@ class Channel:
         (its stdin a streams.ArchiveStream), through a FIFO where one works; otherwise an
         archive out goes by plain exec, whose output crosses one process less than through
         the executor, which matters for 100 MB more than the exec's start-up does."""
+        if self._owed is not None:
+            self._owed[0].settle()  # nothing runs before a command it failed is killed
         if bulk and self._fifo_works(cmd):
             stream = cmd.stdin if isinstance(cmd.stdin, ArchiveStream) else None
             routed = yield from (
@@ -194,11 +200,27 @@ class Channel:
                 return Outcome(NO_FIFO, False, 0.0)
             return (yield from self._plain(cmd))
         started = time.monotonic()
+        killer, marked = self._marked(cmd)
         try:
             end = fifo.end if fifo is not None else None
-            return (yield from ex.run(cmd, procutil.GRACE, self._lost, end))
+            return (yield from ex.run(marked, procutil.GRACE, self._lost, end))
         except ExecutorLost as exc:
             return self._executor_lost(ex, exc, started)
+        except SandboxPaused:
+            self._owe_kill(killer)  # its caller is told it failed: it must not run on
+            raise
+
+    def _marked(self, cmd: Command) -> tuple[Killer, Command]:
+        """A command for the executor, marked (as the plain path marks its own) so that it
+        can be killed while its sandbox is paused, and the killer that finds it by that mark
+        (as its user: the executor runs one that names none as root)."""
+        killer = Killer(self._docker_cmd, self._container, cmd.user or "0")
+        return killer, dataclasses.replace(cmd, env={**cmd.env, MARK: killer.token})
+
+    def _owe_kill(self, killer: Killer) -> None:
+        """A command whose call raised SandboxPaused is killed (see owed.py)."""
+        if self._owed is not None:
+            self._owed[0].owe(self._owed[1], killer)
 
     def _executor_lost(self, ex: ExecutorClient, exc: ExecutorLost, started: float) -> Outcome:
         """A command's executor died under it: 137 when kill() did it (as SIGKILL ends a
@@ -218,20 +240,25 @@ class Channel:
         none runs yet, or it cannot run `cmd`, by the blocking path in a thread of its own
         (threads.thread_chunks), which starts one or goes plain as `run` does."""
         ex = self._executor if self.mode != "plain" else None
-        if ex is None or not ex.ready_now or not _runs_as(ex, cmd):
+        owing = self._owed is not None and self._owed[0].owing  # (settled by the blocking way)
+        if ex is None or not ex.ready_now or not _runs_as(ex, cmd) or owing:
             async with contextlib.aclosing(thread_chunks(lambda: self.run(cmd))) as way:
                 async for item in way:
                     yield item
             return
         started = time.monotonic()
+        killer, marked = self._marked(cmd)
         try:
-            async with contextlib.aclosing(ex.arun(cmd, procutil.GRACE, self._lost)) as way:
+            async with contextlib.aclosing(ex.arun(marked, procutil.GRACE, self._lost)) as way:
                 async for item in way:
                     yield item
         except ExecutorLost as exc:
             # asked once for every call that lost this executor (a thousand may be waiting)
             dead = ex
             yield _after_loss(await self._asked(lambda: self._why_lost(dead)), exc, started)
+        except SandboxPaused:
+            await in_thread(lambda: self._owe_kill(killer))  # (engine calls: a thread)
+            raise
 
     def _executor_for(self, cmd: Command) -> ExecutorClient | None:
         """The executor, where it runs and can run `cmd` as its user."""
@@ -296,7 +323,8 @@ class Channel:
         return None
 
     def _plain(self, cmd: Command) -> Chunks:
-        outcome = yield from run_plain(self._docker_cmd, self._container, cmd)
+        killer = Killer(self._docker_cmd, self._container, cmd.user)
+        outcome = yield from run_plain(self._docker_cmd, self._container, cmd, killer=killer)
         failed = outcome.exit_code != 0 or outcome.timed_out
         if failed and not self._killed():  # the command failed, or the container did?
             # a container killed under it ends `docker exec` with 137, a moment before the
@@ -306,6 +334,8 @@ class Channel:
             if killed and self._running():
                 return outcome
             lost = self._lost_soon(PLAIN_LOST_WITHIN) if killed else self._lost()
+            if isinstance(lost, SandboxPaused):  # the engine refused the killer too
+                self._owe_kill(killer)
             if lost is not None:
                 raise lost
         return outcome

@@ -12,11 +12,17 @@ All or none: when an engine refuses a container that runs, whatever was frozen i
 again and the error says why. A container in the wanted state already (paused by another
 process, `orchestrator pause`) or not running at all (a service that died: nothing of it
 runs) is not an error, so `pause` and `resume` are idempotent whoever paused. Every engine
-call is bounded (ORCHESTRATOR_ENGINE_TIMEOUT)."""
+call is bounded (ORCHESTRATOR_ENGINE_TIMEOUT).
+
+A process of a paused container can still be killed, by a container of its own that shares
+the paused one's process namespace (`kill_frozen`; the engine refuses `docker exec` into a
+paused container): the signal waits in the frozen process, which dies at the thaw before it
+runs one more instruction."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Sequence
 
@@ -103,3 +109,45 @@ def _unsettled(docker_cmd: Sequence[str], containers: list[str], *, paused: bool
 
 def _call(docker_cmd: Sequence[str], verb: str, containers: list[str]) -> None:
     run_cli(f"{verb} of {len(containers)} container(s)", [*docker_cmd, verb, *containers])
+
+
+def kill_frozen(
+    docker_cmd: Sequence[str], container: str, user: str | None, argv: list[str], name: str
+) -> str:
+    """Run `argv` (a script of shell builtins: the plain path's KILL_TREE) in a new
+    container `name` of `container`'s own image that shares its process namespace, as `user`
+    (None: the image's), while `container` may be paused; its output. That container has
+    the capabilities of `container` (no fewer: the kernel lets a process read another's
+    environment, where the command's mark is, only when it holds every capability the other
+    holds; and no more), no network, no privilege to gain, a read-only filesystem, a few
+    processes and little memory, and is removed when it ends, or when the engine would not
+    start it (Podman will not, into a paused container's namespace: it would then hold that
+    container up); it runs the image the sandbox runs, with nothing of the sandbox's own
+    filesystem."""
+    fmt = "{{.Image}}\t{{json .HostConfig.CapAdd}}\t{{json .HostConfig.CapDrop}}"
+    said = run_cli("inspecting the sandbox", [*docker_cmd, "inspect", "--format", fmt, container])
+    image, added, dropped = [*said.strip().split("\t"), "", "", ""][:3]
+    run = [*docker_cmd, "run", "--rm", "--name", name, "--pull", "never"]
+    run += [f"--pid=container:{container}", "--network", "none", "--read-only"]
+    run += ["--security-opt", "no-new-privileges", "--pids-limit", "8", "--memory", "64m"]
+    run += ["--log-driver", "none"]
+    run += [f"--cap-drop={cap}" for cap in _caps(dropped)]
+    run += [f"--cap-add={cap}" for cap in _caps(added)]
+    if user:
+        run += ["--user", user]
+    run += ["--entrypoint", argv[0], image, *argv[1:]]
+    try:
+        return run_cli("killing a command in the paused sandbox", run)
+    except DockerError:
+        with contextlib.suppress(OrchestratorError):  # (gone already: what --rm did)
+            run_cli("removing the killer", [*docker_cmd, "rm", "--force", name])
+        raise
+
+
+def _caps(said: str) -> list[str]:
+    """Capability names from the engine's JSON list (null: none)."""
+    try:
+        caps = json.loads(said or "null") or []
+    except ValueError:
+        return []
+    return [c for c in caps if isinstance(c, str) and c.replace("_", "").isalnum()]

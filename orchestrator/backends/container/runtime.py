@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast, get_args
 
 from orchestrator import procutil, settings
-from orchestrator.backends.container import copyin, freeze, membership
+from orchestrator.backends.container import copyin, freeze, membership, owed
 from orchestrator.backends.container.channel import Channel, Mode
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
@@ -136,6 +136,8 @@ class ContainerRuntime(Runtime):
         # that container alone sees at IO_MOUNT), if any
         self._shared: Path | None = None
         self._image_workdir: str | None = None  # `workdir: null`: the image's, once asked
+        self._owed = owed.Owed(self._project_folder, self._service_located)
+        """Kills owed to plain commands failed as paused, run once thawed (owed.py)."""
 
     # ----- placement: what a container backend provides ------------------------------------
     @abstractmethod
@@ -303,7 +305,14 @@ class ContainerRuntime(Runtime):
             running=lambda: self._visibly_running(service),
             warn=warn,
             shared=None if self._shared is None else self._shared / service,
+            owed=(self._owed, service),
         )
+
+    def _service_located(self, service: str) -> tuple[str, list[str]]:
+        """`_locate`, for a service of the file's only (a record names it: see owed.py)."""
+        if service != MAIN and service not in self.env.spec.services:
+            raise UsageError(f"{self.env.name} has no service {service!r}")
+        return self._locate(service)
 
     def _channels(self) -> list[Channel]:
         return [c for c in (self._main, *(s.channel for s in self._services.values())) if c]
@@ -405,6 +414,9 @@ class ContainerRuntime(Runtime):
 
     def _resume(self) -> None:
         freeze.resume(self._frozen_groups())
+        # a command whose call failed as paused (whoever paused and resumes) dies now,
+        # before resume returns and before any other command of this process
+        self._owed.settle(everyone=True)
 
     def _frozen(self) -> bool:
         try:

@@ -7,6 +7,7 @@ import logging
 import os
 import posixpath
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -230,11 +231,18 @@ class ComposeRuntime(ContainerRuntime):
         archive = None if source is None else files.pack_host(source, limit)
         return super()._pack_workdir(user, limit) if archive is None else archive
 
-    def _pack_workdir_file(self, folder: Path, user: str | None, limit: int) -> bytes | Path:
-        """As _pack_workdir, the host's tar writing straight into the file."""
+    def _pack_workdir_file(
+        self, folder: Path, user: str | None, limit: int, timeout: float | None = None
+    ) -> Path:
+        """As _pack_workdir, the host's tar writing straight into the file; where it cannot,
+        the sandbox packs it into the file, in what is left of `timeout`."""
         source = self._workspace_source()
-        made = None if source is None else hostpack.pack_to_file(source, folder, limit)
-        return self._pack_here(self.workdir, user, limit) if made is None else made
+        started = time.monotonic()
+        made = None if source is None else hostpack.pack_to_file(source, folder, limit, timeout)
+        if made is not None:
+            return made
+        left = None if timeout is None else max(timeout - (time.monotonic() - started), 0.01)
+        return super()._pack_workdir_file(folder, user, limit, left)
 
     def _workspace_source(self) -> Path | None:
         """The host folder of the workspace's bind mount, where that is the workdir."""

@@ -82,6 +82,9 @@ def executor_files() -> dict[str, bytes]:
 BACKSTOP = 2.0
 """Seconds past a command's own timeout (and grace) before the host asks the executor to kill
 it again, and as long again before it declares the executor lost."""
+KILL_WITHIN = 5.0
+"""Longest a cancelled call waits for the executor to report its killed command's exit
+(milliseconds, unless the sandbox is paused or overloaded meanwhile)."""
 PING_AFTER = 0.5
 """Seconds without any frame from the executor before a command waiting on it sends a ping."""
 SILENT = 1.5
@@ -382,6 +385,8 @@ class ExecutorClient:
             call.start(fifo)
             if cmd.stdin is not None:
                 for chunk in stdin_chunks(cmd.stdin):
+                    if procutil.abandoned():  # its caller left while it was fed
+                        return Outcome(137, False, 0.0)
                     self._send(wire.STDIN, call.cid, chunk, waiting=lambda: self._silence(probe))
                 self._send(wire.STDIN_EOF, call.cid)
             call.arm()
@@ -421,6 +426,8 @@ class ExecutorClient:
                     ended = got  # what it wrote is read still
                     reader.exited()
         finally:
+            if procutil.abandoned():  # a cancelled caller goes on once the command is dead
+                call.stop()
             call.end()
 
     async def arun(self, cmd: Command, grace: float, probe: Probe | None = None) -> AChunks:
@@ -460,6 +467,9 @@ class ExecutorClient:
                 yield got
                 if isinstance(got, Outcome):
                     return
+        except (asyncio.CancelledError, GeneratorExit):  # cancelled, or left early: the
+            await call.astop(arrived)  # caller goes on once the command is dead
+            raise
         finally:
             call.end()
 
@@ -565,6 +575,50 @@ class _Call:
     def end(self) -> None:
         """Whatever way the call ends: a command its caller gave up on must not outlive it."""
         self.forget()
+
+    def _kill_now(self) -> bool:
+        """Ask the executor to kill the command now; False when nothing is left to kill."""
+        if self.done or self.client._dead.is_set():
+            return False
+        self.client._send(wire.KILL, self.cid)
+        self.killed = True
+        return True
+
+    def _exited(self, wait: float) -> bool:
+        """Whether the exit report came (output queued before it is dropped), waiting at most
+        `wait` s for a frame."""
+        try:
+            kind, _ = (
+                self.inbox.frames.get(timeout=wait) if wait else self.inbox.frames.get_nowait()
+            )
+        except queue.Empty:
+            return self.done or self.client._dead.is_set()
+        if kind == wire.EXIT:
+            self._done[0] = True
+        return self.done
+
+    def stop(self, within: float = KILL_WITHIN) -> None:
+        """Kill the command and wait (at most `within` s) for its exit report: once this
+        returns, nothing of it runs on (its caller was cancelled, and must not see it act
+        afterwards). A sandbox paused meanwhile never reports: the wait ends at `within`."""
+        if not self._kill_now():
+            return
+        deadline = time.monotonic() + within
+        while (left := deadline - time.monotonic()) > 0 and not self._exited(min(left, 0.25)):
+            pass
+
+    async def astop(self, arrived: asyncio.Event, within: float = KILL_WITHIN) -> None:
+        """`stop`, awaited on the event loop (woken by the frames' `arrived`)."""
+        if not self._kill_now():
+            return
+        deadline = time.monotonic() + within
+        while (left := deadline - time.monotonic()) > 0:
+            arrived.clear()
+            if self._exited(0):
+                return
+            if self.inbox.frames.empty():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), min(left, 0.25))
 
 
 class _Waker:

@@ -21,6 +21,7 @@ POSIX sh only: nothing is installed in the image, and nothing is left behind in 
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import subprocess
@@ -28,10 +29,12 @@ import time
 import uuid
 
 from orchestrator import procutil
+from orchestrator.backends.container import freeze
 from orchestrator.backends.container.exec_target import ExecTarget
-from orchestrator.errors import BackendUnavailable, SandboxUnavailable
+from orchestrator.errors import BackendUnavailable, OrchestratorError, SandboxUnavailable
 from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
 
+log = logging.getLogger("orchestrator.docker")
 MARK = "ORCHESTRATOR_CMD"
 HOLD_LIMIT = 64 * 1024
 """Most stdout held before the command's session line: the docker CLI prints why the engine
@@ -82,22 +85,60 @@ _NO_PROCESS = re.compile(
 )
 
 
-class _Killer:
+class Killer:
     """Kills one command's processes inside the container (see the module docstring)."""
 
-    def __init__(self, docker_cmd: list[str], container: str, cmd: Command, token: str):
+    def __init__(
+        self,
+        docker_cmd: list[str],
+        container: str,
+        user: str | None,
+        token: str | None = None,
+        sessions: list[str] | None = None,
+    ) -> None:
         # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
         # cannot read another uid's environ; the same uid can, and may signal it
         target = ExecTarget(docker_cmd, container)
-        self._argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=cmd.user)
-        self._token = token
-        self.sessions: list[str] = []
+        self._argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=user)
+        self._docker_cmd, self._container = docker_cmd, container
+        self.user = user
+        self.token = token or uuid.uuid4().hex
+        """The command's mark (MARK=token in its environment)."""
+        self.sessions: list[str] = list(sessions or [])
         """Sessions found by earlier passes: their processes die in later ones, even once
         nothing marked is left to find them by."""
         self.no_process = b""
         """Why the killer could not run at all, when the sandbox cannot start a process."""
+        self.ran = False
+        """Whether a pass ran to its end (False: the engine refused it, e.g. while the
+        sandbox was paused: the command's processes may still be there)."""
+
+    def finish(self) -> bool:
+        """Kill what is left of the command now (once the sandbox can run the killer again:
+        see backends/container/owed.py); whether the killer ran."""
+        self._passes(signal.SIGKILL)
+        return self.ran
+
+    def frozen(self) -> bool:
+        """Kill what is left of the command while its sandbox is paused (see
+        freeze.kill_frozen): each process dies at the thaw, before it runs again. Whether
+        the killer ran (False: the engine could not start it)."""
+        argv = ["/bin/sh", "-c", KILL_TREE, "sh", self.token, "KILL", *self.sessions]
+        try:
+            name = f"{self._container}-kill-{self.token[:12]}"
+            said = freeze.kill_frozen(self._docker_cmd, self._container, self.user, argv, name)
+        except OrchestratorError as exc:
+            log.warning("could not kill a command in its paused sandbox: %s", exc)
+            return False
+        self.ran = any(line.startswith(DONE) for line in said.splitlines())
+        return self.ran
 
     def __call__(self, client: subprocess.Popen[bytes], sig: int) -> None:
+        self._passes(sig)
+        if sig == signal.SIGKILL:
+            client.kill()  # and the local docker client, which a paused sandbox would hold
+
+    def _passes(self, sig: int) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")
         deadline, pause = time.monotonic() + KILL_TIMEOUT, 0.05
         while True:
@@ -109,13 +150,11 @@ class _Killer:
                 break
             time.sleep(pause)  # a fork loop may free a slot (a shell dies at its failure)
             pause = min(pause * 2, 0.5)
-        if sig == signal.SIGKILL:
-            client.kill()  # and the local docker client, which a paused sandbox would hold
 
     def _once(self, name: str, deadline: float) -> bytes | None:
         """One pass: the words of a sandbox that could not start a process (retry), else
         None: it ran, or failed otherwise (paused, gone: the caller's probe says so)."""
-        argv = [*self._argv, self._token, name, *self.sessions]
+        argv = [*self._argv, self.token, name, *self.sessions]
         try:
             done = subprocess.run(
                 argv,
@@ -129,31 +168,37 @@ class _Killer:
             if line.startswith(DONE):
                 self.sessions = line.removeprefix(DONE).split()
                 self.no_process = b""
+                self.ran = True
                 return None
         said = done.stdout + done.stderr
         return (said.strip() or b"no answer") if _NO_PROCESS.search(said) else None
 
 
 def run_plain(
-    docker_cmd: list[str], container: str, cmd: Command, out: int | None = None
+    docker_cmd: list[str],
+    container: str,
+    cmd: Command,
+    out: int | None = None,
+    *,
+    killer: Killer | None = None,
 ) -> Chunks:
     """`cmd` by one `docker exec`. `out`: the read end of a FIFO the command's output goes
-    to instead of through the engine (see `procutil.pump`)."""
+    to instead of through the engine (see `procutil.pump`). `killer`: the one that kills it
+    (made here when None), which the caller keeps to kill it later if it could not then."""
     try:  # ids the engine's runtime may not refuse (runsc runs -1 as nobody): refused here
         procutil.numeric_ids(cmd.user or "")
     except procutil.UnknownUser as exc:
         yield "stderr", f"{exc}\n".encode()
         return procutil.Outcome(126, False, 0.0)
-    token = uuid.uuid4().hex
+    killer = killer or Killer(docker_cmd, container, cmd.user)
     # through sh, so a missing program is 127 with the message on stderr, as everywhere else
     argv = ExecTarget(docker_cmd, container).argv(
         ["/bin/sh", "-c", WRAP, "sh", *cmd.argv],
         user=cmd.user,
         workdir=cmd.cwd,
-        env={**cmd.env, MARK: token},  # last: a caller's variable cannot hide the mark
+        env={**cmd.env, MARK: killer.token},  # last: a caller's variable cannot hide the mark
         stdin=cmd.stdin is not None,
     )
-    killer = _Killer(docker_cmd, container, cmd, token)
 
     stdin = stdin_chunks(cmd.stdin) if cmd.stdin is not None else None
     chunks = procutil.run(
@@ -220,7 +265,7 @@ def _refusal(said: bytes, code: int) -> tuple[int, bytes]:
     return code, said.replace(b"\r\n", b"\n")
 
 
-def _session(head: bytes, killer: _Killer) -> tuple[bytes | None, bytes]:
+def _session(head: bytes, killer: Killer) -> tuple[bytes | None, bytes]:
     """Take the command's first stderr line, its session, off `head`: (what is still held,
     None once done; what goes on to the caller)."""
     if head.startswith(SESSION) and b"\n" not in head and len(head) < 64:

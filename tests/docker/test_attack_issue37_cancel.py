@@ -1,0 +1,206 @@
+"""Attacks of issue 37 on cancellation and on a second process, on a real engine: a cancelled
+`aio` download or upload lands nothing after the cancel returns (item 13), and a command
+whose call raised SandboxPaused does not run on once another process (the CLI) resumes the
+environment (item 14)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import SandboxPaused, aio, spawn_runtime
+from orchestrator.sandbox.base import Runtime
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
+from tests.docker.conftest import MakeEnv
+
+CASES = {"executor": (PYTHON_IMAGE, "auto"), "plain": (BUSYBOX_IMAGE, "plain")}
+QUIET = 3.0
+"""Seconds the test watches, after a cancel returned, for anything landing late."""
+
+
+@pytest.fixture(params=list(CASES))
+def rt(request: pytest.FixtureRequest, make_env: MakeEnv) -> Iterator[Runtime]:
+    image, mode = CASES[request.param]
+    os.environ["ORCHESTRATOR_EXEC_MODE"] = mode
+    try:
+        runtime = spawn_runtime(make_env("", image=image))
+    finally:
+        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    with runtime:
+        yield runtime
+
+
+async def until(check: Callable[[], object], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)
+
+
+async def cancelled(task: asyncio.Future[Any]) -> None:
+    """Cancel `task`, and wait until the cancel has returned."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def below(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_cancelled_download_lands_nothing(rt: Runtime, tmp_path: Path) -> None:
+    tree = "mkdir -p tree && for i in $(seq 400); do head -c 500000 /dev/urandom > tree/f$i; done"
+    rt.execute(tree, timeout=120, check=True)
+    dest = tmp_path / "out"
+
+    def unpacking() -> bool:  # the private folder the archive is unpacked into has files
+        return any(p.is_file() for p in dest.glob(".orchestrator-download-*/*"))
+
+    async def main() -> None:
+        art = aio.AsyncRuntime(rt)
+        task = asyncio.ensure_future(art.download("tree", dest, timeout=120))
+        await until(lambda: unpacking() or task.done())
+        assert not task.done(), "the download was over before it could be cancelled"
+        await cancelled(task)
+
+    asyncio.run(main())
+    assert below(dest) == []  # nothing moved in, no private folder left
+    time.sleep(QUIET)
+    assert below(dest) == []
+
+
+def test_a_cancelled_upload_writes_nothing_more(rt: Runtime, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(300):
+        (src / f"f{i:03}").write_bytes(os.urandom(500_000))
+    listing = "find up -type f -exec wc -c {} + 2>/dev/null | sort; true"
+
+    async def main() -> str:
+        art = aio.AsyncRuntime(rt)
+        task = asyncio.ensure_future(art.upload(src, "up", timeout=120))
+        while not (await art.execute("ls up 2>/dev/null | head -1", timeout=30)).stdout:
+            assert not task.done(), "the upload was over before it could be cancelled"
+        await cancelled(task)
+        return (await art.execute(listing, timeout=30)).stdout
+
+    at_cancel = asyncio.run(main())
+    total = at_cancel.split()[-2] if "total" in at_cancel else "0"
+    assert int(total) < 300 * 500_000, at_cancel[-200:]  # it was cut short
+    time.sleep(QUIET)
+    assert rt.execute(listing, timeout=30).stdout == at_cancel
+
+
+# ----- item 14: pause and resume from another process ----------------------------------------
+CLI = [sys.executable, "-m", "orchestrator"]
+
+
+@pytest.fixture(params=list(CASES))
+def case(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+def writer_of(fifo: Path, seconds: float = 30) -> int:
+    """The FIFO opened for writing once its reader is there (it waits in `read` then)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except (FileNotFoundError, OSError):  # not made yet, or no reader yet (ENXIO)
+            assert time.monotonic() < deadline, "the command never read its FIFO"
+            time.sleep(0.02)
+
+
+def test_a_command_failed_as_paused_does_not_run_on_after_a_resume_by_the_cli(
+    make_env: MakeEnv, tmp_path: Path, case: str
+) -> None:
+    """The caller was told its command failed (the sandbox is paused): once the CLI, another
+    process, resumes the environment, the command must not go on and act unseen, not even
+    for the moment a kill after the thaw would take. What it waits for (a line in a FIFO of
+    its workspace, written from this host) comes while it is paused: thawed, it would write
+    at once."""
+    image, mode = CASES[case]
+    os.environ["ORCHESTRATOR_EXEC_MODE"] = mode
+    try:
+        runtime = spawn_runtime(make_env("", image=image), workspace=tmp_path / "ws")
+    finally:
+        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    with runtime as rt:
+        ident, out = rt.info().id, list[object]()
+
+        def run() -> None:
+            try:
+                out.append(rt.execute("mkfifo .gate; read x < .gate; echo late > .late", timeout=8))
+            except BaseException as exc:
+                out.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        gate = writer_of(tmp_path / "ws" / ".gate")
+        try:
+            paused = cli("pause", ident)
+            assert paused.returncode == 0, paused.stderr
+            thread.join(60)  # the executor: within ~2 s; plain exec: at the command's deadline
+            assert not thread.is_alive() and isinstance(out[0], SandboxPaused), out
+            os.write(gate, b"go\n")
+        finally:
+            os.close(gate)
+        resumed = cli("resume", ident)
+        assert resumed.returncode == 0, resumed.stderr
+        time.sleep(2)
+        assert not (tmp_path / "ws" / ".late").exists(), "the command ran on"
+        assert rt.execute("echo on", timeout=20).stdout == "on\n"
+
+
+def test_where_the_engine_cannot_kill_in_a_paused_sandbox_the_cli_resume_does(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kill owed is recorded in the environment's folder, and `orchestrator resume` (the
+    other process) runs it right after the thaw, before it returns."""
+    from orchestrator.backends.container.executor.plain import Killer
+
+    monkeypatch.setattr(Killer, "frozen", lambda self: False)  # here only: not in the CLI
+    os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain"
+    try:
+        runtime = spawn_runtime(make_env("", image=BUSYBOX_IMAGE), workspace=tmp_path / "ws")
+    finally:
+        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    with runtime as rt:
+        ident, out = rt.info().id, list[object]()
+        waits = "mkfifo .gate; read x < .gate; sleep 10; echo late > .late"
+
+        def run() -> None:
+            try:
+                out.append(rt.execute(waits, timeout=8))
+            except BaseException as exc:
+                out.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        gate = writer_of(tmp_path / "ws" / ".gate")
+        try:
+            assert cli("pause", ident).returncode == 0
+            thread.join(60)
+            assert not thread.is_alive() and isinstance(out[0], SandboxPaused), out
+            folder = rt.lasting_folder()
+            assert folder is not None and list((folder / "owed-kills").glob("*.json"))
+            os.write(gate, b"go\n")
+        finally:
+            os.close(gate)
+        assert cli("resume", ident).returncode == 0
+        assert not list((folder / "owed-kills").glob("*.json"))  # run, and gone
+        time.sleep(12)
+        assert not (tmp_path / "ws" / ".late").exists(), "the command ran on"
