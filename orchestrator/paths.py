@@ -108,7 +108,7 @@ def _check_holders(folder: Path) -> None:
     """Every folder above the state folder may be changed only by root or this user (or is
     sticky, as /tmp is, so nobody else may move what is ours in it): else someone else could
     put another folder in its place."""
-    me, my_group = os.geteuid(), os.getegid()
+    me = os.geteuid()
     at = Path(os.path.realpath(folder))
     while not os.path.lexists(at) and at != at.parent:  # (what is missing, we make: 0700)
         at = at.parent
@@ -118,7 +118,7 @@ def _check_holders(folder: Path) -> None:
         except OSError as exc:
             raise _refused(folder, f"{holder} is not usable: {exc.strerror}") from None
         sticky = bool(info.st_mode & stat.S_ISVTX)
-        others = info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != my_group)
+        others = info.st_mode & 0o022  # (a group, even this user's own, may have others)
         if info.st_uid not in (0, me):
             raise _refused(folder, f"it is inside {holder}, owned by uid {info.st_uid}")
         if others and not sticky:

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 from orchestrator import procutil, settings
 from orchestrator.errors import SandboxUnavailable, SpecIssue, UsageError
+from orchestrator.paths import make_folders
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import Chunks, Command, SpawnOptions, stdin_chunks
 from orchestrator.sandbox.results import Connection, RuntimeInfo
@@ -165,7 +166,7 @@ class LocalRuntime(Runtime):
         )
         if self.options.workspace is not None:
             self._workspace = self.options.workspace
-            self._workspace.mkdir(parents=True, exist_ok=True)
+            make_folders(self._workspace)  # what is missing of it: 0700, whatever the umask
         else:
             self._workspace = self._tmp / "workspace"
             self._workspace.mkdir()

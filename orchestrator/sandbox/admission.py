@@ -5,21 +5,21 @@ memory limits and of their CPU limits, over the main sandbox, every service and 
 the environment's own egress gateway and port forwarder (`Runtime.requested`). A container
 whose file names no limit gets the caller's default (spec/limits.py: 1g, 1 CPU), and is
 counted at it. It is admitted while what is admitted plus it stays within the budget:
-ORCHESTRATOR_MAX_MEMORY (default 75% of MemTotal) and ORCHESTRATOR_MAX_CPUS (default
-CPU_OVERCOMMIT times the host's CPU count: a CPU limit is a ceiling on time that every
-container shares, so a container over it is slowed, never killed, and sandboxes mostly wait;
-memory, which cannot be shared so, is counted one for one). The others wait in a queue,
-first come first admitted: only the head of the queue may be admitted, so a large request
-is never starved by a stream of small ones. A request larger than the whole budget fails at
-once (UsageError); a wait past ORCHESTRATOR_ADMISSION_TIMEOUT (600 s) raises
+ORCHESTRATOR_MAX_MEMORY (default 75% of MemTotal) and ORCHESTRATOR_MAX_CPUS (default: no
+bound: a CPU limit is a ceiling on time that every container shares, so a container over it
+is slowed, never killed, and sandboxes mostly wait; CPUs are counted, and bounded only where
+the caller sets it; memory, which cannot be shared so, is counted one for one). The others
+wait in a queue, first come first admitted: only the head of the queue may be admitted, so a
+large request is never starved by a stream of small ones. A request larger than the whole
+budget fails at once (UsageError); a wait past ORCHESTRATOR_ADMISSION_TIMEOUT (600 s) raises
 AdmissionTimeout. ORCHESTRATOR_ADMISSION=0 turns admission off.
 
 The queue is machine-wide for one user: the ledger (sandbox/ledger.py) is a private folder
 of tickets under the state folder, shared by every process of that user (and state folder).
 Another user's processes have their own ledger and budget (documented limit: give each user
 its share with ORCHESTRATOR_MAX_MEMORY). A ticket is released when its environment is
-cleaned up; a detached one (`orchestrator up`) is held by its project folder until `down`;
-a dead process's tickets are dropped. While it waits, a spawn logs a progress record to
+cleaned up; a detached one (`orchestrator up`) is held by its project folder until `down`; a
+dead process's tickets are dropped. While it waits, a spawn logs a progress record to
 ADMISSION_LOG about every second (the CLI draws it)."""
 
 from __future__ import annotations
@@ -46,8 +46,6 @@ ADMISSION_LOG = "orchestrator.admission"
 """The logger of waiting spawns' progress (INFO records; `admission_done` on the last)."""
 MEMORY_SHARE = 0.75
 """Share of the host's memory admitted by default."""
-CPU_OVERCOMMIT = 4
-"""CPU limits admitted by default, per CPU of the host (see the module's docstring)."""
 POLL = 0.1
 """Seconds between two looks at the ledger while waiting (a release in this process wakes
 its waiters at once)."""
@@ -113,7 +111,7 @@ def host_memory() -> int:
 def budget() -> Amounts:
     """What may be admitted at once (ORCHESTRATOR_MAX_MEMORY, ORCHESTRATOR_MAX_CPUS)."""
     memory = settings.size(MAX_MEMORY_ENV, int(host_memory() * MEMORY_SHARE))
-    cpus = settings.number(MAX_CPUS_ENV, float(CPU_OVERCOMMIT * (os.cpu_count() or 1)), unit="CPUs")
+    cpus = settings.number(MAX_CPUS_ENV, float("inf"), unit="CPUs")
     return Amounts(memory, cpus)
 
 

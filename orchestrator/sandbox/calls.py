@@ -88,6 +88,12 @@ class Sandbox(ABC):
         """The environment's setup output, carried apart in every result (None: no setup)."""
         return None
 
+    def writable_host_folders(self) -> Sequence[Path]:
+        """The host folders a sandbox of this environment can write (its workspace, a
+        read-write mount): a download into one of them never follows a link there (the
+        sandbox may have put it). None by default (nothing of the host is written)."""
+        return ()
+
     @abstractmethod
     def connection(self, *, user: str | None = None) -> Connection:
         """How a person opens a shell here from the host (as `user`, else the default)."""
@@ -440,7 +446,9 @@ class Sandbox(ABC):
 
         stream = archive()
         try:
-            staged = files.stage(stream, Path(local), limit or default_file_limit())
+            staged = files.stage(
+                stream, Path(local), limit or default_file_limit(), self.writable_host_folders()
+            )
         except OrchestratorError as exc:  # a cut archive: the deadline may be why
             if ended:
                 _raise_held(ended[0], decode(err.value()), target, "download", deadline, exc)

@@ -17,7 +17,7 @@ import subprocess
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -33,7 +33,7 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.procutil import F_SETPIPE_SZ
-from orchestrator.sandbox import threads, unpack
+from orchestrator.sandbox import landing, threads, unpack
 from orchestrator.sandbox.options import FILE_LIMIT_ENV
 from orchestrator.sandbox.streams import ArchiveStream, Feeder
 
@@ -376,10 +376,11 @@ class Staged:
     """An archive from the sandbox unpacked into a private folder inside the destination,
     as it arrived: `commit()` moves it into place, `discard()` removes it. Nothing reaches
     the destination itself unless every entry passed, and none would replace one of the
-    caller's of another kind (a folder by a file, a file by a folder)."""
+    caller's of another kind (a folder by a file, a file by a folder). Every step works
+    below the destination's descriptor (landing.py), never by path."""
 
-    def __init__(self, folder: Path, staging: Path, names: list[str]) -> None:
-        self.folder, self.staging, self.names = folder, staging, names
+    def __init__(self, folder: Path, dest: int, staging: str, names: list[str]) -> None:
+        self.folder, self.dest, self.staging, self.names = folder, dest, staging, names
 
     def commit(self) -> list[str]:
         try:
@@ -388,68 +389,36 @@ class Staged:
             self.discard()
             raise
         try:
-            clash = _clash(self.staging, self.folder)
-            if clash is not None:
-                raise SandboxUnsafeArchive(
-                    f"refused the archive: {clash!r} is a folder on one side and not on the "
-                    f"other, and what is in {self.folder} is never replaced by another kind "
-                    f"(nothing was written to {self.folder})"
-                )
-            for entry in sorted(self.staging.iterdir()):
-                _merge(entry, self.folder / entry.name)
-            self.staging.rmdir()
+            with landing.opened(self.staging, self.dest) as staged:
+                found = landing.clash(staged, self.dest)
+                if found is not None:
+                    raise SandboxUnsafeArchive(
+                        f"refused the archive: {found!r} is a folder on one side and not on "
+                        f"the other, and what is in {self.folder} is never replaced by another "
+                        f"kind (nothing was written to {self.folder})"
+                    )
+                for name in sorted(os.listdir(staged)):
+                    landing.merge(name, staged, self.dest)
+            os.rmdir(self.staging, dir_fd=self.dest)
         except SandboxUnsafeArchive:
             self.discard()
             raise
         except OSError as exc:
             self.discard()
             raise OrchestratorError(f"cannot move the download into {self.folder}: {exc}") from exc
+        finally:
+            self._close()
         return self.names
 
     def discard(self) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        if self.dest >= 0:
+            landing.remove_tree(self.staging, self.dest)
+        self._close()
 
-
-def _folder(path: Path) -> bool:
-    """A folder itself, not a link to one."""
-    try:
-        return stat.S_ISDIR(path.lstat().st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def _clash(src: Path, dst: Path, where: str = "") -> str | None:
-    """The first name under the staged folder `src` whose entry is a folder where the
-    destination `dst` holds something else that is not a link, or the other way round:
-    merging would delete what the caller has there. None when there is none."""
-    for entry in sorted(src.iterdir()):
-        there, name = dst / entry.name, f"{where}{entry.name}"
-        if not os.path.lexists(there) or there.is_symlink():
-            continue  # new, or a link in the way (replaced, never followed)
-        if _folder(entry) != _folder(there):
-            return name
-        if _folder(entry):
-            found = _clash(entry, there, f"{name}/")
-            if found is not None:
-                return found
-    return None
-
-
-def _merge(src: Path, dst: Path) -> None:
-    """Move `src` to `dst`; folders merge into existing folders, a file replaces a file or a
-    link (never followed), a folder replaces a link. A folder of the caller's is never
-    replaced (`_clash` refused that archive before anything moved)."""
-    if _folder(dst):
-        if not _folder(src):
-            raise SandboxUnsafeArchive(f"refused to replace the folder {dst} by a file")
-        for child in sorted(src.iterdir()):
-            _merge(child, dst / child.name)
-        shutil.copystat(src, dst, follow_symlinks=False)
-        src.rmdir()
-        return
-    if dst.is_symlink() and _folder(src):
-        dst.unlink()  # a link in the way is replaced, never followed
-    os.replace(src, dst)
+    def _close(self) -> None:
+        if self.dest >= 0:
+            os.close(self.dest)
+            self.dest = -1
 
 
 class _Incoming(io.RawIOBase):
@@ -499,42 +468,51 @@ class _Incoming(io.RawIOBase):
 READ_SIZE, COPY_SIZE = 1 << 16, 1 << 20
 
 
-def stage(chunks: Iterable[bytes], folder: Path, limit: int) -> Staged:
+def stage(
+    chunks: Iterable[bytes], folder: Path, limit: int, guarded: Sequence[Path] = ()
+) -> Staged:
     """Unpack a tar stream from the sandbox while it arrives, into a private folder inside
     `folder`, by `unpack` (nothing written through a link, nothing that could lead out:
     absolute names, `..`, links that could point out, devices and FIFOs refuse the archive;
-    setuid bits are dropped). Refused, cut short or past `limit` bytes, the private folder
-    goes and the error is raised. The caller commits; the names it gets are relative."""
+    setuid bits are dropped). `folder` is reached as landing.py says (a link inside one of
+    the `guarded` folders, those the sandbox writes, refuses it; what is missing is made
+    0700). Refused, cut short or past `limit` bytes, the private folder goes and the error
+    is raised. The caller commits; the names it gets are relative."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        dest = landing.open_destination(folder, guarded)
     except (FileExistsError, NotADirectoryError):
         raise UsageError(
             f"{folder} is not a folder on this machine: a download goes into one"
         ) from None
     except OSError as exc:
         raise OrchestratorError(f"cannot make the folder {folder}: {exc.strerror}") from None
-    staging = Path(tempfile.mkdtemp(prefix=".orchestrator-download-", dir=folder))
+    try:
+        staging = landing.make_staging(dest)
+    except OSError as exc:
+        os.close(dest)
+        raise OrchestratorError(f"cannot write in the folder {folder}: {exc.strerror}") from None
+    staged = Staged(folder, dest, staging, [])
     incoming = _Incoming(chunks, limit)
-    names: list[str] = []
     try:
         with tarfile.open(fileobj=incoming, mode="r|", bufsize=READ_SIZE) as tar:
-            names.extend(n for n in unpack.unpack(tar, staging, COPY_SIZE) if n)
+            where = f"/proc/self/fd/{dest}/{staging}"
+            staged.names.extend(n for n in unpack.unpack(tar, where, COPY_SIZE) if n)
         incoming.drain()
     except tarfile.TarError as exc:
         if incoming.received == 0:
-            return Staged(folder, staging, [])  # nothing came: the sandbox's side says why
-        shutil.rmtree(staging, ignore_errors=True)
+            return staged  # nothing came: the sandbox's side says why
+        staged.discard()
         raise OrchestratorError(f"cannot unpack into {folder}: {exc}") from exc
     except SandboxUnsafeArchive as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        staged.discard()
         raise SandboxUnsafeArchive(f"{exc} (nothing was written to {folder})") from None
     except OrchestratorError:  # over the limit, or the sandbox's side failed
-        shutil.rmtree(staging, ignore_errors=True)
+        staged.discard()
         raise
     except OSError as exc:  # an entry this machine cannot hold (a hard link to nothing, say)
-        shutil.rmtree(staging, ignore_errors=True)
+        staged.discard()
         raise OrchestratorError(f"cannot unpack into {folder}: {exc}") from exc
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        staged.discard()
         raise
-    return Staged(folder, staging, names)
+    return staged

@@ -8,7 +8,7 @@ allowlist, each entry one of:
     *.example.com          any name under example.com (not example.com itself), 80 and 443
     example.com:8443       that host, that port only
     10.0.0.0/8, 10.1.2.3   those addresses, any port (only as addresses: never a name that
-    10.0.0.0/8:5432        resolves to one), or that port only; IPv6 as [2001:db8::/32]:443
+    10.0.0.0/8:5432        resolves to one), or that port only (IPv4 only: the gateway has no IPv6)
 
 Names are compared lower-case, without a trailing dot. Pure: nothing here touches the
 network or the engine."""
@@ -99,6 +99,11 @@ def parse_rule(text: str) -> Rule:
         net = ipaddress.ip_network(host, strict=False)
     except ValueError:
         net = None
+    if net is not None and net.version == 6:
+        raise ValueError(
+            f"{text!r}: IPv6 addresses cannot be allowed: the egress gateway reaches the "
+            "outside over IPv4 only (name the host, or give its IPv4 address)"
+        )
     if net is not None and _VALUE.match(str(net)):
         return Rule("net", str(net), ports)
     if "/" in host or ":" in host or not _NAME.match(host) or len(host) > 253:
@@ -113,7 +118,7 @@ def parse_rule(text: str) -> Rule:
 def _what(text: str) -> str:
     return (
         f"{text!r} is not an allowlist entry: give a host name (example.com), a wildcard "
-        "(*.example.com), an address or range (10.0.0.0/8, [2001:db8::/32]), each with an "
+        "(*.example.com), an IPv4 address or range (10.0.0.0/8), each with an "
         "optional :PORT"
     )
 

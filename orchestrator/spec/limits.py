@@ -20,12 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator import settings
-from orchestrator.errors import UsageError
-from orchestrator.spec.models import MIN_MEMORY, Resources, size_bytes
+from orchestrator.errors import SpecIssue, UsageError
+from orchestrator.spec.models import MIN_MEMORY, EnvironmentV1, Resources, size_bytes
 
 DEFAULT_MEMORY_ENV = "ORCHESTRATOR_DEFAULT_MEMORY"
 DEFAULT_CPUS_ENV = "ORCHESTRATOR_DEFAULT_CPUS"
 DEFAULT_PIDS_ENV = "ORCHESTRATOR_DEFAULT_PIDS"
+MAX_PIDS_ENV = "ORCHESTRATOR_MAX_PIDS"
+MAX_PIDS = 4096
+"""The most processes a file may ask for one container (resources.pids): a file could
+otherwise lift its own ceiling to the host's whole pid table. The caller may raise it."""
 DEFAULT_MEMORY = 1024**3
 DEFAULT_CPUS = 1.0
 DEFAULT_PIDS = 1024
@@ -77,3 +81,25 @@ def applied(r: Resources) -> Resources:
             "pids": r.pids if r.pids is not None else default_pids(),
         }
     )
+
+
+def max_pids() -> int:
+    return settings.whole(MAX_PIDS_ENV, MAX_PIDS, unit="processes", high=2**22)
+
+
+def pids_issues(source: str, spec: EnvironmentV1) -> list[SpecIssue]:
+    """Each container whose `resources.pids` is above the caller's ceiling (max_pids)."""
+    ceiling = max_pids()
+    parts = [("resources.pids", spec.resources)] + [
+        (f"services.{n}.resources.pids", s.resources) for n, s in spec.services.items()
+    ]
+    return [
+        SpecIssue(
+            source,
+            field=where,
+            message=f"{r.pids} processes is above the most a file may ask for ({ceiling})",
+            fix=f"ask for {ceiling} or fewer, or let the caller raise it: {MAX_PIDS_ENV}={r.pids}",
+        )
+        for where, r in parts
+        if r.pids is not None and r.pids > ceiling
+    ]

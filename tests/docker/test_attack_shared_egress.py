@@ -374,3 +374,27 @@ def test_gvisor_sandboxes_leave_by_the_shared_network_as_runc_ones(
     refused(denied)
     ok(direct, hello("allowed.test"))
     assert set(aliases) <= {seen["Name"].lstrip("/"), seen["Id"][:12]}, aliases
+
+
+# ----- review: an IPv6 destination aborted the gateway -------------------------------------
+
+
+def test_an_ipv6_destination_is_refused_and_the_gateway_lives_on(
+    world: World, module_dir: Path
+) -> None:
+    """A file allowing 0.0.0.0/0 (every address, to this Squid IPv6 too) had its gateway
+    abort on one `CONNECT [2001:db8::1]:443` (an assertion: the gateway has no IPv6), and
+    egress was dead for the rest of the environment's life. A request naming an IPv6
+    address is refused; the gateway serves on."""
+    served = world.hosts["allowed.test"]
+    body = "network: {egress: ['0.0.0.0/0']}\n"
+    with spawn_runtime(env_file(module_dir, "v6abort", body)) as rt:
+        v6, v6_get, after = probe(
+            rt,
+            tunnel("[2001:db8::1]:443"),
+            via_proxy(f"GET http://[2001:db8::1]/ {CLOSE}", body=True),
+            tunnel(f"{served}:443"),
+        )
+    for answer in (v6, v6_get):
+        assert answer["error"] is None and " 403 " in answer["status_line"], answer
+    assert after["error"] is None and " 200 " in after["status_line"], after

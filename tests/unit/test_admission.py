@@ -103,14 +103,17 @@ def test_a_request_sums_the_main_sandbox_and_its_services_with_defaults(
     assert admission.request(env(None)) == Amounts(100 * MiB, 1.0)
 
 
-def test_the_default_budget_is_a_share_of_host_memory_and_four_times_every_cpu(
+def test_the_default_budget_is_a_share_of_host_memory_and_no_bound_on_cpus(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """CPU limits are ceilings on shared time: counted, bounded only where the caller says.
+    Bounded by default (4 x the host's), a file with a few services and the default 1 CPU
+    each took the whole budget of a 2-CPU host, and every other spawn waited 600 s."""
     monkeypatch.delenv("ORCHESTRATOR_MAX_MEMORY")
     monkeypatch.delenv("ORCHESTRATOR_MAX_CPUS")
     got = admission.budget()
     assert got.memory == int(admission.host_memory() * 0.75) > 0
-    assert got.cpus == 4 * (os.cpu_count() or 1)  # CPU limits are ceilings on shared time
+    assert got.cpus == float("inf")
 
 
 @pytest.mark.parametrize("value", ["lots", "0", "-1g", "1e400g"])

@@ -48,12 +48,18 @@ def compiled(text: str, tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], Any]
         ("example.com:8443", Rule("name", "example.com", (8443,))),
         ("10.0.0.0/8", Rule("net", "10.0.0.0/8", ())),
         ("10.1.2.3:5432", Rule("net", "10.1.2.3/32", (5432,))),
-        ("[2001:db8::/32]:443", Rule("net", "2001:db8::/32", (443,))),
-        ("2001:db8::1", Rule("net", "2001:db8::1/128", ())),
     ],
 )
 def test_entries_parse(text: str, rule: Rule) -> None:
     assert parse_rule(text) == rule
+
+
+@pytest.mark.parametrize("text", ["[2001:db8::/32]:443", "2001:db8::1", "::/0"])
+def test_ipv6_entries_are_refused_saying_why(text: str) -> None:
+    """The gateway reaches the outside over IPv4 only: an IPv6 entry never matched anything
+    (and a request for an IPv6 address aborted its Squid), so it is refused, saying why."""
+    with pytest.raises(ValueError, match="IPv4 only"):
+        parse_rule(text)
 
 
 @pytest.mark.parametrize(

@@ -483,6 +483,7 @@ class ContainerRuntime(Runtime):
                 docker_cmd=docker_cmd,
                 static_asset=self.env.spec.static_asset,
                 check_usable=self._check_usable,
+                host_folders=self.writable_host_folders,
             )
             with self._lock:
                 view = self._services.setdefault(name, view)

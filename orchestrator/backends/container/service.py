@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.backends.container.channel import Channel
 from orchestrator.backends.container.exec_target import ExecTarget
@@ -43,9 +44,14 @@ class ServiceSandbox(Sandbox):
     docker_cmd: list[str]
     static_asset: Callable[[str], StaticAsset]
     check_usable: Callable[[], None]
+    host_folders: Callable[[], Sequence[Path]] = lambda: ()
+    """The environment's `writable_host_folders` (a download never follows a link there)."""
 
     def _check_usable(self) -> None:
         self.check_usable()
+
+    def writable_host_folders(self) -> Sequence[Path]:
+        return self.host_folders()
 
     @property
     def workdir(self) -> str:

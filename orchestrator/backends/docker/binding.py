@@ -114,6 +114,8 @@ class Binding:
     warnings: list[str] = field(default_factory=list)
     volumes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The pinned folders' volumes: name -> {device, source}."""
+    writable: list[Path] = field(default_factory=list)
+    """Every host folder (or file) a container writes, the private workspace included."""
     after: list[Path] = field(default_factory=list)
     """Host folders a container writes where nothing stopped it making set-id programs,
     file capabilities or devices (gVisor, or a capability the caller granted): defused
@@ -129,6 +131,8 @@ class Binding:
         unguarded = gvisor or bool(UNGUARDED_BY & set(caps))
         for m in mounts:
             mine = m.origin == "workspace" and self.private is not None
+            if not m.read_only and m.source not in self.writable:
+                self.writable.append(m.source)
             if not m.read_only and not mine:
                 shared_write = True
                 if gvisor:

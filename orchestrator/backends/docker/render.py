@@ -60,7 +60,7 @@ from orchestrator.errors import SpecIssue
 from orchestrator.paths import make_folders, write_file
 from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.egress import describe
-from orchestrator.spec.limits import Limits, applied
+from orchestrator.spec.limits import Limits, applied, pids_issues
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
 from orchestrator.spec.policy import (
@@ -156,6 +156,8 @@ class CompiledProject:
     """Each networked container's egress after the caller's policy (none, all, entries)."""
     defuse: tuple[Path, ...] = ()
     """Host folders to make harmless after the run besides the workspace (binding.py)."""
+    writable: tuple[Path, ...] = ()
+    """Every host folder a container writes (a download never follows a link there)."""
     images: tuple[tuple[str, str], ...] = ()
     """(field, image) of each image it runs and does not build, for the check that the
     engine has them before anything starts (build.missing_images)."""
@@ -423,6 +425,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         roots,
     )
     main_caps = check_hardening(env.source, "", spec, opts.policy, report)
+    report.issues += pids_issues(env.source, spec)
     report.warnings += env_passthrough_warnings(spec.env_passthrough, opts.policy)
     mode = _network_mode(env, opts, report)
     warnings = report.warnings
@@ -603,6 +606,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         egress={n: describe(e) for n, e in net.egress.items()},
         build=opts.build,
         defuse=tuple(binding.after),
+        writable=tuple(binding.writable),
         images=tuple(
             (where, c["image"])
             for where, c in [

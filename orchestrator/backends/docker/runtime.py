@@ -8,6 +8,7 @@ import os
 import posixpath
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -85,7 +86,7 @@ class ComposeRuntime(ContainerRuntime):
         """The caller's workspace, or a private one inside the project folder, so that it
         goes with the project (`down`, the reaper) whoever removes it."""
         if self.options.workspace is not None:
-            self.options.workspace.mkdir(parents=True, exist_ok=True)
+            make_folders(self.options.workspace)  # what is missing: 0700, whatever the umask
             return self.options.workspace
         self._temp_workspace = directory / "workspace"
         make_folders(self._temp_workspace)  # private until given to the sandbox user
@@ -160,6 +161,7 @@ class ComposeRuntime(ContainerRuntime):
             "temp_workspace": self._temp_workspace is not None,
             "mounts": [[str(m.source), m.target, m.read_only, m.origin] for m in c.mounts],
             "defuse": [str(p) for p in c.defuse],
+            "writable": [str(p) for p in c.writable],
         }
         # the engine it runs on, even when only the process's variables named it (`-H`,
         # `--engine podman`): whoever attaches later reaches it there
@@ -175,12 +177,24 @@ class ComposeRuntime(ContainerRuntime):
         try:
             mounts = tuple(ResolvedMount(Path(s), t, bool(r), o) for s, t, r, o in state["mounts"])
             defuse = tuple(Path(str(p)) for p in state.get("defuse", ()))
+            writable = tuple(Path(str(p)) for p in state.get("writable", ()))
             user, published = str(state["user"]), bool(state["published"])
             shared, temp = bool(state["shared"]), bool(state["temp_workspace"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ProjectNotFound(f"{ident}: its record is not usable ({exc!r})") from None
         compiled = CompiledProject(
-            ident, "", {}, (), mounts, {}, user, "", False, published, defuse=defuse
+            ident,
+            "",
+            {},
+            (),
+            mounts,
+            {},
+            user,
+            "",
+            False,
+            published,
+            defuse=defuse,
+            writable=writable,
         )
         # no engine named (by the caller or the record): the one the folder records, not
         # whichever this process works with
@@ -243,6 +257,10 @@ class ComposeRuntime(ContainerRuntime):
             return made
         left = None if timeout is None else max(timeout - (time.monotonic() - started), 0.01)
         return super()._pack_workdir_file(folder, user, limit, left)
+
+    def writable_host_folders(self) -> Sequence[Path]:
+        """Every host folder a container of this environment writes (binding.py)."""
+        return () if self.project is None else self.project.compiled.writable
 
     def _workspace_source(self) -> Path | None:
         """The host folder of the workspace's bind mount, where that is the workdir."""
