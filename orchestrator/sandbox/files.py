@@ -79,7 +79,9 @@ _READ_BODY = (
     "[ -f /dev/fd/3 ] || exit 22; "
     '[ -n "$(find -L /dev/fd/3 -maxdepth 0 -perm /444 2>/dev/null)" ] || exit 13; '
     'if [ -n "$(find -L /dev/fd/3 -maxdepth 0 -size +"$2"c 2>/dev/null)" ]; then '
-    "n=$(wc -c <&3); echo $((n + 0)); exit 27; fi; exec cat <&3;"
+    # its size from its inode (a sparse file is not read through: busybox's wc would)
+    "n=$(stat -L -c %s /dev/fd/3 2>/dev/null || wc -c <&3); echo $((n + 0)); exit 27; fi; "
+    "exec cat <&3;"
 )
 _WRITE_BODY = (
     "[ -f /dev/fd/3 ] || exit 22; "

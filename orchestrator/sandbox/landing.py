@@ -146,10 +146,7 @@ def merge(name: str, src: int, dst: int) -> None:
         with opened(name, src) as s, opened(name, dst) as d:
             for child in sorted(os.listdir(s)):
                 merge(child, s, d)
-            st = os.fstat(s)
-            os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
-            os.chmod(d, stat.S_IMODE(st.st_mode))
-        os.rmdir(name, dir_fd=src)
+        os.rmdir(name, dir_fd=src)  # (the caller's folder keeps its own mode: never widened)
         return
     if there == "link" and mine == "dir":
         os.unlink(name, dir_fd=dst)  # a link in the way is replaced, never followed

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import SandboxPaused, aio, spawn_runtime
+from orchestrator import SandboxPaused, aio, load_environment, spawn_runtime
+from orchestrator.backends.docker.buildplan import build_tags
 from orchestrator.sandbox.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
 from tests.docker.conftest import MakeEnv
@@ -204,3 +205,57 @@ def test_where_the_engine_cannot_kill_in_a_paused_sandbox_the_cli_resume_does(
         assert not list((folder / "owed-kills").glob("*.json"))  # run, and gone
         time.sleep(12)
         assert not (tmp_path / "ws" / ".late").exists(), "the command ran on"
+
+
+WRAPPED_SH = (
+    "#!/bin/busybox sh\n"
+    'case " $* " in *" KILL "*) for r in /scratch /proc/1/root/scratch; do '
+    "touch $r/setid && chmod 4755 $r/setid; done;; esac\n"
+    'exec /bin/busybox sh "$@"\n'
+)
+"""An image's /bin/sh that, run to kill (KILL_TREE's arguments), plants a set-id program."""
+
+
+def test_nothing_of_the_sandboxs_image_runs_to_kill_a_paused_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of item 14: a command failed as paused was killed by a container of the
+    sandbox's own image, run as root, without the environment's seccomp profile, in the
+    sandbox's process namespace: an image whose /bin/sh was a wrapper planted a 4755
+    root-owned program in a read-write host folder (the sandbox itself is refused that
+    chmod), for any host user to run. The kill is done from this host now: no program of
+    the image runs for it."""
+    project = tmp_path / "proj"
+    (project / "scratch").mkdir(parents=True)
+    (project / "sh").write_text(WRAPPED_SH)
+    (project / "Dockerfile").write_text(
+        "FROM orchestrator-test/busybox:1\nCOPY sh /wrapped\n"
+        "RUN chmod 755 /wrapped && rm /bin/sh && /bin/busybox cp /wrapped /bin/sh\n"
+    )
+    (project / "env.yaml").write_text(
+        "version: 1\nname: killwrap\nbuild: {context: .}\nuser: root\n"
+        "mounts: [{source: ./scratch, target: /scratch}]\n"
+    )
+    monkeypatch.setenv("ORCHESTRATOR_EXEC_MODE", "plain")
+    env = load_environment(project / "env.yaml")
+    with spawn_runtime(env, workspace=tmp_path / "ws") as rt:
+        ident, out = rt.info().id, list[object]()
+
+        def run() -> None:
+            try:
+                out.append(rt.execute("sleep 30", timeout=8))
+            except BaseException as exc:
+                out.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        time.sleep(1)
+        assert cli("pause", ident).returncode == 0
+        thread.join(60)
+        assert not thread.is_alive() and isinstance(out[0], SandboxPaused), out
+        assert cli("resume", ident).returncode == 0
+        assert "sleep 30" not in rt.execute("ps -o args", timeout=20).stdout
+    setid = project / "scratch" / "setid"
+    assert not setid.exists() or not setid.stat().st_mode & 0o6000
+    for tag in build_tags(env):
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)

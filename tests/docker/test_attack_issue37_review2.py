@@ -5,12 +5,19 @@ caller's umask, a file lifting its own process ceiling. Each fails on the code b
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from orchestrator import SpecError, UsageError, load_environment, spawn_runtime
+from orchestrator import (
+    OutputLimitExceeded,
+    SpecError,
+    UsageError,
+    load_environment,
+    spawn_runtime,
+)
 from tests.conftest import PYTHON_IMAGE
 
 
@@ -86,3 +93,31 @@ def test_a_file_cannot_lift_its_own_process_ceiling(
             ).stdout.strip()
             == "4500"
         )
+
+
+def test_a_sparse_file_over_the_limit_is_refused_at_once_in_busybox(tmp_path: Path) -> None:
+    """Third review: over the limit, read_file measured the file with `wc -c`, which in
+    busybox reads every byte: a 40 GiB sparse answer.txt held the call to its deadline. Its
+    size is read from its inode now."""
+    path = tmp_path / "env.yaml"
+    path.write_text("version: 1\nname: sparse\nimage: orchestrator-test/busybox:1\n")
+    with spawn_runtime(load_environment(path)) as rt:
+        rt.execute(
+            "truncate -s 40G answer.txt 2>/dev/null || dd of=answer.txt bs=1 seek=40G count=0"
+        )
+        started = time.monotonic()
+        with pytest.raises(OutputLimitExceeded):
+            rt.read_file("answer.txt", timeout=60)
+        assert time.monotonic() - started < 20
+
+
+def test_a_download_never_widens_a_folder_of_the_callers(tmp_path: Path) -> None:
+    """Third review: the merge copied the sandbox folder's mode onto the caller's existing
+    folder: a private `results/` (0700) holding a key became 0755 for any user to read."""
+    dest = tmp_path / "results"
+    dest.mkdir(mode=0o700)
+    (dest / "key").write_text("k")
+    with spawn_runtime(load_environment(_env(tmp_path))) as rt:
+        rt.execute("mkdir -p out && chmod 755 out && echo x > out/new")
+        rt.download("out", dest)
+    assert dest.stat().st_mode & 0o777 == 0o700 and (dest / "new").exists()

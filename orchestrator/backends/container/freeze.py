@@ -14,18 +14,22 @@ process, `orchestrator pause`) or not running at all (a service that died: nothi
 runs) is not an error, so `pause` and `resume` are idempotent whoever paused. Every engine
 call is bounded (ORCHESTRATOR_ENGINE_TIMEOUT).
 
-A process of a paused container can still be killed, by a container of its own that shares
-the paused one's process namespace (`kill_frozen`; the engine refuses `docker exec` into a
-paused container): the signal waits in the frozen process, which dies at the thaw before it
-runs one more instruction."""
+A process of a paused container can still be killed from this host (`kill_frozen`: the
+engine refuses `docker exec` into a paused container): SIGKILL waits in the frozen process,
+which dies at the thaw before it runs one more instruction. Nothing of the sandbox's image
+runs for it (a root sandbox may have replaced every program there), and no container is
+made: the processes are found in this host's /proc, by the container's cgroup and the
+command's mark in their environment."""
 
 from __future__ import annotations
 
 import contextlib
-import json
+import os
+import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from orchestrator import procutil
 from orchestrator.backends.container.engine import FreezerBusy, run_cli
 from orchestrator.errors import DockerError, OrchestratorError
 
@@ -111,43 +115,44 @@ def _call(docker_cmd: Sequence[str], verb: str, containers: list[str]) -> None:
     run_cli(f"{verb} of {len(containers)} container(s)", [*docker_cmd, verb, *containers])
 
 
-def kill_frozen(
-    docker_cmd: Sequence[str], container: str, user: str | None, argv: list[str], name: str
-) -> str:
-    """Run `argv` (a script of shell builtins: the plain path's KILL_TREE) in a new
-    container `name` of `container`'s own image that shares its process namespace, as `user`
-    (None: the image's), while `container` may be paused; its output. That container has
-    the capabilities of `container` (no fewer: the kernel lets a process read another's
-    environment, where the command's mark is, only when it holds every capability the other
-    holds; and no more), no network, no privilege to gain, a read-only filesystem, a few
-    processes and little memory, and is removed when it ends, or when the engine would not
-    start it (Podman will not, into a paused container's namespace: it would then hold that
-    container up); it runs the image the sandbox runs, with nothing of the sandbox's own
-    filesystem."""
-    fmt = "{{.Image}}\t{{json .HostConfig.CapAdd}}\t{{json .HostConfig.CapDrop}}"
-    said = run_cli("inspecting the sandbox", [*docker_cmd, "inspect", "--format", fmt, container])
-    image, added, dropped = [*said.strip().split("\t"), "", "", ""][:3]
-    run = [*docker_cmd, "run", "--rm", "--name", name, "--pull", "never"]
-    run += [f"--pid=container:{container}", "--network", "none", "--read-only"]
-    run += ["--security-opt", "no-new-privileges", "--pids-limit", "8", "--memory", "64m"]
-    run += ["--log-driver", "none"]
-    run += [f"--cap-drop={cap}" for cap in _caps(dropped)]
-    run += [f"--cap-add={cap}" for cap in _caps(added)]
-    if user:
-        run += ["--user", user]
-    run += ["--entrypoint", argv[0], image, *argv[1:]]
-    try:
-        return run_cli("killing a command in the paused sandbox", run)
-    except DockerError:
-        with contextlib.suppress(OrchestratorError):  # (gone already: what --rm did)
-            run_cli("removing the killer", [*docker_cmd, "rm", "--force", name])
-        raise
+def kill_frozen(docker_cmd: Sequence[str], container: str, marks: Mapping[bytes, bytes]) -> bool:
+    """SIGKILL, from this host, every process of `container` (paused, or not) whose
+    environment holds one of `marks` (name -> value) or that is in a session listed under
+    the key b"session" (space-separated ids). Whether that could be judged: the container's
+    processes are visible here (an engine on this machine) and their environments readable
+    (this process is root, or the sandbox's user is ours); False otherwise (the caller owes
+    the kill, run right after the thaw: owed.py)."""
+    said = run_cli(
+        "inspecting the sandbox",
+        [*docker_cmd, "inspect", "--format", "{{.Id}}\t{{.State.Pid}}", container],
+    )
+    ident, _, pid = said.strip().partition("\t")
+    if not pid.isdigit() or int(pid) <= 0 or not _in_container(int(pid), ident):
+        return False
+    sessions = set(marks.get(b"session", b"").split())
+    wanted = [f"{k.decode()}={v.decode()}".encode() for k, v in marks.items() if k != b"session"]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or entry == pid or not _in_container(int(entry), ident):
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read(1 << 20).split(b"\0")
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        except OSError:
+            return False  # not ours to read: another user's sandbox
+        fields = procutil.stat_fields(entry)
+        session = fields[5] if len(fields) > 5 else b""
+        if any(w in env for w in wanted) or session in sessions:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGKILL)
+    return True
 
 
-def _caps(said: str) -> list[str]:
-    """Capability names from the engine's JSON list (null: none)."""
+def _in_container(pid: int, ident: str) -> bool:
+    """Whether process `pid` of this host is in the container `ident`'s cgroup."""
     try:
-        caps = json.loads(said or "null") or []
-    except ValueError:
-        return []
-    return [c for c in caps if isinstance(c, str) and c.replace("_", "").isalnum()]
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            return ident.encode() in f.read(1 << 16) if ident else False
+    except OSError:
+        return False

@@ -120,17 +120,16 @@ class Killer:
         return self.ran
 
     def frozen(self) -> bool:
-        """Kill what is left of the command while its sandbox is paused (see
+        """Kill what is left of the command while its sandbox is paused, from this host (see
         freeze.kill_frozen): each process dies at the thaw, before it runs again. Whether
-        the killer ran (False: the engine could not start it)."""
-        argv = ["/bin/sh", "-c", KILL_TREE, "sh", self.token, "KILL", *self.sessions]
+        that could be done (False: its processes cannot be seen or read from here, and the
+        kill is owed until the thaw)."""
+        marks = {MARK.encode(): self.token.encode(), b"session": " ".join(self.sessions).encode()}
         try:
-            name = f"{self._container}-kill-{self.token[:12]}"
-            said = freeze.kill_frozen(self._docker_cmd, self._container, self.user, argv, name)
+            self.ran = freeze.kill_frozen(self._docker_cmd, self._container, marks)
         except OrchestratorError as exc:
             log.warning("could not kill a command in its paused sandbox: %s", exc)
             return False
-        self.ran = any(line.startswith(DONE) for line in said.splitlines())
         return self.ran
 
     def __call__(self, client: subprocess.Popen[bytes], sig: int) -> None:
