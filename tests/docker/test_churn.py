@@ -4,17 +4,23 @@ another thread creates and removes environments (issue 20, item 3)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator import Pool, load_environment, spawn_runtime
+from orchestrator import Pool, environments, load_environment, spawn_runtime
 from orchestrator.backends.container.inventory import list_projects, parse_ports, project_statuses
 from orchestrator.cli import app
+from orchestrator.procutil import process_start
 from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
 
 CHURNERS = 2
@@ -116,3 +122,70 @@ def test_ports_are_read_from_the_listing_line() -> None:
         "web:8001/tcp -> 127.0.0.1:18001",
         "web:81/tcp -> ::1:32770",
     ]
+
+
+FILES = 300_000
+"""Files in the layer of the container another process removes: removing them takes the
+engine seconds (about 4 s on an idle 2-core machine), which the listing must outlast."""
+
+
+def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _state(container: str) -> str:
+    """The engine's state of a container as its listing says ("" once it is gone)."""
+    return _docker(
+        "ps", "-a", "--filter", f"id={container}", "--format", "{{.State}}"
+    ).stdout.strip()
+
+
+def test_ps_lists_while_another_process_removes_a_dead_owners_project(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    """Every `ps` reaps projects whose owner is gone, and so does every other process's
+    (a guardian, a reaper, a `down`). While one of them removes a container, the engine
+    refuses the others ("removal ... is already in progress"); removing a layer of many
+    files takes it seconds. `ps` gave up after 2 s of tries and failed whole: no listing,
+    whichever environments ran. It waits for that removal (bounded), and a project it
+    cannot remove is logged and listed as it is: never a failed listing."""
+    owner = subprocess.Popen(["sleep", "600"])  # the foreign project's owner, alive until set up
+    name = f"orch-slowgone-{uuid.uuid4().hex[:8]}"
+    labels = {
+        "managed": "1",
+        "project": name,
+        "env": "slowgone",
+        "dir": f"{tmp_path}/other-state/projects/{name}",
+        "owner.pid": str(owner.pid),
+        "owner.start": process_start(owner.pid),
+        "owner.host": socket.gethostname(),
+    }
+    argv = ["run", "-d"] + [f"--label=org.orchestrator.{k}={v}" for k, v in labels.items()]
+    fill = f"mkdir /d && cd /d && seq 1 {FILES} | xargs touch && touch /ready && sleep 600"
+    made = _docker(*argv, BUSYBOX_IMAGE, "sh", "-c", fill)
+    assert made.returncode == 0, made.stderr
+    container = made.stdout.strip()
+    remover: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 240
+        while _docker("exec", container, "test", "-e", "/ready").returncode != 0:
+            assert time.monotonic() < deadline, "the files were not written in time"
+            time.sleep(0.5)
+        env = load_environment(make_env("", name="ours", image=BUSYBOX_IMAGE))
+        with spawn_runtime(env) as rt:
+            os.kill(owner.pid, signal.SIGKILL)
+            owner.wait()
+            remover = subprocess.Popen(["docker", "rm", "-f", container])  # "its guardian"
+            deadline = time.monotonic() + 60
+            while (state := _state(container)) != "removing":
+                assert state, "removed before the listing could meet its removal: raise FILES"
+                assert time.monotonic() < deadline, f"never seen being removed ({state})"
+                time.sleep(0.02)
+            rows, _ = environments()
+            assert rt.info().id in {row.id for row in rows}
+    finally:
+        owner.kill()
+        owner.wait()
+        if remover is not None:
+            remover.wait(timeout=300)
+        _docker("rm", "-f", container)

@@ -6,8 +6,10 @@ service; `logs` names the services; `up` and `run` print the runtime's warnings.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,7 +150,10 @@ def test_cleanup_of_an_attached_runtime_removes_it(make_env: MakeEnv) -> None:
     assert gone.returncode == 2 and "no environment" in gone.stderr
 
 
-def test_up_and_run_print_the_runtime_warnings(make_env: MakeEnv) -> None:
+def test_up_and_run_print_the_runtime_warnings(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_ALLOW_PUBLIC_PORTS", "1")  # the caller's, with a warning
     path = make_env("network:\n  ports: [{container: 8000, host_ip: 0.0.0.0}]\n", name="warned")
     want = "port 8000 is published on 0.0.0.0"
     ran = cli("run", str(path), "--", "true")
@@ -162,17 +167,23 @@ def test_up_and_run_print_the_runtime_warnings(make_env: MakeEnv) -> None:
 
 
 _PROBE = """
-import contextlib, json, sys
+import json, sys
 sys.argv = ["orchestrator", *json.loads(sys.argv[1])]
 from orchestrator.cli import main
-with contextlib.suppress(SystemExit):
+code = 0
+try:
     main()
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
 print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr)
+sys.exit(code)
 """
 
 
 def _loaded_by(*args: str) -> tuple[str, set[str]]:
-    """What `orchestrator ARGS` printed, and the top-level modules it loaded."""
+    """What `orchestrator ARGS` printed, and the top-level modules it loaded. Its exit
+    status is the command's: a failed command (its error on stderr) is not taken for one
+    that printed nothing."""
     done = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps(args)],
         capture_output=True,
@@ -207,3 +218,81 @@ def test_exec_ps_and_down_load_neither_python_on_whales_nor_jinja(
         out, loaded = _loaded_by("down", ident)
     assert ident in out and not loaded & HEAVY, sorted(loaded)
     assert ident not in cli("ps").stdout
+
+
+def _foreign(labels: dict[str, str], *, start: bool) -> str:
+    """A container of someone else's (another state folder's) wearing our labels: left
+    "created" (a start half-way) unless `start`."""
+    argv = ["docker", "run", "-d"] if start else ["docker", "create"]
+    for key, value in labels.items():
+        argv += ["--label", f"{key}={value}"]
+    made = subprocess.run(
+        [*argv, BUSYBOX_IMAGE, "sleep", "600"], capture_output=True, text=True, timeout=60
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+def test_ps_stays_light_beside_other_state_folders_snapshots_and_half_started_projects(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    """`ps` beside what other processes, with other state folders, leave on the engine at
+    any moment: a snapshot image (every `ps` inspected each one through python-on-whales,
+    so it loaded it whenever any process on the engine held a snapshot), a detached
+    project half-started, and one half-started whose owner is gone (which `ps` reaps). It
+    lists them as they are, reaps the dead one by the docker CLI, leaves the image alone,
+    and still loads neither python-on-whales nor Jinja."""
+    other = tmp_path / "other-state"
+    made: list[str] = []
+    image = ""
+    up = cli("up", str(make_env("", name="lightbeside", image=BUSYBOX_IMAGE)))
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        base = _foreign({}, start=False)
+        made.append(base)
+        snap = {
+            "org.orchestrator.managed": "1",
+            "org.orchestrator.snapshot.record": f"{other}/snapshots/x.json",  # gone: an orphan
+            "org.orchestrator.snapshot.state": str(other),
+        }
+        change = "LABEL " + " ".join(f'{k}="{v}"' for k, v in snap.items())
+        committed = subprocess.run(
+            ["docker", "commit", "--change", change, base],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert committed.returncode == 0, committed.stderr
+        image = committed.stdout.strip()
+        names = {what: f"orch-{what}way-{uuid.uuid4().hex[:8]}" for what in ("half", "dead")}
+        for what, name in names.items():
+            labels = {
+                "org.orchestrator.managed": "1",
+                "org.orchestrator.project": name,
+                "org.orchestrator.env": what,
+                "org.orchestrator.dir": f"{other}/projects/{name}",
+                "org.orchestrator.owner.host": socket.gethostname(),
+                "org.orchestrator.owner.pid": "0" if what == "half" else str(_dead_pid()),
+                "org.orchestrator.owner.start": "" if what == "half" else "1",
+            }
+            made += [_foreign(labels, start=False), _foreign(labels, start=True)]
+        out, loaded = _loaded_by("ps")
+        rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+        assert ident in rows and not loaded & HEAVY, (out, sorted(loaded & HEAVY))
+        assert "created,running" in rows[names["half"]], out  # listed as it is
+        assert names["dead"] not in rows, out  # reaped (by this `ps`, or another's)
+        kept = subprocess.run(["docker", "image", "inspect", image], capture_output=True)
+        assert kept.returncode == 0  # another state folder's image: never touched
+    finally:
+        subprocess.run(["docker", "rm", "-f", *made], capture_output=True, timeout=120)
+        if image:
+            subprocess.run(["docker", "rmi", "-f", image], capture_output=True, timeout=120)
+        down = cli("down", ident)
+        assert down.returncode == 0, down.stderr
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

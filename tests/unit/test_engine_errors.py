@@ -23,6 +23,7 @@ from orchestrator.backends.container.engine import (
     NoSuchNetwork,
     NoSuchVolume,
     NotSwarmManager,
+    RemovalInProgress,
     StorageOptUnsupported,
     SubnetOverlap,
     classify,
@@ -59,6 +60,10 @@ REAL = [
     (  # Podman, listing images while one is removed (4.3)
         'Error response from daemon: locating image with ID "22119ea2c400": image not known',
         NoSuchImage,
+    ),
+    (  # a second removal while another process removes the container
+        f"Error response from daemon: removal of container {CID} is already in progress",
+        RemovalInProgress,
     ),
     ("Error: No such network: orch-x-12345678_default", NoSuchNetwork),
     ("Error response from daemon: network shared-egress not found", NoSuchNetwork),

@@ -251,6 +251,11 @@ class NoSuchVolume(DockerError):
     """The engine has no such volume."""
 
 
+class RemovalInProgress(DockerError):
+    """Another process is removing the container already (a reaper, a guardian, a `down`):
+    it is going, only not by us."""
+
+
 class NetworkInUse(DockerError):
     """A network cannot be removed while a container still uses it."""
 
@@ -287,6 +292,7 @@ KINDS: tuple[tuple[type[DockerError], tuple[str, ...]], ...] = (
     (ContainerPaused, ("is paused, unpause",)),
     (ContainerNotRunning, ("is not running",)),
     (NoSuchImage, ("no such image", "image not known")),  # (the second: Podman's)
+    (RemovalInProgress, ("removal of container",)),  # "... X is already in progress"
     (NoSuchNetwork, ("no such network", "network not found")),
     (NoSuchVolume, ("no such volume", "no volume with name")),  # (the second: Podman's)
     (NetworkInUse, ("has active endpoints",)),

@@ -5,11 +5,11 @@ image, and an image whose record is gone is reaped like any other leftover of ou
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 from orchestrator.backends.container import engine_api
@@ -107,8 +107,9 @@ def _check_label(value: str) -> None:
 def remove(image: str, client: Client | None = None) -> None:
     """Remove a snapshot image (gone already is fine)."""
     client = client or docker_client()
+    argv = [*client.docker_cmd, "image", "rm", "--", image]
     with contextlib.suppress(NoSuchImage):
-        engine_call("removing a snapshot image", lambda: client.image.remove(image))
+        engine_call("removing a snapshot image", lambda: run(argv))
 
 
 def remove_owned(image: str, record: Path, client: Client | None = None) -> bool:
@@ -130,11 +131,10 @@ def owned(image: str, record: Path, client: Client | None = None) -> bool:
     client = client or docker_client()
     if not image or image.startswith("-"):  # never an option of the docker command
         return False
-    try:
-        found = engine_call("inspecting a snapshot image", lambda: client.image.inspect(image))
-    except NoSuchImage:
+    found = _inspected(image, client)
+    if found is None:
         return False
-    labels = found.config.labels or {}
+    labels = found[1]
     mine = labels.get(LABEL_STATE) == str(state_dir().resolve())
     labelled = labels.get(LABEL_RECORD, "")
     return mine and bool(labelled) and _real(labelled) == _real(str(record))
@@ -148,7 +148,7 @@ def exists(image: str, client: Client | None = None) -> bool:
     client = client or docker_client()
     if not image or image.startswith("-"):  # never an option of the docker command
         return False
-    return bool(engine_call("looking for an image", lambda: client.image.exists(image)))
+    return _inspected(image, client) is not None
 
 
 def reap_orphans(client: Client | None = None) -> list[str]:
@@ -168,33 +168,58 @@ def reap_orphans(client: Client | None = None) -> list[str]:
 
 
 def orphaned(client: Client | None = None) -> list[str]:
-    """Ids of the snapshot images made with our state folder whose record is gone (those
-    of another state folder are never touched)."""
+    """Ids of the snapshot images made with our state folder whose record is gone. Only
+    those are listed (the engine filters by the state folder's label) and looked at: the
+    images of another state folder are neither touched nor inspected, so a reap (every
+    `ps` makes one) costs nothing for what other processes' snapshots leave on the engine."""
     client = client or docker_client()
     ours = str(state_dir().resolve())
     found = []
-    for ident, labels in labelled(LABEL_RECORD, client):
+    for ident, labels in labelled(LABEL_RECORD, client, state=ours):
         record = labels.get(LABEL_RECORD, "")
         if labels.get(LABEL_STATE) == ours and record and not Path(record).exists():
             found.append(ident)
     return sorted(set(found))
 
 
-def labelled(label: str, client: Client) -> list[tuple[str, dict[str, str]]]:
-    """(id, labels) of each image carrying `label`. Each is inspected on its own: another
-    process may remove one between the listing and the look (python-on-whales' list then
-    fails whole, and `ps` with it), and one gone meanwhile is simply not there."""
+def labelled(
+    label: str, client: Client, *, state: str | None = None
+) -> list[tuple[str, dict[str, str]]]:
+    """(id, labels) of each image carrying `label` (and, with `state`, made with that state
+    folder). Each is inspected on its own: another process may remove one between the
+    listing and the look, and one gone meanwhile is simply not there."""
     argv = [*client.docker_cmd, "image", "ls", "-q", "--no-trunc"]
     argv += ["--filter", f"label={label}"]
+    argv += ["--filter", f"label={LABEL_STATE}={state}"] if state is not None else []
     listed = listing("listing snapshot images", argv, (NoSuchImage,))
     found = []
     for ident in sorted(set(listed.split())):
-        try:
-            image = engine_call("inspecting a snapshot image", partial(client.image.inspect, ident))
-        except NoSuchImage:
-            continue
-        found.append((image.id, dict(image.config.labels or {})))
+        image = _inspected(ident, client)
+        if image is not None:
+            found.append(image)
     return found
+
+
+_INSPECTED = "[{{json .Id}},{{json .Config.Labels}}]"
+
+
+def _inspected(image: str, client: Client) -> tuple[str, dict[str, str]] | None:
+    """(id, labels) of one image, None when there is none by that name or id. By the
+    docker CLI alone: python-on-whales costs a process a third of a second of CPU to
+    import, and a reap inside `ps` must not pay it."""
+    argv = [*client.docker_cmd, "image", "inspect", "--format", _INSPECTED, "--", image]
+    try:
+        out = engine_call("inspecting a snapshot image", lambda: run(argv))
+    except NoSuchImage:
+        return None
+    try:
+        answer = json.loads(out)
+    except ValueError:
+        answer = None
+    if not (isinstance(answer, list) and len(answer) == 2 and isinstance(answer[0], str)):
+        raise DockerError(f"inspecting image {image}: the engine answered {out[:200]!r}")
+    labels = answer[1] if isinstance(answer[1], dict) else {}
+    return answer[0], {str(k): str(v) for k, v in labels.items()}
 
 
 def commit_all(

@@ -11,7 +11,6 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,18 +18,12 @@ from typing import Any
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
     COMPOSE_SERVICE,
-    CallFailed,
     Client,
-    NetworkInUse,
     NoSuchContainer,
     NoSuchNetwork,
-    VolumeInUse,
     docker_client,
-    docker_errors,
-    engine_call,
     engine_timeout,
     listing,
-    run,
 )
 from orchestrator.backends.container.engine_api import resolved_host
 from orchestrator.backends.container.identity import (
@@ -60,7 +53,11 @@ from orchestrator.backends.container.identity import (
 )
 from orchestrator.backends.container.layout import FORWARDS_LABEL, USER_LABEL, parse_forwards
 from orchestrator.backends.container.membership import CLAIMED, READY, membership, move
-from orchestrator.errors import DockerError, OrchestratorError, ProjectNotFound, UsageError
+from orchestrator.backends.container.removal import listed, project_volumes, remove
+from orchestrator.backends.container.removal import (
+    remove_by_label as remove_by_label,  # (where a start that failed half-way asks for it)
+)
+from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
 from orchestrator.paths import projects_dir
 from orchestrator.sandbox.attach import match_id
 from orchestrator.sandbox.results import EnvironmentStatus
@@ -272,11 +269,16 @@ ProjectStatus = EnvironmentStatus
 def project_statuses(client: Client | None = None) -> tuple[list[ProjectStatus], list[str]]:
     """Our environments, after reaping those whose owner is gone (returned second, by name),
     with their ports as the one listing call read them: nothing is inspected afterwards, so
-    containers removed meanwhile by anyone cannot fail it."""
+    containers removed meanwhile by anyone cannot fail it. The reap is a side task: a
+    project it cannot remove now (another process removing it at the same time, slowly; an
+    engine error) is logged and listed as it is, never a failed listing."""
     client = client or docker_client()
     projects = list_projects(client)
     asked: dict[str, Listing | None] = {}  # other engines the reap asked, and what they hold
-    removed = reap(client=client, projects=projects, asked=asked)  # owners gone: not listed
+    failures: list[OrchestratorError] = []  # what stays, and is listed, until the next reap
+    removed = reap(client=client, projects=projects, asked=asked, failures=failures)
+    for exc in failures:
+        log.warning("left for the next reap: %s", exc)
     live = [p for p in projects if p.name not in removed] + _alive_elsewhere(asked, removed)
     statuses = [
         ProjectStatus(
@@ -348,7 +350,7 @@ def remove_project(info: ProjectInfo, client: Client | None = None) -> None:
     if not is_project_name(info.name):
         raise ProjectNotFound(f"{info.name!r} is not the name of an environment of ours")
     containers = [cid for cid, _, _ in info.containers]
-    _remove(client or docker_client(), info.name, containers, info.networks)
+    remove(client or docker_client(), info.name, containers, info.networks)
     folder = info.directory
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
@@ -361,23 +363,53 @@ def reap(
     *,
     include_kept: bool = False,
     asked: dict[str, Listing | None] | None = None,
+    failures: list[OrchestratorError] | None = None,
 ) -> list[str]:
     """Remove our projects whose owner process is gone (or all of ours), and project folders
     that no project and no live owner account for (a start killed half-way). Projects kept
     on purpose go only with `include_kept` (or `all_projects`). Never touches anything
     without our labels, nor folders outside our state folder. `projects`: a listing the
     caller already made; `asked`: filled with the listings of the other engines asked about
-    folders that record them (see `_removed_elsewhere`)."""
-    removed = []
+    folders that record them (see `_removed_elsewhere`).
+
+    What cannot be removed now (another process's removal that does not end, an engine
+    error) stops nothing else: the reap goes on, and that project stays, for the next reap.
+    Its failures are added to `failures` when given (a listing reaps on the side, and must
+    not fail over someone else's project), else the first is raised once the rest is done."""
+    removed: list[str] = []
+    failed: list[OrchestratorError] = []
     projects = list_projects(client) if projects is None else projects
     for info in projects:
         spared = info.alive or (info.kept and not include_kept)
         if all_projects or not spared:
-            remove_project(info, client)
+            try:
+                remove_project(info, client)
+            except OrchestratorError as exc:
+                failed.append(exc)
+                continue
             removed.append(info.name)
-    images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
+    try:
+        images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
+    except OrchestratorError as exc:
+        failed.append(exc)
     live = {p.name for p in projects if p.name not in removed}
-    asked = {} if asked is None else asked
+    removed += _reap_folders(live, client, {} if asked is None else asked, failed)
+    if failures is not None:
+        failures += failed
+    elif failed:
+        raise failed[0]
+    return removed
+
+
+def _reap_folders(
+    live: set[str],
+    client: Client | None,
+    asked: dict[str, Listing | None],
+    failed: list[OrchestratorError],
+) -> list[str]:
+    """Remove the project folders of ours that no project in `live` accounts for and whose
+    creator is gone (see `reap`): their names. What fails is added to `failed`."""
+    removed = []
     for folder in orphan_folders(live):
         if folder_backend(folder) is not None:  # another backend's (a stack on a Swarm)
             with contextlib.suppress(OrchestratorError):  # its engine is away: next reap
@@ -387,7 +419,11 @@ def reap(
         if (gone := _removed_elsewhere(folder, client, asked)) is not None:
             removed += [folder.name] if gone else []
             continue
-        if _has_objects(folder.name, client):  # created since we listed: not an orphan
+        try:
+            if _has_objects(folder.name, client):  # created since we listed: not an orphan
+                continue
+        except OrchestratorError as exc:
+            failed.append(exc)
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder.name)
@@ -484,8 +520,8 @@ def _removed_elsewhere(
 
 def _has_objects(name: str, client: Client | None) -> bool:
     client = client or docker_client()
-    containers, networks = _listed(client, name)
-    return bool(containers or networks or _volumes(client, name))
+    containers, networks = listed(client, name)
+    return bool(containers or networks or project_volumes(client, name))
 
 
 _last_reap = 0.0
@@ -521,111 +557,6 @@ def wait_for_reaper(timeout: float = 10.0) -> None:
 
 
 atexit.register(wait_for_reaper)  # a short-lived process (`orchestrator up`) lets it end
-
-
-def _listed(client: Client, name: str) -> tuple[list[str], list[str]]:
-    """The ids of the containers and networks carrying project label `name`."""
-    flt = ["--filter", f"label={LABEL_PROJECT}={name}"]
-    return (
-        _ids(client, f"listing project {name}", ["ps", "-a", "-q", "--no-trunc", *flt]),
-        _ids(client, f"listing project {name}", ["network", "ls", "-q", "--no-trunc", *flt]),
-    )
-
-
-def _ids(client: Client, action: str, argv: list[str]) -> list[str]:
-    return engine_call(action, lambda: run([*client.docker_cmd, *argv])).split()
-
-
-def remove_by_label(name: str, client: Client | None = None) -> int:
-    """Remove every container, network and volume carrying project label `name`, by id."""
-    client = client or docker_client()
-    return _remove(client, name, *_listed(client, name))
-
-
-REMOVE_TRIES = 5
-"""Tries of a removal by label, a moment more apart each time (2 s of waiting in all)."""
-
-
-def _remove(client: Client, name: str, containers: list[str], networks: list[str]) -> int:
-    """Remove these containers, the volumes labelled with the project and these networks
-    (after disconnecting whatever else joined them), each kind whatever became of the
-    others. Others may be removing the same project at once (a reaper, the owner's guardian,
-    a `down`); the engine then fails the whole call over the part already gone, so on
-    failure we list what is left and go again: the project ends up removed whoever removes
-    which, or the last failure is raised (a volume someone else's container holds, say)."""
-    count = 0
-    for attempt in range(REMOVE_TRIES):
-        volumes, failed = _remove_once(client, name, containers, networks)
-        if failed is None:
-            return count + len(containers) + len(networks) + volumes
-        left = _listed(client, name)
-        if attempt == REMOVE_TRIES - 1 and (left[0] or left[1] or _volumes(client, name)):
-            raise failed
-        count += len(containers) + len(networks) - len(left[0]) - len(left[1])
-        containers, networks = left
-        time.sleep(0.2 * (attempt + 1))
-    return count
-
-
-def _remove_once(
-    client: Client, name: str, containers: list[str], networks: list[str]
-) -> tuple[int, DockerError | None]:
-    """One try of `_remove`: how many volumes it removed, and its first failure."""
-    docker = client.docker_cmd
-    volumes: list[str] = []
-    failed: DockerError | None = None
-
-    def step(fn: Callable[[], object]) -> None:
-        nonlocal failed
-        try:
-            with docker_errors(f"removing project {name}"):
-                fn()
-        except DockerError as exc:
-            failed = failed or exc
-
-    if containers:
-        step(lambda: run([*docker, "rm", "--force", "--volumes", "--", *containers]))
-    step(lambda: volumes.extend(_volumes(client, name)))
-    held = False
-    if volumes:
-        try:
-            with docker_errors(f"removing project {name}"):
-                run([*docker, "volume", "rm", "--", *volumes])
-        except VolumeInUse:  # by a container not of this project: trying again cannot help
-            held = True
-            log.warning(
-                "%s: a volume labelled with it is in use by a container of another project; "
-                "it stays, listed as this environment's, until a reap or `orchestrator down` "
-                "finds it free",
-                name,
-            )
-        except DockerError as exc:
-            failed = failed or exc
-    if networks:
-        step(lambda: _remove_networks(client, networks))
-    return (len(volumes) if failed is None and not held else 0), failed
-
-
-def _volumes(client: Client, name: str) -> list[str]:
-    label = f"label={LABEL_PROJECT}={name}"
-    return _ids(client, f"listing the volumes of {name}", ["volume", "ls", "-q", "--filter", label])
-
-
-def _remove_networks(client: Client, networks: list[str]) -> None:
-    """Remove our networks; one a container of someone else's has joined (which holds it
-    in use) has that container disconnected first: the network is ours to remove."""
-    docker = client.docker_cmd
-    removing = f"removing networks {' '.join(networks)}"
-    try:
-        engine_call(removing, lambda: run([*docker, "network", "rm", "--", *networks]), retry=False)
-    except NetworkInUse:
-        fmt = "{{range $id, $c := .Containers}}{{$id}} {{end}}"
-        for net in networks:
-            with contextlib.suppress(DockerError, CallFailed):  # removed meanwhile
-                inspect = ["network", "inspect", "-f", fmt, "--", net]
-                for joined in _ids(client, f"listing what joined {net}", inspect):
-                    run([*docker, "network", "disconnect", "--force", net, joined])
-        run([*docker, "network", "rm", "--", *networks])
 
 
 # ----- what ContainerRuntime answers for `orchestrator.environments`, `remove_environment`, `reap`

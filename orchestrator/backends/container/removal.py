@@ -1,0 +1,144 @@
+"""Removing a project's objects by id, whoever else removes them at the same time: the
+engine fails a call over the part someone else removed already, or refuses a container
+another removal holds; what is left is listed and removed again."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from orchestrator.backends.container.engine import (
+    CallFailed,
+    Client,
+    NetworkInUse,
+    RemovalInProgress,
+    VolumeInUse,
+    docker_client,
+    docker_errors,
+    engine_call,
+    run,
+)
+from orchestrator.backends.container.identity import LABEL_PROJECT
+from orchestrator.errors import DockerError
+
+log = logging.getLogger("orchestrator.docker")
+
+
+def listed(client: Client, name: str) -> tuple[list[str], list[str]]:
+    """The ids of the containers and networks carrying project label `name`."""
+    flt = ["--filter", f"label={LABEL_PROJECT}={name}"]
+    return (
+        _ids(client, f"listing project {name}", ["ps", "-a", "-q", "--no-trunc", *flt]),
+        _ids(client, f"listing project {name}", ["network", "ls", "-q", "--no-trunc", *flt]),
+    )
+
+
+def _ids(client: Client, action: str, argv: list[str]) -> list[str]:
+    return engine_call(action, lambda: run([*client.docker_cmd, *argv])).split()
+
+
+def remove_by_label(name: str, client: Client | None = None) -> int:
+    """Remove every container, network and volume carrying project label `name`, by id."""
+    client = client or docker_client()
+    return remove(client, name, *listed(client, name))
+
+
+REMOVE_TRIES = 5
+"""Tries of a removal by label, a moment more apart each time (2 s of waiting in all)."""
+REMOVE_WAIT = 30.0
+"""Seconds a removal waits at most for containers another process is removing already (a
+reaper, a guardian, a `down`): the engine refuses a second removal meanwhile, and removing
+a container whose layer holds many files takes seconds, more on a busy engine."""
+
+
+def remove(client: Client, name: str, containers: list[str], networks: list[str]) -> int:
+    """Remove these containers, the volumes labelled with the project and these networks
+    (after disconnecting whatever else joined them), each kind whatever became of the
+    others. Others may be removing the same project at once (a reaper, the owner's guardian,
+    a `down`); the engine then fails the whole call over the part already gone, or refuses
+    a container another removal holds, so on failure we list what is left and go again: the
+    project ends up removed whoever removes which, or the last failure is raised (a volume
+    someone else's container holds, say; or, after REMOVE_WAIT, a removal of someone else's
+    that does not end)."""
+    count = 0
+    deadline = time.monotonic() + REMOVE_WAIT
+    attempt = 0
+    while True:
+        gone, failed = _remove_once(client, name, containers, networks)
+        if failed is None:
+            return count + len(containers) + len(networks) + gone
+        left = listed(client, name)
+        waiting = isinstance(failed, RemovalInProgress) and time.monotonic() < deadline
+        last = attempt >= REMOVE_TRIES - 1 and not waiting
+        if last and (left[0] or left[1] or project_volumes(client, name)):
+            raise failed
+        count += len(containers) + len(networks) - len(left[0]) - len(left[1])
+        containers, networks = left
+        if last:
+            return count
+        time.sleep(min(0.2 * (attempt + 1), 1.0))
+        attempt += 1
+
+
+def _remove_once(
+    client: Client, name: str, containers: list[str], networks: list[str]
+) -> tuple[int, DockerError | None]:
+    """One try of `remove`: how many volumes it removed, and its first failure."""
+    docker = client.docker_cmd
+    volumes: list[str] = []
+    failed: DockerError | None = None
+
+    def step(fn: Callable[[], object]) -> None:
+        nonlocal failed
+        try:
+            with docker_errors(f"removing project {name}"):
+                fn()
+        except DockerError as exc:
+            failed = failed or exc
+
+    if containers:
+        step(lambda: run([*docker, "rm", "--force", "--volumes", "--", *containers]))
+    step(lambda: volumes.extend(project_volumes(client, name)))
+    held = False
+    if volumes:
+        try:
+            with docker_errors(f"removing project {name}"):
+                run([*docker, "volume", "rm", "--", *volumes])
+        except VolumeInUse:  # by a container not of this project: trying again cannot help
+            held = True
+            log.warning(
+                "%s: a volume labelled with it is in use by a container of another project; "
+                "it stays, listed as this environment's, until a reap or `orchestrator down` "
+                "finds it free",
+                name,
+            )
+        except DockerError as exc:
+            failed = failed or exc
+    if networks:
+        step(lambda: _remove_networks(client, networks))
+    return (len(volumes) if failed is None and not held else 0), failed
+
+
+def project_volumes(client: Client, name: str) -> list[str]:
+    """The names of the volumes carrying project label `name`."""
+    label = f"label={LABEL_PROJECT}={name}"
+    return _ids(client, f"listing the volumes of {name}", ["volume", "ls", "-q", "--filter", label])
+
+
+def _remove_networks(client: Client, networks: list[str]) -> None:
+    """Remove our networks; one a container of someone else's has joined (which holds it
+    in use) has that container disconnected first: the network is ours to remove."""
+    docker = client.docker_cmd
+    removing = f"removing networks {' '.join(networks)}"
+    try:
+        engine_call(removing, lambda: run([*docker, "network", "rm", "--", *networks]), retry=False)
+    except NetworkInUse:
+        fmt = "{{range $id, $c := .Containers}}{{$id}} {{end}}"
+        for net in networks:
+            with contextlib.suppress(DockerError, CallFailed):  # removed meanwhile
+                inspect = ["network", "inspect", "-f", fmt, "--", net]
+                for joined in _ids(client, f"listing what joined {net}", inspect):
+                    run([*docker, "network", "disconnect", "--force", net, joined])
+        run([*docker, "network", "rm", "--", *networks])
