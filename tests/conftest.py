@@ -330,9 +330,10 @@ def build_swarm_images() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def swarm_cluster() -> Iterator[str]:
-    """A Swarm for the swarm backend's tests: a running `scripts/cluster`, or one started
-    here (and removed after). Fails the session if the tests leave anything on it."""
+def swarm_manager() -> Iterator[str]:
+    """The manager address of a Swarm for the swarm backend's tests: a running
+    `scripts/cluster`, or one started here (and removed after). Fails the session if the tests
+    leave anything on it."""
     problem = build_swarm_images()
     if problem is not None:
         why = f"Swarm test skipped: {problem}"
@@ -349,15 +350,29 @@ def swarm_cluster() -> Iterator[str]:
             (run_dir / SWARM_STARTED).touch()  # removed when the whole run ends
     line = subprocess.run([CLUSTER, "env"], capture_output=True, text=True, check=True).stdout
     manager = line.strip().partition("=")[2]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ORCHESTRATOR_SWARM_HOST", manager)
-        patch.setenv("ORCHESTRATOR_SWARM_NODE_HOST", "tcp://{addr}:2375")
-        # a Swarm's nodes pull each task's image (from the cluster's own registry here): the
-        # caller's consent, which a file alone never gives
-        patch.setenv("ORCHESTRATOR_ALLOW_PULL", "1")
-        yield manager
+    yield manager
     leaked = swarm_ids(manager)  # this worker's own (by its temporary root)
     assert not leaked, f"the tests left these on the Swarm: {sorted(leaked)}"
+
+
+def swarm_settings(manager: str) -> dict[str, str]:
+    """The process settings that make `manager` the Swarm of the swarm backend."""
+    return {
+        "ORCHESTRATOR_SWARM_HOST": manager,
+        "ORCHESTRATOR_SWARM_NODE_HOST": "tcp://{addr}:2375",
+        # a Swarm's nodes pull each task's image (from the cluster's own registry here): the
+        # caller's consent, which a file alone never gives
+        "ORCHESTRATOR_ALLOW_PULL": "1",
+    }
+
+
+@pytest.fixture
+def swarm_cluster(swarm_manager: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Swarm's manager, made the process's Swarm for one test only (so that no later test
+    on this worker inherits its settings, above all the consent to pull)."""
+    for key, value in swarm_settings(swarm_manager).items():
+        monkeypatch.setenv(key, value)
+    return swarm_manager
 
 
 @pytest.fixture(scope="session")
@@ -428,10 +443,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def remote_engine(swarm_cluster: str) -> str:
+def remote_engine(swarm_manager: str) -> str:
     """Another engine than this machine's: the last node of the test Swarm (plain Compose
     projects run there as on any engine)."""
-    nodes = _lines(["docker", "-H", swarm_cluster, "node", "ls", "-q"])
+    nodes = _lines(["docker", "-H", swarm_manager, "node", "ls", "-q"])
     fmt = "{{.Status.Addr}}"
-    addr = _lines(["docker", "-H", swarm_cluster, "node", "inspect", "--format", fmt, nodes[-1]])
+    addr = _lines(["docker", "-H", swarm_manager, "node", "inspect", "--format", fmt, nodes[-1]])
     return f"tcp://{addr[0]}:2375"

@@ -10,12 +10,13 @@ no folder with ours, and `docker-podman` the Docker backend on root Podman's API
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 
 from orchestrator.testing import Target
 from orchestrator.testing.conformance import *  # noqa: F403
-from tests.conftest import PYTHON_IMAGE
+from tests.conftest import PYTHON_IMAGE, swarm_settings
 
 DOCKER_LINES = (f"image: {PYTHON_IMAGE}", "user: '1000:1000'", "resources: {memory: 1g, pids: 512}")
 SIDECARS = PYTHON_IMAGE
@@ -81,13 +82,15 @@ TARGETS = [
 
 
 @pytest.fixture(scope="module", params=TARGETS, ids=[t.id for t in TARGETS])
-def conformance_target(request: pytest.FixtureRequest) -> Target:
+def conformance_target(request: pytest.FixtureRequest) -> Iterator[Target]:
     target: Target = request.param
-    if target.backend == "swarm":
-        request.getfixturevalue("swarm_cluster")  # before the module's runtime starts
     if target.id == "docker-gvisor":
         request.getfixturevalue("gvisor_engine")
     if target.id == "docker-remote":  # the Docker backend on another machine's engine
         engine = request.getfixturevalue("remote_engine")
         target = dataclasses.replace(target, process_env={"ORCHESTRATOR_DOCKER_HOST": engine})
-    return target
+    with pytest.MonkeyPatch.context() as patch:
+        if target.backend == "swarm":  # the process's Swarm while this target's tests run
+            for key, value in swarm_settings(request.getfixturevalue("swarm_manager")).items():
+                patch.setenv(key, value)
+        yield target

@@ -71,18 +71,19 @@ def test_no_setuid_file_or_device_stays_in_the_host_workspace(
     make_env: MakeEnv, tmp_path: Path
 ) -> None:
     """A root sandbox owns its files as uid 0 on the host: a setuid copy of a shell left in a
-    bind-mounted workspace would give any host user who runs it euid 0. Once the environment
-    ends, none is left (nor a device node, where the caller granted MKNOD)."""
+    bind-mounted workspace would give any host user who runs it euid 0. The sandbox cannot set
+    the bit there at all (the seccomp profile of a container writing a host folder); a set-id
+    file that got there anyway (here: put by the host while it runs) and a device node (where
+    the caller granted MKNOD) are both gone once the environment ends."""
     workspace = tmp_path / "ws"
     policy = Policy(allow_caps=frozenset({"MKNOD"}))
     env = load_environment(make_env("user: root\ncap_add: [MKNOD]\n", name="suid"))
     with spawn_runtime(env, workspace=workspace, policy=policy) as rt:
-        made = rt.execute(
-            "mkdir -p d && cp /bin/sh d/rootsh && chmod 6755 d/rootsh && "
-            "mknod blk b 7 0 && chmod 666 blk && ln -s /bin/sh link",
-            timeout=30,
-        )
+        refused = rt.execute("mkdir -p d && cp /bin/sh d/rootsh && chmod 6755 d/rootsh")
+        assert refused.exit_code != 0 and "not permitted" in refused.stderr.lower()
+        made = rt.execute("mknod blk b 7 0 && chmod 666 blk && ln -s /bin/sh link", timeout=30)
         assert made.ok, made.stderr
+        (workspace / "d" / "rootsh").chmod(0o6755)  # as if a path around the profile existed
         assert (workspace / "d" / "rootsh").stat().st_mode & 0o6000  # there while it runs
     mode = (workspace / "d" / "rootsh").stat().st_mode
     assert mode & 0o6000 == 0 and mode & 0o755 == 0o755
