@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bench.measure import report
 from orchestrator import Runtime, load_environment_text, spawn_runtime
-from orchestrator.backends.container.engine import docker_client, runtimes
+from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.docker.render import gvisor_runtime
 from orchestrator.settings import podman_socket
 
@@ -286,7 +286,7 @@ def table_lines(got: Got, sizes: Sizes) -> list[str]:
 def gvisor_setup() -> str:
     """How the engine runs gVisor here: runtime name, its arguments, runsc's version."""
     name = gvisor_runtime()
-    args = runtimes(docker_client()).get(name)
+    args = Engine.at().runtimes().get(name)
     version = subprocess.run(
         ["runsc", "--version"], capture_output=True, text=True, check=False
     ).stdout.splitlines()

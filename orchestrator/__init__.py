@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator._version import __version__
 
 if TYPE_CHECKING:
+    from orchestrator.backends.container.engine import context_address
     from orchestrator.errors import (
         AdmissionTimeout,
         BackendUnavailable,
@@ -120,6 +121,7 @@ __all__ = [
     "attachable",
     "backend_class",
     "check_admission",
+    "context_address",
     "environments",
     "get_runtime_class",
     "list_snapshots",
@@ -135,6 +137,7 @@ __all__ = [
 ]
 
 _HOME = {
+    "orchestrator.backends.container.engine": "context_address",
     "orchestrator.errors": (
         "AdmissionTimeout BackendUnavailable CommandFailed CommandTimeout DockerError ExecutorLost "
         "HealthcheckFailed OrchestratorError OutputLimitExceeded PolicyError PoolExhausted "

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -109,16 +108,9 @@ def _root(
 
 
 def _context_host(name: str) -> str:
-    fmt = "{{.Endpoints.docker.Host}}"
-    found = subprocess.run(
-        ["docker", "context", "inspect", "--format", fmt, name],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if found.returncode != 0 or not found.stdout.strip():
-        raise UsageError(f"no Docker context {name!r}: {found.stderr.strip()}")
-    return found.stdout.strip()
+    from orchestrator import context_address
+
+    return context_address(name)
 
 
 for command in (

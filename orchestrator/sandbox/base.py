@@ -120,10 +120,10 @@ class Runtime(Sandbox):
         return admission.request(env)
 
     @classmethod
-    def doctor(cls) -> list[tuple[str, str]]:
-        """What `orchestrator doctor` should say about this backend on this machine, as
-        (pass | warn | fail, message) lines, beyond the engine checks it makes itself. The
-        default: nothing."""
+    def doctor(cls, env: Environment | None = None) -> list[tuple[str, str]]:
+        """What `orchestrator doctor` should say about this backend on this machine (its
+        engine, what it needs there), or with `env`, of what that file needs here (its
+        images), as (pass | warn | fail, message) lines. The default: nothing."""
         return []
 
     @classmethod

@@ -624,16 +624,16 @@ def snapshot_under_an_odd_state_folder(
     exactly, whatever their characters: only then is it owned, resumed and removed. The
     record names the process's engine (`engine`; "": the CLI's default)."""
     from orchestrator.backends.container import images
-    from orchestrator.backends.container.engine import docker_client
+    from orchestrator.backends.container.engine import Engine
 
     state = tmp_path / name
     monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(state))
-    client = docker_client()  # the process's engine
+    client = Engine.at()  # the process's engine
     with spawn_runtime(path) as first:
         first.execute("echo built > /made", user="0:0")
         snap = first.snapshot(tmp_path / "fs.tar", filesystem=True)
     assert snap.host == engine
-    labels = client.image.inspect(snap.image).config.labels or {}
+    labels = client.whales.image.inspect(snap.image).config.labels or {}
     assert labels[images.LABEL_STATE] == str(state.resolve())
     assert labels[images.LABEL_RECORD] == str(snap.record)
     assert images.owned(snap.image, snap.record, client)

@@ -1,4 +1,4 @@
-"""The real engine's errors arrive as types (backends/container/engine.py): an exec into a
+"""The real engine's errors arrive as types (backends/container/engine/): an exec into a
 container that was removed, stopped or paused, built by the one ExecTarget, through our own
 CLI runner and python-on-whales' alike."""
 
@@ -13,11 +13,11 @@ from python_on_whales.utils import run as whales_run
 from orchestrator.backends.container.engine import (
     ContainerNotRunning,
     ContainerPaused,
+    Engine,
     NoSuchContainer,
     engine_call,
-    run,
 )
-from orchestrator.backends.container.exec_target import ExecTarget
+from orchestrator.backends.container.engine.cli import run
 from orchestrator.errors import DockerError
 from tests.conftest import BUSYBOX_IMAGE
 
@@ -43,7 +43,7 @@ Runner = Callable[[list[str]], object]
 
 
 def _exec(cid: str, runner: Runner) -> str:
-    argv = ExecTarget(["docker"], cid).argv(["echo", "hi"], user="0", workdir="/")
+    argv = Engine.at().exec_target(cid).argv(["echo", "hi"], user="0", workdir="/")
     return str(engine_call("exec into it", lambda: runner(argv), retry=False))
 
 

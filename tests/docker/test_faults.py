@@ -324,16 +324,16 @@ def test_a_start_killed_half_way_leaves_a_folder_the_next_spawn_reaps(
 def test_a_hung_engine_call_is_bounded_and_retried_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from python_on_whales.utils import run
 
-    from orchestrator.backends.container.engine import docker_client, engine_call
+    from orchestrator.backends.container.engine import Engine, engine_call
     from orchestrator.errors import DockerError
 
     monkeypatch.setenv("ORCHESTRATOR_ENGINE_TIMEOUT", "1")
-    client = docker_client()
+    engine = Engine.at()
     calls = []
 
     def hangs() -> object:  # `docker events` never returns by itself
         calls.append(1)
-        return run([*client.docker_cmd, "events"])
+        return run(engine.argv("events"))
 
     started = time.monotonic()
     with pytest.raises(DockerError, match="timed out"):

@@ -174,7 +174,7 @@ def test_a_snapshot_on_podman_records_podman_and_resumes_only_there(
     """ORCHESTRATOR_ENGINE alone chose Podman: the snapshot's record says so, so a process
     working with Docker is told where it is rather than looking on the wrong engine."""
     from orchestrator.backends.container import images
-    from orchestrator.backends.container.engine import docker_client
+    from orchestrator.backends.container.engine import Engine
 
     path = make_env("", name="podsnap")
     monkeypatch.setenv(settings.ENGINE_ENV, "podman")
@@ -190,7 +190,7 @@ def test_a_snapshot_on_podman_records_podman_and_resumes_only_there(
     snapshot_under_an_odd_state_folder(path, tmp_path, monkeypatch, PODMAN, odd)
     with spawn_runtime(path) as rt:
         quoted = rt.snapshot(tmp_path / 'x"y' / "s.tar", filesystem=True)  # in its record's path
-        assert images.owned(quoted.image, quoted.record, docker_client())
+        assert images.owned(quoted.image, quoted.record, Engine.at())
         quoted.remove()
         images_before = on(PODMAN, "images", "-q").stdout
         with pytest.raises(UsageError, match="must be UTF-8"):

@@ -71,30 +71,105 @@ def test_no_backend_method_calls_past_its_parent() -> None:
     assert skips == []
 
 
-# ----- 2. one place spells `docker exec` --------------------------------------------------------
-def test_only_exec_target_builds_exec_argv() -> None:
-    spelled = []
-    for path in _modules("backends"):
-        if path.name == "exec_target.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.List | ast.Tuple) and any(
-                isinstance(e, ast.Constant) and e.value == "exec" for e in node.elts
-            ):
-                spelled.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
-    assert spelled == []
+# ----- 2. only the Engine spells engine argv or API paths ---------------------------------------
+ENGINE = PACKAGE / "backends" / "container" / "engine"
+IN_CONTAINER = {"agent.py", "spawner.py", "wire.py", "__init__.py"}
+"""The executor's own code under executor/ runs inside the sandbox: its argv is not the
+engine's."""
+ENGINES = frozenset({"docker", "podman", "timeout"})
+VERBS = frozenset(
+    {"exec", "inspect", "ps", "rm", "pause", "unpause", "commit", "logs", "network", "volume"}
+    | {"image", "stack", "service", "node", "info", "version", "compose", "context", "cp"}
+    | {"--host", "--format", "--filter"}
+)
+"""Words of a docker command line (`build` is left out: the Compose mapper's paths of keys
+hold it)."""
+API_PATHS = ("/containers", "/networks", "/volumes", "/images", "/commit", "/version", "/v4")
+
+
+def _outside_the_engine() -> list[Path]:
+    """Every module of the package but the engine's own; the executor's in-container code;
+    and the conformance kit (testing/), which builds its test world from public names only
+    and so runs its own docker commands: it is the tester, not the tested."""
+    return [
+        path
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if ENGINE not in path.parents
+        and not (path.parent.name == "executor" and path.name in IN_CONTAINER)
+        and path.parent.name != "testing"
+    ]
+
+
+def _spelled(tree: ast.AST) -> list[int]:
+    """Lines of a docker command line spelled by hand: a list or tuple that starts with the
+    engine's program and holds one of its words, or a prefix (`[*docker, "rm", ...]`) and
+    such a word; and of an Engine API path."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.List | ast.Tuple) and node.elts:
+            first = node.elts[0]
+            words = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+            program = isinstance(first, ast.Constant) and first.value in ENGINES and len(words) > 2
+            prefixed = isinstance(first, ast.Starred)
+            if (program or prefixed) and words & VERBS:
+                found.append(node.lineno)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith(API_PATHS)
+        ):
+            found.append(node.lineno)
+    return found
+
+
+def test_only_the_engine_spells_engine_argv_or_api_paths() -> None:
+    spelled = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in _outside_the_engine()
+        if (lines := _spelled(ast.parse(path.read_text())))
+    }
+    assert spelled == {}
+
+
+def test_the_rule_sees_a_hand_spelled_command_line() -> None:
+    """The checker itself can fail: the shapes the engine's callers used to write are seen."""
+    shapes = [
+        '["docker", "exec", "c", "true"]',
+        '[*docker_cmd, "rm", "--force", *ids]',
+        '("timeout", "-k", "5", "9", "podman", "ps")',
+        '[*self._docker_cmd, "exec"]',
+        'call(sock, "GET", f"/containers/{c}/json")',
+    ]
+    assert all(_spelled(ast.parse(shape)) for shape in shapes)
+    innocent = ['name in ("run", "exec")', '("docker", "podman")', '("docker", "network")']
+    assert not any(_spelled(ast.parse(shape)) for shape in innocent)
+
+
+def test_no_module_takes_an_argv_prefix() -> None:
+    """`docker_cmd` (a `timeout ... docker [--host H]` prefix carried through the backends)
+    is gone: every backend and service takes an Engine."""
+    named = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "docker_cmd" in path.read_text() or "raw_cmd" in path.read_text()
+    ]
+    assert named == []
 
 
 def test_no_value_a_caller_gives_can_pass_for_a_docker_option() -> None:
     """A user, a folder or a variable that starts with `-` stays the value of its option."""
-    from orchestrator.backends.container.exec_target import ExecTarget
+    from orchestrator.backends.container.engine import Engine
 
-    argv = ExecTarget(["docker", "--host", "unix:///x"], "c1").argv(
-        ["sh", "-c", "echo hi"],
-        user="--privileged",
-        workdir="-w/etc",
-        env={"A": "--env=B=1", "PATH": "/x"},
-        stdin=True,
+    argv = (
+        Engine.at("unix:///x")
+        .exec_target("c1")
+        .argv(
+            ["sh", "-c", "echo hi"],
+            user="--privileged",
+            workdir="-w/etc",
+            env={"A": "--env=B=1", "PATH": "/x"},
+            stdin=True,
+        )
     )
     assert argv == [
         "docker",
@@ -112,14 +187,15 @@ def test_no_value_a_caller_gives_can_pass_for_a_docker_option() -> None:
         "echo hi",
     ]
     with pytest.raises(ValueError):
-        ExecTarget(["docker"], "--privileged").argv(["true"])
+        Engine.at("unix:///x").exec_target("--privileged").argv(["true"])
     with pytest.raises(ValueError):
-        ExecTarget(["docker"], "c1").argv([])
+        Engine.at("unix:///x").exec_target("c1").argv([])
 
 
 # ----- 3. engine text is read in one module ----
 def _engine_text_tests(tree: ast.AST) -> list[int]:
-    """Lines testing a substring of some `.stderr` (`"x" in exc.stderr`)."""
+    """Lines testing a substring of some `.stderr` (`"x" in exc.stderr`), or searching engine
+    words with a pattern (`PATTERN.search(said)`) outside the engine."""
     return [
         node.lineno
         for node in ast.walk(tree)
@@ -129,13 +205,10 @@ def _engine_text_tests(tree: ast.AST) -> list[int]:
     ]
 
 
-def test_no_module_but_the_engine_one_reads_engine_text() -> None:
-    root = PACKAGE
+def test_no_module_but_the_engine_ones_reads_engine_text() -> None:
     found = {
-        str(path.relative_to(root)): lines
-        for path in sorted(root.rglob("*.py"))
-        if path.name != "engine.py" or path.parent.name != "container"
-        if path.parent.name != "testing"  # the conformance kit asserts on commands' output
+        str(path.relative_to(PACKAGE)): lines
+        for path in _outside_the_engine()
         if (lines := _engine_text_tests(ast.parse(path.read_text())))
     }
     assert found == {}

@@ -59,6 +59,7 @@ from orchestrator import (
     attachable,
     backend_class,
     check_admission,
+    context_address,
     environments,
     get_runtime_class,
     list_snapshots,
@@ -215,6 +216,12 @@ def test_a_consumer_program(tmp_path: Path) -> None:
         from orchestrator.sandbox import registry
 
         registry._registered.pop("consumer-alias", None)
+
+
+def test_a_context_the_docker_cli_does_not_know_is_a_usage_error() -> None:
+    """`--context NAME` resolves through the engine (the CLI runs no docker command)."""
+    with pytest.raises(UsageError, match="no Docker context"):
+        context_address("orchestrator-no-such-context")
 
 
 def test_the_program_names_every_public_name() -> None:

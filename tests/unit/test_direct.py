@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.backends.container import engine_api
+from orchestrator.backends.container.engine import api as engine_api
 from orchestrator.backends.container.templating import quote
 from orchestrator.backends.docker.direct import HOSTS, UP_PATH_ENV, direct_run
 from orchestrator.errors import UsageError

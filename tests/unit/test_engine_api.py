@@ -1,4 +1,4 @@
-"""engine_api: the Engine API calls made straight on the local socket. Each has a deadline
+"""engine/api.py: the Engine API calls made straight on the local socket. Each has a deadline
 and a bounded answer, fails as the docker CLI's call would (typed from the engine's words),
 and is used only for an engine the CLI itself would reach on that socket."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import TIMED_OUT, NoSuchContainer
+from orchestrator.backends.container.engine import api as engine_api
 from orchestrator.errors import BackendUnavailable, DockerError
 
 Answer = Callable[[socket.socket, bytes], None]
@@ -257,7 +257,7 @@ def test_a_container_state_of_any_shape_reads_as_not_running_or_plain_values(
 ) -> None:
     """An engine's answer is read, not trusted: whatever shape `State` has, a state comes
     out with plain values (a missing or odd field is not running, exit 0, no health)."""
-    from orchestrator.backends.container.engine_api import ContainerState
+    from orchestrator.backends.container.engine.api import ContainerState
 
     got = ContainerState.of(state)
     assert got.paused is False and got.exit_code == 0 and got.health is None
@@ -265,7 +265,7 @@ def test_a_container_state_of_any_shape_reads_as_not_running_or_plain_values(
 
 
 def test_a_container_state_reads_the_fields_python_on_whales_names() -> None:
-    from orchestrator.backends.container.engine_api import ContainerState
+    from orchestrator.backends.container.engine.api import ContainerState
 
     state = {
         "Status": "exited",
@@ -304,9 +304,10 @@ def test_exec_defaults_from_an_answer_of_any_shape_are_plain(
     """Where `docker exec` starts and as whom, read from the engine's inspection on its
     socket: an odd answer reads as the defaults (/ and the image's user), never an error
     of another kind."""
+    from orchestrator.backends.container.engine import Engine
     from orchestrator.backends.docker.lifecycle import Project
 
     project = Project.__new__(Project)
     project.name = "orch-odd-12345678"
-    project._socket = engine(reply(200, body))
+    project.engine = Engine.at(f"unix://{engine(reply(200, body))}")
     assert project.exec_defaults("main") == expected

@@ -1,4 +1,4 @@
-"""Engine errors are typed once, in backends/container/engine.py, from the engine's own words
+"""Engine errors are typed once, in backends/container/engine/errors.py, from the engine's own words
 (as python-on-whales does); everywhere else catches types. The messages below are what a
 Docker 20.10 engine and CLI print (captured from the test machine's engine)."""
 
@@ -28,10 +28,11 @@ from orchestrator.backends.container.engine import (
     SubnetOverlap,
     classify,
     engine_call,
-    run,
     unknown_user,
     wrap,
 )
+from orchestrator.backends.container.engine.bounds import backstop
+from orchestrator.backends.container.engine.cli import run
 from orchestrator.errors import BackendUnavailable, DockerError
 
 CID = "37256ffbb1403974e9e2e5ddb0f7a46851aba57e2fe61782e582a26c5e48a900"
@@ -124,10 +125,10 @@ def _script(tmp_path: Path, body: str) -> Path:
 
 def test_our_runner_returns_stdout_and_types_a_failure_as_the_engine_said(tmp_path: Path) -> None:
     ok = _script(tmp_path, 'printf "a\\nb\\n\\n"\n')
-    assert run([ok]) == "a\nb\n"  # one trailing newline dropped, as python-on-whales does
+    assert run([str(ok)]) == "a\nb\n"  # one trailing newline dropped, as python-on-whales does
     gone = _script(tmp_path, "echo 'Error: No such container: x' >&2; exit 1\n")
     with pytest.raises(NoSuchContainer) as info:
-        engine_call("inspecting x", lambda: run([gone]), retry=False)
+        engine_call("inspecting x", lambda: run([str(gone)]), retry=False)
     assert info.value.returncode == 1 and "No such container" in info.value.stderr
 
 
@@ -136,7 +137,7 @@ def test_bytes_that_are_not_utf8_in_an_engine_message_do_not_break_its_error(
 ) -> None:
     said = _script(tmp_path, "printf 'no such image: \\377\\376\\n' >&2; exit 1\n")
     with pytest.raises(NoSuchImage) as info:
-        engine_call("pulling", lambda: run([said]), retry=False)
+        engine_call("pulling", lambda: run([str(said)]), retry=False)
     assert "\ufffd" in info.value.stderr  # replaced, where python-on-whales' decode raised
 
 
@@ -145,20 +146,21 @@ def test_a_missing_docker_cli_is_backend_unavailable() -> None:
         engine_call("listing", lambda: run(["/nonexistent/docker", "ps"]), retry=False)
 
 
-def test_a_client_loads_python_on_whales_only_when_its_api_is_used() -> None:
+def test_an_engine_loads_python_on_whales_only_when_its_api_is_used() -> None:
     code = (
         "import sys\n"
-        "from orchestrator.backends.container.engine import docker_client\n"
-        "c = docker_client(7, host='unix:///x.sock')\n"
-        "print(c.docker_cmd[-3:], c.raw_cmd, 'python_on_whales' in sys.modules)\n"
-        "c.container\n"
-        "print('python_on_whales' in sys.modules, c.whales.client_config.host)\n"
+        "from orchestrator.backends.container.engine import Engine\n"
+        "e = Engine.at('unix:///x.sock', timeout=7)\n"
+        "print(e.argv('ps')[-5:], e.argv('ps', bounded=False), 'python_on_whales' in sys.modules)\n"
+        "e.whales.container\n"
+        "print('python_on_whales' in sys.modules, e.whales.client_config.host)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     ).stdout.splitlines()
     assert out == [
-        "['docker', '--host', 'unix:///x.sock'] ['docker', '--host', 'unix:///x.sock'] False",
+        "['7', 'docker', '--host', 'unix:///x.sock', 'ps'] "
+        "['docker', '--host', 'unix:///x.sock', 'ps'] False",
         "True unix:///x.sock",
     ]
 
@@ -174,7 +176,7 @@ def test_a_call_whose_leftover_holds_its_output_open_is_given_up_after_its_bound
     started = time.monotonic()
     try:
         with pytest.raises(DockerError) as info:
-            engine_call("waiting", lambda: run(argv), retry=False)
+            engine_call("waiting", lambda: run(argv, backstop=backstop(1)), retry=False)
         assert info.value.returncode == TIMED_OUT and "timed out" in str(info.value)
         assert time.monotonic() - started < 20
     finally:
@@ -192,7 +194,7 @@ def test_a_call_that_timeout_had_to_kill_is_timed_out_and_tried_once_more(tmp_pa
     argv = ["timeout", "-k", "1", "1", str(stubborn)]
     started = time.monotonic()
     with pytest.raises(DockerError) as info:
-        engine_call("listing", lambda: run(argv))
+        engine_call("listing", lambda: run(argv, backstop=backstop(1)))
     assert info.value.returncode == TIMED_OUT and "timed out" in str(info.value)
     assert calls.read_text().count("x") == 2  # idempotent: tried once more
     assert time.monotonic() - started < 15

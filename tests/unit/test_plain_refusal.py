@@ -1,11 +1,11 @@
 """The plain path's words for what the engine would not start: said as the executor says them
-(`plain._refusal`), runc's and runsc's alike."""
+(`engine.exec_refusal`, where engine text is read), runc's and runsc's alike."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.backends.container.executor.plain import _refusal
+from orchestrator.backends.container.engine import exec_refusal
 
 
 @pytest.mark.parametrize(
@@ -32,4 +32,4 @@ from orchestrator.backends.container.executor.plain import _refusal
 def test_the_engines_refusal_is_said_as_the_executor_says_it(
     said: bytes, expected: tuple[int, bytes]
 ) -> None:
-    assert _refusal(said, 126) == expected
+    assert exec_refusal(said, 126) == expected

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator import procutil
-from orchestrator.backends.container.exec_target import ExecTarget
+from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.executor import wire
 from orchestrator.backends.container.executor.client import ExecutorClient, Fifo
 from orchestrator.backends.container.executor.plain import MARK, Killer, run_plain
@@ -67,7 +67,7 @@ class Channel:
         self,
         *,
         label: str,
-        docker_cmd: list[str],
+        engine: Engine,
         container: str,
         mode: Mode,
         owned: bool,
@@ -80,7 +80,7 @@ class Channel:
     ) -> None:
         self.label = label
         self.mode = mode
-        self._docker_cmd = docker_cmd
+        self._engine = engine
         self._container = container
         self._owned = owned
         self._lost = lost
@@ -117,7 +117,7 @@ class Channel:
             # owned: when this process dies, by any signal, the container stops itself
             *(["--owned"] if self._owned else []),
         ]
-        target = ExecTarget(self._docker_cmd, self._container)
+        target = self._engine.exec_target(self._container)
         client = ExecutorClient(target.argv(command, user="0", stdin=True))
         client.start()
         return client
@@ -214,7 +214,7 @@ class Channel:
         """A command for the executor, marked (as the plain path marks its own) so that it
         can be killed while its sandbox is paused, and the killer that finds it by that mark
         (as its user: the executor runs one that names none as root)."""
-        killer = Killer(self._docker_cmd, self._container, cmd.user or "0")
+        killer = Killer(self._engine, self._container, cmd.user or "0")
         return killer, dataclasses.replace(cmd, env={**cmd.env, MARK: killer.token})
 
     def _owe_kill(self, killer: Killer) -> None:
@@ -323,8 +323,8 @@ class Channel:
         return None
 
     def _plain(self, cmd: Command) -> Chunks:
-        killer = Killer(self._docker_cmd, self._container, cmd.user)
-        outcome = yield from run_plain(self._docker_cmd, self._container, cmd, killer=killer)
+        killer = Killer(self._engine, self._container, cmd.user)
+        outcome = yield from run_plain(self._engine, self._container, cmd, killer=killer)
         failed = outcome.exit_code != 0 or outcome.timed_out
         if failed and not self._killed():  # the command failed, or the container did?
             # a container killed under it ends `docker exec` with 137, a moment before the

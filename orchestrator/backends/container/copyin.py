@@ -15,7 +15,6 @@ with the uid, gid, groups and HOME the engine would have given it."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import shlex
 import stat
@@ -27,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.container.binds import PinRefused, open_exact
-from orchestrator.backends.container.engine import engine_call, run
-from orchestrator.backends.container.exec_target import ExecTarget
+from orchestrator.backends.container.engine import Engine, ExecTarget, up_timeout
 from orchestrator.backends.container.executor.client import executor_files
 from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
 from orchestrator.errors import DockerError, OrchestratorError, StartupError
@@ -156,31 +154,12 @@ def gated_services(env: Environment, *, copied: bool) -> list[str]:
     ]
 
 
-def _image_config(docker_cmd: Sequence[str], container: str) -> dict[str, object]:
-    """The config of the image a container runs (its entrypoint, command and user)."""
-
-    def ask(argv: list[str]) -> str:
-        return str(run([*docker_cmd, *argv])).strip()
-
-    image = engine_call(
-        "inspecting a service",
-        lambda: ask(["container", "inspect", "--format", "{{.Image}}", container]),
-    )
-    raw = engine_call(
-        "inspecting a service's image",
-        lambda: ask(["image", "inspect", "--format", "{{json .Config}}", image]),
-    )
-    config = json.loads(raw or "null")
-    return config if isinstance(config, dict) else {}
-
-
-def _wait_running(docker_cmd: Sequence[str], container: str, name: str) -> None:
+def _wait_running(engine: Engine, container: str, name: str) -> None:
     """Wait (bounded by START_WAIT) until the container runs: an orchestrator may report a
     task started while its container is still being created."""
-    argv = [*docker_cmd, "container", "inspect", "--format", "{{.State.Status}}", container]
     deadline = time.monotonic() + START_WAIT
     while True:
-        state = engine_call("inspecting a service", lambda: str(run(argv)).strip())
+        state = engine.status(container)
         if state == "running":
             return
         if state not in ("created", "restarting") or time.monotonic() > deadline:
@@ -252,15 +231,14 @@ def start_text(
 def _exec(target: ExecTarget, name: str, script: str, args: Sequence[str], **how: Any) -> str:
     """Run a preparation step in a service's container; its output, or a StartupError
     (`retry`: exit code RETRY returns None instead)."""
-    stdin = how.pop("input", None)
-    argv = target.argv(  # from /: the workdir is made again meanwhile
-        ["/bin/sh", "-c", script, "sh", *args], workdir="/", stdin=stdin is not None, **how
-    )
     try:
-        out = engine_call(
-            f"preparing {name}",
-            lambda: run(argv, input=stdin),
-            retry=False,
+        out = target.engine.exec(
+            target.container,
+            ["/bin/sh", "-c", script, "sh", *args],
+            workdir="/",  # from /: the workdir is made again meanwhile
+            action=f"preparing {name}",
+            seconds=up_timeout(),
+            **how,
         )
     except DockerError as exc:
         if exc.returncode == RETRY:
@@ -294,7 +272,7 @@ def _who(target: ExecTarget, name: str, user: str) -> Who:
 def prepare_service(
     env: Environment,
     name: str,
-    docker_cmd: Sequence[str],
+    engine: Engine,
     container: str,
     *,
     copied: bool,
@@ -303,12 +281,12 @@ def prepare_service(
     """Prepare gated service `name` (its container runs the GATE): its static assets when
     they are copied in, its workdir, made by its user, then START_FILE, last."""
     svc = env.spec.services[name]
-    _wait_running(docker_cmd, container, name)
-    config = _image_config(docker_cmd, container)
+    _wait_running(engine, container, name)
+    config = engine.image_config(container)
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         folders = _static_into(tar, env, policy, 0o755) if copied and svc.static_assets else []
-    target = ExecTarget(docker_cmd, container)
+    target = engine.exec_target(container)
     workdir = svc.workdir or ""
     user = resolve_user(svc.user) if svc.user else None
     _exec(target, name, UNPACK, [workdir, *folders], user="0:0", input=out.getvalue())

@@ -27,28 +27,28 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from orchestrator import procutil
-from orchestrator.backends.container.engine import FreezerBusy, run_cli
+from orchestrator.backends.container.engine import Engine, FreezerBusy
 from orchestrator.errors import DockerError, OrchestratorError
 
-Groups = dict[tuple[str, ...], list[str]]
-"""Containers by the docker command that reaches their engine."""
+Groups = dict[Engine, list[str]]
+"""Containers by the engine that runs them."""
 
 
 def pause(groups: Groups) -> None:
     """Freeze every container of `groups`; all or none (see the module)."""
-    done: list[tuple[tuple[str, ...], list[str]]] = []
-    for docker_cmd, containers in groups.items():
-        done.append((docker_cmd, containers))  # a refused call may have frozen some of them
+    done: list[tuple[Engine, list[str]]] = []
+    for engine, containers in groups.items():
+        done.append((engine, containers))  # a refused call may have frozen some of them
         try:
-            _freeze(docker_cmd, containers)
+            _freeze(engine, containers)
         except DockerError as exc:
-            if _unsettled(docker_cmd, containers, paused=True):
-                for cmd, undo in done:  # thaw what was frozen, then say why
+            if _unsettled(engine, containers, paused=True):
+                for there, undo in done:  # thaw what was frozen, then say why
                     with contextlib.suppress(OrchestratorError):
-                        _call(cmd, "unpause", undo)
+                        there.unpause(undo)
                 raise OrchestratorError(f"could not pause the environment: {exc}") from exc
 
 
@@ -57,16 +57,16 @@ FREEZE_TRIES = 3
 fork fast says "unable to freeze" now and then, and freezes at the next try."""
 
 
-def _freeze(docker_cmd: Sequence[str], containers: list[str]) -> None:
+def _freeze(engine: Engine, containers: list[str]) -> None:
     for attempt in range(FREEZE_TRIES):
         try:
-            _call(docker_cmd, "pause", containers)
+            engine.pause(containers)
             return
         except FreezerBusy:
             if attempt == FREEZE_TRIES - 1:
                 raise
             try:  # those frozen already would refuse a second pause
-                states = paused_states(docker_cmd, containers)
+                states = engine.paused_states(containers)
             except OrchestratorError:
                 states = []
             left = [c for c, (_, on) in zip(containers, states, strict=False) if not on]
@@ -79,31 +79,21 @@ def _freeze(docker_cmd: Sequence[str], containers: list[str]) -> None:
 def resume(groups: Groups) -> None:
     """Thaw every container of `groups` (those not paused are left as they are)."""
     failed: DockerError | None = None
-    for docker_cmd, containers in groups.items():  # every engine, also after one failed
+    for engine, containers in groups.items():  # every engine, also after one failed
         try:
-            _call(docker_cmd, "unpause", containers)
+            engine.unpause(containers)
         except DockerError as exc:
-            if _unsettled(docker_cmd, containers, paused=False):
+            if _unsettled(engine, containers, paused=False):
                 failed = exc
     if failed is not None:
         raise OrchestratorError(f"could not resume the environment: {failed}") from failed
 
 
-def paused_states(docker_cmd: Sequence[str], containers: list[str]) -> list[tuple[bool, bool]]:
-    """(running, paused) of each container, in order (one engine call)."""
-    fmt = "{{.State.Running}} {{.State.Paused}}"
-    out = run_cli(
-        "inspecting the containers", [*docker_cmd, "inspect", "--format", fmt, *containers]
-    )
-    rows = [line.split() for line in out.splitlines() if line.strip()]
-    return [(row[0] == "true", row[-1] == "true") for row in rows]
-
-
-def _unsettled(docker_cmd: Sequence[str], containers: list[str], *, paused: bool) -> bool:
+def _unsettled(engine: Engine, containers: list[str], *, paused: bool) -> bool:
     """Whether a container that runs is not in the wanted state after a refused call (a
     container that is gone or cannot be inspected counts as unsettled)."""
     try:
-        states = paused_states(docker_cmd, containers)
+        states = engine.paused_states(containers)
     except OrchestratorError:
         return True
     if len(states) != len(containers):
@@ -111,23 +101,16 @@ def _unsettled(docker_cmd: Sequence[str], containers: list[str], *, paused: bool
     return any(running and is_paused != paused for running, is_paused in states)
 
 
-def _call(docker_cmd: Sequence[str], verb: str, containers: list[str]) -> None:
-    run_cli(f"{verb} of {len(containers)} container(s)", [*docker_cmd, verb, *containers])
-
-
-def kill_frozen(docker_cmd: Sequence[str], container: str, marks: Mapping[bytes, bytes]) -> bool:
+def kill_frozen(engine: Engine, container: str, marks: Mapping[bytes, bytes]) -> bool:
     """SIGKILL, from this host, every process of `container` (paused, or not) whose
     environment holds one of `marks` (name -> value) or that is in a session listed under
     the key b"session" (space-separated ids). Whether that could be judged: the container's
     processes are visible here (an engine on this machine) and their environments readable
     (this process is root, or the sandbox's user is ours); False otherwise (the caller owes
     the kill, run right after the thaw: owed.py)."""
-    said = run_cli(
-        "inspecting the sandbox",
-        [*docker_cmd, "inspect", "--format", "{{.Id}}\t{{.State.Pid}}", container],
-    )
-    ident, _, pid = said.strip().partition("\t")
-    if not pid.isdigit() or int(pid) <= 0 or not _in_container(int(pid), ident):
+    ident, first = engine.first_process(container)
+    pid = str(first)
+    if first <= 0 or not _in_container(first, ident):
         return False
     sessions = set(marks.get(b"session", b"").split())
     wanted = [f"{k.decode()}={v.decode()}".encode() for k, v in marks.items() if k != b"session"]

@@ -5,25 +5,14 @@ image, and an image whose record is gone is reaped like any other leftover of ou
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.binds import is_pinned_volume
-from orchestrator.backends.container.engine import (
-    Client,
-    NoSuchImage,
-    component_names,
-    docker_client,
-    engine_call,
-    engine_timeout,
-    listing,
-    run,
-)
+from orchestrator.backends.container.engine import Engine, NoSuchImage, engine_call
 from orchestrator.backends.container.identity import LABEL_MANAGED, L
 from orchestrator.errors import DockerError, UsageError
 from orchestrator.paths import state_dir
@@ -37,40 +26,26 @@ may remove it)."""
 
 
 def commit(
-    container: str, record: Path, client: Client | None = None, *, pause: bool = True
+    container: str, record: Path, engine: Engine | None = None, *, pause: bool = True
 ) -> str:
     """Save the container's filesystem (what it changed, above its image; mounts are not
     included) as an image owned by `record`; returns its tag (unique to it). The container is paused
     while it is copied (unless `pause` is False: the caller paused it), so what runs in it
     cannot change it half-way."""
-    client = client or docker_client()
+    engine = engine or Engine.at()
     tag = f"{SNAPSHOT_REPO}:{uuid.uuid4().hex[:12]}"
     labels = {
         LABEL_MANAGED: "1",
         LABEL_RECORD: str(record),
         LABEL_STATE: str(state_dir().resolve()),
     }
-    host = client.host or ""
-    facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
-    if facts.kind == "podman":  # its `commit` cannot decode the CLI's empty body (4.3)
+    if engine.kind == "podman":  # its `commit` cannot decode the CLI's empty body (4.3)
         repo, _, name = tag.partition(":")
-        query = [("container", container), ("repo", repo), ("tag", name)]
-        query += [("pause", str(pause).lower())]
-        query += [("changes", f"LABEL {k}={_podman_word(v)}") for k, v in labels.items()]
-        engine_api.call(
-            f"committing {container}",
-            engine_api.local_socket(host) or "",
-            "POST",
-            "/commit",
-            body={},
-            query=query,
-            timeout=engine_timeout(),
-        )
+        changes = [f"LABEL {k}={_podman_word(v)}" for k, v in labels.items()]
+        engine.commit_api(container, repo, name, pause=pause, changes=changes)
         return tag
-    argv = [*client.docker_cmd, "commit", f"--pause={str(pause).lower()}"]
     label = "LABEL " + " ".join(f"{k}={_word(v)}" for k, v in labels.items())
-    argv += ["--change", label, container, tag]
-    engine_call(f"committing {container}", lambda: run(argv), retry=False)
+    engine.commit_cli(container, tag, pause=pause, changes=[label])
     return tag
 
 
@@ -104,34 +79,32 @@ def _check_label(value: str) -> None:
         ) from None
 
 
-def remove(image: str, client: Client | None = None) -> None:
+def remove(image: str, engine: Engine | None = None) -> None:
     """Remove a snapshot image (gone already is fine)."""
-    client = client or docker_client()
-    argv = [*client.docker_cmd, "image", "rm", "--", image]
     with contextlib.suppress(NoSuchImage):
-        engine_call("removing a snapshot image", lambda: run(argv))
+        (engine or Engine.at()).remove_image(image, action="removing a snapshot image")
 
 
-def remove_owned(image: str, record: Path, client: Client | None = None) -> bool:
+def remove_owned(image: str, record: Path, engine: Engine | None = None) -> bool:
     """Remove a snapshot image only when its labels say it is `record`'s and was made with
     our state folder: a record names any image it likes (it is a file anyone with access to
     it can write), the labels were set when we committed it. False when it is not (left
     alone) or gone already."""
-    client = client or docker_client()
-    if not owned(image, record, client):
+    engine = engine or Engine.at()
+    if not owned(image, record, engine):
         return False
-    remove(image, client)  # the name it was found by: an image tagged elsewhere too stays
+    remove(image, engine)  # the name it was found by: an image tagged elsewhere too stays
     return True
 
 
-def owned(image: str, record: Path, client: Client | None = None) -> bool:
+def owned(image: str, record: Path, engine: Engine | None = None) -> bool:
     """Whether image `image` exists and its labels say it is `record`'s, made with our state
     folder: only then may a resume run it (or a removal remove it). A record names any
     image it likes; the labels were set when we committed it."""
-    client = client or docker_client()
+    engine = engine or Engine.at()
     if not image or image.startswith("-"):  # never an option of the docker command
         return False
-    found = _inspected(image, client)
+    found = _inspected(image, engine)
     if found is None:
         return False
     labels = found[1]
@@ -144,38 +117,38 @@ def _real(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def exists(image: str, client: Client | None = None) -> bool:
-    client = client or docker_client()
+def exists(image: str, engine: Engine | None = None) -> bool:
+    engine = engine or Engine.at()
     if not image or image.startswith("-"):  # never an option of the docker command
         return False
-    return _inspected(image, client) is not None
+    return _inspected(image, engine) is not None
 
 
-def reap_orphans(client: Client | None = None) -> list[str]:
+def reap_orphans(engine: Engine | None = None) -> list[str]:
     """Remove the snapshot images of ours whose record is gone (after the records of
     suspended environments whose owner is gone: see sandbox/suspend.py); returns their ids."""
     from orchestrator.sandbox.suspend import reap_suspended
 
     reap_suspended()
     gone = []
-    for image in orphaned(client):
+    for image in orphaned(engine):
         try:
-            remove(image, client)
+            remove(image, engine)
         except DockerError:  # a container still runs from it: next time
             continue
         gone.append(image)
     return gone
 
 
-def orphaned(client: Client | None = None) -> list[str]:
+def orphaned(engine: Engine | None = None) -> list[str]:
     """Ids of the snapshot images made with our state folder whose record is gone. Only
     those are listed (the engine filters by the state folder's label) and looked at: the
     images of another state folder are neither touched nor inspected, so a reap (every
     `ps` makes one) costs nothing for what other processes' snapshots leave on the engine."""
-    client = client or docker_client()
+    engine = engine or Engine.at()
     ours = str(state_dir().resolve())
     found = []
-    for ident, labels in labelled(LABEL_RECORD, client, state=ours):
+    for ident, labels in labelled(LABEL_RECORD, engine, state=ours):
         record = labels.get(LABEL_RECORD, "")
         if labels.get(LABEL_STATE) == ours and record and not Path(record).exists():
             found.append(ident)
@@ -183,47 +156,32 @@ def orphaned(client: Client | None = None) -> list[str]:
 
 
 def labelled(
-    label: str, client: Client, *, state: str | None = None
+    label: str, engine: Engine, *, state: str | None = None
 ) -> list[tuple[str, dict[str, str]]]:
     """(id, labels) of each image carrying `label` (and, with `state`, made with that state
     folder). Each is inspected on its own: another process may remove one between the
     listing and the look, and one gone meanwhile is simply not there."""
-    argv = [*client.docker_cmd, "image", "ls", "-q", "--no-trunc"]
-    argv += ["--filter", f"label={label}"]
-    argv += ["--filter", f"label={LABEL_STATE}={state}"] if state is not None else []
-    listed = listing("listing snapshot images", argv, (NoSuchImage,))
+    labels = [label, *([f"{LABEL_STATE}={state}"] if state is not None else [])]
     found = []
-    for ident in sorted(set(listed.split())):
-        image = _inspected(ident, client)
+    for ident in engine.image_ids(labels=labels, action="listing snapshot images"):
+        image = _inspected(ident, engine)
         if image is not None:
             found.append(image)
     return found
 
 
-_INSPECTED = "[{{json .Id}},{{json .Config.Labels}}]"
-
-
-def _inspected(image: str, client: Client) -> tuple[str, dict[str, str]] | None:
+def _inspected(image: str, engine: Engine) -> tuple[str, dict[str, str]] | None:
     """(id, labels) of one image, None when there is none by that name or id. By the
     docker CLI alone: python-on-whales costs a process a third of a second of CPU to
     import, and a reap inside `ps` must not pay it."""
-    argv = [*client.docker_cmd, "image", "inspect", "--format", _INSPECTED, "--", image]
     try:
-        out = engine_call("inspecting a snapshot image", lambda: run(argv))
+        return engine.image_labels(image)
     except NoSuchImage:
         return None
-    try:
-        answer = json.loads(out)
-    except ValueError:
-        answer = None
-    if not (isinstance(answer, list) and len(answer) == 2 and isinstance(answer[0], str)):
-        raise DockerError(f"inspecting image {image}: the engine answered {out[:200]!r}")
-    labels = answer[1] if isinstance(answer[1], dict) else {}
-    return answer[0], {str(k): str(v) for k, v in labels.items()}
 
 
 def commit_all(
-    containers: Mapping[str, str], record: Path, client: Client | None = None
+    containers: Mapping[str, str], record: Path, engine: Engine | None = None
 ) -> dict[str, str]:
     """Save the filesystem of every container (by service) as images owned by `record`,
     side by side: each running one is paused by the engine while it is committed, and
@@ -232,9 +190,9 @@ def commit_all(
     (an image's VOLUME: a database's data, typically) is refused first, with its path: a
     commit never holds a volume, and its files would be silently lost. Returns the tags by
     service; on any failure the images made are removed and the error raised."""
-    client = client or docker_client()
+    engine = engine or Engine.at()
     for service, container in containers.items():
-        volumes = _volumes(container, client)
+        volumes = _volumes(container, engine)
         if volumes:
             raise UsageError(
                 f"cannot suspend: service {service!r} keeps {', '.join(volumes)} in a volume "
@@ -242,12 +200,12 @@ def commit_all(
                 "so its files would be lost; snapshot the workspace instead, or use an image "
                 "that keeps its data in its own filesystem"
             )
-    states = {s: _state(c, client) for s, c in containers.items()}
+    states = {s: _state(c, engine) for s, c in containers.items()}
     made: dict[str, str] = {}
     try:
         with ThreadPoolExecutor(max_workers=min(4, len(containers)) or 1) as pool:
             futures = {
-                s: pool.submit(commit, c, record, client, pause=states[s] == "running")
+                s: pool.submit(commit, c, record, engine, pause=states[s] == "running")
                 for s, c in containers.items()
             }
             errors = []
@@ -261,15 +219,16 @@ def commit_all(
     except BaseException:
         for image in made.values():
             with contextlib.suppress(DockerError):
-                remove_owned(image, record, client)
+                remove_owned(image, record, engine)
         raise
     return made
 
 
-def _volumes(container: str, client: Client) -> list[str]:
+def _volumes(container: str, engine: Engine) -> list[str]:
     """Where a container has a volume (named or anonymous) mounted: not a pinned host
     folder's (binds.py), which is a host folder, as a bind is."""
-    found = engine_call("inspecting a container", lambda: client.container.inspect(container))
+    whales = engine.whales
+    found = engine_call("inspecting a container", lambda: whales.container.inspect(container))
     return sorted(
         str(m.destination)
         for m in found.mounts or []
@@ -277,7 +236,8 @@ def _volumes(container: str, client: Client) -> list[str]:
     )
 
 
-def _state(container: str, client: Client) -> str:
+def _state(container: str, engine: Engine) -> str:
     """running, paused, exited, ... (a paused container is also running to the engine)."""
-    state = engine_call("inspecting a container", lambda: client.container.inspect(container).state)
+    whales = engine.whales
+    state = engine_call("inspecting a container", lambda: whales.container.inspect(container).state)
     return "paused" if state.paused else str(state.status)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import json
 import logging
 import re
 import shutil
@@ -18,14 +17,11 @@ from typing import Any
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
     COMPOSE_SERVICE,
-    Client,
-    NoSuchContainer,
-    NoSuchNetwork,
-    docker_client,
+    Engine,
+    Kind,
     engine_timeout,
-    listing,
+    resolved_host,
 )
-from orchestrator.backends.container.engine_api import resolved_host
 from orchestrator.backends.container.identity import (
     DETACHED,
     KEPT_FILE,
@@ -178,32 +174,24 @@ LISTED_LABELS = (
 OWNER_LABELS = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)
 
 
-def _rows(
-    client: Client, kind: list[str], fields: list[str], *, retry: bool = True
-) -> list[list[str]]:
-    """One `docker ... ls` call for our objects, each line a JSON array of `fields` (labels
-    JSON-quoted, so any value parses). No object is inspected afterwards: objects removed by
-    someone else meanwhile cannot fail the listing."""
-    labels = [f"{{{{json (.Label {json.dumps(k)})}}}}" for k in LISTED_LABELS]
-    fmt = "[" + ",".join([*fields, *labels]) + "]"
-    argv = [*client.docker_cmd, *kind, "--filter"]
-    argv += [f"label={LABEL_MANAGED}=1", "--format", fmt]
-    gone = (NoSuchContainer, NoSuchNetwork)
-    out = listing(f"listing ({' '.join(kind)})", argv, gone, retry=retry)
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
+def _rows(engine: Engine, kind: Kind, fields: list[str], *, retry: bool = True) -> list[list[Any]]:
+    """One listing of our objects of `kind`, each a list of `fields` then LISTED_LABELS (see
+    `Engine.rows`): no object is inspected afterwards, so objects removed by someone else
+    meanwhile cannot fail the listing."""
+    label = f"{LABEL_MANAGED}=1"
+    return engine.rows(kind, fields, LISTED_LABELS, label=label, retry=retry)
 
 
-def list_projects(client: Client | None = None, *, retry: bool = True) -> list[ProjectInfo]:
+def list_projects(engine: Engine | None = None, *, retry: bool = True) -> list[ProjectInfo]:
     """Every project carrying our labels and named as ours (`is_project_name`), from its
     containers, networks and volumes. Anyone who can start a container can set these
     labels: what they say is used to find objects of ours, never trusted with a host folder
     (see `ProjectInfo.directory`)."""
-    client = client or docker_client()
+    engine = engine or Engine.at()
     found: dict[str, ProjectInfo] = {}
     n = len(LISTED_LABELS)
-    fields = ["{{json .ID}}", "{{json .State}}", "{{json .Ports}}"]
     for cid, state, ports, *values in _rows(
-        client, ["ps", "-a", "--no-trunc"], fields, retry=retry
+        engine, "container", ["ID", "State", "Ports"], retry=retry
     ):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
@@ -219,16 +207,14 @@ def list_projects(client: Client | None = None, *, retry: bool = True) -> list[P
             info.ports.append(dataclasses.replace(port, service=owner, container=target))
         if service == MAIN:
             info.main_user = labels.get(USER_LABEL, "")
-    for nid, *values in _rows(
-        client, ["network", "ls", "--no-trunc"], ["{{json .ID}}"], retry=retry
-    ):
+    for nid, *values in _rows(engine, "network", ["ID"], retry=retry):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):
             info = found.setdefault(name, ProjectInfo(name, labels, [], []))
             info.networks.append(nid)
             info.saw(labels, container=False)
-    for vid, *values in _rows(client, ["volume", "ls"], ["{{json .Name}}"], retry=retry):
+    for vid, *values in _rows(engine, "volume", ["Name"], retry=retry):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):  # (one left alone: another's container held it)
@@ -266,17 +252,17 @@ def parse_ports(service: str, text: str) -> list[PublishedPort]:
 ProjectStatus = EnvironmentStatus
 
 
-def project_statuses(client: Client | None = None) -> tuple[list[ProjectStatus], list[str]]:
+def project_statuses(engine: Engine | None = None) -> tuple[list[ProjectStatus], list[str]]:
     """Our environments, after reaping those whose owner is gone (returned second, by name),
     with their ports as the one listing call read them: nothing is inspected afterwards, so
     containers removed meanwhile by anyone cannot fail it. The reap is a side task: a
     project it cannot remove now (another process removing it at the same time, slowly; an
     engine error) is logged and listed as it is, never a failed listing."""
-    client = client or docker_client()
-    projects = list_projects(client)
+    engine = engine or Engine.at()
+    projects = list_projects(engine)
     asked: dict[str, Listing | None] = {}  # other engines the reap asked, and what they hold
     failures: list[OrchestratorError] = []  # what stays, and is listed, until the next reap
-    removed = reap(client=client, projects=projects, asked=asked, failures=failures)
+    removed = reap(engine=engine, projects=projects, asked=asked, failures=failures)
     for exc in failures:
         log.warning("left for the next reap: %s", exc)
     live = [p for p in projects if p.name not in removed] + _alive_elsewhere(asked, removed)
@@ -314,12 +300,12 @@ def _alive_elsewhere(asked: dict[str, Listing | None], removed: list[str]) -> li
     return sorted(found, key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
-def claim_from_pool(digest: str, count: int = 1, client: Client | None = None) -> list[ProjectInfo]:
+def claim_from_pool(digest: str, count: int = 1, engine: Engine | None = None) -> list[ProjectInfo]:
     """Take up to `count` waiting members of running pools (`orchestrator pool`) of the
     environment file with this digest: they become the caller's, kept until `down` whatever
     their pool does next. Empty when no pool has one ready."""
     claimed: list[ProjectInfo] = []
-    for info in list_projects(client):
+    for info in list_projects(engine):
         folder = info.directory
         if len(claimed) == count:
             break
@@ -337,20 +323,20 @@ def match_project(ref: str, names: list[str]) -> str:
     return match_id(ref, names, prefix=PROJECT_PREFIX)
 
 
-def find_project(ref: str, client: Client | None = None) -> ProjectInfo:
+def find_project(ref: str, engine: Engine | None = None) -> ProjectInfo:
     """A project by full name, short id or unique prefix (see `match_project`)."""
-    projects = {p.name: p for p in list_projects(client)}
+    projects = {p.name: p for p in list_projects(engine)}
     return projects[match_project(ref, list(projects))]
 
 
-def remove_project(info: ProjectInfo, client: Client | None = None) -> None:
+def remove_project(info: ProjectInfo, engine: Engine | None = None) -> None:
     """Remove a project by the ids already listed for it, then its folder when that is ours
     (`ProjectInfo.directory`: a folder named by a label alone is left alone). Only a
     project named as ours is removed at all."""
     if not is_project_name(info.name):
         raise ProjectNotFound(f"{info.name!r} is not the name of an environment of ours")
     containers = [cid for cid, _, _ in info.containers]
-    remove(client or docker_client(), info.name, containers, info.networks)
+    remove(engine or Engine.at(), info.name, containers, info.networks)
     folder = info.directory
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
@@ -358,7 +344,7 @@ def remove_project(info: ProjectInfo, client: Client | None = None) -> None:
 
 def reap(
     all_projects: bool = False,
-    client: Client | None = None,
+    engine: Engine | None = None,
     projects: list[ProjectInfo] | None = None,
     *,
     include_kept: bool = False,
@@ -378,22 +364,22 @@ def reap(
     not fail over someone else's project), else the first is raised once the rest is done."""
     removed: list[str] = []
     failed: list[OrchestratorError] = []
-    projects = list_projects(client) if projects is None else projects
+    projects = list_projects(engine) if projects is None else projects
     for info in projects:
         spared = info.alive or (info.kept and not include_kept)
         if all_projects or not spared:
             try:
-                remove_project(info, client)
+                remove_project(info, engine)
             except OrchestratorError as exc:
                 failed.append(exc)
                 continue
             removed.append(info.name)
     try:
-        images.reap_orphans(client)  # snapshot images whose snapshot was removed by hand
+        images.reap_orphans(engine)  # snapshot images whose snapshot was removed by hand
     except OrchestratorError as exc:
         failed.append(exc)
     live = {p.name for p in projects if p.name not in removed}
-    removed += _reap_folders(live, client, {} if asked is None else asked, failed)
+    removed += _reap_folders(live, engine, {} if asked is None else asked, failed)
     if failures is not None:
         failures += failed
     elif failed:
@@ -403,7 +389,7 @@ def reap(
 
 def _reap_folders(
     live: set[str],
-    client: Client | None,
+    engine: Engine | None,
     asked: dict[str, Listing | None],
     failed: list[OrchestratorError],
 ) -> list[str]:
@@ -416,11 +402,11 @@ def _reap_folders(
                 reap_folder(folder)
                 removed.append(folder.name)
             continue
-        if (gone := _removed_elsewhere(folder, client, asked)) is not None:
+        if (gone := _removed_elsewhere(folder, engine, asked)) is not None:
             removed += [folder.name] if gone else []
             continue
         try:
-            if _has_objects(folder.name, client):  # created since we listed: not an orphan
+            if _has_objects(folder.name, engine):  # created since we listed: not an orphan
                 continue
         except OrchestratorError as exc:
             failed.append(exc)
@@ -457,17 +443,17 @@ PROBE_AGAIN = 60.0
 """Seconds before a reap asks again an engine that did not answer."""
 _silent: dict[str, float] = {}
 _silent_lock = threading.Lock()
-Listing = tuple[Client, dict[str, "ProjectInfo"]]
+Listing = tuple[Engine, dict[str, "ProjectInfo"]]
 
 
 def _listing_elsewhere(host: str) -> Listing | None:
-    """A client of the engine at address `host` and our projects there, each call bounded
+    """The engine at address `host` and our projects there, each call bounded
     by PROBE_TIMEOUT; None when it did not answer (and, for
     PROBE_AGAIN seconds after, without asking)."""
     with _silent_lock:
         if time.monotonic() - _silent.get(host, -PROBE_AGAIN) < PROBE_AGAIN:
             return None
-    there = docker_client(min(engine_timeout(), PROBE_TIMEOUT), host=host)
+    there = Engine.at(host, timeout=min(engine_timeout(), PROBE_TIMEOUT))
     try:
         return there, {p.name: p for p in list_projects(there, retry=False)}
     except OrchestratorError:
@@ -481,17 +467,17 @@ def _gone_silent(host: str) -> None:
 
 
 def _removed_elsewhere(
-    folder: Path, client: Client | None = None, asked: dict[str, Listing | None] | None = None
+    folder: Path, engine: Engine | None = None, asked: dict[str, Listing | None] | None = None
 ) -> bool | None:
-    """For the folder of a project on another engine than `client`'s (Podman's, another
+    """For the folder of a project on another engine than `engine` (Podman's, another
     machine's, or Docker's when the caller works with another): what its own engine says
     decides. A project alive there (its owner runs, or it is detached or kept) is spared;
     one whose owner is gone is removed there (by label, by id), then its folder. None for
-    a project of `client`'s engine; else whether it was removed (False also while that
+    a project of `engine`; else whether it was removed (False also while that
     engine does not answer, and for a folder whose record names no engine: left alone).
     `asked`: the listings of one reap, by engine (each engine is listed once)."""
     host = folder_engine(folder)
-    here = resolved_host((client or docker_client()).host or "")
+    here = resolved_host((engine or Engine.at()).address)
     if host == "":  # made before folders recorded their engine: the default engine's
         return None if here == resolved_host("", default=True) else False
     if host is None:
@@ -518,10 +504,10 @@ def _removed_elsewhere(
     return True
 
 
-def _has_objects(name: str, client: Client | None) -> bool:
-    client = client or docker_client()
-    containers, networks = listed(client, name)
-    return bool(containers or networks or project_volumes(client, name))
+def _has_objects(name: str, engine: Engine | None) -> bool:
+    engine = engine or Engine.at()
+    containers, networks = listed(engine, name)
+    return bool(containers or networks or project_volumes(engine, name))
 
 
 _last_reap = 0.0
@@ -571,7 +557,7 @@ def elsewhere() -> dict[str, str]:
     """Our project folders on another engine than the process's (one named for a spawn, as
     `--engine podman` or `-H` for an `up`): id -> that engine's address. Their ids are
     ours to take down by id, whichever engine the caller names."""
-    here = resolved_host(docker_client().host or "")
+    here = resolved_host(Engine.at().address)
     found = {}
     for folder in project_folders():
         host = folder_engine(folder)
@@ -591,8 +577,8 @@ def remove_by_id(ident: str, *, force: bool = False) -> str | None:
     folder records (else the process's). One its owner process still uses needs `force`,
     unless it was kept on purpose (claimed from a pool, `up`)."""
     away = elsewhere()
-    client = docker_client(host=away[ident]) if ident in away else docker_client()
-    info = next((p for p in list_projects(client) if p.name == ident), None)
+    engine = Engine.at(away.get(ident, ""))
+    info = next((p for p in list_projects(engine) if p.name == ident), None)
     if info is None:
         return None
     if info.owner != "detached" and info.alive and not info.kept and not force:
@@ -600,9 +586,9 @@ def remove_by_id(ident: str, *, force: bool = False) -> str | None:
             f"{info.name} belongs to a running process ({info.owner}), which still uses it; "
             "pass force=True (--force) to take it down anyway"
         )
-    remove_project(info, client)
+    remove_project(info, engine)
     with contextlib.suppress(OrchestratorError):  # a woken environment's images: now orphans
-        images.reap_orphans(client)
+        images.reap_orphans(engine)
     return info.name
 
 

@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.executor.plain import Killer
 from orchestrator.errors import OrchestratorError
 from orchestrator.paths import read_regular
@@ -42,8 +43,8 @@ RECORD_LIMIT = 16 * 1024
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 _USER = re.compile(USER_RE)
 
-Locate = Callable[[str], tuple[str, list[str]]]
-"""A service's container, and the docker command that reaches its engine."""
+Locate = Callable[[str], tuple[str, Engine]]
+"""A service's container, and the engine that runs it."""
 
 
 class Owed:
@@ -136,8 +137,8 @@ def _killer(record: Path, locate: Locate) -> Killer | None:
         )
         if not ok:
             raise ValueError("not a record of ours")
-        container, docker_cmd = locate(service)
+        container, engine = locate(service)
     except (ValueError, KeyError, TypeError, OrchestratorError) as exc:
         log.warning("%s is no kill owed here (%s): removed", record, exc)
         return None
-    return Killer(docker_cmd, container, user, token, sessions)
+    return Killer(engine, container, user, token, sessions)

@@ -10,15 +10,10 @@ import time
 from collections.abc import Callable
 
 from orchestrator.backends.container.engine import (
-    CallFailed,
-    Client,
+    Engine,
     NetworkInUse,
     RemovalInProgress,
     VolumeInUse,
-    docker_client,
-    docker_errors,
-    engine_call,
-    run,
 )
 from orchestrator.backends.container.identity import LABEL_PROJECT
 from orchestrator.errors import DockerError
@@ -26,23 +21,19 @@ from orchestrator.errors import DockerError
 log = logging.getLogger("orchestrator.docker")
 
 
-def listed(client: Client, name: str) -> tuple[list[str], list[str]]:
+def listed(engine: Engine, name: str) -> tuple[list[str], list[str]]:
     """The ids of the containers and networks carrying project label `name`."""
-    flt = ["--filter", f"label={LABEL_PROJECT}={name}"]
+    label, action = f"{LABEL_PROJECT}={name}", f"listing project {name}"
     return (
-        _ids(client, f"listing project {name}", ["ps", "-a", "-q", "--no-trunc", *flt]),
-        _ids(client, f"listing project {name}", ["network", "ls", "-q", "--no-trunc", *flt]),
+        engine.ids("container", label=label, action=action),
+        engine.ids("network", label=label, action=action),
     )
 
 
-def _ids(client: Client, action: str, argv: list[str]) -> list[str]:
-    return engine_call(action, lambda: run([*client.docker_cmd, *argv])).split()
-
-
-def remove_by_label(name: str, client: Client | None = None) -> int:
+def remove_by_label(name: str, engine: Engine | None = None) -> int:
     """Remove every container, network and volume carrying project label `name`, by id."""
-    client = client or docker_client()
-    return remove(client, name, *listed(client, name))
+    engine = engine or Engine.at()
+    return remove(engine, name, *listed(engine, name))
 
 
 REMOVE_TRIES = 5
@@ -53,7 +44,7 @@ reaper, a guardian, a `down`): the engine refuses a second removal meanwhile, an
 a container whose layer holds many files takes seconds, more on a busy engine."""
 
 
-def remove(client: Client, name: str, containers: list[str], networks: list[str]) -> int:
+def remove(engine: Engine, name: str, containers: list[str], networks: list[str]) -> int:
     """Remove these containers, the volumes labelled with the project and these networks
     (after disconnecting whatever else joined them), each kind whatever became of the
     others. Others may be removing the same project at once (a reaper, the owner's guardian,
@@ -66,13 +57,13 @@ def remove(client: Client, name: str, containers: list[str], networks: list[str]
     deadline = time.monotonic() + REMOVE_WAIT
     attempt = 0
     while True:
-        gone, failed = _remove_once(client, name, containers, networks)
+        gone, failed = _remove_once(engine, name, containers, networks)
         if failed is None:
             return count + len(containers) + len(networks) + gone
-        left = listed(client, name)
+        left = listed(engine, name)
         waiting = isinstance(failed, RemovalInProgress) and time.monotonic() < deadline
         last = attempt >= REMOVE_TRIES - 1 and not waiting
-        if last and (left[0] or left[1] or project_volumes(client, name)):
+        if last and (left[0] or left[1] or project_volumes(engine, name)):
             raise failed
         count += len(containers) + len(networks) - len(left[0]) - len(left[1])
         containers, networks = left
@@ -83,29 +74,27 @@ def remove(client: Client, name: str, containers: list[str], networks: list[str]
 
 
 def _remove_once(
-    client: Client, name: str, containers: list[str], networks: list[str]
+    engine: Engine, name: str, containers: list[str], networks: list[str]
 ) -> tuple[int, DockerError | None]:
     """One try of `remove`: how many volumes it removed, and its first failure."""
-    docker = client.docker_cmd
+    action = f"removing project {name}"
     volumes: list[str] = []
     failed: DockerError | None = None
 
     def step(fn: Callable[[], object]) -> None:
         nonlocal failed
         try:
-            with docker_errors(f"removing project {name}"):
-                fn()
+            fn()
         except DockerError as exc:
             failed = failed or exc
 
     if containers:
-        step(lambda: run([*docker, "rm", "--force", "--volumes", "--", *containers]))
-    step(lambda: volumes.extend(project_volumes(client, name)))
+        step(lambda: engine.remove_containers(containers, action=action))
+    step(lambda: volumes.extend(project_volumes(engine, name)))
     held = False
     if volumes:
         try:
-            with docker_errors(f"removing project {name}"):
-                run([*docker, "volume", "rm", "--", *volumes])
+            engine.remove_volumes(volumes, action=action)
         except VolumeInUse:  # by a container not of this project: trying again cannot help
             held = True
             log.warning(
@@ -117,28 +106,26 @@ def _remove_once(
         except DockerError as exc:
             failed = failed or exc
     if networks:
-        step(lambda: _remove_networks(client, networks))
+        step(lambda: _remove_networks(engine, networks))
     return (len(volumes) if failed is None and not held else 0), failed
 
 
-def project_volumes(client: Client, name: str) -> list[str]:
+def project_volumes(engine: Engine, name: str) -> list[str]:
     """The names of the volumes carrying project label `name`."""
-    label = f"label={LABEL_PROJECT}={name}"
-    return _ids(client, f"listing the volumes of {name}", ["volume", "ls", "-q", "--filter", label])
+    return engine.ids(
+        "volume", label=f"{LABEL_PROJECT}={name}", action=f"listing the volumes of {name}"
+    )
 
 
-def _remove_networks(client: Client, networks: list[str]) -> None:
+def _remove_networks(engine: Engine, networks: list[str]) -> None:
     """Remove our networks; one a container of someone else's has joined (which holds it
     in use) has that container disconnected first: the network is ours to remove."""
-    docker = client.docker_cmd
     removing = f"removing networks {' '.join(networks)}"
     try:
-        engine_call(removing, lambda: run([*docker, "network", "rm", "--", *networks]), retry=False)
+        engine.remove_networks(networks, action=removing)
     except NetworkInUse:
-        fmt = "{{range $id, $c := .Containers}}{{$id}} {{end}}"
         for net in networks:
-            with contextlib.suppress(DockerError, CallFailed):  # removed meanwhile
-                inspect = ["network", "inspect", "-f", fmt, "--", net]
-                for joined in _ids(client, f"listing what joined {net}", inspect):
-                    run([*docker, "network", "disconnect", "--force", net, joined])
-        run([*docker, "network", "rm", "--", *networks])
+            with contextlib.suppress(DockerError):  # removed meanwhile
+                for joined in engine.joined(net):
+                    engine.disconnect(net, joined)
+        engine.remove_networks(networks, action=removing)

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import subprocess
-import threading
 import time
 from abc import abstractmethod
 from collections.abc import Iterator
@@ -25,13 +22,11 @@ from orchestrator.backends.container import copyin, freeze, membership, owed
 from orchestrator.backends.container.channel import Channel, Mode
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
+    Engine,
     NoSuchContainer,
-    engine_call,
-    run,
     unknown_user,
     up_timeout,
 )
-from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.layout import STATIC_ROOT
 from orchestrator.backends.container.service import ServiceSandbox, shell_connection
 from orchestrator.errors import (
@@ -131,7 +126,9 @@ class ContainerRuntime(Runtime):
         self._services: dict[str, ServiceSandbox] = {}
         self._mode = cast(Mode, settings.choice(EXEC_MODE_ENV, "auto", get_args(Mode)))
         self._main: Channel | None = None
-        self._docker_cmd: list[str] = []
+        self._main_engine: Engine | None = None
+        """The engine of the main container (its backend sets it once the container is
+        placed)."""
         # this machine's folder holding each container's transfer folder (<service>, which
         # that container alone sees at IO_MOUNT), if any
         self._shared: Path | None = None
@@ -156,8 +153,8 @@ class ContainerRuntime(Runtime):
         """The engine's state of a service's container (running, paused, exit_code, ...)."""
 
     @abstractmethod
-    def _locate(self, service: str) -> tuple[str, list[str]]:
-        """A service's container, and the docker command that reaches its engine."""
+    def _locate(self, service: str) -> tuple[str, Engine]:
+        """A service's container, and the engine that runs it."""
 
     @abstractmethod
     def _exec_defaults(self, service: str) -> tuple[str, str | None]:
@@ -214,11 +211,11 @@ class ContainerRuntime(Runtime):
         engine does not hold the main sandbox for a gated service."""
         gated = copyin.gated_services(self.env, copied=copied)
         for service in gated:
-            container, docker_cmd = self._locate(service)
+            container, engine = self._locate(service)
             copyin.prepare_service(
                 self.env,
                 service,
-                docker_cmd,
+                engine,
                 container,
                 copied=copied,
                 policy=self.options.policy,
@@ -246,12 +243,16 @@ class ContainerRuntime(Runtime):
 
     def _copy_in(self, service: str, archive: bytes, script: list[str]) -> None:
         """Unpack an archive into a running service's container, as root."""
-        container, docker_cmd = self._locate(service)
-        argv = ExecTarget(docker_cmd, container).argv(
-            ["/bin/sh", "-c", *script], user="0:0", stdin=True
-        )
+        container, engine = self._locate(service)
         try:
-            engine_call(f"preparing {service}", lambda: run(argv, input=archive), retry=False)
+            engine.exec(
+                container,
+                ["/bin/sh", "-c", *script],
+                user="0:0",
+                input=archive,
+                action=f"preparing {service}",
+                seconds=up_timeout(),
+            )
         except DockerError as exc:
             raise StartupError(
                 f"{self.env.name}: could not prepare {service!r} (its image needs /bin/sh and "
@@ -284,9 +285,7 @@ class ContainerRuntime(Runtime):
             raise self._user_error(f"{said.strip()} of the image", fix)
 
     # ----- channels ------------------------------------------------------------------------
-    def _channel(
-        self, service: str, container: str, docker_cmd: list[str] | None = None
-    ) -> Channel:
+    def _channel(self, service: str, container: str, engine: Engine | None = None) -> Channel:
         """Commands to one container: its own executor, or plain exec."""
         label = self.env.name if service == MAIN else f"{self.env.name}/{service}"
 
@@ -296,7 +295,7 @@ class ContainerRuntime(Runtime):
 
         return Channel(
             label=label,
-            docker_cmd=docker_cmd or self._docker_cmd,
+            engine=engine or self._engine_of_main(),
             container=container,
             mode=self._mode,
             owned=not self.options.detached,
@@ -308,7 +307,11 @@ class ContainerRuntime(Runtime):
             owed=(self._owed, service),
         )
 
-    def _service_located(self, service: str) -> tuple[str, list[str]]:
+    def _engine_of_main(self) -> Engine:
+        assert self._main_engine is not None, "the main container is not placed yet"
+        return self._main_engine
+
+    def _service_located(self, service: str) -> tuple[str, Engine]:
         """`_locate`, for a service of the file's only (a record names it: see owed.py)."""
         if service != MAIN and service not in self.env.spec.services:
             raise UsageError(f"{self.env.name} has no service {service!r}")
@@ -389,12 +392,12 @@ class ContainerRuntime(Runtime):
     # ----- pause / resume (freeze.py) ---------------------------------------------------------
     def _frozen_groups(self) -> freeze.Groups:
         """The containers a pause freezes (every service but the jobs, which have ended), by
-        the docker command reaching their engine."""
+        the engine that runs them."""
         services = [MAIN, *sorted(n for n, s in self.env.spec.services.items() if not s.job)]
         groups: freeze.Groups = {}
         for service in services:
-            container, docker_cmd = self._locate(service)
-            groups.setdefault(tuple(docker_cmd), []).append(container)
+            container, engine = self._locate(service)
+            groups.setdefault(engine, []).append(container)
         return groups
 
     def _pause(self) -> None:
@@ -455,9 +458,8 @@ class ContainerRuntime(Runtime):
         self, service: str = MAIN, *, tail: int | None = None, follow: bool = False
     ) -> Iterator[bytes]:
         self.service(service)  # UsageError naming the services
-        container, docker_cmd = self._locate(service)
-        argv = [*docker_cmd, "logs", *(["--tail", str(tail)] if tail is not None else [])]
-        return _output([*argv, *(["--follow"] if follow else []), container], follow)
+        container, engine = self._locate(service)
+        return engine.logs(container, tail=tail, follow=follow)
 
     # ----- services ------------------------------------------------------------------------
     def service(self, name: str) -> Sandbox:
@@ -471,7 +473,7 @@ class ContainerRuntime(Runtime):
         with self._lock:
             view = self._services.get(name)
         if view is None:
-            container, docker_cmd = self._locate(name)
+            container, engine = self._locate(name)
             workdir, image_user = self._exec_defaults(name)
             view = ServiceSandbox(
                 name,
@@ -479,8 +481,8 @@ class ContainerRuntime(Runtime):
                 container=container,
                 image_workdir=workdir,
                 user=resolve_user(spec.user) if spec.user else image_user,
-                channel=self._channel(name, container, docker_cmd),
-                docker_cmd=docker_cmd,
+                channel=self._channel(name, container, engine),
+                engine=engine,
                 static_asset=self.env.spec.static_asset,
                 check_usable=self._check_usable,
                 host_folders=self.writable_host_folders,
@@ -517,7 +519,9 @@ class ContainerRuntime(Runtime):
 
     def connection(self, *, user: str | None = None) -> Connection:
         self._check_open()
-        return shell_connection(self._docker_cmd, self._container, self.workdir, self._user(user))
+        return shell_connection(
+            self._engine_of_main(), self._container, self.workdir, self._user(user)
+        )
 
     # ----- commands ------------------------------------------------------------------------
     def _run(self, cmd: Command) -> Chunks:
@@ -535,28 +539,3 @@ class ContainerRuntime(Runtime):
 
 PAUSED = "; resume it (rt.resume(), `orchestrator resume ID`), or take the environment down"
 """How a probe's reason ends for a paused container."""
-LOGS_TIMEOUT = 120.0
-"""Seconds `logs` without `follow` may take (an engine that stopped answering)."""
-
-
-def _output(argv: list[str], follow: bool) -> Iterator[bytes]:
-    """A command's output, both streams, in chunks of at most 64 KiB as it comes; the
-    command is ended when the caller stops reading, and after LOGS_TIMEOUT s unless
-    `follow`. Raises DockerError when it fails."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    timer = None if follow else threading.Timer(LOGS_TIMEOUT, proc.kill)
-    if timer is not None:
-        timer.start()
-    assert proc.stdout is not None
-    try:
-        while chunk := os.read(proc.stdout.fileno(), 64 * 1024):
-            yield chunk
-        if proc.wait() != 0:
-            raise DockerError(f"{' '.join(argv[-2:])} failed (exit {proc.returncode})")
-    finally:
-        if timer is not None:
-            timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stdout.close()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.backends.container.channel import Channel
-from orchestrator.backends.container.exec_target import ExecTarget
+from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.layout import STATIC_ROOT
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.calls import Sandbox
@@ -22,11 +22,9 @@ SHELL = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
 """An interactive shell: bash where the image has it."""
 
 
-def shell_connection(
-    docker_cmd: Sequence[str], container: str, workdir: str, user: str | None
-) -> Connection:
+def shell_connection(engine: Engine, container: str, workdir: str, user: str | None) -> Connection:
     """`docker exec -it` into a container's workdir, as `user`, with an interactive shell."""
-    target = ExecTarget(docker_cmd, container)
+    target = engine.exec_target(container)
     argv = target.argv(["/bin/sh", "-c", SHELL], user=user, workdir=workdir, stdin=True, tty=True)
     return Connection("docker", tuple(argv), container)
 
@@ -41,7 +39,7 @@ class ServiceSandbox(Sandbox):
     user: str | None
     """Its default user: the service's `user:`, else the image's (None: root)."""
     channel: Channel
-    docker_cmd: list[str]
+    engine: Engine
     static_asset: Callable[[str], StaticAsset]
     check_usable: Callable[[], None]
     host_folders: Callable[[], Sequence[Path]] = lambda: ()
@@ -71,7 +69,7 @@ class ServiceSandbox(Sandbox):
 
     def connection(self, *, user: str | None = None) -> Connection:
         self._check_usable()
-        return shell_connection(self.docker_cmd, self.container, self.workdir, self._user(user))
+        return shell_connection(self.engine, self.container, self.workdir, self._user(user))
 
     def _run(self, cmd: Command) -> Chunks:
         return (yield from self.channel.run(cmd))

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.binds import (
     PIN_VOLUME,
     SOURCE_LABEL,
@@ -34,8 +33,7 @@ from orchestrator.backends.container.binds import (
     engine_shares_ns,
     linked_elsewhere,
 )
-from orchestrator.backends.container.engine import component_names, docker_client, engine_timeout
-from orchestrator.backends.container.engine_api import local_socket
+from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.errors import SpecIssue
 from orchestrator.spec.loader import Environment
@@ -78,22 +76,15 @@ def pin_options(made: CompileOptions, pins: Pins, host: str) -> CompileOptions:
     paths only when the caller accepted them (Policy.allow_unpinned_mounts)."""
     if made.remote:
         return made
-    sock = local_socket(host)
-    why = "" if _shares_ns(sock) else CANNOT_PIN
-    if not why and _is_podman(host):
+    engine = Engine.at(host)
+    why = "" if _shares_ns(engine.socket) else CANNOT_PIN
+    if not why and engine.kind == "podman":
         why = PODMAN_CANNOT_PIN
     if not why:
         return dataclasses.replace(made, pins=pins)
     if made.policy.allow_unpinned_mounts:
         return dataclasses.replace(made, unpinned_warning=UNPINNED_WARNING)
     return dataclasses.replace(made, pin_refused=why)
-
-
-def _is_podman(host: str) -> bool:
-    facts = engine_api.engine_facts(
-        host, lambda: component_names(docker_client(host=host)), engine_timeout()
-    )
-    return facts.kind == "podman"
 
 
 @dataclass

@@ -33,18 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator import procutil, settings
-from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.engine import (
     CallFailed,
-    NoSuchImage,
-    docker_client,
+    Engine,
     docker_errors,
     engine_call,
-    engine_timeout,
     up_timeout,
     wrap,
 )
-from orchestrator.backends.container.engine_api import local_socket
 from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.buildcheck import (
     CONTEXT_LIMIT_ENV,
@@ -166,7 +162,7 @@ def _drop_older(plan: ImageBuild, host: str) -> None:
     each build keeps one image, not one per edit. Never forced: an image a container still
     uses stays; a failure leaves it too (it is only disk)."""
     repository = plan.tag.rpartition(":")[0]
-    client = docker_client(host=host) if host else docker_client()
+    client = Engine.at(host).whales
     try:
         images = engine_call(
             "listing older builds",
@@ -200,7 +196,7 @@ def _drop_replaced(plan: ImageBuild, replaced: str | None, host: str) -> None:
     image = _inspected(replaced, host)
     if image is None or image.repo_tags:
         return
-    client = docker_client(host=host) if host else docker_client()
+    client = Engine.at(host).whales
     with contextlib.suppress(OrchestratorError):  # not its untagged parents: one may be the
         engine_call(  # user's base image, moved on (the classic builder records it)
             "removing a replaced build", lambda: client.image.remove(replaced, prune=False)
@@ -209,7 +205,7 @@ def _drop_replaced(plan: ImageBuild, replaced: str | None, host: str) -> None:
 
 def _inspected(image: str, host: str) -> Image | None:
     """python-on-whales' Image for a tag or id, or None when the engine has none."""
-    client = docker_client(host=host) if host else docker_client()
+    client = Engine.at(host).whales
     try:
         return engine_call("looking at a build", lambda: client.image.inspect(image))
     except OrchestratorError:
@@ -219,17 +215,7 @@ def _inspected(image: str, host: str) -> Image | None:
 def _exists(tag: str, host: str) -> bool:
     """Whether the engine has the image: asked on its local socket where it has one (no
     CLI process), else through the CLI."""
-    sock = local_socket(host)
-    if sock is not None:
-        try:
-            engine_api.call(
-                "looking for an image", sock, "GET", f"/images/{tag}/json", timeout=engine_timeout()
-            )
-            return True
-        except NoSuchImage:
-            return False
-    client = docker_client(host=host) if host else docker_client()
-    return bool(engine_call("looking for an image", lambda: client.image.exists(tag)))
+    return Engine.at(host).has_image(tag)
 
 
 def missing_images(compiled: CompiledProject, *, host: str = "") -> list[SpecIssue]:
@@ -260,24 +246,6 @@ def _source(plan: ImageBuild) -> str:
     return hashlib.sha256(where.encode()).hexdigest()[:20]
 
 
-def build_argv(plan: ImageBuild, docker: list[str], context: Path, dockerfile: Path) -> list[str]:
-    """`docker build` of one image (the classic builder: see `_build`), labelled with its
-    source, from `context` with `dockerfile` (the private copies), under the network and
-    limits of the container it is for. `--force-rm`: the classic builder otherwise keeps
-    the container of a failed step, unlabelled, one more for every failed `up`."""
-    argv = [*docker, "build", "--force-rm", "--pull=false", "--tag", plan.tag]
-    argv += ["--label", f"{SOURCE_LABEL}={_source(plan)}", "--file", str(dockerfile)]
-    argv += ["--network", plan.network]
-    limits = dict(plan.limits)
-    if "mem_limit" in limits:  # no swap: as the container's own
-        argv += ["--memory", str(limits["mem_limit"]), "--memory-swap", str(limits["mem_limit"])]
-    if "cpus" in limits:
-        argv += ["--cpu-period", "100000", "--cpu-quota", str(int(float(limits["cpus"]) * 100000))]
-    for key, value in plan.args.items():
-        argv += ["--build-arg", f"{key}={value}"]
-    return [*argv, "--", str(context)]
-
-
 BUILDS_DIR = "builds"
 """In the state folder: each build's private copy of its context, removed after it."""
 
@@ -285,7 +253,6 @@ BUILDS_DIR = "builds"
 def _build(plan: ImageBuild, name: str, host: str) -> None:
     """Build one image with `docker build` from a private copy of its context whose
     Dockerfile was checked (buildcheck.py), its output logged; bounded by the up timeout."""
-    client = docker_client(host=host) if host else docker_client()
     if plan.ours:  # the base is picked now, by what this engine has (see gateway.py)
         base = gateway.base_image(lambda tag: _exists(tag, host))
         if not plan.pull and not _exists(base, host):
@@ -294,7 +261,15 @@ def _build(plan: ImageBuild, name: str, host: str) -> None:
     folder = _private_folder()
     try:
         context, dockerfile = _checked_copy(plan, folder, host)
-        argv = build_argv(plan, [str(c) for c in client.docker_cmd], context, dockerfile)
+        argv = Engine.at(host).build_argv(
+            plan.tag,
+            labels={SOURCE_LABEL: _source(plan)},
+            dockerfile=dockerfile,
+            network=plan.network,
+            limits=dict(plan.limits),
+            args=plan.args,
+            context=context,
+        )
         log.info("building %s for %s", plan.tag, name)
         _run_build(argv, plan, name)
     finally:

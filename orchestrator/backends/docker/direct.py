@@ -12,7 +12,7 @@ name, configuration, mounts and labels, plus the labels Compose itself looks for
 `docker compose ps`, `logs`, `stop`, `kill` and `down` keep working on it. Any other key,
 or a value it does not read exactly as Compose does, leaves the project to Compose: what
 the fast path cannot make exactly, it does not make. The container is created and started
-with two Engine API calls on the local socket (engine_api.py), and removed with one: no
+with two Engine API calls on the local socket (engine/sockets.py), and removed with one: no
 docker CLI process, and no network hook for a sandbox with no network (see `_plan`).
 
 ORCHESTRATOR_UP_PATH=compose sends every project through Compose (auto: the fast path where

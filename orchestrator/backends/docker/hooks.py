@@ -9,15 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from orchestrator.backends.container import engine_api
-from orchestrator.backends.container.engine import (
-    component_names,
-    docker_client,
-    docker_errors,
-    engine_timeout,
-    is_remote,
-    runtimes,
-)
+from orchestrator.backends.container.engine import Engine, is_remote
 from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
 from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.render import (
@@ -117,11 +109,8 @@ def render(env: Environment, workspace: Path | None, policy: Policy) -> dict[str
 def doctor() -> list[tuple[str, str]]:
     """The egress gateway's image, and whether `isolation: gvisor` can run; on Podman,
     what its engine does not run (it lists runtimes it then ignores)."""
-    client = docker_client()
     try:
-        facts = engine_api.engine_facts(
-            client.host or "", lambda: component_names(client), engine_timeout()
-        )
+        facts = Engine.at().facts()
     except OrchestratorError as exc:
         return [("warn", f"could not ask the engine what it is: {exc}")]
     if facts.kind == "podman":
@@ -148,7 +137,7 @@ def doctor() -> list[tuple[str, str]]:
 def _gvisor_check() -> tuple[str, str]:
     name = gvisor_runtime()
     try:
-        registered = runtimes(docker_client())
+        registered = Engine.at().runtimes()
     except OrchestratorError as exc:
         return "warn", f"could not ask the engine for its runtimes: {exc}"
     args = registered.get(name)
@@ -167,12 +156,11 @@ def _gvisor_check() -> tuple[str, str]:
 
 def _gateway_check() -> tuple[str, str]:
     """The egress gateway's image: there, buildable with nothing fetched, or to be pulled."""
-    client = docker_client()
+    engine = Engine.at()
 
     def present(image: str) -> bool:
         try:
-            with docker_errors(f"looking for image {image}"):
-                return bool(client.image.exists(image))
+            return engine.has_image(image)
         except (OrchestratorError, OSError):  # an engine that does not answer: doctor says so
             return False
 

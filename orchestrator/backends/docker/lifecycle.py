@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 import subprocess
@@ -11,36 +10,28 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from orchestrator import settings
-from orchestrator.backends.container import engine_api
 from orchestrator.backends.container.binds import PINNED_DIR, Pins
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
-    Client,
-    ContainerNotRunning,
-    NoSuchContainer,
+    Engine,
     NoSuchImage,
-    NoSuchVolume,
     StorageOptUnsupported,
     SubnetOverlap,
-    component_names,
-    docker_client,
     docker_errors,
     engine_call,
-    engine_timeout,
     published_ports,
-    runtimes,
+    resolved_host,
     service_of,
     up_timeout,
 )
-from orchestrator.backends.container.engine_api import local_socket, resolved_host
-from orchestrator.backends.container.exec_target import ExecTarget
 from orchestrator.backends.container.guardian import ensure_guardian
 from orchestrator.backends.container.identity import (
     ENGINE_FILE,
@@ -78,6 +69,9 @@ from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.policy import raise_if
 from orchestrator.spec.resolve import MAIN
+
+if TYPE_CHECKING:
+    from python_on_whales import DockerClient
 
 STOP_TIMEOUT = 2
 T = TypeVar("T")
@@ -119,31 +113,37 @@ class Project:
     compiled: CompiledProject
     host: str = ""
     """Its engine ("": the process's)."""
-    client: Client = field(init=False)
-    """Every call bounded by ORCHESTRATOR_ENGINE_TIMEOUT."""
-    up_client: Client = field(init=False)
-    """For `up`, which may build images: bounded by ORCHESTRATOR_UP_TIMEOUT."""
+    engine: Engine = field(init=False)
+    """Its engine, fixed when made (a variable changed later must not send a removal to
+    another engine)."""
     _tethers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
     _tether_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     _lingering: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
     """Tethers released that had not exited within TETHER_WAIT (see `_end_tethers`)."""
     _direct_run: DirectRun | None = field(init=False, default=None)
     """How `up` made it, when through the Engine API (see direct.py)."""
-    _socket: str | None = field(init=False, default=None)
-    """Its engine's local socket, if it has one: fixed when made, as the clients' engine
-    is (a variable changed later must not send a removal to another engine)."""
 
     def __post_init__(self) -> None:
-        compose: dict[str, Any] = {
-            "compose_files": [self.directory / "compose.yaml"],
-            "compose_project_name": self.name,
-            "compose_project_directory": self.directory,
-        }
-        if self.host:
-            compose["host"] = self.host
-        self.client = docker_client(**compose)
-        self.up_client = docker_client(up_timeout(), **compose)
-        self._socket = local_socket(self.host)
+        self.engine = Engine.at(self.host)
+
+    def _compose_client(self, seconds: float | None = None) -> DockerClient:
+        return self.engine.compose_client(
+            seconds,
+            compose_files=[self.directory / "compose.yaml"],
+            compose_project_name=self.name,
+            compose_project_directory=self.directory,
+        )
+
+    @cached_property
+    def client(self) -> DockerClient:
+        """python-on-whales' client of the project (made on first use), every call bounded
+        by ORCHESTRATOR_ENGINE_TIMEOUT."""
+        return self._compose_client()
+
+    @cached_property
+    def up_client(self) -> DockerClient:
+        """For `up`, which may build images: bounded by ORCHESTRATOR_UP_TIMEOUT."""
+        return self._compose_client(up_timeout())
 
     @property
     def main_container(self) -> str:
@@ -174,16 +174,7 @@ class Project:
         """The engine's inspection of one of its containers as its API gives it (`State`,
         `Config`, ...), asked on the local socket: no CLI process, and python-on-whales is
         not loaded. None without such a socket (the caller asks through the CLI)."""
-        if self._socket is None:
-            return None
-        sock = self._socket
-        got = engine_call(
-            action,
-            lambda: engine_api.call(
-                action, sock, "GET", f"/containers/{container}/json", timeout=engine_timeout()
-            ),
-        )
-        return got if isinstance(got, dict) else {}
+        return self.engine.inspected(container, action)
 
     def image_user(self, service: str) -> str:
         """The USER of the image a service's container runs ("0:0" when it names none): a
@@ -220,34 +211,17 @@ class Project:
         for network in sorted({n for v in self.compiled.late_networks.values() for n in v}):
             self._require_network(network)
         self.up_client.compose.create()
-        sock = self._socket
         for service, networks in self.compiled.late_networks.items():
             container = self.container_of(service)
             for network in networks:
-                if sock is None:  # the CLI gives no alias unless told to
-                    self.client.network.connect(network, container)
-                    continue
-                engine_api.call(
-                    f"joining {service} to the network {network}",
-                    sock,
-                    "POST",
-                    f"/networks/{network}/connect",
-                    body={"Container": container, "EndpointConfig": {}},
-                    timeout=engine_timeout(),
-                )
+                action = f"joining {service} to the network {network}"
+                self.engine.connect(network, container, action=action)
 
     def _require_network(self, network: str) -> None:
         """Refuse a shared network the engine does not have: it would take the join of a
         created container on trust, and fail only at its start, less clearly."""
-        action = f"inspecting the network {network}"
-        sock = self._socket
         try:
-            if sock is None:
-                engine_call(action, lambda: self.client.network.inspect(network), retry=False)
-            else:
-                engine_api.call(
-                    action, sock, "GET", f"/networks/{network}", timeout=engine_timeout()
-                )
+            self.engine.require_network(network, action=f"inspecting the network {network}")
         except DockerError as exc:
             raise UsageError(
                 f"{EGRESS_NETWORK_ENV} names the network {network!r}, which this engine does not "
@@ -261,7 +235,7 @@ class Project:
         None: Compose brings it up and down."""
         if self._direct_run is not None:
             return self._direct_run
-        if self._socket is None:
+        if self.engine.socket is None:
             return None
         try:  # what Compose would read (also for an attached project)
             text = (self.directory / "compose.yaml").read_text(encoding="utf-8")
@@ -284,61 +258,29 @@ class Project:
         for path, text in run.files.items():
             make_folders(path.parent)
             write_file(path, text, 0o644)  # as the engine's: any user of the sandbox reads them
-        sock, bound = self._socket or "", up_timeout()
+        engine, bound = self.engine, up_timeout()
         action = f"starting project {self.name}"
-        facts = engine_api.engine_facts(self.host, lambda: component_names(self.client), bound)
-        if facts.kind == "podman":
+        if engine.kind == "podman":
             run = run.for_podman()
         for volume in run.volumes.values():  # pinned host folders, mounted at the start
-            engine_api.call(action, sock, "POST", "/volumes/create", body=volume, timeout=bound)
+            engine.create_volume(volume, seconds=bound, action=action)
         try:
-            made = engine_api.call(
-                action,
-                sock,
-                "POST",
-                "/containers/create",
-                body=run.body,
-                query={"name": run.name},
-                timeout=bound,
-            )
+            made = engine.create_container(run.name, run.body, seconds=bound, action=action)
         except NoSuchImage:
             return False
         for warning in (made or {}).get("Warnings") or []:  # e.g. a limit this kernel lacks
             log.warning("%s: the engine warns: %s", self.name, warning)
-        engine_api.call(action, sock, "POST", f"/containers/{run.name}/start", timeout=bound)
+        engine.start_container(run.name, seconds=bound, action=action)
         return True
 
     def _delete(self, run: DirectRun) -> None:
         """Stop, then remove, as `compose down` does: SIGTERM, and SIGKILL after the
         container's grace (a command may save its work to a mounted folder meanwhile)."""
-        sock = self._socket or ""
-        with contextlib.suppress(NoSuchContainer, ContainerNotRunning):
-            engine_api.call(
-                f"stopping project {self.name}",
-                sock,
-                "POST",
-                f"/containers/{run.name}/stop",
-                query={"t": str(STOP_TIMEOUT)},
-                timeout=engine_timeout(),
-            )
-        with contextlib.suppress(NoSuchContainer):
-            engine_api.call(
-                f"removing project {self.name}",
-                sock,
-                "DELETE",
-                f"/containers/{run.name}",
-                query={"force": "1", "v": "1"},
-                timeout=engine_timeout(),
-            )
+        engine, removing = self.engine, f"removing project {self.name}"
+        engine.stop_container(run.name, grace=STOP_TIMEOUT, action=f"stopping project {self.name}")
+        engine.delete_container(run.name, action=removing)
         for volume in run.volumes.values():
-            with contextlib.suppress(NoSuchVolume):
-                engine_api.call(
-                    f"removing project {self.name}",
-                    sock,
-                    "DELETE",
-                    f"/volumes/{volume['Name']}",
-                    timeout=engine_timeout(),
-                )
+            engine.delete_volume(volume["Name"], action=removing)
 
     def _verify_runtimes(self) -> None:
         """After `up`, before anything runs in them: each container that needs gVisor runs
@@ -359,7 +301,7 @@ class Project:
         does not have: the engine would start no container of it, or fall back to none."""
         if not self.compiled.runtimes:
             return
-        have = set(runtimes(self.client))
+        have = set(self.engine.runtimes())
         missing = [r for r in self.compiled.runtimes if r not in have]
         if missing:
             raise BackendUnavailable(
@@ -380,7 +322,7 @@ class Project:
         """Wait until the egress gateway takes connections, with one exec that looks from
         inside it (a healthcheck would exec into it every interval of its whole life)."""
         deadline = up_timeout()
-        argv = ExecTarget(self.client.raw_cmd, self.container_of(GATEWAY)).argv(
+        argv = self.engine.exec_target(self.container_of(GATEWAY)).argv(
             ["/bin/bash", "-c", GATEWAY_READY, "ready", str(int(deadline * 10))]
         )
         try:
@@ -404,9 +346,8 @@ class Project:
         service stops itself from inside, as the main container does through its
         executor's --owned. A service without /bin/sh is not tied: the next reaper (`ps`,
         any spawn) removes it. `release()` unties them."""
-        docker = self.client.raw_cmd
         for service in services:
-            target = ExecTarget(docker, self.container_of(service))
+            target = self.engine.exec_target(self.container_of(service))
             argv = target.argv(["/bin/sh", "-c", TETHER], stdin=True)
             try:
                 proc = subprocess.Popen(
@@ -460,7 +401,7 @@ class Project:
 
     def _down(self, keep: bool) -> None:
         if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
-            remove_by_label(self.name, self.client)
+            remove_by_label(self.name, self.engine)
             shutil.rmtree(self.directory, ignore_errors=True)
             return
         if keep:
@@ -486,7 +427,7 @@ class Project:
             )
             left = True
         if left:
-            remove_by_label(self.name, self.client)  # a volume in use stays (said), for later
+            remove_by_label(self.name, self.engine)  # a volume in use stays (said), for later
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def _remove(self, run: DirectRun | None) -> None:
@@ -504,21 +445,9 @@ class Project:
     def _left(self) -> bool | None:
         """Whether anything with this project's label is left on its engine, asked through
         the API on a local socket (None without one: `remove_by_label` lists and finds)."""
-        if self._socket is None:
-            return None
-        label = json.dumps({"label": [f"{LABEL_PROJECT}={self.name}"]})
-        for url, extra in (("/containers/json", {"all": "1"}), ("/networks", {}), ("/volumes", {})):
-            got = engine_api.call(
-                f"listing what is left of {self.name}",
-                self._socket,
-                "GET",
-                url,
-                query={"filters": label, **extra},
-                timeout=engine_timeout(),
-            )
-            if got.get("Volumes") if isinstance(got, dict) else got:
-                return True
-        return False
+        return self.engine.labelled_left(
+            f"{LABEL_PROJECT}={self.name}", action=f"listing what is left of {self.name}"
+        )
 
     def kill(self) -> None:
         self.release()
@@ -599,7 +528,7 @@ def start_project(
         compiled = compile_project(env, options(pick_subnet()))
         project = Project(name, directory, compiled, host)
         # (a retry changes no network and no folder)
-        require_engine(compiled, name, host, project.client, directory)
+        require_engine(compiled, name, project.engine, directory)
         raise_if([], missing_images(compiled, host=host))  # nothing is pulled, or made
     except BaseException:
         pins.close()
@@ -661,7 +590,7 @@ def _remove_quietly(project: Project) -> None:
     except OrchestratorError:
         # if the engine is gone too, `orchestrator cleanup` finds the rest by label later
         with contextlib.suppress(OrchestratorError):
-            remove_by_label(project.name, project.client)
+            remove_by_label(project.name, project.engine)
     shutil.rmtree(project.directory, ignore_errors=True)
 
 
@@ -711,7 +640,7 @@ def build_images(env: Environment, compiled: CompiledProject, *, host: str = "")
     """Get the images the environment builds as `compiled.build` says (see build.py), on
     engine `host` (else the process's): spawns starting together build each once. Returns
     the tags built."""
-    require_engine(compiled, env.name, host, docker_client(host=host) if host else docker_client())
+    require_engine(compiled, env.name, Engine.at(host))
     return get_images(compiled, env.name, host=host)
 
 
@@ -744,11 +673,7 @@ def _mount_paths(compose_yaml: str, directory: Path | None) -> list[str]:
 
 
 def require_engine(
-    compiled: CompiledProject,
-    name: str,
-    host: str,
-    client: Client,
-    directory: Path | None = None,
+    compiled: CompiledProject, name: str, engine: Engine, directory: Path | None = None
 ) -> None:
     """Refuse, before anything is built or made, what Podman's Docker-compatible API does
     not do as Docker does (docs/isolation.md): it runs a sandbox without a network. The
@@ -758,7 +683,7 @@ def require_engine(
     unless the caller accepts that (ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS=1). A mount whose
     source or target Podman would misread (the project folder `directory`, the workspace,
     the workdir, each mount and static asset) is refused by name."""
-    facts = engine_api.engine_facts(host, lambda: component_names(client), engine_timeout())
+    facts = engine.facts()
     if facts.kind != "podman":
         return
     for path in _mount_paths(compiled.compose_yaml, directory):

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import procutil
-from orchestrator.backends.container import engine_api, images
+from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
-    docker_client,
+    ContainerState,
+    Engine,
     engine_call,
     is_remote,
     up_timeout,
@@ -65,8 +66,15 @@ class ComposeRuntime(ContainerRuntime):
         hooks.prepare(env, policy, build=build)
 
     @classmethod
-    def doctor(cls) -> list[tuple[str, str]]:
-        return hooks.doctor()
+    def doctor(cls, env: Environment | None = None) -> list[tuple[str, str]]:
+        from orchestrator.backends.container import doctor  # (only `orchestrator doctor`)
+
+        if env is not None:
+            return doctor.image_checks(Engine.at(), env)
+        checks = doctor.engine_checks(Engine.at())
+        if any(status == "fail" for status, _ in checks):
+            return checks  # nothing more can be asked of it
+        return checks + hooks.doctor()
 
     @classmethod
     def requested(cls, env: Environment, options: SpawnOptions | None) -> Amounts:
@@ -134,7 +142,7 @@ class ComposeRuntime(ContainerRuntime):
         self.warnings += [w for w in compiled.warnings if w not in self.warnings]
         if self._temp_workspace is not None:
             _give(self._temp_workspace, compiled.user)
-        self._docker_cmd = self.project.client.raw_cmd  # exec calls last: no time bound
+        self._main_engine = self.project.engine
         if remote:
             self._copy_in_all(compiled.user)
         else:  # each container sees its own IO_DIR/<service>: folders go through FIFOs there
@@ -200,7 +208,7 @@ class ComposeRuntime(ContainerRuntime):
         # whichever this process works with
         rt.project = Project(ident, folder, compiled, options.host or folder_engine(folder) or "")
         rt._temp_workspace = folder / "workspace" if temp else None
-        rt._docker_cmd = rt.project.client.raw_cmd
+        rt._main_engine = rt.project.engine
         # (a project made before the transfer folders were per container has none: no FIFO)
         rt._shared = folder / IO_DIR if shared and (folder / IO_DIR).is_dir() else None
         # its executor starts at the first command, which says why when it cannot run (a
@@ -274,7 +282,7 @@ class ComposeRuntime(ContainerRuntime):
     def _commit(self, record: Path) -> str:
         assert self.project is not None
         self._check_usable()
-        return images.commit(self._container, record, self.project.client)
+        return images.commit(self._container, record, self.project.engine)
 
     def _commit_all(self, record: Path) -> dict[str, str]:
         assert self.project is not None
@@ -282,12 +290,12 @@ class ComposeRuntime(ContainerRuntime):
         project = self.project
         services = [MAIN, *sorted(self.env.spec.services)]
         containers = {s: project.container_of(s) for s in services}
-        return images.commit_all(containers, record, project.client)
+        return images.commit_all(containers, record, project.engine)
 
     def _check_resumable(self, snap: Snapshot) -> None:
         """Every image the record names must be there and be the record's own (its labels
         say so): a record is a file, and may name any image."""
-        engine = docker_client(host=self.options.host) if self.options.host else None
+        engine = Engine.at(self.options.host or "")
         for service, image in snap.images.items():
             if images.owned(image, snap.record, engine):
                 continue
@@ -318,7 +326,7 @@ class ComposeRuntime(ContainerRuntime):
         snap = self.options.resume
         if snap is None or not snap.images or snap.record.exists():
             return
-        engine = docker_client(host=self.options.host) if self.options.host else None
+        engine = Engine.at(self.options.host or "")
         for image in snap.images.values():
             try:
                 images.remove_owned(image, snap.record, engine)
@@ -335,7 +343,7 @@ class ComposeRuntime(ContainerRuntime):
                 snap.host,
             )
             return
-        engine = docker_client(host=snap.host) if snap.host else None
+        engine = Engine.at(snap.host)
         for image in snap.images.values():
             if not images.remove_owned(image, snap.record, engine) and images.exists(image, engine):
                 log.warning(
@@ -353,9 +361,10 @@ class ComposeRuntime(ContainerRuntime):
         container = project.container_of(service)
         got = project.inspected(container, "inspecting the sandbox")
         if got is not None:
-            return engine_api.ContainerState.of(got.get("State"))
+            return ContainerState.of(got.get("State"))
+        whales = project.engine.whales
         return engine_call(
-            "inspecting the sandbox", lambda: project.client.container.inspect(container).state
+            "inspecting the sandbox", lambda: whales.container.inspect(container).state
         )
 
     def _visibly_running(self, service: str = MAIN) -> bool:
@@ -385,10 +394,10 @@ class ComposeRuntime(ContainerRuntime):
         cgroup = read_regular(Path(f"/proc/{pid}/cgroup"), 1 << 16) or b""
         return cid.encode() in cgroup
 
-    def _locate(self, service: str) -> tuple[str, list[str]]:
-        """A service's container, and the docker command that reaches its engine."""
+    def _locate(self, service: str) -> tuple[str, Engine]:
+        """A service's container, and the engine that runs it."""
         assert self.project is not None
-        return self.project.container_of(service), self._docker_cmd
+        return self.project.container_of(service), self.project.engine
 
     def _exec_defaults(self, service: str) -> tuple[str, str | None]:
         assert self.project is not None

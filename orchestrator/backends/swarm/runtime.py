@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from orchestrator.backends.container.engine import (
     ContainerNotRunning,
+    Engine,
     NoSuchContainer,
     engine_call,
     up_timeout,
@@ -137,7 +138,7 @@ class SwarmRuntime(ContainerRuntime):
         services = [MAIN, *sorted(self.env.spec.services)]
         self._tasks = self.stack.wait_running(services, up_timeout())
         main = self._tasks[MAIN]
-        self._docker_cmd = self.stack.node_cmd(main.node)
+        self._main_engine = self.stack.node_engine(main.node)
         self._copy_in_all(compiled.user)
         # Swarm has no depends_on: the main container runs its keep-alive meanwhile, and no
         # command runs in it before every service is ready (a job, ended with exit 0)
@@ -156,18 +157,18 @@ class SwarmRuntime(ContainerRuntime):
     def _kill_containers(self) -> None:
         assert self.stack is not None
         for task in self._tasks.values():  # restart_policy none: a killed task stays down
-            client = self.stack.node_client(task.node)
+            whales = self.stack.node_engine(task.node).whales
             with contextlib.suppress(ContainerNotRunning, NoSuchContainer):  # dead already
                 engine_call(
-                    "killing a task", functools.partial(client.container.kill, task.container)
+                    "killing a task", functools.partial(whales.container.kill, task.container)
                 )
 
     def _state(self, service: str = MAIN) -> Any:
         assert self.stack is not None
         task = self._tasks[service]
-        client = self.stack.node_client(task.node)
+        whales = self.stack.node_engine(task.node).whales
         return engine_call(
-            "inspecting the sandbox", lambda: client.container.inspect(task.container).state
+            "inspecting the sandbox", lambda: whales.container.inspect(task.container).state
         )
 
     @classmethod
@@ -179,17 +180,17 @@ class SwarmRuntime(ContainerRuntime):
     def _id(self) -> str:
         return self.stack.name if self.stack else self.env.name
 
-    def _locate(self, service: str) -> tuple[str, list[str]]:
+    def _locate(self, service: str) -> tuple[str, Engine]:
         assert self.stack is not None
         task = self._tasks[service]
-        return task.container, self.stack.node_cmd(task.node)
+        return task.container, self.stack.node_engine(task.node)
 
     def _exec_defaults(self, service: str) -> tuple[str, str | None]:
         assert self.stack is not None
         task = self._tasks[service]
-        client = self.stack.node_client(task.node)
+        whales = self.stack.node_engine(task.node).whales
         config = engine_call(
-            "inspecting a service", lambda: client.container.inspect(task.container).config
+            "inspecting a service", lambda: whales.container.inspect(task.container).config
         )
         workdir = str(config.working_dir or "")
         return (workdir if workdir.startswith("/") else "/"), (config.user or None)
@@ -199,8 +200,8 @@ class SwarmRuntime(ContainerRuntime):
         task = self._tasks.get(service)
         if task is None:
             return ""
-        client = self.stack.node_client(task.node)
-        text = engine_call("reading logs", lambda: client.container.logs(task.container, tail=20))
+        whales = self.stack.node_engine(task.node).whales
+        text = engine_call("reading logs", lambda: whales.container.logs(task.container, tail=20))
         return text if isinstance(text, str) else ""
 
     @property

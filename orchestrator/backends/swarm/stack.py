@@ -10,22 +10,13 @@ the owner, and the manager's address, so a reaper or the owner's guardian can re
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.backends.container.engine import (
-    Client,
-    NotSwarmManager,
-    StackEmpty,
-    docker_client,
-    engine_call,
-    run,
-    up_timeout,
-)
+from orchestrator.backends.container.engine import Engine, NotSwarmManager, StackEmpty
 from orchestrator.backends.container.identity import LABEL_PROJECT
 from orchestrator.backends.swarm.compile import CompiledStack
 from orchestrator.errors import DockerError, OrchestratorError, StartupError, UsageError
@@ -43,10 +34,6 @@ REMOVE_WAIT = 60.0
 
 def manager_host() -> str:
     return os.environ.get(SWARM_HOST_ENV, "").strip()
-
-
-def client_for(host: str, timeout: float | None = None) -> Client:
-    return docker_client(timeout, host=host) if host else docker_client(timeout)
 
 
 @dataclass(frozen=True)
@@ -73,8 +60,9 @@ class Stack:
     compiled: CompiledStack
 
     def __post_init__(self) -> None:
-        self.client = client_for(self.host)
-        self._nodes: dict[str, Client] = {}
+        self.engine = Engine.at(self.host)
+        """The manager's engine."""
+        self._nodes: dict[str, Engine] = {}
         self.deployed = False
         """Whether a deploy was tried that may have created something."""
 
@@ -87,11 +75,9 @@ class Stack:
 
     def deploy(self) -> None:
         path = self.write()
-        argv = [*client_for(self.host, up_timeout()).docker_cmd, "stack", "deploy"]
-        argv += ["--resolve-image", "never", "-c", str(path), self.name]
         self.deployed = True
         try:
-            engine_call(f"deploying stack {self.name}", lambda: run(argv), retry=False)
+            self.engine.stack_deploy(self.name, path)
         except NotSwarmManager as exc:
             self.deployed = False
             where = self.host or "this machine's engine"
@@ -103,30 +89,19 @@ class Stack:
     def tasks(self) -> dict[str, Task]:
         """The newest task of each service of the stack (two engine calls: the stack's task
         names, then all its tasks inspected at once)."""
-        cmd = self.client.docker_cmd
         try:
-            listed = engine_call(
-                "listing stack tasks",
-                lambda: run(
-                    [*cmd, "stack", "ps", "--no-trunc", "--format", "{{.ID}} {{.Name}}", self.name],
-                ),
-            )
+            listed = self.engine.stack_tasks(self.name)
         except StackEmpty:  # just deployed: its tasks are not made yet
             return {}
         # a task is named <stack>_<service>.<slot>
         names = {
             ident: name.removeprefix(self.name + "_").rpartition(".")[0]
-            for ident, _, name in (line.partition(" ") for line in str(listed).splitlines())
-            if ident
+            for ident, name in listed.items()
         }
         if not names:
             return {}
-        raw = engine_call(
-            "inspecting stack tasks",
-            lambda: run([*cmd, "inspect", "--type", "task", *names]),
-        )
         newest: dict[str, tuple[str, Task]] = {}
-        for item in json.loads(str(raw)):
+        for item in self.engine.inspect_tasks(list(names)):
             service = names.get(str(item.get("ID", "")), "")
             status = item.get("Status") or {}
             container = status.get("ContainerStatus") or {}
@@ -185,15 +160,11 @@ class Stack:
         ended = task.state in ("complete", "failed") and task.exit_code is not None
         return service != MAIN and bool(task.container) and ended
 
-    def node_client(self, node: str) -> Client:
-        """A client of the engine of node `node` (its address asked of the manager once)."""
+    def node_engine(self, node: str) -> Engine:
+        """The engine of node `node` (its address asked of the manager once)."""
         if node not in self._nodes:
-            self._nodes[node] = client_for(node_host(self.host, node))
+            self._nodes[node] = Engine.at(node_host(self.host, node))
         return self._nodes[node]
-
-    def node_cmd(self, node: str) -> list[str]:
-        """The docker command for the engine of node `node` (no time bound: exec lasts)."""
-        return self.node_client(node).raw_cmd
 
     def remove(self, tasks: list[Task] | None = None) -> None:
         """Remove the stack (services, their containers, its network) and wait until Swarm
@@ -203,8 +174,8 @@ class Stack:
             remove_stack(self.name, self.host)
             deadline = time.monotonic() + REMOVE_WAIT
             for task in tasks or []:
-                client = self.node_client(task.node)
-                while time.monotonic() < deadline and client.container.exists(task.container):
+                whales = self.node_engine(task.node).whales
+                while time.monotonic() < deadline and whales.container.exists(task.container):
                     time.sleep(0.1)
         shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -212,19 +183,12 @@ class Stack:
 def node_host(manager: str, node: str) -> str:
     """The engine address of a node, from ORCHESTRATOR_SWARM_NODE_HOST; the manager's own
     node is the manager's engine."""
-    cmd = client_for(manager).docker_cmd
-
-    def ask(what: str, argv: list[str]) -> str:
-        return str(engine_call(what, lambda: run([*cmd, *argv]))).strip()
-
-    fmt = "{{.Status.Addr}} {{.Description.Hostname}}"
-    addr, _, hostname = ask(
-        "inspecting a node", ["node", "inspect", "--format", fmt, node]
-    ).partition(" ")
+    engine = Engine.at(manager)
+    addr, hostname = engine.node(node)
     template = os.environ.get(NODE_HOST_ENV, "").strip()
     if template:
         return template.format(addr=addr, hostname=hostname)
-    if ask("asking the manager who it is", ["info", "--format", "{{.Swarm.NodeID}}"]) == node:
+    if engine.node_id() == node:
         return manager
     raise UsageError(
         f"a task runs on node {hostname} ({addr}), whose engine this machine cannot name: set "
@@ -236,26 +200,15 @@ def remove_stack(name: str, host: str) -> None:
     """`docker stack rm` until no service or network of the stack is left (bounded): Swarm
     refuses to remove a network while a task of it is still being taken down, so the first
     call may leave the network for a later one."""
-    cmd = client_for(host).docker_cmd
-    flt = f"label={LABEL_PROJECT}={name}"
-
-    def left() -> str:
-        return engine_call(
-            f"listing what is left of stack {name}",
-            lambda: (
-                str(run([*cmd, "service", "ls", "-q", "--filter", flt]))
-                + str(run([*cmd, "network", "ls", "-q", "--filter", flt]))
-            ),
-        )
-
+    engine = Engine.at(host)
     deadline = time.monotonic() + REMOVE_WAIT
     last: DockerError | None = None
     while True:
         try:
-            engine_call(f"removing stack {name}", lambda: run([*cmd, "stack", "rm", name]))
+            engine.stack_remove(name)
         except DockerError as exc:  # partly removed: what is left goes on the next pass
             last = exc
-        if not left().strip():
+        if not engine.stack_left(label=f"{LABEL_PROJECT}={name}", name=name):
             return
         if time.monotonic() > deadline:
             why = f": {last.stderr.strip()}" if last is not None else ""

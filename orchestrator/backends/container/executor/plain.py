@@ -22,7 +22,6 @@ POSIX sh only: nothing is installed in the image, and nothing is left behind in 
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import subprocess
 import time
@@ -30,7 +29,7 @@ import uuid
 
 from orchestrator import procutil
 from orchestrator.backends.container import freeze
-from orchestrator.backends.container.exec_target import ExecTarget
+from orchestrator.backends.container.engine import Engine, exec_refusal, no_process
 from orchestrator.errors import BackendUnavailable, OrchestratorError, SandboxUnavailable
 from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
 
@@ -79,10 +78,6 @@ done
 for p in $hit; do kill -"$sig" "$p" 2>/dev/null; kill -CONT "$p" 2>/dev/null; done
 echo "orchestrator-killed:$sids"
 """
-_NO_PROCESS = re.compile(
-    rb"can't fork|cannot fork|resource temporarily unavailable|cannot allocate memory",
-    re.IGNORECASE,
-)
 
 
 class Killer:
@@ -90,7 +85,7 @@ class Killer:
 
     def __init__(
         self,
-        docker_cmd: list[str],
+        engine: Engine,
         container: str,
         user: str | None,
         token: str | None = None,
@@ -98,9 +93,9 @@ class Killer:
     ) -> None:
         # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
         # cannot read another uid's environ; the same uid can, and may signal it
-        target = ExecTarget(docker_cmd, container)
+        target = engine.exec_target(container)
         self._argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=user)
-        self._docker_cmd, self._container = docker_cmd, container
+        self._engine, self._container = engine, container
         self.user = user
         self.token = token or uuid.uuid4().hex
         """The command's mark (MARK=token in its environment)."""
@@ -126,7 +121,7 @@ class Killer:
         kill is owed until the thaw)."""
         marks = {MARK.encode(): self.token.encode(), b"session": " ".join(self.sessions).encode()}
         try:
-            self.ran = freeze.kill_frozen(self._docker_cmd, self._container, marks)
+            self.ran = freeze.kill_frozen(self._engine, self._container, marks)
         except OrchestratorError as exc:
             log.warning("could not kill a command in its paused sandbox: %s", exc)
             return False
@@ -170,11 +165,11 @@ class Killer:
                 self.ran = True
                 return None
         said = done.stdout + done.stderr
-        return (said.strip() or b"no answer") if _NO_PROCESS.search(said) else None
+        return (said.strip() or b"no answer") if no_process(said) else None
 
 
 def run_plain(
-    docker_cmd: list[str],
+    engine: Engine,
     container: str,
     cmd: Command,
     out: int | None = None,
@@ -189,9 +184,9 @@ def run_plain(
     except procutil.UnknownUser as exc:
         yield "stderr", f"{exc}\n".encode()
         return procutil.Outcome(126, False, 0.0)
-    killer = killer or Killer(docker_cmd, container, cmd.user)
+    killer = killer or Killer(engine, container, cmd.user)
     # through sh, so a missing program is 127 with the message on stderr, as everywhere else
-    argv = ExecTarget(docker_cmd, container).argv(
+    argv = engine.exec_target(container).argv(
         ["/bin/sh", "-c", WRAP, "sh", *cmd.argv],
         user=cmd.user,
         workdir=cmd.cwd,
@@ -214,7 +209,7 @@ def run_plain(
                 if head:
                     yield "stderr", head  # not our line after all (the exec failed)
                 if held:  # the command never started: the docker CLI's refusal
-                    code, said = _refusal(held, outcome.exit_code)
+                    code, said = exec_refusal(held, outcome.exit_code)
                     outcome = outcome._replace(exit_code=code)
                     yield "stderr", said
                 if killer.no_process:
@@ -244,24 +239,6 @@ def run_plain(
             yield kind, data
     finally:
         chunks.close()  # a caller that gave up: the core kills the tree in the container
-
-
-_CHDIR = re.compile(  # runc's words, then runsc's
-    rb'(?:chdir to cwd \("(.*)"\) set in config\.json failed'
-    rb'|failed to find initial working directory "(.*)"): ([a-z ]+)'
-)
-
-
-def _refusal(said: bytes, code: int) -> tuple[int, bytes]:
-    """The exit code and stderr of a command the engine would not start, from what the
-    docker CLI printed (on its stdout): a missing or non-folder cwd is 2 and the words the
-    executor uses, as a shell would say it; the rest keep the engine's words."""
-    found = _CHDIR.search(said)
-    if found is not None and found.group(3) in (b"no such file or directory", b"not a directory"):
-        why = found.group(3).decode().capitalize()
-        where = found.group(1) or found.group(2)
-        return 2, b"cannot change directory to %s: %s\n" % (where, why.encode())
-    return code, said.replace(b"\r\n", b"\n")
 
 
 def _session(head: bytes, killer: Killer) -> tuple[bytes | None, bytes]:

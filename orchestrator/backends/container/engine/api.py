@@ -1,6 +1,7 @@
-"""The few Engine API calls made on a hot path straight over the engine's Unix socket, with
-no docker CLI process: creating, starting and removing the one container of a project
-(backends/docker/direct.py). Everything else goes through python-on-whales and the CLI.
+"""The Engine API over the engine's Unix socket, with no docker CLI process: the calls made on
+a hot path (inspecting a container, creating, starting and removing the one container of a
+project: backends/docker/direct.py), and what the engine is (`engine_facts`). Only the
+Engine calls these (`Engine.api`); everything else goes through the CLI and python-on-whales.
 
 Only for an engine on this machine's Unix socket that the docker CLI itself would use: the
 address in ORCHESTRATOR_DOCKER_HOST or DOCKER_HOST, else the default socket when no other
@@ -23,7 +24,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from orchestrator.backends.container.engine import TIMED_OUT, CallFailed, wrap
+from orchestrator.backends.container.engine.bounds import TIMED_OUT
+from orchestrator.backends.container.engine.errors import CallFailed, wrap
 from orchestrator.errors import BackendUnavailable, OrchestratorError
 from orchestrator.paths import read_regular
 from orchestrator.settings import engine_host

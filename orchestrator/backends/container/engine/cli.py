@@ -1,0 +1,92 @@
+"""Running one docker CLI command line the Engine built: bounded, its failure typed
+(errors.py), idempotent calls tried once more when the engine did not answer in time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from orchestrator.backends.container.engine.bounds import KILLED, TIMED_OUT
+from orchestrator.backends.container.engine.errors import CallFailed, docker_errors
+from orchestrator.errors import DockerError
+
+T = TypeVar("T")
+
+
+def run(argv: Sequence[str], *, input: bytes | None = None, backstop: float | None = None) -> str:
+    """One docker CLI call: its stdout, one trailing newline dropped; CallFailed when it
+    exits non-zero. A bounded call (see bounds.py) is abandoned after `backstop` seconds,
+    should a process it left behind hold its output open; then, and when `timeout` had to
+    KILL it, the failure is TIMED_OUT."""
+    args = list(argv)
+    try:
+        done = subprocess.run(args, input=input, capture_output=True, timeout=backstop)
+    except subprocess.TimeoutExpired:
+        raise CallFailed(args, TIMED_OUT, b"", b"") from None
+    if done.returncode != 0:
+        killed = backstop is not None and done.returncode in KILLED
+        code = TIMED_OUT if killed else done.returncode
+        raise CallFailed(args, code, done.stdout, done.stderr)
+    out = done.stdout.decode("utf-8", "replace")
+    return out[:-1] if out.endswith("\n") else out
+
+
+def engine_call(action: str, fn: Callable[[], T], *, retry: bool = True) -> T:
+    """Run one engine call, converting its errors; when it timed out and is idempotent
+    (`retry`), try once more (hung engine calls happen, rarely)."""
+    for attempt in (0, 1):
+        try:
+            with docker_errors(action):
+                return fn()
+        except DockerError as exc:
+            if not (retry and attempt == 0 and exc.returncode == TIMED_OUT):
+                raise
+    raise AssertionError("unreachable")
+
+
+LIST_TRIES = 5
+"""Listings made while the engine removes one of the objects it lists can fail over it;
+they are made again, this many times at most."""
+
+
+def listing(
+    action: str, call: Callable[[], str], gone: tuple[type[DockerError], ...], *, retry: bool = True
+) -> str:
+    """The output of one listing `call`, made again (a moment later, LIST_TRIES times at
+    most) when the engine fails it over an object of a kind in `gone` removed while it
+    listed (Docker so trips over containers and networks, Podman over images)."""
+    for attempt in range(LIST_TRIES):
+        try:
+            return str(engine_call(action, call, retry=retry) or "")
+        except gone:
+            if attempt == LIST_TRIES - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def output(argv: list[str], limit: float | None) -> Iterator[bytes]:
+    """A command's output, both streams, in chunks of at most 64 KiB as it comes; the
+    command is ended when the caller stops reading, and after `limit` seconds (None: never).
+    Raises DockerError when it fails."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    timer = None if limit is None else threading.Timer(limit, proc.kill)
+    if timer is not None:
+        timer.start()
+    assert proc.stdout is not None
+    try:
+        while chunk := os.read(proc.stdout.fileno(), 64 * 1024):
+            yield chunk
+        if proc.wait() != 0:
+            raise DockerError(f"{' '.join(argv[-2:])} failed (exit {proc.returncode})")
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()

@@ -1,0 +1,319 @@
+"""What the container backends ask of an engine through its CLI, as typed operations:
+inspect, pause, remove and list containers, networks, volumes and images; commit, logs,
+build; a container beside a paused one; and what `orchestrator doctor` asks. Each is one
+bounded call, its failure typed (errors.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from orchestrator.backends.container.engine import cli
+from orchestrator.backends.container.engine.bounds import (
+    backstop,
+    bounded,
+    engine_timeout,
+    up_timeout,
+)
+from orchestrator.backends.container.engine.core import EngineCore
+from orchestrator.backends.container.engine.errors import (
+    CallFailed,
+    NoSuchContainer,
+    NoSuchImage,
+    NoSuchNetwork,
+)
+from orchestrator.backends.container.layout import FORWARDS_LABEL, parse_forwards
+from orchestrator.errors import DockerError, OrchestratorError, UsageError
+from orchestrator.spec.models import Protocol, PublishedPort
+
+if TYPE_CHECKING:
+    from python_on_whales import Container
+
+Kind = Literal["container", "network", "volume"]
+_LIST = {"container": ("ps", "-a"), "network": ("network", "ls"), "volume": ("volume", "ls")}
+
+
+class ContainerOps(EngineCore):
+    # ----- inspecting ----------------------------------------------------------------------
+    def inspect(
+        self, *names: str, fmt: str | None = None, kind: str | None = None, action: str
+    ) -> str:
+        """`docker inspect` of `names` (of `kind`: container, image, network, task), each
+        as the Go template `fmt` gives it (None: the JSON list)."""
+        words = [*(["--type", kind] if kind else []), *(["--format", fmt] if fmt else [])]
+        return self.run("inspect", *words, "--", *names, action=action, retry=True)
+
+    def paused_states(self, containers: Sequence[str]) -> list[tuple[bool, bool]]:
+        """(running, paused) of each container, in order (one call)."""
+        fmt = "{{.State.Running}} {{.State.Paused}}"
+        out = self.inspect(*containers, fmt=fmt, action="inspecting the containers")
+        rows = [line.split() for line in out.splitlines() if line.strip()]
+        return [(row[0] == "true", row[-1] == "true") for row in rows]
+
+    def image_config(self, container: str) -> dict[str, object]:
+        """The config of the image a container runs (its entrypoint, command and user)."""
+        image = self.inspect(
+            container, fmt="{{.Image}}", kind="container", action="inspecting a service"
+        ).strip()
+        raw = self.inspect(
+            image, fmt="{{json .Config}}", kind="image", action="inspecting a service's image"
+        )
+        config = json.loads(raw.strip() or "null")
+        return config if isinstance(config, dict) else {}
+
+    def status(self, container: str) -> str:
+        """created, running, paused, exited, ... of a container."""
+        fmt = "{{.State.Status}}"
+        return self.inspect(
+            container, fmt=fmt, kind="container", action="inspecting a service"
+        ).strip()
+
+    # ----- pause ---------------------------------------------------------------------------
+    def pause(self, containers: Sequence[str]) -> None:
+        """Freeze the containers (the cgroup freezer: FreezerBusy when it gave up)."""
+        self.run("pause", *containers, action=f"pause of {len(containers)} container(s)")
+
+    def unpause(self, containers: Sequence[str]) -> None:
+        self.run("unpause", *containers, action=f"unpause of {len(containers)} container(s)")
+
+    def first_process(self, container: str) -> tuple[str, int]:
+        """A container's full id and the host pid of its first process (0: none runs)."""
+        said = self.inspect(
+            container, fmt="{{.Id}}\t{{.State.Pid}}", action="inspecting the sandbox"
+        )
+        ident, _, pid = said.strip().partition("\t")
+        return ident, int(pid) if pid.isdigit() else 0
+
+    # ----- listing and removing, by label and id -------------------------------------------
+    def rows(
+        self, kind: Kind, fields: Sequence[str], labels: Sequence[str], *, label: str, retry: bool
+    ) -> list[list[Any]]:
+        """One listing of the objects of `kind` carrying `label`, each a list of its
+        `fields` (ID, State, Ports, Name) then of its `labels` (JSON-quoted, so any value
+        parses; "" when unset). Nothing is inspected afterwards: an object removed by
+        someone else meanwhile cannot fail it."""
+        parts = [f"{{{{json .{f}}}}}" for f in fields]
+        parts += [f"{{{{json (.Label {json.dumps(k)})}}}}" for k in labels]
+        fmt = "[" + ",".join(parts) + "]"
+        words = [*_LIST[kind], *(["--no-trunc"] if kind != "volume" else [])]
+        out = self.listing(
+            *words,
+            "--filter",
+            f"label={label}",
+            "--format",
+            fmt,
+            action=f"listing ({' '.join(words)})",
+            gone=(NoSuchContainer, NoSuchNetwork),
+            retry=retry,
+        )
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def ids(self, kind: Kind, *, label: str, action: str) -> list[str]:
+        """Ids (a volume's: its name) of the objects of `kind` carrying `label`."""
+        words = [*_LIST[kind], "-q", *(["--no-trunc"] if kind != "volume" else [])]
+        return self.run(*words, "--filter", f"label={label}", action=action, retry=True).split()
+
+    def remove_containers(self, ids: Sequence[str], *, action: str) -> None:
+        """Remove the containers, running or not, with their anonymous volumes."""
+        self.run("rm", "--force", "--volumes", "--", *ids, action=action)
+
+    def remove_volumes(self, names: Sequence[str], *, action: str) -> None:
+        self.run("volume", "rm", "--", *names, action=action)
+
+    def remove_networks(self, ids: Sequence[str], *, action: str) -> None:
+        self.run("network", "rm", "--", *ids, action=action)
+
+    def joined(self, network: str) -> list[str]:
+        """The ids of the containers that joined `network`."""
+        fmt = "{{range $id, $c := .Containers}}{{$id}} {{end}}"
+        return self.inspect(
+            network, fmt=fmt, kind="network", action=f"listing what joined {network}"
+        ).split()
+
+    def disconnect(self, network: str, container: str) -> None:
+        self.run(
+            "network",
+            "disconnect",
+            "--force",
+            network,
+            container,
+            action=f"disconnecting {container} from {network}",
+        )
+
+    def image_ids(self, *, labels: Sequence[str], action: str) -> list[str]:
+        """Ids of the images carrying every one of `labels` (KEY or KEY=VALUE); one removed
+        while listed does not fail the listing."""
+        filters = [word for label in labels for word in ("--filter", f"label={label}")]
+        out = self.listing(
+            "image", "ls", "-q", "--no-trunc", *filters, action=action, gone=(NoSuchImage,)
+        )
+        return sorted(set(out.split()))
+
+    def image_labels(self, image: str) -> tuple[str, dict[str, str]]:
+        """An image's id and labels (NoSuchImage: none by that name or id), through the CLI
+        alone."""
+        out = self.inspect(
+            image,
+            fmt="[{{json .Id}},{{json .Config.Labels}}]",
+            kind="image",
+            action="inspecting a snapshot image",
+        )
+        try:
+            answer = json.loads(out)
+        except ValueError:
+            answer = None
+        if not (isinstance(answer, list) and len(answer) == 2 and isinstance(answer[0], str)):
+            raise DockerError(f"inspecting image {image}: the engine answered {out[:200]!r}")
+        labels = answer[1] if isinstance(answer[1], dict) else {}
+        return answer[0], {str(k): str(v) for k, v in labels.items()}
+
+    def remove_image(self, image: str, *, action: str) -> None:
+        """Remove an image by name or id, never forced (one a container runs stays)."""
+        self.run("image", "rm", "--", image, action=action, retry=True)
+
+    # ----- images of containers, and their logs ----------------------------------------------
+    def commit_cli(self, container: str, tag: str, *, pause: bool, changes: Sequence[str]) -> None:
+        """`docker commit` of a container as `tag`, with Dockerfile instructions `changes`
+        (a LABEL line)."""
+        words = ["commit", f"--pause={str(pause).lower()}"]
+        for change in changes:
+            words += ["--change", change]
+        self.run(*words, container, tag, action=f"committing {container}")
+
+    def logs(self, container: str, *, tail: int | None, follow: bool) -> Iterator[bytes]:
+        """A container's log (both streams) as it comes; ended when the caller stops reading,
+        and after LOGS_TIMEOUT s unless `follow`."""
+        words = ["logs", *(["--tail", str(tail)] if tail is not None else [])]
+        words += ["--follow"] if follow else []
+        return self.output(*words, container, limit=None if follow else LOGS_TIMEOUT)
+
+    def build_argv(
+        self,
+        tag: str,
+        *,
+        labels: Mapping[str, str],
+        dockerfile: Path,
+        network: str,
+        limits: Mapping[str, object],
+        args: Mapping[str, str],
+        context: Path,
+    ) -> list[str]:
+        """`docker build` of one image with the classic builder (the one that takes
+        --network, --memory and --cpu-quota for its RUN steps; run with DOCKER_BUILDKIT=0),
+        bounded by the up timeout. `--force-rm`: it otherwise keeps the container of a
+        failed step, unlabelled, one more for every failed `up`."""
+        words = ["build", "--force-rm", "--pull=false", "--tag", tag]
+        for key, value in labels.items():
+            words += ["--label", f"{key}={value}"]
+        words += ["--file", str(dockerfile), "--network", network]
+        if "mem_limit" in limits:  # no swap: as the container's own
+            words += [
+                "--memory",
+                str(limits["mem_limit"]),
+                "--memory-swap",
+                str(limits["mem_limit"]),
+            ]
+        if "cpus" in limits:
+            quota = str(int(float(str(limits["cpus"])) * 100000))
+            words += ["--cpu-period", "100000", "--cpu-quota", quota]
+        for key, value in args.items():
+            words += ["--build-arg", f"{key}={value}"]
+        return self.argv(*words, "--", str(context), seconds=up_timeout())
+
+    # ----- what the engine has ---------------------------------------------------------------
+    def runtimes(self) -> dict[str, list[str]]:
+        """The engine's runtimes and the arguments each is registered with (`docker info`)."""
+        text = self.run(
+            "info", "--format", "{{json .Runtimes}}", action="asking the engine for its runtimes"
+        )
+        try:
+            listed = json.loads(text or "{}")
+        except ValueError:
+            listed = {}
+        return {
+            str(name): [str(a) for a in (spec or {}).get("runtimeArgs") or []]
+            for name, spec in (listed if isinstance(listed, dict) else {}).items()
+        }
+
+    def versions(self) -> tuple[str, str]:
+        """The docker CLI's version and the engine's (a DockerError: not reachable)."""
+        said = self.run(
+            "version",
+            "--format",
+            "{{.Client.Version}} {{.Server.Version}}",
+            action="asking the engine's version",
+        )
+        client, _, server = said.strip().partition(" ")
+        return client, server
+
+    def compose_version(self) -> str:
+        """The Compose plugin's version (a DockerError: none)."""
+        return self.run("compose", "version", "--short", action="asking Compose's version")
+
+    def runs_python(self, image: str) -> bool:
+        """Whether python3 runs in `image` (the executor needs it), in a container of no
+        network, removed at once."""
+        try:
+            self.run(
+                *("run", "--rm", "--network", "none", "--entrypoint", "python3", image),
+                *("-c", "import sys; print(sys.version_info[:2])"),
+                action=f"running python3 in {image}",
+            )
+        except OrchestratorError:
+            return False
+        return True
+
+
+LOGS_TIMEOUT = 120.0
+"""Seconds `logs` without `follow` may take (an engine that stopped answering)."""
+
+
+def context_address(name: str) -> str:
+    """The engine address of the docker CLI's context `name` (UsageError: no such context)."""
+    fmt = "{{.Endpoints.docker.Host}}"
+    bound = engine_timeout()
+    argv = bounded(["docker", "context", "inspect", "--format", fmt, name], bound)
+    try:
+        found = cli.run(argv, backstop=backstop(bound)).strip()
+    except CallFailed as exc:
+        raise UsageError(f"no Docker context {name!r}: {(exc.stderr or '').strip()}") from None
+    except FileNotFoundError:
+        raise UsageError("no docker CLI to ask for a context (see `orchestrator doctor`)") from None
+    if not found:
+        raise UsageError(f"no Docker context {name!r}: it names no engine")
+    return found
+
+
+COMPOSE_SERVICE = "com.docker.compose.service"
+
+
+def service_of(labels: Mapping[str, str] | None, default: str = "") -> str:
+    """The Compose service a container belongs to, from its labels."""
+    return (labels or {}).get(COMPOSE_SERVICE, default)
+
+
+def published_ports(containers: Iterable[Container]) -> list[PublishedPort]:
+    """Published ports of containers (python-on-whales' objects), with ephemeral host ports
+    resolved; a port the environment's forwarder publishes is reported as the container
+    port it stands for."""
+    out = []
+    for c in containers:
+        labels = c.config.labels or {}
+        service = service_of(labels, c.name)
+        forwards = parse_forwards(labels.get(FORWARDS_LABEL, ""))
+        for key, binds in sorted((c.network_settings.ports or {}).items()):
+            port, _, proto = key.partition("/")
+            owner, target = forwards.get((int(port), proto), (service, int(port)))
+            out += [
+                PublishedPort(
+                    owner,
+                    target,
+                    cast(Protocol, proto),
+                    b.get("HostIp", ""),
+                    int(b["HostPort"]),
+                )
+                for b in binds or []
+            ]
+    return out

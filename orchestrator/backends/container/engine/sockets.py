@@ -1,0 +1,125 @@
+"""What the container backends ask of an engine through its API on this machine's socket
+(no docker CLI process, no python-on-whales), as typed operations, with the CLI's or
+python-on-whales' way where the engine has no such socket. Each call is bounded and its
+failure typed as the CLI's would be."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator.backends.container.engine.cli import engine_call
+from orchestrator.backends.container.engine.core import EngineCore
+from orchestrator.backends.container.engine.errors import (
+    ContainerNotRunning,
+    NoSuchContainer,
+    NoSuchImage,
+    NoSuchVolume,
+)
+
+
+class SocketOps(EngineCore):
+    # ----- containers ------------------------------------------------------------------------
+    def inspected(self, container: str, action: str) -> dict[str, Any] | None:
+        """The engine's inspection of a container as its API gives it (`State`, `Config`,
+        `Id`, ...): no CLI process, and python-on-whales is not loaded. None without a
+        local socket (the caller asks through python-on-whales)."""
+        if self.socket is None:
+            return None
+        got = engine_call(
+            action, lambda: self.api("GET", f"/containers/{container}/json", action=action)
+        )
+        return got if isinstance(got, dict) else {}
+
+    def create_container(
+        self, name: str, body: dict[str, Any], *, seconds: float, action: str
+    ) -> Any:
+        """Create container `name` from an API body: the engine's answer (its `Warnings`)."""
+        return self.api(
+            "POST",
+            "/containers/create",
+            body=body,
+            query={"name": name},
+            action=action,
+            seconds=seconds,
+        )
+
+    def start_container(self, name: str, *, seconds: float, action: str) -> None:
+        self.api("POST", f"/containers/{name}/start", action=action, seconds=seconds)
+
+    def stop_container(self, name: str, *, grace: int, action: str) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds (gone or stopped already: fine)."""
+        with contextlib.suppress(NoSuchContainer, ContainerNotRunning):
+            self.api("POST", f"/containers/{name}/stop", query={"t": str(grace)}, action=action)
+
+    def delete_container(self, name: str, *, action: str) -> None:
+        """Remove a container, running or not, with its anonymous volumes (gone: fine)."""
+        with contextlib.suppress(NoSuchContainer):
+            self.api("DELETE", f"/containers/{name}", query={"force": "1", "v": "1"}, action=action)
+
+    # ----- volumes and networks --------------------------------------------------------------
+    def create_volume(self, body: dict[str, Any], *, seconds: float, action: str) -> None:
+        self.api("POST", "/volumes/create", body=body, action=action, seconds=seconds)
+
+    def delete_volume(self, name: str, *, action: str) -> None:
+        """Remove a volume (gone: fine)."""
+        with contextlib.suppress(NoSuchVolume):
+            self.api("DELETE", f"/volumes/{name}", action=action)
+
+    def connect(self, network: str, container: str, *, action: str) -> None:
+        """Join `container` to `network` with no alias (the CLI gives none unless told to)."""
+        if self.socket is None:
+            engine_call(action, lambda: self.whales.network.connect(network, container))
+            return
+        self.api(
+            "POST",
+            f"/networks/{network}/connect",
+            body={"Container": container, "EndpointConfig": {}},
+            action=action,
+        )
+
+    def require_network(self, network: str, *, action: str) -> None:
+        """A DockerError when the engine has no network `network`."""
+        if self.socket is None:
+            engine_call(action, lambda: self.whales.network.inspect(network), retry=False)
+        else:
+            self.api("GET", f"/networks/{network}", action=action)
+
+    def labelled_left(self, label: str, *, action: str) -> bool | None:
+        """Whether any container, network or volume carries `label` (None without a local
+        socket: not asked)."""
+        if self.socket is None:
+            return None
+        filters = json.dumps({"label": [label]})
+        for url, extra in (("/containers/json", {"all": "1"}), ("/networks", {}), ("/volumes", {})):
+            got = self.api("GET", url, query={"filters": filters, **extra}, action=action)
+            if got.get("Volumes") if isinstance(got, dict) else got:
+                return True
+        return False
+
+    # ----- images ----------------------------------------------------------------------------
+    def has_image(self, tag: str) -> bool:
+        """Whether the engine has the image: asked on its local socket where it has one (no
+        CLI process), else through python-on-whales."""
+        action = "looking for an image"
+        if not tag or tag.startswith("-"):  # never an option of the docker command
+            return False
+        if self.socket is None:
+            return bool(engine_call(action, lambda: self.whales.image.exists(tag)))
+        try:
+            self.api("GET", f"/images/{tag}/json", action=action)
+        except NoSuchImage:
+            return False
+        return True
+
+    def commit_api(
+        self, container: str, repo: str, tag: str, *, pause: bool, changes: Sequence[str]
+    ) -> None:
+        """The API's commit (Podman's: its CLI-compatible commit cannot decode the CLI's
+        empty body, 4.3), with Dockerfile instructions `changes`."""
+        query = [("container", container), ("repo", repo), ("tag", tag)]
+        query += [("pause", str(pause).lower())]
+        query += [("changes", change) for change in changes]
+        self.api("POST", "/commit", body={}, query=query, action=f"committing {container}")

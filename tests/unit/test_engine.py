@@ -1,0 +1,125 @@
+"""The Engine (issue 38): one object per address spells every docker command line, puts the
+time bound in front of it (never cut back off), runs it bounded and types its failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.container.engine import (
+    TIMED_OUT,
+    Engine,
+    NoSuchContainer,
+)
+from orchestrator.backends.container.engine.bounds import bound_of, bounded
+from orchestrator.errors import BackendUnavailable, DockerError
+
+HOST = "unix:///run/orchestrator-test-none.sock"
+
+
+def test_an_engine_is_made_once_per_address_and_bound() -> None:
+    engine = Engine.at(HOST)
+    assert Engine.at(HOST) is engine and engine.address == HOST
+    assert Engine.at("tcp://127.0.0.1:1") is not engine
+    quick = engine.within(3)
+    assert quick is Engine.at(HOST, timeout=3) and quick is not engine and quick.bound == 3
+    assert engine.socket == "/run/orchestrator-test-none.sock"
+    assert Engine.at("tcp://127.0.0.1:1").socket is None  # the API only on this machine's socket
+
+
+def test_no_address_is_the_process_engine_fixed_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_DOCKER_HOST", HOST)
+    engine = Engine.at()
+    monkeypatch.setenv("ORCHESTRATOR_DOCKER_HOST", "unix:///elsewhere.sock")
+    assert engine.address == HOST and engine.argv("ps", bounded=False)[:3] == [
+        "docker",
+        "--host",
+        HOST,
+    ]
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
+def test_a_call_is_bounded_in_front_and_an_unbounded_one_is_built_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_ENGINE_TIMEOUT", "42")
+    engine = Engine.at(HOST)
+    assert engine.argv("ps", "-q") == [
+        *("timeout", "-k", "5", "42", "docker", "--host", HOST, "ps", "-q")
+    ]
+    assert engine.argv("ps", seconds=7)[:4] == ["timeout", "-k", "5", "7"]
+    assert engine.argv("exec", bounded=False) == ["docker", "--host", HOST, "exec"]
+    assert bound_of(engine.argv("ps")) == 42 and bound_of(engine.argv("ps", bounded=False)) is None
+    assert Engine.at("").argv("ps", bounded=False)[:2] in (["docker", "ps"], ["docker", "--host"])
+
+
+def test_without_coreutils_timeout_the_line_is_left_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert bounded(["docker", "ps"], 5) == ["docker", "ps"]
+
+
+def test_the_executors_exec_line_is_unbounded_and_as_before() -> None:
+    """The channel's `docker exec` is byte for byte what it was: no time bound (the executor
+    lives as long as the environment), every option one word, the container last."""
+    target = Engine.at(HOST).exec_target("orch-x-main-1")
+    argv = target.argv(["python3", "-u", "/s/agent.py", "--owned"], user="0", stdin=True)
+    assert argv == [
+        *("docker", "--host", HOST, "exec", "-i", "--user=0", "orch-x-main-1"),
+        *("python3", "-u", "/s/agent.py", "--owned"),
+    ]
+    assert target.argv(["true"], seconds=9)[:4] in (
+        ["timeout", "-k", "5", "9"],
+        ["docker", "--host", HOST, "exec"],  # (no coreutils timeout here)
+    )
+
+
+def _fake_docker(folder: Path, script: str) -> None:
+    """A `docker` on PATH that runs `script` (sh), for the runner's own behaviour."""
+    path = folder / "docker"
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def fake_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path
+
+
+def test_run_gives_stdout_and_a_typed_failure(fake_path: Path) -> None:
+    _fake_docker(
+        fake_path,
+        'if [ "$3" = ps ]; then printf "a\\nb\\n"; exit 0; fi\n'
+        "echo 'Error: No such container: x' >&2; exit 1\n",
+    )
+    engine = Engine.at(HOST)
+    assert engine.run("ps", action="listing") == "a\nb"
+    with pytest.raises(NoSuchContainer) as info:
+        engine.run("inspect", "x", action="inspecting x")
+    assert info.value.returncode == 1 and "--host" in info.value.command
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
+def test_a_call_past_its_bound_is_timed_out_and_an_idempotent_one_tried_once_more(
+    fake_path: Path,
+) -> None:
+    calls = fake_path / "calls"
+    _fake_docker(fake_path, f"echo x >> {calls}\nexec sleep 30\n")
+    engine = Engine.at(HOST, timeout=1)
+    started = time.monotonic()
+    with pytest.raises(DockerError) as info:
+        engine.run("ps", action="listing", retry=True)
+    assert info.value.returncode == TIMED_OUT and "timed out" in str(info.value)
+    assert calls.read_text().count("x") == 2 and time.monotonic() - started < 30
+
+
+def test_the_api_is_asked_only_on_this_machines_socket() -> None:
+    with pytest.raises(BackendUnavailable, match="not on this machine's socket"):
+        Engine.at("tcp://127.0.0.1:1").api("GET", "/version", action="asking")
