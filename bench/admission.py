@@ -21,7 +21,7 @@ import time
 
 from bench.measure import report, scratch
 from orchestrator import load_environment_text, spawn_runtime
-from orchestrator.sandbox import admission
+from orchestrator.services import admission
 from orchestrator.spec.models import size_bytes
 
 

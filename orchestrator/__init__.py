@@ -2,174 +2,138 @@
 runtime protocol for every backend.
 
 The public names load lazily, so `import orchestrator` stays fast and pulls in no Docker
-library until a Docker environment is spawned. Type checkers see them through the imports
-below and the literal `__all__`.
+library until a Docker environment is spawned. They are listed once, as the imports below,
+which type checkers read as they stand; at run time the first name asked for reads the same
+imports out of this file (the home module of each name) and loads only that name's module.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from orchestrator._version import __version__
+from orchestrator._version import __version__ as __version__
 
-if TYPE_CHECKING:
-    from orchestrator.backends.container.engine import context_address
+if TYPE_CHECKING:  # the public names, each from its home module: the one list of them
+    from orchestrator.backends.container.engine import context_address as context_address
     from orchestrator.errors import (
-        AdmissionTimeout,
-        BackendUnavailable,
-        CommandFailed,
-        CommandTimeout,
-        DockerError,
-        ExecutorLost,
-        HealthcheckFailed,
-        OrchestratorError,
-        OutputLimitExceeded,
-        PolicyError,
-        PoolExhausted,
-        ProjectNotFound,
-        RuntimeClosed,
-        SandboxFileNotFound,
-        SandboxFileTimeout,
-        SandboxIsADirectory,
-        SandboxNotADirectory,
-        SandboxPaused,
-        SandboxPermissionError,
-        SandboxUnavailable,
-        SandboxUnsafeArchive,
-        SetupFailed,
-        SpecError,
-        SpecIssue,
-        StartupError,
-        UsageError,
+        AdmissionTimeout as AdmissionTimeout,
+        BackendUnavailable as BackendUnavailable,
+        CommandFailed as CommandFailed,
+        CommandTimeout as CommandTimeout,
+        DockerError as DockerError,
+        ExecutorLost as ExecutorLost,
+        HealthcheckFailed as HealthcheckFailed,
+        OrchestratorError as OrchestratorError,
+        OutputLimitExceeded as OutputLimitExceeded,
+        PolicyError as PolicyError,
+        PoolExhausted as PoolExhausted,
+        ProjectNotFound as ProjectNotFound,
+        RuntimeClosed as RuntimeClosed,
+        SandboxFileNotFound as SandboxFileNotFound,
+        SandboxFileTimeout as SandboxFileTimeout,
+        SandboxIsADirectory as SandboxIsADirectory,
+        SandboxNotADirectory as SandboxNotADirectory,
+        SandboxPaused as SandboxPaused,
+        SandboxPermissionError as SandboxPermissionError,
+        SandboxUnavailable as SandboxUnavailable,
+        SandboxUnsafeArchive as SandboxUnsafeArchive,
+        SetupFailed as SetupFailed,
+        SpecError as SpecError,
+        SpecIssue as SpecIssue,
+        StartupError as StartupError,
+        UsageError as UsageError,
     )
-    from orchestrator.sandbox.admission import check_admission
-    from orchestrator.sandbox.attach import attach, attachable
-    from orchestrator.sandbox.base import Runtime
-    from orchestrator.sandbox.calls import Sandbox
-    from orchestrator.sandbox.inventory import environments, reap, remove_environment
-    from orchestrator.sandbox.options import BuildChoice, SpawnOptions
-    from orchestrator.sandbox.pool import Pool
+    from orchestrator.sandbox.base import (
+        Runtime as Runtime,
+    )
+    from orchestrator.sandbox.calls import (
+        Sandbox as Sandbox,
+    )
+    from orchestrator.sandbox.options import (
+        BuildChoice as BuildChoice,
+        SpawnOptions as SpawnOptions,
+    )
     from orchestrator.sandbox.registry import (
-        backend_class,
-        get_runtime_class,
-        prepare,
-        register_runtime,
-        runtime_names,
-        spawn_runtime,
+        get_runtime_class as get_runtime_class,
+        register_runtime as register_runtime,
+        runtime_names as runtime_names,
     )
     from orchestrator.sandbox.results import (
-        Connection,
-        EnvironmentStatus,
-        ExecMode,
-        RuntimeInfo,
-        RuntimeResult,
-        StreamEvent,
-        StreamKind,
+        Connection as Connection,
+        EnvironmentStatus as EnvironmentStatus,
+        ExecMode as ExecMode,
+        RuntimeInfo as RuntimeInfo,
+        RuntimeResult as RuntimeResult,
+        StreamEvent as StreamEvent,
+        StreamKind as StreamKind,
     )
-    from orchestrator.sandbox.snapshot import Snapshot, list_snapshots
-    from orchestrator.sandbox.suspend import wake
-    from orchestrator.spec.loader import Environment, load_environment, load_environment_text
-    from orchestrator.spec.models import PublishedPort
-    from orchestrator.spec.policy import Policy
+    from orchestrator.sandbox.snapshot import (
+        Snapshot as Snapshot,
+        list_snapshots as list_snapshots,
+    )
+    from orchestrator.services.admission import (
+        check_admission as check_admission,
+    )
+    from orchestrator.services.attach import (
+        attach as attach,
+        attachable as attachable,
+    )
+    from orchestrator.services.inventory import (
+        environments as environments,
+        reap as reap,
+        remove_environment as remove_environment,
+    )
+    from orchestrator.services.pool import (
+        Pool as Pool,
+    )
+    from orchestrator.services.spawn import (
+        backend_class as backend_class,
+        prepare as prepare,
+        spawn_runtime as spawn_runtime,
+    )
+    from orchestrator.services.suspend import (
+        wake as wake,
+    )
+    from orchestrator.spec.loader import (
+        Environment as Environment,
+        load_environment as load_environment,
+        load_environment_text as load_environment_text,
+    )
+    from orchestrator.spec.models import (
+        PublishedPort as PublishedPort,
+    )
+    from orchestrator.spec.policy import (
+        Policy as Policy,
+    )
 
-__all__ = [
-    "AdmissionTimeout",
-    "BackendUnavailable",
-    "BuildChoice",
-    "CommandFailed",
-    "CommandTimeout",
-    "Connection",
-    "DockerError",
-    "Environment",
-    "EnvironmentStatus",
-    "ExecMode",
-    "ExecutorLost",
-    "HealthcheckFailed",
-    "OrchestratorError",
-    "OutputLimitExceeded",
-    "Policy",
-    "PolicyError",
-    "Pool",
-    "PoolExhausted",
-    "ProjectNotFound",
-    "PublishedPort",
-    "Runtime",
-    "RuntimeClosed",
-    "RuntimeInfo",
-    "RuntimeResult",
-    "Sandbox",
-    "SandboxFileNotFound",
-    "SandboxFileTimeout",
-    "SandboxIsADirectory",
-    "SandboxNotADirectory",
-    "SandboxPaused",
-    "SandboxPermissionError",
-    "SandboxUnavailable",
-    "SandboxUnsafeArchive",
-    "SetupFailed",
-    "Snapshot",
-    "SpawnOptions",
-    "SpecError",
-    "SpecIssue",
-    "StartupError",
-    "StreamEvent",
-    "StreamKind",
-    "UsageError",
-    "__version__",
-    "attach",
-    "attachable",
-    "backend_class",
-    "check_admission",
-    "context_address",
-    "environments",
-    "get_runtime_class",
-    "list_snapshots",
-    "load_environment",
-    "load_environment_text",
-    "prepare",
-    "reap",
-    "register_runtime",
-    "remove_environment",
-    "runtime_names",
-    "spawn_runtime",
-    "wake",
-]
 
-_HOME = {
-    "orchestrator.backends.container.engine": "context_address",
-    "orchestrator.errors": (
-        "AdmissionTimeout BackendUnavailable CommandFailed CommandTimeout DockerError ExecutorLost "
-        "HealthcheckFailed OrchestratorError OutputLimitExceeded PolicyError PoolExhausted "
-        "ProjectNotFound "
-        "RuntimeClosed SandboxFileNotFound SandboxFileTimeout SandboxIsADirectory "
-        "SandboxNotADirectory SandboxPaused SandboxPermissionError SandboxUnavailable "
-        "SandboxUnsafeArchive SetupFailed SpecError SpecIssue StartupError UsageError"
-    ),
-    "orchestrator.sandbox.admission": "check_admission",
-    "orchestrator.sandbox.attach": "attach attachable",
-    "orchestrator.sandbox.base": "Runtime",
-    "orchestrator.sandbox.calls": "Sandbox",
-    "orchestrator.sandbox.inventory": "environments reap remove_environment",
-    "orchestrator.sandbox.options": "BuildChoice SpawnOptions",
-    "orchestrator.sandbox.pool": "Pool",
-    "orchestrator.sandbox.registry": (
-        "backend_class get_runtime_class prepare register_runtime runtime_names spawn_runtime"
-    ),
-    "orchestrator.sandbox.results": (
-        "Connection EnvironmentStatus ExecMode RuntimeInfo RuntimeResult StreamEvent StreamKind"
-    ),
-    "orchestrator.sandbox.snapshot": "Snapshot list_snapshots",
-    "orchestrator.sandbox.suspend": "wake",
-    "orchestrator.spec.loader": "Environment load_environment load_environment_text",
-    "orchestrator.spec.models": "PublishedPort",
-    "orchestrator.spec.policy": "Policy",
-}
-_MODULE_OF = {name: module for module, names in _HOME.items() for name in names.split()}
+@functools.cache
+def _homes() -> dict[str, str]:
+    """Each public name's home module, as the `if TYPE_CHECKING:` imports above say."""
+    import ast  # (only when a name is first asked for: `import orchestrator` loads nothing)
+
+    source = __loader__.get_source(__name__)  # type: ignore[name-defined]
+    if source is None:  # (an installation of compiled files only)
+        raise ImportError("orchestrator's public names are read from its __init__.py: missing")
+    block = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    return {
+        alias.name: str(node.module)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
 
 
 def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
+    if name == "__all__":
+        return sorted(["__version__", *_homes()])
+    module = _homes().get(name)
     if module is None:
         raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
@@ -178,4 +142,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return sorted(["__version__", *_homes()])

@@ -27,7 +27,9 @@ Lifecycle calls (spawn, attach, cleanup, suspend, pools) are engine work that ta
 each runs in a thread of its own (`in_thread`, which a caller may use for any other
 blocking call of this package) and runs to its end. A spawn cancelled while it starts
 removes the environment once it is up. Results, errors and limits are the blocking API's,
-word for word: both doors share every step but the waiting.
+word for word: each call is described once (sandbox/call.py: its command, its checks, how
+its output becomes the answer) and both doors drive that description, differing only in
+how they wait; every door here is made from its blocking twin, with its signature and docs.
 """
 
 from __future__ import annotations
@@ -36,32 +38,67 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from pathlib import Path
-from typing import Any, Literal, ParamSpec, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from orchestrator.errors import UsageError
-from orchestrator.sandbox.attach import attach as attach_runtime
 from orchestrator.sandbox.base import Runtime
-from orchestrator.sandbox.calls import ERR_LIMIT, Sandbox, _check, _Events, _written
-from orchestrator.sandbox.options import Command, output_limit_of
-from orchestrator.sandbox.pool import Pool
-from orchestrator.sandbox.registry import spawn_runtime
-from orchestrator.sandbox.results import (
-    Connection,
-    Outcome,
-    RuntimeInfo,
-    RuntimeResult,
-    StreamEvent,
-)
-from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.sandbox.call import Call, Streamed, as_door_of
+from orchestrator.sandbox.calls import Sandbox
+from orchestrator.sandbox.results import Connection, RuntimeInfo, StreamEvent
 from orchestrator.sandbox.threads import in_thread, stoppable
+from orchestrator.services.attach import attach as attach_runtime
+from orchestrator.services.pool import Pool
+from orchestrator.services.spawn import spawn_runtime
 from orchestrator.spec.loader import Environment
 
 P = ParamSpec("P")
+T = TypeVar("T")
+Awaited = Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]
+"""A door of this module: the blocking call's arguments, its answer awaited."""
 POOL_LOOK = 1.0
 """Longest an acquire waits for the pool's wake-up before it looks again (a bound, not the
 way it learns: the pool wakes it when it offers one)."""
+STOPPED = (
+    "Awaited, in a thread of its own: cancelled, its command is killed and what it half made "
+    "undone before the CancelledError reaches the caller; nothing of it lands afterwards."
+)
+THREADED = "Awaited, in a thread of its own; cancelled, it still runs to its end."
+
+
+def native(describe: Callable[Concatenate[Sandbox, P], Call[T]]) -> Awaited[P, T]:
+    """The awaited door of a described call (`Sandbox.execute_call`, ...): the blocking
+    door's very steps, its command run through the backend's `_arun`."""
+
+    async def door(self: AsyncSandbox, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.sync.aperform(describe(self.sync, *args, **kwargs))
+
+    return as_door_of(door, describe)
+
+
+def native_stream(
+    describe: Callable[Concatenate[Sandbox, P], Streamed],
+) -> Callable[Concatenate[Any, P], AsyncGenerator[StreamEvent, None]]:
+    """The awaited door of `stream`: `async for event in rt.stream(...)`; leaving the loop
+    early (or cancelling) kills the command. Bad arguments raise at the call."""
+
+    def door(
+        self: AsyncSandbox, /, *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncGenerator[StreamEvent, None]:
+        return self.sync.aevents(describe(self.sync, *args, **kwargs))
+
+    return as_door_of(door, describe)
+
+
+def threaded(blocking: Callable[Concatenate[Any, P], T], *, stop: bool) -> Awaited[P, T]:
+    """The awaited door of a blocking call run in a thread of its own: `stoppable` (stopped
+    when its caller is cancelled) with `stop`, else `in_thread` (run to its end)."""
+
+    async def door(self: AsyncSandbox, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        call = functools.partial(blocking, self.sync, *args, **kwargs)
+        return await (stoppable(call) if stop else in_thread(call))
+
+    return as_door_of(door, blocking, STOPPED if stop else THREADED)
 
 
 def _removed(rt: Runtime) -> None:
@@ -91,144 +128,12 @@ class AsyncSandbox:
     def connection(self, *, user: str | None = None) -> Connection:
         return self.sync.connection(user=user)
 
-    async def execute(
-        self,
-        command: str | Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        stdin: str | bytes | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        timeout: float | None = None,
-        check: bool = False,
-        output_limit: int | None = None,
-    ) -> RuntimeResult:
-        """As Sandbox.execute."""
-        sb = self.sync
-        cmd = sb._command(command, env, stdin, cwd, user, timeout)
-        out, err, outcome = await sb._acollect(cmd, output_limit_of(output_limit))
-        result = sb._result(out, err, outcome)
-        if check:
-            _check(result, timeout)
-        return result
-
-    def stream(
-        self,
-        command: str | Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        stdin: None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        timeout: float | None = None,
-        output_limit: int | None = None,
-    ) -> AsyncGenerator[StreamEvent, None]:
-        """As Sandbox.stream: `async for event in rt.stream(...)`. Leaving the loop early (or
-        cancelling) kills the command. Bad arguments raise here, before anything runs."""
-        if stdin is not None:
-            raise UsageError("stream() takes no stdin; use execute(..., stdin=...)")
-        cmd = self.sync._command(command, env, None, cwd, user, timeout)
-        return self._stream(cmd, output_limit_of(output_limit))
-
-    async def _stream(self, cmd: Command, limit: int) -> AsyncGenerator[StreamEvent, None]:
-        self.sync._check_usable()  # again where it is iterated (another process, a pause)
-        events = _Events(self.sync, limit)
-        async with contextlib.aclosing(self.sync._arun(cmd)) as run:
-            async for item in run:
-                if isinstance(item, Outcome):
-                    for last in events.finish(item):
-                        yield last
-                    return
-                event = events.add(*item)
-                if event is not None:
-                    yield event
-
-    async def write_file(
-        self,
-        path: str,
-        content: str | bytes,
-        *,
-        user: str | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        """As Sandbox.write_file."""
-        cmd, target, deadline = self.sync._write_command(path, content, user, timeout)
-        _, err, outcome = await self.sync._acollect(cmd, ERR_LIMIT)
-        _written(err, outcome, target, deadline)
-
-    @overload
-    async def read_file(
-        self,
-        path: str,
-        *,
-        text: Literal[True] = True,
-        user: str | None = None,
-        limit: int | None = None,
-        timeout: float | None = None,
-    ) -> str: ...
-    @overload
-    async def read_file(
-        self,
-        path: str,
-        *,
-        text: Literal[False],
-        user: str | None = None,
-        limit: int | None = None,
-        timeout: float | None = None,
-    ) -> bytes: ...
-    @overload
-    async def read_file(
-        self,
-        path: str,
-        *,
-        text: bool,
-        user: str | None = None,
-        limit: int | None = None,
-        timeout: float | None = None,
-    ) -> str | bytes: ...
-    async def read_file(
-        self,
-        path: str,
-        *,
-        text: bool = True,
-        user: str | None = None,
-        limit: int | None = None,
-        timeout: float | None = None,
-    ) -> str | bytes:
-        """As Sandbox.read_file."""
-        read = self.sync._read_command(path, user, limit, timeout)
-        out, err, outcome = await self.sync._acollect(read.cmd, read.limit + 1)
-        return read.result(out, err, outcome, text)
-
-    async def upload(
-        self,
-        local: str | Path,
-        dest: str,
-        *,
-        user: str | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        """As Sandbox.upload (in a thread: a folder's archive is bulk work). Cancelled, the
-        unpacking in the sandbox is killed before the CancelledError reaches the caller:
-        what it wrote by then stays, nothing more comes."""
-        await stoppable(lambda: self.sync.upload(local, dest, user=user, timeout=timeout))
-
-    async def download(
-        self,
-        src: str,
-        local: str | Path,
-        *,
-        user: str | None = None,
-        limit: int | None = None,
-        timeout: float | None = None,
-    ) -> list[str]:
-        """As Sandbox.download (in a thread). Cancelled, nothing lands in `local`: the
-        packing is killed and the private folder it was unpacked into removed, before the
-        CancelledError reaches the caller."""
-        sb = self.sync
-        return await stoppable(
-            lambda: sb.download(src, local, user=user, limit=limit, timeout=timeout)
-        )
+    execute = native(Sandbox.execute_call)
+    stream = native_stream(Sandbox.stream_call)
+    write_file = native(Sandbox.write_file_call)
+    read_file = native(Sandbox.read_file_call)
+    upload = threaded(Sandbox.upload, stop=True)
+    download = threaded(Sandbox.download, stop=True)
 
 
 class AsyncRuntime(AsyncSandbox):
@@ -263,38 +168,16 @@ class AsyncRuntime(AsyncSandbox):
             self._services[name] = AsyncSandbox(self.sync.service(name))
         return self._services[name]
 
-    async def cleanup(self) -> None:
-        await in_thread(self.sync.cleanup)
-
-    async def kill(self) -> None:
-        await in_thread(self.sync.kill)
-
-    async def poll(self) -> int | None:
-        return await in_thread(self.sync.poll)
-
-    async def pause(self) -> None:
-        await in_thread(self.sync.pause)
-
-    async def resume(self) -> None:
-        await in_thread(self.sync.resume)
-
-    async def keep(self) -> None:
-        await in_thread(self.sync.keep)
-
-    async def detach(self) -> None:
-        await in_thread(self.sync.detach)
-
-    async def snapshot(self, dest: str | Path | None = None, **kwargs: Any) -> Snapshot:
-        """As Runtime.snapshot. Cancelled, no snapshot is saved (its packing is stopped)."""
-        return await stoppable(functools.partial(self.sync.snapshot, dest, **kwargs))
-
-    async def restore(self, snap: Snapshot) -> None:
-        """As Runtime.restore. Cancelled, the refilling is killed before the CancelledError
-        reaches the caller (the working folder is left as it got)."""
-        await stoppable(lambda: self.sync.restore(snap))
-
-    async def suspend(self, name: str | None = None, *, keep: bool = True) -> Snapshot:
-        return await in_thread(lambda: self.sync.suspend(name, keep=keep))
+    cleanup = threaded(Runtime.cleanup, stop=False)
+    kill = threaded(Runtime.kill, stop=False)
+    poll = threaded(Runtime.poll, stop=False)
+    pause = threaded(Runtime.pause, stop=False)
+    resume = threaded(Runtime.resume, stop=False)
+    keep = threaded(Runtime.keep, stop=False)
+    detach = threaded(Runtime.detach, stop=False)
+    snapshot = threaded(Runtime.snapshot, stop=True)
+    restore = threaded(Runtime.restore, stop=True)
+    suspend = threaded(Runtime.suspend, stop=False)
 
 
 def _awaited(

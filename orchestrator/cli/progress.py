@@ -198,7 +198,7 @@ def _live_when(view: _BuildView, console: Console, eager: bool) -> Iterator[None
 
 
 ADMISSION_LOG = "orchestrator.admission"
-"""The library's logger of spawns waiting for room (see orchestrator/sandbox/admission.py)."""
+"""The library's logger of spawns waiting for room (see orchestrator/services/admission.py)."""
 PLAIN_EVERY = 10.0
 """Seconds between two plain progress lines about waiting for room, off a terminal."""
 

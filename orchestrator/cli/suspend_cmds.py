@@ -1,5 +1,5 @@
 """`orchestrator suspend ID` and `orchestrator wake NAME`: an environment saved to disk and
-removed, then started again under a new id (see orchestrator/sandbox/suspend.py)."""
+removed, then started again under a new id (see orchestrator/services/suspend.py)."""
 
 from __future__ import annotations
 

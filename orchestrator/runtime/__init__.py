@@ -5,13 +5,9 @@ import warnings
 
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import SpawnOptions
-from orchestrator.sandbox.registry import (
-    get_runtime_class,
-    register_runtime,
-    runtime_names,
-    spawn_runtime,
-)
+from orchestrator.sandbox.registry import get_runtime_class, register_runtime, runtime_names
 from orchestrator.sandbox.results import RuntimeResult, StreamEvent
+from orchestrator.services.spawn import spawn_runtime
 
 warnings.warn(
     "orchestrator.runtime is deprecated: import these names from orchestrator",

@@ -3,14 +3,16 @@
 A `Sandbox` (sandbox/calls.py) is a place commands run (the main sandbox, or one service of
 it): it provides `_run`, `workdir`, `static_path` and `connection`, and execute, stream and
 the file calls are written once over them. A `Runtime` is the main sandbox plus the
-lifecycle: a backend adds
-`_start`, `_kill`, `_poll`, `_close` and `info`, and setup, cleanup, kill and poll are written
-once here, so every backend keeps the same semantics.
+lifecycle: a backend adds `_start`, `_kill`, `_poll`, `_close` and `info`, and spawn, setup,
+cleanup, kill and poll are written once (here and in sandbox/lifecycle.py), so every backend
+keeps the same semantics; so are its saved states (snapshot, suspend, restore, a pool's
+baseline and reset), over `_pack_workdir_file`, `_commit_all` and `_kill_processes`.
 
-What the rest of the package may ask of a backend is public and documented here: the
-registry and the CLI its class (`check`, `prepare`, `render`, `reap_folder`,
-`remove_snapshot_image`), a pool its runtimes (`baseline`, `reset`, `pool_enter`,
-`pool_move`, `pool_state`). Nothing outside a backend calls its private hooks or names it.
+What the rest of the package may ask of a backend is public and documented: the services
+and the CLI its class (`Backend`, sandbox/backend.py: `check`, `prepare`, `render`,
+`from_record`, `reap_folder`, `remove_snapshot_image`, ...), a pool its runtimes
+(`baseline`, `reset`, `pool_enter`, `pool_move`, `pool_state`). Nothing outside a backend
+calls its private hooks or names it.
 
 `{{static:NAME}}` placeholders are resolved in the environment file's own commands (setup,
 `commands`), never in the text a caller passes to `execute`: that text may be model-written,
@@ -24,40 +26,22 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
-import threading
 import weakref
-from abc import abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from orchestrator.errors import (
-    OrchestratorError,
-    RuntimeClosed,
-    SandboxPaused,
-    SetupFailed,
-    UsageError,
-)
-from orchestrator.sandbox import admission, files, hostpack, snapshot, suspend, threads
-from orchestrator.sandbox.calls import Sandbox, _deadline, _raise_held
-from orchestrator.sandbox.options import (
-    BuildChoice,
-    SpawnOptions,
-    setup_timeout,
-    snapshot_limit,
-)
-from orchestrator.sandbox.results import (
-    EnvironmentStatus,
-    RuntimeInfo,
-    RuntimeResult,
-    decode,
-)
+from orchestrator.errors import OrchestratorError, SetupFailed, UsageError
+from orchestrator.sandbox import files, hostpack, snapshot, threads
+from orchestrator.sandbox.backend import Amounts
+from orchestrator.sandbox.call import file_deadline, raise_held
+from orchestrator.sandbox.lifecycle import Hold, Lifecycle
+from orchestrator.sandbox.options import SpawnOptions, setup_timeout, snapshot_limit
+from orchestrator.sandbox.results import RuntimeResult, decode
 from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.sandbox.streams import ArchiveFile, ArchiveStream
 from orchestrator.settings import engine_host, engine_named
-from orchestrator.spec.loader import Environment, require_main_image
-from orchestrator.spec.policy import Policy
+from orchestrator.spec.loader import Environment
 from orchestrator.spec.resolve import MAIN, substitute_static
 
 log = logging.getLogger("orchestrator")
@@ -66,6 +50,8 @@ _live: weakref.WeakSet[Runtime] = weakref.WeakSet()
 PoolState = Literal["ready", "in-use", "claimed", "removing"]
 """Where a pooled environment is: waiting in its pool, handed out by it, taken by another
 process (`orchestrator up --pool`), or being removed by it."""
+Admit = Callable[[Amounts], "Hold | None"]
+"""What `Runtime.spawn` is given to wait for room on the host (see there)."""
 
 
 @atexit.register
@@ -79,153 +65,30 @@ def _cleanup_at_exit() -> None:
                 rt.cleanup()
 
 
-class Runtime(Sandbox):
+class Runtime(Lifecycle):
     """A live environment. Use as a context manager; leaving the block calls `cleanup()`."""
-
-    #: Registered backend name.
-    name: ClassVar[str] = ""
-    #: Conformance rules this backend deliberately does not keep: rule id -> reason.
-    deviations: ClassVar[Mapping[str, str]] = {}
-    #: The main sandbox runs an image: the file must give exactly one of `image` or `build`.
-    needs_image: ClassVar[bool] = False
-    #: Commands run isolated from this host. A backend that says False (local) runs only when
-    #: the caller chooses it or its policy allows a file to (`Policy.allow_unisolated`).
-    isolated: ClassVar[bool] = True
-
-    # ----- what the registry and the CLI ask of a backend class (no engine is touched) -----
-    @classmethod
-    def check(cls, env: Environment, policy: Policy, *, workspace: Path | None = None) -> list[str]:
-        """Check `env` for this backend under `policy` without starting anything: raise
-        SpecError (PolicyError) listing what it refuses, return warnings worth printing.
-        `workspace`: the host folder it would get (None: a scratch one). Used by `orchestrator
-        validate` and `render`. The default checks `needs_image`; a backend that compiles the
-        file to a project of its own checks that compilation too."""
-        if cls.needs_image:
-            require_main_image(env)
-        return []
-
-    @classmethod
-    def prepare(cls, env: Environment, policy: Policy, *, build: BuildChoice = "auto") -> None:
-        """Work done once before many spawns of `env` (building its images, say), after the
-        same checks as `check`; `build` says how images are got (see BuildChoice). The
-        default only checks."""
-        cls.check(env, policy)
-
-    @classmethod
-    def requested(cls, env: Environment, options: SpawnOptions | None) -> admission.Amounts:
-        """What `env` takes of this host once up, as admission counts it (`options`: the
-        spawn's, None: a spawn with none): the memory and CPU limits this backend applies to
-        each of its containers, the file's or the caller's defaults. The default: the file's
-        main sandbox and services; a backend that adds containers of its own counts them."""
-        return admission.request(env)
-
-    @classmethod
-    def doctor(cls, env: Environment | None = None) -> list[tuple[str, str]]:
-        """What `orchestrator doctor` should say about this backend on this machine (its
-        engine, what it needs there), or with `env`, of what that file needs here (its
-        images), as (pass | warn | fail, message) lines. The default: nothing."""
-        return []
-
-    @classmethod
-    def render(cls, env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
-        """The native project `env` compiles to for `workspace`, as {relative path: text},
-        the main file first (`orchestrator render`); `workspace` None: the private one a
-        spawn without a workspace makes, shown by a stand-in that the rendering says is one.
-        The default: this backend has none."""
-        raise UsageError(
-            f"the {cls.name or cls.__name__} backend has no project file to render: it runs "
-            "the environment directly; `orchestrator validate` checks the file"
-        )
-
-    # ----- environments left running: `orchestrator.environments`, `remove_environment`, `reap`
-    # A backend whose environments never outlive their process keeps these defaults.
-    # Backends sharing one implementation (the container ones) are asked once.
-    @classmethod
-    def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
-        """Its environments left running, after removing those whose owner is gone (their
-        ids, second)."""
-        return [], []
-
-    @classmethod
-    def running_ids(cls) -> list[str]:
-        """The ids of its environments left running (a listing that removes nothing), which
-        `remove_environment` matches a caller's ref against, over every backend at once."""
-        return []
-
-    @classmethod
-    def remove_running(cls, ident: str, *, force: bool = False) -> str | None:
-        """Remove its environment `ident` (an exact id) and return it; None when it has none
-        so named. UsageError when its owner process still uses it, unless `force` or it was
-        kept on purpose."""
-        return None
-
-    @classmethod
-    def reap(cls, *, everything: bool = False, include_kept: bool = False) -> list[str]:
-        """Remove what is left of environments whose owner is gone (all with `everything`;
-        kept ones only with `include_kept`): what was removed, one line each."""
-        return []
-
-    def __init__(self, env: Environment, options: SpawnOptions) -> None:
-        self.env = env
-        self.options = options
-        self.setup_result: RuntimeResult | None = None
-        self.warnings: list[str] = list(env.notices)
-        self._closed = False
-        self._removal: str | None = None
-        """What cleanup() got to: None (not tried), running, done, failed (tried again), or
-        detached (never removed by this object)."""
-        self._killed = False
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        """The process this runtime belongs to: a child forked from it holds a copy it must
-        neither use nor clean up (`_in_child`)."""
-
-    # ----- what a backend provides -------------------------------------------------------
-    @abstractmethod
-    def _start(self) -> None:
-        """Bring the environment up (cleanup() undoes whatever part of it happened)."""
-
-    @abstractmethod
-    def _kill(self) -> None:
-        """Kill every process of the environment."""
-
-    @abstractmethod
-    def _poll(self) -> int | None:
-        """None while the environment is alive, else its exit status."""
-
-    @abstractmethod
-    def _close(self) -> None:
-        """Release everything the environment holds. Must tolerate a partial start."""
-
-    @abstractmethod
-    def info(self) -> RuntimeInfo:
-        """What this runtime is: id, backend, workdir, user, how commands run, ports."""
-
-    def file_command(self, name: str) -> str:
-        """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""
-        try:
-            text = self.env.spec.commands[name]
-        except KeyError:
-            known = ", ".join(sorted(self.env.spec.commands)) or "none"
-            raise UsageError(f"no command named {name!r} in the file (known: {known})") from None
-        return substitute_static(text, self.static_path)
 
     # ----- lifecycle -----------------------------------------------------------------------
     @classmethod
-    def spawn(cls, env: Environment, options: SpawnOptions | None = None) -> Runtime:
-        """Start the environment and run its setup; on any failure remove what was started."""
+    def spawn(
+        cls, env: Environment, options: SpawnOptions | None = None, *, admit: Admit | None = None
+    ) -> Runtime:
+        """Start the environment and run its setup; on any failure remove what was started.
+        `admit(want)` waits until the host has room for what it will be held to (`requested`)
+        and returns the hold on it, released at cleanup (spawn_runtime passes admission's,
+        services/admission.py; None: not admitted)."""
         rt = cls(env, options or SpawnOptions())
         if rt.options.resume is not None:
             rt._check_resumable(rt.options.resume)
         if rt.options.host:  # its snapshots' images may be removed there (settings.may_reach)
             engine_named(rt.options.host)
         want = cls.requested(env, rt.options)  # what it will be held to, once up
-        rt._admission = admission.admit(env, want=want)  # waits for room (sandbox/admission)
+        rt._hold = admit(want) if admit is not None else None  # waits for room
         _live.add(rt)
         try:
             rt._start()
-            if rt._admission is not None:
-                rt._admission.anchor(rt.lasting_folder())
+            if rt._hold is not None:
+                rt._hold.anchor(rt.lasting_folder())
             if rt.options.resume is not None:
                 rt._restore(rt.options.resume)
             if not rt.options.disable_setup:
@@ -234,142 +97,6 @@ class Runtime(Sandbox):
             rt.cleanup()
             raise
         return rt
-
-    #: Found running by `orchestrator.attach`: leaving a `with` block leaves it running.
-    attached: bool = False
-    #: This environment's hold on the host's admission budget (None: not admitted by us).
-    _admission: admission.Admission | None = None
-
-    @classmethod
-    def _attach(
-        cls, ident: str, env: Environment, options: SpawnOptions, folder: Path, state: Any
-    ) -> Runtime:
-        """A runtime for environment `ident`, running already, from the record this backend
-        left in `folder` (see sandbox/attach.py). The default: this backend cannot."""
-        raise UsageError(f"the {cls.name} backend cannot attach to a running environment")
-
-    def __enter__(self) -> Runtime:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.attached:
-            self.detach()
-        else:
-            self.cleanup()
-
-    def _in_child(self) -> bool:
-        """Whether this is a copy of the runtime in a child forked from its process."""
-        return os.getpid() != self._pid
-
-    def cleanup(self) -> None:
-        """Stop and remove everything. Idempotent; afterwards every call raises RuntimeClosed.
-        A removal that fails (an engine that hung or refused) raises, and the next cleanup()
-        tries it again (after this process, the owner's guardian or a reap removes it); one
-        another thread is running meanwhile is not waited for. In a
-        child forked from the runtime's process it only closes the child's copy: the
-        environment, its processes and its admission are the parent's."""
-        with self._lock:
-            again = self._removal == "failed"
-            if self._closed and not again:  # removed, being removed, or detached
-                return
-            self._closed = True
-            self._removal = "running"
-        if self._in_child():
-            return
-        try:
-            self._close()
-        except BaseException:
-            with self._lock:
-                if self._removal == "running":  # (not detached meanwhile)
-                    self._removal = "failed"
-            raise
-        else:
-            with self._lock:
-                if self._removal == "running":
-                    self._removal = "done"
-        finally:
-            # released whether or not the removal went through: what is left goes with a
-            # later cleanup(), the owner's guardian or a reap, and must not hold back spawns
-            if self._admission is not None:
-                self._admission.release()
-
-    def lasting_folder(self) -> Path | None:
-        """The host folder that stands for this environment beyond this object (a container
-        backend's project folder), None when it has none: its admission is held while that
-        folder exists, after this process too (a detached environment until `down`)."""
-        return None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def poll(self) -> int | None:
-        """None while the environment runs; its exit status once it was killed or died."""
-        self._check_open()
-        return self._poll()
-
-    def kill(self) -> None:
-        """Kill every process of the environment now (as subprocess's kill). Call cleanup()
-        afterwards to remove it."""
-        self._check_open()
-        self._killed = True
-        self._kill()
-
-    # ----- pause / resume (a backend provides _pause, _resume, _frozen) -------------------
-    #: Paused by this object (a fast refusal of calls); `paused` asks the backend.
-    _paused: bool = False
-
-    def pause(self) -> None:
-        """Freeze every process of the environment (the main sandbox and every service)
-        where it is: no CPU, memory kept, until `resume()`. Meanwhile every call that would
-        run something (execute, stream, the file calls, snapshot, service calls) raises
-        SandboxPaused at once; a command in flight raises it within about two seconds (by
-        plain `docker exec`, at its deadline), and is killed: it never runs again, whoever
-        resumes the environment. info(), poll(), logs(), kill() and cleanup() still work.
-        Idempotent; raises UsageError where the backend cannot."""
-        self._check_usable_unpaused()
-        if not self._paused:
-            self._pause()
-            self._paused = True
-
-    def resume(self) -> None:
-        """Let a paused environment run on, its processes as they were (also one paused by
-        another process, e.g. `orchestrator pause`). Idempotent."""
-        self._check_usable_unpaused()
-        self._resume()
-        self._paused = False
-
-    @property
-    def paused(self) -> bool:
-        """Whether the environment is paused now (by this object or another process)."""
-        self._check_open()
-        self._paused = self._frozen()
-        return self._paused
-
-    def _pause(self) -> None:
-        """Freeze every process of the environment; all or none (undo a partial pause)."""
-        raise UsageError(f"the {self.name} backend cannot pause an environment")
-
-    def _resume(self) -> None:
-        """Thaw what `_pause` froze (whoever froze it); nothing when nothing is frozen."""
-        raise UsageError(f"the {self.name} backend cannot pause an environment")
-
-    def _frozen(self) -> bool:
-        """Whether the environment is paused, as the backend sees it now."""
-        return False
-
-    def _check_usable_unpaused(self) -> None:
-        self._check_open()
-        if self._killed:
-            raise RuntimeClosed(f"runtime for {self.env.name!r} was killed")
-
-    def _check_not_paused(self) -> None:
-        """Raise SandboxPaused while this object paused the environment and it still is."""
-        if self._paused and self.paused:
-            raise SandboxPaused(
-                f"{self.env.name}: the environment is paused; nothing runs in it until it is "
-                "resumed: call rt.resume(), or run `orchestrator resume ID`"
-            )
 
     def snapshot(
         self,
@@ -432,9 +159,10 @@ class Runtime(Sandbox):
         `orchestrator.wake(record.name)` starts it again under a new id. Running processes
         are not kept (every command is killed first). `keep` (default): the record stays
         until woken or removed, whatever becomes of this process; keep=False: it goes, with
-        its images, when this process ends. See sandbox/suspend.py."""
+        its images, when this process ends. See sandbox/snapshot.py, and `wake`
+        (services/suspend.py)."""
         self._check_usable()
-        path = suspend.record_path(self.env.name, name)
+        path = snapshot.record_path(self.env.name, name)
         images = self._commit_all(path.with_suffix(".json"))  # all at one frozen instant
         main = images.pop(MAIN, "")
         env, host = self.env, self._engine()
@@ -447,9 +175,9 @@ class Runtime(Sandbox):
                 archive,
                 *(env.name, env.digest, path, main, host, self.name),
                 services=images,
-                source=suspend.source_of(env),
+                source=snapshot.source_of(env),
                 suspended=True,
-                owner={} if keep else suspend.this_process(),
+                owner={} if keep else snapshot.this_process(),
             )
         except BaseException:  # the images made go again (the environment runs on)
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is the news
@@ -466,24 +194,6 @@ class Runtime(Sandbox):
         """Save every container's filesystem (by service, "main" too) as images owned by
         `record`, at one instant; the default (no container filesystem): none."""
         return {}
-
-    @classmethod
-    def reap_folder(cls, folder: Path) -> None:
-        """Remove what an abandoned project folder of this backend stands for (its owner
-        process is gone), then the folder; raise OrchestratorError when that cannot be done
-        now (the next reap tries again). Asked by the reapers for a folder that names this
-        backend. The default: a backend that leaves nothing running has nothing to remove."""
-
-    @classmethod
-    def remove_snapshot_image(cls, snap: Snapshot) -> None:
-        """Remove the image a snapshot of this backend holds (`snap.image`), only if it is
-        that snapshot's own. The default: a backend that makes no images leaves it."""
-        log.warning(
-            "snapshot %s names image %s, but the %s backend makes none: left alone",
-            snap.name,
-            snap.image,
-            cls.name,
-        )
 
     def _restore(self, snap: Snapshot) -> None:
         if snap.digest != self.env.digest:
@@ -527,14 +237,14 @@ class Runtime(Sandbox):
         """reset(), from bytes or from a stream (a snapshot's file, sent as it is read)."""
         self._check_usable()
         self._kill_processes()
-        target, deadline = self._path(self.workdir), _deadline(None)
+        target, deadline = self._path(self.workdir), file_deadline(None)
         argv = files.replace_argv(target)
         cmd = self._command(argv, None, b"", None, self._reset_user, deadline)
         cmd = dataclasses.replace(cmd, stdin=baseline)
         stream = baseline if isinstance(baseline, ArchiveStream) else None
         _, err, outcome = self._collect(cmd, 64 * 1024, bulk=stream is not None)
         stderr = decode(err.value())
-        _raise_held(outcome, stderr, target, "reset", deadline)
+        raise_held(outcome, stderr, target, "reset", deadline)
         if stream is not None and stream.error is not None:
             raise stream.error  # the sandbox saw a cut archive; this is why
         files.raise_for_folder(outcome.exit_code, target, "reset", stderr)
@@ -573,73 +283,6 @@ class Runtime(Sandbox):
                 self.workdir, user, limit, timeout, functools.partial(hostpack.write_all, fd)
             ),
         )
-
-    @abstractmethod
-    def _kill_processes(self) -> None:
-        """Kill every process running in the environment, leaving the environment up."""
-
-    def keep(self) -> None:
-        """Keep the environment running after this process, until `orchestrator down` (for
-        a harness told not to clean up). Backends that cannot do that raise UsageError."""
-        raise UsageError(f"the {self.name} backend cannot keep an environment after this process")
-
-    def detach(self) -> None:
-        """Let the environment outlive this object (for `orchestrator up`): release local
-        resources without stopping it. Backends that cannot do that raise UsageError. In a
-        child forked from the runtime's process it only closes the child's copy."""
-        if self._in_child():
-            self._closed = True
-            return
-        self._detach()
-        with self._lock:  # (also after a removal that failed: it is left as it is now)
-            self._closed = True
-            self._removal = "detached"
-
-    def _detach(self) -> None:
-        """`detach`, in the runtime's own process."""
-        raise UsageError(
-            f"the {self.name} backend cannot keep an environment running after "
-            "this process; use `orchestrator run` instead"
-        )
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeClosed(f"runtime for {self.env.name!r} is closed (cleanup() was called)")
-        self._check_owner()
-
-    def _check_owner(self) -> None:
-        """UsageError in a child forked from the runtime's process (see `_in_child`)."""
-        if self._in_child():
-            raise UsageError(
-                f"runtime for {self.env.name!r} belongs to process {self._pid}, which this "
-                "process was forked from: its channels and executors are that process's; "
-                "spawn a runtime here, or `orchestrator up` one and `attach` to it in each "
-                "process"
-            )
-
-    def _check_usable(self) -> None:
-        self._check_usable_unpaused()
-        self._check_not_paused()
-
-    def _setup_output(self) -> RuntimeResult | None:
-        return self.setup_result
-
-    def logs(
-        self, service: str = MAIN, *, tail: int | None = None, follow: bool = False
-    ) -> Iterator[bytes]:
-        """What service `service`'s process printed (the main sandbox's by default; commands
-        run with execute print to their caller, not here), as it comes: the last `tail`
-        lines, then with `follow` new output until the caller stops reading. Backends
-        without such output raise UsageError."""
-        raise UsageError(f"the {self.name} backend keeps no logs")
-
-    def service(self, name: str) -> Sandbox:
-        """Commands and files in service `name` of a multi-container environment ("main" is
-        the sandbox itself). Backends without services know only "main"."""
-        self._check_open()
-        if name == MAIN:
-            return self
-        raise UsageError(f"the {self.name} backend has no service {name!r} (only {MAIN!r})")
 
     # ----- setup ---------------------------------------------------------------------------
     def _setup_commands(self) -> list[str]:

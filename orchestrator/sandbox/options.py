@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from orchestrator import settings
 from orchestrator.errors import UsageError
 from orchestrator.sandbox.results import Outcome, StreamKind
-from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy
+
+if TYPE_CHECKING:  # (a type only: snapshots build on this module)
+    from orchestrator.sandbox.snapshot import Snapshot
 
 MiB = 1024 * 1024
 OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"

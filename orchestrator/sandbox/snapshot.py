@@ -1,25 +1,38 @@
 """Snapshots of a workspace: a tar archive of the working folder and a small JSON record beside
 it, in the state folder (or wherever the caller says). `spawn_runtime(env, resume=snapshot)`
 unpacks one into a new environment's workspace, then runs `setup.resume_commands` instead of
-`setup.commands`."""
+`setup.commands`. A suspended environment (`Runtime.suspend`) is such a record too, with its
+containers' images and, for `suspend(keep=False)`, the process that owns it.
+
+What a runtime returns and a spawn takes, so part of the protocol; a record names the backend
+that made its images, whose class (from the registry) removes them."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import socket
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.paths import make_folders, state_dir, state_folder, write_file
+from orchestrator.procutil import process_start
+from orchestrator.sandbox.registry import get_runtime_class
+
+if TYPE_CHECKING:
+    from orchestrator.spec.loader import Environment
 
 SUFFIX = ".tar"
 IMAGE_BACKEND_BEFORE_FIELD = "docker"
 """Who made the image of a record written before records named their backend."""
 log = logging.getLogger("orchestrator.snapshot")
+suspend_log = logging.getLogger("orchestrator.suspend")
 
 
 def snapshots_dir() -> Path:
@@ -95,8 +108,6 @@ class Snapshot:
         name any image and any backend; what is not its own is left alone, with a
         warning)."""
         if self.images:
-            from orchestrator.sandbox.registry import get_runtime_class
-
             try:
                 backend = get_runtime_class(self.image_backend)
             except UsageError as exc:
@@ -243,3 +254,83 @@ def list_snapshots() -> list[Snapshot]:
     """The snapshots in the snapshots folder, oldest first."""
     found = [_load(record.with_suffix(SUFFIX)) for record in snapshots_dir().glob("*.json")]
     return sorted((s for s in found if s is not None), key=lambda s: (s.created, s.name))
+
+
+NAME_LIMIT = 200
+"""Longest name of a suspended environment, in bytes (its files add a suffix, and a file
+name holds 255)."""
+
+
+def record_path(env: str, name: str | None) -> Path:
+    """Where a suspended environment goes: `name` (or a fresh one) in the snapshots folder.
+    A name that is a path, or one taken already, is refused."""
+    if name is not None and (
+        not name
+        or name in (".", "..")
+        or any(c in name for c in "/\\\0")
+        or name.startswith("-")
+        or len(name.encode("utf-8", "surrogateescape")) > NAME_LIMIT
+    ):
+        raise UsageError(
+            f"{name!r} is not a name for a suspended environment: give a plain name (no "
+            f"path, at most {NAME_LIMIT} bytes); it is saved in {snapshots_dir()}"
+        )
+    path = archive_path(env, name)
+    if path.exists() or path.with_suffix(".json").exists():
+        raise UsageError(
+            f"there is a snapshot named {path.name.removesuffix(SUFFIX)!r} already: choose "
+            "another name, or remove that one (`orchestrator snapshot --rm NAME`)"
+        )
+    return path
+
+
+def source_of(env: Environment) -> str:
+    """The file an environment was loaded from, as an absolute path ("" for one loaded
+    from text: its record then needs the file given to wake it)."""
+    path = Path(env.source)
+    if not path.is_file():
+        return ""
+    return str(path.absolute())
+
+
+def this_process() -> dict[str, str]:
+    """The owner a `suspend(keep=False)` record names: this process."""
+    pid = os.getpid()
+    return {"pid": str(pid), "start": process_start(pid), "host": socket.gethostname()}
+
+
+def owner_alive(owner: Mapping[str, str]) -> bool:
+    """Whether a record's owner process still runs (one of another machine, or unreadable,
+    counts as alive: it is not ours to judge)."""
+    if owner.get("host") != socket.gethostname():
+        return True
+    try:
+        pid = int(owner.get("pid", ""))
+        if pid <= 0:
+            return True
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    start = owner.get("start", "")
+    return not start or process_start(pid) in ("", start)
+
+
+def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
+    """Remove the suspended environments whose owner (see `suspend(keep=False)`) is gone
+    (or is exactly `owner`: its guardian, once it died), with the images each record owns;
+    return their names. Records without an owner are kept."""
+    gone = []
+    for snap in list_snapshots():
+        if not snap.owner:
+            continue
+        mine = owner is not None and all(snap.owner.get(k) == owner.get(k) for k in owner)
+        if mine or (owner is None and not owner_alive(snap.owner)):
+            try:
+                snap.remove()
+            except (OSError, OrchestratorError) as exc:  # an image in use: the next reap
+                suspend_log.warning("suspended %s is left for the next reap: %s", snap.name, exc)
+                continue
+            gone.append(f"{snap.name} (suspended; its owner is gone)")
+    return gone

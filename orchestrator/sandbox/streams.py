@@ -1,5 +1,5 @@
 """Archives sent into a sandbox as they are read, never whole in memory: a local folder packed
-while it is sent (files.PackStream), or an archive file of this machine (ArchiveFile: a
+while it is sent (hostpack.PackStream), or an archive file of this machine (ArchiveFile: a
 snapshot put back). Either goes by chunks (iterating it, for any backend), or, where a
 backend hands the sandbox a FIFO of this machine, is written into that FIFO by a helper of
 this machine (`pack_into`): the host's tar for a folder, the kernel (sendfile, no copy

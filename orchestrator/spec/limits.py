@@ -1,6 +1,6 @@
 """The limits a container gets when its file names none: a file that says nothing about
 `resources` never runs unbounded (no memory ceiling, no process ceiling: a fork bomb that
-fills the host's pid table), and admission (sandbox/admission.py) counts what was applied.
+fills the host's pid table), and admission (services/admission.py) counts what was applied.
 
 The defaults, each the caller's to change (never the file's):
 - memory 1g (ORCHESTRATOR_DEFAULT_MEMORY): room for a test suite, a package install or a

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import AdmissionTimeout, RuntimeResult, load_environment, spawn_runtime
-from orchestrator.sandbox import admission
-from orchestrator.sandbox.ledger import Ledger
+from orchestrator.services import admission
+from orchestrator.services.ledger import Ledger
 from tests.conftest import labelled_ids
 from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
 

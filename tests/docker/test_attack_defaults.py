@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import PolicyError, spawn_runtime
-from orchestrator.sandbox import admission
+from orchestrator.sandbox.backend import Amounts
+from orchestrator.services import admission
 from tests.conftest import labelled_ids
 from tests.docker import cgroups
 from tests.docker.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, MakeEnv
@@ -66,13 +67,13 @@ def applied(project: str, *, host: str = "") -> dict[str, tuple[int, int, int]]:
     }
 
 
-def ticket_of(env: str) -> admission.Amounts:
+def ticket_of(env: str) -> Amounts:
     [mine] = [t for t in admission.admitted() if t.env == env]
-    return admission.Amounts(mine.memory, mine.cpus)
+    return Amounts(mine.memory, mine.cpus)
 
 
-def total(limits: dict[str, tuple[int, int, int]]) -> admission.Amounts:
-    return admission.Amounts(
+def total(limits: dict[str, tuple[int, int, int]]) -> Amounts:
+    return Amounts(
         sum(m for m, _, _ in limits.values()), sum(c for _, c, _ in limits.values()) / 1e9
     )
 

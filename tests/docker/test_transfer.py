@@ -16,7 +16,7 @@ import pytest
 from orchestrator import OutputLimitExceeded, UsageError, procutil, spawn_runtime
 from orchestrator.backends.container import channel
 from orchestrator.backends.docker.runtime import ComposeRuntime
-from orchestrator.sandbox import files
+from orchestrator.sandbox import files, hostpack
 from orchestrator.sandbox.options import Chunks, Command
 from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
 from tests.docker.conftest import same_tree as _same
@@ -34,20 +34,20 @@ def test_folders_go_both_ways_through_fifos_gone_after(
     make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     outs: list[int | None] = []  # for each run of the download helper: its FIFO
-    packers: list[files.TarInto | None] = []
-    real_run, real_pack = channel.Channel._run, files.PackStream.pack_into
+    packers: list[hostpack.TarInto | None] = []
+    real_run, real_pack = channel.Channel._run, hostpack.PackStream.pack_into
 
     def spy(self: channel.Channel, cmd: Command, **kwargs: Any) -> Chunks:
         if files.DOWNLOAD in cmd.argv:
             outs.append(kwargs.get("out"))
         return real_run(self, cmd, **kwargs)
 
-    def spy_pack(stream: files.PackStream, fd: int) -> files.TarInto | None:
+    def spy_pack(stream: hostpack.PackStream, fd: int) -> hostpack.TarInto | None:
         packers.append(real_pack(stream, fd))
         return packers[-1]
 
     monkeypatch.setattr(channel.Channel, "_run", spy)
-    monkeypatch.setattr(files.PackStream, "pack_into", spy_pack)
+    monkeypatch.setattr(hostpack.PackStream, "pack_into", spy_pack)
     with spawn_runtime(make_env("", name="fifo")) as rt:
         assert isinstance(rt, ComposeRuntime)
         rt.execute(TREE, check=True)
@@ -149,8 +149,8 @@ def test_an_upload_whose_packer_fails_at_once_ends_with_its_error(
 ) -> None:
     """The host's tar dies before writing a byte, perhaps before the sandbox opened the
     FIFO: the sandbox still gets its end of file, and tar's own complaint is the error."""
-    real = files._tar_argv
-    monkeypatch.setattr(files, "_tar_argv", lambda tar, folder: real(tar, tmp_path / "gone"))
+    real = hostpack.tar_argv
+    monkeypatch.setattr(hostpack, "tar_argv", lambda tar, folder: real(tar, tmp_path / "gone"))
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_text("x")
     with spawn_runtime(make_env("", name="packfail", image=BUSYBOX_IMAGE)) as rt:

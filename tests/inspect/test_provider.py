@@ -108,7 +108,7 @@ def test_limits_interruption_and_a_dead_sandbox(tmp_path: Path) -> None:
 
 
 def test_task_init_builds_images_once(tmp_path: Path) -> None:
-    from orchestrator.sandbox.registry import prepare
+    from orchestrator.services.spawn import prepare
 
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {PYTHON_IMAGE}\nRUN echo built > /built\n")

@@ -21,9 +21,9 @@ from subprocess import Popen
 import pytest
 
 from orchestrator import AdmissionTimeout, OrchestratorError, UsageError, spawn_runtime
-from orchestrator.sandbox import admission
-from orchestrator.sandbox.admission import Amounts
-from orchestrator.sandbox.ledger import TICKET_MAX, Ledger, process_start
+from orchestrator.sandbox.backend import Amounts, request
+from orchestrator.services import admission
+from orchestrator.services.ledger import TICKET_MAX, Ledger, process_start
 from orchestrator.spec.loader import Environment, load_environment_text
 
 MiB = 1024 * 1024
@@ -94,13 +94,13 @@ def test_a_request_sums_the_main_sandbox_and_its_services_with_defaults(
     services = (
         "services:\n  db: {image: x, resources: {memory: 32m, cpus: 0.5}}\n  web: {image: y}\n"
     )
-    assert admission.request(env("64m", cpus=1, services=services)) == Amounts(
+    assert request(env("64m", cpus=1, services=services)) == Amounts(
         (64 + 32 + 1024) * MiB,
         2.5,  # web: the default limits, 1g and one CPU
     )
     monkeypatch.setenv("ORCHESTRATOR_DEFAULT_MEMORY", "100m")
     monkeypatch.setenv("ORCHESTRATOR_DEFAULT_CPUS", "1")
-    assert admission.request(env(None)) == Amounts(100 * MiB, 1.0)
+    assert request(env(None)) == Amounts(100 * MiB, 1.0)
 
 
 def test_the_default_budget_is_a_share_of_host_memory_and_no_bound_on_cpus(

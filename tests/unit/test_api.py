@@ -21,6 +21,22 @@ def test_all_is_literal_sorted_and_every_name_resolves() -> None:
         assert getattr(orchestrator, name) is not None
 
 
+def test_the_public_names_are_listed_once_and_each_loads_from_its_home() -> None:
+    """The `if TYPE_CHECKING:` imports of orchestrator/__init__.py are the one list: what
+    type checkers read is what `__all__`, `dir()` and the lazy loading answer."""
+    import ast
+    import importlib
+
+    tree = ast.parse((Path(orchestrator.__file__)).read_text())
+    [block] = [n for n in tree.body if isinstance(n, ast.If)]
+    homes = {a.name: n.module for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert sorted(homes) == [n for n in orchestrator.__all__ if n != "__version__"]
+    assert dir(orchestrator) == orchestrator.__all__
+    for name, home in homes.items():
+        assert getattr(orchestrator, name) is getattr(importlib.import_module(str(home)), name)
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "__all__"]
+
+
 def test_import_pulls_in_no_docker_library_or_pydantic() -> None:
     code = (
         "import sys, orchestrator; "

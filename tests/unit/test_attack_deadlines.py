@@ -48,7 +48,7 @@ def test_write_file_to_a_fifo_is_refused_at_once(
 
 def test_a_helper_that_cannot_fork_is_sandbox_unavailable() -> None:
     from orchestrator.errors import SandboxUnavailable
-    from orchestrator.sandbox.calls import _raise_held
+    from orchestrator.sandbox.call import raise_held
     from orchestrator.sandbox.results import Outcome
 
     runc = (  # docker exec under a full pids limit (CI, 2026-11-26): Go aborts, exit 2
@@ -57,5 +57,5 @@ def test_a_helper_that_cannot_fork_is_sandbox_unavailable() -> None:
     )
     for said in ("sh: can't fork: Resource temporarily unavailable", "sh: 1: Cannot fork", runc):
         with pytest.raises(SandboxUnavailable, match="cannot start a process"):
-            _raise_held(Outcome(2, False, 0.1), said, "/w/f", "read", 5.0)
-    _raise_held(Outcome(2, False, 0.1), "tar: ./can't fork: Cannot open", "/w/f", "read", 5.0)
+            raise_held(Outcome(2, False, 0.1), said, "/w/f", "read", 5.0)
+    raise_held(Outcome(2, False, 0.1), "tar: ./can't fork: Cannot open", "/w/f", "read", 5.0)

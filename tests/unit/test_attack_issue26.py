@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import AdmissionTimeout, OrchestratorError
-from orchestrator.sandbox import admission
-from orchestrator.sandbox.ledger import Ledger
+from orchestrator.services import admission
+from orchestrator.services.ledger import Ledger
 from orchestrator.spec.loader import Environment, load_environment_text
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -80,7 +80,7 @@ def test_a_stopped_waiter_at_the_head_starves_everyone(own_ledger: Path) -> None
     hold = admission.Admission(ledger, held)
     child = textwrap.dedent(
         """
-        from orchestrator.sandbox import admission
+        from orchestrator.services import admission
         from orchestrator.spec.loader import load_environment_text
         text = "version: 1\\nname: other\\nbackend: local\\nresources: {memory: 128m}\\n"
         admission.admit(load_environment_text(text, source="o.yaml"), wait=60)

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator import load_environment_text, spawn_runtime
 from orchestrator.errors import SandboxPermissionError, SandboxUnsafeArchive
-from orchestrator.sandbox import files
+from orchestrator.sandbox import stage
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.files import OPEN_WAIT
 from tests.conftest import bounded
@@ -134,7 +134,7 @@ def test_a_download_never_replaces_the_callers_entry_by_another_kind(
     (out / "notes.txt").write_text("the caller's notes")
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     with pytest.raises(SandboxUnsafeArchive, match="nothing was written"):
-        files.stage(_archive(*entries), out, 1 << 20).commit()
+        stage.stage(_archive(*entries), out, 1 << 20).commit()
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # no private folder
     assert (out / "results" / "mine.txt").read_text() == "the caller's"
     assert (out / "notes.txt").read_text() == "the caller's notes"
@@ -145,7 +145,7 @@ def test_a_download_still_merges_folders_and_replaces_files(tmp_path: Path) -> N
     (out / "results").mkdir(parents=True)
     (out / "results" / "mine.txt").write_text("the caller's")
     (out / "f").write_text("old")
-    got = files.stage(
+    got = stage.stage(
         _archive(("results", "dir"), ("results/new.txt", "new"), ("f", "new")), out, 1 << 20
     ).commit()
     assert sorted(got) == ["f", "results", "results/new.txt"]

@@ -30,8 +30,9 @@ import orchestrator
 from orchestrator import EnvironmentStatus, ProjectNotFound
 from orchestrator.backends.local import LocalRuntime
 from orchestrator.errors import DockerError
-from orchestrator.sandbox import inventory, registry
-from orchestrator.sandbox.attach import match_id
+from orchestrator.sandbox import registry
+from orchestrator.sandbox.record import match_id
+from orchestrator.services import inventory
 
 REMOVED: list[str] = []
 

@@ -216,12 +216,12 @@ def test_no_module_but_the_engine_ones_reads_engine_text() -> None:
 
 # ----- 4. public hooks ---------------------------------------------------------------------
 def test_the_pool_and_snapshots_import_no_backend_and_call_no_private_hook() -> None:
-    for name in ("pool.py", "snapshot.py"):
-        path = PACKAGE / "sandbox" / name
+    for name in ("services/pool.py", "sandbox/snapshot.py"):
+        path = PACKAGE / name
         assert not [m for m in _imports(path) if m.startswith("orchestrator.backends")], name
     private = [
         f"pool.py:{node.lineno} {node.attr}"
-        for node in ast.walk(ast.parse((PACKAGE / "sandbox" / "pool.py").read_text()))
+        for node in ast.walk(ast.parse((PACKAGE / "services" / "pool.py").read_text()))
         if isinstance(node, ast.Attribute)
         and node.attr.startswith("_")
         and not node.attr.startswith("__")

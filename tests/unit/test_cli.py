@@ -196,7 +196,7 @@ def test_attach_trusts_no_record_it_did_not_write(
     refused with a clear error, as is a project folder that is a link: nothing is started
     from it and nothing outside the state folder is read."""
     from orchestrator import ProjectNotFound, UsageError, attach
-    from orchestrator.sandbox.attach import RECORD, RECORD_LIMIT
+    from orchestrator.sandbox.record import RECORD, RECORD_LIMIT
 
     monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path))
     folder = tmp_path / "projects" / "orch-planted-0011aabb"

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator import UsageError, settings
 from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.sandbox.suspend import _wake_target
+from orchestrator.services.suspend import _wake_target
 from orchestrator.spec.policy import Policy
 
 

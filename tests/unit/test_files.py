@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import UsageError
-from orchestrator.sandbox import files
+from orchestrator.sandbox import hostpack
 
 
 def _tree(root: Path) -> Path:
@@ -23,7 +23,7 @@ def _tree(root: Path) -> Path:
     return root
 
 
-def _members(stream: files.PackStream) -> dict[str, tuple[str, int, str, bytes]]:
+def _members(stream: hostpack.PackStream) -> dict[str, tuple[str, int, str, bytes]]:
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream)), mode="r:") as tar:
         out = {}
         for m in tar.getmembers():
@@ -40,9 +40,9 @@ def test_host_tar_and_tarfile_pack_the_same(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tree = _tree(tmp_path / "t")
-    by_tar = _members(files.PackStream(tree))
+    by_tar = _members(hostpack.PackStream(tree))
     monkeypatch.setattr("shutil.which", lambda name: None)
-    by_python = _members(files.PackStream(tree))
+    by_python = _members(hostpack.PackStream(tree))
     assert by_tar == by_python
     assert by_tar["link"] == ("link", 0o777, "d/f.txt", b"")
     assert by_tar["x.sh"][:2] == ("file", 0o751) and by_tar["d/f.txt"][3] == b"f\n"
@@ -53,7 +53,7 @@ def test_a_file_gone_while_packing_is_kept_as_the_error(
 ) -> None:
     tree = _tree(tmp_path / "t")
     monkeypatch.setattr("shutil.which", lambda name: None)
-    stream = files.PackStream(tree)
+    stream = hostpack.PackStream(tree)
     (tree / "x.sh").unlink()  # listed, then gone before it is read
     b"".join(stream)
     assert isinstance(stream.error, UsageError) and "x.sh" in str(stream.error)
@@ -66,4 +66,4 @@ def test_sockets_are_refused_before_anything_is_sent(tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(tree / "sock"))
         with pytest.raises(UsageError, match="neither a file"):
-            files.PackStream(tree)
+            hostpack.PackStream(tree)

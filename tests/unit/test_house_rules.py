@@ -39,7 +39,8 @@ def _room(module: str) -> str:
         return "top"
     if parts[0] == "backends" and len(parts) > 1:
         return "backends." + parts[1]
-    return parts[0] if len(parts) > 1 or parts[0] in ("sandbox", "spec", "cli") else "leaf"
+    rooms = ("sandbox", "services", "spec", "cli")
+    return parts[0] if len(parts) > 1 or parts[0] in rooms else "leaf"
 
 
 def _sources() -> list[tuple[str, set[str]]]:
@@ -62,8 +63,12 @@ def test_spec_knows_no_protocol_and_no_backend() -> None:
     assert _breaks("spec", ("leaf", "top")) == []
 
 
-def test_the_protocol_imports_no_backend() -> None:
+def test_the_protocol_imports_no_backend_and_no_service() -> None:
     assert _breaks("sandbox", ("spec", "leaf", "top")) == []
+
+
+def test_the_services_build_on_the_protocol_and_know_no_backend() -> None:
+    assert _breaks("services", ("sandbox", "spec", "leaf", "top")) == []
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

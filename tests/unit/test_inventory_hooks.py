@@ -10,7 +10,8 @@ import pytest
 import orchestrator
 from orchestrator import EnvironmentStatus, ProjectNotFound, UsageError
 from orchestrator.backends.local import LocalRuntime
-from orchestrator.sandbox import inventory, registry
+from orchestrator.sandbox import registry
+from orchestrator.services import inventory
 
 ASKED: list[str] = []
 

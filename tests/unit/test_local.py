@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import load_environment_text, procutil, spawn_runtime
+from orchestrator.services.admission import Admission
 
 
 def running(marker: str) -> list[int]:
@@ -113,7 +114,7 @@ time.sleep(300)
 _FORKER = """
 import gc, os, sys, threading, time
 from orchestrator import UsageError, load_environment_text, spawn_runtime
-from orchestrator.sandbox.ledger import Ledger
+from orchestrator.services.ledger import Ledger
 def daemon():
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -258,8 +259,8 @@ def test_a_failed_removal_is_tried_again_by_the_next_cleanup_and_frees_its_admis
         rt.cleanup()
     with pytest.raises(RuntimeClosed):
         rt.execute("true")
-    held = rt._admission
-    assert held is None or held._released
+    held = rt._hold
+    assert held is None or (isinstance(held, Admission) and held._released)
     base._cleanup_at_exit()
     assert len(tries) == 1 and folder.exists()
     rt.cleanup()

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator import SpecError, UsageError, runtime_names, spawn_runtime
 from orchestrator.sandbox import registry
-from orchestrator.sandbox.registry import prepare
+from orchestrator.services.spawn import backend_class, prepare
 from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.policy import Policy
 
@@ -140,7 +140,7 @@ def test_an_image_backend_without_image_is_refused_before_anything_starts(
     env = load_environment(path)
     for attempt in (
         lambda: spawn_runtime(env, workspace=tmp_path),
-        lambda: registry.backend_class(env).check(env, Policy()),
+        lambda: backend_class(env).check(env, Policy()),
     ):
         with pytest.raises(SpecError, match="the docker backend needs exactly one of `image`"):
             attempt()
@@ -149,9 +149,9 @@ def test_an_image_backend_without_image_is_refused_before_anything_starts(
 def test_render_asks_the_backend(tmp_path: Path) -> None:
     local = load_environment(_env_file(tmp_path, "version: 1\nname: l\nbackend: local\n"))
     with pytest.raises(UsageError, match="local backend has no project file to render"):
-        registry.backend_class(local).render(local, tmp_path, Policy())
+        backend_class(local).render(local, tmp_path, Policy())
     swarm = load_environment_text_at(tmp_path, "version: 1\nname: s\nbackend: swarm\nimage: i\n")
-    files = registry.backend_class(swarm).render(swarm, tmp_path, Policy())
+    files = backend_class(swarm).render(swarm, tmp_path, Policy())
     assert list(files) == ["stack.yaml"] and "services:" in files["stack.yaml"]
 
 

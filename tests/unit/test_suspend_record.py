@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Snapshot, UsageError, get_runtime_class, list_snapshots
-from orchestrator.sandbox import snapshot, suspend
+from orchestrator.sandbox import snapshot
 from orchestrator.sandbox.snapshot import snapshots_dir
 
 
@@ -51,13 +51,13 @@ def test_main_is_never_taken_from_the_services_mapping() -> None:
 def test_a_suspend_name_is_a_plain_new_name() -> None:
     for bad in ("../escape", "/abs/path", "", ".", "-rf"):
         with pytest.raises(UsageError, match="not a name"):
-            suspend.record_path("env", bad)
+            snapshot.record_path("env", bad)
     taken = _record("taken")
     with pytest.raises(UsageError, match="already"):
-        suspend.record_path("env", "taken")
+        snapshot.record_path("env", "taken")
     taken.unlink()
     taken.with_suffix(".json").unlink()
-    assert suspend.record_path("env", None).parent == snapshots_dir()
+    assert snapshot.record_path("env", None).parent == snapshots_dir()
 
 
 def test_the_record_keeps_the_new_fields() -> None:
@@ -77,14 +77,14 @@ def test_an_owned_record_goes_when_its_owner_is_gone_and_a_kept_one_stays() -> N
     )
     gone = {"pid": dead.stdout.strip(), "start": "1", "host": socket.gethostname()}
     _record("of-dead", owner=gone, suspended=True)
-    _record("of-live", owner=suspend.this_process(), suspended=True)
+    _record("of-live", owner=snapshot.this_process(), suspended=True)
     _record("kept-one", suspended=True)
-    removed = suspend.reap_suspended()
+    removed = snapshot.reap_suspended()
     names = {s.name for s in list_snapshots()}
     assert removed == ["of-dead (suspended; its owner is gone)"]
     assert {"of-live", "kept-one"} <= names and "of-dead" not in names
     # the owner's guardian, once it is gone, names it exactly
-    assert suspend.reap_suspended(suspend.this_process())[0].startswith("of-live")
+    assert snapshot.reap_suspended(snapshot.this_process())[0].startswith("of-live")
     Snapshot.find("kept-one").remove()
 
 

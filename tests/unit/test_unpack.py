@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import OrchestratorError, SandboxUnsafeArchive
-from orchestrator.sandbox import files
+from orchestrator.sandbox import stage
 
 
 class Archive:
@@ -55,7 +55,7 @@ class Archive:
 
 
 def _download(archive: Archive, dest: Path) -> list[str]:
-    return files.stage(archive.chunks(), dest, 1 << 30).commit()
+    return stage.stage(archive.chunks(), dest, 1 << 30).commit()
 
 
 def _outside(root: Path, dest: Path) -> list[str]:

@@ -84,7 +84,7 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
         orphan_folders_of,
         remove_project,
     )
-    from orchestrator.sandbox.suspend import reap_suspended
+    from orchestrator.sandbox.snapshot import reap_suspended
 
     removed = []
     keys = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)

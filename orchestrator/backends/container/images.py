@@ -126,8 +126,8 @@ def exists(image: str, engine: Engine | None = None) -> bool:
 
 def reap_orphans(engine: Engine | None = None) -> list[str]:
     """Remove the snapshot images of ours whose record is gone (after the records of
-    suspended environments whose owner is gone: see sandbox/suspend.py); returns their ids."""
-    from orchestrator.sandbox.suspend import reap_suspended
+    suspended environments whose owner is gone: see sandbox/snapshot.py); returns their ids."""
+    from orchestrator.sandbox.snapshot import reap_suspended
 
     reap_suspended()
     gone = []

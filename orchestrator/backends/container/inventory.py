@@ -55,7 +55,7 @@ from orchestrator.backends.container.removal import (
 )
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
 from orchestrator.paths import projects_dir
-from orchestrator.sandbox.attach import match_id
+from orchestrator.sandbox.record import match_id
 from orchestrator.sandbox.results import EnvironmentStatus
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN
@@ -319,7 +319,7 @@ def claim_from_pool(digest: str, count: int = 1, engine: Engine | None = None) -
 
 
 def match_project(ref: str, names: list[str]) -> str:
-    """The one name `ref` means (see `orchestrator.sandbox.attach.match_id`)."""
+    """The one name `ref` means (see `orchestrator.sandbox.record.match_id`)."""
     return match_id(ref, names, prefix=PROJECT_PREFIX)
 
 

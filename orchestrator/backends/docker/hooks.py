@@ -20,7 +20,7 @@ from orchestrator.backends.docker.render import (
 )
 from orchestrator.errors import OrchestratorError
 from orchestrator.paths import projects_dir
-from orchestrator.sandbox.admission import Amounts
+from orchestrator.sandbox.backend import Amounts
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.settings import engine_host
 from orchestrator.spec.loader import Environment, require_main_image

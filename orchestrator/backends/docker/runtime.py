@@ -33,8 +33,8 @@ from orchestrator.backends.docker.lifecycle import Project, start_project
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
 from orchestrator.paths import make_folders, read_regular
-from orchestrator.sandbox import attach, files, hostfs, hostpack
-from orchestrator.sandbox.admission import Amounts
+from orchestrator.sandbox import hostfs, hostpack, record
+from orchestrator.sandbox.backend import Amounts
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
@@ -174,10 +174,10 @@ class ComposeRuntime(ContainerRuntime):
         # the engine it runs on, even when only the process's variables named it (`-H`,
         # `--engine podman`): whoever attaches later reaches it there
         host = self.options.host or engine_host()  # ("": the docker CLI's default)
-        attach.remember(self.project.directory, self.name, self.env, host, state)
+        record.remember(self.project.directory, self.name, self.env, host, state)
 
     @classmethod
-    def _attach(
+    def from_record(
         cls, ident: str, env: Environment, options: SpawnOptions, folder: Path, state: Any
     ) -> Runtime:
         """The project in `folder`, as `_remember` described it."""
@@ -250,7 +250,7 @@ class ComposeRuntime(ContainerRuntime):
         itself (packing writes nothing, so the content being untrusted does no harm); else,
         or when the host may not read all of it, the sandbox packs it."""
         source = self._workspace_source()
-        archive = None if source is None else files.pack_host(source, limit)
+        archive = None if source is None else hostpack.pack_host(source, limit)
         return super()._pack_workdir(user, limit) if archive is None else archive
 
     def _pack_workdir_file(

@@ -1,4 +1,4 @@
-"""Suspend to disk and wake: `Runtime.suspend` saves a whole environment (the workspace
+"""Wake what was suspended to disk: `Runtime.suspend` saves a whole environment (the workspace
 archive, and on a container backend each container's filesystem as an image, services
 too) as a snapshot record, then removes the environment; `wake` starts it again from that
 record under a new id, running `setup.resume_commands`.
@@ -13,111 +13,18 @@ or the next reaper removes the record and the images the record owns."""
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from orchestrator import settings
-from orchestrator.errors import OrchestratorError, PolicyError, UsageError
-from orchestrator.procutil import stat_fields
-from orchestrator.sandbox import snapshot
-from orchestrator.sandbox.snapshot import SUFFIX, Snapshot, list_snapshots, snapshots_dir
-from orchestrator.spec.loader import Environment
+from orchestrator.errors import PolicyError, UsageError
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.registry import get_runtime_class, runtime_names
+from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.services.spawn import spawn_runtime
+from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import UNISOLATED_ENV, Policy
-
-if TYPE_CHECKING:
-    from orchestrator.sandbox.base import Runtime
-
-log = logging.getLogger("orchestrator.suspend")
-
-
-NAME_LIMIT = 200
-"""Longest name of a suspended environment, in bytes (its files add a suffix, and a file
-name holds 255)."""
-
-
-def record_path(env: str, name: str | None) -> Path:
-    """Where a suspended environment goes: `name` (or a fresh one) in the snapshots folder.
-    A name that is a path, or one taken already, is refused."""
-    if name is not None and (
-        not name
-        or name in (".", "..")
-        or any(c in name for c in "/\\\0")
-        or name.startswith("-")
-        or len(name.encode("utf-8", "surrogateescape")) > NAME_LIMIT
-    ):
-        raise UsageError(
-            f"{name!r} is not a name for a suspended environment: give a plain name (no "
-            f"path, at most {NAME_LIMIT} bytes); it is saved in {snapshots_dir()}"
-        )
-    path = snapshot.archive_path(env, name)
-    if path.exists() or path.with_suffix(".json").exists():
-        raise UsageError(
-            f"there is a snapshot named {path.name.removesuffix(SUFFIX)!r} already: choose "
-            "another name, or remove that one (`orchestrator snapshot --rm NAME`)"
-        )
-    return path
-
-
-def source_of(env: Environment) -> str:
-    """The file an environment was loaded from, as an absolute path ("" for one loaded
-    from text: its record then needs the file given to wake it)."""
-    path = Path(env.source)
-    if not path.is_file():
-        return ""
-    return str(path.absolute())
-
-
-def this_process() -> dict[str, str]:
-    """The owner a `suspend(keep=False)` record names: this process."""
-    pid = os.getpid()
-    return {"pid": str(pid), "start": _start(pid), "host": socket.gethostname()}
-
-
-def _start(pid: int) -> str:
-    fields = stat_fields(pid)
-    return fields[19].decode() if len(fields) > 19 else ""
-
-
-def owner_alive(owner: Mapping[str, str]) -> bool:
-    """Whether a record's owner process still runs (one of another machine, or unreadable,
-    counts as alive: it is not ours to judge)."""
-    if owner.get("host") != socket.gethostname():
-        return True
-    try:
-        pid = int(owner.get("pid", ""))
-        if pid <= 0:
-            return True
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    start = owner.get("start", "")
-    return not start or _start(pid) in ("", start)
-
-
-def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
-    """Remove the suspended environments whose owner (see `suspend(keep=False)`) is gone
-    (or is exactly `owner`: its guardian, once it died), with the images each record owns;
-    return their names. Records without an owner are kept."""
-    gone = []
-    for snap in list_snapshots():
-        if not snap.owner:
-            continue
-        mine = owner is not None and all(snap.owner.get(k) == owner.get(k) for k in owner)
-        if mine or (owner is None and not owner_alive(snap.owner)):
-            try:
-                snap.remove()
-            except (OSError, OrchestratorError) as exc:  # an image in use: the next reap
-                log.warning("suspended %s is left for the next reap: %s", snap.name, exc)
-                continue
-            gone.append(f"{snap.name} (suspended; its owner is gone)")
-    return gone
 
 
 def wake(
@@ -142,8 +49,6 @@ def wake(
     caller gave at spawn (`mounts`, `ports`, `env_vars`, `workspace`) is not saved: give it
     again. `env`: the file to wake it with (default: the one it was suspended from, which
     must be unchanged). Raises UsageError for a record that cannot be woken here."""
-    from orchestrator.sandbox.registry import spawn_runtime
-
     snap = Snapshot.find(ref)
     policy = policy or Policy.from_env()
     env, backend = _wake_target(snap, env, backend, host, policy)
@@ -176,9 +81,6 @@ def _wake_target(
     that suspended it). The record is input: a backend it names that runs unisolated is
     refused unless the policy allows it, and an engine it names is never reached unless
     the caller names it too."""
-    from orchestrator.sandbox.registry import get_runtime_class, runtime_names
-    from orchestrator.spec.loader import load_environment
-
     named = settings.engine_address(host) if host else settings.engine_host()
     if snap.host and not settings.same_engine(named, snap.host):
         raise UsageError(

@@ -14,7 +14,7 @@ large request is never starved by a stream of small ones. A request larger than 
 budget fails at once (UsageError); a wait past ORCHESTRATOR_ADMISSION_TIMEOUT (600 s) raises
 AdmissionTimeout. ORCHESTRATOR_ADMISSION=0 turns admission off.
 
-The queue is machine-wide for one user: the ledger (sandbox/ledger.py) is a private folder
+The queue is machine-wide for one user: the ledger (services/ledger.py) is a private folder
 of tickets under the state folder, shared by every process of that user (and state folder).
 Another user's processes have their own ledger and budget (documented limit: give each user
 its share with ORCHESTRATOR_MAX_MEMORY). A ticket is released when its environment is
@@ -28,14 +28,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from orchestrator import settings
 from orchestrator.errors import AdmissionTimeout, UsageError
-from orchestrator.sandbox.ledger import Ledger, Ticket
-from orchestrator.spec.limits import DEFAULT_MEMORY_ENV, Limits
+from orchestrator.sandbox.backend import Amounts, gib
+from orchestrator.sandbox.registry import get_runtime_class
+from orchestrator.services.ledger import Ledger, Ticket
+from orchestrator.spec.limits import DEFAULT_MEMORY_ENV
 from orchestrator.spec.loader import Environment
 
 ADMISSION_ENV = "ORCHESTRATOR_ADMISSION"
@@ -59,37 +60,9 @@ COARSE_NS = 50_000_000
 """A folder's change time is coarse (a few ms): one this recent is looked at again anyway."""
 REPORT_EVERY = 1.0
 """Seconds between two progress records of one waiting spawn (sooner when its place moves)."""
-GiB = 1024**3
-EPSILON = 1e-9
 
 log = logging.getLogger(ADMISSION_LOG)
 _released = threading.Condition()
-
-
-@dataclass(frozen=True)
-class Amounts:
-    memory: int
-    """Bytes."""
-    cpus: float
-
-    def fits(self, used: Amounts, budget: Amounts) -> bool:
-        return (
-            used.memory + self.memory <= budget.memory
-            and used.cpus + self.cpus <= budget.cpus + EPSILON
-        )
-
-    def words(self) -> str:
-        return f"{gib(self.memory)} GiB of memory and {self.cpus:g} CPUs"
-
-    @classmethod
-    def total(cls, limits: Iterable[Limits]) -> Amounts:
-        """What containers held to `limits` take together."""
-        each = list(limits)
-        return cls(sum(x.memory for x in each), sum(x.cpus for x in each))
-
-
-def gib(n: int) -> str:
-    return f"{n / GiB:.3g}"
 
 
 def enabled() -> bool:
@@ -115,20 +88,8 @@ def budget() -> Amounts:
     return Amounts(memory, cpus)
 
 
-def request(env: Environment) -> Amounts:
-    """What the file's containers (its main sandbox and its services) are held to, each at
-    its own limits or the caller's defaults: what a backend that runs nothing of its own
-    asks for (`Runtime.requested`; the Docker backend adds its gateway and forwarder)."""
-    spec = env.spec
-    return Amounts.total(
-        Limits.of(r) for r in [spec.resources, *(s.resources for s in spec.services.values())]
-    )
-
-
 def _requested(env: Environment) -> Amounts:
     """What `env` asks of this host on the backend its file names (`Runtime.requested`)."""
-    from orchestrator.sandbox.registry import get_runtime_class  # (it imports this module)
-
     return get_runtime_class(env.backend).requested(env, None)
 
 

@@ -14,8 +14,8 @@ from typing import TypeVar
 
 from orchestrator.errors import OrchestratorError, ProjectNotFound
 from orchestrator.sandbox import hostpack
-from orchestrator.sandbox.attach import match_id
 from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.record import match_id
 from orchestrator.sandbox.registry import get_runtime_class, runtime_names
 from orchestrator.sandbox.results import EnvironmentStatus
 from orchestrator.sandbox.snapshot import snapshots_dir

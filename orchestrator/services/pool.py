@@ -40,6 +40,7 @@ from typing import Any
 
 from orchestrator.errors import OrchestratorError, PoolExhausted, RuntimeClosed, UsageError
 from orchestrator.sandbox.base import Runtime
+from orchestrator.services.spawn import spawn_runtime
 from orchestrator.spec.loader import Environment, load_environment
 
 log = logging.getLogger("orchestrator.pool")
@@ -69,8 +70,6 @@ class Pool:
             )
         if "workspace" in spawn:
             raise UsageError("pooled environments cannot share a workspace; each has its own")
-        from orchestrator.sandbox.registry import spawn_runtime
-
         self.env = env if isinstance(env, Environment) else load_environment(env)
         self.size = size
         self.reuse = reuse

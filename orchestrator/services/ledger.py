@@ -1,5 +1,5 @@
 """The admission ledger: one folder of tickets per user and state folder, shared by every
-process of that user on this host (see sandbox/admission.py for the rules it serves).
+process of that user on this host (see services/admission.py for the rules it serves).
 
 Layout, under `state_dir()/admission` (a real folder of ours, mode 0700: another local user
 can neither plant a ticket nor hold the lock; one that is not ours, or a link, is refused):

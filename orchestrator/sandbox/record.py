@@ -1,5 +1,4 @@
-"""`attach(id)`: a live Runtime for an environment left running (by `orchestrator up`, a
-pool, or a process still using it), of the backend that started it.
+"""The record a backend leaves for `attach` (services/attach.py), and how an id is matched.
 
 A backend that can be attached to records, when it starts an environment, what a runtime
 needs besides the engine's own state: the backend's registered name, the environment (its
@@ -7,12 +6,7 @@ validated spec, the file's path and base folder), the engine, and the backend's 
 `state` (JSON). The record is a file in the environment's project folder, created owner-only
 (0600) and at most RECORD_LIMIT bytes, so it goes wherever the folder goes (`down`, the
 reaper). `attach` reads it back and asks that backend's class (from the registry) for a
-runtime: `Runtime._attach`.
-
-What an attached runtime does at the end:
-- leaving a `with` block, or `detach()`, leaves the environment running, as it found it;
-- `cleanup()` removes it, as `orchestrator down` does;
-- `kill()` kills its processes (then `cleanup()` removes it).
+runtime: `Runtime.from_record`.
 """
 
 from __future__ import annotations
@@ -23,15 +17,11 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.errors import OrchestratorError, ProjectNotFound
-from orchestrator.paths import projects_dir
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import EnvironmentV1
-
-if TYPE_CHECKING:
-    from orchestrator.sandbox.base import Runtime
 
 RECORD = "runtime.json"
 """In a project folder: what `attach` needs to give a runtime for it."""
@@ -147,59 +137,4 @@ def match_id(ref: str, names: list[str], *, prefix: str = ID_PREFIX) -> str:
     raise ProjectNotFound(f"no environment {ref!r}{hint}; known: {known}")
 
 
-def _recorded() -> dict[str, Path]:
-    """Project folders holding a record, by name (real folders only, never a link)."""
-    try:
-        folders = list(projects_dir().iterdir())
-    except OSError:
-        return {}
-    return {
-        d.name: d for d in folders if d.is_dir() and not d.is_symlink() and (d / RECORD).is_file()
-    }
-
-
-def attachable(env: Environment | None = None) -> list[str]:
-    """Ids of the environments `attach` can reach (only those of `env`'s file, when given:
-    the same digest), oldest first."""
-    found = []
-    for name, folder in _recorded().items():
-        try:
-            fd = os.open(folder / RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue  # removed meanwhile
-        with os.fdopen(fd, "rb") as fh:
-            mtime = os.fstat(fh.fileno()).st_mtime
-            head = fh.read(RECORD_LIMIT + 1) if env is not None else b""
-        if env is not None:
-            try:
-                if json.loads(head).get("digest") != env.digest:
-                    continue
-            except (ValueError, AttributeError):
-                continue
-        found.append((mtime, name))
-    return [name for _, name in sorted(found)]
-
-
-def attach(ref: str, *, host: str | None = None) -> Runtime:
-    """A live runtime for the running environment `ref` (its id, short id, or a unique
-    prefix, as `orchestrator down` takes): execute, stream, files, service(name), snapshot,
-    info and connection, through the backend that started it (with its executor where the
-    image has python3). `host`: the engine it runs on, when not the one it was started on.
-    Leaving a `with` block or `detach()` leaves it running; `cleanup()` removes it.
-    Raises ProjectNotFound (no such environment, or several match). An environment whose
-    main container stopped is attached too (its logs, `poll()` and `cleanup()` work); its
-    commands raise SandboxUnavailable saying why."""
-    from orchestrator.sandbox.options import SpawnOptions
-    from orchestrator.sandbox.registry import get_runtime_class
-
-    folders = _recorded()
-    name = match_id(ref, sorted(folders))
-    record = recall(folders[name])
-    cls = get_runtime_class(record.backend)
-    options = SpawnOptions(detached=True, host=host or record.host or None)
-    rt = cls._attach(name, record.env, options, folders[name], record.state)
-    rt.attached = True
-    return rt
-
-
-__all__ = ["RECORD", "Record", "attach", "attachable", "match_id", "recall", "remember"]
+__all__ = ["ID_PREFIX", "RECORD", "RECORD_LIMIT", "Record", "match_id", "recall", "remember"]
