@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import shutil
 import subprocess
 import tempfile
@@ -17,14 +16,11 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.spec.policy import PULL_ENV
 
 Check = tuple[str, str]  # (status, message)
-ENGINE_ENV = "ORCHESTRATOR_DOCKER_HOST"
-"""The engine every Docker call of this process goes to (`orchestrator --host`)."""
 
 
 def _engine() -> str:
     """The engine's address: `--host` (or `podman`), else ORCHESTRATOR_ENGINE's."""
-    chosen = os.environ.get(ENGINE_ENV, "").strip()
-    return settings.engine_address(chosen) if chosen else settings.named_engine()
+    return settings.chosen_engine()
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -140,7 +136,7 @@ def _missing_image(image: str) -> Check:
             "repository's test images, which no registry has: build them with `just images` "
             "(scripts/build-images)"
         )
-    if settings.flag(PULL_ENV, False):
+    if settings.ALLOW_PULL.get():
         return "warn", (
             f"image {image} not present on the engine{where}: `up` will pull it from "
             f"{_registry(image)} ({PULL_ENV} allows it); where the engine cannot reach that "
@@ -210,7 +206,7 @@ def doctor(
 ) -> None:
     """Check that this machine can run environments (on its engine, or the one at --host)."""
     if host:
-        os.environ[ENGINE_ENV] = host
+        settings.use_flag(settings.DOCKER_HOST, host, "doctor --host")
     checks: list[Callable[[], Check]] = [_cli, _daemon, _compose, _dirs, _headroom]
     results: list[Check] = []
     for check in checks:

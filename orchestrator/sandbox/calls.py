@@ -51,7 +51,7 @@ from orchestrator.sandbox.results import (
 )
 from orchestrator.sandbox.streams import ArchiveStream
 from orchestrator.sandbox.threads import thread_chunks
-from orchestrator.settings import FILE_TIMEOUT_ENV, file_timeout
+from orchestrator.settings import FILE_TIMEOUT
 from orchestrator.spec.models import USER_RE
 from orchestrator.spec.resolve import resolve_user
 
@@ -478,7 +478,7 @@ def _validated(cmd: Command) -> Command:
 
 def _deadline(timeout: float | None) -> float:
     """A file call's deadline: the caller's, else ORCHESTRATOR_FILE_TIMEOUT."""
-    return file_timeout() if timeout is None else timeout
+    return FILE_TIMEOUT.get() if timeout is None else timeout
 
 
 # What a shell says when it cannot start a process (busybox ash, dash, bash), and what the
@@ -506,7 +506,7 @@ def _raise_held(
         raise SandboxFileTimeout(
             f"cannot {verb} {target}: not done within {timeout:g} s, so it was stopped "
             "(something in the sandbox held it: a FIFO in its place, a stopped process); "
-            f"pass timeout= or set {FILE_TIMEOUT_ENV} to allow longer",
+            f"pass timeout= or set {FILE_TIMEOUT.name} to allow longer",
             path=target,
             timeout=timeout,
         ) from cause

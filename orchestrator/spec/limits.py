@@ -20,15 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator import settings
-from orchestrator.errors import UsageError
 from orchestrator.spec.models import MIN_MEMORY, Resources, size_bytes
 
-DEFAULT_MEMORY_ENV = "ORCHESTRATOR_DEFAULT_MEMORY"
-DEFAULT_CPUS_ENV = "ORCHESTRATOR_DEFAULT_CPUS"
-DEFAULT_PIDS_ENV = "ORCHESTRATOR_DEFAULT_PIDS"
-DEFAULT_MEMORY = 1024**3
-DEFAULT_CPUS = 1.0
-DEFAULT_PIDS = 1024
+DEFAULT_MEMORY_ENV = settings.DEFAULT_MEMORY.name
 
 
 @dataclass(frozen=True)
@@ -50,21 +44,18 @@ class Limits:
 
 
 def default_memory() -> int:
-    memory = settings.size(DEFAULT_MEMORY_ENV, DEFAULT_MEMORY)
+    memory = settings.DEFAULT_MEMORY.get()
     if memory < MIN_MEMORY:
-        raise UsageError(
-            f"{DEFAULT_MEMORY_ENV} must be at least 6m (the engine refuses less), got "
-            f"{memory} bytes"
-        )
+        raise settings.DEFAULT_MEMORY.refused("at least 6m (the engine refuses less)")
     return memory
 
 
 def default_cpus() -> float:
-    return settings.number(DEFAULT_CPUS_ENV, DEFAULT_CPUS, unit="CPUs")
+    return settings.DEFAULT_CPUS.get()
 
 
 def default_pids() -> int:
-    return settings.whole(DEFAULT_PIDS_ENV, DEFAULT_PIDS, unit="processes", high=2**22)
+    return settings.DEFAULT_PIDS.get()
 
 
 def applied(r: Resources) -> Resources:

@@ -20,7 +20,7 @@ from subprocess import Popen
 
 import pytest
 
-from orchestrator import AdmissionTimeout, OrchestratorError, UsageError, spawn_runtime
+from orchestrator import AdmissionTimeout, OrchestratorError, UsageError, settings, spawn_runtime
 from orchestrator.sandbox import admission
 from orchestrator.sandbox.admission import Amounts
 from orchestrator.sandbox.ledger import TICKET_MAX, Ledger, process_start
@@ -109,7 +109,7 @@ def test_the_default_budget_is_a_share_of_host_memory_and_four_times_every_cpu(
     monkeypatch.delenv("ORCHESTRATOR_MAX_MEMORY")
     monkeypatch.delenv("ORCHESTRATOR_MAX_CPUS")
     got = admission.budget()
-    assert got.memory == int(admission.host_memory() * 0.75) > 0
+    assert got.memory == int(settings.host_memory() * 0.75) > 0
     assert got.cpus == 4 * (os.cpu_count() or 1)  # CPU limits are ceilings on shared time
 
 
