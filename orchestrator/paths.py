@@ -17,25 +17,16 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator import settings
+from orchestrator.errors import OrchestratorError
 
-STATE_DIR_ENV = "ORCHESTRATOR_STATE_DIR"
+STATE_DIR_ENV = settings.STATE_DIR.name
 
 
 def state_dir() -> Path:
     """Where project folders live: $ORCHESTRATOR_STATE_DIR (absolute, or from ~), else
     $XDG_STATE_HOME/orchestrator (~/.local/state/orchestrator)."""
-    explicit = os.environ.get(STATE_DIR_ENV, "").strip()
-    if explicit:
-        path = Path(os.path.expanduser(explicit))  # an unknown ~user stays, and is refused
-        if not path.is_absolute():
-            raise UsageError(
-                f"{STATE_DIR_ENV} must be an absolute path (or start with ~), got {explicit!r}"
-            )
-        return path
-    from platformdirs.unix import Unix  # loaded only by a lookup without ORCHESTRATOR_STATE_DIR
-
-    return Path(Unix("orchestrator").user_state_dir)
+    return settings.STATE_DIR.get()
 
 
 def projects_dir() -> Path:

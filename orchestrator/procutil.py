@@ -257,15 +257,20 @@ def marked(entry: bytes) -> List[int]:
     return found
 
 
-def guardian(code: str, args: List[str], log: Optional[str] = None) -> "subprocess.Popen[bytes]":
+def guardian(
+    code: str,
+    args: List[str],
+    log: Optional[str] = None,
+    environ: Optional[Dict[str, str]] = None,
+) -> "subprocess.Popen[bytes]":
     """Start one of our guardians: `code` run by this interpreter, in a session of its own
     (signals to the caller's process group do not reach it), stdin a pipe only the caller
     holds. From / and with `-P`: nothing in the caller's current folder (a workspace a
     sandbox writes into, say) is on its sys.path, so no file planted there is imported; and
     with this package's folder first on PYTHONPATH, however the package was installed.
-    Errors go to `log` (appended), else nowhere."""
+    Errors go to `log` (appended), else nowhere. Its variables: `environ` (default: ours)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
+    env = dict(os.environ if environ is None else environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
     with os.fdopen(os.open(log or os.devnull, flags, 0o600), "ab") as err:  # (private)

@@ -98,7 +98,7 @@ GUARD = (
 def _guard(tmp: Path, mark: str) -> subprocess.Popen[bytes] | None:
     """A guardian of this runtime (see `procutil.guard_marked`): when the owner dies, by any
     signal, its processes and folder go all the same."""
-    if not settings.flag(settings.GUARDIAN_ENV, True):
+    if not settings.GUARDIAN.get():
         return None
     pid = os.getpid()
     guard = procutil.guardian(GUARD, [str(pid), procutil.process_start(pid), mark, str(tmp)])

@@ -4,7 +4,6 @@ codes: 2 for usage and spec errors, 3 when the backend is unavailable, 1 otherwi
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from orchestrator.cli import (
     state_cmds,
     suspend_cmds,
 )
-from orchestrator.cli.doctor import ENGINE_ENV, doctor
+from orchestrator.cli.doctor import doctor
 from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
 
 app = typer.Typer(
@@ -93,24 +92,41 @@ def _root(
     ),
 ) -> None:
     """Run code-evaluation and AI-agent sandboxes from versioned environment files."""
+    settings.clear_flags()  # (only this run's count)
     if sum(bool(x) for x in (host, context, engine)) > 1:
         raise UsageError("give one of --host, --context and --engine")
+    # each over the process's variables, for every engine call of this run and its guardian
     if engine:  # over any engine the process's variables name
         if engine not in settings.ENGINES:
             raise UsageError(f"--engine must be one of {', '.join(settings.ENGINES)}")
-        os.environ[settings.ENGINE_ENV] = engine
-        os.environ.pop(ENGINE_ENV, None)
-        host = settings.named_engine()
+        settings.use_flag(settings.ENGINE, engine, "--engine")
+        settings.use_flag(settings.DOCKER_HOST, "", "--engine")
     if context:
-        host = _context_host(context)
-    if host:  # every engine call of this run, and its guardian, go there
-        os.environ[ENGINE_ENV] = host
+        settings.use_flag(settings.DOCKER_HOST, _context_host(context), "--context")
+    if host:
+        settings.use_flag(settings.DOCKER_HOST, host, "--host")
 
 
 def _context_host(name: str) -> str:
     from orchestrator import context_address
 
     return context_address(name)
+
+
+def config(
+    as_json: bool = typer.Option(False, "--json", help="JSON, for scripts."),
+    docs: bool = typer.Option(
+        False, "--docs", help="Print the reference of every setting (docs/settings.md) instead."
+    ),
+) -> None:
+    """Print every setting (ORCHESTRATOR_*), its value here and where it came from:
+    default, environment or flag (--host, --context, --engine)."""
+    from orchestrator.cli import config_view  # (loaded by this command only)
+
+    if docs:
+        typer.echo(config_view.reference(), nl=False)
+    else:
+        config_view.show(as_json=as_json)
 
 
 for command in (
@@ -132,6 +148,7 @@ for command in (
     spec_cmds.schema,
     spec_cmds.migrate,
     doctor,
+    config,
     running_cmds.cleanup,
 ):
     name = command.__name__.rstrip("_")

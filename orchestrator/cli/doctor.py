@@ -3,17 +3,15 @@ are the backend class's (`doctor()`): this module runs no engine command of its 
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
 import typer
 
+from orchestrator import settings
 from orchestrator.errors import OrchestratorError
 
 Check = tuple[str, str]  # (status, message)
-ENGINE_ENV = "ORCHESTRATOR_DOCKER_HOST"
-"""The engine every Docker call of this process goes to (`orchestrator --host`)."""
 
 
 def _dirs() -> Check:
@@ -54,7 +52,7 @@ def doctor(
 ) -> None:
     """Check that this machine can run environments (on its engine, or the one at --host)."""
     if host:
-        os.environ[ENGINE_ENV] = host
+        settings.use_flag(settings.DOCKER_HOST, host, "doctor --host")
     from orchestrator import get_runtime_class
 
     results: list[Check] = get_runtime_class("docker").doctor()  # the engine, then its needs

@@ -70,7 +70,7 @@ from orchestrator.errors import (
     SandboxUnavailable,
     UsageError,
 )
-from orchestrator.settings import file_timeout
+from orchestrator.settings import FILE_TIMEOUT
 from orchestrator.spec.resolve import MAIN
 
 PROVIDER = "orchestrator"
@@ -126,7 +126,7 @@ def _file_deadline() -> float:
     """A file call's deadline: Inspect's API gives none, and our worker thread cannot be
     cancelled, so the call ends by the sample's own time (or working) limit at the latest,
     and by ORCHESTRATOR_FILE_TIMEOUT in any case."""
-    deadline = file_timeout()
+    deadline = FILE_TIMEOUT.get()
     try:
         limits = sample_limits()
         left = [limits.time.remaining, limits.working.remaining]

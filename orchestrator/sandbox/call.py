@@ -35,7 +35,7 @@ from orchestrator.sandbox.results import (
     decode,
     decoder,
 )
-from orchestrator.settings import FILE_TIMEOUT_ENV, file_timeout
+from orchestrator.settings import FILE_TIMEOUT
 from orchestrator.spec.models import USER_RE
 
 T = TypeVar("T")
@@ -174,7 +174,7 @@ def checked(result: RuntimeResult, timeout: float | None) -> RuntimeResult:
 
 def file_deadline(timeout: float | None) -> float:
     """A file call's deadline: the caller's, else ORCHESTRATOR_FILE_TIMEOUT."""
-    return file_timeout() if timeout is None else timeout
+    return FILE_TIMEOUT.get() if timeout is None else timeout
 
 
 # What a shell says when it cannot start a process (busybox ash, dash, bash), and what the
@@ -202,7 +202,7 @@ def raise_held(
         raise SandboxFileTimeout(
             f"cannot {verb} {target}: not done within {timeout:g} s, so it was stopped "
             "(something in the sandbox held it: a FIFO in its place, a stopped process); "
-            f"pass timeout= or set {FILE_TIMEOUT_ENV} to allow longer",
+            f"pass timeout= or set {FILE_TIMEOUT.name} to allow longer",
             path=target,
             timeout=timeout,
         ) from cause

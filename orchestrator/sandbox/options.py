@@ -17,12 +17,10 @@ if TYPE_CHECKING:  # (a type only: snapshots build on this module)
     from orchestrator.sandbox.snapshot import Snapshot
 
 MiB = 1024 * 1024
-OUTPUT_LIMIT_ENV = "ORCHESTRATOR_OUTPUT_LIMIT"
-FILE_LIMIT_ENV = "ORCHESTRATOR_FILE_LIMIT"
-SETUP_TIMEOUT_ENV = "ORCHESTRATOR_SETUP_TIMEOUT"
-SNAPSHOT_LIMIT_ENV = "ORCHESTRATOR_SNAPSHOT_LIMIT"
-"""Seconds a file call (read_file, write_file, upload, download) may take when the caller
-gives no timeout: the sandbox can hold any of them (a FIFO in the path, a stopped `tar`)."""
+OUTPUT_LIMIT_ENV = settings.OUTPUT_LIMIT.name
+FILE_LIMIT_ENV = settings.FILE_LIMIT.name
+SETUP_TIMEOUT_ENV = settings.SETUP_TIMEOUT.name
+SNAPSHOT_LIMIT_ENV = settings.SNAPSHOT_LIMIT.name
 GiB = 1024 * MiB
 
 BuildChoice = Literal["auto", "always", "never"]
@@ -39,7 +37,7 @@ last. Closing it early (or cancelling the task awaiting it) kills the command's 
 
 
 def default_output_limit() -> int:
-    return settings.whole(OUTPUT_LIMIT_ENV, 10 * MiB)
+    return settings.OUTPUT_LIMIT.get()
 
 
 def output_limit_of(asked: int | None) -> int:
@@ -53,15 +51,15 @@ def output_limit_of(asked: int | None) -> int:
 
 
 def default_file_limit() -> int:
-    return settings.whole(FILE_LIMIT_ENV, 100 * MiB)
+    return settings.FILE_LIMIT.get()
 
 
 def snapshot_limit() -> int:
-    return settings.whole(SNAPSHOT_LIMIT_ENV, GiB)
+    return settings.SNAPSHOT_LIMIT.get()
 
 
 def setup_timeout() -> float:
-    return settings.number(SETUP_TIMEOUT_ENV, 900.0)
+    return settings.SETUP_TIMEOUT.get()
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ ADMISSION_LOG about every second (the CLI draws it)."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import replace
@@ -39,14 +38,12 @@ from orchestrator.services.ledger import Ledger, Ticket
 from orchestrator.spec.limits import DEFAULT_MEMORY_ENV
 from orchestrator.spec.loader import Environment
 
-ADMISSION_ENV = "ORCHESTRATOR_ADMISSION"
-MAX_MEMORY_ENV = "ORCHESTRATOR_MAX_MEMORY"
-MAX_CPUS_ENV = "ORCHESTRATOR_MAX_CPUS"
-TIMEOUT_ENV = "ORCHESTRATOR_ADMISSION_TIMEOUT"
+ADMISSION_ENV = settings.ADMISSION.name
+MAX_MEMORY_ENV = settings.MAX_MEMORY.name
+MAX_CPUS_ENV = settings.MAX_CPUS.name
+TIMEOUT_ENV = settings.ADMISSION_TIMEOUT.name
 ADMISSION_LOG = "orchestrator.admission"
 """The logger of waiting spawns' progress (INFO records; `admission_done` on the last)."""
-MEMORY_SHARE = 0.75
-"""Share of the host's memory admitted by default."""
 POLL = 0.1
 """Seconds between two looks at the ledger while waiting (a release in this process wakes
 its waiters at once)."""
@@ -66,26 +63,12 @@ _released = threading.Condition()
 
 
 def enabled() -> bool:
-    return settings.flag(ADMISSION_ENV, True)
-
-
-def host_memory() -> int:
-    """MemTotal of /proc/meminfo in bytes (the physical pages where there is none)."""
-    try:
-        with open("/proc/meminfo", "rb") as fh:
-            for line in fh.read(64 * 1024).splitlines():
-                if line.startswith(b"MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return settings.ADMISSION.get()
 
 
 def budget() -> Amounts:
     """What may be admitted at once (ORCHESTRATOR_MAX_MEMORY, ORCHESTRATOR_MAX_CPUS)."""
-    memory = settings.size(MAX_MEMORY_ENV, int(host_memory() * MEMORY_SHARE))
-    cpus = settings.number(MAX_CPUS_ENV, float("inf"), unit="CPUs")
-    return Amounts(memory, cpus)
+    return Amounts(settings.MAX_MEMORY.get(), settings.MAX_CPUS.get())
 
 
 def _requested(env: Environment) -> Amounts:
@@ -94,7 +77,7 @@ def _requested(env: Environment) -> Amounts:
 
 
 def timeout() -> float:
-    return settings.number(TIMEOUT_ENV, 600.0)
+    return settings.ADMISSION_TIMEOUT.get()
 
 
 def _sum(tickets: list[Ticket]) -> Amounts:

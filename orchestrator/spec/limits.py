@@ -20,19 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator import settings
-from orchestrator.errors import SpecIssue, UsageError
+from orchestrator.errors import SpecIssue
 from orchestrator.spec.models import MIN_MEMORY, EnvironmentV1, Resources, size_bytes
 
-DEFAULT_MEMORY_ENV = "ORCHESTRATOR_DEFAULT_MEMORY"
-DEFAULT_CPUS_ENV = "ORCHESTRATOR_DEFAULT_CPUS"
-DEFAULT_PIDS_ENV = "ORCHESTRATOR_DEFAULT_PIDS"
-MAX_PIDS_ENV = "ORCHESTRATOR_MAX_PIDS"
-MAX_PIDS = 4096
-"""The most processes a file may ask for one container (resources.pids): a file could
-otherwise lift its own ceiling to the host's whole pid table. The caller may raise it."""
-DEFAULT_MEMORY = 1024**3
-DEFAULT_CPUS = 1.0
-DEFAULT_PIDS = 1024
+DEFAULT_MEMORY_ENV = settings.DEFAULT_MEMORY.name
+MAX_PIDS_ENV = settings.MAX_PIDS.name
 
 
 @dataclass(frozen=True)
@@ -54,21 +46,18 @@ class Limits:
 
 
 def default_memory() -> int:
-    memory = settings.size(DEFAULT_MEMORY_ENV, DEFAULT_MEMORY)
+    memory = settings.DEFAULT_MEMORY.get()
     if memory < MIN_MEMORY:
-        raise UsageError(
-            f"{DEFAULT_MEMORY_ENV} must be at least 6m (the engine refuses less), got "
-            f"{memory} bytes"
-        )
+        raise settings.DEFAULT_MEMORY.refused("at least 6m (the engine refuses less)")
     return memory
 
 
 def default_cpus() -> float:
-    return settings.number(DEFAULT_CPUS_ENV, DEFAULT_CPUS, unit="CPUs")
+    return settings.DEFAULT_CPUS.get()
 
 
 def default_pids() -> int:
-    return settings.whole(DEFAULT_PIDS_ENV, DEFAULT_PIDS, unit="processes", high=2**22)
+    return settings.DEFAULT_PIDS.get()
 
 
 def applied(r: Resources) -> Resources:
@@ -84,7 +73,7 @@ def applied(r: Resources) -> Resources:
 
 
 def max_pids() -> int:
-    return settings.whole(MAX_PIDS_ENV, MAX_PIDS, unit="processes", high=2**22)
+    return settings.MAX_PIDS.get()
 
 
 def pids_issues(source: str, spec: EnvironmentV1) -> list[SpecIssue]:

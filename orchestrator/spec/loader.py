@@ -24,9 +24,7 @@ from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
 from orchestrator.spec.models import STATIC_PLACEHOLDER, SUPPORTED_VERSIONS, EnvironmentV1
 from orchestrator.spec.policy import UNREADABLE_FIX, HostPath, Policy, look_up
 
-MAX_BYTES_ENV = "ORCHESTRATOR_MAX_SPEC_BYTES"
-MAX_BYTES = 128 * 1024
-"""Largest environment file we parse (real ones are a few KiB; YAML parsing costs ~6 s/MiB)."""
+MAX_BYTES_ENV = settings.MAX_SPEC_BYTES.name
 MAX_VALUES = 50_000
 """Most values (mapping entries, list items, scalars) a file may expand to through aliases."""
 MAX_NESTING = 100
@@ -177,7 +175,7 @@ def _too_deep(text: str) -> Position | None:
 
 
 def max_spec_bytes() -> int:
-    return settings.whole(MAX_BYTES_ENV, MAX_BYTES)
+    return settings.MAX_SPEC_BYTES.get()
 
 
 def _malformed(

@@ -35,17 +35,18 @@ from orchestrator.spec import egress as _egress
 from orchestrator.spec.egress import Egress
 from orchestrator.spec.models import ISOLATION_LEVELS, EnvironmentV1, Hardening, Isolation
 
-ROOTS_ENV = "ORCHESTRATOR_ALLOWED_MOUNT_ROOTS"
-CAPS_ENV = "ORCHESTRATOR_ALLOW_CAPS"
-HOST_NETWORK_ENV = "ORCHESTRATOR_ALLOW_HOST_NETWORK"
-ENV_ENV = "ORCHESTRATOR_ALLOW_ENV"
-UNISOLATED_ENV = "ORCHESTRATOR_ALLOW_UNISOLATED"
-EGRESS_ENV = "ORCHESTRATOR_EGRESS"
-ISOLATION_ENV = "ORCHESTRATOR_ISOLATION"
-UNPINNED_ENV = "ORCHESTRATOR_ALLOW_UNPINNED_MOUNTS"
-PULL_ENV = "ORCHESTRATOR_ALLOW_PULL"
-HOST_BUILD_ENV = "ORCHESTRATOR_ALLOW_HOST_BUILD"
-PUBLIC_PORTS_ENV = "ORCHESTRATOR_ALLOW_PUBLIC_PORTS"
+# the variables' names, for messages (each setting is orchestrator.settings')
+ROOTS_ENV = settings.ALLOWED_MOUNT_ROOTS.name
+CAPS_ENV = settings.ALLOW_CAPS.name
+HOST_NETWORK_ENV = settings.ALLOW_HOST_NETWORK.name
+ENV_ENV = settings.ALLOW_ENV.name
+UNISOLATED_ENV = settings.ALLOW_UNISOLATED.name
+EGRESS_ENV = settings.EGRESS.name
+ISOLATION_ENV = settings.ISOLATION.name
+UNPINNED_ENV = settings.ALLOW_UNPINNED_MOUNTS.name
+PULL_ENV = settings.ALLOW_PULL.name
+HOST_BUILD_ENV = settings.ALLOW_HOST_BUILD.name
+PUBLIC_PORTS_ENV = settings.ALLOW_PUBLIC_PORTS.name
 
 DEFAULT_CAPS = (
     "AUDIT_WRITE",
@@ -96,13 +97,8 @@ def _norm_cap(cap: str) -> str:
 
 def egress_from_env() -> Egress:
     """ORCHESTRATOR_EGRESS parsed ("all" when unset); UsageError naming a bad entry."""
-    raw = os.environ.get(EGRESS_ENV, "").strip()
-    if not raw:
-        return "all"
     try:
-        if raw in ("none", "all"):
-            return _egress.parse(raw)
-        return _egress.parse([e for e in raw.split(",") if e.strip()])
+        return _egress.parse(settings.EGRESS.get())
     except ValueError as exc:
         raise UsageError(f"{EGRESS_ENV}: {exc}") from None
 
@@ -160,21 +156,19 @@ class Policy:
 
     @classmethod
     def from_env(cls) -> Policy:
-        raw = os.environ.get(ROOTS_ENV, "")
-        caps = os.environ.get(CAPS_ENV, "")
-        names = os.environ.get(ENV_ENV, "")
+        """The policy the caller's settings give (orchestrator.settings: flags, variables)."""
         return cls(
-            extra_mount_roots=tuple(Path(p) for p in raw.split(os.pathsep) if p),
-            allow_caps=frozenset(_norm_cap(c) for c in caps.split(",") if c.strip()),
-            allow_host_network=settings.flag(HOST_NETWORK_ENV, False),
-            allow_env=frozenset(n.strip() for n in names.split(",") if n.strip()),
-            allow_unisolated=settings.flag(UNISOLATED_ENV, False),
-            allow_unpinned_mounts=settings.flag(UNPINNED_ENV, False),
-            allow_pull=settings.flag(PULL_ENV, False),
-            allow_host_build=settings.flag(HOST_BUILD_ENV, False),
-            allow_public_ports=settings.flag(PUBLIC_PORTS_ENV, False),
+            extra_mount_roots=settings.ALLOWED_MOUNT_ROOTS.get(),
+            allow_caps=frozenset(_norm_cap(c) for c in settings.ALLOW_CAPS.get()),
+            allow_host_network=settings.ALLOW_HOST_NETWORK.get(),
+            allow_env=frozenset(settings.ALLOW_ENV.get()),
+            allow_unisolated=settings.ALLOW_UNISOLATED.get(),
+            allow_unpinned_mounts=settings.ALLOW_UNPINNED_MOUNTS.get(),
+            allow_pull=settings.ALLOW_PULL.get(),
+            allow_host_build=settings.ALLOW_HOST_BUILD.get(),
+            allow_public_ports=settings.ALLOW_PUBLIC_PORTS.get(),
             egress=egress_from_env(),
-            isolation=cast(Isolation, settings.choice(ISOLATION_ENV, "runc", ISOLATION_LEVELS)),
+            isolation=cast(Isolation, settings.ISOLATION.get()),
         )
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import Runtime, RuntimeResult
+from orchestrator import Runtime, RuntimeResult, settings
 from orchestrator.errors import (
     CommandFailed,
     OrchestratorError,
@@ -169,7 +169,7 @@ def test_a_download_onto_a_local_file_is_a_usage_error(rt: Runtime, tmp_path: Pa
 
 
 def test_output_limit_from_environment(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ORCHESTRATOR_OUTPUT_LIMIT", "10")
+    monkeypatch.setenv(settings.OUTPUT_LIMIT.name, "10")
     r = rt.execute("echo 0123456789abcdef")
     assert r.truncated and r.stdout == "789abcdef\n"
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
 import secrets
 import shutil
@@ -32,10 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from orchestrator import settings
+
 __all__ = ["LABEL", "PYTHON_IMAGE", "World", "start_world"]
 
-PYTHON_IMAGE = os.environ.get("ORCHESTRATOR_PYTHON_IMAGE", "orchestrator-test/python:3.11")
-HUB_IMAGE = os.environ.get("ORCHESTRATOR_BUSYBOX_IMAGE", "orchestrator-test/busybox:1")
+PYTHON_IMAGE = settings.PYTHON_IMAGE.get()
+HUB_IMAGE = settings.BUSYBOX_IMAGE.get()
 """The hub's image: anything with busybox's `ip`."""
 OUTSIDE = "203.0.113."
 """The served names' addresses: OUTSIDE + 10, 11, ... (TEST-NET-3, held by the hub alone)."""

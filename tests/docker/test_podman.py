@@ -177,7 +177,7 @@ def test_a_snapshot_on_podman_records_podman_and_resumes_only_there(
     from orchestrator.backends.container.engine import Engine
 
     path = make_env("", name="podsnap")
-    monkeypatch.setenv(settings.ENGINE_ENV, "podman")
+    monkeypatch.setenv(settings.ENGINE.name, "podman")
     # Podman's API cannot mount a folder whose path holds `"` or `,`: refused, by name
     for odd in ('a"b', "a,b"):
         monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / odd))
@@ -198,7 +198,7 @@ def test_a_snapshot_on_podman_records_podman_and_resumes_only_there(
         assert on(PODMAN, "images", "-q").stdout == images_before
         snap = rt.snapshot(tmp_path / "again.tar", filesystem=True)
     try:
-        monkeypatch.delenv(settings.ENGINE_ENV)
+        monkeypatch.delenv(settings.ENGINE.name)
         before = labelled_ids()
         with pytest.raises(UsageError, match=f"is on the engine at {PODMAN}"):
             spawn_runtime(path, resume=snap)
@@ -206,7 +206,7 @@ def test_a_snapshot_on_podman_records_podman_and_resumes_only_there(
         with spawn_runtime(path, resume=snap, host="podman") as rt:  # named: found there
             assert rt.execute("true").exit_code == 0
     finally:
-        monkeypatch.setenv(settings.ENGINE_ENV, "podman")
+        monkeypatch.setenv(settings.ENGINE.name, "podman")
         snap.remove()
 
 

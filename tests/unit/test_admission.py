@@ -20,7 +20,7 @@ from subprocess import Popen
 
 import pytest
 
-from orchestrator import AdmissionTimeout, OrchestratorError, UsageError, spawn_runtime
+from orchestrator import AdmissionTimeout, OrchestratorError, UsageError, settings, spawn_runtime
 from orchestrator.sandbox.backend import Amounts, request
 from orchestrator.services import admission
 from orchestrator.services.ledger import TICKET_MAX, Ledger, process_start
@@ -112,7 +112,7 @@ def test_the_default_budget_is_a_share_of_host_memory_and_no_bound_on_cpus(
     monkeypatch.delenv("ORCHESTRATOR_MAX_MEMORY")
     monkeypatch.delenv("ORCHESTRATOR_MAX_CPUS")
     got = admission.budget()
-    assert got.memory == int(admission.host_memory() * 0.75) > 0
+    assert got.memory == int(settings.host_memory() * 0.75) > 0
     assert got.cpus == float("inf")
 
 

@@ -38,6 +38,7 @@ def test_version_and_help() -> None:
         "validate",
         "schema",
         "doctor",
+        "config",
         "cleanup",
         "migrate",
     ):

@@ -28,7 +28,7 @@ def _record(tmp_path: Path, host: str) -> Snapshot:
 def test_a_record_of_the_default_socket_wakes_from_a_process_naming_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("DOCKER_HOST", settings.DOCKER_HOST_ENV, settings.ENGINE_ENV):
+    for name in ("DOCKER_HOST", settings.DOCKER_HOST.name, settings.ENGINE.name):
         monkeypatch.delenv(name, raising=False)
     env = tmp_path / "env.yaml"
     env.write_text("version: 1\nname: e\nimage: busybox\n")

@@ -40,9 +40,11 @@ def test_a_mistyped_policy_flag_is_refused_not_read_as_off(
 
 def test_unset_and_empty_flags_take_their_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCHESTRATOR_GUARDIAN", "")
-    assert settings.flag("ORCHESTRATOR_GUARDIAN", True) is True
+    assert settings.GUARDIAN.get() is True
+    monkeypatch.setenv("ORCHESTRATOR_ALLOW_PULL", " ")
+    assert settings.ALLOW_PULL.get() is False
     monkeypatch.delenv("ORCHESTRATOR_GUARDIAN")
-    assert settings.flag("ORCHESTRATOR_GUARDIAN", False) is False
+    assert settings.GUARDIAN.get() is True
 
 
 def test_a_mistyped_guardian_switch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -153,7 +153,7 @@ def _missing_image(image: str, address: str) -> Check:
             "repository's test images, which no registry has: build them with `just images` "
             "(scripts/build-images)"
         )
-    if settings.flag(PULL_ENV, False):
+    if settings.ALLOW_PULL.get():
         return "warn", (
             f"image {image} not present on the engine{where}: `up` will pull it from "
             f"{_registry(image)} ({PULL_ENV} allows it); where the engine cannot reach that "

@@ -30,9 +30,8 @@ from orchestrator.backends.container.identity import (
 )
 from orchestrator.errors import OrchestratorError
 
-GUARDIAN_ENV = settings.GUARDIAN_ENV
-LOG_ENV = "ORCHESTRATOR_GUARDIAN_LOG"
-"""A file the guardians append their errors to (none by default)."""
+GUARDIAN_ENV = settings.GUARDIAN.name
+LOG_ENV = settings.GUARDIAN_LOG.name
 POLL = 0.5
 """Seconds between two checks of the owner's pid (when no end of input told us first)."""
 
@@ -48,14 +47,15 @@ _guardian: tuple[int, subprocess.Popen[bytes]] | None = None
 def ensure_guardian() -> None:
     """Start this process's guardian unless it runs (or is switched off)."""
     global _guardian
-    if not settings.flag(GUARDIAN_ENV, True):
+    if not settings.GUARDIAN.get():
         return
     pid = os.getpid()
     with _lock:
         if _guardian is not None and _guardian[0] == pid and _guardian[1].poll() is None:
             return
         args = [str(pid), process_start(pid), socket.gethostname()]
-        _guardian = (pid, procutil.guardian(ENTRY, args, os.environ.get(LOG_ENV)))
+        log = settings.GUARDIAN_LOG.get() or None
+        _guardian = (pid, procutil.guardian(ENTRY, args, log, settings.child_environ()))
 
 
 def watch(pid: str, start: str, host: str) -> None:

@@ -37,10 +37,8 @@ LABEL_DIR = L + "dir"
 DETACHED = "0"
 """Owner pid of a project started by `orchestrator up`: it lives until `down` or `cleanup --all`."""
 
-POOL_ENV = "ORCHESTRATOR_SUBNET_POOL"
-PREFIX_ENV = "ORCHESTRATOR_SUBNET_PREFIX"
-DEFAULT_POOL = "10.213.0.0/16"
-DEFAULT_PREFIX = 27
+POOL_ENV = settings.SUBNET_POOL.name
+PREFIX_ENV = settings.SUBNET_PREFIX.name
 
 
 def owner_alive(labels: dict[str, str]) -> bool:
@@ -224,14 +222,10 @@ def project_labels(env: Environment, name: str, directory: Path, detached: bool)
 
 def subnet_pool() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int]:
     """The pool project subnets come from, and their prefix length (both settable)."""
-    pool = settings.network(POOL_ENV, DEFAULT_POOL)
-    prefix = settings.whole(
-        PREFIX_ENV,
-        DEFAULT_PREFIX,
-        unit="prefix bits",
-        low=pool.prefixlen,
-        high=pool.max_prefixlen - 2,
-    )
+    pool, prefix = settings.SUBNET_POOL.get(), settings.SUBNET_PREFIX.get()
+    if not pool.prefixlen <= prefix <= pool.max_prefixlen - 2:
+        want = f"a whole number of prefix bits ({pool.prefixlen} to {pool.max_prefixlen - 2})"
+        raise settings.SUBNET_PREFIX.refused(want)
     return pool, prefix
 
 

@@ -15,7 +15,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, cast, get_args
+from typing import Any, ClassVar, cast
 
 from orchestrator import procutil, settings
 from orchestrator.backends.container import copyin, freeze, membership, owed
@@ -48,7 +48,7 @@ from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN, resolve_user
 
 log = logging.getLogger("orchestrator.docker")
-EXEC_MODE_ENV = "ORCHESTRATOR_EXEC_MODE"
+EXEC_MODE_ENV = settings.EXEC_MODE.name
 """auto (the executor, falling back to plain where it cannot run), executor or plain."""
 
 
@@ -124,7 +124,7 @@ class ContainerRuntime(Runtime):
         super().__init__(*args, **kwargs)
         self._ports: list[PublishedPort] = []
         self._services: dict[str, ServiceSandbox] = {}
-        self._mode = cast(Mode, settings.choice(EXEC_MODE_ENV, "auto", get_args(Mode)))
+        self._mode = cast(Mode, settings.EXEC_MODE.get())
         self._main: Channel | None = None
         self._main_engine: Engine | None = None
         """The engine of the main container (its backend sets it once the container is

@@ -43,7 +43,6 @@ from orchestrator.backends.container.engine import (
 )
 from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.buildcheck import (
-    CONTEXT_LIMIT_ENV,
     PROBLEM_FIX,
     Budget,
     absent,
@@ -294,7 +293,7 @@ def _checked_copy(plan: ImageBuild, folder: Path, host: str) -> tuple[Path, Path
     """The build's context and Dockerfile copied privately, the copy's Dockerfile checked:
     nothing it refuses, every image it starts from on the engine (unless the caller lets it
     pull), and none with ONBUILD steps of its own."""
-    budget = Budget(settings.size(CONTEXT_LIMIT_ENV, 2 << 30), up_timeout())
+    budget = Budget(settings.BUILD_CONTEXT_LIMIT.get(), up_timeout())
     try:
         context, dockerfile = private_context(
             plan.context, plan.context / (plan.dockerfile or "Dockerfile"), folder, budget

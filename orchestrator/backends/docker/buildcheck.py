@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from orchestrator import settings
 from orchestrator.backends.container.binds import PinRefused, open_exact
 from orchestrator.backends.docker.buildplan import ImageBuild
 from orchestrator.errors import SpecIssue
@@ -215,8 +216,7 @@ def read_dockerfile(path: Path) -> str:
     return data.decode("utf-8", "replace")
 
 
-CONTEXT_LIMIT_ENV = "ORCHESTRATOR_BUILD_CONTEXT_LIMIT"
-"""Most bytes a build's context may hold (its private copy is that large): 2g by default."""
+CONTEXT_LIMIT_ENV = settings.BUILD_CONTEXT_LIMIT.name
 
 
 class Budget:

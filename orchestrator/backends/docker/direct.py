@@ -34,7 +34,7 @@ from ruamel.yaml.error import YAMLError
 
 from orchestrator import settings
 
-UP_PATH_ENV = "ORCHESTRATOR_UP_PATH"
+UP_PATH_ENV = settings.UP_PATH.name
 SERVICE = "main"
 
 _TOP = {"name", "services", "volumes"}
@@ -74,7 +74,7 @@ _SECONDS = re.compile(r"(\d{1,4})s")
 
 
 def up_path() -> str:
-    return settings.choice(UP_PATH_ENV, "auto", ("auto", "compose"))
+    return settings.UP_PATH.get()
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator import settings
 from orchestrator._resources import data_dir
 
-BASE_ENV = "ORCHESTRATOR_GATEWAY_BASE"
+BASE_ENV = settings.GATEWAY_BASE.name
 LOCAL_BASE = "orchestrator/gateway-base:bookworm"
 DEFAULT_BASE = "debian:bookworm-slim"
 REPOSITORY = "orchestrator/gateway"
@@ -27,7 +27,7 @@ REPOSITORY = "orchestrator/gateway"
 
 def base_image(exists: Callable[[str], bool]) -> str:
     """The base to build on (see above); `exists` tells whether the engine has an image."""
-    named = os.environ.get(BASE_ENV, "").strip()
+    named = settings.GATEWAY_BASE.get()
     if named:
         return named
     return LOCAL_BASE if exists(LOCAL_BASE) else DEFAULT_BASE

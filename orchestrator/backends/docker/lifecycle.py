@@ -498,8 +498,7 @@ def _retry_subnet(attempt: Callable[[int], T], tries: int = 8) -> T:
     raise AssertionError("unreachable")
 
 
-NO_LIMITS_ENV = "ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS"
-"""Set to 1 to run on a rootless Podman that cannot hold resource limits (cgroup v1)."""
+NO_LIMITS_ENV = settings.ROOTLESS_WITHOUT_LIMITS.name
 
 
 def start_project(
@@ -701,7 +700,7 @@ def require_engine(
         or compiled.published
         or bool(compiled.infra)
     )
-    unlimited = facts.rootless and facts.cgroup_v1 and not settings.flag(NO_LIMITS_ENV, False)
+    unlimited = facts.rootless and facts.cgroup_v1 and not settings.ROOTLESS_WITHOUT_LIMITS.get()
     needs = [
         what
         for what, needed in (

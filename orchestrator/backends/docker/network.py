@@ -27,14 +27,14 @@ the names it lets through). Pure: this plans, it runs nothing."""
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import settings
 from orchestrator.backends.container.layout import FORWARDS_LABEL
-from orchestrator.errors import SpecIssue, UsageError
+from orchestrator.errors import SpecIssue
 from orchestrator.spec.egress import Egress, Rule
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import PortMap
@@ -50,11 +50,8 @@ PROXY_URL = f"http://{GATEWAY}:{PROXY_PORT}"
 RULES_FILE = "gateway/rules.conf"
 """The gateway's allowlist rules, relative to the project folder."""
 RULES_MOUNT = "/etc/orchestrator-gateway/rules.conf"
-EGRESS_NETWORK_ENV = "ORCHESTRATOR_EGRESS_NETWORK"
-"""An existing network to leave by (its name), instead of one made for each environment."""
-EGRESS_DNS_ENV = "ORCHESTRATOR_EGRESS_DNS"
-"""Resolvers (comma-separated addresses) the gateway and `all` containers use instead of
-the engine's."""
+EGRESS_NETWORK_ENV = settings.EGRESS_NETWORK.name
+EGRESS_DNS_ENV = settings.EGRESS_DNS.name
 PINNED_DNS = ("127.0.0.1",)
 """Where a container without `all` sends names that are not the environment's: its own
 loopback, where nothing answers, so nothing resolves and no query leaves."""
@@ -66,31 +63,13 @@ PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
 
 
-_NETWORK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
-
-
 def egress_network() -> str:
     """The caller's shared network's name (ORCHESTRATOR_EGRESS_NETWORK), or ""."""
-    name = os.environ.get(EGRESS_NETWORK_ENV, "").strip()
-    if name and not _NETWORK_NAME.match(name):
-        raise UsageError(
-            f"{EGRESS_NETWORK_ENV} must name a network (letters, digits, '_', '.', '-'), "
-            f"got {name!r}"
-        )
-    return name
+    return settings.EGRESS_NETWORK.get()
 
 
 def egress_dns() -> tuple[str, ...]:
-    out = []
-    for part in os.environ.get(EGRESS_DNS_ENV, "").split(","):
-        if part.strip():
-            try:
-                out.append(str(ipaddress.ip_address(part.strip())))
-            except ValueError:
-                raise UsageError(
-                    f"{EGRESS_DNS_ENV} must be addresses separated by commas, got {part!r}"
-                ) from None
-    return tuple(out)
+    return settings.EGRESS_DNS.get()
 
 
 @dataclass

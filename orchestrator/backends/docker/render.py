@@ -3,13 +3,13 @@ through the Jinja templates. Pure: same input, byte-identical output; runs nothi
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import settings
 from orchestrator.backends.container.binds import Pins
 from orchestrator.backends.container.copyin import (
     GATE,
@@ -307,12 +307,12 @@ def _service(
     }
 
 
-GVISOR_RUNTIME_ENV = "ORCHESTRATOR_GVISOR_RUNTIME"
+GVISOR_RUNTIME_ENV = settings.GVISOR_RUNTIME.name
 """The name gVisor's runsc is registered under in the engine (default runsc)."""
 
 
 def gvisor_runtime() -> str:
-    return os.environ.get(GVISOR_RUNTIME_ENV, "").strip() or "runsc"
+    return settings.GVISOR_RUNTIME.get()
 
 
 def runtime_of(isolation: str) -> str | None:

@@ -10,12 +10,12 @@ the owner, and the manager's address, so a reaper or the owner's guardian can re
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator import settings
 from orchestrator.backends.container.engine import Engine, NotSwarmManager, StackEmpty
 from orchestrator.backends.container.identity import LABEL_PROJECT
 from orchestrator.backends.swarm.compile import CompiledStack
@@ -23,8 +23,8 @@ from orchestrator.errors import DockerError, OrchestratorError, StartupError, Us
 from orchestrator.paths import make_folders, write_file
 from orchestrator.spec.resolve import MAIN
 
-SWARM_HOST_ENV = "ORCHESTRATOR_SWARM_HOST"
-NODE_HOST_ENV = "ORCHESTRATOR_SWARM_NODE_HOST"
+SWARM_HOST_ENV = settings.SWARM_HOST.name
+NODE_HOST_ENV = settings.SWARM_NODE_HOST.name
 STACK_FILE = "stack.yaml"
 MANAGER_FILE = "swarm"
 """In a stack's project folder: the manager's address ("" for this machine's engine)."""
@@ -33,7 +33,7 @@ REMOVE_WAIT = 60.0
 
 
 def manager_host() -> str:
-    return os.environ.get(SWARM_HOST_ENV, "").strip()
+    return settings.SWARM_HOST.get()
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def node_host(manager: str, node: str) -> str:
     node is the manager's engine."""
     engine = Engine.at(manager)
     addr, hostname = engine.node(node)
-    template = os.environ.get(NODE_HOST_ENV, "").strip()
+    template = settings.SWARM_NODE_HOST.get()
     if template:
         return template.format(addr=addr, hostname=hostname)
     if engine.node_id() == node:

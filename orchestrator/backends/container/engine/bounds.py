@@ -9,8 +9,8 @@ from pathlib import Path
 
 from orchestrator import settings
 
-ENGINE_TIMEOUT_ENV = "ORCHESTRATOR_ENGINE_TIMEOUT"
-UP_TIMEOUT_ENV = "ORCHESTRATOR_UP_TIMEOUT"
+ENGINE_TIMEOUT_ENV = settings.ENGINE_TIMEOUT.name
+UP_TIMEOUT_ENV = settings.UP_TIMEOUT.name
 TIMED_OUT = 124
 """Exit status of coreutils `timeout` when the bound was reached."""
 KILLED = (128 + 9, -9)
@@ -20,13 +20,13 @@ GRACE = 5
 """Seconds `timeout` waits after its TERM before it KILLs."""
 
 
-def engine_timeout(name: str = ENGINE_TIMEOUT_ENV, default: float = 120.0) -> float:
-    return settings.number(name, default)
+def engine_timeout() -> float:
+    return settings.ENGINE_TIMEOUT.get()
 
 
 def up_timeout() -> float:
     """Bound of `compose up`, which may build images (ORCHESTRATOR_UP_TIMEOUT, 900 s)."""
-    return engine_timeout(UP_TIMEOUT_ENV, 900.0)
+    return settings.UP_TIMEOUT.get()
 
 
 def bounded(argv: Sequence[str], seconds: float) -> list[str]:
