@@ -225,6 +225,7 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     leaked = ours() - before
     if leaked:
+        what = _described(leaked)  # before removal: what the failure says of each
         order = {"ps": 0, "network": 1, "volume": 2, "image": 3}  # a network in use stays
         kinds = {ident: ident.rpartition("|")[2].partition(":") for ident in leaked}
         for ident in sorted(leaked, key=lambda i: order[kinds[i][0]]):
@@ -239,7 +240,29 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
             }[kind]
             docker = ["docker", "--host", host] if host else ["docker"]
             subprocess.run([*docker, *argv, i], capture_output=True, check=False)
-        pytest.fail(f"{request.module.__name__} leaked Docker objects: {sorted(leaked)}")
+        pytest.fail(f"{request.module.__name__} leaked Docker objects: {sorted(leaked)}\n{what}")
+
+
+def _described(leaked: set[str]) -> str:
+    """Each leaked container's name, state, creation time and labels, one line each: what
+    tells which test (and which step of it) left it."""
+    lines = []
+    for ident in sorted(leaked):
+        host, _, rest = ident.rpartition("|")
+        kind, _, name = rest.partition(":")
+        if kind != "ps":
+            continue
+        docker = ["docker", "--host", host] if host else ["docker"]
+        fmt = "{{.Name}} {{.State.Status}} {{.Created}} {{json .Config.Labels}}"
+        out = subprocess.run(
+            [*docker, "inspect", "--format", fmt, name],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        lines.append(f"  {name}: {(out.stdout or out.stderr).strip()}")
+    return "\n".join(lines)
 
 
 @pytest.fixture
