@@ -87,6 +87,7 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
     )
     from orchestrator.services.pool import (
         Pool as Pool,
+        claim_ready as claim_ready,
     )
     from orchestrator.services.spawn import (
         backend_class as backend_class,

@@ -11,7 +11,6 @@ import typer
 from orchestrator.cli.common import (
     BUILD_HELP,
     Started,
-    attach_ref,
     build_choice,
     described,
     load_file,
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
     from orchestrator import (
         BuildChoice,
         Environment,
+        PublishedPort,
         Runtime,
     )
 
@@ -69,34 +69,18 @@ def up(
 
 
 def _claim(env: Environment, count: int) -> Started:
-    """Up to `count` environments taken from running pools of this file: each is claimed
-    (atomically against its pool and other claimers), described, then kept until `down`.
-    One that cannot be described is handed back to its pool; never one claimed and lost."""
-    from orchestrator import attachable
+    """Up to `count` environments taken from running pools of this file (`claim_ready`),
+    described; one that cannot be described is left to its pool, with a warning."""
+    from orchestrator import claim_ready
 
-    out: Started = []
-    for ident in attachable(env):
-        if len(out) == count:
-            break
-        try:
-            rt = attach_ref(ident)
-        except OrchestratorError:
-            continue  # removed meanwhile, or not one to hand out
-        try:
-            if rt.pool_state() != "ready" or not rt.pool_move("ready", "claimed"):
-                continue
-            try:
-                record, ports, warnings = described(rt)
-                rt.keep()  # the caller's now: its pool, reapers and guardians leave it
-            except OrchestratorError as exc:
-                rt.pool_move("claimed", "ready")
-                typer.echo(
-                    f"warning: {ident} could not be taken ({exc}); left to its pool", err=True
-                )
-                continue
-            out.append(({**record, "pool": "claimed"}, ports, warnings))
-        finally:
-            rt.detach()
+    def take(rt: Runtime) -> tuple[dict[str, object], tuple[PublishedPort, ...], list[str]]:
+        record, ports, warnings = described(rt)
+        return {**record, "pool": "claimed"}, ports, warnings
+
+    def refused(ident: str, exc: OrchestratorError) -> None:
+        typer.echo(f"warning: {ident} could not be taken ({exc}); left to its pool", err=True)
+
+    out: Started = claim_ready(env, count, take, refused=refused)
     if len(out) < count:
         typer.echo(f"no pool of {env.name} has {count - len(out)} more ready: starting", err=True)
     return out

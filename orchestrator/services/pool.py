@@ -36,10 +36,11 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.errors import OrchestratorError, PoolExhausted, RuntimeClosed, UsageError
 from orchestrator.sandbox.base import Runtime
+from orchestrator.services.attach import attach, attachable
 from orchestrator.services.spawn import spawn_runtime
 from orchestrator.spec.loader import Environment, load_environment
 
@@ -320,3 +321,44 @@ class Pool:
             self._discard(item)
         else:
             self._let_go(item)
+
+
+T = TypeVar("T")
+
+
+def claim_ready(
+    env: Environment,
+    count: int,
+    take: Callable[[Runtime], T],
+    *,
+    refused: Callable[[str, OrchestratorError], None] | None = None,
+) -> list[T]:
+    """Up to `count` environments taken from running pools (of any process) of `env`'s file,
+    what `take` makes of each (`orchestrator up --pool` describes them). Each is claimed
+    atomically against its pool and other claimers, handed to `take`, then kept: its pool,
+    reapers and guardians leave it until it is removed by id. One that `take` fails on
+    (OrchestratorError) goes back to its pool, `refused` is told why: never one claimed and
+    lost. The pool's own states move only here and in `Pool`."""
+    out: list[T] = []
+    for ident in attachable(env):
+        if len(out) == count:
+            break
+        try:
+            rt = attach(ident)
+        except OrchestratorError:
+            continue  # removed meanwhile, or not one to hand out
+        try:
+            if rt.pool_state() != "ready" or not rt.pool_move("ready", "claimed"):
+                continue
+            try:
+                made = take(rt)
+                rt.keep()
+            except OrchestratorError as exc:
+                rt.pool_move("claimed", "ready")
+                if refused is not None:
+                    refused(ident, exc)
+                continue
+            out.append(made)
+        finally:
+            rt.detach()
+    return out
