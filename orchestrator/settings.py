@@ -346,6 +346,14 @@ def engine_named(host: str) -> None:
         _engines_named.add(host)
 
 
+def engine_sockets() -> tuple[str, ...]:
+    """The local sockets of every engine this process may work with (the default, DOCKER_HOST,
+    the chosen one, Podman's, those a spawn named): what no environment may mount."""
+    named = [DEFAULT_ENGINE, os.environ.get("DOCKER_HOST", "").strip(), chosen_engine()]
+    named += [podman_socket(), *sorted(_engines_named)]
+    return tuple(dict.fromkeys(a.removeprefix("unix://") for a in named if a.startswith("unix://")))
+
+
 def may_reach(host: str) -> bool:
     """Whether an engine address read from a file (a snapshot's record) may be reached by
     this process: its own engine, or one a spawn of this process named. Another address

@@ -358,6 +358,9 @@ def claim_ready(
                 if refused is not None:
                     refused(ident, exc)
                 continue
+            except BaseException:  # (an interrupt, a bug in `take`): never claimed and lost
+                rt.pool_move("claimed", "ready")
+                raise
             out.append(made)
         finally:
             rt.detach()

@@ -329,19 +329,18 @@ UNREADABLE_FIX = (
 
 
 def secret_paths() -> tuple[Path, ...]:
-    """The secret folders, as written and resolved (for this HOME and DOCKER_HOST), and the
-    state folder (every environment's project folder, private workspace and records, and
+    """The secret folders, as written and resolved (for this HOME and every engine's socket),
+    and the state folder (every environment's project folder, private workspace and records, and
     the admission ledger: see `state_paths`)."""
     home = os.environ.get("HOME") or "/root"
-    fixed = _secret_paths(home, os.environ.get("DOCKER_HOST", ""))
+    fixed = _secret_paths(home, settings.engine_sockets())
     return tuple(dict.fromkeys([*fixed, *state_paths()]))
 
 
 @functools.cache
-def _secret_paths(home: str, engine: str) -> tuple[Path, ...]:
+def _secret_paths(home: str, sockets: tuple[str, ...]) -> tuple[Path, ...]:
     paths = [Path(p) for p in SECRET_DIRS] + [Path(home) / d for d in SECRET_HOME_DIRS]
-    if engine.startswith("unix://"):
-        paths.append(Path(engine.removeprefix("unix://")))
+    paths += [Path(socket) for socket in sockets]  # every engine's, wherever it lies
     return tuple(dict.fromkeys([*paths, *(look_up(p).real for p in paths)]))
 
 

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from orchestrator.backends.container.engine.bounds import KILLED, TIMED_OUT
+from orchestrator.backends.container.engine.bounds import KILLED, TIMED_OUT, backstop
 from orchestrator.backends.container.engine.errors import CallFailed, docker_errors
-from orchestrator.errors import DockerError
+from orchestrator.errors import BackendUnavailable, DockerError
 
 T = TypeVar("T")
 
@@ -33,6 +33,37 @@ def run(argv: Sequence[str], *, input: bytes | None = None, backstop: float | No
         raise CallFailed(args, code, done.stdout, done.stderr)
     out = done.stdout.decode("utf-8", "replace")
     return out[:-1] if out.endswith("\n") else out
+
+
+def run_command(action: str, argv: Sequence[str], *, bound: float, input: bytes | None) -> str:
+    """A command run in a container (`docker exec`, bounded at `bound` seconds on its command
+    line): its stdout, or a DockerError with its exit status and stderr. What it prints and
+    how it exits are the sandbox's own, so they are never read as the engine's words (a
+    command printing "No such container" or "Cannot connect to the Docker daemon" fails as
+    itself), and it timed out only when its bound passed (a command killed inside, exit 137,
+    or exiting 124 of its own accord, is not a timeout)."""
+    args = list(argv)
+    started = time.monotonic()
+    try:
+        done = subprocess.run(args, input=input, capture_output=True, timeout=backstop(bound))
+    except subprocess.TimeoutExpired:
+        done = subprocess.CompletedProcess(args, TIMED_OUT, b"", b"")
+    except FileNotFoundError as exc:
+        raise BackendUnavailable(
+            "the docker CLI is not installed (see `orchestrator doctor`)"
+        ) from exc
+    out = done.stdout.decode("utf-8", "replace")
+    if done.returncode == 0:
+        return out[:-1] if out.endswith("\n") else out
+    late = time.monotonic() - started >= bound
+    code = TIMED_OUT if late and done.returncode in (TIMED_OUT, *KILLED) else done.returncode
+    said = "timed out after {bound:g} s" if code == TIMED_OUT and late else f"failed (exit {code})"
+    raise DockerError(
+        f"{action} {said.format(bound=bound)}",
+        command=args,
+        returncode=code,
+        stderr=done.stderr.decode("utf-8", "replace"),
+    )
 
 
 def engine_call(action: str, fn: Callable[[], T], *, retry: bool = True) -> T:

@@ -128,14 +128,13 @@ class EngineCore:
         seconds: float | None = None,
     ) -> str:
         """Run `command` in `container` to its end (bounded; never retried: an exec is not
-        idempotent): its stdout, or a typed DockerError with its exit code and stderr."""
+        idempotent): its stdout, or a DockerError with its exit code and stderr, never typed
+        by what it printed (the command's words are not the engine's: cli.run_command)."""
         bound = seconds or self.bound
         argv = self.exec_target(container).argv(
             command, user=user, workdir=workdir, stdin=input is not None, seconds=bound
         )
-        return cli.engine_call(
-            action, lambda: cli.run(argv, input=input, backstop=backstop(bound)), retry=False
-        )
+        return cli.run_command(action, argv, bound=bound, input=input)
 
     # ----- the API on this machine's socket --------------------------------------------------
     def api(
