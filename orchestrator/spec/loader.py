@@ -19,10 +19,11 @@ from orchestrator import settings
 from orchestrator._resources import templates_version
 from orchestrator.errors import OrchestratorError, PolicyError, SpecError, SpecIssue
 from orchestrator.spec import compose
+from orchestrator.spec.hostpaths import UNREADABLE_FIX, HostPath, look_up
 from orchestrator.spec.issues import Found, Locator, Position, error, position
 from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
 from orchestrator.spec.models import STATIC_PLACEHOLDER, SUPPORTED_VERSIONS, EnvironmentV1
-from orchestrator.spec.policy import UNREADABLE_FIX, HostPath, Policy, look_up
+from orchestrator.spec.policy import Policy
 
 MAX_BYTES_ENV = settings.MAX_SPEC_BYTES.name
 MAX_VALUES = 50_000
