@@ -26,19 +26,13 @@ from orchestrator import settings
 from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
 from orchestrator.spec import egress as _egress
 from orchestrator.spec.egress import Egress
+from orchestrator.spec.hostpaths import ROOTS_ENV, MountRoots, state_paths, too_broad
 
-# the host-path rule (spec.hostpaths), part of the policy: the backends take UNREADABLE_FIX,
-# check_host_paths and check_workspace from here
-from orchestrator.spec.hostpaths import (  # noqa: F401
-    ROOTS_ENV,
-    UNREADABLE_FIX,
-    MountRoots,
-    check_host_paths,
-    check_workspace,
-    look_up,
-    state_paths,
-    too_broad,
-)
+# the host-path rule (spec.hostpaths) is part of the policy: callers take these from here too
+from orchestrator.spec.hostpaths import UNREADABLE_FIX as UNREADABLE_FIX
+from orchestrator.spec.hostpaths import check_host_paths as check_host_paths
+from orchestrator.spec.hostpaths import check_workspace as check_workspace
+from orchestrator.spec.hostpaths import look_up as look_up
 from orchestrator.spec.models import ISOLATION_LEVELS, EnvironmentV1, Hardening, Isolation
 
 # the variables' names, for messages (each setting is orchestrator.settings')
