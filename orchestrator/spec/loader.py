@@ -71,6 +71,12 @@ class Environment:
         """1-based line and column of top-level field `key` in the file ((None, None): absent)."""
         return dict(self.positions).get(key, (None, None))
 
+    def issue_at(self, key: str, *, message: str, fix: str) -> SpecIssue:
+        """A problem with top-level field `key`, placed at its line and column in the file
+        (for a check made after loading: the backend's name, the policy's word on it)."""
+        line, column = self.where(key)
+        return SpecIssue(self.source, line=line, column=column, field=key, message=message, fix=fix)
+
     def host_path(self, written: str) -> HostPath:
         """A host path written in the file (a mount source), by the one rule: `~` expanded,
         a relative one against the file's own folder (`base_dir`), then resolved through
@@ -103,13 +109,9 @@ def check_backend(env: Environment, known: Collection[str]) -> None:
         return
     names = sorted(known)
     guess = difflib.get_close_matches(env.backend, names, n=1)
-    line, col = env.where("backend")
     raise SpecError(
-        SpecIssue(
-            env.source,
-            line=line,
-            column=col,
-            field="backend",
+        env.issue_at(
+            "backend",
             message=f"unknown backend {env.backend!r}",
             fix=(f"did you mean '{guess[0]}'? " if guess else "")
             + f"registered backends: {', '.join(names)} (a plugin adds one through the "
