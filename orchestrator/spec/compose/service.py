@@ -205,14 +205,8 @@ class Container(Target):
                 cond = spec.get("condition", "service_started") if isinstance(spec, dict) else None
                 conditions[str(dep)] = str(cond or "service_started")
         self.m.depends[self.name] = conditions
-        if self.main:
-            self.fate(
-                ("depends_on",),
-                "mapped",
-                "the main sandbox waits for every service (running, healthy, or a job done)",
-            )
-        else:
-            self.fate(("depends_on",), "mapped")
+        why = "the main sandbox waits for every service (running, healthy, or a job done)"
+        self.fate(("depends_on",), "mapped", why if self.main else "")
 
     def _network_mode(self, value: Any) -> None:
         mode = str(value)
