@@ -53,6 +53,12 @@ def _completion(action: Callable[[Any, Any, Any], Any]) -> Callable[..., None]:
     return callback
 
 
+def _completion_option(flag: str, action: Callable[[Any, Any, Any], Any], help: str) -> Any:
+    """An eager `--FLAG SHELL` option that runs Typer's completion `action` and exits."""
+    callback = _completion(action)
+    return typer.Option(None, flag, callback=callback, expose_value=False, is_eager=True, help=help)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"orchestrator {__version__}")
@@ -74,21 +80,15 @@ def _root(
         help="docker (the default) or podman (Podman's socket: the system one as root, "
         "the user's own rootless one otherwise); as ORCHESTRATOR_ENGINE.",
     ),
-    _install: Shells = typer.Option(
-        None,
+    _install: Shells = _completion_option(
         "--install-completion",
-        callback=_completion(install_callback),
-        expose_value=False,
-        is_eager=True,
-        help="Install completion (commands, options, environment ids) for this shell.",
+        install_callback,
+        "Install completion (commands, options, environment ids) for this shell.",
     ),
-    _show: Shells = typer.Option(
-        None,
+    _show: Shells = _completion_option(
         "--show-completion",
-        callback=_completion(show_callback),
-        expose_value=False,
-        is_eager=True,
-        help="Print the completion script for this shell, to copy it or install it yourself.",
+        show_callback,
+        "Print the completion script for this shell, to copy it or install it yourself.",
     ),
 ) -> None:
     """Run code-evaluation and AI-agent sandboxes from versioned environment files."""

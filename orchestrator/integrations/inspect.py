@@ -31,7 +31,6 @@ import os
 import re
 import threading
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, overload
 
 import anyio.to_thread
@@ -48,16 +47,12 @@ from inspect_ai.util import (
     sample_limits,
     sandboxenv,
 )
-from inspect_ai.util._sandbox.environment import HostMapping, PortMapping
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from orchestrator import (
-    Environment,
     Pool,
-    PublishedPort,
     aio,
     attach,
-    load_environment,
     prepare,
     spawn_runtime,
 )
@@ -70,6 +65,8 @@ from orchestrator.errors import (
     SandboxUnavailable,
     UsageError,
 )
+from orchestrator.integrations import inspect_config
+from orchestrator.integrations.inspect_config import OrchestratorSandboxConfig, metadata_env
 from orchestrator.settings import FILE_TIMEOUT
 from orchestrator.spec.resolve import MAIN
 
@@ -80,26 +77,6 @@ MIN_FILE_DEADLINE = 5.0
 """Seconds a file call gets even when the sample's time is (nearly) up: Inspect ends the
 sample itself; the call only must not outlive it by long."""
 _NOT_RUNNABLE = re.compile(r"permission denied|not executable", re.IGNORECASE)
-
-
-class OrchestratorSandboxConfig(BaseModel):
-    """The provider's config, beside a plain path: `sandbox=("orchestrator",
-    OrchestratorSandboxConfig(file="env.yaml", prewarm=8))`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    file: str
-    """The environment file."""
-    prewarm: int = Field(default=0, ge=0, le=256)
-    """Environments started in task_init and kept ready for the samples (set it to the
-    eval's max_sandboxes); 0: each sample starts its own. A sample's metadata then reaches
-    its commands as variables, but not the file's setup commands, which ran before the
-    sample was known."""
-    samples: int | None = Field(default=None, ge=1)
-    """With prewarm: how many samples this config serves in the eval (samples x epochs),
-    when known. The warm pool then starts no more environments than that: none is started
-    for nothing at the end (on a busy machine those cost the others CPU). A sample past it
-    (a retry) starts its own."""
 
 
 def _on_asyncio() -> bool:
@@ -151,56 +128,6 @@ def _quietly(fn: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _environment(
-    config: SandboxEnvironmentConfigType | None, variables: dict[str, str] | None = None
-) -> Environment:
-    """The config's environment; a Compose file's values interpolated from `variables` (a
-    sample's SAMPLE_METADATA_*), as Inspect's docker sandbox does."""
-    path = config.file if isinstance(config, OrchestratorSandboxConfig) else config
-    if not isinstance(path, str):
-        raise UsageError(
-            'the orchestrator sandbox takes an environment file: sandbox=("orchestrator", '
-            f'"env.yaml"), a Compose file or a Dockerfile, or OrchestratorSandboxConfig(file=...), '
-            f"got {config!r}"
-        )
-    env = load_environment(Path(path), variables=variables)
-    if env.compose_main is None and "default" in env.spec.services:
-        raise UsageError(
-            f"{path}: a service named 'default' would hide the main sandbox, which Inspect "
-            "calls 'default'; rename the service"
-        )
-    return env
-
-
-def _prewarm(config: SandboxEnvironmentConfigType | None) -> tuple[int, int | None]:
-    """The warm pool's size and total starts (0: none)."""
-    if not isinstance(config, OrchestratorSandboxConfig):
-        return 0, None
-    return config.prewarm, config.samples
-
-
-def metadata_env(metadata: dict[str, Any]) -> dict[str, str]:
-    """Sample metadata as Inspect's SAMPLE_METADATA_<KEY> variables (scalars only)."""
-    out = {}
-    for key, value in metadata.items():
-        if isinstance(value, str | int | float | bool):
-            name = re.sub(r"[^A-Za-z0-9]", "_", str(key)).upper()
-            out[f"SAMPLE_METADATA_{name}"] = str(value)
-    return out
-
-
-def _ports(ports: tuple[PublishedPort, ...], service: str) -> list[PortMapping]:
-    mine = [p for p in ports if p.service == service and p.protocol in ("tcp", "udp")]
-    return [
-        PortMapping(
-            container_port=p.container,
-            protocol="tcp" if p.protocol == "tcp" else "udp",
-            mappings=[HostMapping(host_ip=p.host_ip, host_port=p.host)],
-        )
-        for p in mine
-    ]
-
-
 @sandboxenv(name=PROVIDER)
 class OrchestratorSandbox(SandboxEnvironment):
     """One sandbox (the main one or a service) of one sample's environment."""
@@ -245,9 +172,9 @@ class OrchestratorSandbox(SandboxEnvironment):
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         """Validate the file (and its policy) once, and build its images once, before any
         sample starts; with `prewarm`, start that many environments."""
-        env = _environment(config)
+        env = inspect_config.environment(config)
         await _call(lambda: prepare(env))
-        size, total = _prewarm(config)
+        size, total = inspect_config.prewarm(config)
         if size and any(v.startswith("SAMPLE_METADATA_") for v in env.variables):
             raise UsageError(
                 f"{env.source}: prewarm starts environments before any sample exists, and this "
@@ -266,7 +193,7 @@ class OrchestratorSandbox(SandboxEnvironment):
         metadata: dict[str, str],
     ) -> dict[str, SandboxEnvironment]:
         variables = metadata_env(metadata)
-        env = _environment(config, variables)
+        env = inspect_config.environment(config, variables)
         pool = cls._pools.get(config)
         runtime = None
         if pool is not None:
@@ -434,7 +361,7 @@ class OrchestratorSandbox(SandboxEnvironment):
         return SandboxConnection(
             type=PROVIDER,
             command=str(connection),
-            ports=_ports(info.ports, self.service) or None,
+            ports=inspect_config.ports(info.ports, self.service) or None,
             container=connection.container,
         )
 

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.paths import make_folders, state_dir, state_folder, write_file
@@ -167,22 +167,10 @@ class Snapshot:
 def _load(path: Path) -> Snapshot | None:
     try:
         data = json.loads(path.with_suffix(".json").read_text())
-        fields = {k: data[k] for k in ("env", "digest", "created", "size")}
-        image, host = (str(data.get(k, "")) for k in ("image", "host"))
-        backend = str(data.get("backend", ""))
-        services, owner = (_strings(data.get(k, {})) for k in ("services", "owner"))
-        source, suspended = str(data.get("source", "")), data.get("suspended") is True
-        return Snapshot(
-            path=path,
-            image=image,
-            host=host,
-            backend=backend,
-            services=services,
-            source=source,
-            suspended=suspended,
-            owner=owner,
-            **fields,
-        )
+        fields: dict[str, Any] = {k: data[k] for k in ("env", "digest", "created", "size")}
+        fields |= {k: str(data.get(k, "")) for k in ("image", "host", "backend", "source")}
+        fields |= {k: _strings(data.get(k, {})) for k in ("services", "owner")}
+        return Snapshot(path=path, suspended=data.get("suspended") is True, **fields)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

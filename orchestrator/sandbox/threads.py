@@ -37,6 +37,26 @@ log = logging.getLogger("orchestrator")
 _here = threading.local()
 
 
+def _outcome(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    """`fn()`'s value, or what it raised (handed to the awaiting caller, raised there)."""
+    try:
+        return fn(), None
+    except BaseException as exc:  # handed to the caller, raised there
+        return None, exc
+
+
+def _hand(future: asyncio.Future[T], value: T | None, error: BaseException | None) -> bool:
+    """Give a thread's outcome to the `future` its caller awaits (on the loop's thread);
+    False when the future is done already (its caller was cancelled)."""
+    if future.done():
+        return False
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)  # type: ignore[arg-type]
+    return True
+
+
 async def in_thread(fn: Callable[[], T], *, abandoned: Callable[[T], None] | None = None) -> T:
     """`fn()` in a new thread, awaited. Cancelling the caller does not stop `fn`; when it
     returns, its value goes to `abandoned` (in that thread) instead."""
@@ -46,22 +66,12 @@ async def in_thread(fn: Callable[[], T], *, abandoned: Callable[[T], None] | Non
     state = {"gone": False, "handed": False}
 
     def settle(value: T | None, error: BaseException | None) -> None:
-        if future.done():  # the caller was cancelled while this was on its way
-            if error is None and abandoned is not None:
-                threading.Thread(target=abandoned, args=(value,), daemon=True).start()
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)  # type: ignore[arg-type]
+        # not handed: the caller was cancelled while this was on its way
+        if not _hand(future, value, error) and error is None and abandoned is not None:
+            threading.Thread(target=abandoned, args=(value,), daemon=True).start()
 
     def work() -> None:
-        value: T | None = None
-        error: BaseException | None = None
-        try:
-            value = fn()
-        except BaseException as exc:  # handed to the caller, raised there
-            error = exc
+        value, error = _outcome(fn)
         with lock:
             gone = state["gone"]
             if not gone:
@@ -144,25 +154,12 @@ async def stoppable(fn: Callable[[], T], *, within: float = STOP_WITHIN) -> T:
     future: asyncio.Future[T] = loop.create_future()
     leave = _Leave()
 
-    def settle(value: T | None, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)  # type: ignore[arg-type]
-
     def work() -> None:
         _here.leave = leave
         procutil.abandon_when(leave)
-        value: T | None = None
-        error: BaseException | None = None
-        try:
-            value = fn()
-        except BaseException as exc:  # handed to the caller, raised there
-            error = exc
+        value, error = _outcome(fn)
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(settle, value, error)
+            loop.call_soon_threadsafe(_hand, future, value, error)
 
     threading.Thread(target=work, name="orch-aio-stoppable", daemon=True).start()
     try:

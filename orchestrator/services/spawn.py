@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
+from orchestrator.errors import PolicyError, SpecError, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BUILD_CHOICES, BuildChoice, SpawnOptions
 from orchestrator.sandbox.registry import get_runtime_class, runtime_names
@@ -39,13 +39,9 @@ def backend_class(
     check_backend(env, runtime_names())
     cls = get_runtime_class(env.backend)
     if not cls.isolated and not (policy or Policy.from_env()).allow_unisolated:
-        line, col = env.where("backend")
         raise PolicyError(
-            SpecIssue(
-                env.source,
-                line=line,
-                column=col,
-                field="backend",
+            env.issue_at(
+                "backend",
                 message=f"backend {env.backend!r} runs the file's commands on this host, "
                 "unisolated; a file may not choose that alone",
                 fix=f"choose it as the caller (spawn_runtime(..., backend={env.backend!r}), "

@@ -1,5 +1,6 @@
-"""Load environment files: YAML with line numbers, version dispatch, legacy migration, and
-pydantic validation turned into errors that name file:line:column, the field and the fix."""
+"""Load environment files: the text read and parsed with line numbers (`spec.yamltext`),
+version dispatch, legacy and Compose files mapped to v1, and pydantic validation turned into
+errors that name file:line:column, the field and the fix."""
 
 from __future__ import annotations
 
@@ -13,24 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError
 
-from orchestrator import settings
 from orchestrator._resources import templates_version
-from orchestrator.errors import OrchestratorError, PolicyError, SpecError, SpecIssue
+from orchestrator.errors import PolicyError, SpecError, SpecIssue
 from orchestrator.spec import compose
+from orchestrator.spec.hostpaths import UNREADABLE_FIX, HostPath, look_up
 from orchestrator.spec.issues import Found, Locator, Position, error, position
 from orchestrator.spec.migrate import Loc, looks_legacy, migrate_legacy
 from orchestrator.spec.models import STATIC_PLACEHOLDER, SUPPORTED_VERSIONS, EnvironmentV1
-from orchestrator.spec.policy import UNREADABLE_FIX, HostPath, Policy, look_up
+from orchestrator.spec.policy import Policy
+from orchestrator.spec.yamltext import parse_yaml, plain_data, read_spec_text
 
-MAX_BYTES_ENV = settings.MAX_SPEC_BYTES.name
-MAX_VALUES = 50_000
-"""Most values (mapping entries, list items, scalars) a file may expand to through aliases."""
-MAX_NESTING = 100
-"""Deepest nesting of flow brackets a file may have (real ones: a few levels)."""
-MAX_TEXT = 8 * 1024 * 1024
-"""Most characters of text a file may expand to through aliases."""
 BackendNames = Callable[[], Collection[str]]
 """Where the loader learns which `backend:` names exist (the registry's `runtime_names`):
 spec/ knows no backend of its own."""
@@ -77,6 +71,12 @@ class Environment:
         """1-based line and column of top-level field `key` in the file ((None, None): absent)."""
         return dict(self.positions).get(key, (None, None))
 
+    def issue_at(self, key: str, *, message: str, fix: str) -> SpecIssue:
+        """A problem with top-level field `key`, placed at its line and column in the file
+        (for a check made after loading: the backend's name, the policy's word on it)."""
+        line, column = self.where(key)
+        return SpecIssue(self.source, line=line, column=column, field=key, message=message, fix=fix)
+
     def host_path(self, written: str) -> HostPath:
         """A host path written in the file (a mount source), by the one rule: `~` expanded,
         a relative one against the file's own folder (`base_dir`), then resolved through
@@ -103,148 +103,15 @@ class Environment:
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _yaml() -> YAML:
-    yaml = YAML(typ="rt")
-    yaml.allow_duplicate_keys = False
-    return yaml
-
-
-class _Budget:
-    """Counts what `_plain` expands, so an alias bomb stops early instead of eating memory."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.values = 0
-        self.text = 0
-
-    def spend(self, node: Any) -> None:
-        self.values += 1
-        if isinstance(node, str):
-            self.text += len(node)
-        if self.values > MAX_VALUES or self.text > MAX_TEXT:
-            raise SpecError(
-                SpecIssue(
-                    self.source,
-                    field="",
-                    message=f"the file expands to more than {MAX_VALUES} values or {MAX_TEXT} "
-                    "characters (YAML aliases repeating each other?)",
-                    fix="write the values out, or use fewer nested aliases",
-                )
-            )
-
-
-def _plain(node: Any, budget: _Budget) -> Any:
-    """ruamel's round-trip containers and scalars as plain Python values."""
-    budget.spend(node)
-    if isinstance(node, dict):
-        return {
-            (_plain(k, budget) if not isinstance(k, str) else str(k)): _plain(v, budget)
-            for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_plain(v, budget) for v in node]
-    if isinstance(node, bool) or node is None:
-        return node
-    for base in (str, int, float):
-        if isinstance(node, base):
-            return base(node)
-    return node
-
-
-def _too_deep(text: str) -> Position | None:
-    """Where `[` and `{` first nest deeper than MAX_NESTING (outside quotes and comments,
-    roughly: a value with that many stray brackets is no real file either), else None."""
-    depth, line, start, quote = 0, 1, 0, ""
-    for i, char in enumerate(text):
-        if char == "\n":
-            line, start = line + 1, i + 1
-            if quote == "#":
-                quote = ""
-        elif quote:
-            if char == quote:
-                quote = ""
-        elif char in "\"'" or (char == "#" and (i == start or text[i - 1] in " \t")):
-            quote = char
-        elif char in "[{":
-            depth += 1
-            if depth > MAX_NESTING:
-                return line, i - start + 1
-        elif char in "]}":
-            depth = max(depth - 1, 0)
-    return None
-
-
-def max_spec_bytes() -> int:
-    return settings.MAX_SPEC_BYTES.get()
-
-
-def _malformed(
-    source: str, where: tuple[int | None, int | None], problem: str, fix: str
-) -> SpecError:
-    """A file that does not parse as YAML, at (line, column)."""
-    line, column = where
-    message = f"malformed YAML: {problem}"
-    return SpecError(
-        SpecIssue(source, line=line, column=column, field="", message=message, fix=fix)
-    )
-
-
-def parse_yaml(text: str, source: str) -> Any:
-    limit = max_spec_bytes()
-    if len(text) > limit:
-        raise SpecError(
-            SpecIssue(
-                source,
-                field="",
-                message=f"the file is over the limit of {limit} characters",
-                fix=f"environment files are small; split data out into static assets "
-                f"(or raise {MAX_BYTES_ENV})",
-            )
-        )
-    deep = _too_deep(text)
-    if deep is not None:  # the parser's time grows with the square of the nesting
-        raise _malformed(
-            source,
-            deep,
-            f"brackets nested more than {MAX_NESTING} deep",
-            "environment files nest a few levels; write the value out flat",
-        )
-    try:
-        return _yaml().load(text)
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        col = mark.column + 1 if mark else None
-        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p) or "invalid YAML"
-        fix = "fix the YAML syntax at that position"
-        if "duplicate key" in problem:
-            fix = "each key may appear once per mapping; remove one of them"
-        raise _malformed(source, (line, col), problem, fix) from exc
-    except Exception as exc:  # YAMLError, RecursionError, and the parser's own slips
-        # ('-_' raises IndexError inside it): bad input is a spec error, never a traceback
-        raise SpecError(
-            SpecIssue(
-                source,
-                field="",
-                message=f"malformed YAML: {exc}",
-                fix="fix the YAML syntax",
-            )
-        ) from exc
-
-
 def check_backend(env: Environment, known: Collection[str]) -> None:
     """Raise SpecError, at the file's `backend` field, unless its backend is one of `known`."""
     if env.backend in known:
         return
     names = sorted(known)
     guess = difflib.get_close_matches(env.backend, names, n=1)
-    line, col = env.where("backend")
     raise SpecError(
-        SpecIssue(
-            env.source,
-            line=line,
-            column=col,
-            field="backend",
+        env.issue_at(
+            "backend",
             message=f"unknown backend {env.backend!r}",
             fix=(f"did you mean '{guess[0]}'? " if guess else "")
             + f"registered backends: {', '.join(names)} (a plugin adds one through the "
@@ -323,7 +190,7 @@ def load_environment_text(
                 fix="start from `orchestrator schema` or a file in environments/",
             )
         )
-    data = _plain(root, _Budget(source))
+    data = plain_data(root, source)
     notices: list[str] = []
     where: dict[Loc, Loc] | None = None
     if looks_legacy(data):
@@ -459,67 +326,6 @@ def _check_assets(env: Environment) -> None:
         raise SpecError(issues)
 
 
-def read_spec_text(p: Path) -> tuple[str, Path]:
-    """The text of environment file `p` (at most max_spec_bytes; a Dockerfile read as the
-    Compose file made for it) and its folder, symlinks resolved; a SpecError naming the file
-    when it cannot be read."""
-    try:
-        if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block open()
-            raise SpecError(
-                SpecIssue(
-                    str(p),
-                    field="",
-                    message="not a regular file",
-                    fix="pass the .yaml file",
-                )
-            )
-        with p.open("rb") as fh:  # no more than the limit: a huge file must not stall us
-            text = fh.read(max_spec_bytes() + 1).decode("utf-8")
-        folder = p.resolve().parent
-    except FileNotFoundError:
-        raise SpecError(
-            SpecIssue(
-                str(p),
-                field="",
-                message="file not found",
-                fix="check the path; shipped files are in environments/",
-            )
-        ) from None
-    except IsADirectoryError:
-        raise SpecError(
-            SpecIssue(
-                str(p),
-                field="",
-                message="is a folder, not a file",
-                fix="pass the .yaml file itself",
-            )
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(
-            SpecIssue(
-                str(p),
-                field="",
-                message=f"not UTF-8 text ({exc.reason})",
-                fix="save the file as UTF-8",
-            )
-        ) from None
-    except OrchestratorError:
-        raise  # a bad ORCHESTRATOR_* setting says so itself
-    except (OSError, RuntimeError, ValueError) as exc:  # EACCES, ELOOP, a NUL byte ...
-        why = exc.strerror if isinstance(exc, OSError) else str(exc)
-        raise SpecError(
-            SpecIssue(
-                str(p),
-                field="",
-                message=f"cannot read: {why}",
-                fix="pass a readable file",
-            )
-        ) from None
-    if compose.is_dockerfile(p.name):
-        text = compose.dockerfile_compose(p)
-    return text, folder
-
-
 def load_environment(
     path: str | Path,
     *,
@@ -546,7 +352,7 @@ def migrated_yaml(path: str | Path, *, check: Check | None = None) -> str:
     p = Path(path)
     text, folder = read_spec_text(p)
     root = parse_yaml(text, str(p))
-    data = _plain(root, _Budget(str(p))) if isinstance(root, dict) else None
+    data = plain_data(root, str(p)) if isinstance(root, dict) else None
     if data is None or not compose.looks_compose(data):
         return _dump(load_environment(p).spec.model_dump(mode="json", exclude_defaults=True))
     mapped = compose.from_compose(data, source=str(p), base_dir=folder, host=host_variables())

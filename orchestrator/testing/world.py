@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 import secrets
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from orchestrator import settings
+from orchestrator.testing import world_files
+from orchestrator.testing.world_files import Left
 
 __all__ = ["LABEL", "PYTHON_IMAGE", "World", "start_world"]
 
@@ -50,264 +51,8 @@ QUERY_LOG = "/tmp/queries.log"
 """The resolver's log of query names, one a line, inside its container."""
 MOUNT = "/world"
 """Where the scripts and certificates are mounted (read-only) in every world container."""
-_Left = Callable[[], float]
-"""Seconds left before start_world's deadline (raises RuntimeError once there are none)."""
 DOCKER_TIMEOUT = 30.0
 """Seconds one docker CLI call of close() or queries() may take."""
-
-_NAME = re.compile(
-    r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
-)
-
-SERVER = r'''
-"""One served name of the test world: HTTP on 80, HTTPS on 443, a plain TCP echo on 7000."""
-import socket
-import ssl
-import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-NAME, ADDRESS = sys.argv[1], sys.argv[2]
-LIMIT = 64 * 1024 * 1024
-CHUNK = memoryview(bytes(range(256)) * 256)  # 64 KiB, streamed over and over
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out at once, not 40 ms apart
-    timeout = 120  # an idle keep-alive connection ends
-
-    def do_GET(self):
-        self.serve(True)
-
-    def do_HEAD(self):
-        self.serve(False)
-
-    def serve(self, with_body):
-        path = self.path.split("?", 1)[0]
-        if path == "/":
-            self.small(200, ("hello from %s\n" % NAME).encode(), with_body)
-            return
-        digits = path[len("/bytes/"):]
-        if path.startswith("/bytes/") and digits.isascii() and digits.isdigit():
-            left = int(digits)
-            if left <= LIMIT:
-                self.head(200, left, "application/octet-stream")
-                while with_body and left > 0:
-                    piece = CHUNK[: min(left, len(CHUNK))]
-                    self.wfile.write(piece)
-                    left -= len(piece)
-                return
-        self.small(404, b"not found\n", with_body)
-
-    def small(self, code, body, with_body):
-        self.head(code, len(body), "text/plain")
-        if with_body:
-            self.wfile.write(body)
-
-    def head(self, code, length, kind):
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(length))
-        self.end_headers()
-
-
-class TLSServer(ThreadingHTTPServer):
-    """The handshake runs in the connection's own thread: a silent client blocks no other."""
-
-    daemon_threads = True
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain("/world/certs/%s.pem" % NAME, "/world/certs/%s.key" % NAME)
-
-    def finish_request(self, request, client_address):
-        request.settimeout(30)
-        try:
-            tls = self.context.wrap_socket(request, server_side=True)
-        except OSError:
-            return
-        try:
-            self.RequestHandlerClass(tls, client_address, self)
-        finally:
-            tls.close()
-
-
-def echo(conn):
-    with conn:
-        try:
-            while True:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                conn.sendall(data)
-        except OSError:
-            return
-
-
-def echo_server():
-    listener = socket.create_server((ADDRESS, 7000), backlog=128, reuse_port=False)
-    while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=echo, args=(conn,), daemon=True).start()
-
-
-plain = ThreadingHTTPServer((ADDRESS, 80), Handler)
-plain.daemon_threads = True
-tls = TLSServer((ADDRESS, 443), Handler)
-threading.Thread(target=plain.serve_forever, daemon=True).start()
-threading.Thread(target=tls.serve_forever, daemon=True).start()
-echo_server()
-'''
-"""The served names' server: `python3 server.py NAME ADDRESS` (certificates under
-/world/certs), listening on ADDRESS only: the servers share the hub's network namespace."""
-
-RESOLVER = r'''
-"""The test world's resolver: A records for the served names, NXDOMAIN for every other name;
-every query name is appended to a log, lower-case, without the trailing dot."""
-import socket
-import struct
-import sys
-
-LOG = open(sys.argv[1], "a", buffering=1)
-HOSTS = {}
-for pair in sys.argv[2:]:
-    name, _, ip = pair.partition("=")
-    HOSTS[name.lower()] = socket.inet_aton(ip)
-A, ANY, IN = 1, 255, 1
-FORMERR, NXDOMAIN, NOTIMP = 1, 3, 4
-
-
-def text(label):
-    """A label in presentation form: lower-case, odd bytes as \\DDD."""
-    out = []
-    for byte in label.lower():
-        char = chr(byte)
-        out.append("\\%03d" % byte if byte <= 32 or byte >= 127 or char in ".\\" else char)
-    return "".join(out)
-
-
-def question(msg):
-    """(name, qtype, qclass, end) of the question at offset 12; ValueError if malformed."""
-    labels, pos = [], 12
-    while True:
-        if pos >= len(msg):
-            raise ValueError("truncated name")
-        size = msg[pos]
-        pos += 1
-        if size == 0:
-            break
-        if size > 63:  # a pointer or a reserved label type: no compression in questions
-            raise ValueError("bad label")
-        if pos + size > len(msg):
-            raise ValueError("truncated label")
-        labels.append(text(msg[pos : pos + size]))
-        pos += size
-    if pos + 4 > len(msg):
-        raise ValueError("truncated question")
-    qtype, qclass = struct.unpack("!HH", msg[pos : pos + 4])
-    return ".".join(labels), qtype, qclass, pos + 4
-
-
-def reply(msg):
-    if len(msg) < 12:
-        return None
-    ident, flags, qdcount = struct.unpack("!HHH", msg[:6])
-    if flags & 0x8000:  # a response: not ours to answer
-        return None
-    opcode = (flags >> 11) & 0xF
-    # QR, the opcode, RD echoed, RA; AA (authoritative) for the names we serve
-    base = 0x8000 | (opcode << 11) | (flags & 0x0100) | 0x0080
-    if opcode != 0:
-        return struct.pack("!6H", ident, base | NOTIMP, 0, 0, 0, 0)
-    if qdcount != 1:
-        return struct.pack("!6H", ident, base | FORMERR, 0, 0, 0, 0)
-    try:
-        name, qtype, qclass, end = question(msg)
-    except ValueError:
-        return struct.pack("!6H", ident, base | FORMERR, 0, 0, 0, 0)
-    LOG.write(name + "\n")
-    echoed = msg[12:end]
-    addr = HOSTS.get(name)
-    if addr is None:
-        return struct.pack("!6H", ident, base | 0x0400 | NXDOMAIN, 1, 0, 0, 0) + echoed
-    if qtype not in (A, ANY) or qclass not in (IN, ANY):  # the name is there, no such record
-        return struct.pack("!6H", ident, base | 0x0400, 1, 0, 0, 0) + echoed
-    record = struct.pack("!HHHIH", 0xC00C, A, IN, 5, 4) + addr
-    return struct.pack("!6H", ident, base | 0x0400, 1, 1, 0, 0) + echoed + record
-
-
-sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-sock.bind(("", 53))
-while True:
-    data, peer = sock.recvfrom(4096)
-    try:
-        out = reply(data)
-    except Exception as exc:  # one odd packet must not end the resolver
-        print("resolver: %r" % exc, file=sys.stderr, flush=True)
-        continue
-    if out is not None:
-        sock.sendto(out, peer)
-'''
-"""The resolver: `python3 resolver.py LOG NAME=IP...`."""
-
-PROBE = r'''
-"""Exit 0 when every server of the world answers as it should; else say what did not."""
-import http.client
-import json
-import socket
-import ssl
-import struct
-import sys
-
-spec = json.loads(sys.argv[1])
-problems = []
-loose = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-loose.check_hostname = False
-loose.verify_mode = ssl.CERT_NONE
-for name, ip in spec["hosts"].items():
-    want = ("hello from %s\n" % name).encode()
-    for conn in (
-        http.client.HTTPConnection(ip, 80, timeout=3),
-        http.client.HTTPSConnection(ip, 443, timeout=3, context=loose),
-    ):
-        try:
-            conn.request("GET", "/")
-            answer = conn.getresponse()
-            body = answer.read()
-            if answer.status != 200 or body != want:
-                problems.append("%s %s:%d: %d %r" % (name, ip, conn.port, answer.status, body))
-        except Exception as exc:
-            problems.append("%s %s:%d: %r" % (name, ip, conn.port, exc))
-        finally:
-            conn.close()
-    try:
-        with socket.create_connection((ip, 7000), timeout=3) as echo:
-            echo.sendall(b"ping\n")
-            got = b""
-            while len(got) < 5:
-                part = echo.recv(5 - len(got))
-                if not part:
-                    break
-                got += part
-            if got != b"ping\n":
-                problems.append("%s %s:7000 echoed %r" % (name, ip, got))
-    except Exception as exc:
-        problems.append("%s %s:7000: %r" % (name, ip, exc))
-name, ip = next(iter(spec["hosts"].items()))
-qname = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
-query = struct.pack("!6H", 0x5EED, 0x0100, 1, 0, 0, 0) + qname + struct.pack("!HH", 1, 1)
-try:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-        udp.settimeout(3)
-        udp.sendto(query, (spec["resolver"], 53))
-        got = udp.recv(512)
-    if got[:2] != b"\x5e\xed" or got[-4:] != socket.inet_aton(ip):
-        problems.append("resolver %s answered %r" % (spec["resolver"], got))
-except Exception as exc:
-    problems.append("resolver %s: %r" % (spec["resolver"], exc))
-if problems:
-    sys.exit("\n".join(problems))
-'''
-"""The readiness probe, run inside the resolver's container: `python3 probe.py SPEC-JSON`."""
 
 
 def _new_token() -> str:
@@ -338,9 +83,9 @@ class World:
     _folder: Path | None = field(default=None, repr=False)
     _resolver: str = field(default="", repr=False)
     _seen: int = field(default=0, repr=False)
+    """Lines of the query log that were the readiness probe's, not the caller's."""
     _late: bool = field(default=False, repr=False)
     """A call of its start outlived its deadline (what it asked for may come later)."""
-    """Lines of the query log that were the readiness probe's, not the caller's."""
 
     def queries(self) -> list[str]:
         """Every query name the resolver received so far (lower-case, no trailing dot), in
@@ -412,7 +157,7 @@ def start_world(
     """Start a world serving `names` and return it once every server and the resolver answer.
     Raises RuntimeError (having removed what it made) if it is not up within `timeout`
     seconds, or when the image or the `openssl` CLI is missing."""
-    served = _check_names(names)
+    served = world_files.served_names(names)
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError("the test world needs the openssl CLI on this machine (none on PATH)")
@@ -454,20 +199,6 @@ def _outlived(exc: BaseException | None) -> bool:
     return False
 
 
-def _check_names(names: Sequence[str]) -> list[str]:
-    if isinstance(names, str):
-        raise TypeError("names must be a sequence of names, not one string")
-    served = [n.lower().rstrip(".") for n in names]
-    if not served:
-        raise ValueError("a test world serves at least one name")
-    bad = [n for n in served if not _NAME.match(n)]
-    if bad:
-        raise ValueError(f"not host names: {bad}")
-    if len(set(served)) != len(served):
-        raise ValueError(f"names served twice: {served}")
-    return served
-
-
 def _build(
     world: World, served: list[str], image: str, openssl: str, deadline: float, timeout: float
 ) -> None:
@@ -481,7 +212,7 @@ def _build(
 
     folder = Path(tempfile.mkdtemp(prefix="orch-world-"))
     world._folder = folder
-    _write_files(folder, served, openssl, left)
+    world_files.write_files(folder, served, openssl, left)
     world.certs = {name: (folder / "certs" / f"{name}.pem").read_text() for name in served}
     for needed in (image, HUB_IMAGE):
         if _docker(["image", "ls", "-q", needed], timeout=left()).strip() == "":
@@ -510,7 +241,7 @@ def _build(
     world._seen = len(world.queries())
 
 
-def _network(world: World, labels: list[str], left: _Left) -> tuple[str, int]:
+def _network(world: World, labels: list[str], left: Left) -> tuple[str, int]:
     """Make the world's network: routed (its containers get a default route, through its
     gateway address), with no address on the host's side of the bridge (the hub takes the
     gateway address: nothing a container sends leaves through the host). Returns that
@@ -531,7 +262,7 @@ def _network(world: World, labels: list[str], left: _Left) -> tuple[str, int]:
     return gateway, net.prefixlen
 
 
-def _hub(world: World, labels: list[str], gateway: str, served: int, left: _Left) -> str:
+def _hub(world: World, labels: list[str], gateway: str, served: int, left: Left) -> str:
     """Start the hub: it takes the network's gateway address (`gateway`, with its prefix)
     and the served names' addresses, then sleeps; the servers and the resolver run in its
     network namespace. Returns its id once it holds them all."""
@@ -559,28 +290,6 @@ def _hub(world: World, labels: list[str], gateway: str, served: int, left: _Left
         time.sleep(min(0.1, left()))
 
 
-def _write_files(folder: Path, served: list[str], openssl: str, left: _Left) -> None:
-    """The scripts and, per served name, a self-signed certificate and its key, readable by
-    the containers' user (the keys are of a test world: nothing to keep secret)."""
-    certs = folder / "certs"
-    certs.mkdir()
-    for name, text in (("server.py", SERVER), ("resolver.py", RESOLVER), ("probe.py", PROBE)):
-        (folder / name).write_text(text)
-    for name in served:
-        argv = [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt"]
-        argv += ["ec_paramgen_curve:prime256v1", "-nodes", "-days", "30", "-subj", f"/CN={name}"]
-        argv += ["-addext", f"subjectAltName=DNS:{name}"]
-        argv += ["-keyout", str(certs / f"{name}.key"), "-out", str(certs / f"{name}.pem")]
-        try:
-            made = subprocess.run(argv, capture_output=True, text=True, timeout=left(), check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"openssl did not make the certificate of {name} in time") from exc
-        if made.returncode != 0:
-            raise RuntimeError(f"openssl could not make a certificate for {name}: {made.stderr}")
-    for path in [folder, certs, *folder.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-
-
 def _ips(world: World, containers: list[str], timeout: float) -> list[str]:
     """Each container's IP on the world's network."""
     fmt = "{{json .NetworkSettings.Networks}}"
@@ -598,7 +307,7 @@ def _ips(world: World, containers: list[str], timeout: float) -> list[str]:
     return ips
 
 
-def _wait_until_up(world: World, left: _Left) -> None:
+def _wait_until_up(world: World, left: Left) -> None:
     """Run the probe in the resolver's container until all answer; fail fast (with its logs)
     when a container of the world has stopped."""
     spec = json.dumps({"hosts": world.hosts, "resolver": world.resolver_ip})

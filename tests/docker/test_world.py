@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.testing import world as world_module
+from orchestrator.testing import world_files
 from orchestrator.testing.world import LABEL, WORLD_LABEL, World, start_world
 from tests.conftest import PYTHON_IMAGE
 
@@ -172,7 +173,7 @@ def test_world_close_leaves_nothing() -> None:
 def test_world_that_fails_halfway_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
     token = secrets.token_hex(6)
     monkeypatch.setattr(world_module, "_new_token", lambda: token)
-    monkeypatch.setattr(world_module, "SERVER", "raise SystemExit('broken on purpose')")
+    monkeypatch.setattr(world_files, "SERVER", "raise SystemExit('broken on purpose')")
     with pytest.raises(RuntimeError, match="broken on purpose"):
         start_world(["only.test"], timeout=60)
     assert leftovers(token) == []

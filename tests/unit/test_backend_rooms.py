@@ -96,7 +96,7 @@ def _outside_the_engine() -> list[Path]:
         for path in sorted(PACKAGE.rglob("*.py"))
         if ENGINE not in path.parents
         and not (path.parent.name == "executor" and path.name in IN_CONTAINER)
-        and path.parent.name != "testing"
+        and PACKAGE / "testing" not in path.parents
     ]
 
 

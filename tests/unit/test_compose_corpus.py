@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from orchestrator.cli.spec_cmds import checked
 from orchestrator.errors import PolicyError, SpecError
 from orchestrator.spec import compose
-from orchestrator.spec.loader import _Budget, _plain, migrated_yaml, parse_yaml
+from orchestrator.spec.loader import migrated_yaml
+from orchestrator.spec.yamltext import parse_yaml, plain_data
 
 CORPUS = Path(__file__).parents[1] / "data" / "compose_corpus"
 FILES = sorted(CORPUS.glob("*.yaml"))
@@ -25,7 +26,7 @@ mapped. A change that maps less fails here."""
 
 
 def raw(path: Path) -> dict[str, object]:
-    data = _plain(parse_yaml(path.read_text(), str(path)), _Budget(str(path)))
+    data = plain_data(parse_yaml(path.read_text(), str(path)), str(path))
     assert isinstance(data, dict)
     return data
 

@@ -59,6 +59,7 @@ from orchestrator import (
     attachable,
     backend_class,
     check_admission,
+    claim_ready,
     context_address,
     environments,
     get_runtime_class,
@@ -222,6 +223,14 @@ def test_a_context_the_docker_cli_does_not_know_is_a_usage_error() -> None:
     """`--context NAME` resolves through the engine (the CLI runs no docker command)."""
     with pytest.raises(UsageError, match="no Docker context"):
         context_address("orchestrator-no-such-context")
+
+
+def test_claiming_from_no_running_pool_takes_nothing(tmp_path: Path) -> None:
+    """`up --pool`'s library half: with no pool of this file running, nothing is claimed and
+    the taker is never called."""
+    env = load_environment_text("version: 1\nname: unpooled\nimage: x:1\n", base_dir=tmp_path)
+    called: list[object] = []
+    assert claim_ready(env, 3, called.append) == [] and called == []
 
 
 def test_the_program_names_every_public_name() -> None:

@@ -17,7 +17,9 @@ beside the Compose file, then those host variables the caller's policy passes
 (ORCHESTRATOR_ALLOW_ENV): a file alone reads no host variable.
 
 The parts: `variables` (interpolation, env files), `model` (the mapping's record and bounds),
-`service` (one service's keys), `mapping` (the whole file).
+`values` (readers of the keys' values), `target` (where one service's keys are written),
+`service` (one service's keys), `storage` (those that bring files in), `mapping` (the whole
+file).
 """
 
 from __future__ import annotations

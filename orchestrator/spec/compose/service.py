@@ -1,84 +1,44 @@
 """One Compose service mapped onto a v1 target (the file's top level for the main sandbox, or
 a service): each of its keys mapped, refused with its reason and fix, or ignored with its
-reason."""
+reason (those that bring files in by `storage`)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from orchestrator.spec.compose.model import (
-    FIX_SHAPE,
-    KEEP_ALIVE,
-    MAX_ENV_FILES,
-    ComposeMapping,
-    Fate,
-    Status,
-)
+from orchestrator.spec.compose import storage
+from orchestrator.spec.compose.model import FIX_SHAPE, KEEP_ALIVE
+from orchestrator.spec.compose.target import Target
 from orchestrator.spec.compose.values import (
     IGNORED,
     PORT_KEYS,
     REFUSED,
     duration,
     env_pairs,
-    is_host_path,
     port_maps,
     size,
     words,
 )
-from orchestrator.spec.compose.variables import Loc, beside
+from orchestrator.spec.compose.variables import Loc
 
 
-class Container:
+class Container(Target):
     """Maps one Compose service onto a v1 target (the file's top level, or a service)."""
-
-    def __init__(
-        self,
-        m: ComposeMapping,
-        name: str,
-        svc: dict[str, Any],
-        target: Loc,
-        main: bool,
-        networks: dict[str, Any],
-        base_dir: Path,
-    ) -> None:
-        self.m, self.name, self.svc, self.target, self.main = m, name, svc, target, main
-        self.networks, self.base_dir = networks, base_dir
-        self.src: Loc = ("services", name)
-        node: dict[str, Any] = m.data
-        for step in target:
-            node = node.setdefault(str(step), {})
-        self.out = node
-
-    def fate(self, key: Loc, status: Status, why: str = "") -> None:
-        self.m.fates.append(Fate((*self.src, *key), status, why))
-
-    def put(self, v1: Loc, value: Any, key: Loc) -> None:
-        """Set v1 field `v1` (under the target) from Compose key `key` (under the service)."""
-        node = self.out
-        for step in v1[:-1]:
-            node = node.setdefault(str(step), {})
-        node[str(v1[-1])] = value
-        self.m.where[(*self.target, *v1)] = (*self.src, *key)
-
-    def refuse(self, key: Loc, message: str, fix: str) -> None:
-        self.m.refuse((*self.src, *key), message, fix)
 
     def run(self) -> None:
         handlers: dict[str, Callable[[Any], None]] = {
             "image": self._image,
-            "build": self._build,
+            "build": lambda v: storage.build(self, v),
             "command": self._command,
             "entrypoint": self._entrypoint,
             "environment": self._environment,
-            "env_file": self._env_file,
-            "working_dir": lambda v: self._simple("working_dir", ("workdir",), v),
-            "user": lambda v: self._simple("user", ("user",), str(v)),
+            "env_file": lambda v: storage.env_file(self, v),
+            "working_dir": lambda v: self.simple("working_dir", ("workdir",), v),
+            "user": lambda v: self.simple("user", ("user",), str(v)),
             "ports": self._ports,
-            "volumes": self._volumes,
-            "tmpfs": self._tmpfs,
+            "volumes": lambda v: storage.volumes(self, v),
+            "tmpfs": lambda v: storage.tmpfs(self, v),
             "healthcheck": self._healthcheck,
             "depends_on": self._depends_on,
             "networks": lambda v: self.fate(("networks",), "mapped", self._net_why()),
@@ -86,16 +46,16 @@ class Container:
             "init": lambda v: self.fate(
                 ("init",), "mapped", "every container runs an init as PID 1 already"
             ),
-            "mem_limit": lambda v: self._simple("mem_limit", ("resources", "memory"), size(v)),
-            "cpus": lambda v: self._simple("cpus", ("resources", "cpus"), v),
+            "mem_limit": lambda v: self.simple("mem_limit", ("resources", "memory"), size(v)),
+            "cpus": lambda v: self.simple("cpus", ("resources", "cpus"), v),
             "pids_limit": self._pids,
             "deploy": self._deploy,
-            "privileged": lambda v: self._simple("privileged", ("privileged",), v),
-            "cap_add": lambda v: self._simple("cap_add", ("cap_add",), v),
+            "privileged": lambda v: self.simple("privileged", ("privileged",), v),
+            "cap_add": lambda v: self.simple("cap_add", ("cap_add",), v),
             "cap_drop": lambda v: self.fate(
                 ("cap_drop",), "mapped", "every container drops all but a small set"
             ),
-            "devices": lambda v: self._simple("devices", ("devices",), v),
+            "devices": lambda v: self.simple("devices", ("devices",), v),
             "pid": lambda v: self._namespace("pid", v),
             "ipc": lambda v: self._namespace("ipc", v),
             "uts": lambda v: self._namespace("uts", v),
@@ -132,10 +92,6 @@ class Container:
         else:
             self._service_egress()
 
-    def _simple(self, key: str, v1: Loc, value: Any) -> None:
-        self.put(v1, value, (key,))
-        self.fate((key,), "mapped")
-
     def _image(self, value: Any) -> None:
         if "build" in self.svc:
             self.fate(
@@ -144,59 +100,11 @@ class Container:
                 "with `build`, the built image is tagged by its content, not this name",
             )
             return
-        self._simple("image", ("image",), value)
-
-    def _build(self, value: Any) -> None:
-        if isinstance(value, str):
-            value = {"context": value}
-        if not isinstance(value, dict):
-            self.put(("build",), value, ("build",))
-            return
-        out: dict[str, Any] = {}
-        for key, v in value.items():
-            if key == "context" and re.match(r"^[a-z][a-z0-9+.-]*://|^git@", str(v)):
-                self.refuse(
-                    ("build", key),
-                    f"a remote build context ({v}) is fetched from the network",
-                    "build from a folder beside the Compose file",
-                )
-                continue
-            if key in ("context", "dockerfile"):
-                out[key] = v
-                self.m.where[(*self.target, "build", key)] = (*self.src, "build", key)
-                self.fate(("build", key), "mapped")
-            elif key == "args":
-                args, passed = env_pairs(v)
-                out["args"] = {k: ("" if a is None else a) for k, a in args.items()}
-                for k in passed:
-                    out["args"][k] = ""
-                self.m.where[(*self.target, "build", "args")] = (*self.src, "build", "args")
-                self.fate(("build", "args"), "mapped")
-            elif key == "dockerfile_inline":
-                self.refuse(
-                    ("build", key),
-                    "an inline Dockerfile is not built",
-                    "write it to a file and name it in `dockerfile`",
-                )
-            elif key in ("network", "privileged", "entitlements", "allow", "ssh", "secrets"):
-                self.refuse(
-                    ("build", key),
-                    f"`build.{key}` gives the build more than its context",
-                    "remove it",
-                )
-            else:
-                self.fate(
-                    ("build", key),
-                    "ignored",
-                    "the build uses its context, Dockerfile and args only",
-                )
-        self.m.where[(*self.target, "build")] = (*self.src, "build")
-        node = self.out.setdefault("build", {})
-        node.update(out)
+        self.simple("image", ("image",), value)
 
     def _command(self, value: Any) -> None:
         if not self.main:
-            self._simple("command", ("command",), words(value))
+            self.simple("command", ("command",), words(value))
             return
         text = " ".join(value) if isinstance(value, list) else str(value)
         if KEEP_ALIVE.match(text.strip()):
@@ -211,7 +119,7 @@ class Container:
 
     def _entrypoint(self, value: Any) -> None:
         if not self.main:
-            self._simple("entrypoint", ("entrypoint",), words(value))
+            self.simple("entrypoint", ("entrypoint",), words(value))
         else:
             self.fate(
                 ("entrypoint",), "ignored", "the main sandbox runs the executor as its entrypoint"
@@ -234,34 +142,6 @@ class Container:
                 f"{', '.join(passed)}: a service takes no host variable; give a value",
             )
 
-    def _env_file(self, value: Any) -> None:
-        items = value if isinstance(value, list) else [value]
-        if len(items) > MAX_ENV_FILES:
-            self.refuse(("env_file",), f"more than {MAX_ENV_FILES} files", "merge them")
-            return
-        merged: dict[str, str] = {}
-        for i, item in enumerate(items):
-            key: Loc = ("env_file",) if not isinstance(value, list) else ("env_file", i)
-            path = item.get("path") if isinstance(item, dict) else item
-            required = item.get("required", True) if isinstance(item, dict) else True
-            if not isinstance(path, str):
-                self.refuse(key, "not a path", "name a file beside the Compose file")
-                continue
-            try:
-                merged.update(self.m.env_file(beside(path, self.base_dir)))
-            except FileNotFoundError:
-                if required:
-                    self.refuse(
-                        key, f"{path} does not exist", "create it, or mark it `required: false`"
-                    )
-            except (OSError, ValueError) as exc:
-                self.refuse(key, str(exc), "give a small KEY=VALUE file beside the Compose file")
-        env = self.out.setdefault("env", {})
-        for k, v in merged.items():
-            env.setdefault(k, v)  # `environment` wins, as in Compose
-        self.m.where.setdefault((*self.target, "env"), (*self.src, "env_file"))
-        self.fate(("env_file",), "mapped")
-
     def _ports(self, value: Any) -> None:
         ports, bad = port_maps(value if isinstance(value, list) else [value], self.m.ports_left)
         self.m.ports_left -= len(ports)
@@ -281,66 +161,6 @@ class Container:
             if not bad
             else "",
         )
-
-    def _volumes(self, value: Any) -> None:
-        mounts: list[dict[str, Any]] = []
-        volumes: list[dict[str, Any]] = []
-        for i, item in enumerate(value or []):
-            key: Loc = ("volumes", i)
-            if isinstance(item, dict):
-                kind = item.get("type", "volume")
-                source, target = str(item.get("source", "")), item.get("target")
-                read_only = bool(item.get("read_only", False))
-                for extra in sorted(set(item) - {"type", "source", "target", "read_only"}):
-                    self.fate((*key, extra), "ignored", "mounts take no options here")
-            else:
-                parts = str(item).split(":")
-                if len(parts) == 1:
-                    kind, source, target, read_only = "volume", "", parts[0], False
-                else:
-                    source, target = parts[0], parts[1]
-                    read_only = "ro" in (parts[2].split(",") if len(parts) > 2 else [])
-                    kind = "bind" if is_host_path(source) else "volume"
-            if kind == "bind":
-                self.m.where[(*self.target, "mounts", len(mounts))] = (*self.src, *key)
-                mounts.append({"source": source, "target": target, "read_only": read_only})
-                self.fate(key, "mapped")
-            elif kind == "tmpfs" and target == "/tmp":
-                self.fate(key, "mapped", "/tmp is a private tmpfs already")
-            elif kind == "volume" and source:
-                if source in self.m.unusable:
-                    self.refuse(
-                        key,
-                        f"volume {source}: {self.m.unusable[source]}",
-                        "declare it with no driver, driver_opts or external",
-                    )
-                    continue
-                self.m.where[(*self.target, "volumes", len(volumes))] = (*self.src, *key)
-                volumes.append({"volume": source, "target": target, "read_only": read_only})
-                self.fate(key, "mapped", "the environment's own volume, removed with it")
-            else:
-                self.fate(
-                    key,
-                    "ignored",
-                    f"{kind} {source or '(anonymous)'} at {target}: the container's own "
-                    "filesystem holds it here, as an anonymous volume is its own",
-                )
-        if mounts:
-            self.out.setdefault("mounts", []).extend(mounts)
-        if volumes:
-            self.out.setdefault("volumes", []).extend(volumes)
-
-    def _tmpfs(self, value: Any) -> None:
-        for i, item in enumerate(value if isinstance(value, list) else [value]):
-            key: Loc = ("tmpfs", i) if isinstance(value, list) else ("tmpfs",)
-            path, _, opts = str(item).partition(":")
-            if path == "/tmp":
-                found = re.search(r"size=([0-9a-zA-Z.]+)", opts)
-                if found:
-                    self.put(("resources", "tmp"), size(found.group(1)), key)
-                self.fate(key, "mapped", "/tmp is a private tmpfs")
-            else:
-                self.fate(key, "ignored", f"only /tmp is a tmpfs here, not {path}")
 
     def _healthcheck(self, value: Any) -> None:
         if self.main:
@@ -385,14 +205,8 @@ class Container:
                 cond = spec.get("condition", "service_started") if isinstance(spec, dict) else None
                 conditions[str(dep)] = str(cond or "service_started")
         self.m.depends[self.name] = conditions
-        if self.main:
-            self.fate(
-                ("depends_on",),
-                "mapped",
-                "the main sandbox waits for every service (running, healthy, or a job done)",
-            )
-        else:
-            self.fate(("depends_on",), "mapped")
+        why = "the main sandbox waits for every service (running, healthy, or a job done)"
+        self.fate(("depends_on",), "mapped", why if self.main else "")
 
     def _network_mode(self, value: Any) -> None:
         mode = str(value)
@@ -460,12 +274,12 @@ class Container:
         if value in (-1, 0, "-1", "0"):
             self.fate(("pids_limit",), "ignored", "no limit")
             return
-        self._simple("pids_limit", ("resources", "pids"), value)
+        self.simple("pids_limit", ("resources", "pids"), value)
 
     def _namespace(self, key: str, value: Any) -> None:
         mode = str(value)
         if mode == "host":
-            self._simple(key, (key,), "host")
+            self.simple(key, (key,), "host")
         elif mode in ("", "private", "shareable"):
             self.fate((key,), "mapped", "private")
         else:
@@ -486,9 +300,9 @@ class Container:
 
     def _runtime(self, value: Any) -> None:
         if str(value) == "runsc":
-            self._simple("runtime", ("isolation",), "gvisor")
+            self.simple("runtime", ("isolation",), "gvisor")
         elif str(value) == "runc":
-            self._simple("runtime", ("isolation",), "runc")
+            self.simple("runtime", ("isolation",), "runc")
         else:
             self.refuse(
                 ("runtime",),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.spec.policy import look_up
+from orchestrator.spec.hostpaths import look_up
 
 Loc = tuple[str | int, ...]
 MAX_ENV_FILE = 64 * 1024
