@@ -404,11 +404,17 @@ def main_archive(env: Environment, policy: Policy | None = None) -> bytes:
     """What the main container needs from here: the executor, and the static assets."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add(tar, SANDBOX_MOUNT.lstrip("/"), None, 0o555)
+        root = SANDBOX_MOUNT.lstrip("/")
+        _add(tar, root, None, 0o555)
+        folders: set[str] = set()
         for rel, data in executor_files().items():
-            if "/" in rel:  # its cache folder first
-                _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{rel.rpartition('/')[0]}", None, 0o555)
-            _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{rel}", data, 0o444)
+            parts = rel.split("/")[:-1]
+            for depth in range(1, len(parts) + 1):  # its folders first (procutil/__pycache__)
+                folder = "/".join(parts[:depth])
+                if folder not in folders:
+                    folders.add(folder)
+                    _add(tar, f"{root}/{folder}", None, 0o555)
+            _add(tar, f"{root}/{rel}", data, 0o444)
         _static_into(tar, env, policy)
     return out.getvalue()
 
