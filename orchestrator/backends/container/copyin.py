@@ -27,7 +27,7 @@ from typing import Any
 
 from orchestrator.backends.container.binds import PinRefused, open_exact
 from orchestrator.backends.container.engine import Engine, ExecTarget, up_timeout
-from orchestrator.backends.container.executor.client import executor_files
+from orchestrator.backends.container.executor.files import executor_files
 from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
 from orchestrator.errors import DockerError, OrchestratorError, StartupError
 from orchestrator.spec.loader import Environment

@@ -22,7 +22,7 @@ from orchestrator.backends.container.engine import (
     is_remote,
     up_timeout,
 )
-from orchestrator.backends.container.executor.client import executor_files
+from orchestrator.backends.container.executor.files import executor_files
 from orchestrator.backends.container.identity import LABEL_DIR, folder_engine
 from orchestrator.backends.container.layout import IO_DIR, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
