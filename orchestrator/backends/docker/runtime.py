@@ -29,8 +29,9 @@ from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.container.readiness import ServiceWatch
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, KILL_OTHERS, ContainerRuntime
 from orchestrator.backends.docker import hooks
-from orchestrator.backends.docker.lifecycle import Project, start_project
+from orchestrator.backends.docker.lifecycle import Project
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
+from orchestrator.backends.docker.start import start_project
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
 from orchestrator.paths import make_folders, read_regular
 from orchestrator.sandbox import hostfs, hostpack, record
