@@ -19,8 +19,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.backends.container.engine import UP_TIMEOUT_ENV
-from orchestrator.errors import HealthcheckFailed, OrchestratorError
+from orchestrator.backends.container.engine import (
+    TIMED_OUT,
+    UP_TIMEOUT_ENV,
+    NoSuchContainer,
+    up_timeout,
+)
+from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorError
 from orchestrator.spec.models import Service
 
 SETTLE = 1.0
@@ -189,3 +194,56 @@ class ServiceWatch:
             look = Look.of(self._state(service))
             if look.ended:
                 raise self._fail(service, look)
+
+
+PAUSED = "; resume it (rt.resume(), `orchestrator resume ID`), or take the environment down"
+"""How a probe's reason ends for a paused container."""
+
+
+def unusable(what: str, state: Callable[[], Any], logs: Callable[[], str]) -> str | None:
+    """Why a container (`what`, as the message names it) cannot run commands: gone,
+    stopped (with its last log lines) or paused; None if it can. `state`, `logs`: the
+    runtime's look at it and at its log tail."""
+    try:
+        found = state()
+    except NoSuchContainer as exc:
+        return f"{what} is gone ({exc.stderr.strip() or exc})"
+    except DockerError as exc:
+        if exc.returncode == TIMED_OUT:  # the engine is not answering: say that instead
+            raise
+        return f"{what} cannot be inspected ({exc.stderr.strip() or exc})"
+    if found.paused:
+        return f"{what} is paused{PAUSED}"
+    if found.running:
+        return None
+    why = f"{found.status}, exit code {found.exit_code}"
+    if found.oom_killed:
+        why += ", killed by the out-of-memory killer"
+    if found.error:
+        why += f": {found.error}"
+    try:
+        tail = logs().strip()
+    except OrchestratorError:
+        tail = ""
+    return f"{what} is not running ({why}); last log lines:\n{tail or '(none)'}"
+
+
+def wait_healthy(
+    label: str, services: list[str], state: Callable[[str], Any], logs: Callable[[str], str]
+) -> None:
+    """Wait, within ORCHESTRATOR_UP_TIMEOUT, until each service's healthcheck passes; an
+    unhealthy or stopped service is a HealthcheckFailed with its last log lines."""
+    deadline = time.monotonic() + up_timeout()
+    for service in services:
+        while True:
+            found = state(service)
+            health = getattr(found.health, "status", None)
+            if health == "healthy":
+                break
+            if health == "unhealthy" or not found.running or time.monotonic() > deadline:
+                tail = logs(service).strip()
+                raise HealthcheckFailed(
+                    f"{label}: service {service!r} never became healthy; "
+                    f"last log lines:\n{tail or '(no output)'}"
+                )
+            time.sleep(0.2)

@@ -24,10 +24,10 @@ from orchestrator.backends.container.engine import (
 )
 from orchestrator.backends.container.executor.files import executor_files
 from orchestrator.backends.container.identity import LABEL_DIR, folder_engine
-from orchestrator.backends.container.layout import IO_DIR, SANDBOX_DIR
+from orchestrator.backends.container.layout import IO_DIR, KILL_OTHERS, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.container.readiness import ServiceWatch
-from orchestrator.backends.container.runtime import EXEC_MODE_ENV, KILL_OTHERS, ContainerRuntime
+from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
 from orchestrator.backends.docker import hooks
 from orchestrator.backends.docker.lifecycle import Project
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
