@@ -17,8 +17,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from orchestrator import procutil
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
     UP_TIMEOUT_ENV,
@@ -26,6 +28,7 @@ from orchestrator.backends.container.engine import (
     up_timeout,
 )
 from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorError
+from orchestrator.paths import read_regular
 from orchestrator.spec.models import Service
 
 SETTLE = 1.0
@@ -247,3 +250,30 @@ def wait_healthy(
                     f"last log lines:\n{tail or '(no output)'}"
                 )
             time.sleep(0.2)
+
+
+PF_EXITING = 0x4
+"""In /proc/PID/stat's flags: the process is exiting. A container's first process killed
+stays so while the kernel kills every other process of its namespace (long, with many)."""
+
+
+def runs_here(got: dict[str, Any] | None) -> bool:
+    """Whether a container the engine inspected (`got`, its API's answer; None: not asked)
+    runs, with its first process alive on this machine, in a cgroup naming the container's
+    id: the engine runs on this machine's kernel (not in a VM), and the process is that
+    container's. Nothing a sandbox does inside changes its first process's host pid or
+    cgroup."""
+    state = (got or {}).get("State")
+    cid = (got or {}).get("Id")
+    if not isinstance(state, dict) or not isinstance(cid, str) or len(cid) < 12:
+        return False
+    pid = state.get("Pid")
+    if state.get("Running") is not True or not isinstance(pid, int) or pid <= 0:
+        return False
+    fields = procutil.stat_fields(pid)
+    if len(fields) < 7 or fields[0] in (b"Z", b"X"):  # gone, or dead and not yet reaped
+        return False
+    if int(fields[6]) & PF_EXITING:  # dying: its namespace's processes are being killed
+        return False
+    cgroup = read_regular(Path(f"/proc/{pid}/cgroup"), 1 << 16) or b""
+    return cid.encode() in cgroup
