@@ -432,7 +432,7 @@ def test_forgotten_runtime_is_removed_at_interpreter_exit(make_env: MakeEnv) -> 
 def test_taken_subnet_is_retried_with_another(
     make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.backends.docker import lifecycle
+    from orchestrator.backends.docker import start
 
     taken, free = "10.213.250.0/27", "10.213.250.32/27"
     net = subprocess.run(
@@ -453,7 +453,7 @@ def test_taken_subnet_is_retried_with_another(
         check=True,
     ).stdout.strip()
     picks = iter([taken, free])
-    monkeypatch.setattr(lifecycle, "pick_subnet", lambda: next(picks))
+    monkeypatch.setattr(start, "pick_subnet", lambda: next(picks))
     try:
         with spawn_runtime(make_env("network: {outbound: true}\n")) as rt:
             info = json.loads(

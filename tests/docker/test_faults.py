@@ -584,15 +584,15 @@ def test_a_tether_still_running_after_its_release_ends_with_the_removal(
     """A service's tether that does not exit on `release` within its wait (a gVisor exec
     that never returns once its container is gone; seen leaking, orphaned, after a run)
     is ended once the environment is removed: nothing of ours outlives it."""
-    from orchestrator.backends.docker import lifecycle
+    from orchestrator.backends.docker import tether
 
-    monkeypatch.setattr(lifecycle, "TETHER_WAIT", 0.2)
+    monkeypatch.setattr(tether, "TETHER_WAIT", 0.2)
     rt = spawn_runtime(make_env(""))
     project = rt.project  # type: ignore[attr-defined]
     stuck = subprocess.Popen(
         ["sleep", "600"], stdin=subprocess.PIPE, start_new_session=True
     )  # deaf to `release`, as such a tether is
-    project._tethers.append(stuck)
+    project.tethers._procs.append(stuck)
     try:
         rt.cleanup()
         assert stuck.wait(10) == -signal.SIGKILL

@@ -125,8 +125,8 @@ def test_task_init_builds_images_once(tmp_path: Path) -> None:
         assert (
             subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
         )
-        from orchestrator.backends.docker.lifecycle import build_images
         from orchestrator.backends.docker.render import CompileOptions, compile_project
+        from orchestrator.backends.docker.start import build_images
 
         env = load_environment(path)
         compiled = compile_project(env, CompileOptions(project="p", workspace=tmp_path))

@@ -130,5 +130,11 @@ def test_wheel_carries_templates_environments_and_types(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "orchestrator/_data/templates/compose.yaml.j2" in names
     assert "orchestrator/_data/environments/python.yaml" in names
-    assert "orchestrator/backends/container/executor/agent.py" in names
-    assert "orchestrator/procutil.py" in names and "orchestrator/py.typed" in names
+    assert "orchestrator/py.typed" in names
+    # every file the executor is copied into a container with (its parts, procutil's)
+    from orchestrator.backends.container.executor.files import FILES
+
+    package = Path(orchestrator.__file__).resolve().parent
+    carried = [f"orchestrator/{path.relative_to(package)}" for path in FILES.values()]
+    assert "orchestrator/procutil/pump.py" in carried
+    assert [name for name in carried if name not in names] == []

@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator import PolicyError, load_environment
 from orchestrator.backends.container import seccomp
+from orchestrator.backends.container.archives import static_archive
 from orchestrator.backends.container.binds import (
     PinRefused,
     Pins,
@@ -19,7 +20,6 @@ from orchestrator.backends.container.binds import (
     is_pinned_volume,
     open_exact,
 )
-from orchestrator.backends.container.copyin import static_archive
 from orchestrator.backends.docker.buildcheck import Budget, private_context, problems
 from tests.conftest import bounded
 

@@ -73,7 +73,7 @@ def test_no_backend_method_calls_past_its_parent() -> None:
 
 # ----- 2. only the Engine spells engine argv or API paths ---------------------------------------
 ENGINE = PACKAGE / "backends" / "container" / "engine"
-IN_CONTAINER = {"agent.py", "spawner.py", "wire.py", "__init__.py"}
+IN_CONTAINER = {"agent.py", "spawner.py", "spawnchild.py", "wire.py", "__init__.py"}
 """The executor's own code under executor/ runs inside the sandbox: its argv is not the
 engine's."""
 ENGINES = frozenset({"docker", "podman", "timeout"})

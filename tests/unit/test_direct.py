@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from orchestrator.backends.container.engine import api as engine_api
 from orchestrator.backends.container.templating import quote
-from orchestrator.backends.docker.direct import HOSTS, UP_PATH_ENV, direct_run
+from orchestrator.backends.docker.direct import UP_PATH_ENV, direct_run
+from orchestrator.backends.docker.namefiles import HOSTS
 from orchestrator.errors import UsageError
 
 FOLDER = Path("/state/projects/orch-t-1")
@@ -112,7 +113,7 @@ def test_the_files_own_names_files_and_a_kernel_without_ipv6(
     assert run is not None and run.files == {}
     targets = [m["Target"] for m in run.body["HostConfig"]["Mounts"]]
     assert targets == ["/etc//hosts", "/etc/resolv.conf"]
-    monkeypatch.setattr("orchestrator.backends.docker.direct.IPV6_SWITCH", str(tmp_path / "x"))
+    monkeypatch.setattr("orchestrator.backends.docker.namefiles.IPV6_SWITCH", str(tmp_path / "x"))
     run = direct_run(render(project()), "orch-t-1", FOLDER)
     assert run is not None and "Sysctls" not in run.body["HostConfig"] and len(run.files) == 2
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import procutil
-from orchestrator.procutil import F_SETPIPE_SZ, Outcome
+from orchestrator.procutil import F_SETPIPE_SZ, Outcome, fed, workers
 
 
 @contextmanager
@@ -109,7 +109,7 @@ def test_no_thread_before_the_process_means_no_process(monkeypatch: pytest.Monke
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(threading.Thread, "start", refuse)
-    monkeypatch.setattr(procutil, "_idle", [])  # no thread of an earlier command waiting
+    monkeypatch.setattr(workers, "_idle", [])  # no thread of an earlier command waiting
     with pytest.raises(procutil.NoProcess, match="process limit"):
         _drain(procutil.run(["true"], None, None, timeout=5))
 
@@ -126,7 +126,7 @@ def _run_all(gen: Generator[procutil.Chunk, None, Outcome]) -> tuple[Outcome, by
 
 def _idle_at_least(count: int) -> None:
     deadline = time.monotonic() + 5
-    while len(procutil._idle) < count:
+    while len(workers._idle) < count:
         assert time.monotonic() < deadline, "the last command's threads never came back"
         time.sleep(0.01)
 
@@ -140,7 +140,7 @@ def test_the_next_command_takes_the_last_ones_threads(monkeypatch: pytest.Monkey
     feeder), and a thread costs about 1 ms to start under gVisor: the last command's wait
     for the next instead of ending. So the next one starts none, and runs where none can
     start (its deadline kept)."""
-    monkeypatch.setattr(procutil, "_idle", [])
+    monkeypatch.setattr(workers, "_idle", [])
     first = _drain(procutil.run(["cat"], None, None, stdin=iter([b"x"]), timeout=5))
     assert first.exit_code == 0
     _idle_at_least(2)
@@ -151,13 +151,13 @@ def test_the_next_command_takes_the_last_ones_threads(monkeypatch: pytest.Monkey
     )
     assert outcome.timed_out and time.monotonic() - started < 10
     procutil.in_thread(lambda: None)  # the executor's runner, likewise
-    assert len(procutil._idle) <= procutil.IDLE_WORKERS
+    assert len(workers._idle) <= procutil.IDLE_WORKERS
 
 
 def test_at_most_so_many_threads_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle threads count against a sandbox's pids limit: no more than IDLE_WORKERS wait,
     however many commands ran at once."""
-    monkeypatch.setattr(procutil, "_idle", [])
+    monkeypatch.setattr(workers, "_idle", [])
     ends = [threading.Event() for _ in range(8)]
 
     def waiting(end: threading.Event) -> Callable[[], None]:
@@ -172,7 +172,7 @@ def test_at_most_so_many_threads_wait(monkeypatch: pytest.MonkeyPatch) -> None:
         end.set()
     _idle_at_least(procutil.IDLE_WORKERS)
     time.sleep(0.2)  # the others end rather than wait
-    assert len(procutil._idle) == procutil.IDLE_WORKERS
+    assert len(workers._idle) == procutil.IDLE_WORKERS
 
 
 def test_a_job_on_a_waiting_thread_does_not_inherit_the_last_ones_scope(
@@ -180,7 +180,7 @@ def test_a_job_on_a_waiting_thread_does_not_inherit_the_last_ones_scope(
 ) -> None:
     """A job that marked its thread abandoned (abandon_when) leaves that mark behind: the
     next job on the same thread must not find its command abandoned at once."""
-    monkeypatch.setattr(procutil, "_idle", [])
+    monkeypatch.setattr(workers, "_idle", [])
     gone = threading.Event()
     gone.set()
     procutil.in_thread(lambda: procutil.abandon_when(gone))
@@ -238,17 +238,17 @@ def test_a_fed_pipe_let_go_inside_the_guard_does_not_wait_on_itself() -> None:
     lets its stdin go (the guard again, in the same thread): that must not deadlock it."""
     read_end, write_end = os.pipe()
     pipe = os.fdopen(write_end, "wb")
-    procutil._feeding(pipe)
+    fed.feeding(pipe)
     done = threading.Event()
 
     def inside() -> None:
-        with procutil._FED_GUARD:
-            procutil._close_fed(pipe)
+        with fed.FED_GUARD:
+            fed.close_fed(pipe)
         done.set()
 
     threading.Thread(target=inside, daemon=True).start()
     assert done.wait(5), "letting a fed pipe go inside the guard waited on the guard"
-    assert os.read(read_end, 10) == b"" and write_end not in procutil._FED
+    assert os.read(read_end, 10) == b"" and write_end not in fed.FED
     os.close(read_end)
 
 
@@ -273,8 +273,8 @@ class _SlowPipe:
         self.closed = True
 
     def _try(self) -> None:
-        if procutil._FED_GUARD.acquire(timeout=1):
-            procutil._FED_GUARD.release()
+        if fed.FED_GUARD.acquire(timeout=1):
+            fed.FED_GUARD.release()
             self.free[0] = True
 
 
@@ -284,10 +284,10 @@ def test_a_fed_pipe_is_closed_outside_the_guard_every_fork_takes() -> None:
     outside it."""
     read_end, write_end = os.pipe()
     pipe = _SlowPipe(write_end)
-    procutil._feeding(pipe)  # type: ignore[arg-type]
-    procutil._close_fed(pipe)  # type: ignore[arg-type]
+    fed.feeding(pipe)  # type: ignore[arg-type]
+    fed.close_fed(pipe)  # type: ignore[arg-type]
     assert pipe.closed and pipe.free == [True]
-    assert write_end not in procutil._FED
+    assert write_end not in fed.FED
     os.close(read_end)
 
 
@@ -305,7 +305,7 @@ def test_a_fed_pipe_let_go_is_gone_for_its_reader_and_not_inherited(
         monkeypatch.setattr(os, "devnull", str(fifo))
     read_end, write_end = os.pipe()
     os.set_inheritable(write_end, True)
-    procutil._let_go(write_end)
+    fed.let_go(write_end)
     mode = os.fstat(write_end).st_mode
     assert stat.S_ISCHR(mode) if null == "the null device" else stat.S_ISFIFO(mode)
     assert not os.get_inheritable(write_end)

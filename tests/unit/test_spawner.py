@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def mod() -> Iterator[ModuleType]:
-    """spawner.py as the executor imports it (beside procutil.py, as top-level modules)."""
+    """spawner.py as the executor imports it (beside the procutil package, as top-level modules)."""
     sys.path[:0] = [str(EXECUTOR), str(EXECUTOR.parents[2])]
     try:
         yield importlib.import_module("spawner")

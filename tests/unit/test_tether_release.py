@@ -1,31 +1,28 @@
-"""`Project.release` never kills a tether (that would stop its service) and never drops one
-still running: a slow one (a gVisor service's exec ends slowly) is waited for by a thread,
-so it is reaped, not left a zombie with a ResourceWarning at the next collection (CI,
-2026-11-26, test_per_service_isolation_main_runc_service_gvisor)."""
+"""`Tethers.release` (a project's `release`) never kills a tether (that would stop its
+service) and never drops one still running: a slow one (a gVisor service's exec ends
+slowly) is waited for by a thread, so it is reaped, not left a zombie with a
+ResourceWarning at the next collection (CI, 2026-11-26,
+test_per_service_isolation_main_runc_service_gvisor)."""
 
 from __future__ import annotations
 
 import gc
 import os
 import subprocess
-import threading
 import time
 import warnings
 
 import pytest
 
-from orchestrator.backends.docker import lifecycle
+from orchestrator.backends.docker import tether
 
 
 def test_a_slow_tether_is_waited_for_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifecycle, "TETHER_WAIT", 0.1)
-    project = object.__new__(lifecycle.Project)
-    project._tethers = []
-    project._tether_lock = threading.Lock()
-    project._lingering = []
+    monkeypatch.setattr(tether, "TETHER_WAIT", 0.1)
+    project = tether.Tethers()
     slow = subprocess.Popen(["sh", "-c", "cat >/dev/null; sleep 1"], stdin=subprocess.PIPE)
     pid = slow.pid
-    project._tethers.append(slow)
+    project._procs.append(slow)
     del slow
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResourceWarning)

@@ -13,17 +13,11 @@ executor cannot (plain `docker exec`), archives take the exec stream."""
 
 from __future__ import annotations
 
-import array
 import contextlib
 import dataclasses
-import fcntl
 import logging
-import os
-import tempfile
-import termios
 import threading
 import time
-import uuid
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Literal
@@ -31,16 +25,15 @@ from typing import Literal
 from orchestrator import procutil
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.executor import wire
-from orchestrator.backends.container.executor.client import ExecutorClient, Fifo
+from orchestrator.backends.container.executor.client import ExecutorClient
+from orchestrator.backends.container.executor.fifo import SharedFifo
 from orchestrator.backends.container.executor.plain import MARK, Killer, run_plain
-from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
+from orchestrator.backends.container.layout import SANDBOX_MOUNT
 from orchestrator.backends.container.owed import Owed
 from orchestrator.errors import ExecutorLost, SandboxPaused, SandboxUnavailable
-from orchestrator.procutil import F_SETPIPE_SZ
-from orchestrator.sandbox import files
 from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Outcome, StreamKind
-from orchestrator.sandbox.streams import ArchiveStream, Feeder
+from orchestrator.sandbox.streams import ArchiveStream
 from orchestrator.sandbox.threads import SingleFlight, in_thread, thread_chunks
 
 log = logging.getLogger("orchestrator.docker")
@@ -187,8 +180,8 @@ class Channel:
         cmd: Command,
         *,
         plain: bool = False,
-        out: _Fifo | None = None,
-        into: _Fifo | None = None,
+        out: SharedFifo | None = None,
+        into: SharedFifo | None = None,
     ) -> Chunks:
         """By the executor (unless `plain`, or where it cannot run); `out` / `into`: a FIFO
         carrying the command's output / input, which only the executor can hand over (exit
@@ -282,7 +275,7 @@ class Channel:
         """The command's output through a FIFO; None where that could not be (nothing was
         written): the caller goes the usual way."""
         assert self._shared is not None
-        fifo = _Fifo.make(self._shared, into_sandbox=False)
+        fifo = SharedFifo.make(self._shared, into_sandbox=False)
         if fifo is None:
             return None
         try:
@@ -297,7 +290,7 @@ class Channel:
     ) -> Generator[tuple[StreamKind, bytes], None, Outcome | None]:
         """The command's input through a FIFO the host's tar writes into; None as above."""
         assert self._shared is not None
-        fifo = _Fifo.make(self._shared, into_sandbox=True)
+        fifo = SharedFifo.make(self._shared, into_sandbox=True)
         if fifo is None:
             return None
         try:
@@ -377,94 +370,3 @@ def _after_loss(why: SandboxUnavailable | bool, exc: ExecutorLost, started: floa
     if isinstance(why, SandboxUnavailable):
         raise why from exc
     raise exc
-
-
-class _Fifo:
-    """A new FIFO in a container's transfer folder (seen by that container alone, at
-    IO_MOUNT): `inside`, its path in the container, and `fd`, our end of it. It has mode 0
-    before the sandbox can see it (made in a private folder beside the transfer folders,
-    never mounted, opened, then moved in): no sandbox user but root (the executor, which
-    hands it to the command) can open it; a root sandbox can do anything in itself anyway,
-    and what comes out of the sandbox stays untrusted wherever it passes.
-    Out of the sandbox we read it (opened without waiting for a writer). Into the sandbox we
-    open it for reading and writing, so we never wait for a reader to open it, and keep that
-    end: a FIFO with no end open drops its data, and the reader may open after the packer
-    exited; it goes once all was read. The packer gets `writer`, a write-only end (see
-    `drop_writer`)."""
-
-    def __init__(self, folder: Path, into_sandbox: bool) -> None:
-        name = f"{'in' if into_sandbox else 'out'}-{uuid.uuid4().hex}"
-        self._lock = threading.Lock()
-        self.path, self.inside, self.into = folder / name, f"{IO_MOUNT}/{name}", into_sandbox
-        self.fd = self.writer = -1
-        private = Path(tempfile.mkdtemp(prefix=".fifo-", dir=folder.parent))
-        made = private / name
-        try:
-            os.mkfifo(made, 0o600)
-            flags = os.O_RDWR if into_sandbox else os.O_RDONLY | os.O_NONBLOCK
-            self.fd = os.open(made, flags | os.O_CLOEXEC)
-            if into_sandbox:  # (non-blocking only to open: our own end reads)
-                self.writer = os.open(made, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                os.set_blocking(self.writer, True)
-            made.chmod(0)
-            os.rename(made, self.path)
-        except OSError:
-            self.drop_writer()
-            self.release()
-            raise
-        finally:
-            made.unlink(missing_ok=True)
-            private.rmdir()
-        with contextlib.suppress(OSError):  # bigger reads where Linux allows it
-            fcntl.fcntl(self.fd, F_SETPIPE_SZ, files.STREAM_CHUNK)
-
-    @property
-    def end(self) -> Fifo:
-        return Fifo(self.inside, self.fd, self.into)
-
-    def drop_writer(self) -> None:
-        """Close our copy of the packer's end: once the packer holds the only write-only
-        end, it gets EPIPE (it dies) when no reader is left, as when we die mid-upload and
-        the sandbox stops."""
-        if self.writer >= 0:
-            os.close(self.writer)
-            self.writer = -1
-
-    @classmethod
-    def make(cls, folder: Path, into_sandbox: bool) -> _Fifo | None:
-        """A FIFO, or None where none can be made (the folder gone, a file system without)."""
-        try:
-            return cls(folder, into_sandbox)
-        except OSError as exc:
-            log.info("cannot make a FIFO in %s: %s", folder, exc)
-            return None
-
-    def release(self) -> None:
-        """Close our end."""
-        with self._lock:
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
-
-    def release_when_read(self, packer: Feeder) -> None:
-        """Once the packer has exited, wait until nothing it wrote is left unread, then
-        close our end: the reader's end of file. (A reader that opens only after that, as
-        when the packer failed at once, gets it at once: the executor opens without waiting
-        for a writer, and a FIFO without one reads as ended.)"""
-        packer.wait()
-        while True:
-            with self._lock:
-                if self.fd < 0:
-                    return  # closed meanwhile: the command ended
-                left = array.array("i", [0])
-                fcntl.ioctl(self.fd, termios.FIONREAD, left)
-                if left[0] == 0:
-                    os.close(self.fd)
-                    self.fd = -1
-                    return
-            time.sleep(0.002)
-
-    def close(self) -> None:
-        self.drop_writer()
-        self.release()
-        self.path.unlink(missing_ok=True)

@@ -15,24 +15,19 @@ with the uid, gid, groups and HOME the engine would have given it."""
 from __future__ import annotations
 
 import io
-import os
 import shlex
-import stat
 import tarfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.container.binds import PinRefused, open_exact
+from orchestrator.backends.container.archives import static_into
 from orchestrator.backends.container.engine import Engine, ExecTarget, up_timeout
-from orchestrator.backends.container.executor.client import executor_files
-from orchestrator.backends.container.layout import SANDBOX_MOUNT, STATIC_ROOT
-from orchestrator.errors import DockerError, OrchestratorError, StartupError
+from orchestrator.errors import DockerError, StartupError
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import Service
-from orchestrator.spec.policy import Policy, check_host_paths, look_up, raise_if
+from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import resolve_user
 
 PREPARE = (
@@ -152,6 +147,27 @@ def gated_services(env: Environment, *, copied: bool) -> list[str]:
         for name, svc in sorted(env.spec.services.items())
         if svc.workdir is not None or (copied and statics and svc.static_assets)
     ]
+
+
+def unpack(
+    engine: Engine, container: str, service: str, archive: bytes, script: list[str], name: str
+) -> None:
+    """Unpack an archive (archives.py) into a running service's container, as root;
+    StartupError naming the environment `name` and the service when that fails."""
+    try:
+        engine.exec(
+            container,
+            ["/bin/sh", "-c", *script],
+            user="0:0",
+            input=archive,
+            action=f"preparing {service}",
+            seconds=up_timeout(),
+        )
+    except DockerError as exc:
+        raise StartupError(
+            f"{name}: could not prepare {service!r} (its image needs /bin/sh and "
+            f"tar): {exc.stderr.strip() or exc}"
+        ) from exc
 
 
 def _wait_running(engine: Engine, container: str, name: str) -> None:
@@ -285,7 +301,7 @@ def prepare_service(
     config = engine.image_config(container)
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        folders = _static_into(tar, env, policy, 0o755) if copied and svc.static_assets else []
+        folders = static_into(tar, env, policy, 0o755) if copied and svc.static_assets else []
     target = engine.exec_target(container)
     workdir = svc.workdir or ""
     user = resolve_user(svc.user) if svc.user else None
@@ -306,115 +322,17 @@ def prepare_service(
     _exec(target, name, RELEASE, [], user="0:0", input=text.encode())
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes | None, mode: int) -> None:
-    info = tarfile.TarInfo(name)
-    info.mode, info.uid, info.gid, info.mtime = mode, 0, 0, int(time.time())
-    if data is None:
-        info.type = tarfile.DIRTYPE
-        tar.addfile(info)
-    else:
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-
-
-def _static_into(
-    tar: tarfile.TarFile, env: Environment, policy: Policy | None, dir_mode: int = 0o555
+def prepare_services(
+    env: Environment,
+    locate: Callable[[str], tuple[str, Engine]],
+    copied: bool,
+    policy: Policy | None,
 ) -> list[str]:
-    """The static assets at /static/<save_path>, root's and read-only (folders `dir_mode`:
-    0o755 where the unpacking root has no capability to write in a read-only folder and
-    makes them read-only after). Returns the folders' absolute paths. Each asset's path is
-    checked again here, where it is read (the policy's rule, then a walk that follows no
-    link), so nothing swapped in since the spec was checked is copied."""
-    folders: list[str] = []
-    if not env.spec.static_assets:
-        return folders
-
-    def folder(name: str) -> None:
-        _add(tar, name, None, dir_mode)
-        folders.append("/" + name)
-
-    folder(STATIC_ROOT.lstrip("/"))
-    for asset in env.spec.static_assets:
-        real = look_up(Path(asset.path), env.base_dir).real
-        roots = (policy or Policy.from_env()).mount_roots(env.base_dir, None)
-        raise_if(check_host_paths(env.source, [(f"static_assets.{asset.name}", real)], roots))
-        dest = f"{STATIC_ROOT.lstrip('/')}/{asset.save_path}"
-        parts = dest.split("/")
-        for i in range(2, len(parts)):
-            folder("/".join(parts[:i]))
-        try:
-            top = open_exact(real)  # no link on the way: what was checked, or nothing
-        except PinRefused as exc:
-            raise OrchestratorError(f"static asset {asset.name}: {exc}") from None
-        try:
-            _asset_into(tar, top, dest, folder)
-        finally:
-            os.close(top)
-    return folders
-
-
-def _asset_into(tar: tarfile.TarFile, top: int, dest: str, folder: Callable[[str], None]) -> None:
-    """One asset, file or folder, from the descriptor `top`: every entry reached from its
-    folder's descriptor without following a link (a link inside is copied as a link, never
-    read through: `key -> ~/.ssh/id_rsa` gives the sandbox a dangling link, not the key);
-    FIFOs, sockets and devices are left out."""
-    if stat.S_ISREG(os.fstat(top).st_mode):
-        _add(tar, dest, _read_fd(top), 0o444)
-        return
-    folder(dest)
-    root = os.open(f"/proc/self/fd/{top}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _tree_into(tar, root, dest, folder)
-    finally:
-        os.close(root)
-
-
-def _tree_into(tar: tarfile.TarFile, root: int, dest: str, folder: Callable[[str], None]) -> None:
-    for where, dirs, names, dfd in os.fwalk(".", dir_fd=root, follow_symlinks=False):
-        rel = os.path.normpath(where)
-        base = dest if rel == "." else f"{dest}/{rel}"
-        for name in sorted(dirs):
-            folder(f"{base}/{name}")
-        for name in sorted(names):
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                _link(tar, f"{base}/{name}", os.readlink(name, dir_fd=dfd))
-            elif stat.S_ISREG(st.st_mode):
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
-                try:
-                    if stat.S_ISREG(os.fstat(fd).st_mode):
-                        mode = 0o555 if st.st_mode & 0o111 else 0o444
-                        _add(tar, f"{base}/{name}", _read_fd(fd), mode)
-                finally:
-                    os.close(fd)
-
-
-def _read_fd(fd: int) -> bytes:
-    with os.fdopen(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
-        return f.read()
-
-
-def _link(tar: tarfile.TarFile, name: str, target: str) -> None:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
-    tar.addfile(info)
-
-
-def main_archive(env: Environment, policy: Policy | None = None) -> bytes:
-    """What the main container needs from here: the executor, and the static assets."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add(tar, SANDBOX_MOUNT.lstrip("/"), None, 0o555)
-        for rel, data in executor_files().items():
-            if "/" in rel:  # its cache folder first
-                _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{rel.rpartition('/')[0]}", None, 0o555)
-            _add(tar, f"{SANDBOX_MOUNT.lstrip('/')}/{rel}", data, 0o444)
-        _static_into(tar, env, policy)
-    return out.getvalue()
-
-
-def static_archive(env: Environment, policy: Policy | None = None) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _static_into(tar, env, policy)
-    return out.getvalue()
+    """Prepare each gated service (`prepare_service`; `locate`: the runtime's placement):
+    its command starts once its static assets (when `copied`) and workdir are in place.
+    Returns those with a healthcheck, for the caller to wait on."""
+    gated = gated_services(env, copied=copied)
+    for service in gated:
+        container, engine = locate(service)
+        prepare_service(env, service, engine, container, copied=copied, policy=policy)
+    return [s for s in gated if env.spec.services[s].healthcheck is not None]

@@ -27,14 +27,41 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from orchestrator import procutil
 from orchestrator.backends.container.engine import Engine, FreezerBusy
-from orchestrator.errors import DockerError, OrchestratorError
+from orchestrator.errors import DockerError, OrchestratorError, UsageError
+from orchestrator.spec.loader import Environment
+from orchestrator.spec.policy import Policy
+from orchestrator.spec.resolve import MAIN
 
 Groups = dict[Engine, list[str]]
 """Containers by the engine that runs them."""
+
+
+def groups(services: list[str], locate: Callable[[str], tuple[str, Engine]]) -> Groups:
+    """The containers of `services` (every service but the jobs, which have ended), by the
+    engine that runs them (`locate`: the runtime's placement)."""
+    out: Groups = {}
+    for service in services:
+        container, engine = locate(service)
+        out.setdefault(engine, []).append(container)
+    return out
+
+
+def refuse_gvisor(env: Environment, policy: Policy) -> None:
+    """UsageError when containers of `env` run under gVisor (as `policy` places them):
+    runsc (ptrace) thaws a sandbox whose sleeping processes never wake."""
+    spec = env.spec
+    gvisor = [n for n in [MAIN, *spec.services] if policy.isolation_of(spec, n) == "gvisor"]
+    if gvisor:
+        raise UsageError(
+            f"{env.name}: cannot pause an environment under isolation: gvisor "
+            f"({', '.join(gvisor)}): gVisor's runsc resumes it with its sleeping "
+            "processes stuck; suspend it to disk instead (rt.suspend, orchestrator "
+            "suspend), or use runc"
+        )
 
 
 def pause(groups: Groups) -> None:

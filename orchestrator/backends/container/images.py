@@ -5,6 +5,7 @@ image, and an image whose record is gone is reaped like any other leftover of ou
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import uuid
 from collections.abc import Mapping
@@ -14,9 +15,12 @@ from pathlib import Path
 from orchestrator.backends.container.binds import is_pinned_volume
 from orchestrator.backends.container.engine import Engine, NoSuchImage, engine_call
 from orchestrator.backends.container.identity import LABEL_MANAGED, L
-from orchestrator.errors import DockerError, UsageError
+from orchestrator.errors import DockerError, OrchestratorError, UsageError
 from orchestrator.paths import state_dir
+from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.settings import may_reach
 
+log = logging.getLogger("orchestrator.docker")
 SNAPSHOT_REPO = "orchestrator-snapshot"
 LABEL_RECORD = L + "snapshot.record"
 """On a snapshot image: the path of the snapshot record that owns it."""
@@ -241,3 +245,56 @@ def _state(container: str, engine: Engine) -> str:
     whales = engine.whales
     state = engine_call("inspecting a container", lambda: whales.container.inspect(container).state)
     return "paused" if state.paused else str(state.status)
+
+
+# ----- a snapshot's images, for the backends that made them -------------------------------
+def check_resumable(snap: Snapshot, engine: Engine, *, on_its_engine: bool) -> None:
+    """UsageError unless every image the record names is on `engine` and is the record's
+    own (its labels say so): a record is a file, and may name any image. `on_its_engine`:
+    `engine` is the one the snapshot was made on (else the error names that one)."""
+    for service, image in snap.images.items():
+        if owned(image, snap.record, engine):
+            continue
+        what = f"snapshot {snap.name} ({service}): its filesystem image {image}"
+        if not exists(image, engine) and not on_its_engine:
+            where = f"the engine at {snap.host}" if snap.host else "the docker CLI's default"
+            raise UsageError(
+                f"{what} is on {where}; resume it there (spawn_runtime(..., host=...))"
+            )
+        if not exists(image, engine):
+            raise UsageError(f"{what} is gone (removed outside orchestrator); it cannot be resumed")
+        raise UsageError(
+            f"{what} is not that record's (its labels do not name {snap.record} and this "
+            "state folder): refused; a record moved or copied by hand cannot be resumed"
+        )
+
+
+def release_woken(snap: Snapshot, engine: Engine) -> None:
+    """Remove the images of a record that waking consumed (they were its own); one another
+    environment still runs is left to the reaper."""
+    for image in snap.images.values():
+        try:
+            remove_owned(image, snap.record, engine)
+        except OrchestratorError as exc:  # another environment still runs it: the reaper
+            log.warning("snapshot image %s is left to the reaper: %s", image, exc)
+
+
+def remove_snapshot(snap: Snapshot) -> None:
+    """Remove the images a snapshot owns, on its engine; those it names but does not own
+    are left alone (said), as are those on an engine this process does not name."""
+    if snap.host and not may_reach(snap.host):
+        log.warning(
+            "snapshot %s: its images are on the engine at %r, which this process does "
+            "not name: left there, for a reap on that engine to remove",
+            snap.name,
+            snap.host,
+        )
+        return
+    engine = Engine.at(snap.host)
+    for image in snap.images.values():
+        if not remove_owned(image, snap.record, engine) and exists(image, engine):
+            log.warning(
+                "snapshot %s names image %s, which is not its own: left alone",
+                snap.name,
+                image,
+            )

@@ -11,6 +11,7 @@ __all__ = [
     "IO_DIR",
     "IO_MOUNT",
     "KEEP_ALIVE",
+    "KILL_OTHERS",
     "MAIN",
     "SANDBOX_DIR",
     "SANDBOX_MOUNT",
@@ -73,3 +74,40 @@ def parse_forwards(label: str) -> dict[tuple[int, str], tuple[str, int]]:
         if listen.isdigit() and port.isdigit() and service:
             out[(int(listen), proto)] = (service, int(port))
     return out
+
+
+# Kill every process of the main container except PID 1 (init), the keep-alive (the oldest of
+# its children, which has no child of its own) and this script's own ancestry (the executor,
+# or plain exec). Orphans are reparented to PID 1, so a daemon is found like any other; a
+# process cannot pass for the keep-alive, which started before any command could, and none
+# is spared for being its child. Passes repeat until three in a row find nothing, so a fork
+# caught mid-pass is not missed.
+KILL_OTHERS = r"""
+fields() {  # /proc/PID/stat after the name, read whole: a name may hold ") " and newlines
+  s=; l=; while IFS= read -r l; do s="$s $l"; done < "$1/stat" || return 1; s="$s $l"
+  s=${s##*) }
+}
+me=$$; keep=" 1 "; p=$$
+while [ "${p:-0}" -gt 0 ]; do
+  keep="$keep$p "; fields /proc/$p 2>/dev/null || break; set -- $s; p=$2
+done
+entry=; first=
+for d in /proc/[0-9]*; do
+  fields $d 2>/dev/null || continue; set -- $s
+  [ "$2" = 1 ] || continue
+  if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then first=${20}; entry=${d#/proc/}; fi
+done
+keep="$keep$entry "; quiet=0; n=0
+while [ $quiet -lt 3 ] && [ $n -lt 500 ]; do
+  n=$((n + 1)); found=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case $keep in *" $p "*) continue ;; esac
+    fields $d 2>/dev/null || continue; set -- $s
+    [ "$1" = Z ] || [ "$2" = "$me" ] && continue
+    kill -9 "$p" 2>/dev/null && found=1
+  done
+  [ $found = 1 ] && quiet=0 || quiet=$((quiet + 1))
+done
+[ $quiet -ge 3 ]
+"""

@@ -17,10 +17,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.container.engine import UP_TIMEOUT_ENV
-from orchestrator.errors import HealthcheckFailed, OrchestratorError
+from orchestrator import procutil
+from orchestrator.backends.container.engine import (
+    TIMED_OUT,
+    UP_TIMEOUT_ENV,
+    NoSuchContainer,
+    up_timeout,
+)
+from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorError
+from orchestrator.paths import read_regular
 from orchestrator.spec.models import Service
 
 SETTLE = 1.0
@@ -189,3 +197,83 @@ class ServiceWatch:
             look = Look.of(self._state(service))
             if look.ended:
                 raise self._fail(service, look)
+
+
+PAUSED = "; resume it (rt.resume(), `orchestrator resume ID`), or take the environment down"
+"""How a probe's reason ends for a paused container."""
+
+
+def unusable(what: str, state: Callable[[], Any], logs: Callable[[], str]) -> str | None:
+    """Why a container (`what`, as the message names it) cannot run commands: gone,
+    stopped (with its last log lines) or paused; None if it can. `state`, `logs`: the
+    runtime's look at it and at its log tail."""
+    try:
+        found = state()
+    except NoSuchContainer as exc:
+        return f"{what} is gone ({exc.stderr.strip() or exc})"
+    except DockerError as exc:
+        if exc.returncode == TIMED_OUT:  # the engine is not answering: say that instead
+            raise
+        return f"{what} cannot be inspected ({exc.stderr.strip() or exc})"
+    if found.paused:
+        return f"{what} is paused{PAUSED}"
+    if found.running:
+        return None
+    why = f"{found.status}, exit code {found.exit_code}"
+    if found.oom_killed:
+        why += ", killed by the out-of-memory killer"
+    if found.error:
+        why += f": {found.error}"
+    try:
+        tail = logs().strip()
+    except OrchestratorError:
+        tail = ""
+    return f"{what} is not running ({why}); last log lines:\n{tail or '(none)'}"
+
+
+def wait_healthy(
+    label: str, services: list[str], state: Callable[[str], Any], logs: Callable[[str], str]
+) -> None:
+    """Wait, within ORCHESTRATOR_UP_TIMEOUT, until each service's healthcheck passes; an
+    unhealthy or stopped service is a HealthcheckFailed with its last log lines."""
+    deadline = time.monotonic() + up_timeout()
+    for service in services:
+        while True:
+            found = state(service)
+            health = getattr(found.health, "status", None)
+            if health == "healthy":
+                break
+            if health == "unhealthy" or not found.running or time.monotonic() > deadline:
+                tail = logs(service).strip()
+                raise HealthcheckFailed(
+                    f"{label}: service {service!r} never became healthy; "
+                    f"last log lines:\n{tail or '(no output)'}"
+                )
+            time.sleep(0.2)
+
+
+PF_EXITING = 0x4
+"""In /proc/PID/stat's flags: the process is exiting. A container's first process killed
+stays so while the kernel kills every other process of its namespace (long, with many)."""
+
+
+def runs_here(got: dict[str, Any] | None) -> bool:
+    """Whether a container the engine inspected (`got`, its API's answer; None: not asked)
+    runs, with its first process alive on this machine, in a cgroup naming the container's
+    id: the engine runs on this machine's kernel (not in a VM), and the process is that
+    container's. Nothing a sandbox does inside changes its first process's host pid or
+    cgroup."""
+    state = (got or {}).get("State")
+    cid = (got or {}).get("Id")
+    if not isinstance(state, dict) or not isinstance(cid, str) or len(cid) < 12:
+        return False
+    pid = state.get("Pid")
+    if state.get("Running") is not True or not isinstance(pid, int) or pid <= 0:
+        return False
+    fields = procutil.stat_fields(pid)
+    if len(fields) < 7 or fields[0] in (b"Z", b"X"):  # gone, or dead and not yet reaped
+        return False
+    if int(fields[6]) & PF_EXITING:  # dying: its namespace's processes are being killed
+        return False
+    cgroup = read_regular(Path(f"/proc/{pid}/cgroup"), 1 << 16) or b""
+    return cid.encode() in cgroup

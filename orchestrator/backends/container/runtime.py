@@ -11,32 +11,29 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from abc import abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from orchestrator import procutil, settings
-from orchestrator.backends.container import copyin, freeze, membership, owed
-from orchestrator.backends.container.channel import Channel, Mode
-from orchestrator.backends.container.engine import (
-    TIMED_OUT,
-    Engine,
-    NoSuchContainer,
-    unknown_user,
-    up_timeout,
+from orchestrator import settings
+from orchestrator.backends.container import (
+    archives,
+    copyin,
+    fileuser,
+    freeze,
+    membership,
+    owed,
+    readiness,
 )
-from orchestrator.backends.container.layout import STATIC_ROOT
+from orchestrator.backends.container.channel import Channel, Mode
+from orchestrator.backends.container.engine import Engine, NoSuchContainer
+from orchestrator.backends.container.layout import KILL_OTHERS, STATIC_ROOT
 from orchestrator.backends.container.service import ServiceSandbox, shell_connection
 from orchestrator.errors import (
-    DockerError,
-    HealthcheckFailed,
     OrchestratorError,
     SandboxPaused,
     SandboxUnavailable,
-    SpecError,
-    SpecIssue,
     StartupError,
     UsageError,
 )
@@ -50,43 +47,6 @@ from orchestrator.spec.resolve import MAIN, resolve_user
 log = logging.getLogger("orchestrator.docker")
 EXEC_MODE_ENV = settings.EXEC_MODE.name
 """auto (the executor, falling back to plain where it cannot run), executor or plain."""
-
-
-# Kill every process of the main container except PID 1 (init), the keep-alive (the oldest of
-# its children, which has no child of its own) and this script's own ancestry (the executor,
-# or plain exec). Orphans are reparented to PID 1, so a daemon is found like any other; a
-# process cannot pass for the keep-alive, which started before any command could, and none
-# is spared for being its child. Passes repeat until three in a row find nothing, so a fork
-# caught mid-pass is not missed.
-KILL_OTHERS = r"""
-fields() {  # /proc/PID/stat after the name, read whole: a name may hold ") " and newlines
-  s=; l=; while IFS= read -r l; do s="$s $l"; done < "$1/stat" || return 1; s="$s $l"
-  s=${s##*) }
-}
-me=$$; keep=" 1 "; p=$$
-while [ "${p:-0}" -gt 0 ]; do
-  keep="$keep$p "; fields /proc/$p 2>/dev/null || break; set -- $s; p=$2
-done
-entry=; first=
-for d in /proc/[0-9]*; do
-  fields $d 2>/dev/null || continue; set -- $s
-  [ "$2" = 1 ] || continue
-  if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then first=${20}; entry=${d#/proc/}; fi
-done
-keep="$keep$entry "; quiet=0; n=0
-while [ $quiet -lt 3 ] && [ $n -lt 500 ]; do
-  n=$((n + 1)); found=0
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    case $keep in *" $p "*) continue ;; esac
-    fields $d 2>/dev/null || continue; set -- $s
-    [ "$1" = Z ] || [ "$2" = "$me" ] && continue
-    kill -9 "$p" 2>/dev/null && found=1
-  done
-  [ $found = 1 ] && quiet=0 || quiet=$((quiet + 1))
-done
-[ $quiet -ge 3 ]
-"""
 
 
 class ContainerRuntime(Runtime):
@@ -192,7 +152,8 @@ class ContainerRuntime(Runtime):
                 raise lost
         except SandboxUnavailable as exc:
             raise StartupError(f"the environment did not start: {exc}") from exc
-        self._check_named_user()
+        source, user = self.env.source, self.default_user
+        fileuser.check_named(source, user, lambda: self.execute(["true"], timeout=30))
 
     def _copy_in_all(self, user: str) -> None:
         """Nothing of this machine is mounted: copy the executor and the static assets into
@@ -200,89 +161,25 @@ class ContainerRuntime(Runtime):
         the workdir to the sandbox user."""
         self._copy_in(
             MAIN,
-            copyin.main_archive(self.env, self.options.policy),
+            archives.main_archive(self.env, self.options.policy),
             [copyin.PREPARE, "sh", self.env.spec.workdir or "", user],
         )
         self._prepare_services(copied=True)
 
     def _prepare_services(self, *, copied: bool) -> None:
-        """Let each gated service's command start once its static assets (when `copied`)
-        and workdir are in place (copyin.GATE), then wait for the health of those: the
-        engine does not hold the main sandbox for a gated service."""
-        gated = copyin.gated_services(self.env, copied=copied)
-        for service in gated:
-            container, engine = self._locate(service)
-            copyin.prepare_service(
-                self.env,
-                service,
-                engine,
-                container,
-                copied=copied,
-                policy=self.options.policy,
-            )
-        services = self.env.spec.services
-        self._wait_healthy([s for s in gated if services[s].healthcheck is not None])
-
-    def _wait_healthy(self, services: list[str]) -> None:
-        """Wait, bounded, until each service's healthcheck passes; an unhealthy or stopped
-        service is a HealthcheckFailed with its last log lines."""
-        deadline = time.monotonic() + up_timeout()
-        for service in services:
-            while True:
-                state = self._state(service)
-                health = getattr(state.health, "status", None)
-                if health == "healthy":
-                    break
-                if health == "unhealthy" or not state.running or time.monotonic() > deadline:
-                    logs = self._logs(service).strip()
-                    raise HealthcheckFailed(
-                        f"{self._id}: service {service!r} never became healthy; "
-                        f"last log lines:\n{logs or '(no output)'}"
-                    )
-                time.sleep(0.2)
+        """Let each gated service's command start (copyin.prepare_services), then wait for
+        the health of those: the engine does not hold the main sandbox for a gated service."""
+        waits = copyin.prepare_services(self.env, self._locate, copied, self.options.policy)
+        readiness.wait_healthy(self._id, waits, self._state, self._logs)  # bounded
 
     def _copy_in(self, service: str, archive: bytes, script: list[str]) -> None:
         """Unpack an archive into a running service's container, as root."""
         container, engine = self._locate(service)
-        try:
-            engine.exec(
-                container,
-                ["/bin/sh", "-c", *script],
-                user="0:0",
-                input=archive,
-                action=f"preparing {service}",
-                seconds=up_timeout(),
-            )
-        except DockerError as exc:
-            raise StartupError(
-                f"{self.env.name}: could not prepare {service!r} (its image needs /bin/sh and "
-                f"tar): {exc.stderr.strip() or exc}"
-            ) from exc
+        copyin.unpack(engine, container, service, archive, script, self.env.name)
 
     def _check_ids(self, user: str, what: str) -> tuple[int, int] | None:
-        """`user`'s ids if it is numeric (None for a name); SpecError naming `user` when they
-        are out of the engine's range (an image's USER may be anything)."""
-        try:
-            return procutil.numeric_ids(user)
-        except procutil.UnknownUser as exc:
-            fix = "give `user:` a uid[:gid] in range, or a name the image has"
-            raise self._user_error(f"{what} {user!r}: {exc}", fix) from None
-
-    def _user_error(self, message: str, fix: str) -> SpecError:
-        """A spec error on the file's `user`, found only once the image is there."""
-        return SpecError(SpecIssue(self.env.source, field="user", message=message, fix=fix))
-
-    def _check_named_user(self) -> None:
-        """A user the file gives by name exists only in the image: ask it once, at spawn, so
-        a typo fails here, naming the field, and not as 126 on every command."""
-        user = self.default_user
-        if not user or self._check_ids(user, "the user") is not None:
-            return
-        probe = self.execute(["true"], timeout=30)
-        said = unknown_user(probe.stderr) if probe.exit_code == 126 else None
-        if said is not None:
-            fix = "create the user in the image, or give a uid[:gid]"
-            raise self._user_error(f"{said.strip()} of the image", fix)
+        """`user`'s ids if numeric, else None (see fileuser.check_ids)."""
+        return fileuser.check_ids(self.env.source, user, what)
 
     # ----- channels ------------------------------------------------------------------------
     def _channel(self, service: str, container: str, engine: Engine | None = None) -> Channel:
@@ -354,28 +251,7 @@ class ContainerRuntime(Runtime):
     def _probe(self, service: str = MAIN) -> str | None:
         """Why a container cannot run commands (gone, stopped, paused), or None if it can."""
         what = "its main container" if service == MAIN else f"its service {service!r}"
-        try:
-            state = self._state(service)
-        except NoSuchContainer as exc:
-            return f"{what} is gone ({exc.stderr.strip() or exc})"
-        except DockerError as exc:
-            if exc.returncode == TIMED_OUT:  # the engine is not answering: say that instead
-                raise
-            return f"{what} cannot be inspected ({exc.stderr.strip() or exc})"
-        if state.paused:
-            return f"{what} is paused{PAUSED}"
-        if state.running:
-            return None
-        why = f"{state.status}, exit code {state.exit_code}"
-        if state.oom_killed:
-            why += ", killed by the out-of-memory killer"
-        if state.error:
-            why += f": {state.error}"
-        try:
-            logs = self._logs(service).strip()
-        except OrchestratorError:
-            logs = ""
-        return f"{what} is not running ({why}); last log lines:\n{logs or '(none)'}"
+        return readiness.unusable(what, lambda: self._state(service), lambda: self._logs(service))
 
     def _visibly_running(self, service: str = MAIN) -> bool:
         """Whether this machine sees a service's container running on, its first process
@@ -386,33 +262,17 @@ class ContainerRuntime(Runtime):
         why = self._probe(service)
         if not why:
             return None
-        kind = SandboxPaused if why.endswith(PAUSED) else SandboxUnavailable
+        kind = SandboxPaused if why.endswith(readiness.PAUSED) else SandboxUnavailable
         return kind(f"{self.env.name}: {why}")
 
     # ----- pause / resume (freeze.py) ---------------------------------------------------------
     def _frozen_groups(self) -> freeze.Groups:
-        """The containers a pause freezes (every service but the jobs, which have ended), by
-        the engine that runs them."""
-        services = [MAIN, *sorted(n for n, s in self.env.spec.services.items() if not s.job)]
-        groups: freeze.Groups = {}
-        for service in services:
-            container, engine = self._locate(service)
-            groups.setdefault(engine, []).append(container)
-        return groups
+        """The containers a pause freezes, by the engine that runs them (see freeze.py)."""
+        live = [MAIN, *sorted(n for n, s in self.env.spec.services.items() if not s.job)]
+        return freeze.groups(live, self._locate)
 
     def _pause(self) -> None:
-        gvisor = [
-            n
-            for n in [MAIN, *self.env.spec.services]
-            if self.options.policy.isolation_of(self.env.spec, n) == "gvisor"
-        ]
-        if gvisor:  # runsc (ptrace) thaws a sandbox whose sleeping processes never wake
-            raise UsageError(
-                f"{self.env.name}: cannot pause an environment under isolation: gvisor "
-                f"({', '.join(gvisor)}): gVisor's runsc resumes it with its sleeping "
-                "processes stuck; suspend it to disk instead (rt.suspend, orchestrator "
-                "suspend), or use runc"
-            )
+        freeze.refuse_gvisor(self.env, self.options.policy)
         freeze.pause(self._frozen_groups())
 
     def _resume(self) -> None:
@@ -535,7 +395,3 @@ class ContainerRuntime(Runtime):
     def _run_bulk(self, cmd: Command) -> Chunks:
         assert self._main is not None
         return (yield from self._main.run(cmd, bulk=True))
-
-
-PAUSED = "; resume it (rt.resume(), `orchestrator resume ID`), or take the environment down"
-"""How a probe's reason ends for a paused container."""

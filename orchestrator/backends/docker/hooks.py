@@ -50,7 +50,7 @@ def check(env: Environment, policy: Policy, workspace: Path | None = None) -> li
 def prepare(env: Environment, policy: Policy, *, build: BuildChoice = "auto") -> None:
     """Check, then get the images the file builds as `build` says, so spawns starting
     together do not each build them."""
-    from orchestrator.backends.docker.lifecycle import build_images
+    from orchestrator.backends.docker.start import build_images
 
     compiled = _scratch_compile(env, policy, f"orch-prepare-{os.getpid()}")
     build_images(env, dataclasses.replace(compiled, build=build))

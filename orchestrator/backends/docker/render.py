@@ -3,21 +3,10 @@ through the Jinja templates. Pure: same input, byte-identical output; runs nothi
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from orchestrator import settings
-from orchestrator.backends.container.binds import Pins
-from orchestrator.backends.container.copyin import (
-    GATE,
-    drops_privileges,
-    entrypoint_words,
-    gated_services,
-    health_context,
-)
+from orchestrator.backends.container.copyin import GATE, gated_services
 from orchestrator.backends.container.layout import (
     IO_DIR,
     IO_MOUNT,
@@ -28,47 +17,38 @@ from orchestrator.backends.container.layout import (
     container_bind_host,
 )
 from orchestrator.backends.container.mounts import (
-    ResolvedMount,
     reserved_target_issues,
     resolve_mounts,
     service_workdir_issues,
-    static_mounts,
     volume_issues,
 )
 from orchestrator.backends.container.seccomp import profile_text
 from orchestrator.backends.container.templating import jinja as _jinja
-from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.binding import SECCOMP_FILE, Binding, volume_labels
-from orchestrator.backends.docker.buildcheck import dockerfile_issues
-from orchestrator.backends.docker.buildplan import (
-    ImageBuild,
-    build_paths,
-    gateway_build,
-    host_build_issue,
-    image_build,
+from orchestrator.backends.docker.buildplan import build_paths, gateway_build
+from orchestrator.backends.docker.compiled import CompiledProject, CompileOptions
+from orchestrator.backends.docker.contexts import (
+    GVISOR_RUNTIME_ENV,
+    INFRA_LIMITS,
+    attach_network,
+    compose_limits,
+    compose_ports,
+    gvisor_runtime,
+    image_build_of,
+    infra_contexts,
+    runtime_of,
+    service_context,
 )
-from orchestrator.backends.docker.network import (
-    GATEWAY,
-    RULES_FILE,
-    RULES_MOUNT,
-    NetPlan,
-    egress_dns,
-    egress_network,
-    plan_network,
-)
+from orchestrator.backends.docker.network import RULES_FILE, plan_network
 from orchestrator.errors import SpecIssue
-from orchestrator.paths import make_folders, write_file
-from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.egress import describe
-from orchestrator.spec.limits import Limits, applied, pids_issues
+from orchestrator.spec.limits import Limits, pids_issues
 from orchestrator.spec.loader import Environment
-from orchestrator.spec.models import Build, Mount, PortMap, Resources, Service
+from orchestrator.spec.models import PortMap
 from orchestrator.spec.policy import (
     DEFAULT_CAPS,
     HOST_NETWORK_ENV,
-    UNREADABLE_FIX,
     HardeningReport,
-    Policy,
     check_hardening,
     check_host_paths,
     check_workspace,
@@ -78,294 +58,14 @@ from orchestrator.spec.policy import (
 from orchestrator.spec.ports import check_ports
 from orchestrator.spec.resolve import LOOPBACK, MAIN, resolve_env, resolve_user
 
-
-@dataclass(frozen=True)
-class CompileOptions:
-    project: str
-    workspace: Path
-    labels: Mapping[str, str] = field(default_factory=dict)
-    extra_mounts: Sequence[Mount] = ()
-    extra_ports: Sequence[PortMap] = ()
-    env_vars: Mapping[str, str] = field(default_factory=dict)
-    subnet: str | None = None
-    host_env: Mapping[str, str] | None = None
-    platform: str = sys.platform
-    policy: Policy = field(default_factory=Policy.from_env)
-    main_image: str = ""
-    """Run this image for the main sandbox instead of the file's image or build (a snapshot
-    of a container's filesystem being resumed)."""
-    service_images: Mapping[str, str] = field(default_factory=dict)
-    """Run these images (by service) instead of the file's image or build (a suspended
-    environment being woken); services not named run as the file says."""
-    private_workspace: bool = False
-    """`workspace` is the private one made for this run (or a stand-in for it), not the
-    caller's: no file can name it, so it is no allowed root for host paths."""
-    remote: bool = False
-    """The engine may be another machine: nothing of this one is bind-mounted (the executor
-    and the static assets are copied in once the containers run; the workspace lives in the
-    main container), and a mount of a host folder is a spec error."""
-    build: BuildChoice = "auto"
-    """How the images the file builds are got (see `build_images`): "auto" builds one whose
-    tag is missing, "always" builds through the engine's cache, "never" builds none."""
-    leave_by: str = field(default_factory=egress_network)
-    """An existing network egress leaves by (ORCHESTRATOR_EGRESS_NETWORK; empty: one made
-    for each environment that needs it)."""
-    resolvers: tuple[str, ...] = field(default_factory=egress_dns)
-    """Resolvers of the gateway and of `all` containers (ORCHESTRATOR_EGRESS_DNS; empty:
-    the engine's)."""
-    pins: Pins | None = None
-    """A start's pins (binding.py): host folders and files mounted as checked. None: their
-    paths are rendered (`render`, `validate`, or a caller that accepted unpinned mounts)."""
-    pin_refused: str = ""
-    """Why this start cannot pin on its engine; every host mount is then a problem."""
-    unpinned_warning: str = ""
-    """Said when this start mounts host paths unpinned (the caller accepted it)."""
-
-
-@dataclass(frozen=True)
-class CompiledProject:
-    project: str
-    compose_yaml: str
-    files: dict[str, str]
-    """Extra files, relative to the project folder (the sandbox entry script)."""
-    warnings: tuple[str, ...]
-    mounts: tuple[ResolvedMount, ...]
-    env: dict[str, str]
-    user: str
-    network_mode: str
-    """bridge | host | none: how the main sandbox is networked after the rules applied."""
-    has_network: bool
-    """Whether the project defines its own network (needs an address pool)."""
-    published: bool
-    """Whether any port is published on the host."""
-    folders: tuple[str, ...] = ()
-    """Empty folders, relative to the project folder: each container's own transfer folder
-    (IO_DIR/<service>, bind-mounted into that container alone)."""
-    builds: tuple[ImageBuild, ...] = ()
-    """The images it builds (the main one not when `main_image` replaces it)."""
-    build: BuildChoice = "auto"
-    """CompileOptions.build: how to get them before `up`."""
-    infra: tuple[str, ...] = ()
-    """The environment's own containers (egress gateway, port forwarder), by service."""
-    runtimes: tuple[str, ...] = ()
-    """Engine runtimes it needs beyond the default (gVisor's), which `up` checks first."""
-    runtime_of: dict[str, str] = field(default_factory=dict)
-    """Each container that needs one of `runtimes`, by service: `up` checks after that the
-    engine did run it there (an engine that ignores `runtime:` must not pass for gVisor)."""
-    egress: dict[str, str] = field(default_factory=dict)
-    """Each networked container's egress after the caller's policy (none, all, entries)."""
-    defuse: tuple[Path, ...] = ()
-    """Host folders to make harmless after the run besides the workspace (binding.py)."""
-    writable: tuple[Path, ...] = ()
-    """Every host folder a container writes (a download never follows a link there)."""
-    images: tuple[tuple[str, str], ...] = ()
-    """(field, image) of each image it runs and does not build, for the check that the
-    engine has them before anything starts (build.missing_images)."""
-    pull: bool = False
-    """The caller lets the engine pull missing images (Policy.allow_pull)."""
-    source: str = ""
-    """The environment file (for errors found after compiling)."""
-    late_networks: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """Networks a service's container joins after it is created, before it starts, with no
-    alias (a shared egress network: see network.py), by their engine names."""
-    limits: dict[str, Limits] = field(default_factory=dict)
-    """What each container is held to, by service (the environment's own too): what
-    admission counts (`Runtime.requested`)."""
-
-    def write(self, directory: Path) -> Path:
-        """Write the project into `directory` (created, private); return compose.yaml's path.
-        Every folder is 0700 and compose.yaml 0600, whatever the umask, but what containers
-        read through a bind mount (SANDBOX_DIR, the gateway's rules): readable by any user
-        of the container, behind the project folder that only we may enter."""
-        make_folders(directory)
-        make_folders(directory / SANDBOX_DIR, 0o755)
-        for rel in self.folders:  # private: only root (the executor) passes in a container
-            make_folders(directory / rel)
-        for rel, text in self.files.items():
-            make_folders((directory / rel).parent)
-            write_file(directory / rel, text, 0o644)
-        compose = directory / "compose.yaml"
-        write_file(compose, self.compose_yaml)
-        return compose
-
-
-def _ports(ports: Sequence[PortMap]) -> list[str]:
-    out = []
-    for p in ports:
-        host = "" if p.host is None else str(p.host)
-        ip = f"[{p.host_ip}]" if ":" in p.host_ip else p.host_ip
-        out.append(f"{ip}:{host}:{p.container}/{p.protocol}")
-    return out
-
-
-INFRA_LIMITS = Resources(memory="256m", cpus=0.5, pids=256)
-"""What each of the environment's own containers (the egress gateway, the port forwarder)
-is held to: counted by admission with the file's containers (`CompiledProject.limits`)."""
-
-
-def _limits(r: Resources) -> dict[str, Any]:
-    """A container's limits in Compose's words: the file's, and the caller's default for
-    each of memory, cpus and pids that it leaves out (spec/limits.py)."""
-    r = applied(r)
-    out: dict[str, Any] = {}
-    if r.memory:
-        out["mem_limit"] = r.memory
-        out["memswap_limit"] = r.memory  # no swap: over the limit means OOM-killed, not slow
-    if r.cpus:
-        out["cpus"] = r.cpus
-    if r.pids:
-        out["pids_limit"] = r.pids
-    if r.tmp:
-        out["tmpfs"] = f"/tmp:size={r.tmp},mode=1777"
-    if r.disk:
-        out["storage_opt"] = {"size": r.disk}
-    return out
-
-
-def _build(
-    env: Environment,
-    build: Build | None,
-    container: dict[str, Any],
-    opts: CompileOptions,
-    refused: list[SpecIssue],
-    problems: list[SpecIssue],
-) -> dict[str, Any] | None:
-    """The build of one container's image (its tag, and how it runs: buildplan.py), with
-    what the caller's policy refuses added to `refused`, and its Dockerfile's problems to
-    `problems`."""
-    if build is None:
-        return None
-    plan = image_build(env, build, container["name"], opts.policy, container["limits"])
-    issue = host_build_issue(env, plan.where, opts.policy)
-    refused += [issue] if issue else []
-    problems += dockerfile_issues(plan)
-    return {"tag": plan.tag, "plan": plan}
-
-
-def _service(
-    env: Environment,
-    name: str,
-    svc: Service,
-    opts: CompileOptions,
-    report: HardeningReport,
-    roots: list[Path],
-    gated: Collection[str],
-) -> dict[str, Any]:
-    mounts = []
-    for i, m in enumerate(svc.mounts):
-        where = f"services.{name}.mounts.{i}"
-        found = env.host_path(m.source)
-        if found.error is not None:
-            report.issues.append(
-                SpecIssue(
-                    env.source,
-                    field=where + ".source",
-                    message=f"cannot look at mount source {m.source!r}: {found.error}",
-                    fix=UNREADABLE_FIX,
-                )
-            )
-            continue
-        mounts.append(ResolvedMount(found.real, m.target, m.read_only, where))
-    report.issues += reserved_target_issues(env, mounts)
-    report.issues += volume_issues(env, f"services.{name}.", svc.volumes, mounts)
-    report.issues += check_host_paths(
-        env.source,
-        [
-            *((m.origin + ".source", m.source) for m in mounts),
-            *build_paths(env, svc.build, f"services.{name}.build"),
-        ],
-        roots,
-    )
-    caps = check_hardening(env.source, f"services.{name}.", svc, opts.policy, report)
-    check_ports(env.source, f"services.{name}.ports", svc.ports, opts.policy, report)
-    command = svc.command
-    user = resolve_user(svc.user, opts.host_env) if svc.user else None
-    return {
-        "name": name,
-        "image": opts.service_images.get(name) or svc.image,
-        "build": None,  # fingerprinted once the policy has passed its context (compile_project)
-        "command": command,
-        "command_is_list": isinstance(command, list),
-        "entrypoint": entrypoint_words(svc.entrypoint),
-        "depends_on": {
-            dep: "service_started" if dep in gated and cond == "healthy" else f"service_{cond}"
-            for dep, cond in sorted(svc.depends_on.items())
-        },
-        "gated": name in gated,
-        "workdir": svc.workdir,
-        "env": dict(sorted(svc.env.items())),
-        "ports": _ports(svc.ports),
-        "user": user,
-        "drops": drops_privileges(user, svc.workdir),
-        "limits": _limits(svc.resources),
-        "caps": [*DEFAULT_CAPS, *caps],
-        # the static assets are checked once, with the main sandbox's
-        "mounts": [*(static_mounts(env) if svc.static_assets else []), *mounts],
-        "volumes": svc.volumes,
-        **health_context(svc, user),
-        "job": svc.job,
-    }
-
-
-GVISOR_RUNTIME_ENV = settings.GVISOR_RUNTIME.name
-"""The name gVisor's runsc is registered under in the engine (default runsc)."""
-
-
-def gvisor_runtime() -> str:
-    return settings.GVISOR_RUNTIME.get()
-
-
-def runtime_of(isolation: str) -> str | None:
-    """The engine runtime a container of that isolation runs under (None: the default)."""
-    return gvisor_runtime() if isolation == "gvisor" else None
-
-
-def _attach(context: dict[str, Any], name: str, net: NetPlan) -> None:
-    """Put a container's networks, resolvers and proxy variables into its context."""
-    context["networks"] = net.members.get(name, [])
-    context["late"] = net.late.get(name, [])
-    context["dns"] = list(net.dns.get(name, ()))
-    context["dns_options"] = list(net.dns_options.get(name, ()))
-    context["env"] = dict(sorted({**context["env"], **net.env.get(name, {})}.items()))
-    if not net.direct_ports:
-        context["ports"] = []
-
-
-def _infra(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
-    """The contexts of the environment's own containers: both run the gateway image, with
-    every capability dropped but those Squid needs to drop its own root."""
-    out = []
-    if net.gateway is not None:
-        out.append(
-            {
-                **net.gateway,
-                "command": ["proxy", *net.gateway["listen"]],  # where its clients reach it
-                "late": net.late.get(GATEWAY, []),
-                "caps": ["SETUID", "SETGID", "CHOWN"],
-                "healthcheck": None,  # the start waits for it once (Project._wait_gateway)
-                "mounts": [(RULES_FILE, RULES_MOUNT)],
-                "ports": [],
-                "labels": {},
-            }
-        )
-    if net.forwarder is not None:
-        out.append(
-            {
-                **net.forwarder,
-                "command": ["forward", *net.forwarder["args"]],
-                "caps": ["NET_BIND_SERVICE"],
-                "healthcheck": None,
-                "mounts": [],
-            }
-        )
-    for context in out:
-        context["seccomp"] = False
-        context["limits"] = _limits(INFRA_LIMITS)
-        context["image"] = gateway.tag()
-        context["labels"] = dict(sorted({**opts.labels, **context.get("labels", {})}.items()))
-        context.setdefault("dns_options", [])
-        context.setdefault("late", [])
-    return out
+__all__ = [
+    "GVISOR_RUNTIME_ENV",
+    "CompileOptions",
+    "CompiledProject",
+    "compile_project",
+    "gvisor_runtime",
+    "runtime_of",
+]
 
 
 def _exposed(ports: Sequence[PortMap], where: str) -> list[str]:
@@ -447,7 +147,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     gated = gated_services(env, copied=opts.remote)
     issues += service_workdir_issues(env)
     services = [
-        _service(env, name, svc, opts, report, roots, gated)
+        service_context(env, name, svc, opts, report, roots, gated)
         for name, svc in sorted(spec.services.items())
     ]
     if opts.remote:  # no folder of this machine reaches the containers
@@ -470,14 +170,16 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     refused: list[SpecIssue] = []
     for svc_context in services:  # only now: a refused context is never walked or read
         if svc_context["name"] not in opts.service_images:
-            svc_context["build"] = _build(
+            svc_context["build"] = image_build_of(
                 env, spec.services[svc_context["name"]].build, svc_context, opts, refused, builds
             )
-    main_limits = _limits(spec.resources)
+    main_limits = compose_limits(spec.resources)
     main_build = (
         None
         if opts.main_image
-        else _build(env, spec.build, {"name": MAIN, "limits": main_limits}, opts, refused, builds)
+        else image_build_of(
+            env, spec.build, {"name": MAIN, "limits": main_limits}, opts, refused, builds
+        )
     )
     raise_if(refused, builds)
 
@@ -489,7 +191,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         opts.policy,
         networked=networked,
         ports=port_specs,
-        compose_ports={n: _ports(p) for n, p in port_specs.items()},
+        compose_ports={n: compose_ports(p) for n, p in port_specs.items()},
         subnet=opts.subnet,
         leave_by=opts.leave_by,
         resolvers=opts.resolvers,
@@ -504,7 +206,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         warning=opts.unpinned_warning,
     )
     for svc_context in services:
-        _attach(svc_context, svc_context["name"], net)
+        attach_network(svc_context, svc_context["name"], net)
         svc_context["runtime"] = runtime_of(opts.policy.isolation_of(spec, svc_context["name"]))
         svc_context["mounts"], svc_context["seccomp"] = binding.container(
             svc_context["mounts"],
@@ -520,7 +222,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     user = resolve_user(spec.user, opts.host_env)
     container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
     container_env.update(net.env.get(MAIN, {}))
-    infra = _infra(net, opts)
+    infra = infra_contexts(net, opts)
     main_context: dict[str, Any] = {
         "image": opts.main_image or spec.image,
         "build": main_build,
@@ -530,7 +232,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         "mounts": main_mounts,
         "seccomp": main_seccomp,
         "volumes": spec.volumes,
-        "ports": _ports(main_ports) if net.direct_ports else [],
+        "ports": compose_ports(main_ports) if net.direct_ports else [],
         "limits": main_limits,
         "caps": [*DEFAULT_CAPS, *main_caps],
         "network_mode": mode,

@@ -22,34 +22,30 @@ from orchestrator.backends.container.engine import (
     is_remote,
     up_timeout,
 )
-from orchestrator.backends.container.executor.client import executor_files
+from orchestrator.backends.container.executor.files import executor_files
 from orchestrator.backends.container.identity import LABEL_DIR, folder_engine
-from orchestrator.backends.container.layout import IO_DIR, SANDBOX_DIR
+from orchestrator.backends.container.layout import IO_DIR, KILL_OTHERS, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
-from orchestrator.backends.container.readiness import ServiceWatch
-from orchestrator.backends.container.runtime import EXEC_MODE_ENV, KILL_OTHERS, ContainerRuntime
+from orchestrator.backends.container.readiness import ServiceWatch, runs_here
+from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
 from orchestrator.backends.docker import hooks
-from orchestrator.backends.docker.lifecycle import Project, start_project
+from orchestrator.backends.docker.lifecycle import Project
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
+from orchestrator.backends.docker.start import start_project
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
-from orchestrator.paths import make_folders, read_regular
+from orchestrator.paths import make_folders
 from orchestrator.sandbox import hostfs, hostpack, record
 from orchestrator.sandbox.backend import Amounts
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
-from orchestrator.settings import engine_host, may_reach, same_engine
+from orchestrator.settings import engine_host, same_engine
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import IMAGE_USER, MAIN
 
 __all__ = ["EXEC_MODE_ENV", "KILL_OTHERS", "ComposeRuntime"]
 log = logging.getLogger("orchestrator.docker")
-
-
-PF_EXITING = 0x4
-"""In /proc/PID/stat's flags: the process is exiting. A container's first process killed
-stays so while the kernel kills every other process of its namespace (long, with many)."""
 
 
 class ComposeRuntime(ContainerRuntime):
@@ -293,26 +289,9 @@ class ComposeRuntime(ContainerRuntime):
         return images.commit_all(containers, record, project.engine)
 
     def _check_resumable(self, snap: Snapshot) -> None:
-        """Every image the record names must be there and be the record's own (its labels
-        say so): a record is a file, and may name any image."""
+        """Every image the record names must be there and be the record's own (images.py)."""
         engine = Engine.at(self.options.host or "")
-        for service, image in snap.images.items():
-            if images.owned(image, snap.record, engine):
-                continue
-            what = f"snapshot {snap.name} ({service}): its filesystem image {image}"
-            if not images.exists(image, engine) and not same_engine(snap.host, self._engine()):
-                where = f"the engine at {snap.host}" if snap.host else "the docker CLI's default"
-                raise UsageError(
-                    f"{what} is on {where}; resume it there (spawn_runtime(..., host=...))"
-                )
-            if not images.exists(image, engine):
-                raise UsageError(
-                    f"{what} is gone (removed outside orchestrator); it cannot be resumed"
-                )
-            raise UsageError(
-                f"{what} is not that record's (its labels do not name {snap.record} and this "
-                "state folder): refused; a record moved or copied by hand cannot be resumed"
-            )
+        images.check_resumable(snap, engine, on_its_engine=same_engine(snap.host, self._engine()))
         unknown = sorted(set(snap.services) - set(self.env.spec.services) - {MAIN})
         if unknown:
             self.warnings.append(
@@ -324,33 +303,12 @@ class ComposeRuntime(ContainerRuntime):
         """An environment woken from a record that is gone now (`wake` consumed it) takes
         that record's images with it: they were its own, and nothing else runs them."""
         snap = self.options.resume
-        if snap is None or not snap.images or snap.record.exists():
-            return
-        engine = Engine.at(self.options.host or "")
-        for image in snap.images.values():
-            try:
-                images.remove_owned(image, snap.record, engine)
-            except OrchestratorError as exc:  # another environment still runs it: the reaper
-                log.warning("snapshot image %s is left to the reaper: %s", image, exc)
+        if snap is not None and snap.images and not snap.record.exists():
+            images.release_woken(snap, Engine.at(self.options.host or ""))
 
     @classmethod
     def remove_snapshot_image(cls, snap: Snapshot) -> None:
-        if snap.host and not may_reach(snap.host):
-            log.warning(
-                "snapshot %s: its images are on the engine at %r, which this process does "
-                "not name: left there, for a reap on that engine to remove",
-                snap.name,
-                snap.host,
-            )
-            return
-        engine = Engine.at(snap.host)
-        for image in snap.images.values():
-            if not images.remove_owned(image, snap.record, engine) and images.exists(image, engine):
-                log.warning(
-                    "snapshot %s names image %s, which is not its own: left alone",
-                    snap.name,
-                    image,
-                )
+        images.remove_snapshot(snap)
 
     def _project_folder(self) -> Path | None:
         return self.project.directory if self.project else None
@@ -369,9 +327,7 @@ class ComposeRuntime(ContainerRuntime):
 
     def _visibly_running(self, service: str = MAIN) -> bool:
         """The engine (asked on its local socket) says the container runs, and its first
-        process is alive here, in a cgroup naming the container's id: the engine runs on
-        this machine's kernel (not in a VM), and the process is that container's. Nothing a
-        sandbox does inside changes its first process's host pid or cgroup."""
+        process runs here (readiness.runs_here)."""
         assert self.project is not None
         try:
             got = self.project.inspected(
@@ -379,20 +335,7 @@ class ComposeRuntime(ContainerRuntime):
             )
         except OrchestratorError:
             return False
-        state = (got or {}).get("State")
-        cid = (got or {}).get("Id")
-        if not isinstance(state, dict) or not isinstance(cid, str) or len(cid) < 12:
-            return False
-        pid = state.get("Pid")
-        if state.get("Running") is not True or not isinstance(pid, int) or pid <= 0:
-            return False
-        fields = procutil.stat_fields(pid)
-        if len(fields) < 7 or fields[0] in (b"Z", b"X"):  # gone, or dead and not yet reaped
-            return False
-        if int(fields[6]) & PF_EXITING:  # dying: its namespace's processes are being killed
-            return False
-        cgroup = read_regular(Path(f"/proc/{pid}/cgroup"), 1 << 16) or b""
-        return cid.encode() in cgroup
+        return runs_here(got)
 
     def _locate(self, service: str) -> tuple[str, Engine]:
         """A service's container, and the engine that runs it."""

@@ -19,6 +19,7 @@ import signal
 import stat
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -214,7 +215,7 @@ class Agent:
             procutil.kill_tree(proc.pid, signal.SIGKILL)
 
     def run(self, cid, req):
-        started = procutil.time.monotonic()
+        started = time.monotonic()
         before = oom_kills()
         env = dict(os.environ)
         env.update(req.env or {})
@@ -222,7 +223,7 @@ class Agent:
         try:
             fifos = open_fifos(req)
         except OSError:  # not for us here (no CAP_DAC_OVERRIDE, an engine in a VM)
-            self.finish(cid, wire.Exit(wire.NO_FIFO, False, procutil.time.monotonic() - started))
+            self.finish(cid, wire.Exit(wire.NO_FIFO, False, time.monotonic() - started))
             return
         try:
             gen = procutil.run(
@@ -245,15 +246,13 @@ class Agent:
             except StopIteration as stop:
                 outcome = stop.value
         except procutil.NoProcess as exc:
-            self.refuse(cid, 126, exc.strerror, procutil.time.monotonic() - started, True)
+            self.refuse(cid, 126, exc.strerror, time.monotonic() - started, True)
             return
         except Exception as exc:  # a bug or a resource limit: answer, never go silent
             proc = self.procs.get(cid)
             if proc is not None:
                 procutil.kill_tree(proc.pid, signal.SIGKILL)
-            self.refuse(
-                cid, 125, "executor error: %r" % (exc,), procutil.time.monotonic() - started
-            )
+            self.refuse(cid, 125, "executor error: %r" % (exc,), time.monotonic() - started)
             return
         finally:
             close_all(fifos)

@@ -1,0 +1,392 @@
+"""The link to one in-container executor: its `docker exec -i` process, the reader thread
+that hands each frame to its command's inbox (held to the protocol: see the client's
+module), the single writer of its input, and the pings and probes that tell a silent
+executor from a gone sandbox. What a command does over the link is the client's."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator import procutil
+from orchestrator.backends.container.executor import wire
+from orchestrator.errors import ExecutorLost, SandboxUnavailable
+from orchestrator.sandbox.results import Outcome
+from orchestrator.sandbox.threads import SingleFlight
+
+PING_AFTER = 0.5
+"""Seconds without any frame from the executor before a command waiting on it sends a ping."""
+SILENT = 1.5
+"""Seconds without any frame (pings unanswered) before the owner's probe is asked whether the
+sandbox is still there."""
+SWEEP = 1.0
+"""Seconds between the writer thread's looks for async calls whose event loop closed."""
+OUT_BUDGET = 8 * 1024 * 1024
+"""Bytes of frames queued for the executor before a caller sending stdin waits."""
+STDERR_TAIL = 16
+"""Chunks (of at most 4 KiB) of the executor's own stderr kept for error messages."""
+Probe = Callable[[], "SandboxUnavailable | None"]
+
+
+class Inbox:
+    """The frames of one command on their way to its caller. Holds at most what the
+    executor may send: WINDOW output frames plus the credit handed back, then one EXIT."""
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self.wake: Waker | None = None
+        """Called (in the reader thread) after each frame queued: an async caller's waker."""
+        self._lock = threading.Lock()
+        self._allowed = wire.WINDOW
+        self._exited = False
+
+    def put(self, kind: int, payload: bytes) -> None:
+        """Queue a frame (from the reader thread) and wake an async caller waiting on it."""
+        self.frames.put((kind, payload))
+        if self.wake is not None:
+            self.wake()
+
+    def grant(self, count: int) -> None:
+        with self._lock:
+            self._allowed += count
+
+    def admit(self, kind: int) -> str | None:
+        """None if a frame of `kind` may be queued; otherwise how it breaks the protocol."""
+        with self._lock:
+            if self._exited:
+                return "a frame after the command's exit"
+            if kind in (wire.OUT, wire.ERR):
+                if self._allowed <= 0:
+                    return "more output than the credit it was given"
+                self._allowed -= 1
+            elif kind == wire.EXIT:
+                self._exited = True
+            else:
+                return f"a frame of unexpected kind {kind}"
+        return None
+
+
+class Waker:
+    """What the reader thread calls for each frame of an async call: sets `arrived` on its
+    loop. It holds the loop and the event weakly (the executor lives on; a call its caller
+    dropped must not), and once either is gone, or the loop is closed, nobody will read:
+    the call is forgotten (its command killed). The writer thread `check`s it every SWEEP
+    seconds, so a silent command dies with its loop too."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, arrived: asyncio.Event, forget: Callable[[], object]
+    ) -> None:
+        self._loop, self._event = weakref.ref(loop), weakref.ref(arrived)
+        self._forget = forget
+
+    def __call__(self) -> None:
+        running, event = self._loop(), self._event()
+        if running is None or event is None:
+            self._forget()
+            return
+        try:
+            running.call_soon_threadsafe(event.set)
+        except RuntimeError:  # the loop is closed
+            self._forget()
+
+    def check(self) -> None:
+        running = self._loop()
+        if running is None or running.is_closed() or self._event() is None:
+            self._forget()
+
+
+class Link:
+    """One executor process and the threads that carry its frames (see the module)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._queues: dict[int, Inbox] = {}
+        self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._out_bytes = 0
+        self._out_cond = threading.Condition()
+        self._ids = iter(range(1, 2**31))
+        self._id_lock = threading.Lock()
+        self._ready = threading.Event()
+        self.dead = threading.Event()
+        """Set once the executor is gone (or stopped for breaking the protocol)."""
+        self._stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL)
+        self._fault = ""  # how the executor broke the protocol, once it did
+        self.info: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
+        self._last_rx = time.monotonic()
+        self._last_ping = 0.0
+        self._probe_once = SingleFlight()
+        """The probe async callers share while it runs (see asilence)."""
+        self._pid = os.getpid()
+        """The process that talks to the executor: a child forked from it sends nothing."""
+
+    # ----- process -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._last_rx = time.monotonic()
+        self._proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+        )
+        self._threads = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+            threading.Thread(target=self._write, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """True once the executor said READY; False if it died or did not answer in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready.wait(0.01):
+                return True
+            if self.dead.is_set():
+                return False
+        return self._ready.is_set()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and not self.dead.is_set()
+
+    @property
+    def stderr_tail(self) -> str:
+        return b"".join(self._stderr).decode("utf-8", "replace").strip()
+
+    def shutdown(self) -> None:
+        """Ask the executor to stop (it kills what still runs and exits); do not wait. Its
+        input ends once the frames queued before are written."""
+        self._out.put(None)
+
+    def close(self, release: bool = True) -> None:
+        """Stop the executor and wait for it. With `release`, tell it first that this is on
+        purpose, so that an executor started with --owned does not stop the sandbox."""
+        proc = self._proc
+        if proc is None:
+            return
+        if release and not self.dead.is_set():
+            self.send(wire.RELEASE, 0)
+        self.shutdown()
+        try:
+            proc.wait(2)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        for t in self._threads:
+            t.join(2)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.dead.set()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stream = self._proc.stdout
+        if self._greeting(stream):
+            try:
+                self._frames(stream)
+            except wire.BadFrame as exc:
+                self._fault = str(exc)
+            if self._fault:  # not ours any more: it is stopped, its commands fail
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
+        self.dead.set()
+        for inbox in list(self._queues.values()):
+            inbox.put(-1, b"")
+
+    def _greeting(self, stream: Any) -> bool:
+        """Read the READY frame. Anything else is the docker CLI explaining why the executor
+        could not start (it prints that on stdout): keep it for the error message."""
+        head = stream.read(wire.HEADER.size)
+        if len(head) == wire.HEADER.size:
+            kind, _, size = wire.HEADER.unpack(head)
+            if kind == wire.READY and size < 4096:
+                with contextlib.suppress(ValueError):
+                    info = json.loads(stream.read(size).decode())
+                    if isinstance(info, dict):
+                        self.info = info
+                        self._ready.set()
+                        return True
+        self._stderr.append(head + stream.read(4096))
+        return False
+
+    def _frames(self, stream: Any) -> None:
+        """Hand each frame to its command; never blocks. Until the protocol is broken (see
+        the module), or the stream ends."""
+        while not self._fault:
+            frame = wire.read_frame(stream, limit=procutil.CHUNK)
+            if frame is None:
+                return
+            kind, cid, payload = frame
+            self._last_rx = time.monotonic()
+            if kind == wire.PONG:
+                continue
+            inbox = self._queues.get(cid)
+            if inbox is None:
+                continue  # a command nobody listens to any more: dropped
+            broke = inbox.admit(kind)
+            if broke is not None:
+                self._fault = f"it sent {broke} (command {cid})"
+            else:
+                inbox.put(kind, payload)
+
+    def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        while chunk := self._proc.stderr.read(4096):
+            self._stderr.append(chunk)
+
+    def _write(self) -> None:
+        """The only writer of the executor's input. A sandbox that stops reading (paused,
+        frozen) blocks this thread, never a caller."""
+        assert self._proc is not None and self._proc.stdin is not None
+        stdin = self._proc.stdin
+        swept = time.monotonic()
+        while True:
+            try:
+                frame = self._out.get(timeout=SWEEP)
+            except queue.Empty:
+                frame = b""
+            if time.monotonic() - swept >= SWEEP:  # however busy the executor is
+                self._sweep()
+                swept = time.monotonic()
+            if frame is None:
+                break
+            if not frame:
+                continue
+            # on a broken pipe the reader notices the death and fails the commands
+            with contextlib.suppress(OSError, ValueError):
+                stdin.write(frame)
+            with self._out_cond:
+                self._out_bytes -= len(frame)
+                self._out_cond.notify_all()
+        with contextlib.suppress(OSError):
+            stdin.close()
+
+    def _sweep(self) -> None:
+        """Forget every async call whose event loop is gone or closed (its command killed):
+        a caller that closed its loop under a silent command is not waited for until the
+        garbage collector finds the dropped call."""
+        for inbox in list(self._queues.values()):
+            if inbox.wake is not None:
+                inbox.wake.check()
+
+    def send(
+        self, kind: int, cid: int, payload: bytes = b"", waiting: Callable[[], None] | None = None
+    ) -> None:
+        """Queue a frame for the writer. With `waiting` (stdin data), wait while more than
+        OUT_BUDGET bytes are queued, calling it every 0.25 s (it may raise)."""
+        frame = wire.pack(kind, cid, payload)
+        while True:
+            with self._out_cond:
+                full = self._out_bytes > OUT_BUDGET and not self.dead.is_set()
+                if not full or waiting is None:
+                    self._out_bytes += len(frame)
+                    break
+                self._out_cond.wait(0.25)
+            waiting()
+        self._out.put(frame)
+
+    # ----- commands ------------------------------------------------------------------------
+    def _quiet(self) -> bool:
+        """Called while a command waits with nothing arriving: ping the executor; True when
+        even pings go unanswered, and the owner's probe should say whether the sandbox is
+        still there (then `_probed`)."""
+        now = time.monotonic()
+        quiet = now - self._last_rx
+        if quiet >= PING_AFTER and now - self._last_ping >= PING_AFTER:
+            self._last_ping = now
+            self.send(wire.PING, 0)
+        return quiet >= SILENT
+
+    def _probed(self, lost: SandboxUnavailable | None) -> None:
+        """What the probe said: raise it, or (the sandbox runs) give the executor time."""
+        if lost is not None:
+            raise lost
+        self._last_rx = time.monotonic()
+
+    def silence(self, probe: Probe | None) -> None:
+        """Called while a command waits with nothing arriving: ping, and once even pings go
+        unanswered, ask the owner's probe (SandboxUnavailable when the sandbox is gone)."""
+        if self._quiet() and probe is not None:
+            self._probed(probe())
+
+    def room(self) -> bool:
+        """Whether a frame of stdin may be queued now (see OUT_BUDGET)."""
+        with self._out_cond:
+            return self._out_bytes <= OUT_BUDGET or self.dead.is_set()
+
+    @property
+    def ready_now(self) -> bool:
+        """Whether it greeted and runs: a command can go to it without waiting."""
+        return self._ready.is_set() and self.alive
+
+    def open_inbox(self) -> tuple[int, Inbox]:
+        """A new command's id, and the inbox its frames will be handed to."""
+        with self._id_lock:
+            cid = next(self._ids)
+        inbox = self._queues[cid] = Inbox()
+        return cid, inbox
+
+    def forget(self, cid: int, done: list[bool]) -> None:
+        """A call is over: unless its command exited, it is killed; its inbox goes. In a child
+        forked while the call ran (its finalizers run at its exit) nothing is done: the command
+        is the parent's, and a lock a parent thread held at the fork stays held in the child."""
+        if os.getpid() != self._pid:
+            return
+        if not done[0] and not self.dead.is_set():
+            self.send(wire.KILL, cid)
+        self._queues.pop(cid, None)
+
+    async def asilence(self, probe: Probe | None) -> None:
+        """`silence` for an asyncio caller: the probe runs in one thread, shared by every
+        call waiting meanwhile."""
+        if self._quiet() and probe is not None:
+            self._probed(await self._probe_once(probe))
+
+    def why(self, what: str) -> str:
+        """Why this executor cannot go on, for ExecutorLost: `what` happened, or the way it
+        broke the protocol."""
+        if self._fault:
+            return (
+                f"the in-container executor broke the protocol: {self._fault}; it does not "
+                "behave as ours (a root sandbox may have replaced python3) and was stopped. "
+                "The command failed; the next one starts a new executor"
+            )
+        tail = self.stderr_tail
+        return what + (f": {tail}" if tail else "")
+
+    def outcome(self, payload: bytes) -> Outcome:
+        """A command's exit report as its Outcome; one that is not a report breaks the
+        protocol (the executor is stopped, ExecutorLost)."""
+        try:
+            end = wire.decode_exit(payload)
+        except (ValueError, TypeError) as exc:
+            self._fault = f"an exit report that is not one ({exc})"
+            if self._proc is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
+            raise ExecutorLost(self.why("")) from None
+        return exit_outcome(end)
+
+
+def exit_outcome(end: wire.Exit) -> Outcome:
+    if end.unavailable:
+        raise SandboxUnavailable(
+            f"the sandbox cannot run the command: {end.unavailable} (its pids or memory "
+            "limit is reached; the command did not start)"
+        )
+    return Outcome(end.exit_code, end.timed_out, end.elapsed, end.oom_killed)

@@ -1,0 +1,179 @@
+"""Which processes belong to a command, read from /proc, and how they are ended: a
+command's tree and group, the processes marked by its environment, the guardians that
+outlive their owner to clean up after it. Standard library only, Python 3.7+."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional
+
+
+def stat_fields(pid: int | str) -> List[bytes]:
+    """The fields of /proc/PID/stat after the command name, which may hold spaces and
+    parentheses (so: split after the last ')'). Field 0 is the state, 1 the parent, 3 the
+    session, 19 the start time. Empty when the process is gone or there is no /proc."""
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return []
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _pids() -> List[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+
+
+def _ppid_map() -> Dict[int, int]:
+    out: Dict[int, int] = {}
+    for pid in _pids():
+        fields = stat_fields(pid)
+        if len(fields) > 1:
+            out[pid] = int(fields[1])
+    return out
+
+
+def descendants(pid: int) -> List[int]:
+    """Every live descendant of `pid`, found through /proc (empty where there is no /proc)."""
+    children: Dict[int, List[int]] = {}
+    for child, parent in _ppid_map().items():
+        children.setdefault(parent, []).append(child)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def marked(entry: bytes) -> List[int]:
+    """Pids whose environment holds `entry` (b"NAME=value"): processes that left a command's
+    tree (a `setsid` daemon) still inherit its environment. Only processes whose environ we
+    may read are found (our own uid, or any as a privileged user)."""
+    found = []
+    for pid in _pids():
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as fh:
+                if entry in fh.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def guardian(
+    code: str,
+    args: List[str],
+    log: Optional[str] = None,
+    environ: Optional[Dict[str, str]] = None,
+) -> "subprocess.Popen[bytes]":
+    """Start one of our guardians: `code` run by this interpreter, in a session of its own
+    (signals to the caller's process group do not reach it), stdin a pipe only the caller
+    holds. From / and with `-P`: nothing in the caller's current folder (a workspace a
+    sandbox writes into, say) is on its sys.path, so no file planted there is imported; and
+    with this package's folder first on PYTHONPATH, however the package was installed.
+    Errors go to `log` (appended), else nowhere. Its variables: `environ` (default: ours)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ if environ is None else environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    with os.fdopen(os.open(log or os.devnull, flags, 0o600), "ab") as err:  # (private)
+        return subprocess.Popen(
+            [sys.executable, "-P", "-c", code, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd="/",
+            env=env,
+            start_new_session=True,
+        )
+
+
+def kill_marked(entry: bytes, within: float = 1.0) -> None:
+    """SIGKILL every process whose environment holds `entry` (see `marked`), in passes until
+    three in a row find none: a process forking while a pass read /proc has a child that pass
+    never saw, and one in the middle of exec() has no environment to read for an instant
+    (after `within` seconds, give up)."""
+    deadline, quiet = time.monotonic() + within, 0
+    while quiet < 3 and time.monotonic() < deadline:
+        found = marked(entry)
+        quiet = 0 if found else quiet + 1
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
+def guard_marked(owner: int, start: str, entry: bytes, folder: str) -> None:
+    """The local backend's guardian (a `python -c` of its own session, one per runtime):
+    block until the runtime is done with (the end of stdin, whose only write end the owner
+    holds and closes at cleanup or by dying) or its owner is gone (its pid no longer started
+    at `start`: a forked child may hold that end too), then kill every process carrying
+    `entry` and remove `folder` (after a cleanup, there is nothing left to find)."""
+    ended = threading.Event()
+
+    def read_to_end() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except OSError:
+            pass
+        ended.set()
+
+    threading.Thread(target=read_to_end, daemon=True).start()
+    while not ended.is_set() and alive(owner, start):
+        ended.wait(0.5)
+    kill_marked(entry, within=5.0)
+    remove_tree(folder)
+
+
+def alive(pid: int, start: str) -> bool:
+    """Whether the process `pid` that started at `start` still runs (a zombie does not: it
+    waits only for its parent to reap it)."""
+    fields = stat_fields(pid)
+    return len(fields) > 19 and fields[19].decode() == start and fields[0] != b"Z"
+
+
+def process_start(pid: int) -> str:
+    """Start time of a process in clock ticks since boot ('' when it is gone)."""
+    fields = stat_fields(pid)
+    return fields[19].decode() if len(fields) > 19 else ""
+
+
+def remove_tree(folder: str) -> None:
+    """Remove a folder whose parts may have been made read-only (write bits given back)."""
+    for dirpath, dirnames, _ in os.walk(folder):
+        for path in [dirpath, *(os.path.join(dirpath, d) for d in dirnames)]:
+            try:
+                if not os.path.islink(path):
+                    os.chmod(path, os.stat(path).st_mode | 0o700)
+            except OSError:
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def kill_tree(pid: int, sig: int, known: Optional[List[int]] = None) -> List[int]:
+    """Signal the process group led by `pid` and every descendant; return the pids signalled
+    (pass them back as `known` so processes that were reparented meanwhile are not missed)."""
+    pids = set(known or []) | set(descendants(pid)) | {pid}
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+    return sorted(pids)
