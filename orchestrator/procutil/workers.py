@@ -16,6 +16,8 @@ IDLE_WORKERS = 3
 """Threads kept waiting after their job, for the next: a command takes up to three (its
 runner in the executor, its watchdog, its stdin feeder), and starting a thread costs about
 1 ms under gVisor (0.1 ms under runc), which each command would pay again."""
+WORKER_NAME = "procutil-worker"
+"""The name of a worker's thread (one kept idle outlives the command it served)."""
 _idle: List["_Worker"] = []
 _idle_lock = threading.Lock()
 
@@ -27,7 +29,9 @@ class _Worker:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._job: Optional[Callable[[], None]] = None
-        threading.Thread(target=self._serve, daemon=True).start()  # RuntimeError: none
+        threading.Thread(
+            target=self._serve, name=WORKER_NAME, daemon=True
+        ).start()  # (or RuntimeError)
 
     def assign(self, job: Callable[[], None]) -> None:
         with self._cond:
