@@ -6,6 +6,7 @@ an image never pulls it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from orchestrator import BackendUnavailable, DockerError, spawn_runtime
 from orchestrator.backends.container.engine import Engine
 from orchestrator.sandbox.base import Runtime
-from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
+from tests.docker.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, MakeEnv
 from tests.docker.test_attack_issue37_builds import Listener
 
 
@@ -68,3 +69,36 @@ def test_doctors_python_probe_never_pulls_the_image() -> None:
     finally:
         listener.close()
     assert listener.seen == 0
+
+
+# A command's process that names itself like a zombie: "x) Z 1" and a newline, which
+# /proc/PID/stat does not escape, so a killer reading its first line sees state Z and spares
+# it. It forks a sleep at a time, to be seen running after the kill.
+FAKE_ZOMBIE = (
+    "sh -c 'printf \"x) Z 1\\n\" > /proc/self/comm; while :; do sleep 1; done' "
+    "</dev/null >/dev/null 2>&1 & sleep 30"
+)
+SPARED = "grep -l 'x) Z 1' /proc/[0-9]*/comm 2>/dev/null | wc -l"
+
+
+@pytest.mark.parametrize(
+    ("image", "mode"),
+    [(BUSYBOX_IMAGE, "plain"), (PYTHON_IMAGE, "plain"), (PYTHON_IMAGE, "auto")],
+    ids=["plain", "plain-python", "executor"],
+)
+def test_a_process_named_like_a_zombie_dies_with_its_timed_out_command(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch, image: str, mode: str
+) -> None:
+    """The plain path's kill (images without python3, or ORCHESTRATOR_EXEC_MODE=plain) read
+    each process's state from the first line of /proc/PID/stat: a command's process whose
+    name held ") Z 1" and a newline passed for a zombie and outlived the timeout. The
+    executor's kill, too, is tried."""
+    monkeypatch.setenv("ORCHESTRATOR_EXEC_MODE", mode)
+    with spawn_runtime(make_env("", name="fakez", image=image)) as rt:
+        monkeypatch.delenv("ORCHESTRATOR_EXEC_MODE")
+        ran = rt.execute(FAKE_ZOMBIE, timeout=3)
+        assert ran.timed_out
+        deadline = time.monotonic() + 10
+        while (left := rt.execute(SPARED, user="0", timeout=20).stdout.strip()) != "0":
+            assert time.monotonic() < deadline, f"{left} process(es) outlived the timeout"
+            time.sleep(0.5)

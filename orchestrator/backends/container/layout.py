@@ -16,6 +16,7 @@ __all__ = [
     "SANDBOX_DIR",
     "SANDBOX_MOUNT",
     "STATIC_ROOT",
+    "STAT_FIELDS",
     "USER_LABEL",
     "container_bind_host",
     "parse_forwards",
@@ -82,11 +83,20 @@ def parse_forwards(label: str) -> dict[tuple[int, str], tuple[str, int]]:
 # process cannot pass for the keep-alive, which started before any command could, and none
 # is spared for being its child. Passes repeat until three in a row find nothing, so a fork
 # caught mid-pass is not missed.
-KILL_OTHERS = r"""
+STAT_FIELDS = r"""
 fields() {  # /proc/PID/stat after the name, read whole: a name may hold ") " and newlines
   s=; l=; while IFS= read -r l; do s="$s $l"; done < "$1/stat" || return 1; s="$s $l"
   s=${s##*) }
 }
+"""
+"""A shell function (builtins only) that sets `s` to the fields of /proc/PID/stat after the
+process's name: state first, then the parent, group and session. Read whole, up to the last
+") ", because a process names itself: one called "x) Z 1" and a newline would pass for a
+zombie (and be spared) to a reader of the first line. Every in-container killer reads a
+process's state through it."""
+KILL_OTHERS = (
+    STAT_FIELDS
+    + r"""
 me=$$; keep=" 1 "; p=$$
 while [ "${p:-0}" -gt 0 ]; do
   keep="$keep$p "; fields /proc/$p 2>/dev/null || break; set -- $s; p=$2
@@ -111,3 +121,4 @@ while [ $quiet -lt 3 ] && [ $n -lt 500 ]; do
 done
 [ $quiet -ge 3 ]
 """
+)

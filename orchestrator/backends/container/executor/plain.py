@@ -30,6 +30,7 @@ import uuid
 from orchestrator import procutil
 from orchestrator.backends.container import freeze
 from orchestrator.backends.container.engine import Engine, exec_refusal, no_process
+from orchestrator.backends.container.layout import STAT_FIELDS
 from orchestrator.errors import BackendUnavailable, OrchestratorError, SandboxUnavailable
 from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
 
@@ -47,7 +48,9 @@ WRAP = 'echo "orchestrator-session:$$" >&2; exec "$@"'
 DONE = "orchestrator-killed:"
 """The killer's last line, then the sessions it found (passed to the next pass)."""
 # `sh -c KILL_TREE sh TOKEN SIGNAL [SESSION...]`: builtins only (see the module docstring)
-KILL_TREE = r"""
+KILL_TREE = (
+    STAT_FIELDS
+    + r"""
 m="ORCHESTRATOR_CMD=$1"; sig=$2; shift 2; me=$$; sids=" "
 for s in "$@"; do [ "$s" -gt 1 ] 2>/dev/null && sids="$sids$s "; done
 hit=" "; quiet=0; n=0
@@ -57,8 +60,8 @@ while [ $quiet -lt 2 ] && [ $n -lt 300 ]; do
     p=${d#/proc/}
     case $hit in *" $p "*) continue ;; esac
     if [ "$p" = "$me" ] || [ "$p" = 1 ]; then continue; fi
-    read -r st 2>/dev/null < "$d/stat" || continue
-    st=${st##*) }; set -- $st
+    fields $d 2>/dev/null || continue
+    set -- $s
     [ "$1" = Z ] && continue
     take=
     case $sids in *" $4 "*) take=1 ;; esac
@@ -78,6 +81,7 @@ done
 for p in $hit; do kill -"$sig" "$p" 2>/dev/null; kill -CONT "$p" 2>/dev/null; done
 echo "orchestrator-killed:$sids"
 """
+)
 
 
 class Killer:
