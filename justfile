@@ -45,6 +45,7 @@ bench: setup
     {{py}} -m bench
     {{py}} -m bench.inspect_race
     {{py}} -m bench.transfer
+    {{py}} -m bench.cli
     {{py}} -m bench.snapshot
     {{py}} -m bench.scale
     {{py}} -m bench.swarm
