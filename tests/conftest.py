@@ -123,9 +123,9 @@ def pause_container(container: str, tries: int = 5) -> None:
         time.sleep(0.2 * (attempt + 1))
 
 
-def bounded(call: Callable[[], object], within: float) -> tuple[object, float]:
-    """What `call` returned or raised, and how long it took; fails if it outlives `within`
-    seconds (on a hanging call the thread is left behind, the runtime's cleanup ends it)."""
+def in_background(call: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    """`call` started on a thread of its own (a daemon), and the list that will hold what it
+    returned or raised once it ends."""
     out: list[object] = []
 
     def run() -> None:
@@ -134,9 +134,16 @@ def bounded(call: Callable[[], object], within: float) -> tuple[object, float]:
         except BaseException as exc:
             out.append(exc)
 
-    started = time.monotonic()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    return thread, out
+
+
+def bounded(call: Callable[[], object], within: float) -> tuple[object, float]:
+    """What `call` returned or raised, and how long it took; fails if it outlives `within`
+    seconds (on a hanging call the thread is left behind, the runtime's cleanup ends it)."""
+    started = time.monotonic()
+    thread, out = in_background(call)
     thread.join(within)
     assert not thread.is_alive(), f"the call did not end within {within} s"
     return out[0], time.monotonic() - started

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from orchestrator import Runtime, spawn_runtime
 from orchestrator.backends.docker.runtime import ComposeRuntime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
 
@@ -22,6 +24,14 @@ def make_env(tmp_path: Path) -> MakeEnv:
         return path
 
     return make
+
+
+def spawn_in_mode(mode: str, env: Path, **options: Any) -> Runtime:
+    """spawn_runtime with ORCHESTRATOR_EXEC_MODE=`mode` (auto, plain) for the spawn alone:
+    the runtime reads it when it starts; the process's own value is put back after."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ORCHESTRATOR_EXEC_MODE", mode)
+        return spawn_runtime(env, **options)
 
 
 def within(seconds: float, fn: Callable[[], object]) -> object:

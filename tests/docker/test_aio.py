@@ -28,7 +28,7 @@ from orchestrator import (
 from orchestrator.backends.container.executor.client import ExecutorClient
 from orchestrator.procutil.workers import WORKER_NAME
 from tests.conftest import BUSYBOX_IMAGE, labelled_ids, main_container
-from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 
 @pytest.fixture(scope="module")
@@ -295,11 +295,7 @@ def test_a_call_whose_event_loop_closes_under_it_is_killed(
 def test_a_call_driven_by_a_thread_dies_with_its_closed_loop(make_env: MakeEnv) -> None:
     """The same on the path without an executor (plain docker exec, in a thread of its own):
     the thread ends and so does the command."""
-    os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain"
-    try:
-        plain = spawn_runtime(make_env("", name="aio-plain", image=BUSYBOX_IMAGE))
-    finally:
-        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    plain = spawn_in_mode("plain", make_env("", name="aio-plain", image=BUSYBOX_IMAGE))
     with plain:
         threads = _busy_threads()
         loop = asyncio.new_event_loop()

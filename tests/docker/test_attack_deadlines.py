@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import SandboxUnavailable, spawn_runtime
+from orchestrator import SandboxUnavailable
 from orchestrator.errors import SandboxFileTimeout
 from orchestrator.sandbox.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
-from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 SLACK = 6.0
 """Seconds a timed-out file call may take past its deadline (kill, grace, engine calls)."""
@@ -52,11 +52,7 @@ CASES = [(PYTHON_IMAGE, "auto"), (BUSYBOX_IMAGE, "plain")]
 @pytest.fixture(params=CASES, ids=["executor", "plain"])
 def rt(request: pytest.FixtureRequest, make_env: MakeEnv) -> Iterator[Runtime]:
     image, mode = request.param
-    os.environ["ORCHESTRATOR_EXEC_MODE"] = mode
-    try:
-        runtime = spawn_runtime(make_env("", image=image))
-    finally:
-        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    runtime = spawn_in_mode(mode, make_env("", image=image))
     with runtime:
         yield runtime
 
@@ -102,11 +98,7 @@ def test_upload_with_its_tar_stopped_ends_at_its_deadline(rt: Runtime, tmp_path:
 # ----- the plain path's kill (busybox: no python3) -------------------------------------------
 @pytest.fixture
 def plain(make_env: MakeEnv) -> Iterator[Runtime]:
-    os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain"
-    try:
-        runtime = spawn_runtime(make_env("resources: {pids: 40}\n", image=BUSYBOX_IMAGE))
-    finally:
-        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    runtime = spawn_in_mode("plain", make_env("resources: {pids: 40}\n", image=BUSYBOX_IMAGE))
     with runtime:
         yield runtime
 

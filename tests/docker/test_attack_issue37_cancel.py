@@ -9,7 +9,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,8 +19,8 @@ import pytest
 from orchestrator import SandboxPaused, aio, load_environment, spawn_runtime
 from orchestrator.backends.docker.buildplan import build_tags
 from orchestrator.sandbox.base import Runtime
-from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
-from tests.docker.conftest import MakeEnv
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, in_background
+from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 CASES = {"executor": (PYTHON_IMAGE, "auto"), "plain": (BUSYBOX_IMAGE, "plain")}
 QUIET = 3.0
@@ -31,11 +30,7 @@ QUIET = 3.0
 @pytest.fixture(params=list(CASES))
 def rt(request: pytest.FixtureRequest, make_env: MakeEnv) -> Iterator[Runtime]:
     image, mode = CASES[request.param]
-    os.environ["ORCHESTRATOR_EXEC_MODE"] = mode
-    try:
-        runtime = spawn_runtime(make_env("", image=image))
-    finally:
-        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    runtime = spawn_in_mode(mode, make_env("", image=image))
     with runtime:
         yield runtime
 
@@ -79,18 +74,32 @@ def test_a_cancelled_download_lands_nothing(rt: Runtime, tmp_path: Path) -> None
     assert below(dest) == []
 
 
+# A root process of the sandbox stops the upload's `tar` once part of the tree is in (and
+# every `tar` after): the upload is held mid-way however fast the machine, then cancelled.
+HOLD_UPLOAD = (
+    "sh -c 'while [ ! -e up/f050 ]; do :; done; "
+    "while :; do for d in /proc/[0-9]*; do [ ${d#/proc/} = $$ ] && continue; "
+    "c=; read -r c 2>/dev/null < $d/cmdline; "
+    'case $c in *"tar -"[cx]" -"*|tar-[cx]*|*/tar-[cx]*) '
+    "kill -STOP ${d#/proc/} && : > /tmp/.held ;; esac; "
+    "done; done' </dev/null >/dev/null 2>&1 &"
+)
+
+
 def test_a_cancelled_upload_writes_nothing_more(rt: Runtime, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
     for i in range(300):
         (src / f"f{i:03}").write_bytes(os.urandom(500_000))
     listing = "find up -type f -exec wc -c {} + 2>/dev/null | sort; true"
+    rt.execute(HOLD_UPLOAD, user="root", timeout=10, check=True)
 
     async def main() -> str:
         art = aio.AsyncRuntime(rt)
         task = asyncio.ensure_future(art.upload(src, "up", timeout=120))
-        while not (await art.execute("ls up 2>/dev/null | head -1", timeout=30)).stdout:
-            assert not task.done(), "the upload was over before it could be cancelled"
+        held = "test -e /tmp/.held"
+        while (await art.execute(held, user="root", timeout=30)).exit_code != 0:
+            assert not task.done(), f"the upload was not held: {task}"
         await cancelled(task)
         return (await art.execute(listing, timeout=30)).stdout
 
@@ -134,22 +143,11 @@ def test_a_command_failed_as_paused_does_not_run_on_after_a_resume_by_the_cli(
     its workspace, written from this host) comes while it is paused: thawed, it would write
     at once."""
     image, mode = CASES[case]
-    os.environ["ORCHESTRATOR_EXEC_MODE"] = mode
-    try:
-        runtime = spawn_runtime(make_env("", image=image), workspace=tmp_path / "ws")
-    finally:
-        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    runtime = spawn_in_mode(mode, make_env("", image=image), workspace=tmp_path / "ws")
     with runtime as rt:
-        ident, out = rt.info().id, list[object]()
-
-        def run() -> None:
-            try:
-                out.append(rt.execute("mkfifo .gate; read x < .gate; echo late > .late", timeout=8))
-            except BaseException as exc:
-                out.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        ident = rt.info().id
+        gated = "mkfifo .gate; read x < .gate; echo late > .late"
+        thread, out = in_background(lambda: rt.execute(gated, timeout=8))
         gate = writer_of(tmp_path / "ws" / ".gate")
         try:
             paused = cli("pause", ident)
@@ -174,23 +172,11 @@ def test_where_the_engine_cannot_kill_in_a_paused_sandbox_the_cli_resume_does(
     from orchestrator.backends.container.executor.plain import Killer
 
     monkeypatch.setattr(Killer, "frozen", lambda self: False)  # here only: not in the CLI
-    os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain"
-    try:
-        runtime = spawn_runtime(make_env("", image=BUSYBOX_IMAGE), workspace=tmp_path / "ws")
-    finally:
-        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    runtime = spawn_in_mode("plain", make_env("", image=BUSYBOX_IMAGE), workspace=tmp_path / "ws")
     with runtime as rt:
-        ident, out = rt.info().id, list[object]()
+        ident = rt.info().id
         waits = "mkfifo .gate; read x < .gate; sleep 10; echo late > .late"
-
-        def run() -> None:
-            try:
-                out.append(rt.execute(waits, timeout=8))
-            except BaseException as exc:
-                out.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        thread, out = in_background(lambda: rt.execute(waits, timeout=8))
         gate = writer_of(tmp_path / "ws" / ".gate")
         try:
             assert cli("pause", ident).returncode == 0
@@ -239,16 +225,8 @@ def test_nothing_of_the_sandboxs_image_runs_to_kill_a_paused_command(
     monkeypatch.setenv("ORCHESTRATOR_EXEC_MODE", "plain")
     env = load_environment(project / "env.yaml")
     with spawn_runtime(env, workspace=tmp_path / "ws") as rt:
-        ident, out = rt.info().id, list[object]()
-
-        def run() -> None:
-            try:
-                out.append(rt.execute("sleep 30", timeout=8))
-            except BaseException as exc:
-                out.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        ident = rt.info().id
+        thread, out = in_background(lambda: rt.execute("sleep 30", timeout=8))
         time.sleep(1)
         assert cli("pause", ident).returncode == 0
         thread.join(60)

@@ -7,7 +7,6 @@ archive into its file as it comes, never holding it in memory."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from orchestrator import SandboxPermissionError, SandboxUnsafeArchive, spawn_run
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.files import OPEN_WAIT
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
-from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 HELD = 30.0
 """The file calls' deadline here: the old helpers waited that long on a FIFO, then raised
@@ -39,11 +38,7 @@ def rt(request: pytest.FixtureRequest, make_env: MakeEnv) -> Iterator[Runtime]:
     image, mode, extra = CASES[request.param]
     if extra:
         request.getfixturevalue("gvisor_engine")
-    os.environ["ORCHESTRATOR_EXEC_MODE"] = mode
-    try:
-        runtime = spawn_runtime(make_env(extra, image=image))
-    finally:
-        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    runtime = spawn_in_mode(mode, make_env(extra, image=image))
     with runtime:
         yield runtime
 

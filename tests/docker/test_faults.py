@@ -26,7 +26,7 @@ from orchestrator import (
 )
 from orchestrator.sandbox.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
-from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ["executor", "plain"]
@@ -37,11 +37,7 @@ def docker(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def spawn(path: Path, mode: str) -> Runtime:
-    os.environ["ORCHESTRATOR_EXEC_MODE"] = "plain" if mode == "plain" else "auto"
-    try:
-        return spawn_runtime(path)
-    finally:
-        os.environ.pop("ORCHESTRATOR_EXEC_MODE", None)
+    return spawn_in_mode("plain" if mode == "plain" else "auto", path)
 
 
 def project_state(name: str) -> list[str]:

@@ -57,9 +57,9 @@ def run_command(action: str, argv: Sequence[str], *, bound: float, input: bytes 
         return out[:-1] if out.endswith("\n") else out
     late = time.monotonic() - started >= bound
     code = TIMED_OUT if late and done.returncode in (TIMED_OUT, *KILLED) else done.returncode
-    said = "timed out after {bound:g} s" if code == TIMED_OUT and late else f"failed (exit {code})"
+    said = f"timed out after {bound:g} s" if code == TIMED_OUT and late else f"failed (exit {code})"
     raise DockerError(
-        f"{action} {said.format(bound=bound)}",
+        f"{action} {said}",
         command=args,
         returncode=code,
         stderr=done.stderr.decode("utf-8", "replace"),
