@@ -70,7 +70,8 @@ def test_a_fifo_renamed_into_place_never_holds_a_call(rt: Runtime) -> None:
     """A FIFO and a regular file renamed over the path in turn: each call gets the file, or a
     refusal within OPEN_WAIT, never the FIFO's wait until the deadline."""
     work = Path(rt.workdir)
-    stop = threading.Event()
+    (work / "target").write_text("regular\n")  # there from the first call on: a rename
+    stop = threading.Event()  # over it is atomic, so the path is never missing
 
     def swap() -> None:
         while not stop.is_set():
