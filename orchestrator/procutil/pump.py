@@ -39,6 +39,7 @@ def _feed(pipe: IO[bytes], chunks: Iterable[bytes]) -> None:
         for chunk in chunks:
             if chunk:
                 pipe.write(chunk)
+                pipe.flush()  # now: a process written to as it runs answers each line
     except (BrokenPipeError, OSError, ValueError):
         pass  # the command stopped reading; that is its business
     finally:
