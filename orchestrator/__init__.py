@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
         OutputLimitExceeded as OutputLimitExceeded,
         PolicyError as PolicyError,
         PoolExhausted as PoolExhausted,
+        ProcessEnded as ProcessEnded,
         ProjectNotFound as ProjectNotFound,
         RuntimeClosed as RuntimeClosed,
         SandboxFileNotFound as SandboxFileNotFound,
@@ -54,6 +55,9 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
     from orchestrator.sandbox.options import (
         BuildChoice as BuildChoice,
         SpawnOptions as SpawnOptions,
+    )
+    from orchestrator.sandbox.process import (
+        Process as Process,
     )
     from orchestrator.sandbox.registry import (
         get_runtime_class as get_runtime_class,

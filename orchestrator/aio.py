@@ -45,7 +45,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.call import Call, Streamed, as_door_of
 from orchestrator.sandbox.calls import Sandbox
-from orchestrator.sandbox.results import Connection, RuntimeInfo, StreamEvent
+from orchestrator.sandbox.process import Process
+from orchestrator.sandbox.results import Connection, RuntimeInfo, RuntimeResult, StreamEvent
 from orchestrator.sandbox.threads import in_thread, stoppable
 from orchestrator.services.attach import attach as attach_runtime
 from orchestrator.services.pool import Pool
@@ -101,6 +102,98 @@ def threaded(blocking: Callable[Concatenate[Any, P], T], *, stop: bool) -> Await
     return as_door_of(door, blocking, STOPPED if stop else THREADED)
 
 
+PROCESS_NOTE = (
+    "Awaited: an AsyncProcess. Its events come to `async for` without a thread waiting on "
+    "them; a write waits on the event loop while the process has not read what came before."
+)
+TICK = 0.01
+"""How often an awaited write looks again while the process reads none of its input."""
+
+
+class AsyncProcess:
+    """A started process (sandbox/process.py), awaited: `await write(...)`, `async for
+    event in process`, `await wait()`. Leaving `async with` kills it unless it ended."""
+
+    def __init__(self, process: Process) -> None:
+        self.sync = process
+        """The blocking object behind it."""
+        self._loop = asyncio.get_running_loop()
+        self._arrived = asyncio.Event()
+        process.watch(self._wake)
+
+    def _wake(self) -> None:  # (the pump's thread)
+        with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+            self._loop.call_soon_threadsafe(self._arrived.set)
+
+    @property
+    def ended(self) -> bool:
+        return self.sync.ended
+
+    async def read(self, timeout: float | None = None) -> StreamEvent | None:
+        """As Process.read: the next event, None when none came within `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._arrived.clear()
+            event = self.sync.read(0)
+            if event is not None:
+                return event
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), left)
+
+    def __aiter__(self) -> AsyncGenerator[StreamEvent, None]:
+        return self._events()
+
+    async def _events(self) -> AsyncGenerator[StreamEvent, None]:
+        while True:
+            event = await self.read()
+            assert event is not None
+            yield event
+            if event.kind == "finished":
+                return
+
+    async def wait(self, timeout: float | None = None) -> RuntimeResult:
+        """As Process.wait, awaited: the events nobody read are dropped."""
+        self.sync.drop_unread()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.sync.ended:
+            self._arrived.clear()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"the process did not end within {timeout:g}s")
+            if not self.sync.ended:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), left)
+        return self.sync.wait(0)
+
+    async def write(self, data: str | bytes, *, timeout: float | None = None) -> None:
+        """As Process.write, waiting on the event loop while the process has not read what
+        came before (at most `timeout` s: TimeoutError)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.sync.offer(data):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"the process read none of its input for {timeout:g}s")
+            await asyncio.sleep(TICK)
+
+    async def close_stdin(self) -> None:
+        await in_thread(self.sync.close_stdin)
+
+    async def signal(self, sig: int) -> None:
+        """As Process.signal (in a thread: a backend may need an engine call for it)."""
+        await in_thread(lambda: self.sync.signal(sig))
+
+    async def kill(self) -> None:
+        await in_thread(self.sync.kill)
+
+    async def __aenter__(self) -> AsyncProcess:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await in_thread(lambda: self.sync.__exit__(None, None, None))
+
+
 def _removed(rt: Runtime) -> None:
     """What becomes of an environment whose spawning task was cancelled: removed."""
     with contextlib.suppress(Exception):
@@ -128,6 +221,10 @@ class AsyncSandbox:
     def connection(self, *, user: str | None = None) -> Connection:
         return self.sync.connection(user=user)
 
+    async def start(self, *args: Any, **kwargs: Any) -> AsyncProcess:
+        return AsyncProcess(self.sync.start(*args, **kwargs))
+
+    start = as_door_of(start, Sandbox.start, PROCESS_NOTE)
     execute = native(Sandbox.execute_call)
     stream = native_stream(Sandbox.stream_call)
     write_file = native(Sandbox.write_file_call)

@@ -127,6 +127,10 @@ class RuntimeClosed(OrchestratorError, RuntimeError):
     """The runtime was cleaned up; it takes no more calls."""
 
 
+class ProcessEnded(OrchestratorError, BrokenPipeError):
+    """A started process's input was written after it ended, or after its stdin was closed."""
+
+
 class PoolExhausted(OrchestratorError, RuntimeError):
     """A pool made with `total` has started that many environments, and none is left to
     hand out: start one yourself (spawn_runtime)."""

@@ -317,6 +317,8 @@ class LocalRuntime(Runtime):
             with self._procs_lock:
                 procs.add(proc)
             mine.append(proc)
+            if cmd.control is not None:  # a started process: its caller may signal it now
+                cmd.control.bind(lambda sig: _signal_group(proc, sig), lambda: _kill(proc))
 
         try:
             return (
@@ -333,5 +335,20 @@ class LocalRuntime(Runtime):
         except procutil.NoProcess as exc:
             raise SandboxUnavailable(f"{self.env.name}: {exc.strerror}") from exc
         finally:
+            if cmd.control is not None:
+                cmd.control.unbind()
             with self._procs_lock:
                 procs.difference_update(mine)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """`sig` to a command's process group (it leads its session), unless it was reaped."""
+    if proc.returncode is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, sig)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """A command's whole tree killed, unless it was reaped."""
+    if proc.returncode is None:
+        procutil.kill_tree(proc.pid, signal.SIGKILL)

@@ -15,6 +15,7 @@ and runs exactly as given (use `static_path(NAME)` to build a path).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
@@ -35,6 +36,7 @@ from orchestrator.sandbox.call import (
     validated,
     written,
 )
+from orchestrator.sandbox.live import Control, LiveInput
 from orchestrator.sandbox.options import (
     AChunks,
     Chunks,
@@ -42,6 +44,7 @@ from orchestrator.sandbox.options import (
     default_file_limit,
     output_limit_of,
 )
+from orchestrator.sandbox.process import Process
 from orchestrator.sandbox.results import (
     Connection,
     Outcome,
@@ -331,6 +334,26 @@ class SandboxCore(ABC):
         target, deadline = self._path(path), file_deadline(timeout)
         cmd = self._command(files.read_argv(target, limit), None, None, None, user, deadline)
         return Call(cmd, limit + 1, Read(target, deadline, limit, text))
+
+    def start(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: bool = True,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> Process:
+        """Start a command and return at once with its `Process` (sandbox/process.py): write
+        its stdin as it runs (`stdin=False`: it reads end of file at once), read its output
+        as it comes, signal or kill it, `wait()` for the result `execute` would give.
+        `timeout` kills its whole tree, counted from its start. Bad arguments raise here,
+        before anything runs."""
+        cmd = self._command(command, env, None, cwd, user, timeout)
+        cmd = dataclasses.replace(cmd, stdin=LiveInput() if stdin else None, control=Control())
+        return Process(self._run, cmd, Events(output_limit_of(output_limit), self._result))
 
     # ----- the blocking door of each ---------------------------------------------------------
     execute = blocking(execute_call)

@@ -14,6 +14,7 @@ from orchestrator.spec.models import Mount, PortMap
 from orchestrator.spec.policy import Policy
 
 if TYPE_CHECKING:  # (a type only: snapshots build on this module)
+    from orchestrator.sandbox.live import Control
     from orchestrator.sandbox.snapshot import Snapshot
 
 MiB = 1024 * 1024
@@ -100,8 +101,12 @@ class Command:
     user: str | None
     timeout: float | None
     stdin: bytes | Iterable[bytes] | None
-    """What the command reads: bytes, or chunks as they are produced (a folder being packed);
-    None: nothing (end of file at once)."""
+    """What the command reads: bytes, or chunks as they are produced (a folder being packed,
+    a started process's `LiveInput`); None: nothing (end of file at once)."""
+    control: Control | None = None
+    """How a started process's caller signals or kills it (sandbox/live.py): the backend
+    binds it once the command is sent, and unbinds it at its end. None for every other
+    call."""
 
 
 STDIN_CHUNK = 1 << 20

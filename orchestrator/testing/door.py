@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Coroutine, Generator
+from collections.abc import AsyncGenerator, Coroutine, Generator, Iterator
 from typing import Any, TypeVar, cast
 
-from orchestrator import Runtime, StreamEvent
-from orchestrator.aio import AsyncRuntime, AsyncSandbox
+from orchestrator import Runtime, RuntimeResult, StreamEvent
+from orchestrator.aio import AsyncProcess, AsyncRuntime, AsyncSandbox
 
 T = TypeVar("T")
 DIRECT = frozenset({"workdir", "default_user", "static_path", "connection", "info", "env"})
@@ -54,6 +54,8 @@ class SandboxDoor:
             return getattr(self._inner.sync, name)
         if name == "stream":
             return self._stream
+        if name == "start":
+            return lambda *a, **k: ProcessDoor(self._loop.run(awaited(*a, **k)), self._loop)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             return self._loop.run(awaited(*args, **kwargs))
@@ -75,6 +77,55 @@ class SandboxDoor:
                     return
         finally:
             self._loop.run(events.aclose())  # early: the command is killed
+
+
+class ProcessDoor:
+    """A started process's calls through an AsyncProcess, answered as Process answers."""
+
+    def __init__(self, inner: AsyncProcess, loop: _Loop) -> None:
+        self._inner, self._loop = inner, loop
+
+    @property
+    def ended(self) -> bool:
+        return self._inner.ended
+
+    def read(self, timeout: float | None = None) -> StreamEvent | None:
+        return self._loop.run(self._inner.read(timeout))
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        events = self._inner.__aiter__()
+        try:
+            while True:
+                try:
+                    yield self._loop.run(events.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._loop.run(events.aclose())
+
+    def wait(self, timeout: float | None = None) -> RuntimeResult:
+        return self._loop.run(self._inner.wait(timeout))
+
+    def write(self, data: str | bytes, *, timeout: float | None = None) -> None:
+        self._loop.run(self._inner.write(data, timeout=timeout))
+
+    def offer(self, data: str | bytes) -> bool:
+        return self._inner.sync.offer(data)
+
+    def close_stdin(self) -> None:
+        self._loop.run(self._inner.close_stdin())
+
+    def signal(self, sig: int) -> None:
+        self._loop.run(self._inner.signal(sig))
+
+    def kill(self) -> None:
+        self._loop.run(self._inner.kill())
+
+    def __enter__(self) -> ProcessDoor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.run(self._inner.__aexit__())
 
 
 class RuntimeDoor(SandboxDoor):

@@ -124,6 +124,8 @@ class Agent:
         self.stdin = {}
         self.procs = {}
         self.flows = {}
+        self.held = {}  # signals sent to a command still starting: {cid: [signal, ...]}
+        self.starting = threading.Lock()  # a command becoming known, or a signal held
         self.spawners = spawner.Spawners()
 
     def send(self, kind, cid, payload=b""):
@@ -165,6 +167,8 @@ class Agent:
             self.flows[cid].grant(wire.COUNT.unpack(payload)[0])
         elif kind == wire.KILL:
             self.kill(cid)
+        elif kind == wire.SIGNAL and cid in self.flows and len(payload) == wire.COUNT.size:
+            self.signal(cid, wire.COUNT.unpack(payload)[0])
         elif kind == wire.PING:
             self.send(wire.PONG, cid)
         elif kind == wire.RELEASE:
@@ -179,6 +183,24 @@ class Agent:
             procutil.kill_tree(proc.pid, signal.SIGKILL)
         if cid in self.stdin:
             self.stdin[cid].put(None)
+
+    def signal(self, cid, sig):
+        """Send `sig` to a command's process group (held until it runs, if it is starting);
+        a number no signal has is ignored."""
+        if not 0 < sig < signal.NSIG:
+            return
+        with self.starting:
+            proc = self.procs.get(cid)
+            if proc is None:
+                held = self.held.setdefault(cid, [])
+                if sig not in held:  # pending once, as the kernel holds a signal
+                    held.append(sig)
+                return
+        if proc.returncode is None:  # never the group of a pid already reaped
+            try:
+                os.killpg(proc.pid, sig)
+            except OSError:
+                pass
 
     def start(self, cid, payload):
         self.flows[cid] = Flow()
@@ -209,10 +231,14 @@ class Agent:
 
     def started(self, cid, proc, fifos):
         close_all(fifos)  # the command holds them now: its end of file is ours no more
-        self.procs[cid] = proc
+        with self.starting:
+            self.procs[cid] = proc
+            held = self.held.pop(cid, ())
         self.record()
         if self.flows[cid].cancelled:  # KILL came while it was starting
             procutil.kill_tree(proc.pid, signal.SIGKILL)
+        for sig in held:  # signals that came while it was starting
+            self.signal(cid, sig)
 
     def run(self, cid, req):
         started = time.monotonic()
@@ -277,6 +303,7 @@ class Agent:
             self.record()
         self.stdin.pop(cid, None)
         self.flows.pop(cid, None)
+        self.held.pop(cid, None)
         self.send(wire.EXIT, cid, wire.encode_exit(outcome))
 
 

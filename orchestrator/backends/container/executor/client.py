@@ -24,6 +24,7 @@ from orchestrator.backends.container.executor import wire
 from orchestrator.backends.container.executor.fifo import Fifo, FifoReader
 from orchestrator.backends.container.executor.link import Link, Probe, Waker
 from orchestrator.errors import ExecutorLost
+from orchestrator.sandbox.live import LiveInput
 from orchestrator.sandbox.options import AChunks, Chunks, Command, stdin_chunks
 from orchestrator.sandbox.results import Outcome, StreamKind
 
@@ -51,7 +52,9 @@ class ExecutorClient(Link):
         call = _Call(self, cmd, grace)
         try:
             call.start(fifo)
-            if cmd.stdin is not None:
+            if isinstance(live := cmd.stdin, LiveInput):  # written as it runs: fed beside
+                procutil.in_thread(lambda: self._feed(call, live, probe))  # its output
+            elif cmd.stdin is not None:
                 for chunk in stdin_chunks(cmd.stdin):
                     if procutil.abandoned():  # its caller left while it was fed
                         return Outcome(137, False, 0.0)
@@ -94,9 +97,24 @@ class ExecutorClient(Link):
                     ended = got  # what it wrote is read still
                     reader.exited()
         finally:
+            if cmd.control is not None:
+                cmd.control.unbind()
             if procutil.abandoned():  # a cancelled caller goes on once the command is dead
                 call.stop()
             call.end()
+
+    def _feed(self, call: _Call, stdin: LiveInput, probe: Probe | None) -> None:
+        """A started process's input, sent as its caller writes it, then its end; stops
+        once the command ended (its input then says so to the writer)."""
+        try:
+            for chunk in stdin_chunks(stdin):
+                if call.done or self.dead.is_set():
+                    return
+                self.send(wire.STDIN, call.cid, chunk, waiting=lambda: self.silence(probe))
+            if not call.done:
+                self.send(wire.STDIN_EOF, call.cid)
+        except Exception:  # the executor went away: the command's reader says why
+            stdin.gone()
 
     async def arun(self, cmd: Command, grace: float, probe: Probe | None = None) -> AChunks:
         """`run` for an asyncio caller, without a FIFO: no thread waits for it (the frames
@@ -178,6 +196,13 @@ class _Call:
             stdin_fifo=fifo.inside if fifo is not None and fifo.into else None,
         )
         client.send(wire.RUN, self.cid, wire.encode_request(request))
+        if cmd.control is not None:  # a started process: its caller may signal it now
+            cmd.control.bind(self.signal, self._kill_now)
+
+    def signal(self, sig: int) -> None:
+        """Ask the executor to send `sig` to the command's process group."""
+        if not self.done and not self.client.dead.is_set():
+            self.client.send(wire.SIGNAL, self.cid, wire.COUNT.pack(sig))
 
     def arm(self) -> None:
         """Its stdin is sent: the command's own timeout counts from now."""

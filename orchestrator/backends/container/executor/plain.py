@@ -118,6 +118,10 @@ class Killer:
         self._passes(signal.SIGKILL)
         return self.ran
 
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every process of the command (a started process's `signal`)."""
+        self._passes(sig)
+
     def frozen(self) -> bool:
         """Kill what is left of the command while its sandbox is paused, from this host (see
         freeze.kill_frozen): each process dies at the thaw, before it runs again. Whether
@@ -229,6 +233,8 @@ def run_plain(
             if head is not None and kind == "stderr":
                 head, data = _session(head + data, killer)
                 if head is None:  # the first line is there: the command (or sh) runs
+                    if cmd.control is not None:  # a started process: it may be signalled
+                        cmd.control.bind(killer.signal, killer.finish)
                     if held:
                         yield "stdout", held
                     held = None
@@ -242,6 +248,8 @@ def run_plain(
                 held = None
             yield kind, data
     finally:
+        if cmd.control is not None:
+            cmd.control.unbind()
         chunks.close()  # a caller that gave up: the core kills the tree in the container
 
 

@@ -3,7 +3,8 @@
 A frame is a 9-byte header (kind, command id, payload length; big-endian) and the payload.
 Host -> executor: RUN (JSON request), STDIN (bytes), STDIN_EOF, KILL, CREDIT (4-byte count:
 that many more output frames of this command may be sent), PING, RELEASE (the host closes
-this executor on purpose: its end of input does not mean the owner died).
+this executor on purpose: its end of input does not mean the owner died), SIGNAL (4-byte
+signal number, for the command's process group: a started process's `signal`).
 Executor -> host: READY (JSON), OUT / ERR (bytes), EXIT (JSON outcome), PONG.
 
 The two JSON payloads, RUN's request and EXIT's outcome, are encoded and decoded only here,
@@ -23,7 +24,7 @@ import struct
 from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
 
 HEADER = struct.Struct(">BII")
-RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE = 1, 2, 3, 4, 5, 6, 7
+RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL = 1, 2, 3, 4, 5, 6, 7, 8
 READY, OUT, ERR, EXIT, PONG = 10, 11, 12, 13, 14
 MAX_PAYLOAD = 64 * 1024 * 1024
 WINDOW = 64

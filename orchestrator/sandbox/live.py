@@ -1,0 +1,164 @@
+"""What the caller of a started process (sandbox/process.py) holds on its command while it
+runs, and what a backend's `_run` reads of it:
+
+- `LiveInput`, the command's stdin as its caller writes it: an iterable a backend feeds from
+  as it feeds any stdin, whose next chunk waits for the caller's next write, and which ends
+  at the caller's close or once the command is gone. At most DEPTH chunks wait in it: a
+  command that reads nothing makes its writer wait, never this process's memory grow;
+- `Control`, how the caller signals or kills it: the backend binds the two actions once the
+  command is sent (`bind`) and unbinds them when it ended (`unbind`); what is asked before
+  the binding is held and done at it, what is asked after the end does nothing (a process
+  id is never signalled once its command was reaped).
+
+A backend that meets neither runs the command as before: `Command.control` is None and its
+stdin bytes for every call but `start`."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal as signals
+import threading
+from collections.abc import Callable, Iterator
+
+from orchestrator.errors import ProcessEnded, UsageError
+
+DEPTH = 16
+"""Chunks written and not yet taken by the command that a LiveInput holds before `put`
+waits."""
+_TICK = 0.1
+"""How often a waiting writer or feeder looks whether the command is gone."""
+SIGNALS = frozenset(int(s) for s in signals.Signals) - {0}
+"""The signals a caller may send (by number or `signal.Signals`): those this host knows."""
+
+
+class LiveInput:
+    """A command's stdin as its caller writes it (see the module)."""
+
+    def __init__(self, depth: int = DEPTH) -> None:
+        self._queue: queue.Queue[bytes | None] = queue.Queue(depth)
+        self._closed = False
+        self._gone = threading.Event()
+        self._lock = threading.Lock()
+
+    def put(self, data: bytes, timeout: float | None = None) -> None:
+        """Hand `data` to the command, waiting while DEPTH chunks wait already (at most
+        `timeout` s: TimeoutError). ProcessEnded once it ended, or its stdin was closed."""
+        if self._closed:
+            raise ProcessEnded("its stdin was closed: nothing more can be written")
+        if data:
+            self._enqueue(bytes(data), timeout)
+
+    def offer(self, data: bytes) -> bool:
+        """`put` without waiting: False (nothing taken) where it would wait."""
+        if self._closed:
+            raise ProcessEnded("its stdin was closed: nothing more can be written")
+        if self._gone.is_set():
+            raise ProcessEnded("the process has ended: nothing more can be written")
+        if not data:
+            return True
+        try:
+            self._queue.put_nowait(bytes(data))
+        except queue.Full:
+            return False
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        """The end of the command's input (after what was written); again: nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(ProcessEnded):  # nobody reads it any more: the end is there
+            self._enqueue(None, timeout)
+
+    def _enqueue(self, item: bytes | None, timeout: float | None) -> None:
+        waited = 0.0
+        while True:
+            if self._gone.is_set():
+                raise ProcessEnded("the process has ended: nothing more can be written")
+            try:
+                self._queue.put(item, timeout=_TICK)
+                return
+            except queue.Full:
+                waited += _TICK
+                if timeout is not None and waited >= timeout:
+                    raise TimeoutError(
+                        f"the process read none of its input for {timeout:g}s"
+                    ) from None
+
+    def gone(self) -> None:
+        """The command ended: writers waiting, and the feeder, stop; nothing is held."""
+        self._gone.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            try:
+                chunk = self._queue.get(timeout=_TICK)
+            except queue.Empty:
+                if self._gone.is_set():
+                    return
+                continue
+            if chunk is None:
+                return
+            yield chunk
+
+
+Act = Callable[[int], None]
+"""A backend's way to send one signal to the command's process group (the kill: SIGKILL to
+its whole tree)."""
+
+
+class Control:
+    """How the caller of a started command signals or kills it (see the module)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._signal: Act | None = None
+        self._kill: Callable[[], object] | None = None
+        self._held: list[int] = []
+        self._kill_held = False
+        self._ended = False
+
+    def bind(self, signal: Act, kill: Callable[[], object]) -> None:
+        """The backend sent the command: from now on signals and kills go to it (what was
+        asked before is done now)."""
+        with self._lock:
+            if self._ended:
+                return
+            self._signal, self._kill = signal, kill
+            for sig in self._held:
+                signal(sig)
+            self._held = []
+            if self._kill_held:
+                kill()
+
+    def unbind(self) -> None:
+        """The command ended: nothing more is sent to its process ids (a signal being sent
+        is waited for: none goes out after this returns)."""
+        with self._lock:
+            self._ended = True
+            self._signal = self._kill = None
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the command's process group; nothing once it ended."""
+        if isinstance(sig, bool) or not isinstance(sig, int) or int(sig) not in SIGNALS:
+            raise UsageError(f"not a signal: {sig!r} (give a number or a signal.Signals)")
+        with self._lock:
+            if self._signal is not None:
+                self._signal(int(sig))
+            elif not self._ended and int(sig) not in self._held:
+                self._held.append(int(sig))  # pending once, as the kernel holds a signal
+
+    def kill(self) -> None:
+        """Kill the command's whole tree; nothing once it ended."""
+        with self._lock:
+            if self._kill is not None:
+                self._kill()
+            elif not self._ended:
+                self._kill_held = True
