@@ -4,8 +4,12 @@ timeout are the library's."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,9 +27,11 @@ from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
     from orchestrator import (
+        Process,
         Runtime,
         RuntimeResult,
         Sandbox,
+        StreamEvent,
     )
 
 
@@ -86,24 +92,61 @@ def _stream(
     the command's whole tree is killed)."""
     events = place.stream(argv, user=user, cwd=cwd, timeout=timeout)
     try:
-        for event in events:
-            if event.kind == "finished":
-                assert event.result is not None
-                return event.result
-            if not event.data:  # a decoder's last characters: their bytes went already
-                continue
-            stream = sys.stdout if event.kind == "stdout" else sys.stderr
-            if stream is None:  # started with that descriptor closed (`>&-`): nowhere to go
-                continue
-            stream.flush()  # anything of ours written as text goes first
-            raw = getattr(stream, "buffer", None)
-            if raw is None:  # not a real stream (a test's capture): as text
-                stream.write(event.text)
-            else:  # the bytes as the command wrote them: binary output passes unchanged
-                raw.write(event.data)
-                raw.flush()
+        return _printed(events)
     finally:
         events.close()
+
+
+def _interactive(
+    place: Sandbox,
+    argv: str | list[str],
+    *,
+    user: str | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+) -> RuntimeResult:
+    """`_stream`, with our stdin passed to the command as it comes (`exec -i`), and its end
+    as the command's end of input. Interrupted, the command's whole tree is killed."""
+    with place.start(argv, user=user, cwd=cwd, timeout=timeout) as proc:
+        threading.Thread(target=_pass_stdin, args=(proc,), daemon=True).start()
+        return _printed(proc)
+
+
+def _pass_stdin(proc: Process) -> None:
+    """Our stdin to the process, as it comes (a read returns what a terminal or pipe has),
+    then its end; what the process no longer takes stops it."""
+    fd = sys.stdin.fileno() if sys.stdin is not None else -1
+    try:
+        while data := os.read(fd, STDIN_PIECE):
+            proc.write(data)
+    except (OSError, ValueError):  # no stdin, or the process ended (ProcessEnded)
+        pass
+    with contextlib.suppress(OSError):
+        proc.close_stdin()
+
+
+STDIN_PIECE = 64 * 1024
+"""Most bytes of our stdin read (and written to the command) at once."""
+
+
+def _printed(events: Iterable[StreamEvent]) -> RuntimeResult:
+    """Print a command's events, its stdout to ours and its stderr to ours; its result."""
+    for event in events:
+        if event.kind == "finished":
+            assert event.result is not None
+            return event.result
+        if not event.data:  # a decoder's last characters: their bytes went already
+            continue
+        stream = sys.stdout if event.kind == "stdout" else sys.stderr
+        if stream is None:  # started with that descriptor closed (`>&-`): nowhere to go
+            continue
+        stream.flush()  # anything of ours written as text goes first
+        raw = getattr(stream, "buffer", None)
+        if raw is None:  # not a real stream (a test's capture): as text
+            stream.write(event.text)
+        else:  # the bytes as the command wrote them: binary output passes unchanged
+            raw.write(event.data)
+            raw.flush()
     raise AssertionError("a stream ends with a finished event")
 
 
@@ -136,11 +179,18 @@ _EXEC_OPTIONS = {
 }
 
 
+_EXEC_FLAGS = {"--interactive": "interactive", "-i": "interactive"}
+
+
 def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
     """Options written after the id (`exec ID --service side -- cmd`), then the command."""
     found: dict[str, str] = {}
     i = 0
     while i < len(words):
+        if words[i] in _EXEC_FLAGS:
+            found[_EXEC_FLAGS[words[i]]] = "1"
+            i += 1
+            continue
         name, eq, value = words[i].partition("=")
         if name not in _EXEC_OPTIONS:
             break
@@ -152,7 +202,7 @@ def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
         i += 1
     rest = words[i:]
     if rest and rest[0].startswith("-") and rest[0] != "--" and "--" in rest:
-        known = ", ".join(o for o in _EXEC_OPTIONS if o.startswith("--"))
+        known = ", ".join(o for o in [*_EXEC_OPTIONS, *_EXEC_FLAGS] if o.startswith("--"))
         raise UsageError(
             f"exec has no option {rest[0]} (it has {known}); the command goes after --"
         )
@@ -180,10 +230,15 @@ def exec_(
     timeout: float = typer.Option(
         None, "--timeout", "-t", help="Kill the command's whole tree after this many seconds."
     ),
+    interactive: bool = typer.Option(
+        False, "--interactive", "-i", help="Pass our stdin to the command as it comes."
+    ),
 ) -> None:
-    """Run a command in a running environment: `exec ID [--service NAME] [--user U]
-    [--workdir W] [--timeout S] -- CMD...`. Its exit code becomes ours (124 on timeout)."""
+    """Run a command in a running environment: `exec ID [-i] [--service NAME] [--user U]
+    [--workdir W] [--timeout S] -- CMD...`. Its exit code becomes ours (124 on timeout).
+    Without -i it reads end of file at once."""
     given, words = _exec_words(command)
+    interactive = interactive or "interactive" in given
     service = given.get("service", service)
     user, workdir = given.get("user", user), given.get("workdir", workdir)
     if "timeout" in given:
@@ -197,7 +252,8 @@ def exec_(
         _refuse_service_word(rt, words, "exec")
         argv = _argv(words)
         place = rt.service(service) if service else rt
-        result = _stream(place, argv, user=user, cwd=workdir, timeout=timeout)
+        run = _interactive if interactive else _stream
+        result = run(place, argv, user=user, cwd=workdir, timeout=timeout)
     raise typer.Exit(_exit_code(result, timeout))
 
 

@@ -61,6 +61,9 @@ class LiveInput:
             self._queue.put_nowait(bytes(data))
         except queue.Full:
             return False
+        if self._gone.is_set():  # as in `put`
+            self.gone()
+            raise ProcessEnded("the process has ended: nothing more can be written")
         return True
 
     def close(self, timeout: float | None = None) -> None:
@@ -79,13 +82,17 @@ class LiveInput:
                 raise ProcessEnded("the process has ended: nothing more can be written")
             try:
                 self._queue.put(item, timeout=_TICK)
-                return
             except queue.Full:
                 waited += _TICK
                 if timeout is not None and waited >= timeout:
                     raise TimeoutError(
                         f"the process read none of its input for {timeout:g}s"
                     ) from None
+                continue
+            if self._gone.is_set():  # taken into room its end made: nobody will read it
+                self.gone()
+                raise ProcessEnded("the process has ended: nothing more can be written")
+            return
 
     def gone(self) -> None:
         """The command ended: writers waiting, and the feeder, stop; nothing is held."""

@@ -228,6 +228,7 @@ class Agent:
             if chunk is None:
                 return
             yield chunk
+            self.send(wire.TAKEN, cid, wire.COUNT.pack(1))  # written: the host may send one more
 
     def started(self, cid, proc, fifos):
         close_all(fifos)  # the command holds them now: its end of file is ours no more

@@ -108,6 +108,10 @@ class ExecutorClient(Link):
         once the command ended (its input then says so to the writer)."""
         try:
             for chunk in stdin_chunks(stdin):
+                while not call.inbox.stdin_slot(0.25):  # the command reads none of it yet
+                    if call.done or self.dead.is_set():
+                        return
+                    self.silence(probe)
                 if call.done or self.dead.is_set():
                     return
                 self.send(wire.STDIN, call.cid, chunk, waiting=lambda: self.silence(probe))

@@ -49,6 +49,8 @@ class Inbox:
         self._lock = threading.Lock()
         self._allowed = wire.WINDOW
         self._exited = False
+        self._stdin_cond = threading.Condition()
+        self._stdin_ahead = 0  # STDIN frames sent that the executor has not said it took
 
     def put(self, kind: int, payload: bytes) -> None:
         """Queue a frame (from the reader thread) and wake an async caller waiting on it."""
@@ -59,6 +61,28 @@ class Inbox:
     def grant(self, count: int) -> None:
         with self._lock:
             self._allowed += count
+
+    def stdin_slot(self, wait: float) -> bool:
+        """Take a place for one more STDIN frame (at most STDIN_WINDOW ahead of what the
+        command took), waiting at most `wait` s: False when none came."""
+        with self._stdin_cond:
+            if not self._stdin_cond.wait_for(lambda: self._stdin_ahead < wire.STDIN_WINDOW, wait):
+                return False
+            self._stdin_ahead += 1
+            return True
+
+    def taken(self, payload: bytes) -> str | None:
+        """The executor wrote STDIN frames to the command: None, or how it broke the
+        protocol (a frame of the wrong size). A hostile executor saying more than it took
+        only gets more of its own command's input sooner."""
+        if len(payload) != wire.COUNT.size:
+            return "a TAKEN frame of the wrong size"
+        with self._stdin_cond:
+            count = wire.COUNT.unpack(payload)[0]
+            # (a bytes stdin is not paced: its frames are sent, and said taken, beyond this)
+            self._stdin_ahead = max(0, self._stdin_ahead - count)
+            self._stdin_cond.notify_all()
+        return None
 
     def admit(self, kind: int) -> str | None:
         """None if a frame of `kind` may be queued; otherwise how it breaks the protocol."""
@@ -238,7 +262,9 @@ class Link:
             inbox = self._queues.get(cid)
             if inbox is None:
                 continue  # a command nobody listens to any more: dropped
-            broke = inbox.admit(kind)
+            broke = inbox.taken(payload) if kind == wire.TAKEN else inbox.admit(kind)
+            if kind == wire.TAKEN and broke is None:
+                continue
             if broke is not None:
                 self._fault = f"it sent {broke} (command {cid})"
             else:

@@ -5,7 +5,9 @@ Host -> executor: RUN (JSON request), STDIN (bytes), STDIN_EOF, KILL, CREDIT (4-
 that many more output frames of this command may be sent), PING, RELEASE (the host closes
 this executor on purpose: its end of input does not mean the owner died), SIGNAL (4-byte
 signal number, for the command's process group: a started process's `signal`).
-Executor -> host: READY (JSON), OUT / ERR (bytes), EXIT (JSON outcome), PONG.
+Executor -> host: READY (JSON), OUT / ERR (bytes), EXIT (JSON outcome), PONG, TAKEN (4-byte
+count: that many STDIN frames of this command were written to it; a started process's
+input is sent at most STDIN_WINDOW frames ahead of what it took).
 
 The two JSON payloads, RUN's request and EXIT's outcome, are encoded and decoded only here,
 so both sides spell their keys alike.
@@ -25,12 +27,16 @@ from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
 
 HEADER = struct.Struct(">BII")
 RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL = 1, 2, 3, 4, 5, 6, 7, 8
-READY, OUT, ERR, EXIT, PONG = 10, 11, 12, 13, 14
+READY, OUT, ERR, EXIT, PONG, TAKEN = 10, 11, 12, 13, 14, 15
 MAX_PAYLOAD = 64 * 1024 * 1024
 WINDOW = 64
 """Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit
 is needed."""
 COUNT = struct.Struct(">I")
+STDIN_WINDOW = 8
+"""STDIN frames (of at most STDIN_CHUNK bytes each) of a started process in flight before the
+executor says it wrote them to the command: a command that reads nothing holds at most
+that much of its input in the executor, and its writer waits."""
 NO_FIFO = 98
 """Exit status of a command whose FIFO the executor could not open (nothing ran)."""
 

@@ -1,0 +1,126 @@
+"""Attacks on a started process (issue 39), on every backend the conformance targets name
+that runs on this machine's engine, through both front doors where they differ:
+
+- a process flooding output that nobody reads cannot grow this process's memory past the
+  bound (its output waits: a bounded queue of events, the executor's credit, a pipe);
+- a caller writing to a process that reads none of its input waits, within its own bound,
+  and memory does not grow either;
+- a signal or kill asked of a process that ended reaches no other process (its process id
+  may be another's by then);
+- many signals asked before the command runs are held once each, not one per call."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orchestrator import Runtime
+from orchestrator.testing import Target
+from tests.conformance.test_conformance import TARGETS
+
+MiB = 1024 * 1024
+BOUND = 64 * MiB
+"""Most this process's resident memory may grow while a flood waits for its reader."""
+PICKED = [t for t in TARGETS if t.id in ("local", "docker", "docker-plain", "docker-async")]
+
+
+@pytest.fixture(scope="module", params=PICKED, ids=[t.id for t in PICKED])
+def conformance_target(request: pytest.FixtureRequest) -> Target:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def rt(conformance_target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    with conformance_target.spawn(tmp_path_factory.mktemp("attack")) as runtime:
+        yield runtime
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_an_unread_flood_cannot_grow_our_memory(rt: Runtime) -> None:
+    before = _rss()
+    proc = rt.start(
+        "while :; do cat /proc/self/stat /proc/self/stat /proc/self/stat; done",
+        stdin=False,
+        timeout=60,
+    )
+    try:
+        highest = before
+        for _ in range(30):  # 3 s with nobody reading
+            time.sleep(0.1)
+            highest = max(highest, _rss())
+        assert not proc.ended
+        assert highest - before < BOUND, f"grew by {(highest - before) // MiB} MiB"
+    finally:
+        proc.kill()
+    result = proc.wait(60)
+    assert result.exit_code == 137
+    assert len(result.stdout) <= 16 * MiB  # the tail the result keeps, no more
+
+
+def test_a_process_that_reads_nothing_makes_its_writer_wait(rt: Runtime) -> None:
+    proc = rt.start("sleep 60", timeout=60)
+    piece = b"x" * MiB
+    before = _rss()
+    try:
+        written = 0
+        with contextlib.suppress(TimeoutError):
+            for _ in range(1000):  # 1 GB, were nothing to stop it
+                proc.write(piece, timeout=2)
+                written += 1
+        assert written < 100, f"{written} MiB taken by a command that reads nothing"
+        assert _rss() - before < BOUND
+    finally:
+        proc.kill()
+    assert proc.wait(60).exit_code == 137
+
+
+def test_a_signal_after_the_end_reaches_no_other_process(rt: Runtime) -> None:
+    ended = rt.start("true", stdin=False)
+    assert ended.wait(60).exit_code == 0
+    later = rt.start(
+        "trap 'echo hit; exit 9' TERM INT; echo ready; while :; do sleep 0.05; done",
+        stdin=False,
+        timeout=60,
+    )
+    try:
+        event = later.read(60)
+        assert event is not None and event.text == "ready\n"
+        for _ in range(20):
+            ended.signal(signal.SIGTERM)
+            ended.signal(signal.SIGINT)
+            ended.kill()
+        time.sleep(0.5)
+        assert not later.ended
+    finally:
+        later.kill()
+    result = later.wait(60)
+    assert (result.exit_code, "hit" in result.stdout) == (137, False)
+
+
+def test_signals_asked_before_the_start_are_held_once_each(rt: Runtime) -> None:
+    """A caller hammering `signal` as it starts: each signal held once (as the kernel holds
+    a pending one) and delivered at the start (SIGWINCH: ignored unless caught), the
+    process then as usable as any."""
+    proc = rt.start(
+        "trap 'echo term; exit 4' TERM; echo ready; while :; do sleep 0.05; done",
+        stdin=False,
+        timeout=60,
+    )
+    for _ in range(10000):
+        proc.signal(signal.SIGWINCH)
+    event = proc.read(60)
+    assert event is not None and event.text == "ready\n"
+    proc.signal(signal.SIGTERM)
+    result = proc.wait(60)
+    assert result.exit_code == 4 and "term" in result.stdout, result
