@@ -187,6 +187,14 @@ class AsyncProcess:
     async def kill(self) -> None:
         await in_thread(self.sync.kill)
 
+    async def resize(self, cols: int, rows: int) -> None:
+        """As Process.resize (a frame to the executor, or an ioctl: it does not wait)."""
+        self.sync.resize(cols, rows)
+
+    @property
+    def tty(self) -> bool:
+        return self.sync.tty
+
     async def __aenter__(self) -> AsyncProcess:
         return self
 

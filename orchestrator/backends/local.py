@@ -313,23 +313,26 @@ class LocalRuntime(Runtime):
         self._check_user(cmd.user)
         procs, mine = self._procs, []  # for _kill: every command of this runtime
 
-        def started(proc: subprocess.Popen[bytes]) -> None:
+        def started(proc: subprocess.Popen[bytes], tty: procutil.Tty | None = None) -> None:
             with self._procs_lock:
                 procs.add(proc)
             mine.append(proc)
             if cmd.control is not None:  # a started process: its caller may signal it now
-                cmd.control.bind(lambda sig: _signal_group(proc, sig), lambda: _kill(proc))
+                resize = tty.resize if tty is not None else None
+                cmd.control.bind(lambda sig: _signal_group(proc, sig), lambda: _kill(proc), resize)
 
+        env = {**self._env, **cmd.env}
+        stdin = stdin_chunks(cmd.stdin) if cmd.stdin is not None else None
         try:
+            if cmd.tty is not None:
+                return (
+                    yield from procutil.run_tty(
+                        cmd.argv, env, cmd.cwd, cmd.user, stdin, cmd.timeout, cmd.tty, started
+                    )
+                )
             return (
                 yield from procutil.run(
-                    cmd.argv,
-                    {**self._env, **cmd.env},
-                    cmd.cwd,
-                    cmd.user,
-                    stdin_chunks(cmd.stdin) if cmd.stdin is not None else None,
-                    cmd.timeout,
-                    on_start=started,
+                    cmd.argv, env, cmd.cwd, cmd.user, stdin, cmd.timeout, on_start=started
                 )
             )
         except procutil.NoProcess as exc:

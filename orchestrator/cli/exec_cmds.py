@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import typer
 
@@ -112,6 +113,67 @@ def _interactive(
         return _printed(proc)
 
 
+def _on_terminal(
+    place: Sandbox,
+    argv: str | list[str],
+    user: str | None,
+    cwd: str | None,
+    timeout: float | None,
+    interactive: bool,
+) -> RuntimeResult:
+    """The command on a terminal of its own, our terminal's size (and each resize, on
+    SIGWINCH); with `interactive`, our stdin typed into it, ours raw meanwhile (Ctrl-C
+    goes to the command's terminal as a key, as `docker exec -it` passes it)."""
+    cols, rows = _our_size()
+    with place.start(
+        argv,
+        tty=True,
+        cols=cols,
+        rows=rows,
+        stdin=interactive,
+        user=user,
+        cwd=cwd,
+        timeout=timeout,
+    ) as proc:
+        signal.signal(signal.SIGWINCH, lambda *_: proc.resize(*_our_size()))
+        try:
+            with _raw(sys.stdin if interactive else None):
+                if interactive:
+                    threading.Thread(target=_pass_stdin, args=(proc,), daemon=True).start()
+                return _printed(proc)
+        finally:
+            signal.signal(signal.SIGWINCH, signal.SIG_DFL)
+
+
+def _our_size() -> tuple[int, int]:
+    """Our terminal's columns and rows (80 x 24 when ours is none)."""
+    for stream in (sys.stdout, sys.stdin, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            size = os.get_terminal_size(stream.fileno())
+            if size.columns > 0 and size.lines > 0:
+                return size.columns, size.lines
+    return 80, 24
+
+
+@contextlib.contextmanager
+def _raw(stream: TextIO | None) -> Iterator[None]:
+    """Our terminal raw while the block runs (every key, Ctrl-C too, goes as it is typed),
+    then as it was, however the block ends; nothing where `stream` is no terminal."""
+    fd = stream.fileno() if stream is not None and stream.isatty() else None
+    if fd is None:
+        yield
+        return
+    import termios
+    import tty
+
+    before = termios.tcgetattr(fd)
+    tty.setraw(fd)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, before)
+
+
 def _pass_stdin(proc: Process) -> None:
     """Our stdin to the process, as it comes (a read returns what a terminal or pipe has),
     then its end; what the process no longer takes stops it."""
@@ -175,11 +237,17 @@ _EXEC_OPTIONS = {
     "--workdir": "workdir",
     "-w": "workdir",
     "--timeout": "timeout",
-    "-t": "timeout",
 }
 
 
-_EXEC_FLAGS = {"--interactive": "interactive", "-i": "interactive"}
+_EXEC_FLAGS = {
+    "--interactive": ("interactive",),
+    "-i": ("interactive",),
+    "--tty": ("tty",),
+    "-t": ("tty",),
+    "-it": ("interactive", "tty"),
+    "-ti": ("interactive", "tty"),
+}
 
 
 def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -188,7 +256,12 @@ def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
     i = 0
     while i < len(words):
         if words[i] in _EXEC_FLAGS:
-            found[_EXEC_FLAGS[words[i]]] = "1"
+            if "tty" in _EXEC_FLAGS[words[i]] and _a_number(words[i + 1 : i + 2]):
+                raise UsageError(  # `-t 5`: a timeout, before -t meant a terminal
+                    f"{words[i]} is a terminal (as docker exec -t); for a timeout write "
+                    f"--timeout {words[i + 1]}"
+                )
+            found.update(dict.fromkeys(_EXEC_FLAGS[words[i]], "1"))
             i += 1
             continue
         name, eq, value = words[i].partition("=")
@@ -207,6 +280,14 @@ def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
             f"exec has no option {rest[0]} (it has {known}); the command goes after --"
         )
     return found, rest
+
+
+def _a_number(words: list[str]) -> bool:
+    try:
+        float(words[0])
+    except (IndexError, ValueError):
+        return False
+    return True
 
 
 def _refuse_service_word(rt: Runtime, words: list[str], verb: str) -> None:
@@ -228,17 +309,22 @@ def exec_(
     user: str = typer.Option(None, "--user", "-u", help='As this user ("uid[:gid]", "root").'),
     workdir: str = typer.Option(None, "--workdir", "-w", help="In this folder."),
     timeout: float = typer.Option(
-        None, "--timeout", "-t", help="Kill the command's whole tree after this many seconds."
+        None, "--timeout", help="Kill the command's whole tree after this many seconds."
     ),
     interactive: bool = typer.Option(
         False, "--interactive", "-i", help="Pass our stdin to the command as it comes."
     ),
+    tty: bool = typer.Option(
+        False, "--tty", "-t", help="On a terminal of its own (ours raw while it runs)."
+    ),
 ) -> None:
-    """Run a command in a running environment: `exec ID [-i] [--service NAME] [--user U]
-    [--workdir W] [--timeout S] -- CMD...`. Its exit code becomes ours (124 on timeout).
-    Without -i it reads end of file at once."""
+    """Run a command in a running environment: `exec [-i] [-t] ID [--service NAME]
+    [--user U] [--workdir W] [--timeout S] -- CMD...`, as `docker exec` (`-it`: a shell you
+    type into). Its exit code becomes ours (124 on timeout). Without -i it reads end of
+    file at once."""
     given, words = _exec_words(command)
     interactive = interactive or "interactive" in given
+    tty = tty or "tty" in given
     service = given.get("service", service)
     user, workdir = given.get("user", user), given.get("workdir", workdir)
     if "timeout" in given:
@@ -252,8 +338,11 @@ def exec_(
         _refuse_service_word(rt, words, "exec")
         argv = _argv(words)
         place = rt.service(service) if service else rt
-        run = _interactive if interactive else _stream
-        result = run(place, argv, user=user, cwd=workdir, timeout=timeout)
+        if tty:
+            result = _on_terminal(place, argv, user, workdir, timeout, interactive)
+        else:
+            run = _interactive if interactive else _stream
+            result = run(place, argv, user=user, cwd=workdir, timeout=timeout)
     raise typer.Exit(_exit_code(result, timeout))
 
 

@@ -21,7 +21,8 @@ implementation is tested on both sides, and psutil would read the same /proc fil
 Its parts, each answering one question: `base` (constants, `Outcome`, errors), `fed` (stdin
 pipes no fork may keep open), `tree` (which processes are a command's, and ending them),
 `users` (who a command runs as), `start` (starting one as a shell would), `workers` (the
-threads a command needs), `pump` (running it). This package is copied whole, beside the
+threads a command needs), `pump` (running it), `tty` (running it on a terminal of its
+own). This package is copied whole, beside the
 executor, into every container, where it is imported as the top-level `procutil`: its parts
 import one another relatively, never through `orchestrator`.
 """
@@ -59,6 +60,7 @@ from .tree import (
     remove_tree,
     stat_fields,
 )
+from .tty import LARGEST, Tty, run_tty
 from .users import MAX_ID, home_of, in_range, numeric_ids, resolve_ids
 from .workers import IDLE_WORKERS, in_thread
 
@@ -72,6 +74,7 @@ __all__ = [
     "F_SETPIPE_SZ",
     "GRACE",
     "IDLE_WORKERS",
+    "LARGEST",
     "MAX_ID",
     "NO_PROCESS",
     "Chunk",
@@ -82,6 +85,7 @@ __all__ = [
     "Outcome",
     "Spawn",
     "StreamKind",
+    "Tty",
     "UnknownUser",
     "abandon_when",
     "abandoned",
@@ -102,5 +106,6 @@ __all__ = [
     "remove_tree",
     "resolve_ids",
     "run",
+    "run_tty",
     "stat_fields",
 ]

@@ -4,6 +4,7 @@ package's (see its docstring). Standard library only, Python 3.7+."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import selectors
@@ -130,6 +131,10 @@ def pump(
                         data = os.read(key.fd, CHUNK)
                     except BlockingIOError:  # a FIFO: woken, then nothing to read
                         continue
+                    except OSError as exc:  # a terminal's master once its last user left
+                        if exc.errno != errno.EIO:
+                            raise
+                        data = b""
                     if data:
                         last_data = time.monotonic()
                         yield key.data, data

@@ -44,7 +44,7 @@ from orchestrator.sandbox.options import (
     default_file_limit,
     output_limit_of,
 )
-from orchestrator.sandbox.process import Process
+from orchestrator.sandbox.process import Process, terminal_size
 from orchestrator.sandbox.results import (
     Connection,
     Outcome,
@@ -340,6 +340,9 @@ class SandboxCore(ABC):
         command: str | Sequence[str],
         *,
         stdin: bool = True,
+        tty: bool = False,
+        cols: int = 80,
+        rows: int = 24,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         user: str | None = None,
@@ -349,10 +352,15 @@ class SandboxCore(ABC):
         """Start a command and return at once with its `Process` (sandbox/process.py): write
         its stdin as it runs (`stdin=False`: it reads end of file at once), read its output
         as it comes, signal or kill it, `wait()` for the result `execute` would give.
+        `tty`: on a terminal of its own, `cols` x `rows` (`resize` changes it), its output
+        one stream (stdout) with the terminal's echo, as `docker exec -t` gives it; where
+        commands go by plain `docker exec` (no python3 in the image) a terminal is refused.
         `timeout` kills its whole tree, counted from its start. Bad arguments raise here,
         before anything runs."""
         cmd = self._command(command, env, None, cwd, user, timeout)
-        cmd = dataclasses.replace(cmd, stdin=LiveInput() if stdin else None, control=Control())
+        size = terminal_size(cols, rows) if tty else None
+        live = LiveInput() if stdin else None
+        cmd = dataclasses.replace(cmd, stdin=live, tty=size, control=Control())
         return Process(self._run, cmd, Events(output_limit_of(output_limit), self._result))
 
     # ----- the blocking door of each ---------------------------------------------------------

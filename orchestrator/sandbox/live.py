@@ -116,6 +116,8 @@ class LiveInput:
             yield chunk
 
 
+Resize = Callable[[int, int], None]
+"""A backend's way to set the command's terminal's size (columns, rows)."""
 Act = Callable[[int], None]
 """A backend's way to send one signal to the command's process group (the kill: SIGKILL to
 its whole tree)."""
@@ -131,26 +133,38 @@ class Control:
         self._held: list[int] = []
         self._kill_held = False
         self._ended = False
+        self._resize: Resize | None = None
+        self._size: tuple[int, int] | None = None  # the last size asked before the binding
 
-    def bind(self, signal: Act, kill: Callable[[], object]) -> None:
-        """The backend sent the command: from now on signals and kills go to it (what was
-        asked before is done now)."""
+    def bind(self, signal: Act, kill: Callable[[], object], resize: Resize | None = None) -> None:
+        """The backend sent the command: from now on signals, kills and (for one on a
+        terminal) resizes go to it; what was asked before is done now."""
         with self._lock:
             if self._ended:
                 return
-            self._signal, self._kill = signal, kill
+            self._signal, self._kill, self._resize = signal, kill, resize
+            if resize is not None and self._size is not None:
+                resize(*self._size)
             for sig in self._held:
                 signal(sig)
             self._held = []
             if self._kill_held:
                 kill()
 
+    def resize(self, cols: int, rows: int) -> None:
+        """Set the size of the command's terminal; nothing once it ended."""
+        with self._lock:
+            if self._resize is not None:
+                self._resize(cols, rows)
+            elif not self._ended:
+                self._size = (cols, rows)  # the last one asked is the one that counts
+
     def unbind(self) -> None:
         """The command ended: nothing more is sent to its process ids (a signal being sent
         is waited for: none goes out after this returns)."""
         with self._lock:
             self._ended = True
-            self._signal = self._kill = None
+            self._signal = self._kill = self._resize = None
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the command's process group; nothing once it ended."""

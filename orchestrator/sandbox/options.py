@@ -103,6 +103,9 @@ class Command:
     stdin: bytes | Iterable[bytes] | None
     """What the command reads: bytes, or chunks as they are produced (a folder being packed,
     a started process's `LiveInput`); None: nothing (end of file at once)."""
+    tty: tuple[int, int] | None = None
+    """(columns, rows): run it on a terminal of its own that size (a started process's
+    `tty=True`): its output one stream (stdout), its input typed into the terminal."""
     control: Control | None = None
     """How a started process's caller signals or kills it (sandbox/live.py): the backend
     binds it once the command is sent, and unbinds it at its end. None for every other

@@ -43,6 +43,8 @@ class Process:
     def __init__(self, run: Callable[[Command], Chunks], cmd: Command, events: Events) -> None:
         assert cmd.control is not None
         self._input = cmd.stdin if isinstance(cmd.stdin, LiveInput) else None
+        self.tty = cmd.tty is not None
+        """Whether it runs on a terminal of its own (its output then all "stdout")."""
         self._control: Control = cmd.control
         self._events = events
         self._queue: list[StreamEvent] = []
@@ -192,6 +194,13 @@ class Process:
         """Kill its whole tree (its result says 137). Nothing once it ended."""
         self._control.kill()
 
+    def resize(self, cols: int, rows: int) -> None:
+        """Set its terminal's size (started with `tty=True`): what it reads of its terminal
+        from now on, and SIGWINCH to its foreground group. Nothing once it ended."""
+        if not self.tty:
+            raise UsageError("this process has no terminal to resize: start it with tty=True")
+        self._control.resize(*terminal_size(cols, rows))
+
     def __enter__(self) -> Process:
         return self
 
@@ -209,3 +218,17 @@ def _bytes(data: str | bytes) -> bytes:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise UsageError(f"write takes str or bytes, not {type(data).__name__}")
     return bytes(data)
+
+
+def terminal_size(cols: int, rows: int) -> tuple[int, int]:
+    """(cols, rows) of a terminal, or UsageError: whole numbers from 1 to LARGEST."""
+    for name, value in (("cols", cols), ("rows", rows)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 < value <= procutil.LARGEST
+        ):
+            raise UsageError(
+                f"{name} must be a whole number from 1 to {procutil.LARGEST}, not {value!r}"
+            )
+    return cols, rows

@@ -121,6 +121,13 @@ class ProcessDoor:
     def kill(self) -> None:
         self._loop.run(self._inner.kill())
 
+    def resize(self, cols: int, rows: int) -> None:
+        self._loop.run(self._inner.resize(cols, rows))
+
+    @property
+    def tty(self) -> bool:
+        return self._inner.tty
+
     def __enter__(self) -> ProcessDoor:
         return self
 

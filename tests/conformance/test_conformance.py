@@ -39,6 +39,10 @@ TARGETS = [
         process_env={"ORCHESTRATOR_EXEC_MODE": "plain"},
         label="docker-plain",
         service_image=SIDECARS,
+        deviations={
+            "tty": "a terminal needs the in-container executor: plain `docker exec` refuses "
+            "tty=True (UsageError)",
+        },
     ),
     Target(
         "docker",
@@ -56,6 +60,8 @@ TARGETS = [
         deviations={
             "pause": "gVisor's runsc (2022-12, ptrace) thaws a paused sandbox with its "
             "sleeping processes stuck: pause is refused under gvisor (suspend works)",
+            "tty-ctrl-c": "gVisor's runsc (2022-12) terminal does not turn a typed Ctrl-C "
+            "into SIGINT for its foreground group (Process.signal(SIGINT) reaches it)",
         },
     ),
     Target(

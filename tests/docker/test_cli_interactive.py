@@ -1,14 +1,20 @@
 """`orchestrator exec -i`: our stdin passed to the command as it comes (a REPL answers each
 line before the next is written, the end of our input is the command's), its exit code
 ours; without -i the command reads end of file at once, however long our stdin stays
-open; interrupted, the command's whole tree is killed."""
+open; interrupted, the command's whole tree is killed. `exec -it` on a real terminal (a
+pseudo-terminal of the test's): a shell answers typed lines, Ctrl-C typed reaches what it
+runs, a resize of ours reaches its terminal, and ours is left as it was."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 import uuid
 from collections.abc import Iterator
@@ -116,3 +122,85 @@ def test_exec_i_interrupted_kills_the_whole_tree(running: str) -> None:
                 break
             time.sleep(0.2)
     assert not left.strip(), left
+
+
+class Terminal:
+    """The CLI run on a real terminal of ours (a pseudo-terminal pair), read and typed into
+    as a person at a terminal would."""
+
+    def __init__(self, argv: list[str], cols: int = 100, rows: int = 30) -> None:
+        self.master, slave = os.openpty()
+        self.resize(cols, rows)
+        self.settings = termios.tcgetattr(self.master)
+        """Its settings before the CLI ran (cooked: the CLI must leave them so)."""
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        )
+        os.close(slave)
+        self.seen = b""
+
+    def resize(self, cols: int, rows: int) -> None:
+        fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.master, keys)
+
+    def until(self, text: bytes) -> bytes:
+        """What the terminal showed up to `text` (fails at the bound)."""
+        deadline = time.monotonic() + WITHIN
+        while text not in self.seen:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.master], [], [], max(0.0, left))
+            assert ready, f"no {text!r} within {WITHIN}s; the terminal showed {self.seen!r}"
+            try:
+                self.seen += os.read(self.master, 65536)
+            except OSError:  # the CLI ended: its terminal's other side is gone
+                break
+        assert text in self.seen, self.seen
+        shown, self.seen = self.seen.partition(text)[0] + text, self.seen.partition(text)[2]
+        return shown
+
+    def close(self) -> tuple[int, bool]:
+        """The CLI's exit code, and whether it left the terminal's settings as it found them."""
+        try:
+            code = self.proc.wait(WITHIN)
+            return code, termios.tcgetattr(self.master) == self.settings
+        finally:
+            self.proc.kill()
+            self.proc.wait()
+            os.close(self.master)
+
+
+def test_exec_it_on_a_real_terminal_runs_a_shell_answers_lines_and_passes_ctrl_c(
+    running: str,
+) -> None:
+    term = Terminal([*CLI, "exec", "-it", running, "--", "env", "PS1=prompt> ", "sh", "-i"])
+    try:
+        term.until(b"prompt> ")  # (typed sooner, a line may be read before the shell runs)
+        term.type(b"stty size; echo $((6 * 7))-answer\r")
+        shown = term.until(b"42-answer\r\n")
+        assert b"30 100" in shown
+        term.type(b"sleep 1000\r")
+        time.sleep(1.0)  # sleep runs
+        term.type(b"\x03")  # Ctrl-C, a key: the sandbox's terminal makes it SIGINT
+        term.until(b"prompt> ")  # the shell is back: sleep was interrupted
+        term.type(b"echo after-$?\r")
+        assert b"after-130" in term.until(b"after-130")
+        term.resize(120, 40)  # our terminal's size: SIGWINCH to the CLI, which passes it
+        time.sleep(0.5)
+        term.type(b"stty size\r")
+        assert b"40 120" in term.until(b"40 120")
+        term.type(b"exit 7\r")
+    finally:
+        code, restored = term.close()
+    assert (code, restored) == (7, True)
+
+
+def test_exec_t_followed_by_a_number_says_it_is_a_terminal_now(running: str) -> None:
+    done = cli("exec", running, "-t", "5", "--", "true")
+    assert done.returncode == 2 and "--timeout 5" in done.stderr, done.stderr

@@ -602,7 +602,9 @@ def test_cli_exec_timeout_kills_the_tree_and_exits_124(make_env: MakeEnv) -> Non
             text=True,
         )
         assert left.stdout == ""
-        ok = subprocess.run([*cli, "exec", "-t", "5", ident, "--", "exit 3"], capture_output=True)
+        ok = subprocess.run(
+            [*cli, "exec", "--timeout", "5", ident, "--", "exit 3"], capture_output=True
+        )
         assert ok.returncode == 3
     finally:
         subprocess.run([*cli, "down", ident], capture_output=True, check=True)

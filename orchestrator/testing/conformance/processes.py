@@ -11,7 +11,8 @@ import pytest
 
 from orchestrator import Process, Runtime
 from orchestrator.errors import ProcessEnded, UsageError
-from orchestrator.testing.conformance.kit import survivors_within, unique_sleep
+from orchestrator.testing.conformance.kit import skip_if, survivors_within, unique_sleep
+from orchestrator.testing.target import Target
 
 WITHIN = 30.0
 """Longest any one step here may take: a bound, not a timing."""
@@ -128,3 +129,58 @@ def test_process_bad_signal_is_refused_before_anything_is_sent(rt: Runtime) -> N
     finally:
         proc.kill()
     assert proc.wait(WITHIN).exit_code == 137
+
+
+# ----- on a terminal of its own ---------------------------------------------------------------
+def test_process_on_a_terminal_sees_its_size_and_each_resize(
+    conformance_target: Target, rt: Runtime
+) -> None:
+    skip_if(conformance_target, "tty")
+    script = "stty size; tty; echo err >&2; read x; stty size; echo got-$x"
+    with rt.start(script, tty=True, cols=100, rows=30, timeout=WITHIN) as proc:
+        assert proc.tty
+        _until(proc, "err")  # (what is typed is echoed at once: only after it, here)
+        proc.resize(120, 40)
+        proc.write("typed\n")
+        result = proc.wait(WITHIN)
+    lines = result.stdout.replace("\r\n", "\n").splitlines()
+    assert lines[0] == "30 100" and lines[1].startswith("/dev/"), result
+    assert lines[2:] == ["err", "typed", "40 120", "got-typed"], result  # one stream, echoed
+    assert (result.exit_code, result.stderr) == (0, "")
+
+
+def test_process_on_a_terminal_passes_ctrl_c_to_its_foreground_group(
+    conformance_target: Target, rt: Runtime
+) -> None:
+    skip_if(conformance_target, "tty")
+    skip_if(conformance_target, "tty-ctrl-c")
+    proc = rt.start(
+        "trap 'echo caught-int; exit 3' INT; echo ready; while :; do sleep 0.05; done",
+        tty=True,
+        timeout=WITHIN,
+    )
+    _until(proc, "ready")
+    proc.write(b"\x03")  # Ctrl-C, typed: the terminal signals its foreground group
+    result = proc.wait(WITHIN)
+    assert result.exit_code == 3 and "caught-int" in result.stdout, result
+
+
+def test_process_on_a_terminal_is_killed_whole_at_its_timeout(
+    conformance_target: Target, rt: Runtime
+) -> None:
+    skip_if(conformance_target, "tty")
+    marker = unique_sleep()
+    proc = rt.start(f"sleep {marker} & sleep {marker}", tty=True, timeout=1)
+    result = proc.wait(WITHIN)
+    assert result.timed_out and result.elapsed < WITHIN
+    assert not survivors_within(rt, f"sleep {marker}", 10)
+
+
+def test_process_terminal_size_is_checked_at_the_call(rt: Runtime) -> None:
+    for cols, rows in ((0, 24), (80, 0), (70000, 24), (80, -1)):
+        with pytest.raises(UsageError):
+            rt.start("true", tty=True, cols=cols, rows=rows)
+    proc = rt.start("true", stdin=False)
+    with pytest.raises(UsageError):
+        proc.resize(80, 24)  # no terminal to resize
+    proc.wait(WITHIN)

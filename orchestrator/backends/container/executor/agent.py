@@ -126,6 +126,7 @@ class Agent:
         self.flows = {}
         self.held = {}  # signals sent to a command still starting: {cid: [signal, ...]}
         self.starting = threading.Lock()  # a command becoming known, or a signal held
+        self.ttys = {}  # the terminals of commands run on one: {cid: procutil.Tty}
         self.spawners = spawner.Spawners()
 
     def send(self, kind, cid, payload=b""):
@@ -169,6 +170,8 @@ class Agent:
             self.kill(cid)
         elif kind == wire.SIGNAL and cid in self.flows and len(payload) == wire.COUNT.size:
             self.signal(cid, wire.COUNT.unpack(payload)[0])
+        elif kind == wire.RESIZE and cid in self.ttys and len(payload) == wire.SIZE.size:
+            self.ttys[cid].resize(*wire.SIZE.unpack(payload))
         elif kind == wire.PING:
             self.send(wire.PONG, cid)
         elif kind == wire.RELEASE:
@@ -253,18 +256,37 @@ class Agent:
             self.finish(cid, wire.Exit(wire.NO_FIFO, False, time.monotonic() - started))
             return
         try:
-            gen = procutil.run(
-                req.argv,
-                env,
-                req.cwd,
-                req.user,
-                self.feed(cid) if cid in self.stdin else None,
-                req.timeout,
-                started=started,
-                on_start=lambda proc: self.started(cid, proc, fifos),
-                stdio=(fifos[0], fifos[1]),
-                spawn=self.spawners,
-            )
+            if req.tty:
+
+                def on_tty(proc, tty):
+                    self.ttys[cid] = tty
+                    self.started(cid, proc, fifos)
+
+                gen = procutil.run_tty(
+                    req.argv,
+                    env,
+                    req.cwd,
+                    req.user,
+                    self.feed(cid) if cid in self.stdin else None,
+                    req.timeout,
+                    tuple(req.tty),
+                    on_start=on_tty,
+                    started=started,
+                    spawn=self.spawners,
+                )
+            else:
+                gen = procutil.run(
+                    req.argv,
+                    env,
+                    req.cwd,
+                    req.user,
+                    self.feed(cid) if cid in self.stdin else None,
+                    req.timeout,
+                    started=started,
+                    on_start=lambda proc: self.started(cid, proc, fifos),
+                    stdio=(fifos[0], fifos[1]),
+                    spawn=self.spawners,
+                )
             try:
                 while True:
                     kind, data = next(gen)
@@ -302,9 +324,12 @@ class Agent:
     def finish(self, cid, outcome):
         if self.procs.pop(cid, None) is not None:
             self.record()
-        self.stdin.pop(cid, None)
+        fed = self.stdin.pop(cid, None)
+        if fed is not None:
+            fed.put(None)  # whoever feeds the command its input stops: it ended
         self.flows.pop(cid, None)
         self.held.pop(cid, None)
+        self.ttys.pop(cid, None)
         self.send(wire.EXIT, cid, wire.encode_exit(outcome))
 
 

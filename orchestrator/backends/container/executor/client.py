@@ -198,10 +198,17 @@ class _Call:
             cmd.stdin is not None,
             stdout_fifo=fifo.inside if fifo is not None and not fifo.into else None,
             stdin_fifo=fifo.inside if fifo is not None and fifo.into else None,
+            tty=list(cmd.tty) if cmd.tty is not None else None,
         )
         client.send(wire.RUN, self.cid, wire.encode_request(request))
         if cmd.control is not None:  # a started process: its caller may signal it now
-            cmd.control.bind(self.signal, self._kill_now)
+            resize = self.resize if cmd.tty is not None else None
+            cmd.control.bind(self.signal, self._kill_now, resize)
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Ask the executor to set the command's terminal's size."""
+        if not self.done and not self.client.dead.is_set():
+            self.client.send(wire.RESIZE, self.cid, wire.SIZE.pack(cols, rows))
 
     def signal(self, sig: int) -> None:
         """Ask the executor to send `sig` to the command's process group."""

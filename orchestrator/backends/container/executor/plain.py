@@ -31,7 +31,12 @@ from orchestrator import procutil
 from orchestrator.backends.container import freeze
 from orchestrator.backends.container.engine import Engine, exec_refusal, no_process
 from orchestrator.backends.container.layout import STAT_FIELDS
-from orchestrator.errors import BackendUnavailable, OrchestratorError, SandboxUnavailable
+from orchestrator.errors import (
+    BackendUnavailable,
+    OrchestratorError,
+    SandboxUnavailable,
+    UsageError,
+)
 from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
 
 log = logging.getLogger("orchestrator.docker")
@@ -187,6 +192,11 @@ def run_plain(
     """`cmd` by one `docker exec`. `out`: the read end of a FIFO the command's output goes
     to instead of through the engine (see `procutil.pump`). `killer`: the one that kills it
     (made here when None), which the caller keeps to kill it later if it could not then."""
+    if cmd.tty is not None:
+        raise UsageError(
+            "a terminal (tty=True) needs the in-container executor, which runs on the "
+            "image's python3: this sandbox runs commands by plain `docker exec`"
+        )
     try:  # ids the engine's runtime may not refuse (runsc runs -1 as nobody): refused here
         procutil.numeric_ids(cmd.user or "")
     except procutil.UnknownUser as exc:

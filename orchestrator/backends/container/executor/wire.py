@@ -4,7 +4,8 @@ A frame is a 9-byte header (kind, command id, payload length; big-endian) and th
 Host -> executor: RUN (JSON request), STDIN (bytes), STDIN_EOF, KILL, CREDIT (4-byte count:
 that many more output frames of this command may be sent), PING, RELEASE (the host closes
 this executor on purpose: its end of input does not mean the owner died), SIGNAL (4-byte
-signal number, for the command's process group: a started process's `signal`).
+signal number, for the command's process group: a started process's `signal`), RESIZE
+(two 2-byte numbers, columns and rows: the command's terminal's new size).
 Executor -> host: READY (JSON), OUT / ERR (bytes), EXIT (JSON outcome), PONG, TAKEN (4-byte
 count: that many STDIN frames of this command were written to it; a started process's
 input is sent at most STDIN_WINDOW frames ahead of what it took).
@@ -26,13 +27,15 @@ import struct
 from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
 
 HEADER = struct.Struct(">BII")
-RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL = 1, 2, 3, 4, 5, 6, 7, 8
+RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL, RESIZE = 1, 2, 3, 4, 5, 6, 7, 8, 9
 READY, OUT, ERR, EXIT, PONG, TAKEN = 10, 11, 12, 13, 14, 15
 MAX_PAYLOAD = 64 * 1024 * 1024
 WINDOW = 64
 """Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit
 is needed."""
 COUNT = struct.Struct(">I")
+SIZE = struct.Struct(">HH")
+"""RESIZE's payload: columns, rows."""
 STDIN_WINDOW = 8
 """STDIN frames (of at most STDIN_CHUNK bytes each) of a started process in flight before the
 executor says it wrote them to the command: a command that reads nothing holds at most
@@ -93,6 +96,9 @@ class Request(NamedTuple):
     runs, where it cannot be opened."""
     stdin_fifo: Optional[str] = None
     """Likewise, a FIFO given the command as its standard input."""
+    tty: Optional[List[int]] = None
+    """[columns, rows]: run it on a terminal of its own that size (procutil.tty): its output
+    one stream, its STDIN typed into the terminal; RESIZE changes the size."""
 
 
 class Exit(NamedTuple):
@@ -121,6 +127,10 @@ def decode_request(payload: bytes) -> Request:
         raise ValueError(str(exc)) from None
     if not isinstance(req.argv, list) or not req.argv:
         raise ValueError("argv must be a non-empty list")
+    if req.tty is not None and not (
+        isinstance(req.tty, list) and len(req.tty) == 2 and all(type(n) is int for n in req.tty)
+    ):
+        raise ValueError("tty must be [columns, rows]")
     return req
 
 
