@@ -38,9 +38,8 @@ CTTY = (
     "    os._exit(127 if e.errno == errno.ENOENT else 126)\n"
 )
 """Run as `python -c CTTY ARGV...` on the slave side, in a new session: take the terminal as
-the controlling one with its group in the foreground (Linux does that itself, gVisor does
-not: Ctrl-C would reach nobody), put stderr on it too, then become the command (127 or 126 as a shell
-says them when it cannot)."""
+the controlling one with its group in the foreground (Linux does that itself), put stderr
+on it too, then become the command (127 or 126 as a shell says them when it cannot)."""
 LARGEST = 65535
 """Most columns or rows a terminal may have (the kernel keeps each in 16 bits)."""
 
