@@ -117,13 +117,8 @@ class AsyncProcess:
     def __init__(self, process: Process) -> None:
         self.sync = process
         """The blocking object behind it."""
-        self._loop = asyncio.get_running_loop()
         self._arrived = asyncio.Event()
-        process.watch(self._wake)
-
-    def _wake(self) -> None:  # (the pump's thread)
-        with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
-            self._loop.call_soon_threadsafe(self._arrived.set)
+        process.watch(functools.partial(_set_soon, asyncio.get_running_loop(), self._arrived))
 
     @property
     def ended(self) -> bool:
@@ -200,6 +195,12 @@ class AsyncProcess:
 
     async def __aexit__(self, *exc: object) -> None:
         await in_thread(lambda: self.sync.__exit__(None, None, None))
+
+
+def _set_soon(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    """Set `event` on its loop (from another thread); nothing once the loop closed."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(event.set)
 
 
 def _removed(rt: Runtime) -> None:

@@ -46,6 +46,7 @@ from .base import (
     abandon_when,
     abandoned,
     exit_status,
+    kept_on,
 )
 from .pump import pump, run
 from .tree import (
@@ -97,6 +98,7 @@ __all__ = [
     "home_of",
     "in_range",
     "in_thread",
+    "kept_on",
     "kill_marked",
     "kill_tree",
     "marked",

@@ -4,10 +4,11 @@ Standard library only, Python 3.7+."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import subprocess
 import threading
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, Protocol, Tuple
 
 GRACE = 0.5
 """Seconds between SIGTERM and SIGKILL on timeout."""
@@ -38,6 +39,18 @@ def abandon_when(event: Optional[Flag]) -> None:
     it early) within about 0.05 s of `event` being set: the caller, in another thread, gave
     up on it (an asyncio task was cancelled). None: no such event."""
     scope.abandon = event
+
+
+@contextlib.contextmanager
+def kept_on() -> Iterator[None]:
+    """A command run in the block runs to its end even when this thread's caller gave up
+    on its own command (see abandon_when): the kill of what it left is such a command."""
+    saved = getattr(scope, "abandon", None)
+    scope.abandon = None
+    try:
+        yield
+    finally:
+        scope.abandon = saved
 
 
 def abandoned() -> bool:

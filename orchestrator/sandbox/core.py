@@ -361,7 +361,8 @@ class SandboxCore(ABC):
         size = terminal_size(cols, rows) if tty else None
         live = LiveInput() if stdin else None
         cmd = dataclasses.replace(cmd, stdin=live, tty=size, control=Control())
-        return Process(self._run, cmd, Events(output_limit_of(output_limit), self._result))
+        events = Events(output_limit_of(output_limit), self._result)
+        return Process(self._run, cmd, events, self._check_usable)
 
     # ----- the blocking door of each ---------------------------------------------------------
     execute = blocking(execute_call)

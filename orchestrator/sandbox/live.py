@@ -66,14 +66,15 @@ class LiveInput:
             raise ProcessEnded("the process has ended: nothing more can be written")
         return True
 
-    def close(self, timeout: float | None = None) -> None:
-        """The end of the command's input (after what was written); again: nothing."""
+    def close(self) -> None:
+        """The end of the command's input, after what was written; never waits (where no
+        room is left, the feeder finds the end once it took the rest). Again: nothing."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        with contextlib.suppress(ProcessEnded):  # nobody reads it any more: the end is there
-            self._enqueue(None, timeout)
+        with contextlib.suppress(queue.Full):  # (sooner than the feeder's next look)
+            self._queue.put_nowait(None)
 
     def _enqueue(self, item: bytes | None, timeout: float | None) -> None:
         waited = 0.0
@@ -108,7 +109,7 @@ class LiveInput:
             try:
                 chunk = self._queue.get(timeout=_TICK)
             except queue.Empty:
-                if self._gone.is_set():
+                if self._gone.is_set() or self._closed:  # all taken, and no more will come
                     return
                 continue
             if chunk is None:

@@ -4,7 +4,7 @@ as it goes, reads its output as it comes (stdout and stderr apart, the events `s
 gives), signals or kills it, and waits for the same result `execute` gives.
 
 One thread per process drives the backend's `_run` (a generator) to its end: the output
-events wait in a queue of at most AHEAD events, so a caller that reads nothing stops the
+events wait in a queue of at most AHEAD bytes, so a caller that reads nothing stops the
 command's output (the backend's own flow control: a pipe, or the executor's credit), never
 this process's memory growing. `wait()` reads what is left itself. The result keeps the last
 `output_limit` bytes of each stream, as `execute` does, whoever read the events.
@@ -16,6 +16,7 @@ command)."""
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,35 +29,42 @@ from orchestrator.sandbox.results import RuntimeResult, StreamEvent
 if TYPE_CHECKING:
     from orchestrator.sandbox.options import Chunks, Command
 
-AHEAD = 64
-"""Output events a process holds for a caller who has not read them; then its output waits."""
+AHEAD = 1 << 20
+"""Bytes of output events a process holds for a caller who has not read them (at least one
+event); then its output waits."""
 KILL_WAIT = 10.0
 """Longest leaving a `with` block waits for a killed process to end."""
+LOOK = 1.0
+"""How often output waiting for its reader looks whether the sandbox is still usable."""
 
 
-class Process:
-    """A command started by `Sandbox.start`, running (see the module). Iterating it yields
-    its output events as they come and, last, a "finished" event with the result; it may be
-    iterated again after a `break` (each event goes to one reader). As a context manager, it
-    is killed on leaving unless it ended."""
+class _Outlet:
+    """The output side of a process, which its pump thread drives: the backend's generator
+    run to its end, its events queued (at most AHEAD bytes) for the reader. The thread holds this,
+    never the Process, so a Process its caller dropped is collected (and let go)."""
 
-    def __init__(self, run: Callable[[Command], Chunks], cmd: Command, events: Events) -> None:
-        assert cmd.control is not None
-        self._input = cmd.stdin if isinstance(cmd.stdin, LiveInput) else None
-        self.tty = cmd.tty is not None
-        """Whether it runs on a terminal of its own (its output then all "stdout")."""
-        self._control: Control = cmd.control
-        self._events = events
-        self._queue: list[StreamEvent] = []
-        self._cond = threading.Condition()
-        self._finished: StreamEvent | None = None
-        self._error: BaseException | None = None
-        self._draining = False
-        self._watchers: list[Callable[[], None]] = []
-        procutil.in_thread(lambda: self._pump(run, cmd))
+    def __init__(self, events: Events, usable: Callable[[], object]) -> None:
+        self.events = events
+        self.usable = usable
+        self.queue: list[StreamEvent] = []
+        self.queued = 0  # bytes of the events in `queue`
+        self.cond = threading.Condition()
+        self.finished: StreamEvent | None = None
+        self.error: BaseException | None = None
+        self.draining = False
+        self.watchers: list[Callable[[], None]] = []
 
-    # ----- the pump: the backend's generator, driven to its end in a thread of its own -------
-    def _pump(self, run: Callable[[Command], Chunks], cmd: Command) -> None:
+    @property
+    def ended(self) -> bool:
+        return self.finished is not None or self.error is not None
+
+    def pump(
+        self,
+        run: Callable[[Command], Chunks],
+        cmd: Command,
+        control: Control,
+        stdin: LiveInput | None,
+    ) -> None:
         last: list[StreamEvent] = []
         try:
             gen = run(cmd)
@@ -65,75 +73,131 @@ class Process:
                     try:
                         kind, data = next(gen)
                     except StopIteration as stop:
-                        last = self._events.finish(stop.value)
+                        last = self.events.finish(stop.value)
                         break
-                    event = self._events.add(kind, data)
+                    event = self.events.add(kind, data)
                     if event is not None:
-                        self._hand(event)
+                        self.hand(event)
             finally:
                 gen.close()
         except BaseException as exc:  # the caller's to see, at its next read or wait
-            self._error = exc
+            self.error = exc
         finally:
-            self._control.unbind()
-            if self._input is not None:
-                self._input.gone()
+            control.unbind()
+            if stdin is not None:
+                stdin.gone()
         for event in last[:-1]:  # a decoder's last characters
-            self._hand(event)
-        with self._cond:
-            self._finished = last[-1] if last else None
-            self._cond.notify_all()
-        self._wake()
+            self.hand(event)
+        with self.cond:
+            self.finished = last[-1] if last else None
+            self.cond.notify_all()
+        self.wake()
 
-    def _hand(self, event: StreamEvent) -> None:
-        """Queue an event for the caller, waiting while AHEAD wait already (unless `wait`
-        reads them: then it is dropped, its bytes kept in the result's tail)."""
-        with self._cond:
-            while len(self._queue) >= AHEAD and not self._draining:
-                self._cond.wait()
-            if not self._draining:
-                self._queue.append(event)
-                self._cond.notify_all()
-        self._wake()
+    def hand(self, event: StreamEvent) -> None:
+        """Queue an event for the reader, waiting while AHEAD bytes wait already: unless nobody
+        reads any more (`drop_unread`), or the sandbox was removed meanwhile (its command is
+        gone: what is left of its output is drained, not waited on). A dropped event's
+        bytes are in the result's tail."""
+        with self.cond:
+            while self.queued >= AHEAD and not self.draining:
+                if not self.cond.wait(LOOK) and not self._still_usable():
+                    self.draining = True
+            if not self.draining:
+                self.queue.append(event)
+                self.queued += len(event.data)
+                self.cond.notify_all()
+        self.wake()
 
-    def _wake(self) -> None:
-        for watcher in list(self._watchers):
+    def _still_usable(self) -> bool:
+        try:
+            self.usable()
+        except Exception:  # RuntimeClosed: removed
+            return False
+        return True
+
+    def wake(self) -> None:
+        for watcher in list(self.watchers):
             watcher()
+
+    def take(self) -> StreamEvent:
+        """The first queued event (the caller holds `cond` and saw one queued)."""
+        event = self.queue.pop(0)
+        self.queued -= len(event.data)
+        self.cond.notify_all()
+        return event
+
+    def drop_unread(self) -> None:
+        with self.cond:
+            self.draining = True
+            self.queue.clear()
+            self.queued = 0
+            self.cond.notify_all()
+
+
+def _let_go(outlet: _Outlet, stdin: LiveInput | None) -> None:
+    """A Process its caller dropped: nobody reads its output or writes its input any more,
+    as when a pipe's other end is closed: its input ends, its output is drained into the
+    tail nobody will see, and it runs to its end (or its timeout)."""
+    outlet.drop_unread()
+    if stdin is not None:
+        stdin.close()
+
+
+class Process:
+    """A command started by `Sandbox.start`, running (see the module). Iterating it yields
+    its output events as they come and, last, a "finished" event with the result; it may be
+    iterated again after a `break` (each event goes to one reader). As a context manager, it
+    is killed on leaving unless it ended. Dropped without either, its input ends (as a
+    pipe's when its writer goes) and its output is no longer kept for anyone."""
+
+    def __init__(
+        self,
+        run: Callable[[Command], Chunks],
+        cmd: Command,
+        events: Events,
+        usable: Callable[[], object] = lambda: None,
+    ) -> None:
+        assert cmd.control is not None
+        self._input = cmd.stdin if isinstance(cmd.stdin, LiveInput) else None
+        self.tty = cmd.tty is not None
+        """Whether it runs on a terminal of its own (its output then all "stdout")."""
+        self._control: Control = cmd.control
+        out = self._out = _Outlet(events, usable)
+        control, stdin = cmd.control, self._input
+        weakref.finalize(self, _let_go, out, stdin)
+        procutil.in_thread(lambda: out.pump(run, cmd, control, stdin))
 
     def watch(self, wake: Callable[[], None]) -> None:
         """Call `wake` (from the pump's thread) whenever an event is queued or the process
-        ended: how orchestrator.aio waits for one without a thread of its own."""
-        self._watchers.append(wake)
+        ended: how orchestrator.aio waits for one without a thread of its own. `wake` must
+        not hold the Process (a dropped one is let go)."""
+        self._out.watchers.append(wake)
         wake()
 
     # ----- reading --------------------------------------------------------------------------
     @property
     def ended(self) -> bool:
         """Whether the command ended (its "finished" event may still be unread)."""
-        return self._finished is not None or self._error is not None
+        return self._out.ended
 
     def read(self, timeout: float | None = None) -> StreamEvent | None:
         """The next output event (the "finished" one last, and again on each later read);
         None when none came within `timeout` seconds (None: wait for one). Raises what ended
         the call, where it could not run to its end (the sandbox went away)."""
-        with self._cond:
-            if not self._cond.wait_for(self._ready, timeout):
+        out = self._out
+        with out.cond:
+            if not out.cond.wait_for(lambda: bool(out.queue) or out.ended, timeout):
                 return None
-            if self._queue:
-                event = self._queue.pop(0)
-                self._cond.notify_all()
-                return event
+            if out.queue:
+                return out.take()
         return self._last()
 
-    def _ready(self) -> bool:
-        return bool(self._queue) or self.ended
-
     def _last(self) -> StreamEvent:
-        if self._error is not None:
-            raise self._error
-        if self._finished is None:  # (a pump that ended without an outcome: never silent)
+        if self._out.error is not None:
+            raise self._out.error
+        if self._out.finished is None:  # (a pump that ended without an outcome: never silent)
             raise ExecutorLost("the command's output ended without its exit status")
-        return self._finished
+        return self._out.finished
 
     def __iter__(self) -> Iterator[StreamEvent]:
         while True:
@@ -148,9 +212,10 @@ class Process:
         are dropped; their bytes are in the result). TimeoutError past `timeout` seconds (the
         process runs on: its own `timeout` is what kills it)."""
         self.drop_unread()
-        with self._cond:
-            if not self._cond.wait_for(lambda: self.ended, timeout):
-                self._draining = False
+        out = self._out
+        with out.cond:
+            if not out.cond.wait_for(lambda: out.ended, timeout):
+                out.draining = False
                 raise TimeoutError(f"the process did not end within {timeout:g}s")
         result = self._last().result
         assert result is not None
@@ -159,10 +224,7 @@ class Process:
     def drop_unread(self) -> None:
         """From now on nobody reads its events (`wait` does this): those queued and those to
         come are dropped, their bytes kept in the result; its output no longer waits."""
-        with self._cond:
-            self._draining = True
-            self._queue.clear()
-            self._cond.notify_all()
+        self._out.drop_unread()
 
     # ----- talking to it --------------------------------------------------------------------
     def write(self, data: str | bytes, *, timeout: float | None = None) -> None:
@@ -208,8 +270,9 @@ class Process:
         if not self.ended:
             self.kill()
         self.drop_unread()
-        with self._cond:
-            self._cond.wait_for(lambda: self.ended, KILL_WAIT)
+        out = self._out
+        with out.cond:
+            out.cond.wait_for(lambda: out.ended, KILL_WAIT)
 
 
 def _bytes(data: str | bytes) -> bytes:

@@ -7,18 +7,24 @@ that runs on this machine's engine, through both front doors where they differ:
   and memory does not grow either;
 - a signal or kill asked of a process that ended reaches no other process (its process id
   may be another's by then);
-- many signals asked before the command runs are held once each, not one per call."""
+- many signals asked before the command runs are held once each, not one per call;
+- a process dropped unread, or whose sandbox was removed under it, leaves no thread."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from orchestrator import Runtime
+from orchestrator import OrchestratorError, Runtime
+from orchestrator.procutil import IDLE_WORKERS
+from orchestrator.procutil.workers import WORKER_NAME
 from orchestrator.testing import Target
 from tests.conformance.test_conformance import TARGETS
 
@@ -124,3 +130,45 @@ def test_signals_asked_before_the_start_are_held_once_each(rt: Runtime) -> None:
     proc.signal(signal.SIGTERM)
     result = proc.wait(60)
     assert result.exit_code == 4 and "term" in result.stdout, result
+
+
+def _busy_workers() -> int:
+    """Threads of the process core at work (idle ones, at most IDLE_WORKERS, wait for jobs)."""
+    return sum(t.name == WORKER_NAME for t in threading.enumerate())
+
+
+def _settled(before: int, seconds: float = 30.0) -> int:
+    deadline = time.monotonic() + seconds
+    while (now := _busy_workers()) > before + IDLE_WORKERS and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.2)
+    return now
+
+
+def test_dropped_processes_let_go_of_their_threads(rt: Runtime) -> None:
+    """Ten floods started and dropped unread, one with its input open: each runs to its end
+    (its output drained, its input ended as a pipe's when its writer goes); no thread of
+    theirs is left."""
+    before = _busy_workers()
+    for _ in range(10):
+        rt.start("head -c 20000000 /dev/zero", stdin=False, timeout=60)
+    rt.start("cat; echo input-ended", timeout=60)
+    gc.collect()
+    assert _settled(before) <= before + IDLE_WORKERS, [t.name for t in threading.enumerate()]
+
+
+def test_removing_the_sandbox_lets_go_of_processes_nobody_reads(
+    conformance_target: Target, tmp_path: Path
+) -> None:
+    before = _busy_workers()
+    runtime = conformance_target.spawn(tmp_path)
+    try:
+        held = [runtime.start("while :; do echo flood; done", timeout=120) for _ in range(3)]
+        time.sleep(1.0)  # their output waits for a reader that never comes
+    finally:
+        runtime.cleanup()
+    for proc in held:
+        with contextlib.suppress(OrchestratorError):
+            proc.wait(30)  # ends: removed under it (its result, or why it could not finish)
+        assert proc.ended
+    assert _settled(before) <= before + IDLE_WORKERS

@@ -1,12 +1,18 @@
 """Started processes where commands go by plain `docker exec` (no executor): a terminal is
 refused with the reason, before any command runs; without one, a process works as on the
-executor (the conformance suite's docker-plain target checks that)."""
+executor (the conformance suite's docker-plain target checks that). Its signals go through
+the in-container killer: a root sandbox that makes it flood cannot grow our memory or hold
+the signal past its deadline; a stop signal leaves it stopped."""
 
 from __future__ import annotations
+
+import signal
+import time
 
 import pytest
 
 from orchestrator import UsageError
+from orchestrator.backends.container.executor.plain import KILL_TIMEOUT
 from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 
@@ -20,3 +26,56 @@ def test_plain_exec_refuses_a_terminal_with_the_reason(make_env: MakeEnv) -> Non
             fine.write("still works\n")
             fine.close_stdin()
             assert fine.wait(60).stdout == "still works\n"
+
+
+# The sandbox's /bin/sh, replaced by a root sandbox: the in-container killer (a `sh -c`)
+# prints without end instead of killing
+FLOODING_SH = r"""#!/bin/dash.real
+case "$2" in *orchestrator-killed*) exec python3 -c 'import os
+b = b"A" * (1 << 20)
+while True: os.write(1, b)' ;; esac
+exec /bin/dash.real "$@"
+"""
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+
+
+def test_a_killer_made_to_flood_cannot_grow_our_memory_nor_outlast_its_deadline(
+    make_env: MakeEnv,
+) -> None:
+    """A root sandbox makes the plain path's killer print without end: a signal (and the
+    kill after it) keeps at most the killer's tail and ends within its deadline."""
+    with spawn_in_mode("plain", make_env("user: root\n", name="flood")) as rt:
+        rt.write_file("/tmp/sh", FLOODING_SH)
+        rt.execute(
+            "cp /bin/dash /bin/dash.real && install -m 755 /tmp/sh /bin/sh.new && "
+            "mv -f /bin/sh.new /bin/sh",
+            check=True,
+        )
+        proc = rt.start(["sleep", "12"], stdin=False, timeout=60)
+        time.sleep(1.0)
+        before, started = _rss(), time.monotonic()
+        proc.signal(signal.SIGUSR1)
+        assert time.monotonic() - started < KILL_TIMEOUT + 5
+        assert _rss() - before < 64 * 1024 * 1024
+        proc.kill()
+        proc.wait(60)  # (its killer is the sandbox's: it may only end at its own end)
+
+
+def test_sigstop_on_the_plain_path_stops_and_sigcont_resumes(make_env: MakeEnv) -> None:
+    """The killer freezes what it signals while it looks: a stop signal must leave it
+    stopped (as the executor and the local backend do), and a later one resume it."""
+    with spawn_in_mode("plain", make_env("", name="stop")) as rt:
+        proc = rt.start("while :; do echo tick; sleep 0.1; done", stdin=False, timeout=60)
+        assert proc.read(30) is not None
+        proc.signal(signal.SIGSTOP)
+        while proc.read(0.5) is not None:  # what it printed before the stop
+            pass
+        assert proc.read(1.5) is None, "it ran on after SIGSTOP"
+        proc.signal(signal.SIGCONT)
+        assert proc.read(30) is not None
+        proc.kill()
+        assert proc.wait(60).exit_code == 137

@@ -87,3 +87,13 @@ def test_the_feeder_ends_with_the_command_or_the_close() -> None:
     open_one.gone()  # never closed: the command ended
     feeder.join(5)
     assert not feeder.is_alive() and got == [[]]
+
+
+def test_closing_a_full_input_never_waits_and_loses_nothing_written() -> None:
+    stdin = LiveInput()
+    for i in range(DEPTH):
+        stdin.put(bytes([i]))
+    started = time.monotonic()
+    stdin.close()  # no room for the end: it is found once the rest is taken
+    assert time.monotonic() - started < 0.5
+    assert list(stdin) == [bytes([i]) for i in range(DEPTH)]

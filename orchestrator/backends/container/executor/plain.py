@@ -50,6 +50,10 @@ answer, a sandbox that cannot start the killer)."""
 # The command, through sh: first its session on stderr (echo is a builtin everywhere)
 SESSION = b"orchestrator-session:"
 WRAP = 'echo "orchestrator-session:$$" >&2; exec "$@"'
+KILLER_TAIL = 64 * 1024
+"""Most bytes of each of the killer's streams kept (its last line is what it says)."""
+MAX_SESSIONS = 4096
+"""Most sessions a pass may name for the next (each a word of the next pass's argv)."""
 DONE = "orchestrator-killed:"
 """The killer's last line, then the sessions it found (passed to the next pass)."""
 # `sh -c KILL_TREE sh TOKEN SIGNAL [SESSION...]`: builtins only (see the module docstring)
@@ -83,7 +87,8 @@ while [ $quiet -lt 2 ] && [ $n -lt 300 ]; do
   done
   if [ $new = 1 ]; then quiet=0; else quiet=$((quiet + 1)); fi
 done
-for p in $hit; do kill -"$sig" "$p" 2>/dev/null; kill -CONT "$p" 2>/dev/null; done
+case $sig in STOP|TSTP|TTIN|TTOU) cont= ;; *) cont=1 ;; esac
+for p in $hit; do kill -"$sig" "$p" 2>/dev/null; [ -z "$cont" ] || kill -CONT "$p" 2>/dev/null; done
 echo "orchestrator-killed:$sids"
 """
 )
@@ -162,23 +167,31 @@ class Killer:
         """One pass: the words of a sandbox that could not start a process (retry), else
         None: it ran, or failed otherwise (paused, gone: the caller's probe says so)."""
         argv = [*self._argv, self.token, name, *self.sessions]
+        kept = {"stdout": bytearray(), "stderr": bytearray()}
+        # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
+        # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
+        chunks = procutil.run(argv, None, None, timeout=max(0.1, deadline - time.monotonic()))
         try:
-            done = subprocess.run(
-                argv,
-                capture_output=True,
-                timeout=max(0.1, deadline - time.monotonic()),
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
+            with procutil.kept_on():  # (the kill of a command its caller gave up on)
+                while True:
+                    kind, data = next(chunks)
+                    kept[kind] += data
+                    del kept[kind][:-KILLER_TAIL]
+        except StopIteration:
+            pass
+        except (OSError, procutil.NoProcess):
             return None
-        for line in done.stdout.decode(errors="replace").splitlines():
+        finally:
+            chunks.close()
+        out, err = bytes(kept["stdout"]), bytes(kept["stderr"])
+        for line in out.decode(errors="replace").splitlines():
             if line.startswith(DONE):
-                self.sessions = line.removeprefix(DONE).split()
+                self.sessions = line.removeprefix(DONE).split()[:MAX_SESSIONS]
                 self.no_process = b""
                 self.ran = True
                 return None
-        said = done.stdout + done.stderr
-        return (said.strip() or b"no answer") if no_process(said) else None
+        said = out + err
+        return (said.strip()[-HOLD_LIMIT:] or b"no answer") if no_process(said) else None
 
 
 def run_plain(
