@@ -47,6 +47,12 @@ from inspect_ai.util import (
     sample_limits,
     sandboxenv,
 )
+from inspect_ai.util._sandbox.exec_remote import (
+    ExecRemoteAwaitableOptions,
+    ExecRemoteCommonOptions,
+    ExecRemoteProcess,
+    ExecRemoteStreamingOptions,
+)
 from pydantic import BaseModel
 
 from orchestrator import (
@@ -65,7 +71,7 @@ from orchestrator.errors import (
     SandboxUnavailable,
     UsageError,
 )
-from orchestrator.integrations import inspect_config
+from orchestrator.integrations import inspect_config, inspect_remote
 from orchestrator.integrations.inspect_config import OrchestratorSandboxConfig, metadata_env
 from orchestrator.settings import FILE_TIMEOUT
 from orchestrator.spec.resolve import MAIN
@@ -323,6 +329,48 @@ class OrchestratorSandbox(SandboxEnvironment):
         if result.exit_code == 126 and _NOT_RUNNABLE.search(result.stderr):
             raise PermissionError(result.stderr.strip())
         return ExecResult(result.ok, result.exit_code, result.stdout, result.stderr)
+
+    @overload
+    async def exec_remote(
+        self,
+        cmd: list[str],
+        options: ExecRemoteStreamingOptions | None = None,
+        *,
+        stream: Literal[True] = True,
+    ) -> ExecRemoteProcess: ...
+
+    @overload
+    async def exec_remote(
+        self,
+        cmd: list[str],
+        options: ExecRemoteAwaitableOptions | None = None,
+        *,
+        stream: Literal[False],
+    ) -> ExecResult[str]: ...
+
+    async def exec_remote(
+        self,
+        cmd: list[str],
+        options: ExecRemoteStreamingOptions | ExecRemoteAwaitableOptions | None = None,
+        *,
+        stream: bool = True,
+    ) -> ExecRemoteProcess | ExecResult[str]:
+        """Natively on our process API (integrations/inspect_remote.py); on trio, Inspect's
+        own path."""
+        if not _on_asyncio():
+            return await super().exec_remote(cmd, options, stream=stream)  # type: ignore[call-overload, no-any-return]
+        opts = options or ExecRemoteCommonOptions()
+        env = {**self.variables, **(opts.env or {})} or None
+        try:
+            if stream:
+                return await inspect_remote.streaming(self.sandbox, cmd, opts, env)
+            return await inspect_remote.awaitable(self.sandbox, cmd, opts, env)
+        except SandboxUnavailable as exc:
+            raise SandboxUnavailableError(str(exc)) from exc
+        except UsageError as exc:
+            if opts.user is not None and "user" in str(exc):
+                raise SandboxUserUnsupportedError(str(exc)) from exc
+            raise
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
         deadline = _file_deadline()

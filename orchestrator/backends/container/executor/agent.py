@@ -9,14 +9,10 @@ cannot pass, no process slot left) comes back as an error frame and an exit stat
 command and stops the container.
 """
 
-import errno
-import fcntl
 import json
 import os
 import queue
-import select
 import signal
-import stat
 import sys
 import threading
 import time
@@ -26,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procutil
 import spawner
 import wire
+from fds import close_all, open_fifos, write_all
 
 STATE = (
     "/dev/shm/orchestrator-executor" if os.path.isdir("/dev/shm") else "/run/orchestrator-executor"
@@ -331,61 +328,6 @@ class Agent:
         self.held.pop(cid, None)
         self.ttys.pop(cid, None)
         self.send(wire.EXIT, cid, wire.encode_exit(outcome))
-
-
-def write_all(fd, data):
-    """Write all of `data`, or raise: a frame is never cut. Some kernels (gVisor's) take a
-    write in pieces, or refuse one for a moment (EAGAIN) on a descriptor that blocks
-    elsewhere; a frame cut there would leave the reader taking bytes of output for a
-    header."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            select.select([], [fd], [], 1.0)
-        except InterruptedError:
-            pass
-
-
-def open_fifo(path, flags):
-    """A FIFO of the host's, opened here as root: the host made it mode 0, so that only a
-    process holding CAP_DAC_OVERRIDE opens it (this executor, and a root sandbox, which may
-    do anything in it anyway), never another sandbox user. Non-blocking to open (the host
-    holds the other end already), blocking for the command."""
-    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a FIFO")
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_fifos(req):
-    """[stdin, stdout]: the request's FIFOs opened, or None for a pipe."""
-    fifos = [None, None]
-    try:
-        if req.stdin_fifo:
-            fifos[0] = open_fifo(req.stdin_fifo, os.O_RDONLY)
-        if req.stdout_fifo:
-            fifos[1] = open_fifo(req.stdout_fifo, os.O_WRONLY)
-    except OSError:
-        close_all(fifos)
-        raise
-    return fifos
-
-
-def close_all(fds):
-    for i, fd in enumerate(fds):
-        if fd is not None:
-            fds[i] = None
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 def can_switch_users():
