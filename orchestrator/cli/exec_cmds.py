@@ -88,29 +88,20 @@ def _stream(
     user: str | None = None,
     cwd: str | None = None,
     timeout: float | None = None,
+    interactive: bool = False,
 ) -> RuntimeResult:
     """Run a command, its stdout to ours and its stderr to ours as they come (interrupted,
-    the command's whole tree is killed)."""
+    the command's whole tree is killed). `interactive` (`exec -i`): our stdin passed to it
+    as it comes, and its end as the command's end of input."""
+    if interactive:
+        with place.start(argv, user=user, cwd=cwd, timeout=timeout) as proc:
+            threading.Thread(target=_pass_stdin, args=(proc,), daemon=True).start()
+            return _printed(proc)
     events = place.stream(argv, user=user, cwd=cwd, timeout=timeout)
     try:
         return _printed(events)
     finally:
         events.close()
-
-
-def _interactive(
-    place: Sandbox,
-    argv: str | list[str],
-    *,
-    user: str | None = None,
-    cwd: str | None = None,
-    timeout: float | None = None,
-) -> RuntimeResult:
-    """`_stream`, with our stdin passed to the command as it comes (`exec -i`), and its end
-    as the command's end of input. Interrupted, the command's whole tree is killed."""
-    with place.start(argv, user=user, cwd=cwd, timeout=timeout) as proc:
-        threading.Thread(target=_pass_stdin, args=(proc,), daemon=True).start()
-        return _printed(proc)
 
 
 def _on_terminal(
@@ -341,8 +332,9 @@ def exec_(
         if tty:
             result = _on_terminal(place, argv, user, workdir, timeout, interactive)
         else:
-            run = _interactive if interactive else _stream
-            result = run(place, argv, user=user, cwd=workdir, timeout=timeout)
+            result = _stream(
+                place, argv, user=user, cwd=workdir, timeout=timeout, interactive=interactive
+            )
     raise typer.Exit(_exit_code(result, timeout))
 
 

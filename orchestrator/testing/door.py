@@ -64,19 +64,22 @@ class SandboxDoor:
 
     def _stream(self, *args: Any, **kwargs: Any) -> Generator[StreamEvent, None, None]:
         events = self._inner.stream(*args, **kwargs)  # bad arguments raise here, as stream's
-        return self._events(events)
+        return _driven(self._loop, events)
 
-    def _events(
-        self, events: AsyncGenerator[StreamEvent, None]
-    ) -> Generator[StreamEvent, None, None]:
-        try:
-            while True:
-                try:
-                    yield self._loop.run(events.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            self._loop.run(events.aclose())  # early: the command is killed
+
+def _driven(
+    loop: _Loop, events: AsyncGenerator[StreamEvent, None]
+) -> Generator[StreamEvent, None, None]:
+    """An async generator's events, each awaited on the door's loop; left early, it is
+    closed there (a stream's command is killed)."""
+    try:
+        while True:
+            try:
+                yield loop.run(events.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run(events.aclose())
 
 
 class ProcessDoor:
@@ -93,15 +96,7 @@ class ProcessDoor:
         return self._loop.run(self._inner.read(timeout))
 
     def __iter__(self) -> Iterator[StreamEvent]:
-        events = self._inner.__aiter__()
-        try:
-            while True:
-                try:
-                    yield self._loop.run(events.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            self._loop.run(events.aclose())
+        return _driven(self._loop, self._inner.__aiter__())
 
     def wait(self, timeout: float | None = None) -> RuntimeResult:
         return self._loop.run(self._inner.wait(timeout))

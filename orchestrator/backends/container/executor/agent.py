@@ -253,6 +253,13 @@ class Agent:
             self.finish(cid, wire.Exit(wire.NO_FIFO, False, time.monotonic() - started))
             return
         try:
+            given = (
+                req.argv,
+                env,
+                req.cwd,
+                req.user,
+                self.feed(cid) if cid in self.stdin else None,
+            )
             if req.tty:
 
                 def on_tty(proc, tty):
@@ -260,24 +267,11 @@ class Agent:
                     self.started(cid, proc, fifos)
 
                 gen = procutil.run_tty(
-                    req.argv,
-                    env,
-                    req.cwd,
-                    req.user,
-                    self.feed(cid) if cid in self.stdin else None,
-                    req.timeout,
-                    tuple(req.tty),
-                    on_start=on_tty,
-                    started=started,
-                    spawn=self.spawners,
+                    *given, req.timeout, tuple(req.tty), on_tty, started, self.spawners
                 )
             else:
                 gen = procutil.run(
-                    req.argv,
-                    env,
-                    req.cwd,
-                    req.user,
-                    self.feed(cid) if cid in self.stdin else None,
+                    *given,
                     req.timeout,
                     started=started,
                     on_start=lambda proc: self.started(cid, proc, fifos),
