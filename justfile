@@ -46,6 +46,7 @@ bench: setup
     {{py}} -m bench.inspect_race
     {{py}} -m bench.transfer
     {{py}} -m bench.cli
+    {{py}} -m bench.processes
     {{py}} -m bench.snapshot
     {{py}} -m bench.scale
     {{py}} -m bench.swarm
