@@ -24,7 +24,7 @@ from orchestrator.cli.common import (
     load_file,
     say_warnings,
 )
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchestratorError, UsageError
 
 if TYPE_CHECKING:
     from orchestrator import (
@@ -126,7 +126,9 @@ def _on_terminal(
         cwd=cwd,
         timeout=timeout,
     ) as proc:
-        signal.signal(signal.SIGWINCH, lambda *_: proc.resize(*_our_size()))
+        resized = threading.Event()  # the handler only says so: a thread resizes (the main
+        signal.signal(signal.SIGWINCH, lambda *_: resized.set())  # thread may hold its lock)
+        threading.Thread(target=_follow_size, args=(proc, resized), daemon=True).start()
         try:
             with _raw(sys.stdin if interactive else None):
                 if interactive:
@@ -134,6 +136,16 @@ def _on_terminal(
                 return _printed(proc)
         finally:
             signal.signal(signal.SIGWINCH, signal.SIG_DFL)
+
+
+def _follow_size(proc: Process, resized: threading.Event) -> None:
+    """Our terminal's size, passed on each time it changed (many changes at once: once),
+    until the process ended."""
+    while not proc.ended:
+        if resized.wait(0.5):
+            resized.clear()
+            with contextlib.suppress(OrchestratorError):
+                proc.resize(*_our_size())
 
 
 def _our_size() -> tuple[int, int]:

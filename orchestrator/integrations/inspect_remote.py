@@ -24,7 +24,7 @@ from inspect_ai.util._sandbox.exec_remote import (
     ExecStdout,
 )
 
-from orchestrator.errors import SandboxUnavailable
+from orchestrator.errors import ProcessEnded, SandboxUnavailable
 
 if TYPE_CHECKING:
     from orchestrator.aio import AsyncProcess, AsyncSandbox
@@ -53,7 +53,7 @@ class NativeProcess(ExecRemoteProcess):
         return self
 
     async def __anext__(self) -> ExecOutput:
-        while not (self._completed or self._killed):
+        while not self._completed:  # (after a kill: what it printed before, then the end)
             try:
                 event = await self._proc.read()
             except asyncio.CancelledError:  # nothing of it may outlive its caller
@@ -80,7 +80,10 @@ class NativeProcess(ExecRemoteProcess):
     async def write_stdin(self, data: str | bytes) -> None:
         if not self._writable("write_stdin"):
             raise RuntimeError("Cannot write to stdin: process has terminated")
-        await self._proc.write(data)
+        try:
+            await self._proc.write(data)
+        except ProcessEnded as exc:  # ended (or its stdin closed) meanwhile: Inspect's error
+            raise RuntimeError(f"Cannot write to stdin: {exc}") from exc
 
     async def close_stdin(self) -> None:
         if self._writable("close_stdin"):
@@ -113,10 +116,14 @@ async def start(
         timeout=timeout,
         output_limit=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
     )
-    if options.input:
-        await proc.write(options.input)
-    if not stdin_open:
-        await proc.close_stdin()
+    try:
+        if options.input:
+            await proc.write(options.input)
+        if not stdin_open:
+            await proc.close_stdin()
+    except BaseException:  # cancelled (or failed) before its caller holds it: nobody would
+        await asyncio.shield(proc.kill())
+        raise
     return proc, stdin_open
 
 

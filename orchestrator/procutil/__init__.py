@@ -61,7 +61,7 @@ from .tree import (
     remove_tree,
     stat_fields,
 )
-from .tty import LARGEST, Tty, run_tty
+from .tty import LARGEST, VEOF, Tty, run_tty
 from .users import MAX_ID, home_of, in_range, numeric_ids, resolve_ids
 from .workers import IDLE_WORKERS, in_thread
 
@@ -78,6 +78,7 @@ __all__ = [
     "LARGEST",
     "MAX_ID",
     "NO_PROCESS",
+    "VEOF",
     "Chunk",
     "Flag",
     "Killer",

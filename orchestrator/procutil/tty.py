@@ -5,8 +5,9 @@ read as its output and written with its input; a resize (TIOCSWINSZ) sends SIGWI
 foreground group. Standard library only, Python 3.7+.
 
 The terminal is made the controlling one by a few lines of Python run first (`CTTY`, by the
-interpreter running this code): Popen has no safe hook for it in a process with threads, and
-a session leader's open of a terminal, the other way, depends on the program that opens it.
+interpreter running this code, isolated): Popen has no safe hook for it in a process with
+threads, and a session leader's open of a terminal, the other way, depends on the program
+that opens it.
 """
 
 from __future__ import annotations
@@ -37,9 +38,13 @@ CTTY = (
     "    sys.stderr.write('%s: %s\\n' % (sys.argv[1], e.strerror)); sys.stderr.flush()\n"
     "    os._exit(127 if e.errno == errno.ENOENT else 126)\n"
 )
-"""Run as `python -c CTTY ARGV...` on the slave side, in a new session: take the terminal as
-the controlling one with its group in the foreground (Linux does that itself), put stderr
-on it too, then become the command (127 or 126 as a shell says them when it cannot)."""
+"""Run as `python -I -c CTTY ARGV...` on the slave side, in a new session (isolated: nothing
+is imported from the command's folder, PYTHONPATH or a user site, which the sandbox may
+write): take the terminal as the controlling one with its group in the foreground (Linux
+does that itself), put stderr on it too, then become the command (127 or 126 as a shell
+says them when it cannot)."""
+VEOF = b"\x04"
+"""What a terminal's input ends with (Ctrl-D, at the start of a line: the end of file)."""
 LARGEST = 65535
 """Most columns or rows a terminal may have (the kernel keeps each in 16 bits)."""
 
@@ -132,7 +137,7 @@ def run_tty(
     try:
         return (
             yield from run(
-                [sys.executable, "-c", CTTY, *argv],
+                [sys.executable, "-I", "-c", CTTY, *argv],  # -I: nothing of the folder
                 env,
                 cwd,
                 user,

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
+from orchestrator import procutil
 from orchestrator.errors import ExecutorLost, UsageError
 from orchestrator.sandbox import files
 from orchestrator.sandbox.call import (
@@ -359,10 +360,12 @@ class SandboxCore(ABC):
         before anything runs."""
         cmd = self._command(command, env, None, cwd, user, timeout)
         size = terminal_size(cols, rows) if tty else None
-        live = LiveInput() if stdin else None
+        live = LiveInput(end=procutil.VEOF if tty else b"") if stdin or tty else None
+        if live is not None and not stdin:
+            live.close()  # a terminal reads the end of its input at once, as a pipe would
         cmd = dataclasses.replace(cmd, stdin=live, tty=size, control=Control())
         events = Events(output_limit_of(output_limit), self._result)
-        return Process(self._run, cmd, events, self._check_usable)
+        return Process(self._run, cmd, events, self._check_usable, writable=stdin)
 
     # ----- the blocking door of each ---------------------------------------------------------
     execute = blocking(execute_call)

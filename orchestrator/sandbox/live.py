@@ -35,7 +35,10 @@ SIGNALS = frozenset(int(s) for s in signals.Signals) - {0}
 class LiveInput:
     """A command's stdin as its caller writes it (see the module)."""
 
-    def __init__(self, depth: int = DEPTH) -> None:
+    def __init__(self, depth: int = DEPTH, end: bytes = b"") -> None:
+        self._end = end
+        """Typed after what was written, at the close: a terminal's end of file (VEOF),
+        which it has in place of a pipe's."""
         self._queue: queue.Queue[bytes | None] = queue.Queue(depth)
         self._closed = False
         self._gone = threading.Event()
@@ -109,12 +112,16 @@ class LiveInput:
             try:
                 chunk = self._queue.get(timeout=_TICK)
             except queue.Empty:
-                if self._gone.is_set() or self._closed:  # all taken, and no more will come
+                if self._gone.is_set():
                     return
+                if self._closed:  # all taken, and no more will come
+                    break
                 continue
             if chunk is None:
-                return
+                break
             yield chunk
+        if self._end and not self._gone.is_set():
+            yield self._end
 
 
 Resize = Callable[[int, int], None]

@@ -134,13 +134,16 @@ class _Outlet:
             self.cond.notify_all()
 
 
-def _let_go(outlet: _Outlet, stdin: LiveInput | None) -> None:
+def _let_go(outlet: _Outlet, stdin: LiveInput | None, control: Control, tty: bool) -> None:
     """A Process its caller dropped: nobody reads its output or writes its input any more,
     as when a pipe's other end is closed: its input ends, its output is drained into the
-    tail nobody will see, and it runs to its end (or its timeout)."""
+    tail nobody will see, and it runs to its end (or its timeout). One on a terminal is
+    killed, as a terminal's hang-up ends its session: nobody can type into it any more."""
     outlet.drop_unread()
     if stdin is not None:
         stdin.close()
+    if tty:
+        control.kill()
 
 
 class Process:
@@ -156,15 +159,18 @@ class Process:
         cmd: Command,
         events: Events,
         usable: Callable[[], object] = lambda: None,
+        *,
+        writable: bool = True,
     ) -> None:
         assert cmd.control is not None
-        self._input = cmd.stdin if isinstance(cmd.stdin, LiveInput) else None
+        stdin = cmd.stdin if isinstance(cmd.stdin, LiveInput) else None
+        self._input = stdin if writable else None
         self.tty = cmd.tty is not None
         """Whether it runs on a terminal of its own (its output then all "stdout")."""
         self._control: Control = cmd.control
         out = self._out = _Outlet(events, usable)
-        control, stdin = cmd.control, self._input
-        weakref.finalize(self, _let_go, out, stdin)
+        control = cmd.control
+        weakref.finalize(self, _let_go, out, stdin, control, self.tty)
         procutil.in_thread(lambda: out.pump(run, cmd, control, stdin))
 
     def watch(self, wake: Callable[[], None]) -> None:
@@ -243,7 +249,8 @@ class Process:
         return self._input
 
     def close_stdin(self) -> None:
-        """End its input: it reads end of file after what was written."""
+        """End its input: it reads end of file after what was written (on a terminal, Ctrl-D
+        is typed: a line not ended yet is then read first, and the end at the next read)."""
         if self._input is not None:
             self._input.close()
 

@@ -17,6 +17,7 @@ import gc
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,12 +27,14 @@ from orchestrator import OrchestratorError, Runtime
 from orchestrator.procutil import IDLE_WORKERS
 from orchestrator.procutil.workers import WORKER_NAME
 from orchestrator.testing import Target
+from orchestrator.testing.conformance.kit import survivors_within
 from tests.conformance.test_conformance import TARGETS
 
 MiB = 1024 * 1024
 BOUND = 64 * MiB
 """Most this process's resident memory may grow while a flood waits for its reader."""
 PICKED = [t for t in TARGETS if t.id in ("local", "docker", "docker-plain", "docker-async")]
+TTY = [t.id for t in PICKED if not t.deviation("tty")]
 
 
 @pytest.fixture(scope="module", params=PICKED, ids=[t.id for t in PICKED])
@@ -172,3 +175,16 @@ def test_removing_the_sandbox_lets_go_of_processes_nobody_reads(
             proc.wait(30)  # ends: removed under it (its result, or why it could not finish)
         assert proc.ended
     assert _settled(before) <= before + IDLE_WORKERS
+
+
+def test_a_dropped_process_on_a_terminal_is_hung_up(
+    conformance_target: Target, rt: Runtime
+) -> None:
+    """Nobody can type into a dropped terminal any more: its session ends (as at a hang-up),
+    instead of waiting for input until its environment goes."""
+    if conformance_target.id not in TTY:
+        pytest.skip(f"{conformance_target.id} gives no terminal")
+    marker = str(30000 + uuid.uuid4().int % 9999)
+    rt.start(f"sleep {marker} & cat", tty=True)
+    gc.collect()
+    assert not survivors_within(rt, f"sleep {marker}", 30)

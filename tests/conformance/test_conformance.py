@@ -60,8 +60,8 @@ TARGETS = [
         deviations={
             "pause": "gVisor's runsc (2022-12, ptrace) thaws a paused sandbox with its "
             "sleeping processes stuck: pause is refused under gvisor (suspend works)",
-            "tty-ctrl-c": "gVisor's runsc (2022-12) terminal does not turn a typed Ctrl-C "
-            "into SIGINT for its foreground group (Process.signal(SIGINT) reaches it)",
+            "tty-keys": "gVisor's runsc (2022-12) terminal does not act on the control keys "
+            "typed into it (Ctrl-C, Ctrl-D): Process.signal reaches its group, kill ends it",
         },
     ),
     Target(

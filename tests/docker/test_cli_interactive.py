@@ -204,3 +204,10 @@ def test_exec_it_on_a_real_terminal_runs_a_shell_answers_lines_and_passes_ctrl_c
 def test_exec_t_followed_by_a_number_says_it_is_a_terminal_now(running: str) -> None:
     done = cli("exec", running, "-t", "5", "--", "true")
     assert done.returncode == 2 and "--timeout 5" in done.stderr, done.stderr
+
+
+def test_exec_it_with_piped_input_ends_with_it(running: str) -> None:
+    """Our stdin a pipe, not a terminal: its lines are typed into the command's terminal and
+    its end as Ctrl-D, so a shell ends with it (instead of waiting for ever)."""
+    done = cli("exec", "-it", running, "--", "sh", stdin="echo from-$((40 + 2))\n")
+    assert done.returncode == 0 and "from-42" in done.stdout, (done.stdout, done.stderr)

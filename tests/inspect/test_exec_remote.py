@@ -110,6 +110,30 @@ def test_exec_remote_both_modes_natively(tmp_path: Path) -> None:
                 await reader
             assert not await _left(box, marker.replace("sleep", "slee[p]"))
 
+            # cancelled before exec_remote returned: killed all the same
+            for stream in (False, True):
+                early = asyncio.ensure_future(
+                    box.exec_remote(["sh", "-c", f"{marker} & {marker}"], stream=stream)  # type: ignore[call-overload]
+                )
+                await asyncio.sleep(0)
+                early.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await early
+                await asyncio.sleep(1.0)
+                assert not await _left(box, marker.replace("sleep", "slee[p]")), stream
+
+            # killed: what it printed before still comes; a write after the end is
+            # Inspect's RuntimeError
+            proc = await box.exec_remote(
+                ["sh", "-c", f"echo before-kill; {marker}"],
+                ExecRemoteStreamingOptions(stdin_open=True),
+            )
+            await asyncio.sleep(1.0)
+            await proc.kill()
+            assert await _rest(proc.__aiter__()) == [ExecStdout("before-kill\n")]
+            with pytest.raises(RuntimeError):
+                await proc.write_stdin("late\n")
+
             # nothing of Inspect's tools was put into the sandbox for any of it
             found = await box.exec(["sh", "-c", f"ls -d {SANDBOX_TOOLS_DIR} 2>/dev/null; true"])
             assert found.stdout == ""

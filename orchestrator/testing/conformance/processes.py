@@ -153,7 +153,7 @@ def test_process_on_a_terminal_passes_ctrl_c_to_its_foreground_group(
     conformance_target: Target, rt: Runtime
 ) -> None:
     skip_if(conformance_target, "tty")
-    skip_if(conformance_target, "tty-ctrl-c")
+    skip_if(conformance_target, "tty-keys")
     proc = rt.start(
         "trap 'echo caught-int; exit 3' INT; echo ready; while :; do sleep 0.05; done",
         tty=True,
@@ -184,3 +184,39 @@ def test_process_terminal_size_is_checked_at_the_call(rt: Runtime) -> None:
     with pytest.raises(UsageError):
         proc.resize(80, 24)  # no terminal to resize
     proc.wait(WITHIN)
+
+
+def test_process_on_a_terminal_reads_the_end_of_its_input(
+    conformance_target: Target, rt: Runtime
+) -> None:
+    """On a terminal the end of input is typed (Ctrl-D): `close_stdin` ends a `cat`, and one
+    started without stdin reads the end at once, as through a pipe."""
+    skip_if(conformance_target, "tty")
+    skip_if(conformance_target, "tty-keys")
+    proc = rt.start("cat; echo after-$?", tty=True, timeout=WITHIN)
+    proc.write("typed\n")
+    proc.close_stdin()
+    result = proc.wait(WITHIN)
+    assert (result.exit_code, result.timed_out) == (0, False)
+    assert "after-0" in result.stdout and "typed" in result.stdout, result
+    quiet = rt.start("cat; echo after-$?", tty=True, stdin=False, timeout=WITHIN)
+    with pytest.raises(UsageError):
+        quiet.write("x")
+    assert "after-0" in quiet.wait(WITHIN).stdout
+
+
+def test_process_on_a_terminal_imports_nothing_of_its_folder(
+    conformance_target: Target, rt: Runtime
+) -> None:
+    """The few lines of Python that give a command its terminal run isolated: modules the
+    sandbox leaves in the command's folder (or names in PYTHONPATH) are never imported by
+    them, whoever the command runs as."""
+    skip_if(conformance_target, "tty")
+    folder = f"shadow-{unique_sleep()}"
+    plant = "import os; open(os.path.join(os.path.dirname(__file__), 'ran'), 'w').close()\n"
+    for name in ("termios", "fcntl", "os", "errno"):
+        rt.write_file(f"{folder}/{name}.py", plant)
+    proc = rt.start("echo fine", tty=True, stdin=False, cwd=folder, env={"PYTHONPATH": "."})
+    result = proc.wait(WITHIN)
+    assert (result.exit_code, result.stdout) == (0, "fine\r\n"), result
+    assert rt.execute(["ls", f"{folder}/ran"]).exit_code != 0, "a planted module ran"

@@ -206,8 +206,10 @@ class _Call:
             cmd.control.bind(self.signal, self._kill_now, resize)
 
     def resize(self, cols: int, rows: int) -> None:
-        """Ask the executor to set the command's terminal's size."""
-        if not self.done and not self.client.dead.is_set():
+        """Ask the executor to set the command's terminal's size; dropped while it reads
+        nothing of what it was sent (a storm of resizes must not pile up here: the next
+        one, once it reads again, carries the size that counts)."""
+        if not self.done and not self.client.dead.is_set() and self.client.room():
             self.client.send(wire.RESIZE, self.cid, wire.SIZE.pack(cols, rows))
 
     def signal(self, sig: int) -> None:
