@@ -113,7 +113,7 @@ def test_exec_remote_both_modes_natively(tmp_path: Path) -> None:
             # cancelled before exec_remote returned: killed all the same
             for stream in (False, True):
                 early = asyncio.ensure_future(
-                    box.exec_remote(["sh", "-c", f"{marker} & {marker}"], stream=stream)  # type: ignore[call-overload]
+                    box.exec_remote(["sh", "-c", f"{marker} & {marker}"], stream=stream)
                 )
                 await asyncio.sleep(0)
                 early.cancel()
