@@ -30,6 +30,8 @@ from orchestrator import (
     PolicyError,
     Pool,
     PoolExhausted,
+    Process,
+    ProcessEnded,
     ProjectNotFound,
     PublishedPort,
     Runtime,
@@ -126,6 +128,18 @@ def stream_kinds(rt: Runtime, command: str) -> list[StreamKind]:
     return kinds
 
 
+def talk(rt: Sandbox) -> tuple[str, int]:
+    """A process a harness talks to: a line written, its answer read, its input ended."""
+    proc: Process = rt.start(["sh", "-c", "read x; echo got-$x; cat"], timeout=10)
+    proc.write("hi\n")
+    first = proc.read(10)
+    proc.close_stdin()
+    result: RuntimeResult = proc.wait(10)
+    with pytest.raises(ProcessEnded):  # a BrokenPipeError too: its input is gone
+        proc.write("late")
+    return (first.text if first is not None else ""), result.exit_code
+
+
 def ports_text(ports: tuple[PublishedPort, ...]) -> list[str]:
     return [f"{p.service}:{p.container}->{p.host_ip}:{p.host}/{p.protocol}" for p in ports]
 
@@ -154,6 +168,7 @@ def test_a_consumer_program(tmp_path: Path) -> None:
             "local",
             [],
         )
+        assert talk(rt) == ("got-hi\n", 0)
         rt.write_file("f.bin", b"\x00\xff")
         data: bytes = rt.read_file("f.bin", text=False)
         text_: str = rt.read_file("f.bin")
