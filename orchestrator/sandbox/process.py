@@ -217,11 +217,13 @@ class Process:
         """The command's result once it ended, as `execute` gives it (the events nobody read
         are dropped; their bytes are in the result). TimeoutError past `timeout` seconds (the
         process runs on: its own `timeout` is what kills it)."""
-        self.drop_unread()
         out = self._out
         with out.cond:
+            dropped = out.draining  # (so since `drop_unread`: so it stays)
+        self.drop_unread()
+        with out.cond:
             if not out.cond.wait_for(lambda: out.ended, timeout):
-                out.draining = False
+                out.draining = dropped  # read on: its events are kept again from now
                 raise TimeoutError(f"the process did not end within {timeout:g}s")
         result = self._last().result
         assert result is not None

@@ -8,11 +8,15 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from orchestrator import spawn_runtime
 from orchestrator.errors import ProcessEnded, UsageError
 from orchestrator.sandbox.live import DEPTH, Control, LiveInput
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_signals_before_the_start_are_held_once_each_and_kills_once() -> None:
@@ -97,3 +101,19 @@ def test_closing_a_full_input_never_waits_and_loses_nothing_written() -> None:
     stdin.close()  # no room for the end: it is found once the rest is taken
     assert time.monotonic() - started < 0.5
     assert list(stdin) == [bytes([i]) for i in range(DEPTH)]
+
+
+def test_a_wait_that_times_out_keeps_a_drop_of_the_output(tmp_path: Path) -> None:
+    """After `drop_unread`, a `wait` that times out leaves the output dropped: the process
+    runs to its end unread (its output no longer waits for a reader), with or without a
+    later wait."""
+    with spawn_runtime(ROOT / "environments" / "local.yaml", workspace=tmp_path) as rt:
+        proc = rt.start("sleep 0.5; head -c 50000000 /dev/zero", stdin=False, timeout=60)
+        proc.drop_unread()
+        with pytest.raises(TimeoutError):
+            proc.wait(0.2)
+        deadline = time.monotonic() + 30
+        while not proc.ended and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.ended
+        assert proc.wait(1).exit_code == 0
