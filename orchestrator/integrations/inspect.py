@@ -11,11 +11,10 @@ limits (`SandboxEnvironmentLimits`), `TimeoutError`, `PermissionError`, `FileNot
 `IsADirectoryError`, `UnicodeDecodeError` for text that is not UTF-8,
 `OutputLimitExceededError`, and `SandboxUnavailableError` when the sandbox itself is gone.
 
-Commands and files go through `orchestrator.aio`: awaited on Inspect's event loop, never in a
-worker thread, so no call waits on a thread limiter however many samples run, and a sample
-cancelled while its command runs kills that command in the sandbox. Starting and removing
-environments (engine work) runs in threads of our own. Under Inspect's trio backend every
-call runs in anyio's worker threads instead.
+Commands, files and `exec_remote` (integrations/inspect_remote.py) go through
+`orchestrator.aio`, awaited on Inspect's event loop: no call waits on a thread limiter, and a
+sample cancelled while its command runs kills it in the sandbox. Engine work (starting and
+removing environments) runs in threads of our own; under trio, every call in anyio's.
 
 The config is the environment file's path, or `OrchestratorSandboxConfig(file=...,
 prewarm=N)`: N environments are started in `task_init` and kept ready (a warm pool), so a
@@ -42,9 +41,6 @@ from inspect_ai.util import (
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
     SandboxEnvironmentLimits,
-    SandboxUnavailableError,
-    SandboxUserUnsupportedError,
-    sample_limits,
     sandboxenv,
 )
 from inspect_ai.util._sandbox.exec_remote import (
@@ -68,20 +64,15 @@ from orchestrator.errors import (
     OutputLimitExceeded,
     PoolExhausted,
     ProjectNotFound,
-    SandboxUnavailable,
     UsageError,
 )
 from orchestrator.integrations import inspect_config, inspect_remote
 from orchestrator.integrations.inspect_config import OrchestratorSandboxConfig, metadata_env
-from orchestrator.settings import FILE_TIMEOUT
 from orchestrator.spec.resolve import MAIN
 
 PROVIDER = "orchestrator"
 log = logging.getLogger("orchestrator.integrations.inspect")
 T = TypeVar("T")
-MIN_FILE_DEADLINE = 5.0
-"""Seconds a file call gets even when the sample's time is (nearly) up: Inspect ends the
-sample itself; the call only must not outlive it by long."""
 _NOT_RUNNABLE = re.compile(r"permission denied|not executable", re.IGNORECASE)
 
 
@@ -95,30 +86,12 @@ def _on_asyncio() -> bool:
 async def _call(fn: Callable[[], T], native: Callable[[], Awaitable[T]] | None = None) -> T:
     """One of our calls; our errors become Inspect's. On asyncio: `native()` awaited, else
     `fn` in a thread of our own (no limiter). On trio: `fn` in anyio's worker threads."""
-    try:
+    with inspect_remote.inspect_errors(None):
         if not _on_asyncio():
             return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
         if native is not None:
             return await native()
         return await aio.in_thread(fn)
-    except SandboxUnavailable as exc:
-        raise SandboxUnavailableError(str(exc)) from exc
-
-
-def _file_deadline() -> float:
-    """A file call's deadline: Inspect's API gives none, and our worker thread cannot be
-    cancelled, so the call ends by the sample's own time (or working) limit at the latest,
-    and by ORCHESTRATOR_FILE_TIMEOUT in any case."""
-    deadline = FILE_TIMEOUT.get()
-    try:
-        limits = sample_limits()
-        left = [limits.time.remaining, limits.working.remaining]
-    except (RuntimeError, LookupError):  # no running sample (a direct call)
-        left = []
-    for remaining in left:
-        if remaining is not None:
-            deadline = min(deadline, max(MIN_FILE_DEADLINE, remaining))
-    return deadline
 
 
 def _quietly(fn: Callable[[], None]) -> Callable[[], None]:
@@ -310,15 +283,11 @@ class OrchestratorSandbox(SandboxEnvironment):
         options: dict[str, Any] = dict(
             stdin=input, cwd=cwd, env=variables, user=user, timeout=timeout, output_limit=limit
         )
-        try:
+        with inspect_remote.inspect_errors(user):
             result = await _call(
                 lambda: self.sandbox.sync.execute(cmd, **options),
                 lambda: self.sandbox.execute(cmd, **options),
             )
-        except UsageError as exc:
-            if user is not None and "user" in str(exc):
-                raise SandboxUserUnsupportedError(str(exc)) from exc
-            raise
         if result.timed_out:
             raise TimeoutError(f"command timed out after {timeout} seconds: {cmd[0]}")
         if result.truncated:
@@ -361,19 +330,13 @@ class OrchestratorSandbox(SandboxEnvironment):
             return await super().exec_remote(cmd, options, stream=stream)  # type: ignore[call-overload, no-any-return]
         opts = options or ExecRemoteCommonOptions()
         env = {**self.variables, **(opts.env or {})} or None
-        try:
+        with inspect_remote.inspect_errors(opts.user):
             if stream:
                 return await inspect_remote.streaming(self.sandbox, cmd, opts, env)
             return await inspect_remote.awaitable(self.sandbox, cmd, opts, env)
-        except SandboxUnavailable as exc:
-            raise SandboxUnavailableError(str(exc)) from exc
-        except UsageError as exc:
-            if opts.user is not None and "user" in str(exc):
-                raise SandboxUserUnsupportedError(str(exc)) from exc
-            raise
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        deadline = _file_deadline()
+        deadline = inspect_config.file_deadline()
         await _call(
             lambda: self.sandbox.sync.write_file(file, contents, timeout=deadline),
             lambda: self.sandbox.write_file(file, contents, timeout=deadline),
@@ -388,7 +351,7 @@ class OrchestratorSandbox(SandboxEnvironment):
     async def read_file(self, file: str, text: bool = True) -> Union[str | bytes]:  # noqa: UP007
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         try:
-            deadline = _file_deadline()
+            deadline = inspect_config.file_deadline()
             data = await _call(
                 lambda: self.sandbox.sync.read_file(
                     file, text=False, limit=limit, timeout=deadline

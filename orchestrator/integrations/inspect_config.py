@@ -1,7 +1,8 @@
 """What a sample's environment is made of, as Inspect hands it to the provider
 (`orchestrator.integrations.inspect`): the config (a file's path, or
 OrchestratorSandboxConfig with a warm pool), the file loaded with the sample's metadata as
-variables, and the ports a sandbox publishes as Inspect lists them."""
+variables, the ports a sandbox publishes as Inspect lists them, and how long a file call
+may take within the sample's limits."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from inspect_ai.util import SandboxEnvironmentConfigType
+from inspect_ai.util import SandboxEnvironmentConfigType, sample_limits
 from inspect_ai.util._sandbox.environment import HostMapping, PortMapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator import Environment, PublishedPort, load_environment
 from orchestrator.errors import UsageError
+from orchestrator.settings import FILE_TIMEOUT
 
 
 class OrchestratorSandboxConfig(BaseModel):
@@ -86,3 +88,24 @@ def ports(ports: tuple[PublishedPort, ...], service: str) -> list[PortMapping]:
         )
         for p in mine
     ]
+
+
+MIN_FILE_DEADLINE = 5.0
+"""Seconds a file call gets even when the sample's time is (nearly) up: Inspect ends the
+sample itself; the call only must not outlive it by long."""
+
+
+def file_deadline() -> float:
+    """A file call's deadline: Inspect's API gives none, and our worker thread cannot be
+    cancelled, so the call ends by the sample's own time (or working) limit at the latest,
+    and by ORCHESTRATOR_FILE_TIMEOUT in any case."""
+    deadline = FILE_TIMEOUT.get()
+    try:
+        limits = sample_limits()
+        left = [limits.time.remaining, limits.working.remaining]
+    except (RuntimeError, LookupError):  # no running sample (a direct call)
+        left = []
+    for remaining in left:
+        if remaining is not None:
+            deadline = min(deadline, max(MIN_FILE_DEADLINE, remaining))
+    return deadline

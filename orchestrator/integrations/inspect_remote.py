@@ -10,9 +10,16 @@ On Inspect's trio backend the provider leaves `exec_remote` to Inspect's own pat
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from inspect_ai.util import ExecResult, SandboxEnvironmentLimits, SandboxUnavailableError
+from inspect_ai.util import (
+    ExecResult,
+    SandboxEnvironmentLimits,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
+)
 from inspect_ai.util._sandbox.exec_remote import (
     ExecCompleted,
     ExecOutput,
@@ -24,10 +31,24 @@ from inspect_ai.util._sandbox.exec_remote import (
     ExecStdout,
 )
 
-from orchestrator.errors import ProcessEnded, SandboxUnavailable
+from orchestrator.errors import ProcessEnded, SandboxUnavailable, UsageError
 
 if TYPE_CHECKING:
     from orchestrator.aio import AsyncProcess, AsyncSandbox
+
+
+@contextlib.contextmanager
+def inspect_errors(user: str | None) -> Iterator[None]:
+    """Ours as Inspect's: a sandbox gone is SandboxUnavailableError, a user this sandbox
+    cannot run commands as (`user`, asked) SandboxUserUnsupportedError."""
+    try:
+        yield
+    except SandboxUnavailable as exc:
+        raise SandboxUnavailableError(str(exc)) from exc
+    except UsageError as exc:
+        if user is not None and "user" in str(exc):
+            raise SandboxUserUnsupportedError(str(exc)) from exc
+        raise
 
 
 class NativeProcess(ExecRemoteProcess):
