@@ -126,12 +126,17 @@ class AsyncProcess:
 
     async def read(self, timeout: float | None = None) -> StreamEvent | None:
         """As Process.read: the next event, None when none came within `timeout` s."""
+        return await self._first(lambda: self.sync.read(0), timeout)
+
+    async def _first(self, look: Callable[[], T | None], timeout: float | None) -> T | None:
+        """What `look` finds, looked at again each time the process's pump wakes us; None
+        when it found nothing within `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._arrived.clear()
-            event = self.sync.read(0)
-            if event is not None:
-                return event
+            found = look()
+            if found is not None:
+                return found
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
@@ -150,17 +155,10 @@ class AsyncProcess:
                 return
 
     async def wait(self, timeout: float | None = None) -> RuntimeResult:
-        """As Process.wait, awaited: the events nobody read are dropped."""
-        self.sync.drop_unread()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.sync.ended:
-            self._arrived.clear()
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+        """As Process.wait, awaited: the events nobody read are dropped while it waits."""
+        with self.sync.draining():
+            if await self._first(lambda: self.sync.ended or None, timeout) is None:
                 raise TimeoutError(f"the process did not end within {timeout:g}s")
-            if not self.sync.ended:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), left)
         return self.sync.wait(0)
 
     async def write(self, data: str | bytes, *, timeout: float | None = None) -> None:

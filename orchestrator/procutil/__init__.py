@@ -21,10 +21,10 @@ implementation is tested on both sides, and psutil would read the same /proc fil
 Its parts, each answering one question: `base` (constants, `Outcome`, errors), `fed` (stdin
 pipes no fork may keep open), `tree` (which processes are a command's, and ending them),
 `users` (who a command runs as), `start` (starting one as a shell would), `workers` (the
-threads a command needs), `pump` (running it), `tty` (running it on a terminal of its
-own). This package is copied whole, beside the
-executor, into every container, where it is imported as the top-level `procutil`: its parts
-import one another relatively, never through `orchestrator`.
+threads a command needs), `pump` (running it), `tty` (running it on a terminal of its own).
+This package is copied whole, beside the executor, into every container, where it is
+imported as the top-level `procutil`: its parts import one another relatively, never
+through `orchestrator`.
 """
 
 from __future__ import annotations

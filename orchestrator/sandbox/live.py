@@ -47,27 +47,11 @@ class LiveInput:
     def put(self, data: bytes, timeout: float | None = None) -> None:
         """Hand `data` to the command, waiting while DEPTH chunks wait already (at most
         `timeout` s: TimeoutError). ProcessEnded once it ended, or its stdin was closed."""
-        if self._closed:
-            raise ProcessEnded("its stdin was closed: nothing more can be written")
-        if data:
-            self._enqueue(bytes(data), timeout)
+        self._enqueue(data, timeout)
 
     def offer(self, data: bytes) -> bool:
         """`put` without waiting: False (nothing taken) where it would wait."""
-        if self._closed:
-            raise ProcessEnded("its stdin was closed: nothing more can be written")
-        if self._gone.is_set():
-            raise ProcessEnded("the process has ended: nothing more can be written")
-        if not data:
-            return True
-        try:
-            self._queue.put_nowait(bytes(data))
-        except queue.Full:
-            return False
-        if self._gone.is_set():  # as in `put`
-            self.gone()
-            raise ProcessEnded("the process has ended: nothing more can be written")
-        return True
+        return self._enqueue(data, None, wait=False)
 
     def close(self) -> None:
         """The end of the command's input, after what was written; never waits (where no
@@ -79,14 +63,19 @@ class LiveInput:
         with contextlib.suppress(queue.Full):  # (sooner than the feeder's next look)
             self._queue.put_nowait(None)
 
-    def _enqueue(self, item: bytes | None, timeout: float | None) -> None:
+    def _enqueue(self, data: bytes, timeout: float | None, wait: bool = True) -> bool:
+        """Queue `data` (False, with `wait` off, where there is no room now)."""
+        if self._closed:
+            raise ProcessEnded("its stdin was closed: nothing more can be written")
         waited = 0.0
-        while True:
+        while data:
             if self._gone.is_set():
                 raise ProcessEnded("the process has ended: nothing more can be written")
             try:
-                self._queue.put(item, timeout=_TICK)
+                self._queue.put(bytes(data), block=wait, timeout=_TICK)
             except queue.Full:
+                if not wait:
+                    return False
                 waited += _TICK
                 if timeout is not None and waited >= timeout:
                     raise TimeoutError(
@@ -96,7 +85,8 @@ class LiveInput:
             if self._gone.is_set():  # taken into room its end made: nobody will read it
                 self.gone()
                 raise ProcessEnded("the process has ended: nothing more can be written")
-            return
+            break
+        return True
 
     def gone(self) -> None:
         """The command ended: writers waiting, and the feeder, stop; nothing is held."""

@@ -15,6 +15,7 @@ command)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -218,16 +219,26 @@ class Process:
         are dropped; their bytes are in the result). TimeoutError past `timeout` seconds (the
         process runs on: its own `timeout` is what kills it)."""
         out = self._out
-        with out.cond:
-            dropped = out.draining  # (so since `drop_unread`: so it stays)
-        self.drop_unread()
-        with out.cond:
+        with self.draining(), out.cond:
             if not out.cond.wait_for(lambda: out.ended, timeout):
-                out.draining = dropped  # read on: its events are kept again from now
                 raise TimeoutError(f"the process did not end within {timeout:g}s")
         result = self._last().result
         assert result is not None
         return result
+
+    @contextlib.contextmanager
+    def draining(self) -> Iterator[None]:
+        """Its events dropped while the block runs (a wait: nobody reads them meanwhile),
+        and kept again for a reader after it, unless `drop_unread` was called before."""
+        out = self._out
+        with out.cond:
+            dropped = out.draining
+        self.drop_unread()
+        try:
+            yield
+        finally:
+            with out.cond:
+                out.draining = dropped
 
     def drop_unread(self) -> None:
         """From now on nobody reads its events (`wait` does this): those queued and those to

@@ -262,9 +262,12 @@ class Link:
             inbox = self._queues.get(cid)
             if inbox is None:
                 continue  # a command nobody listens to any more: dropped
-            broke = inbox.taken(payload) if kind == wire.TAKEN else inbox.admit(kind)
-            if kind == wire.TAKEN and broke is None:
-                continue
+            if kind == wire.TAKEN:  # stdin credit: for the feeder, never queued
+                broke = inbox.taken(payload)
+                if broke is None:
+                    continue
+            else:
+                broke = inbox.admit(kind)
             if broke is not None:
                 self._fault = f"it sent {broke} (command {cid})"
             else:
