@@ -96,6 +96,9 @@ class ExecutorClient(Link):
                 else:
                     ended = got  # what it wrote is read still
                     reader.exited()
+        except GeneratorExit:  # closed early: its command is dead once close() returns, as
+            call.stop()  # on the local backend and the plain path (a download cut short)
+            raise
         finally:
             if cmd.control is not None:
                 cmd.control.unbind()
