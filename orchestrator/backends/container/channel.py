@@ -28,7 +28,7 @@ from orchestrator.backends.container.executor import wire
 from orchestrator.backends.container.executor.client import ExecutorClient
 from orchestrator.backends.container.executor.fifo import SharedFifo
 from orchestrator.backends.container.executor.plain import MARK, Killer, run_plain
-from orchestrator.backends.container.layout import SANDBOX_MOUNT
+from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
 from orchestrator.backends.container.owed import Owed
 from orchestrator.errors import ExecutorLost, SandboxPaused, SandboxUnavailable
 from orchestrator.sandbox.options import AChunks, Chunks, Command
@@ -111,9 +111,19 @@ class Channel:
             *(["--owned"] if self._owned else []),
         ]
         target = self._engine.exec_target(self._container)
-        client = ExecutorClient(target.argv(command, user="0", stdin=True))
+        shared = None if self._shared is None else (self._shared, IO_MOUNT)
+        client = ExecutorClient(target.argv(command, user="0", stdin=True), direct=shared)
         client.start()
         return client
+
+    @property
+    def transport(self) -> str:
+        """What carries this container's commands now: "socket" or "pipes" (the executor's,
+        with why not a socket when one was tried), "plain docker exec", or "not started"."""
+        if self.mode == "plain":
+            return "plain docker exec"
+        ex = self._executor
+        return "not started" if ex is None or not ex.ready_now else ex.transport
 
     def ready(self) -> ExecutorClient | None:
         """The live executor (restarted if it died), or None where commands go plain."""

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procutil
 import spawner
 import wire
-from fds import close_all, open_fifos, write_all
+from fds import close_all, connect_host, open_fifos, write_all
 
 STATE = (
     "/dev/shm/orchestrator-executor" if os.path.isdir("/dev/shm") else "/run/orchestrator-executor"
@@ -125,6 +125,7 @@ class Agent:
         self.starting = threading.Lock()  # a command becoming known, or a signal held
         self.ttys = {}  # the terminals of commands run on one: {cid: procutil.Tty}
         self.spawners = spawner.Spawners()
+        self.asked_direct = False
 
     def send(self, kind, cid, payload=b""):
         with self.lock:
@@ -139,6 +140,7 @@ class Agent:
             "oom": oom_kills() is not None,
             "python": sys.version.split()[0],
             "setuid": can_switch_users(),
+            "direct": True,  # it takes DIRECT
         }
         self.send(wire.READY, 0, json.dumps(info).encode())
         while True:
@@ -173,6 +175,29 @@ class Agent:
             self.send(wire.PONG, cid)
         elif kind == wire.RELEASE:
             self.owned = False
+        elif kind == wire.DIRECT and not self.asked_direct and not self.flows:
+            self.go_direct(payload)
+
+    def go_direct(self, payload):
+        """Carry every later frame over the host's socket (see direct.py on the host): a
+        path under the folder the host shares with this container alone, and the token the
+        host takes that connection by. Asked once, before any command; on any failure the
+        pipes stay, and the host is told why."""
+        self.asked_direct = True
+        try:
+            ask = json.loads(payload.decode())
+            sock = connect_host(str(ask["path"]), bytes.fromhex(ask["token"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.send(wire.NOT_SWITCHED, 0, str(exc)[:200].encode("utf-8", "replace"))
+            return
+        with self.lock:
+            try:
+                write_all(self.out.fileno(), wire.pack(wire.SWITCHED, 0))
+            except OSError:  # the host is gone: its end of input follows
+                sock.close()
+                return
+            self.out = sock
+        self.inp = sock.makefile("rb")
 
     def kill(self, cid):
         flow = self.flows.get(cid)

@@ -11,15 +11,17 @@ import contextlib
 import json
 import os
 import queue
+import socket
 import subprocess
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from orchestrator import procutil
-from orchestrator.backends.container.executor import wire
+from orchestrator.backends.container.executor import direct, wire
 from orchestrator.errors import ExecutorLost, SandboxUnavailable
 from orchestrator.sandbox.results import Outcome
 from orchestrator.sandbox.threads import SingleFlight
@@ -132,8 +134,16 @@ class Waker:
 class Link:
     """One executor process and the threads that carry its frames (see the module)."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], direct: tuple[Path, str] | None = None) -> None:
         self.argv = argv
+        self._direct = direct
+        """The host folder the container alone sees, and its path there: where the frames
+        may move onto a socket once the executor greeted (see direct.py)."""
+        self.transport = "pipes"
+        """What carries the frames: "socket", or "pipes" (with why, when a socket was tried)."""
+        self._sock: socket.socket | None = None
+        self._sink: Callable[[bytes], object] | None = None
+        self._met = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._queues: dict[int, Inbox] = {}
         self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
@@ -203,31 +213,49 @@ class Link:
         if proc is None:
             return
         if release and not self.dead.is_set():
+            # RELEASE must go the way the executor reads: after a meeting that is under way
+            self._met.wait(direct.MEET_WITHIN + 1)
             self.send(wire.RELEASE, 0)
         self.shutdown()
         try:
             proc.wait(2)
         except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
+            self._hang_up()
             proc.wait()
         for t in self._threads:
             t.join(2)
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
+        if self._sock is not None:
+            self._sock.close()
         self.dead.set()
+
+    def _hang_up(self) -> None:
+        """End the executor's input and ours, whichever way its frames go: it ends (killing
+        its commands), and the reader sees the end."""
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
-        stream = self._proc.stdout
+        stream: Any = self._proc.stdout
         if self._greeting(stream):
-            try:
-                self._frames(stream)
-            except wire.BadFrame as exc:
-                self._fault = str(exc)
+            stream = self._meet(stream)
+            self._met.set()
+            if stream is not None:
+                self._ready.set()
+                try:
+                    self._frames(stream)
+                except wire.BadFrame as exc:
+                    self._fault = str(exc)
             if self._fault:  # not ours any more: it is stopped, its commands fail
-                with contextlib.suppress(OSError):
-                    self._proc.kill()
+                self._hang_up()
+        self._met.set()
         self.dead.set()
         for inbox in list(self._queues.values()):
             inbox.put(-1, b"")
@@ -243,10 +271,35 @@ class Link:
                     info = json.loads(stream.read(size).decode())
                     if isinstance(info, dict):
                         self.info = info
-                        self._ready.set()
                         return True
         self._stderr.append(head + stream.read(4096))
         return False
+
+    def _meet(self, pipe: Any) -> Any:
+        """Move the frames onto a socket where this container can reach one (direct.py):
+        the stream to read frames from, or None (the executor ended, or broke the protocol)."""
+        if self._direct is None or self.info.get("direct") is not True:
+            return pipe
+        try:
+            meeting = direct.Meeting(*self._direct)
+        except OSError as exc:
+            self.transport = f"pipes (no socket here: {exc})"
+            return pipe
+        try:
+            self.send(wire.DIRECT, 0, meeting.ask())
+            got = meeting.meet(pipe)
+        except (direct.Broken, wire.BadFrame) as exc:
+            self._fault = str(exc)
+            return None
+        finally:
+            meeting.close()
+        if got is None:
+            return None
+        if isinstance(got, str):
+            self.transport = f"pipes (the executor cannot reach its socket: {got})"
+            return pipe
+        self._sock, self._sink, self.transport = got, got.sendall, "socket"
+        return got.makefile("rb")
 
     def _frames(self, stream: Any) -> None:
         """Hand each frame to its command; never blocks. Until the protocol is broken (see
@@ -298,12 +351,15 @@ class Link:
                 continue
             # on a broken pipe the reader notices the death and fails the commands
             with contextlib.suppress(OSError, ValueError):
-                stdin.write(frame)
+                (self._sink or stdin.write)(frame)
             with self._out_cond:
                 self._out_bytes -= len(frame)
                 self._out_cond.notify_all()
         with contextlib.suppress(OSError):
             stdin.close()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_WR)
 
     def _sweep(self) -> None:
         """Forget every async call whose event loop is gone or closed (its command killed):
@@ -405,9 +461,7 @@ class Link:
             end = wire.decode_exit(payload)
         except (ValueError, TypeError) as exc:
             self._fault = f"an exit report that is not one ({exc})"
-            if self._proc is not None:
-                with contextlib.suppress(OSError):
-                    self._proc.kill()
+            self._hang_up()
             raise ExecutorLost(self.why("")) from None
         return exit_outcome(end)
 

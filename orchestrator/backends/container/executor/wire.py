@@ -5,10 +5,14 @@ Host -> executor: RUN (JSON request), STDIN (bytes), STDIN_EOF, KILL, CREDIT (4-
 that many more output frames of this command may be sent), PING, RELEASE (the host closes
 this executor on purpose: its end of input does not mean the owner died), SIGNAL (4-byte
 signal number, for the command's process group: a started process's `signal`), RESIZE
-(two 2-byte numbers, columns and rows: the command's terminal's new size).
+(two 2-byte numbers, columns and rows: the command's terminal's new size), DIRECT (JSON:
+the path of a socket the host listens on and the token to show it; only before the first
+RUN: see `direct.py`).
 Executor -> host: READY (JSON), OUT / ERR (bytes), EXIT (JSON outcome), PONG, TAKEN (4-byte
 count: that many STDIN frames of this command were written to it; a started process's
-input is sent at most STDIN_WINDOW frames ahead of what it took).
+input is sent at most STDIN_WINDOW frames ahead of what it took), SWITCHED (the answer to
+DIRECT: every later frame, both ways, goes over that socket) or NOT_SWITCHED (why not; the
+pipes stay).
 
 The two JSON payloads, RUN's request and EXIT's outcome, are encoded and decoded only here,
 so both sides spell their keys alike.
@@ -29,6 +33,7 @@ from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
 HEADER = struct.Struct(">BII")
 RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL, RESIZE = 1, 2, 3, 4, 5, 6, 7, 8, 9
 READY, OUT, ERR, EXIT, PONG, TAKEN = 10, 11, 12, 13, 14, 15
+DIRECT, SWITCHED, NOT_SWITCHED = 16, 17, 18
 MAX_PAYLOAD = 64 * 1024 * 1024
 WINDOW = 64
 """Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit

@@ -1,0 +1,120 @@
+"""The executor's socket (executor/direct.py): a Docker sandbox's commands go over a unix socket
+in the host folder that container alone sees. Who else could reach that socket (a uid-1000
+sandbox, a root sandbox without the token, another local user of this machine), and what is
+left of it afterwards."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from orchestrator import spawn_runtime
+from orchestrator.backends.container.executor import direct, wire
+from orchestrator.backends.container.layout import IO_MOUNT
+from orchestrator.backends.docker.runtime import ComposeRuntime
+from tests.docker.conftest import MakeEnv
+
+CONNECT = r"""
+import socket, sys, time
+path, token, then = sys.argv[1], bytes.fromhex(sys.argv[2]), sys.argv[3].encode()
+held = []
+try:
+    for _ in range(int(sys.argv[4])):  # impostors first: wrong tokens, then silent ones
+        s = socket.socket(socket.AF_UNIX); s.connect(path); s.sendall(b"\0" * 32); held.append(s)
+        s = socket.socket(socket.AF_UNIX); s.connect(path); held.append(s)
+    s = socket.socket(socket.AF_UNIX); s.connect(path); s.sendall(token + then)
+    print("CONNECTED", flush=True)
+    time.sleep(3)
+except PermissionError:
+    print("DENIED")
+"""
+
+
+def _folder(rt: ComposeRuntime) -> Path:
+    shared = rt._shared
+    assert shared is not None
+    return shared / "main"
+
+
+def test_commands_go_over_the_socket_and_nothing_of_it_stays(make_env: MakeEnv) -> None:
+    with spawn_runtime(make_env("user: '1000:1000'\n")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        r = rt.execute("echo out; echo err >&2; exit 3")
+        assert (r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n")
+        assert rt._main is not None and rt._main.transport == "socket"
+        big = rt.execute("head -c 3000000 /dev/zero | tr '\\0' x")
+        assert big.stdout == "x" * 3_000_000
+        assert [n for n in os.listdir(_folder(rt)) if n.endswith(".sock")] == []
+        # the socket of a live executor is gone from the folder: nothing there to reach
+        listed = rt.execute(f"ls -a {IO_MOUNT}", user="root").stdout.split()
+        assert not [n for n in listed if n.endswith(".sock")]
+
+
+def test_a_sandbox_user_cannot_connect_and_root_without_the_token_is_not_taken(
+    make_env: MakeEnv,
+) -> None:
+    with spawn_runtime(make_env("user: '1000:1000'\n")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        meeting = direct.Meeting(_folder(rt), IO_MOUNT)
+        try:
+            # uid 1000 (the sandbox's user): the socket is mode 0, in a folder it cannot enter
+            tried = rt.execute(
+                ["python3", "-c", CONNECT, meeting.inside, meeting.token.hex(), "u", "0"],
+                timeout=20,
+            )
+            assert tried.stdout.strip() == "DENIED", tried
+            # root in the sandbox, knowing the token: its connection is the one taken, past
+            # impostors that showed a wrong token or none
+            r, w = os.pipe()
+            got: list[object] = []
+            with os.fdopen(r, "rb", buffering=0) as out:
+                t = threading.Thread(target=lambda: got.append(meeting.meet(out)))
+                t.start()
+                proc = rt.start(
+                    ["python3", "-c", CONNECT, meeting.inside, meeting.token.hex(), "hi", "3"],
+                    user="root",
+                    stdin=False,
+                )
+                said = proc.read(timeout=20)
+                assert said is not None and said.data == b"CONNECTED\n", said
+                os.write(w, wire.pack(wire.SWITCHED, 0))
+                t.join(10)
+                os.close(w)
+            [conn] = got
+            assert hasattr(conn, "recv") and conn.recv(2) == b"hi"
+            conn.close()  # type: ignore[attr-defined]
+            proc.kill()
+            proc.wait(timeout=20)
+        finally:
+            meeting.close()
+        assert os.listdir(_folder(rt)) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root")
+def test_another_local_user_cannot_reach_an_executor_socket(make_env: MakeEnv) -> None:
+    probe = (
+        "import os, socket, sys\n"
+        "try:\n"
+        "    os.chdir(sys.argv[1]); socket.socket(socket.AF_UNIX).connect(sys.argv[2])\n"
+        "    print('CONNECTED')\n"
+        "except PermissionError:\n"
+        "    print('DENIED')\n"
+    )
+    with spawn_runtime(make_env("")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        meeting = direct.Meeting(_folder(rt), IO_MOUNT)
+        try:
+            args = [sys.executable, "-I", "-c", probe, str(_folder(rt)), meeting.name]
+            nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            other = subprocess.run([*nobody, *args], capture_output=True, text=True, timeout=30)
+            assert other.stdout.strip() == "DENIED", other
+            owner = subprocess.run(args, capture_output=True, text=True, timeout=30)
+            assert owner.stdout.strip() == "CONNECTED", owner  # the probe can tell
+        finally:
+            meeting.close()

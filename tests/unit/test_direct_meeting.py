@@ -1,0 +1,165 @@
+"""The meeting that moves an executor's frames onto a socket (executor/direct.py), played here
+by this process on both sides: the executor's answer on a pipe and its connection. The
+socket is mode 0, so only root connects: these tests run as root (CI does)."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.container.executor import direct, wire
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the meeting's socket is mode 0: only root may connect to it"
+)
+
+
+@pytest.fixture
+def meeting(tmp_path: Path) -> Iterator[direct.Meeting]:
+    folder = tmp_path / "io"
+    folder.mkdir(mode=0o700)
+    m = direct.Meeting(folder, str(folder))  # "inside" is the same folder here
+    try:
+        yield m
+    finally:
+        m.close()
+    assert os.listdir(folder) == []  # its name left the folder, whatever happened
+
+
+@pytest.fixture
+def pipe() -> Iterator[Callable[..., object]]:
+    """The executor's output: a pipe holding the frames given, its write end kept open
+    (an executor that says nothing more) unless `ended`."""
+    kept: list[int] = []
+    files: list[io.FileIO] = []
+
+    def make(*frames: bytes, ended: bool = False) -> object:
+        r, w = os.pipe()
+        for frame in frames:
+            os.write(w, frame)
+        if ended:
+            os.close(w)
+        else:
+            kept.append(w)
+        files.append(io.FileIO(r, "rb"))
+        return files[-1]
+
+    yield make
+    for fd in kept:
+        os.close(fd)
+    for f in files:
+        f.close()
+
+
+def _connect(m: direct.Meeting, token: bytes, then: bytes = b"") -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(m.inside)
+    if token or then:
+        s.sendall(token + then)
+    return s
+
+
+def test_the_socket_is_mode_0_in_the_folder_and_the_connection_with_the_token_is_taken(
+    meeting: direct.Meeting, pipe: Callable[..., object]
+) -> None:
+    assert stat.S_IMODE(os.lstat(meeting.inside).st_mode) == 0
+    out = pipe(wire.pack(wire.SWITCHED, 0))
+    wrong = [_connect(meeting, os.urandom(direct.TOKEN_BYTES)) for _ in range(3)]
+    silent = [_connect(meeting, b"") for _ in range(3)]
+    short = _connect(meeting, meeting.token[:-1])  # one byte short, then closed
+    short.close()
+    right = _connect(meeting, meeting.token, b"hello")
+    got = meeting.meet(out)  # type: ignore[arg-type]
+    assert isinstance(got, socket.socket)
+    assert got.recv(5) == b"hello"
+    for s in wrong:  # each was let go
+        s.settimeout(2)
+        assert s.recv(1) == b""
+    for s in [*wrong, *silent, right, got]:
+        s.close()
+
+
+def test_a_flood_of_silent_connections_does_not_keep_the_executor_out(
+    meeting: direct.Meeting, pipe: Callable[..., object]
+) -> None:
+    out = pipe(wire.pack(wire.SWITCHED, 0))
+    held: list[socket.socket] = []
+    sockets: list[socket.socket] = []
+
+    def flood_then_connect() -> None:  # while the meeting runs, as a root sandbox could
+        for _ in range(direct.PENDING * 4):
+            held.append(_connect(meeting, b""))
+        sockets.append(_connect(meeting, meeting.token, b"x"))
+
+    t = threading.Thread(target=flood_then_connect)
+    t.start()
+    got = meeting.meet(out)  # type: ignore[arg-type]
+    t.join()
+    [right] = sockets
+    assert isinstance(got, socket.socket) and got.recv(1) == b"x"
+    for s in [*held, right, got]:
+        s.close()
+
+
+def test_an_executor_that_cannot_connect_says_why_and_the_pipes_stay(
+    meeting: direct.Meeting, pipe: Callable[..., object]
+) -> None:
+    out = pipe(wire.pack(wire.NOT_SWITCHED, 0, b"[Errno 13] Permission denied"))
+    assert meeting.meet(out) == "[Errno 13] Permission denied"  # type: ignore[arg-type]
+
+
+def test_an_executor_that_says_it_switched_without_its_token_is_broken_in_time(
+    meeting: direct.Meeting, monkeypatch: pytest.MonkeyPatch, pipe: Callable[..., object]
+) -> None:
+    monkeypatch.setattr(direct, "MEET_WITHIN", 0.5)
+    out = pipe(wire.pack(wire.SWITCHED, 0))
+    impostor = _connect(meeting, b"\0" * direct.TOKEN_BYTES)
+    started = time.monotonic()
+    with pytest.raises(direct.Broken, match="no connection showed its token"):
+        meeting.meet(out)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 2
+    impostor.close()
+
+
+@pytest.mark.parametrize(
+    ("frames", "expect"),
+    [
+        ([wire.pack(wire.OUT, 1, b"x")], "a frame of kind 11"),
+        ([], "no answer to DIRECT in time"),
+    ],
+)
+def test_any_other_answer_or_none_is_broken(
+    meeting: direct.Meeting,
+    monkeypatch: pytest.MonkeyPatch,
+    pipe: Callable[..., object],
+    frames: list[bytes],
+    expect: str,
+) -> None:
+    monkeypatch.setattr(direct, "MEET_WITHIN", 0.5)
+    out = pipe(*frames)
+    with pytest.raises(direct.Broken, match=expect):
+        meeting.meet(out)  # type: ignore[arg-type]
+
+
+def test_an_executor_gone_mid_meeting_is_an_end_not_a_fault(
+    meeting: direct.Meeting, pipe: Callable[..., object]
+) -> None:
+    out = pipe(ended=True)
+    assert meeting.meet(out) is None  # type: ignore[arg-type]
+
+
+def test_a_folder_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(OSError):
+        direct.Meeting(tmp_path / "link", "/x")
+    assert os.listdir(real) == []
