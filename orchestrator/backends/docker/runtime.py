@@ -27,6 +27,7 @@ from orchestrator.backends.container.identity import LABEL_DIR, folder_engine
 from orchestrator.backends.container.layout import IO_DIR, KILL_OTHERS, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.container.readiness import ServiceWatch, runs_here
+from orchestrator.backends.container.resident import open_endpoint
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
 from orchestrator.backends.docker import hooks
 from orchestrator.backends.docker.lifecycle import Project
@@ -154,6 +155,23 @@ class ComposeRuntime(ContainerRuntime):
         self._confirm_started()
         watch.settled()  # and none died as it started
         self._remember()  # for attach(): `orchestrator exec`, `up --pool`, ...
+        if opts.detached and self._shared is not None:
+            self._open_endpoint()
+
+    def _open_endpoint(self) -> None:
+        """A detached environment's endpoint for `orchestrator exec` (container/resident.py),
+        where its executor reaches a socket of the host's (not under gVisor)."""
+        assert self.project is not None and self._main is not None and self._shared is not None
+        self._main.ready()
+        if self._main.transport == "socket":
+            defaults: dict[str, object] = {"cwd": self.workdir, "user": self.default_user}
+            open_endpoint(
+                self.project.engine,
+                self.project.main_container,
+                self.project.directory,
+                self._shared / MAIN,
+                defaults,
+            )
 
     def _remember(self) -> None:
         assert self.project is not None

@@ -9,10 +9,14 @@ cannot pass, no process slot left) comes back as an error frame and an exit stat
 command and stops the container.
 """
 
+import errno
+import hmac
+import itertools
 import json
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
@@ -23,6 +27,7 @@ import procutil
 import spawner
 import wire
 from fds import close_all, connect_host, open_fifos, write_all
+from spawnchild import recv_message
 
 STATE = (
     "/dev/shm/orchestrator-executor" if os.path.isdir("/dev/shm") else "/run/orchestrator-executor"
@@ -59,7 +64,8 @@ def reap_orphans():
     except OSError:
         return
     for name in names:
-        if not name.isdigit() or alive(name):
+        owner = name.split("-")[0]  # PID, or PID-N: a session of the resident PID
+        if not (owner.isdigit() and name.replace("-", "").isdigit()) or alive(owner):
             continue
         path = os.path.join(STATE, name)
         try:
@@ -115,7 +121,7 @@ class Flow:
 
 
 class Agent:
-    def __init__(self, inp, out, owned):
+    def __init__(self, inp, out, owned, session=None, spawners=None):
         self.inp, self.out, self.owned = inp, out, owned
         self.lock = threading.Lock()
         self.stdin = {}
@@ -124,8 +130,11 @@ class Agent:
         self.held = {}  # signals sent to a command still starting: {cid: [signal, ...]}
         self.starting = threading.Lock()  # a command becoming known, or a signal held
         self.ttys = {}  # the terminals of commands run on one: {cid: procutil.Tty}
-        self.spawners = spawner.Spawners()
-        self.asked_direct = False
+        self.spawners = spawners or spawner.Spawners()
+        # a resident's connection (see resident()) is a session: its own record, no DIRECT
+        self.record_as = str(os.getpid()) if session is None else "%d-%d" % (os.getpid(), session)
+        self.asked_direct = session is not None
+        self.closed = False
 
     def send(self, kind, cid, payload=b""):
         with self.lock:
@@ -140,7 +149,7 @@ class Agent:
             "oom": oom_kills() is not None,
             "python": sys.version.split()[0],
             "setuid": can_switch_users(),
-            "direct": True,  # it takes DIRECT
+            "direct": not self.asked_direct,  # it takes DIRECT
         }
         self.send(wire.READY, 0, json.dumps(info).encode())
         while True:
@@ -155,6 +164,9 @@ class Agent:
             self.kill(cid)
         if self.owned:
             stop_container()
+        if self.record_as != str(os.getpid()):  # a session's record goes with it
+            self.closed = True
+            self.record()
 
     def handle(self, kind, cid, payload):
         if kind == wire.RUN:
@@ -329,7 +341,10 @@ class Agent:
         """Write the sessions of the running commands and of the spawners (for
         reap_orphans of a successor)."""
         try:
-            path = os.path.join(STATE, str(os.getpid()))
+            path = os.path.join(STATE, self.record_as)
+            if self.closed:
+                os.unlink(path)
+                return
             with open(path + ".tmp", "w") as fh:
                 pids = [p.pid for p in list(self.procs.values())] + self.spawners.pids()
                 fh.write("".join("%d\n" % pid for pid in pids))
@@ -371,10 +386,87 @@ def stop_container():
         pass
 
 
+SESSIONS = 32
+"""Connections a resident serves at once (others are closed at once)."""
+TOKEN_WITHIN = 2.0
+"""Seconds a connection to the resident has to show its token."""
+
+
+def resident():
+    """`--resident`: the environment's endpoint for `orchestrator exec` (see resident.py on
+    the host). Told on stdin where the host's meeting is and its token, it leaves docker
+    exec's sight (two forks, a session of its own, stdio on /dev/null: still one thread),
+    meets the host, receives the listening socket the host made in the folder it shares
+    with this container alone and the token its clients show, and serves each client that
+    shows it as an executor of its own (no DIRECT, not owned); a client's commands die with
+    its connection."""
+    ask = json.loads(sys.stdin.buffer.readline(4096).decode())
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    conn = connect_host(str(ask["path"]), bytes.fromhex(ask["token"]))
+    conn.settimeout(TOKEN_WITHIN)
+    msg, fds = recv_message(conn, max_fds=1, limit=4096)
+    conn.close()
+    if len(fds) != 1:
+        os._exit(1)
+    listener = socket.socket(fileno=fds[0])
+    token = bytes.fromhex(msg["token"])
+    spawners = spawner.Spawners()
+    free = threading.BoundedSemaphore(SESSIONS)
+    for number in itertools.count(1):
+        try:
+            client, _ = listener.accept()
+        except (InterruptedError, ConnectionAbortedError):
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                return
+            time.sleep(0.05)  # out of descriptors or memory: a moment, then the next one
+            continue
+        if not free.acquire(blocking=False):
+            client.close()
+            continue
+        try:
+            procutil.in_thread(lambda c=client, n=number: session(c, n, token, spawners, free))
+        except RuntimeError:  # no thread: the pids limit
+            client.close()
+            free.release()
+
+
+def session(client, number, token, spawners, free):
+    """One client of the resident: its token, then an executor's frames."""
+    try:
+        client.settimeout(TOKEN_WITHIN)
+        shown = b""
+        while len(shown) < len(token):
+            part = client.recv(len(token) - len(shown))
+            if not part:
+                return
+            shown += part
+        if not hmac.compare_digest(shown, token):
+            return
+        client.settimeout(None)
+        Agent(client.makefile("rb"), client, False, number, spawners).serve()
+    except OSError:
+        pass
+    finally:
+        client.close()
+        free.release()
+
+
 if __name__ == "__main__":
     try:
         os.makedirs(STATE, mode=0o700, exist_ok=True)
     except OSError:
         pass
+    if sys.argv[1:] == ["--resident"]:
+        resident()
+        os._exit(0)
     reap_orphans()
     Agent(sys.stdin.buffer, sys.stdout.buffer, "--owned" in sys.argv[1:]).serve()

@@ -74,12 +74,13 @@ class Meeting:
         """DIRECT's payload."""
         return json.dumps({"path": self.inside, "token": self.token.hex()}).encode()
 
-    def meet(self, pipe: IO[bytes]) -> socket.socket | str | None:
+    def meet(self, pipe: IO[bytes] | None) -> socket.socket | str | None:
         """Wait for the executor's answer on its output pipe and for its connection: the
         connection (SWITCHED), why it stays on its pipes (NOT_SWITCHED), or None when its
-        output ended. Raises Broken for any other answer, or none in time."""
+        output ended. Raises Broken for any other answer, or none in time. Without a pipe
+        (the resident's meeting), the connection alone is waited for."""
         deadline = time.monotonic() + MEET_WITHIN
-        switched = False
+        switched = pipe is None
         while not (switched and self._found is not None):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -89,10 +90,10 @@ class Meeting:
                     else "no answer to DIRECT in time"
                 )
             watched: list[int] = [self._listener.fileno(), *(c.fileno() for c in self._pending)]
-            if not switched:
+            if pipe is not None and not switched:
                 watched.append(pipe.fileno())
             readable = set(select.select(watched, [], [], left)[0])
-            if pipe.fileno() in readable:
+            if pipe is not None and pipe.fileno() in readable:
                 frame = wire.read_frame(pipe, limit=4096)
                 if frame is None:
                     return None

@@ -1,0 +1,102 @@
+"""An environment's endpoint for `orchestrator exec` (the client: orchestrator/endpoint.py).
+
+A detached Docker environment (`orchestrator up`) gets a resident executor: started once by
+`docker exec -i` (`agent.py --resident`), it leaves that exec's sight and lives as long as
+its container. The host makes the listening socket itself, in the folder it shares with the
+main container alone (`<project>/io/main/exec.sock`, mode 0600; the folder is the owner's,
+0700, and read-only inside, so the sandbox can neither plant nor replace it), and hands it to
+the resident over a meeting (executor/direct.py: the one connection that shows the token the
+resident was told on its stdin) with the token every client must show first. That token, and
+what a command gets when the call says nothing (the environment's user and workdir), go in
+the project folder's record (`exec.json`, owner-only), written only once the resident holds
+the socket. Each client connection is an executor of its own: its commands die with it.
+
+Best effort: an environment without it (gVisor keeps host sockets out; a remote engine; a
+reset killed the resident; a suspended one) runs `exec` as before, by the full CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import subprocess
+from pathlib import Path
+
+from orchestrator.backends.container.engine import Engine
+from orchestrator.backends.container.executor import direct
+from orchestrator.backends.container.executor.spawnchild import send_message
+from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
+from orchestrator.endpoint import ENDPOINT, RECORD
+from orchestrator.paths import write_file
+
+log = logging.getLogger("orchestrator.docker")
+
+START_WITHIN = 10.0
+"""Seconds for `docker exec` to start the resident (it returns once the resident left it)."""
+BACKLOG = 64
+
+
+def open_endpoint(
+    engine: Engine, container: str, project: Path, shared: Path, defaults: dict[str, object]
+) -> bool:
+    """Start the resident of `container` (its shared folder `shared`, seen at IO_MOUNT) and
+    record its endpoint in `project`: True once it holds the socket. Never raises: without
+    it, `exec` takes the full CLI's path."""
+    with contextlib.suppress(FileNotFoundError):
+        (project / RECORD).unlink()  # a former resident's token: its socket goes below
+    try:
+        token = _start(engine, container, shared)
+    except (OSError, subprocess.SubprocessError, direct.Broken) as exc:
+        log.info("%s: no exec endpoint (%s); exec goes by the full CLI", container, exc)
+        return False
+    write_file(project / RECORD, json.dumps({**defaults, "token": token.hex()}))
+    return True
+
+
+def _start(engine: Engine, container: str, shared: Path) -> bytes:
+    token = secrets.token_bytes(direct.TOKEN_BYTES)
+    dirfd = os.open(shared, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    held = False
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(ENDPOINT, dir_fd=dirfd)
+        listener.bind(f"/proc/self/fd/{dirfd}/{ENDPOINT}")
+        os.chmod(ENDPOINT, 0o600, dir_fd=dirfd)
+        listener.listen(BACKLOG)
+        meeting = direct.Meeting(shared, IO_MOUNT)
+        try:
+            command = ["python3", "-u", "-I", "-S", f"{SANDBOX_MOUNT}/agent.py", "--resident"]
+            argv = engine.exec_target(container).argv(command, user="0", stdin=True)
+            ask = json.dumps({"path": meeting.inside, "token": meeting.token.hex()})
+            done = subprocess.run(
+                argv,
+                input=(ask + "\n").encode(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=START_WITHIN,
+                check=False,
+            )
+            if done.returncode != 0:
+                tail = done.stderr.decode("utf-8", "replace").strip()[-300:]
+                raise OSError(f"the resident did not start: {tail or done.returncode}")
+            conn = meeting.meet(None)
+            if not isinstance(conn, socket.socket):
+                raise direct.Broken("no connection")
+            with conn:
+                conn.settimeout(direct.MEET_WITHIN)
+                send_message(conn, {"token": token.hex()}, [listener.fileno()])
+            held = True
+        finally:
+            meeting.close()
+    finally:
+        listener.close()
+        if not held:
+            with contextlib.suppress(OSError):
+                os.unlink(ENDPOINT, dir_fd=dirfd)
+        os.close(dirfd)
+    return token
