@@ -16,7 +16,9 @@ folder; read-only in the container); a connection must first show the token that
 environment's record (owner-only) and the resident hold. The command then runs as the full
 CLI would run it: the environment's user and workdir, its timeout kills its tree, its exit
 code is ours (124 on timeout), its stdout and stderr apart; it dies with our connection
-(Ctrl-C, a kill of this process), as the full CLI kills it.
+(Ctrl-C, a kill of this process), as the full CLI kills it. One difference: a command
+already running when its environment is paused waits here for the resume (as under `docker
+exec`), where the full CLI fails it at once (SandboxPaused) and kills it while frozen.
 """
 
 from __future__ import annotations

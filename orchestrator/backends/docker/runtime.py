@@ -162,7 +162,10 @@ class ComposeRuntime(ContainerRuntime):
         """A detached environment's endpoint for `orchestrator exec` (container/resident.py),
         where its executor reaches a socket of the host's (not under gVisor)."""
         assert self.project is not None and self._main is not None and self._shared is not None
-        self._main.ready()
+        try:
+            self._main.ready()
+        except OrchestratorError:  # the first command says why, as without an endpoint
+            return
         if self._main.transport == "socket":
             defaults: dict[str, object] = {"cwd": self.workdir, "user": self.default_user}
             open_endpoint(
