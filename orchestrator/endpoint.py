@@ -27,17 +27,18 @@ import contextlib
 import json
 import os
 import re
+import select
 import socket
+import stat
 import sys
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+import threading
+import time
+from typing import NamedTuple
 
 from orchestrator.backends.container.executor import wire
 
-if TYPE_CHECKING:
-    import threading
-
 ENDPOINT = "exec.sock"
-"""The resident's socket, in <project>/io/main."""
+"""The resident's socket, in <project> (never in a folder a container sees)."""
 RECORD = "exec.json"
 """In <project> (owner-only): the token, and what a command gets when the call says nothing."""
 RECORD_LIMIT = 64 * 1024
@@ -86,11 +87,14 @@ def run(args: list[str]) -> int:
         token = bytes.fromhex(str(record["token"]))
     except ValueError:
         raise NotHere("a record that is not one") from None
-    sock, reader = _connect(folder, token)
+    cwd, user = record.get("cwd"), record.get("user")
+    if not isinstance(cwd, str) or not (user is None or isinstance(user, str)):
+        raise NotHere("a record that is not one")
+    link = _connect(folder, token)
     try:
-        return _run(sock, reader, call, record)
+        return _run(link, call, cwd, user)
     finally:
-        sock.close()
+        link.close()
 
 
 def parse(args: list[str]) -> Call:
@@ -140,10 +144,22 @@ def state_dir() -> str:
     return str(Unix("orchestrator").user_state_dir)
 
 
+def _ours(path: str, kind: int) -> None:
+    """`path` is of `kind` (not a link), ours, and nobody else may change it: as the full
+    CLI holds its state folder (paths.private_folder); NotHere otherwise."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        raise NotHere("not there") from None
+    if stat.S_IFMT(st.st_mode) != kind or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise NotHere(f"{path} is not ours alone")
+
+
 def _project_folder(ident: str) -> str:
-    folder = os.path.join(state_dir(), "projects", ident)
-    if not os.path.isdir(folder) or os.path.islink(folder):
-        raise NotHere("no such project folder")
+    state = state_dir()
+    folder = os.path.join(state, "projects", ident)
+    for path in (state, os.path.dirname(folder), folder):
+        _ours(path, stat.S_IFDIR)
     return folder
 
 
@@ -153,6 +169,9 @@ def _record(folder: str) -> dict[str, object]:
     except OSError:
         raise NotHere("no endpoint") from None
     with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise NotHere("a record that is not ours alone")
         try:
             data = json.loads(fh.read(RECORD_LIMIT).decode())
         except (OSError, ValueError):
@@ -162,75 +181,117 @@ def _record(folder: str) -> dict[str, object]:
     return data
 
 
-def _connect(folder: str, token: bytes) -> tuple[socket.socket, BinaryIO]:
+class Link:
+    """The connection to the resident: frames sent whole by one writer at a time (the
+    stdin feeder and the reader's credit share it), frames read against a deadline (the
+    socket itself stays blocking: a send is never cut by a timeout)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+        self._file = sock.makefile("rb", buffering=0)
+        self.deadline: float | None = None
+
+    def send(self, kind: int, payload: bytes = b"") -> None:
+        with self._lock:
+            self.sock.sendall(wire.pack(kind, 1, payload))
+
+    def readinto(self, view: memoryview) -> int:
+        """(For wire.read_frame.) TimeoutError once the deadline passed."""
+        while self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            if select.select([self.sock], [], [], min(left, 3600.0))[0]:
+                break
+        return self._file.readinto(view) or 0
+
+    def frame(self, limit: int) -> wire.Frame | None:
+        return wire.read_frame(self, limit=limit)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._file.close()
+        self.sock.close()
+
+
+def _connect(folder: str, token: bytes) -> Link:
     """A connection to the resident, its token shown and its greeting read; NotHere when
     there is none (gone, paused, not ours)."""
-    place = os.path.join(folder, "io", "main")
-    try:
-        dirfd = os.open(place, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        raise NotHere("no shared folder") from None
+    path = os.path.join(folder, ENDPOINT)
+    _ours(path, stat.S_IFSOCK)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    link = Link(sock)
+    link.deadline = time.monotonic() + READY_WITHIN
     try:
-        sock.settimeout(READY_WITHIN)
-        sock.connect(f"/proc/self/fd/{dirfd}/{ENDPOINT}")
+        sock.setblocking(False)  # the connect alone: a full backlog must not hold us
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(path)
+        if not select.select([], [sock], [], READY_WITHIN)[1]:
+            raise NotHere("no resident")
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            raise NotHere("no resident")
+        sock.setblocking(True)
         sock.sendall(token)
-        reader = sock.makefile("rb")
-        frame = wire.read_frame(reader, limit=4096)
+        frame = link.frame(4096)
         if frame is None or frame[0] != wire.READY:
             raise NotHere("no greeting")
-        sock.settimeout(None)
     except (OSError, ValueError):
-        sock.close()
+        link.close()
         raise NotHere("no resident") from None
     except NotHere:
-        sock.close()
+        link.close()
         raise
-    finally:
-        os.close(dirfd)
-    return sock, reader
+    link.deadline = None
+    return link
 
 
-def _run(sock: socket.socket, reader: BinaryIO, call: Call, record: dict[str, object]) -> int:
+def _run(link: Link, call: Call, cwd: str, user: str | None) -> int:
     timeout, interactive = call.timeout, call.interactive
-    cwd, user = record.get("cwd"), record.get("user")
-    if not isinstance(cwd, str) or not (user is None or isinstance(user, str)):
-        raise NotHere("a record that is not one")
     request = wire.Request(call.argv, {}, cwd, user, timeout, interactive)
-    sock.sendall(wire.pack(wire.RUN, 1, wire.encode_request(request)))
-    window = _feed_in_thread(sock) if interactive else None
+    link.send(wire.RUN, wire.encode_request(request))
+    window = _feed_in_thread(link) if interactive else None
     outs = {wire.OUT: _raw(sys.stdout), wire.ERR: _raw(sys.stderr)}
     consumed = 0
-    if timeout is not None:
-        sock.settimeout(timeout + OVERDUE)
+    if timeout is not None:  # past it (and the executor's grace), given up on: see OVERDUE
+        link.deadline = time.monotonic() + min(timeout, 1e9) + OVERDUE
     while True:
         try:
-            frame = wire.read_frame(reader, limit=PIECE * 4)
+            frame = link.frame(PIECE * 4)
         except TimeoutError:
             return _timed_out(timeout)
+        except (OSError, ValueError):
+            frame = None
         if frame is None:
-            print("error: the environment's executor went away while the command ran",
-                  file=sys.stderr)  # fmt: skip
-            return 1
+            return _lost("it went away while the command ran")
         kind, cid, payload = frame
         if cid != 1:
             continue
         if kind in outs:
-            _write(outs[kind], payload)
+            if not _write(outs[kind], payload):
+                return 1  # our reader went (`| head`): the command dies with us, as there
             consumed += 1
             if consumed >= wire.WINDOW // 2:
-                sock.sendall(wire.pack(wire.CREDIT, 1, wire.COUNT.pack(consumed)))
+                link.send(wire.CREDIT, wire.COUNT.pack(consumed))
                 consumed = 0
         elif kind == wire.TAKEN and window is not None and len(payload) == wire.COUNT.size:
-            for _ in range(min(wire.COUNT.unpack(payload)[0], wire.STDIN_WINDOW)):
-                window.release()
+            window.took(wire.COUNT.unpack(payload)[0])
         elif kind == wire.EXIT:
-            end = wire.decode_exit(payload)
+            try:
+                end = wire.decode_exit(payload)
+            except (ValueError, TypeError):
+                return _lost("it sent an exit report that is not one")
             if end.unavailable:
-                print(f"error: the sandbox cannot run the command: {end.unavailable}",
-                      file=sys.stderr)  # fmt: skip
-                return 1
+                why = f"{end.unavailable} (its pids or memory limit is reached; the command did"
+                print(
+                    f"error: the sandbox cannot run the command: {why} not start)", file=sys.stderr
+                )
+                return 3  # SandboxUnavailable's, as the full CLI
             return _timed_out(timeout) if end.timed_out else int(end.exit_code)
+
+
+def _lost(what: str) -> int:
+    print(f"error: the environment's executor: {what}", file=sys.stderr)
+    return 1
 
 
 def _timed_out(timeout: float | None) -> int:
@@ -243,33 +304,54 @@ def _raw(stream: object) -> object:
     return getattr(stream, "buffer", None) if stream is not None else None
 
 
-def _write(out: object, data: bytes) -> None:
+def _write(out: object, data: bytes) -> bool:
+    """False once our reader is gone (further output goes nowhere, ours included)."""
     if out is None:
-        return
+        return True
     try:
         out.write(data)  # type: ignore[attr-defined]
         out.flush()  # type: ignore[attr-defined]
     except BrokenPipeError:
-        pass  # the reader went: the command runs on to its end, its status is ours
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, out.fileno())  # type: ignore[attr-defined]
+        os.close(null)
+        return False
+    return True
 
 
-def _feed_in_thread(sock: socket.socket) -> threading.BoundedSemaphore:
-    """Our stdin to the command as it comes, then its end: at most STDIN_WINDOW pieces
-    ahead of what the command took (the returned window, released as TAKEN frames come)."""
-    import threading  # (only for -i)
+class Window:
+    """STDIN frames sent ahead of what the command took: at most STDIN_WINDOW; a TAKEN
+    frees only what was sent."""
 
-    window = threading.BoundedSemaphore(wire.STDIN_WINDOW)
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ahead = 0
+
+    def take(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._ahead < wire.STDIN_WINDOW)
+            self._ahead += 1
+
+    def took(self, count: int) -> None:
+        with self._cond:
+            self._ahead = max(0, self._ahead - count)
+            self._cond.notify_all()
+
+
+def _feed_in_thread(link: Link) -> Window:
+    """Our stdin to the command as it comes, then its end, paced by the returned window."""
+    window = Window()
 
     def feed() -> None:
         fd = sys.stdin.fileno() if sys.stdin is not None else -1
         try:
             while data := os.read(fd, PIECE):
-                window.acquire()
-                sock.sendall(wire.pack(wire.STDIN, 1, data))
+                window.take()
+                link.send(wire.STDIN, data)
         except (OSError, ValueError):
             pass
         with contextlib.suppress(OSError):
-            sock.sendall(wire.pack(wire.STDIN_EOF, 1))
+            link.send(wire.STDIN_EOF)
 
     threading.Thread(target=feed, daemon=True).start()
     return window

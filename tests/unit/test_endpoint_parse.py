@@ -4,6 +4,7 @@ full CLI. And its state folder is the settings' one."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,18 @@ def test_its_state_folder_is_the_settings_one(
             monkeypatch.setenv(name, value)
     monkeypatch.setenv("HOME", home)
     assert Path(endpoint.state_dir()) == settings.STATE_DIR.get()
+
+
+def test_a_folder_others_may_change_is_not_taken(tmp_path: Path) -> None:
+    """As the full CLI holds its state folder (paths.private_folder): the endpoint takes no
+    folder, record or socket that another user could have put there."""
+    folder = tmp_path / "state"
+    folder.mkdir(mode=0o700)
+    endpoint._ours(str(folder), stat.S_IFDIR)
+    folder.chmod(0o777)
+    with pytest.raises(endpoint.NotHere):
+        endpoint._ours(str(folder), stat.S_IFDIR)
+    folder.chmod(0o700)
+    (tmp_path / "link").symlink_to(folder)
+    with pytest.raises(endpoint.NotHere):
+        endpoint._ours(str(tmp_path / "link"), stat.S_IFDIR)

@@ -2,11 +2,12 @@
 
 A detached Docker environment (`orchestrator up`) gets a resident executor: started once by
 `docker exec -i` (`agent.py --resident`), it leaves that exec's sight and lives as long as
-its container. The host makes the listening socket itself, in the folder it shares with the
-main container alone (`<project>/io/main/exec.sock`, mode 0600; the folder is the owner's,
-0700, and read-only inside, so the sandbox can neither plant nor replace it), and hands it to
-the resident over a meeting (executor/direct.py: the one connection that shows the token the
-resident was told on its stdin) with the token every client must show first. That token, and
+its container. The host makes the listening socket itself, in the project folder, which no
+container sees (`<project>/exec.sock`, mode 0600, in the owner's 0700 folder): no process of
+the sandbox, root included, can reach it by a path, plant or replace it. It hands the socket
+to the resident over a meeting in the folder it shares with the main container alone
+(executor/direct.py: the one connection that shows the token the resident was told on its
+stdin), with the token every client must show first. That token, and
 what a command gets when the call says nothing (the environment's user and workdir), go in
 the project folder's record (`exec.json`, owner-only), written only once the resident holds
 the socket. Each client connection is an executor of its own: its commands die with it.
@@ -49,7 +50,7 @@ def open_endpoint(
     with contextlib.suppress(FileNotFoundError):
         (project / RECORD).unlink()  # a former resident's token: its socket goes below
     try:
-        token = _start(engine, container, shared)
+        token = _start(engine, container, project, shared)
     except (OSError, subprocess.SubprocessError, direct.Broken) as exc:
         log.info("%s: no exec endpoint (%s); exec goes by the full CLI", container, exc)
         return False
@@ -57,9 +58,9 @@ def open_endpoint(
     return True
 
 
-def _start(engine: Engine, container: str, shared: Path) -> bytes:
+def _start(engine: Engine, container: str, project: Path, shared: Path) -> bytes:
     token = secrets.token_bytes(direct.TOKEN_BYTES)
-    dirfd = os.open(shared, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    dirfd = os.open(project, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     held = False
     try:

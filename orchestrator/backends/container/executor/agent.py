@@ -64,7 +64,13 @@ def reap_orphans():
     except OSError:
         return
     for name in names:
-        owner = name.split("-")[0]  # PID, or PID-N: a session of the resident PID
+        owner = name.split("-")[0].split(".")[0]  # PID, PID-N (a resident's session), .tmp
+        if name.endswith(".tmp") and owner.isdigit() and not alive(owner):
+            try:
+                os.unlink(os.path.join(STATE, name))  # a record a dead executor was writing
+            except OSError:
+                pass
+            continue
         if not (owner.isdigit() and name.replace("-", "").isdigit()) or alive(owner):
             continue
         path = os.path.join(STATE, name)
@@ -152,21 +158,32 @@ class Agent:
             "direct": not self.asked_direct,  # it takes DIRECT
         }
         self.send(wire.READY, 0, json.dumps(info).encode())
-        while True:
-            try:
-                frame = wire.read_frame(self.inp)
-            except ValueError:  # a broken frame: as if the host had gone
-                frame = None
-            if frame is None:
-                break
-            self.handle(*frame)
-        for cid in list(self.flows):  # the host went away: nothing may outlive it
-            self.kill(cid)
-        if self.owned:
-            stop_container()
-        if self.record_as != str(os.getpid()):  # a session's record goes with it
-            self.closed = True
-            self.record()
+        try:
+            while True:
+                try:
+                    frame = wire.read_frame(self.inp)
+                except (ValueError, OSError):  # a broken frame, a reset: as if the host went
+                    frame = None
+                if frame is None or not self.allowed(*frame[:2]):
+                    break
+                self.handle(*frame)
+        finally:
+            for cid in list(self.flows):  # the host went away: nothing may outlive it
+                self.kill(cid)
+            if self.owned:
+                stop_container()
+            if self.record_as != str(os.getpid()):  # a session's record goes with it
+                self.closed = True
+                self.record()
+
+    def allowed(self, kind, cid):
+        """A resident's session runs one command, number 1 (endpoint.py): any other
+        frame ends it."""
+        if self.record_as == str(os.getpid()):
+            return True
+        if kind == wire.RUN:
+            return cid == 1 and not self.flows
+        return cid == 1 or kind == wire.PING
 
     def handle(self, kind, cid, payload):
         if kind == wire.RUN:
@@ -441,10 +458,15 @@ def resident():
 
 def session(client, number, token, spawners, free):
     """One client of the resident: its token, then an executor's frames."""
+    reader = None
     try:
-        client.settimeout(TOKEN_WITHIN)
+        deadline = time.monotonic() + TOKEN_WITHIN  # for the whole token: no trickling
         shown = b""
         while len(shown) < len(token):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            client.settimeout(left)
             part = client.recv(len(token) - len(shown))
             if not part:
                 return
@@ -452,10 +474,13 @@ def session(client, number, token, spawners, free):
         if not hmac.compare_digest(shown, token):
             return
         client.settimeout(None)
-        Agent(client.makefile("rb"), client, False, number, spawners).serve()
+        reader = client.makefile("rb")
+        Agent(reader, client, False, number, spawners).serve()
     except OSError:
         pass
     finally:
+        if reader is not None:
+            reader.close()
         client.close()
         free.release()
 
