@@ -202,7 +202,9 @@ class Link:
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            if select.select([self.sock], [], [], min(left, 3600.0))[0]:
+            poller = select.poll()  # (select() fails past descriptor 1023)
+            poller.register(self.sock, select.POLLIN)
+            if poller.poll(min(left, 3600.0) * 1000):
                 break
         return self._file.readinto(view) or 0
 
@@ -226,7 +228,9 @@ def _connect(folder: str, token: bytes) -> Link:
         sock.setblocking(False)  # the connect alone: a full backlog must not hold us
         with contextlib.suppress(BlockingIOError):
             sock.connect(path)
-        if not select.select([], [sock], [], READY_WITHIN)[1]:
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT)
+        if not poller.poll(READY_WITHIN * 1000):
             raise NotHere("no resident")
         if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
             raise NotHere("no resident")

@@ -6,15 +6,17 @@ left of it afterwards."""
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator import spawn_runtime
+from orchestrator import ExecutorLost, spawn_runtime
 from orchestrator.backends.container.executor import direct, wire
 from orchestrator.backends.container.layout import IO_MOUNT
 from orchestrator.backends.docker.runtime import ComposeRuntime
@@ -29,7 +31,8 @@ try:
         s = socket.socket(socket.AF_UNIX); s.connect(path); s.sendall(b"\0" * 32); held.append(s)
         s = socket.socket(socket.AF_UNIX); s.connect(path); held.append(s)
     s = socket.socket(socket.AF_UNIX); s.connect(path); s.sendall(token + then)
-    print("CONNECTED", flush=True)
+    if s.recv(1) == b"\1":  # taken: as the executor, it may now say SWITCHED
+        print("CONNECTED", flush=True)
     time.sleep(3)
 except PermissionError:
     print("DENIED")
@@ -118,3 +121,72 @@ def test_another_local_user_cannot_reach_an_executor_socket(make_env: MakeEnv) -
             assert owner.stdout.strip() == "CONNECTED", owner  # the probe can tell
         finally:
             meeting.close()
+
+
+FIND_EXECUTOR = r"""
+import os, signal, sys, time
+pids = []
+for p in os.listdir("/proc"):
+    try:
+        args = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if any(a.endswith(b"agent.py") for a in args) and b"--resident" not in args:
+        pids.append(int(p))
+for pid in pids:
+    os.kill(pid, signal.SIGSTOP)
+time.sleep(2)  # the host's pings go unread meanwhile
+for pid in pids:
+    os.kill(pid, signal.SIGKILL)
+print(len(pids))
+"""
+
+
+def test_an_executor_reset_under_unread_frames_fails_its_calls_and_the_next_one_runs(
+    make_env: MakeEnv,
+) -> None:
+    """Its socket reset with frames of ours unread (a root sandbox stops, then kills it):
+    the calls waiting on it hear of it, and the next command gets a new executor."""
+    with spawn_runtime(make_env("")) as rt:
+        assert isinstance(rt, ComposeRuntime)
+        assert rt.execute("true").exit_code == 0 and rt._main is not None
+        assert rt._main.transport == "socket"
+        errors: list[BaseException] = []
+
+        def waiting() -> None:
+            try:
+                rt.execute("sleep 60")
+            except Exception as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=waiting)
+        t.start()
+        time.sleep(0.5)
+        container = rt.project.main_container if rt.project else ""
+        killed = subprocess.run(
+            ["docker", "exec", container, "python3", "-c", FIND_EXECUTOR],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert killed.stdout.strip() == "1", killed
+        t.join(30)
+        assert not t.is_alive() and errors and isinstance(errors[0], ExecutorLost), errors
+        assert rt.execute("echo again").stdout == "again\n"
+
+
+def test_a_process_past_descriptor_1023_still_gets_the_socket(make_env: MakeEnv) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1400:
+        pytest.skip(f"this machine allows {hard} descriptors per process, not 1400")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        started = time.monotonic()
+        with spawn_runtime(make_env("")) as rt:
+            assert isinstance(rt, ComposeRuntime) and rt._main is not None
+            assert rt.execute("echo ok").stdout == "ok\n"
+            assert rt._main.transport == "socket"
+        assert time.monotonic() - started < 15
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -22,6 +22,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+Pipe = Callable[..., tuple[io.FileIO, int]]
+
+
 @pytest.fixture
 def meeting(tmp_path: Path) -> Iterator[direct.Meeting]:
     folder = tmp_path / "io"
@@ -35,13 +38,13 @@ def meeting(tmp_path: Path) -> Iterator[direct.Meeting]:
 
 
 @pytest.fixture
-def pipe() -> Iterator[Callable[..., object]]:
+def pipe() -> Iterator[Pipe]:
     """The executor's output: a pipe holding the frames given, its write end kept open
     (an executor that says nothing more) unless `ended`."""
     kept: list[int] = []
     files: list[io.FileIO] = []
 
-    def make(*frames: bytes, ended: bool = False) -> object:
+    def make(*frames: bytes, ended: bool = False) -> tuple[io.FileIO, int]:
         r, w = os.pipe()
         for frame in frames:
             os.write(w, frame)
@@ -50,7 +53,7 @@ def pipe() -> Iterator[Callable[..., object]]:
         else:
             kept.append(w)
         files.append(io.FileIO(r, "rb"))
-        return files[-1]
+        return files[-1], w
 
     yield make
     for fd in kept:
@@ -67,17 +70,32 @@ def _connect(m: direct.Meeting, token: bytes, then: bytes = b"") -> socket.socke
     return s
 
 
+def _switch_once_told(s: socket.socket, w: int) -> threading.Thread:
+    """The executor's part: once the host says it took the connection, SWITCHED."""
+
+    def wait() -> None:
+        s.settimeout(10)
+        if s.recv(1) == b"\1":
+            os.write(w, wire.pack(wire.SWITCHED, 0))
+
+    t = threading.Thread(target=wait)
+    t.start()
+    return t
+
+
 def test_the_socket_is_mode_0_in_the_folder_and_the_connection_with_the_token_is_taken(
-    meeting: direct.Meeting, pipe: Callable[..., object]
+    meeting: direct.Meeting, pipe: Pipe
 ) -> None:
     assert stat.S_IMODE(os.lstat(meeting.inside).st_mode) == 0
-    out = pipe(wire.pack(wire.SWITCHED, 0))
+    out, w = pipe()
     wrong = [_connect(meeting, os.urandom(direct.TOKEN_BYTES)) for _ in range(3)]
     silent = [_connect(meeting, b"") for _ in range(3)]
     short = _connect(meeting, meeting.token[:-1])  # one byte short, then closed
     short.close()
     right = _connect(meeting, meeting.token, b"hello")
-    got = meeting.meet(out)  # type: ignore[arg-type]
+    told = _switch_once_told(right, w)
+    got = meeting.meet(out)
+    told.join()
     assert isinstance(got, socket.socket)
     assert got.recv(5) == b"hello"
     for s in wrong:  # each was let go
@@ -88,9 +106,9 @@ def test_the_socket_is_mode_0_in_the_folder_and_the_connection_with_the_token_is
 
 
 def test_a_flood_of_silent_connections_does_not_keep_the_executor_out(
-    meeting: direct.Meeting, pipe: Callable[..., object]
+    meeting: direct.Meeting, pipe: Pipe
 ) -> None:
-    out = pipe(wire.pack(wire.SWITCHED, 0))
+    out, w = pipe()
     held: list[socket.socket] = []
     sockets: list[socket.socket] = []
 
@@ -98,10 +116,11 @@ def test_a_flood_of_silent_connections_does_not_keep_the_executor_out(
         for _ in range(direct.PENDING * 4):
             held.append(_connect(meeting, b""))
         sockets.append(_connect(meeting, meeting.token, b"x"))
+        _switch_once_told(sockets[0], w).join()
 
     t = threading.Thread(target=flood_then_connect)
     t.start()
-    got = meeting.meet(out)  # type: ignore[arg-type]
+    got = meeting.meet(out)
     t.join()
     [right] = sockets
     assert isinstance(got, socket.socket) and got.recv(1) == b"x"
@@ -110,50 +129,75 @@ def test_a_flood_of_silent_connections_does_not_keep_the_executor_out(
 
 
 def test_an_executor_that_cannot_connect_says_why_and_the_pipes_stay(
-    meeting: direct.Meeting, pipe: Callable[..., object]
+    meeting: direct.Meeting, pipe: Pipe
 ) -> None:
-    out = pipe(wire.pack(wire.NOT_SWITCHED, 0, b"[Errno 13] Permission denied"))
-    assert meeting.meet(out) == "[Errno 13] Permission denied"  # type: ignore[arg-type]
+    out, _ = pipe(wire.pack(wire.NOT_SWITCHED, 0, b"[Errno 13] Permission denied"))
+    assert meeting.meet(out) == "[Errno 13] Permission denied"
 
 
-def test_an_executor_that_says_it_switched_without_its_token_is_broken_in_time(
-    meeting: direct.Meeting, monkeypatch: pytest.MonkeyPatch, pipe: Callable[..., object]
+def test_an_executor_that_says_it_switched_before_it_was_told_is_broken(
+    meeting: direct.Meeting, pipe: Pipe
+) -> None:
+    out, _ = pipe(wire.pack(wire.SWITCHED, 0))
+    impostor = _connect(meeting, b"\0" * direct.TOKEN_BYTES)
+    with pytest.raises(direct.Broken, match="a frame of kind 17"):
+        meeting.meet(out)
+    impostor.close()
+
+
+def test_an_executor_told_that_never_switches_is_broken_in_time(
+    meeting: direct.Meeting, monkeypatch: pytest.MonkeyPatch, pipe: Pipe
 ) -> None:
     monkeypatch.setattr(direct, "MEET_WITHIN", 0.5)
-    out = pipe(wire.pack(wire.SWITCHED, 0))
-    impostor = _connect(meeting, b"\0" * direct.TOKEN_BYTES)
+    out, _ = pipe()
+    right = _connect(meeting, meeting.token)
     started = time.monotonic()
-    with pytest.raises(direct.Broken, match="no connection showed its token"):
-        meeting.meet(out)  # type: ignore[arg-type]
-    assert time.monotonic() - started < 2
-    impostor.close()
+    with pytest.raises(direct.Broken, match="did not switch"):
+        meeting.meet(out)
+    assert time.monotonic() - started < 3 and right.recv(1) == b"\1"
+    right.close()
+
+
+def test_no_answer_in_time_leaves_the_pipes_and_nothing_to_connect_to(
+    meeting: direct.Meeting, monkeypatch: pytest.MonkeyPatch, pipe: Pipe
+) -> None:
+    """A sandbox paused (or slow) as it was asked: the pipes stay, and an executor that
+    then connects finds nothing and stays on them too."""
+    monkeypatch.setattr(direct, "MEET_WITHIN", 0.5)
+    out, _ = pipe()
+    assert meeting.meet(out) == "no answer in time"
+    meeting.close()
+    late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with pytest.raises(OSError):
+        late.connect(meeting.inside)
+    late.close()
 
 
 @pytest.mark.parametrize(
     ("frames", "expect"),
     [
         ([wire.pack(wire.OUT, 1, b"x")], "a frame of kind 11"),
-        ([], "no answer to DIRECT in time"),
+        ([wire.pack(wire.READY, 0, b"{}")], "a frame of kind 10"),
     ],
 )
 def test_any_other_answer_or_none_is_broken(
     meeting: direct.Meeting,
     monkeypatch: pytest.MonkeyPatch,
-    pipe: Callable[..., object],
+    pipe: Pipe,
     frames: list[bytes],
     expect: str,
 ) -> None:
     monkeypatch.setattr(direct, "MEET_WITHIN", 0.5)
-    out = pipe(*frames)
+    out, _ = pipe(*frames)
     with pytest.raises(direct.Broken, match=expect):
-        meeting.meet(out)  # type: ignore[arg-type]
+        meeting.meet(out)
 
 
 def test_an_executor_gone_mid_meeting_is_an_end_not_a_fault(
-    meeting: direct.Meeting, pipe: Callable[..., object]
+    meeting: direct.Meeting, pipe: Pipe
 ) -> None:
-    out = pipe(ended=True)
-    assert meeting.meet(out) is None  # type: ignore[arg-type]
+    out, _ = pipe(ended=True)
+    assert meeting.meet(out) is None
 
 
 def test_a_folder_that_is_a_symlink_is_refused(tmp_path: Path) -> None:

@@ -50,20 +50,33 @@ class Meeting:
     """A listening socket in the host folder one container sees, for one executor's
     connection (see the module). Close it: its name leaves the folder."""
 
-    def __init__(self, folder: Path, inside: str) -> None:
+    def __init__(self, folder: Path, inside: str, staging: Path | None = None) -> None:
         self.name = f".exec-{secrets.token_hex(8)}.sock"
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self.inside = f"{inside}/{self.name}"
         self._pending: dict[socket.socket, bytearray] = {}
         self._found: socket.socket | None = None
         self._bound = False
-        # the folder by descriptor: its path may be longer than a socket address allows
-        self._dir = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # the folders by descriptor: a path may be longer than a socket address allows
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._dir = os.open(folder, flags)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._listener.bind(f"/proc/self/fd/{self._dir}/{self.name}")
+            # made mode 0 in a folder of the owner's that no container sees (`staging`:
+            # the shared folder's parent), then moved into the shared folder: never there
+            # with the mode a umask gave it
+            stage = os.open(staging or folder.parent, flags)
+            try:
+                self._listener.bind(f"/proc/self/fd/{stage}/{self.name}")
+                try:
+                    os.chmod(self.name, 0, dir_fd=stage)
+                    os.rename(self.name, self.name, src_dir_fd=stage, dst_dir_fd=self._dir)
+                except OSError:
+                    os.unlink(self.name, dir_fd=stage)
+                    raise
+            finally:
+                os.close(stage)
             self._bound = True
-            os.chmod(self.name, 0, dir_fd=self._dir)
             self._listener.listen(PENDING)
             self._listener.setblocking(False)
         except OSError:
@@ -76,23 +89,34 @@ class Meeting:
 
     def meet(self, pipe: IO[bytes] | None) -> socket.socket | str | None:
         """Wait for the executor's answer on its output pipe and for its connection: the
-        connection (SWITCHED), why it stays on its pipes (NOT_SWITCHED), or None when its
-        output ended. Raises Broken for any other answer, or none in time. Without a pipe
-        (the resident's meeting), the connection alone is waited for."""
+        connection (SWITCHED), why it stays on its pipes (NOT_SWITCHED, or no answer in
+        time: a sandbox paused or slow; the executor, once it goes on, finds no socket
+        and stays on its pipes too), or None when its output ended. The connection with
+        the token is told so (one byte) before the executor says SWITCHED: once told,
+        SWITCHED must follow within another MEET_WITHIN. Raises Broken for any other
+        answer. Without a pipe (the resident's meeting), the connection alone is waited
+        for, and Broken when none came."""
         deadline = time.monotonic() + MEET_WITHIN
         switched = pipe is None
+        told = False
         while not (switched and self._found is not None):
+            if self._found is not None and not told:
+                self._found.setblocking(True)
+                self._found.sendall(b"\1")  # taken: now it may say SWITCHED
+                told, deadline = True, time.monotonic() + MEET_WITHIN
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Broken(
-                    "it said it connected, but no connection showed its token"
-                    if switched
-                    else "no answer to DIRECT in time"
-                )
-            watched: list[int] = [self._listener.fileno(), *(c.fileno() for c in self._pending)]
+                if told or pipe is None:
+                    raise Broken("it was told its connection was taken, but did not switch"
+                                 if told else "no connection showed its token")  # fmt: skip
+                return "no answer in time"
+            watched = [self._listener, *self._pending]
+            poller = select.poll()
+            for sock in watched:
+                poller.register(sock, select.POLLIN)
             if pipe is not None and not switched:
-                watched.append(pipe.fileno())
-            readable = set(select.select(watched, [], [], left)[0])
+                poller.register(pipe, select.POLLIN)
+            readable = {fd for fd, _ in poller.poll(left * 1000)}
             if pipe is not None and pipe.fileno() in readable:
                 frame = wire.read_frame(pipe, limit=4096)
                 if frame is None:
@@ -100,12 +124,14 @@ class Meeting:
                 kind, _, payload = frame
                 if kind == wire.NOT_SWITCHED:
                     return payload.decode("utf-8", "replace")[:200] or "no reason given"
-                if kind != wire.SWITCHED:
+                if kind != wire.SWITCHED or not told:
                     raise Broken(f"a frame of kind {kind} as its answer to DIRECT")
                 switched = True
             self._take(readable)
         found, self._found = self._found, None
-        found.setblocking(True)
+        if not told:
+            found.setblocking(True)
+            found.sendall(b"\1")
         return found
 
     def _take(self, readable: set[int]) -> None:

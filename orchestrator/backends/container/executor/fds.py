@@ -71,15 +71,25 @@ CONNECT_WITHIN = 1.5
 
 def connect_host(path, token):
     """A connection to the socket the host listens on (in the host folder this container
-    alone sees, read-only here), the host's token shown first: the host takes no other
-    connection for this executor's."""
+    alone sees, read-only here), the host's token shown first, once the host said it took
+    it (one byte): the host takes no other connection for this executor's. The folder is
+    opened without following a link (an image may have put one where it is mounted), and
+    the socket reached through that descriptor."""
+    folder, _, name = path.rpartition("/")
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError("not a socket's path: %r" % path)
+    fd = os.open(folder or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_WITHIN)
-        sock.connect(path)
+        sock.connect("/proc/self/fd/%d/%s" % (fd, name))
         sock.sendall(token)
+        if sock.recv(1) != b"\1":
+            raise OSError(errno.ECONNRESET, "the host did not take the connection")
         sock.settimeout(None)
     except BaseException:
         sock.close()
         raise
+    finally:
+        os.close(fd)
     return sock

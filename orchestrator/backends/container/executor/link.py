@@ -142,6 +142,8 @@ class Link:
         self.transport = "pipes"
         """What carries the frames: "socket", or "pipes" (with why, when a socket was tried)."""
         self._sock: socket.socket | None = None
+        self._sock_reader: Any = None
+        self._closing = False
         self._sink: Callable[[bytes], object] | None = None
         self._met = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -212,9 +214,11 @@ class Link:
         proc = self._proc
         if proc is None:
             return
+        self._closing = True  # no meeting starts from now on
         if release and not self.dead.is_set():
-            # RELEASE must go the way the executor reads: after a meeting that is under way
-            self._met.wait(direct.MEET_WITHIN + 1)
+            # RELEASE must go the way the executor reads: after a meeting under way (each
+            # of its two steps bounded by MEET_WITHIN)
+            self._met.wait(2 * direct.MEET_WITHIN + 1)
             self.send(wire.RELEASE, 0)
         self.shutdown()
         try:
@@ -222,13 +226,14 @@ class Link:
         except (OSError, subprocess.TimeoutExpired):
             self._hang_up()
             proc.wait()
+        if self._sock is not None:  # whatever holds it (an executor's stand-in that forked)
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
         for t in self._threads:
             t.join(2)
-        for pipe in (proc.stdout, proc.stderr):
+        for pipe in (proc.stdout, proc.stderr, self._sock_reader, self._sock):
             if pipe is not None:
                 pipe.close()
-        if self._sock is not None:
-            self._sock.close()
         self.dead.set()
 
     def _hang_up(self) -> None:
@@ -244,21 +249,25 @@ class Link:
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         stream: Any = self._proc.stdout
-        if self._greeting(stream):
-            stream = self._meet(stream)
+        try:
+            if self._greeting(stream):
+                stream = self._meet(stream)
+                self._met.set()
+                if stream is not None:
+                    self._ready.set()
+                    try:
+                        self._frames(stream)
+                    except wire.BadFrame as exc:
+                        self._fault = str(exc)
+                    except (OSError, ValueError):  # a reset connection: its end
+                        pass
+                if self._fault:  # not ours any more: it is stopped, its commands fail
+                    self._hang_up()
+        finally:  # however the reading ends, every command hears of it
             self._met.set()
-            if stream is not None:
-                self._ready.set()
-                try:
-                    self._frames(stream)
-                except wire.BadFrame as exc:
-                    self._fault = str(exc)
-            if self._fault:  # not ours any more: it is stopped, its commands fail
-                self._hang_up()
-        self._met.set()
-        self.dead.set()
-        for inbox in list(self._queues.values()):
-            inbox.put(-1, b"")
+            self.dead.set()
+            for inbox in list(self._queues.values()):
+                inbox.put(-1, b"")
 
     def _greeting(self, stream: Any) -> bool:
         """Read the READY frame. Anything else is the docker CLI explaining why the executor
@@ -278,7 +287,7 @@ class Link:
     def _meet(self, pipe: Any) -> Any:
         """Move the frames onto a socket where this container can reach one (direct.py):
         the stream to read frames from, or None (the executor ended, or broke the protocol)."""
-        if self._direct is None or self.info.get("direct") is not True:
+        if self._direct is None or self.info.get("direct") is not True or self._closing:
             return pipe
         try:
             meeting = direct.Meeting(*self._direct)
@@ -291,6 +300,9 @@ class Link:
         except (direct.Broken, wire.BadFrame) as exc:
             self._fault = str(exc)
             return None
+        except (OSError, ValueError) as exc:  # which way it reads now cannot be told
+            self._fault = f"the move onto its socket failed ({exc})"
+            return None
         finally:
             meeting.close()
         if got is None:
@@ -299,7 +311,8 @@ class Link:
             self.transport = f"pipes (the executor cannot reach its socket: {got})"
             return pipe
         self._sock, self._sink, self.transport = got, got.sendall, "socket"
-        return got.makefile("rb")
+        self._sock_reader = got.makefile("rb")
+        return self._sock_reader
 
     def _frames(self, stream: Any) -> None:
         """Hand each frame to its command; never blocks. Until the protocol is broken (see
