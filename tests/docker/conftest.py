@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,3 +54,54 @@ def same_tree(rt: ComposeRuntime, out: Path) -> bool:
 
 
 __all__ = ["BUSYBOX_IMAGE", "PYTHON_IMAGE", "MakeEnv", "same_tree", "within"]
+
+
+_LOADED = """
+import json, sys
+entry, words = sys.argv[1], json.loads(sys.argv[2])
+sys.argv = ["orchestrator", *words]
+main = __import__(entry, fromlist=["main"]).main
+code = 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def loaded_by(entry: str, *args: str) -> tuple[str, set[str]]:
+    """What `orchestrator ARGS` printed, started at module `entry`'s main (the command's
+    own start, orchestrator.endpoint, or the full CLI, orchestrator.cli), and the top-level
+    modules it loaded. Its exit status is the command's: a failed command (its error on
+    stderr) is not taken for one that printed nothing."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED, entry, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout, set(json.loads(done.stderr.splitlines()[-1]))
+
+
+_REACH = (
+    "import os, socket, sys\n"
+    "try:\n"
+    "    os.chdir(sys.argv[1]); socket.socket(socket.AF_UNIX).connect(sys.argv[2])\n"
+    "    print('CONNECTED')\n"
+    "except PermissionError:\n"
+    "    print('DENIED')\n"
+)
+
+
+def reaches(folder: Path, name: str, *, as_nobody: bool) -> str:
+    """Whether a process of this machine connects to the socket `name` in `folder`:
+    CONNECTED or DENIED; `as_nobody`: as another local user (needs root and setpriv)."""
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    argv = [sys.executable, "-I", "-c", _REACH, str(folder), name]
+    done = subprocess.run(
+        [*nobody, *argv] if as_nobody else argv, capture_output=True, text=True, timeout=30
+    )
+    return done.stdout.strip()

@@ -5,7 +5,6 @@ service; `logs` names the services; `up` and `run` print the runtime's warnings.
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Runtime, SandboxUnavailable, attach
-from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv
+from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv, loaded_by
 
 CLI = [sys.executable, "-m", "orchestrator"]
 TWO = f"""services:
@@ -166,32 +165,8 @@ def test_up_and_run_print_the_runtime_warnings(
     assert Path(path).exists()
 
 
-_PROBE = """
-import json, sys
-sys.argv = ["orchestrator", *json.loads(sys.argv[1])]
-from orchestrator.cli import main
-code = 0
-try:
-    main()
-except SystemExit as exc:
-    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr)
-sys.exit(code)
-"""
-
-
 def _loaded_by(*args: str) -> tuple[str, set[str]]:
-    """What `orchestrator ARGS` printed, and the top-level modules it loaded. Its exit
-    status is the command's: a failed command (its error on stderr) is not taken for one
-    that printed nothing."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout, set(json.loads(done.stderr.splitlines()[-1]))
+    return loaded_by("orchestrator.cli", *args)
 
 
 HEAVY = {"python_on_whales", "jinja2"}

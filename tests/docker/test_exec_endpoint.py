@@ -26,23 +26,10 @@ from orchestrator import attach
 from orchestrator.backends.container.executor import wire
 from orchestrator.endpoint import ENDPOINT, RECORD
 from orchestrator.paths import projects_dir
-from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import MakeEnv, loaded_by, reaches
 
 CLI = [sys.executable, "-m", "orchestrator"]
 FULL = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
-
-PROBE = """
-import json, sys
-sys.argv = ["orchestrator", *json.loads(sys.argv[1])]
-from orchestrator.endpoint import main
-code = 0
-try:
-    main()
-except SystemExit as exc:
-    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr)
-sys.exit(code)
-"""
 
 LIST_SOCKETS = r"""
 import os, stat
@@ -116,9 +103,8 @@ def test_the_endpoint_answers_as_the_full_cli_and_loads_nothing_heavy(up: str) -
             full.stdout,
             full.stderr,
         ), words
-    done = run([sys.executable, "-c", PROBE, json.dumps(["exec", up, "--", "echo", "hi"])])
-    assert done.returncode == 0 and done.stdout == "hi\n", done.stderr
-    loaded = set(json.loads(done.stderr.splitlines()[-1]))
+    out, loaded = loaded_by("orchestrator.endpoint", "exec", up, "--", "echo", "hi")
+    assert out == "hi\n"
     assert not loaded & {"typer", "pydantic", "python_on_whales", "jinja2", "rich"}, loaded
 
 
@@ -219,19 +205,8 @@ def test_nobody_without_the_token_runs_anything(up: str) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root")
 def test_another_local_user_cannot_reach_the_endpoint(up: str) -> None:
-    folder = _folder(up)
-    probe = (
-        "import os, socket, sys\n"
-        "try:\n"
-        "    os.chdir(sys.argv[1]); socket.socket(socket.AF_UNIX).connect(sys.argv[2])\n"
-        "    print('CONNECTED')\n"
-        "except PermissionError:\n"
-        "    print('DENIED')\n"
-    )
-    args = [sys.executable, "-I", "-c", probe, str(folder), ENDPOINT]
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    assert run([*nobody, *args]).stdout.strip() == "DENIED"
-    assert run(args).stdout.strip() == "CONNECTED"  # the probe can tell
+    assert reaches(_folder(up), ENDPOINT, as_nobody=True) == "DENIED"
+    assert reaches(_folder(up), ENDPOINT, as_nobody=False) == "CONNECTED"  # it can tell
 
 
 def test_a_session_leaves_no_record_behind(up: str) -> None:
