@@ -2,8 +2,8 @@
 
 The `orchestrator` command starts here. For `exec [-i] ID [--timeout S] [--] CMD...` on an
 environment that has an endpoint (a detached Docker environment: `up`), it runs the command
-over that endpoint: a unix socket in the folder the host shares with the main container
-alone, held by the environment's resident executor (see backends/container/resident.py), the
+over that endpoint: a unix socket in the environment's project folder, which no container
+sees, held by the environment's resident executor (see backends/container/resident.py), the
 same executor protocol as the library's commands. No docker exec, no Typer, no pydantic: a
 command costs a connection and a few frames. Anything else, or whatever this path cannot
 answer exactly as the full CLI would (an id it does not find whole, another option, a
@@ -12,8 +12,9 @@ command ran. Standard library only (and the executor's wire format), so that thi
 loads in a few milliseconds: Typer and argparse are not used here on purpose.
 
 Who can use the endpoint: its socket is the owner's (mode 0600, in the owner's 0700 project
-folder; read-only in the container); a connection must first show the token that only the
-environment's record (owner-only) and the resident hold. The command then runs as the full
+folder, taken only when state folder, record and socket are this user's alone); a connection
+must first show the token that only the environment's record (owner-only) and the resident
+hold. The command then runs as the full
 CLI would run it: the environment's user and workdir, its timeout kills its tree, its exit
 code is ours (124 on timeout), its stdout and stderr apart; it dies with our connection
 (Ctrl-C, a kill of this process), as the full CLI kills it. One difference: a command
