@@ -58,9 +58,13 @@ async def _rest(events: AsyncIterator[ExecOutput]) -> list[ExecOutput]:
 def test_exec_remote_both_modes_natively(tmp_path: Path) -> None:
     config = env_file(tmp_path)
 
+    made: list[str] = []
+
     async def scenario() -> None:
         envs = await OrchestratorSandbox.sample_init("t", config, {"word": "hi"})
         box = envs["default"]
+        assert isinstance(box, OrchestratorSandbox)
+        made.append(box.runtime.info().id)
         try:
             # streaming, stdin open: each line answered while the command runs
             opts = ExecRemoteStreamingOptions(stdin_open=True, input="first\n")
@@ -151,5 +155,5 @@ def test_exec_remote_both_modes_natively(tmp_path: Path) -> None:
             await OrchestratorSandbox.sample_cleanup("t", config, envs, interrupted=False)
 
     asyncio.run(scenario())
-    # nothing of its environment is left (by its name: other tests' come and go meanwhile)
-    assert [p.name for p in list_projects() if p.env == "remote"] == []
+    # nothing of its environment is left (by its id: other runs' come and go meanwhile)
+    assert made and [p.name for p in list_projects() if p.name in made] == []
