@@ -7,10 +7,11 @@ container sees (`<project>/exec.sock`, mode 0600, in the owner's 0700 folder): n
 the sandbox, root included, can reach it by a path, plant or replace it. It hands the socket
 to the resident over a meeting in the folder it shares with the main container alone
 (executor/direct.py: the one connection that shows the token the resident was told on its
-stdin), with the token every client must show first. That token, and
-what a command gets when the call says nothing (the environment's user and workdir), go in
-the project folder's record (`exec.json`, owner-only), written only once the resident holds
-the socket. Each client connection is an executor of its own: its commands die with it.
+stdin), with the token every client must show first. That token, and what a command gets
+when the call says nothing (the environment's user and workdir), go in the project folder's
+record (`exec.json`, owner-only), written only once the resident holds the socket. Every
+step has a deadline, and nothing the resident's start prints is kept. Each client connection
+is an executor session of its own: its command dies with it.
 
 Best effort: an environment without it (gVisor keeps host sockets out; a remote engine; a
 reset killed the resident; a suspended one) runs `exec` as before, by the full CLI.
@@ -51,10 +52,10 @@ def open_endpoint(
         (project / RECORD).unlink()  # a former resident's token: its socket goes below
     try:
         token = _start(engine, container, project, shared)
+        write_file(project / RECORD, json.dumps({**defaults, "token": token.hex()}))
     except (OSError, subprocess.SubprocessError, direct.Broken) as exc:
         log.info("%s: no exec endpoint (%s); exec goes by the full CLI", container, exc)
         return False
-    write_file(project / RECORD, json.dumps({**defaults, "token": token.hex()}))
     return True
 
 
@@ -74,17 +75,16 @@ def _start(engine: Engine, container: str, project: Path, shared: Path) -> bytes
             command = ["python3", "-u", "-I", "-S", f"{SANDBOX_MOUNT}/agent.py", "--resident"]
             argv = engine.exec_target(container).argv(command, user="0", stdin=True)
             ask = json.dumps({"path": meeting.inside, "token": meeting.token.hex()})
-            done = subprocess.run(
-                argv,
+            done = subprocess.run(  # (nothing of what it prints is kept: the image's python3
+                argv,  # may be anyone's, and print without end)
                 input=(ask + "\n").encode(),
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
                 timeout=START_WITHIN,
                 check=False,
             )
             if done.returncode != 0:
-                tail = done.stderr.decode("utf-8", "replace").strip()[-300:]
-                raise OSError(f"the resident did not start: {tail or done.returncode}")
+                raise OSError(f"the resident did not start (exit {done.returncode})")
             conn = meeting.meet(None)
             if not isinstance(conn, socket.socket):
                 raise direct.Broken("no connection")

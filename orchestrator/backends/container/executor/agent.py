@@ -413,10 +413,10 @@ def resident():
     """`--resident`: the environment's endpoint for `orchestrator exec` (see resident.py on
     the host). Told on stdin where the host's meeting is and its token, it leaves docker
     exec's sight (two forks, a session of its own, stdio on /dev/null: still one thread),
-    meets the host, receives the listening socket the host made in the folder it shares
-    with this container alone and the token its clients show, and serves each client that
-    shows it as an executor of its own (no DIRECT, not owned); a client's commands die with
-    its connection."""
+    meets the host in the folder it shares with this container alone, receives there the
+    listening socket the host made where no container sees it and the token its clients
+    show, and serves each client that shows it as an executor of its own (one command, no
+    DIRECT, not owned); a client's command dies with its connection."""
     ask = json.loads(sys.stdin.buffer.readline(4096).decode())
     if os.fork():
         os._exit(0)
