@@ -80,8 +80,13 @@ def main() -> None:
 def run(args: list[str]) -> int:
     call = parse(args)
     folder = _project_folder(call.ident)
-    owed = os.path.join(folder, "owed-kills")
-    if os.path.isdir(owed) and os.listdir(owed):
+    try:
+        owed = os.listdir(os.path.join(folder, "owed-kills"))
+    except FileNotFoundError:
+        owed = []
+    except OSError:
+        raise NotHere("kills owed cannot be told") from None
+    if owed:
         raise NotHere("kills are owed")
     record = _record(folder)
     try:
