@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import sys
@@ -34,6 +35,9 @@ STATE = (
 )
 """Root-only folder (on tmpfs where there is one): one file per executor, listing the
 sessions of its running commands."""
+RECORD_NAME = re.compile(r"(\d+)(?:-\d+)?(\.tmp)?\Z")
+"""A record's name in STATE: its executor's pid, a resident session's number, `.tmp` while
+it is written."""
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -64,16 +68,16 @@ def reap_orphans():
     except OSError:
         return
     for name in names:
-        owner = name.split("-")[0].split(".")[0]  # PID, PID-N (a resident's session), .tmp
-        if name.endswith(".tmp") and owner.isdigit() and not alive(owner):
+        named = RECORD_NAME.match(name)  # PID or PID-N (a resident's session), maybe .tmp
+        if named is None or alive(named.group(1)):
+            continue
+        path = os.path.join(STATE, name)
+        if named.group(2):  # a record a dead executor was writing: the last one stands
             try:
-                os.unlink(os.path.join(STATE, name))  # a record a dead executor was writing
+                os.unlink(path)
             except OSError:
                 pass
             continue
-        if not (owner.isdigit() and name.replace("-", "").isdigit()) or alive(owner):
-            continue
-        path = os.path.join(STATE, name)
         try:
             with open(path) as fh:
                 sessions = {int(line) for line in fh if line.strip().isdigit()}
@@ -137,7 +141,9 @@ class Agent:
         self.starting = threading.Lock()  # a command becoming known, or a signal held
         self.ttys = {}  # the terminals of commands run on one: {cid: procutil.Tty}
         self.spawners = spawners or spawner.Spawners()
-        # a resident's connection (see resident()) is a session: its own record, no DIRECT
+        # a resident's connection (see resident()) is a session: its own record, one
+        # command, no DIRECT
+        self.session = session
         self.record_as = str(os.getpid()) if session is None else "%d-%d" % (os.getpid(), session)
         self.asked_direct = session is not None
         self.closed = False
@@ -172,14 +178,14 @@ class Agent:
                 self.kill(cid)
             if self.owned:
                 stop_container()
-            if self.record_as != str(os.getpid()):  # a session's record goes with it
+            if self.session is not None:  # a session's record goes with it
                 self.closed = True
                 self.record()
 
     def allowed(self, kind, cid):
         """A resident's session runs one command, number 1 (endpoint.py): any other
         frame ends it."""
-        if self.record_as == str(os.getpid()):
+        if self.session is None:
             return True
         if kind == wire.RUN:
             return cid == 1 and not self.flows
