@@ -153,6 +153,8 @@ def test_exec_remote_both_modes_natively(tmp_path: Path) -> None:
                     pass
         finally:
             await OrchestratorSandbox.sample_cleanup("t", config, envs, interrupted=False)
+            # sample_cleanup removes in the background; task_cleanup waits for it
+            await OrchestratorSandbox.task_cleanup("t", config, cleanup=True)
 
     asyncio.run(scenario())
     # nothing of its environment is left (by its id: other runs' come and go meanwhile)
