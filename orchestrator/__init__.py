@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
         PolicyError as PolicyError,
         PoolExhausted as PoolExhausted,
         ProcessEnded as ProcessEnded,
+        ProcessNotFound as ProcessNotFound,
         ProjectNotFound as ProjectNotFound,
         RuntimeClosed as RuntimeClosed,
         SandboxFileNotFound as SandboxFileNotFound,

@@ -124,6 +124,20 @@ class AsyncProcess:
     def ended(self) -> bool:
         return self.sync.ended
 
+    @property
+    def id(self) -> str | None:
+        """A kept process's id (Process.id)."""
+        return self.sync.id
+
+    @property
+    def cursor(self) -> int:
+        """As Process.cursor."""
+        return self.sync.cursor
+
+    def detach(self) -> None:
+        """As Process.detach: a kept process runs on."""
+        self.sync.detach()
+
     async def read(self, timeout: float | None = None) -> StreamEvent | None:
         """As Process.read: the next event, None when none came within `timeout` s."""
         return await self._first(lambda: self.sync.read(0), timeout)
@@ -232,6 +246,11 @@ class AsyncSandbox:
         return AsyncProcess(self.sync.start(*args, **kwargs))
 
     start = as_door_of(start, Sandbox.start, PROCESS_NOTE)
+
+    async def process(self, *args: Any, **kwargs: Any) -> AsyncProcess:
+        return AsyncProcess(self.sync.process(*args, **kwargs))
+
+    process = as_door_of(process, Sandbox.process, PROCESS_NOTE)
     execute = native(Sandbox.execute_call)
     stream = native_stream(Sandbox.stream_call)
     write_file = native(Sandbox.write_file_call)

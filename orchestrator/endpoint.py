@@ -222,14 +222,18 @@ class Link:
         self.sock.close()
 
 
-def _connect(folder: str, token: bytes) -> Link:
-    """A connection to the resident, its token shown and its greeting read; NotHere when
-    there is none (gone, paused, not ours)."""
+def dial(folder: str, token: bytes | None = None) -> socket.socket:
+    """A connection to the resident of the environment whose project folder is `folder`,
+    its token (the record's, unless given) shown; NotHere when there is none (gone, paused,
+    not ours). Its greeting is the caller's to read."""
+    if token is None:
+        try:
+            token = bytes.fromhex(str(_record(folder)["token"]))
+        except ValueError:
+            raise NotHere("a record that is not one") from None
     path = os.path.join(folder, ENDPOINT)
     _ours(path, stat.S_IFSOCK)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    link = Link(sock)
-    link.deadline = time.monotonic() + READY_WITHIN
     try:
         sock.setblocking(False)  # the connect alone: a full backlog must not hold us
         with contextlib.suppress(BlockingIOError):
@@ -242,6 +246,21 @@ def _connect(folder: str, token: bytes) -> Link:
             raise NotHere("no resident")
         sock.setblocking(True)
         sock.sendall(token)
+    except OSError:
+        sock.close()
+        raise NotHere("no resident") from None
+    except NotHere:
+        sock.close()
+        raise
+    return sock
+
+
+def _connect(folder: str, token: bytes) -> Link:
+    """A connection to the resident, its token shown and its greeting read; NotHere when
+    there is none (gone, paused, not ours)."""
+    link = Link(dial(folder, token))
+    link.deadline = time.monotonic() + READY_WITHIN
+    try:
         frame = link.frame(4096)
         if frame is None or frame[0] != wire.READY:
             raise NotHere("no greeting")

@@ -206,6 +206,11 @@ class SandboxUnsafeArchive(OrchestratorError, ValueError):
     of it is written."""
 
 
+class ProcessNotFound(OrchestratorError, LookupError):
+    """`Sandbox.process(id)` names no kept process of that environment: never started
+    there, ended and forgotten, or the environment was restarted."""
+
+
 class ProjectNotFound(OrchestratorError, LookupError):
     """No running environment has that id."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import posixpath
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -45,7 +46,7 @@ from orchestrator.sandbox.options import (
     default_file_limit,
     output_limit_of,
 )
-from orchestrator.sandbox.process import Process, terminal_size
+from orchestrator.sandbox.process import KEPT_ID, Process, terminal_size
 from orchestrator.sandbox.results import (
     Connection,
     Outcome,
@@ -67,6 +68,19 @@ class SandboxCore(ABC):
     def _run(self, cmd: Command) -> Chunks:
         """Run one command: yield (stream, bytes), return its Outcome. Closing the generator
         early must kill the command's whole tree."""
+
+    def _run_kept(self, cmd: Command) -> Chunks:
+        """Run the kept process `cmd.keep` (or, with `cmd.attach`, read it again from
+        there): as `_run`, but it outlives its caller (closing the generator early leaves
+        it running). Where `_check_keeps` passes."""
+        raise UsageError(f"{type(self).__name__} keeps no process")
+
+    def _check_keeps(self) -> None:
+        """UsageError, before anything runs, where processes cannot outlive their caller."""
+        raise UsageError(
+            "a kept process (keep=True, process(id)) needs a detached Docker environment's "
+            "endpoint: this backend keeps no process beyond its caller"
+        )
 
     @abstractmethod
     def _check_usable(self) -> None:
@@ -349,6 +363,7 @@ class SandboxCore(ABC):
         user: str | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
+        keep: bool = False,
     ) -> Process:
         """Start a command and return at once with its `Process` (sandbox/process.py): write
         its stdin as it runs (`stdin=False`: it reads end of file at once), read its output
@@ -356,8 +371,10 @@ class SandboxCore(ABC):
         `tty`: on a terminal of its own, `cols` x `rows` (`resize` changes it), its output
         one stream (stdout) with the terminal's echo, as `docker exec -t` gives it; where
         commands go by plain `docker exec` (no python3 in the image) a terminal is refused.
-        `timeout` kills its whole tree, counted from its start. Bad arguments raise here,
-        before anything runs."""
+        `timeout` kills its whole tree, counted from its start. `keep`: it outlives this
+        Process and this process (a detached Docker environment only: UsageError
+        elsewhere); `process(id)` reads it again, from any process of its owner. Bad
+        arguments raise here, before anything runs."""
         cmd = self._command(command, env, None, cwd, user, timeout)
         size = terminal_size(cols, rows) if tty else None
         live = LiveInput(end=procutil.VEOF if tty else b"") if stdin or tty else None
@@ -365,7 +382,27 @@ class SandboxCore(ABC):
             live.close()  # a terminal reads the end of its input at once, as a pipe would
         cmd = dataclasses.replace(cmd, stdin=live, tty=size, control=Control())
         events = Events(output_limit_of(output_limit), self._result)
-        return Process(self._run, cmd, events, self._check_usable, writable=stdin)
+        if not keep:
+            return Process(self._run, cmd, events, self._check_usable, writable=stdin)
+        self._check_keeps()
+        cmd = dataclasses.replace(cmd, keep=secrets.token_hex(16))
+        return Process(self._run_kept, cmd, events, self._check_usable, writable=stdin)
+
+    def process(self, ident: str, *, cursor: int = 0, output_limit: int | None = None) -> Process:
+        """A kept process (`start(..., keep=True)`) again, from this or any other process
+        of the environment's owner, even after its starter died: its output from `cursor`
+        on (its `Process.cursor` where a reader left off; 0: the oldest its bounded
+        scrollback holds, what was dropped counted in `cursor`), its input, signals, kill
+        and result. ProcessNotFound (at the first read) for an id it does not know."""
+        if not isinstance(ident, str) or not KEPT_ID.fullmatch(ident):
+            raise UsageError(f"not a kept process's id: {ident!r} (Process.id gives one)")
+        if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
+            raise UsageError(f"cursor must be a whole number from 0, not {cursor!r}")
+        self._check_keeps()
+        cmd = Command(["(kept)"], {}, self.workdir, None, None, LiveInput(), control=Control())
+        cmd = dataclasses.replace(cmd, keep=ident, attach=cursor)
+        events = Events(output_limit_of(output_limit), self._result)
+        return Process(self._run_kept, cmd, events, self._check_usable)
 
     # ----- the blocking door of each ---------------------------------------------------------
     execute = blocking(execute_call)

@@ -133,6 +133,10 @@ class Control:
         self._ended = False
         self._resize: Resize | None = None
         self._size: tuple[int, int] | None = None  # the last size asked before the binding
+        self.lost = 0
+        """Output bytes a kept process's scrollback dropped before they reached us."""
+        self.detached = False
+        self._hang_up: Callable[[], object] | None = None
 
     def bind(self, signal: Act, kill: Callable[[], object], resize: Resize | None = None) -> None:
         """The backend sent the command: from now on signals, kills and (for one on a
@@ -156,6 +160,23 @@ class Control:
                 self._resize(cols, rows)
             elif not self._ended:
                 self._size = (cols, rows)  # the last one asked is the one that counts
+
+    def detach(self) -> None:
+        """Stop following a kept process (it runs on): its connection is closed."""
+        with self._lock:
+            self.detached = True
+            hang_up = self._hang_up
+        if hang_up is not None:
+            hang_up()
+
+    def on_detach(self, hang_up: Callable[[], object]) -> None:
+        """How the backend closes a kept process's connection once what it asked was sent
+        (at once, if `detach` came before)."""
+        with self._lock:
+            self._hang_up = hang_up
+            now = self.detached
+        if now:
+            hang_up()
 
     def unbind(self) -> None:
         """The command ended: nothing more is sent to its process ids (a signal being sent

@@ -110,6 +110,11 @@ class Command:
     """How a started process's caller signals or kills it (sandbox/live.py): the backend
     binds it once the command is sent, and unbinds it at its end. None for every other
     call."""
+    keep: str | None = None
+    """A kept process's id (a started process's `keep=True`): it outlives its caller."""
+    attach: int | None = None
+    """Read the kept process `keep` from this offset in its output on (`Sandbox.process`),
+    instead of running `argv`."""
 
 
 STDIN_CHUNK = 1 << 20

@@ -16,6 +16,7 @@ command)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -37,6 +38,8 @@ KILL_WAIT = 10.0
 """Longest leaving a `with` block waits for a killed process to end."""
 LOOK = 1.0
 """How often output waiting for its reader looks whether the sandbox is still usable."""
+KEPT_ID = re.compile(r"[0-9a-f]{32}")
+"""A kept process's id (`Process.id`)."""
 
 
 class _Outlet:
@@ -44,9 +47,14 @@ class _Outlet:
     run to its end, its events queued (at most AHEAD bytes) for the reader. The thread holds this,
     never the Process, so a Process its caller dropped is collected (and let go)."""
 
-    def __init__(self, events: Events, usable: Callable[[], object]) -> None:
+    def __init__(self, events: Events, usable: Callable[[], object], cursor: int = 0) -> None:
         self.events = events
         self.usable = usable
+        self.cursor = cursor
+        """Offset in the output (both streams' bytes, counted together) after the events
+        handed out (read, or dropped unread)."""
+        self.received = cursor  # after the bytes received
+        self.ends: list[int] = []  # the offset after each queued event
         self.queue: list[StreamEvent] = []
         self.queued = 0  # bytes of the events in `queue`
         self.cond = threading.Condition()
@@ -76,9 +84,10 @@ class _Outlet:
                     except StopIteration as stop:
                         last = self.events.finish(stop.value)
                         break
+                    self.received += len(data)
                     event = self.events.add(kind, data)
                     if event is not None:
-                        self.hand(event)
+                        self.hand(event, self.received + control.lost)
             finally:
                 gen.close()
         except BaseException as exc:  # the caller's to see, at its next read or wait
@@ -87,14 +96,16 @@ class _Outlet:
             control.unbind()
             if stdin is not None:
                 stdin.gone()
+        total = self.received + control.lost
         for event in last[:-1]:  # a decoder's last characters
-            self.hand(event)
+            self.hand(event, total)
         with self.cond:
+            self.received = total
             self.finished = last[-1] if last else None
             self.cond.notify_all()
         self.wake()
 
-    def hand(self, event: StreamEvent) -> None:
+    def hand(self, event: StreamEvent, end: int) -> None:
         """Queue an event for the reader, waiting while AHEAD bytes wait already: unless nobody
         reads any more (`drop_unread`), or the sandbox was removed meanwhile (its command is
         gone: what is left of its output is drained, not waited on). A dropped event's
@@ -105,8 +116,11 @@ class _Outlet:
                     self.draining = True
             if not self.draining:
                 self.queue.append(event)
+                self.ends.append(end)
                 self.queued += len(event.data)
                 self.cond.notify_all()
+            else:
+                self.cursor = end
         self.wake()
 
     def _still_usable(self) -> bool:
@@ -123,6 +137,7 @@ class _Outlet:
     def take(self) -> StreamEvent:
         """The first queued event (the caller holds `cond` and saw one queued)."""
         event = self.queue.pop(0)
+        self.cursor = self.ends.pop(0)
         self.queued -= len(event.data)
         self.cond.notify_all()
         return event
@@ -130,17 +145,26 @@ class _Outlet:
     def drop_unread(self) -> None:
         with self.cond:
             self.draining = True
+            if self.ends:
+                self.cursor = self.ends[-1]
             self.queue.clear()
+            self.ends.clear()
             self.queued = 0
             self.cond.notify_all()
 
 
-def _let_go(outlet: _Outlet, stdin: LiveInput | None, control: Control, tty: bool) -> None:
+def _let_go(
+    outlet: _Outlet, stdin: LiveInput | None, control: Control, tty: bool, kept: bool
+) -> None:
     """A Process its caller dropped: nobody reads its output or writes its input any more,
     as when a pipe's other end is closed: its input ends, its output is drained into the
     tail nobody will see, and it runs to its end (or its timeout). One on a terminal is
-    killed, as a terminal's hang-up ends its session: nobody can type into it any more."""
+    killed, as a terminal's hang-up ends its session: nobody can type into it any more.
+    A kept one is only let go of (`detach`): it runs on for whoever reads it next."""
     outlet.drop_unread()
+    if kept:
+        control.detach()
+        return
     if stdin is not None:
         stdin.close()
     if tty:
@@ -169,9 +193,12 @@ class Process:
         self.tty = cmd.tty is not None
         """Whether it runs on a terminal of its own (its output then all "stdout")."""
         self._control: Control = cmd.control
-        out = self._out = _Outlet(events, usable)
+        self.id = cmd.keep
+        """A kept process's id (`start(..., keep=True)`), for `Sandbox.process`; else None."""
+        out = self._out = _Outlet(events, usable, cmd.attach or 0)
         control = cmd.control
-        weakref.finalize(self, _let_go, out, stdin, control, self.tty)
+        kept = cmd.keep is not None
+        weakref.finalize(self, _let_go, out, stdin, control, self.tty, kept)
         procutil.in_thread(lambda: out.pump(run, cmd, control, stdin))
 
     def watch(self, wake: Callable[[], None]) -> None:
@@ -182,6 +209,22 @@ class Process:
         wake()
 
     # ----- reading --------------------------------------------------------------------------
+    @property
+    def cursor(self) -> int:
+        """Where its reader is in its output (both streams' bytes counted together from its
+        start, what a kept process's scrollback dropped included): a kept one's
+        `Sandbox.process(id, cursor=...)` goes on from there."""
+        out = self._out
+        with out.cond:
+            return out.received if out.ended and not out.queue else out.cursor
+
+    def detach(self) -> None:
+        """A kept process: stop following it, leaving it running (`Sandbox.process(id)`
+        reads it again); reading this Process afterwards raises UsageError. Nothing for
+        another process (kill it, or wait for it)."""
+        if self.id is not None:
+            self._control.detach()
+
     @property
     def ended(self) -> bool:
         """Whether the command ended (its "finished" event may still be unread)."""

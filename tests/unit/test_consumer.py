@@ -32,6 +32,7 @@ from orchestrator import (
     PoolExhausted,
     Process,
     ProcessEnded,
+    ProcessNotFound,
     ProjectNotFound,
     PublishedPort,
     Runtime,
@@ -137,6 +138,10 @@ def talk(rt: Sandbox) -> tuple[str, int]:
     result: RuntimeResult = proc.wait(10)
     with pytest.raises(ProcessEnded):  # a BrokenPipeError too: its input is gone
         proc.write("late")
+    assert proc.id is None  # not kept: nobody can read it again
+    with pytest.raises(UsageError):  # this place keeps no process beyond its caller
+        rt.start(["true"], keep=True)
+    assert issubclass(ProcessNotFound, LookupError)  # what a kept id nobody knows raises
     return (first.text if first is not None else ""), result.exit_code
 
 

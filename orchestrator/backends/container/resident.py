@@ -13,6 +13,11 @@ record (`exec.json`, owner-only), written only once the resident holds the socke
 step has a deadline, and nothing the resident's start prints is kept. Each client connection
 is an executor session of its own: its command dies with it.
 
+The library reaches the same endpoint for kept processes (`Sandbox.start(keep=True)`,
+`Sandbox.process(id)`: executor/kept.py in the container): each is run, and each reader
+of one attached, over a connection of its own (a `ResidentLink`), which closing leaves the
+process running.
+
 Best effort: an environment without it (gVisor keeps host sockets out; a remote engine; a
 reset killed the resident; a suspended one) runs `exec` as before, by the full CLI.
 """
@@ -26,14 +31,22 @@ import os
 import secrets
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
+from orchestrator import procutil
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.executor import direct
+from orchestrator.backends.container.executor.client import ExecutorClient
+from orchestrator.backends.container.executor.link import Probe
 from orchestrator.backends.container.executor.spawnchild import send_message
 from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
-from orchestrator.endpoint import ENDPOINT, RECORD
+from orchestrator.endpoint import ENDPOINT, READY_WITHIN, RECORD, NotHere, dial
+from orchestrator.errors import ExecutorLost, SandboxUnavailable, UsageError
 from orchestrator.paths import write_file
+from orchestrator.sandbox.options import Chunks, Command
 
 log = logging.getLogger("orchestrator.docker")
 
@@ -101,3 +114,83 @@ def _start(engine: Engine, container: str, project: Path, shared: Path) -> bytes
                 os.unlink(ENDPOINT, dir_fd=dirfd)
         os.close(dirfd)
     return token
+
+
+NO_ENDPOINT = (
+    "a kept process (keep=True, process(id)) needs the environment's endpoint, which a "
+    "detached Docker environment has (`orchestrator up`, spawn_runtime(..., detached=True)) "
+    "where its executor reaches a socket of the host's (not under gVisor, nor on a remote "
+    "engine)"
+)
+
+
+def check_endpoint(project: Path | None) -> None:
+    """UsageError (before anything runs) where `project` has no endpoint of ours."""
+    if project is None or not (project / RECORD).is_file():
+        raise UsageError(NO_ENDPOINT)
+
+
+class ResidentLink(ExecutorClient):
+    """One connection to an environment's resident, as an executor link: a session of its
+    own, one command (number 1). Closing it leaves a kept process running."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__([])
+        self._sock, self._sink, self.transport = sock, sock.sendall, "socket"
+        self._sock_reader = sock.makefile("rb")
+
+    def _input(self) -> Any:
+        return self._sock_reader
+
+    def start(self) -> None:
+        self._last_rx = time.monotonic()
+        self._threads = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._write, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead.is_set()
+
+    def close(self, release: bool = True) -> None:
+        self._closing = True
+        self.shutdown()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+        for t in self._threads:
+            t.join(2)
+        for end in (self._sock_reader, self._sock):
+            if end is not None:
+                with contextlib.suppress(OSError):
+                    end.close()
+        self.dead.set()
+
+
+def run_kept(project: Path | None, cmd: Command, probe: Probe) -> Chunks:
+    """Run (or, with `cmd.attach`, read again) the kept process `cmd.keep` over a
+    connection of its own to the resident of `project`."""
+    check_endpoint(project)
+    try:
+        sock = dial(str(project))
+    except NotHere as exc:
+        raise SandboxUnavailable(f"the environment's endpoint does not answer ({exc})") from None
+    link = ResidentLink(sock)
+    control = cmd.control
+    try:
+        link.start()
+        if not link.wait_ready(READY_WITHIN) and not link.dead.is_set():
+            raise probe() or SandboxUnavailable("the environment's endpoint does not answer")
+        return (yield from link.run(cmd, procutil.GRACE, probe))
+    except ExecutorLost:
+        if control is not None and control.detached:
+            raise UsageError(
+                f"this Process was detached from kept process {cmd.keep}, which runs on: "
+                "Sandbox.process(id, cursor=...) reads it again"
+            ) from None
+        raise
+    finally:
+        link.close()

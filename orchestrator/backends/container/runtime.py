@@ -25,6 +25,7 @@ from orchestrator.backends.container import (
     membership,
     owed,
     readiness,
+    resident,
 )
 from orchestrator.backends.container.channel import Channel, Mode
 from orchestrator.backends.container.engine import Engine, NoSuchContainer
@@ -395,3 +396,9 @@ class ContainerRuntime(Runtime):
     def _run_bulk(self, cmd: Command) -> Chunks:
         assert self._main is not None
         return (yield from self._main.run(cmd, bulk=True))
+
+    def _check_keeps(self) -> None:
+        resident.check_endpoint(self._project_folder())
+
+    def _run_kept(self, cmd: Command) -> Chunks:
+        return (yield from resident.run_kept(self._project_folder(), cmd, self._lost))

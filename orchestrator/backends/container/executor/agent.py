@@ -24,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import kept
 import procutil
 import spawner
 import wire
@@ -130,6 +131,13 @@ class Flow:
             self.cond.notify_all()
 
 
+class Unpaced(Flow):
+    """A kept process's output (kept.py): never waits for credit (each reader has its own)."""
+
+    def acquire(self):
+        return not self.cancelled
+
+
 class Agent:
     def __init__(self, inp, out, owned, session=None, spawners=None):
         self.inp, self.out, self.owned = inp, out, owned
@@ -147,8 +155,26 @@ class Agent:
         self.record_as = str(os.getpid()) if session is None else "%d-%d" % (os.getpid(), session)
         self.asked_direct = session is not None
         self.closed = False
+        # a session's kept process (kept.py), or the one it reads (ATTACH): its Hub, and
+        # this connection's Reader of it
+        self.hub = None
+        self.reader = None
+        self.gone = False  # the session's connection ended
+        self.ended = False  # its kept process ended
 
     def send(self, kind, cid, payload=b""):
+        """A frame to the host; a kept process's own go to its readers (kept.py)."""
+        hub = self.hub
+        if hub is not None and hub.agent is self and cid == 1:
+            if kind in (wire.OUT, wire.ERR):
+                return hub.add(kind, payload)
+            if kind == wire.EXIT:
+                return hub.finish(payload)
+            if kind == wire.TAKEN:
+                return hub.taken(payload)
+        self.send_here(kind, cid, payload)
+
+    def send_here(self, kind, cid, payload=b""):
         with self.lock:
             try:
                 write_all(self.out.fileno(), wire.pack(kind, cid, payload))
@@ -174,27 +200,55 @@ class Agent:
                     break
                 self.handle(*frame)
         finally:
+            if self.reader is not None:
+                self.reader.close()
+            keeps = self.hub is not None and self.hub.agent is self
             for cid in list(self.flows):  # the host went away: nothing may outlive it
-                self.kill(cid)
+                if not keeps:  # (but a kept process)
+                    self.kill(cid)
             if self.owned:
                 stop_container()
-            if self.session is not None:  # a session's record goes with it
-                self.closed = True
-                self.record()
+            if self.session is not None:  # a session's record goes with it (a kept
+                with self.starting:  # process's, once that ended: see finish)
+                    self.gone = True
+                    close = not keeps or self.ended
+                if close:
+                    self.closed = True
+                    self.record()
 
     def allowed(self, kind, cid):
         """A resident's session runs one command, number 1 (endpoint.py): any other
         frame ends it."""
         if self.session is None:
             return True
-        if kind == wire.RUN:
-            return cid == 1 and not self.flows
+        if kind in (wire.RUN, wire.ATTACH):
+            return cid == 1 and not self.flows and self.hub is None
         return cid == 1 or kind == wire.PING
 
     def handle(self, kind, cid, payload):
-        if kind == wire.RUN:
+        if self.reader is not None and kind in (wire.STDIN, wire.STDIN_EOF):
+            self.hub.write(self.reader, kind, payload)  # (to a kept process: kept.py)
+        elif self.reader is not None and kind in (wire.KILL, wire.SIGNAL, wire.RESIZE):
+            self.hub.agent.act(kind, 1, payload)
+        elif self.reader is not None and kind == wire.CREDIT:
+            if len(payload) == wire.COUNT.size:
+                self.reader.grant(wire.COUNT.unpack(payload)[0])
+        elif kind == wire.RUN:
             self.start(cid, payload)
-        elif kind == wire.STDIN and cid in self.stdin:
+        elif kind == wire.ATTACH and self.session is not None:
+            self.attach(payload)
+        elif kind == wire.PING:
+            self.send_here(wire.PONG, cid)
+        elif kind == wire.RELEASE:
+            self.owned = False
+        elif kind == wire.DIRECT and not self.asked_direct and not self.flows:
+            self.go_direct(payload)
+        else:
+            self.act(kind, cid, payload)
+
+    def act(self, kind, cid, payload):
+        """What the host asks of one of this executor's own commands."""
+        if kind == wire.STDIN and cid in self.stdin:
             self.stdin[cid].put(payload)
         elif kind == wire.STDIN_EOF and cid in self.stdin:
             self.stdin[cid].put(None)
@@ -206,12 +260,29 @@ class Agent:
             self.signal(cid, wire.COUNT.unpack(payload)[0])
         elif kind == wire.RESIZE and cid in self.ttys and len(payload) == wire.SIZE.size:
             self.ttys[cid].resize(*wire.SIZE.unpack(payload))
-        elif kind == wire.PING:
-            self.send(wire.PONG, cid)
-        elif kind == wire.RELEASE:
-            self.owned = False
-        elif kind == wire.DIRECT and not self.asked_direct and not self.flows:
-            self.go_direct(payload)
+
+    def attach(self, payload):
+        """ATTACH: this connection reads a kept process from its cursor on (GONE when no
+        kept process has the id: nothing else is said)."""
+        try:
+            ident, cursor = wire.decode_attach(payload)
+        except ValueError:
+            hub = None
+        else:
+            hub = kept.find(ident)
+        if hub is None:
+            self.send_here(wire.GONE, 1)
+            return
+        with hub.cond:
+            cursor = min(cursor, hub.end)
+        reader = kept.Reader(hub, lambda kind, data: self.send_here(kind, 1, data), cursor)
+        try:
+            procutil.in_thread(reader.serve)
+        except RuntimeError:  # no thread: the pids limit
+            end = wire.Exit(126, False, 0.0, unavailable="cannot start a thread")
+            self.send_here(wire.EXIT, 1, wire.encode_exit(end))
+            return
+        self.hub, self.reader = hub, reader
 
     def go_direct(self, payload):
         """Carry every later frame over the host's socket (see direct.py on the host): a
@@ -266,6 +337,8 @@ class Agent:
         self.flows[cid] = Flow()
         try:
             req = wire.decode_request(payload)
+            if req.keep is not None and not self.keep(cid, req.keep):
+                return
             if req.stdin:
                 self.stdin[cid] = queue.Queue()
             procutil.in_thread(lambda: self.run(cid, req))
@@ -273,6 +346,27 @@ class Agent:
             self.refuse(cid, 126, "cannot start a thread", unavailable=True)
         except ValueError as exc:  # includes JSON errors
             self.refuse(cid, 125, "bad request: %s" % exc)
+
+    def keep(self, cid, ident):
+        """Make this session's command a kept one (kept.py), this connection its first
+        reader; False (refused) where it cannot be."""
+        if self.session is None:
+            self.refuse(cid, 125, "only a resident's session keeps a process")
+            return False
+        try:
+            hub = kept.register(ident, self)
+        except (ValueError, kept.Full) as exc:
+            self.refuse(cid, 125, "cannot keep the process: %s" % exc)
+            return False
+        reader = kept.Reader(hub, lambda kind, data: self.send_here(kind, 1, data), 0)
+        try:
+            procutil.in_thread(reader.serve)
+        except RuntimeError:  # no thread: the pids limit (start refuses it)
+            kept.forget(ident)
+            raise
+        self.flows[cid] = Unpaced()
+        self.hub, self.reader = hub, reader
+        return True
 
     def refuse(self, cid, code, message, elapsed=0.0, unavailable=False):
         """Answer a request the executor cannot honour: an error frame and an exit status."""
@@ -385,6 +479,13 @@ class Agent:
         self.held.pop(cid, None)
         self.ttys.pop(cid, None)
         self.send(wire.EXIT, cid, wire.encode_exit(outcome))
+        if self.hub is not None and self.hub.agent is self:  # a kept process: its record
+            with self.starting:  # goes once its session's connection went too
+                self.ended = True
+                close = self.gone
+            if close:
+                self.closed = True
+                self.record()
 
 
 def can_switch_users():

@@ -23,7 +23,7 @@ from orchestrator import procutil
 from orchestrator.backends.container.executor import wire
 from orchestrator.backends.container.executor.fifo import Fifo, FifoReader
 from orchestrator.backends.container.executor.link import Link, Probe, Waker
-from orchestrator.errors import ExecutorLost
+from orchestrator.errors import ExecutorLost, ProcessNotFound
 from orchestrator.sandbox.live import LiveInput
 from orchestrator.sandbox.options import AChunks, Chunks, Command, stdin_chunks
 from orchestrator.sandbox.results import Outcome, StreamKind
@@ -89,6 +89,8 @@ class ExecutorClient(Link):
                     call.overdue()
                     continue
                 got = call.take(kind, payload)
+                if got is None:
+                    continue
                 if not isinstance(got, Outcome):
                     yield got
                 elif reader is None:
@@ -157,6 +159,8 @@ class ExecutorClient(Link):
                     call.overdue()
                     continue
                 got = call.take(kind, payload)
+                if got is None:
+                    continue
                 yield got
                 if isinstance(got, Outcome):
                     return
@@ -180,7 +184,8 @@ class _Call:
         self.backstop: float | None = None
         # however the call goes (ended, or dropped unended: its event loop closed under it),
         # its command is killed and its inbox dropped, once
-        self.forget = weakref.finalize(self, client.forget, self.cid, self._done)
+        kept = cmd.keep is not None
+        self.forget = weakref.finalize(self, client.forget, self.cid, self._done, kept)
 
     @property
     def done(self) -> bool:
@@ -192,6 +197,9 @@ class _Call:
         client, cmd = self.client, self.cmd
         if client.dead.is_set():
             raise ExecutorLost(client.why("the executor is not running"))
+        if cmd.keep is not None and cmd.attach is not None:  # a kept process, read again
+            client.send(wire.ATTACH, self.cid, wire.encode_attach(cmd.keep, cmd.attach))
+            return self._bind()
         request = wire.Request(
             cmd.argv,
             cmd.env,
@@ -202,8 +210,17 @@ class _Call:
             stdout_fifo=fifo.inside if fifo is not None and not fifo.into else None,
             stdin_fifo=fifo.inside if fifo is not None and fifo.into else None,
             tty=list(cmd.tty) if cmd.tty is not None else None,
+            keep=cmd.keep,
         )
         client.send(wire.RUN, self.cid, wire.encode_request(request))
+        self._bind()
+
+    def _bind(self) -> None:
+        cmd = self.cmd
+        if cmd.control is not None and cmd.keep is not None:
+            # `Process.detach`: what was asked is written, then this connection ends (a
+            # kept process runs on)
+            cmd.control.on_detach(self.client.shutdown)
         if cmd.control is not None:  # a started process: its caller may signal it now
             resize = self.resize if cmd.tty is not None else None
             cmd.control.bind(self.signal, self._kill_now, resize)
@@ -236,7 +253,7 @@ class _Call:
             return
         raise ExecutorLost("executor stopped answering; it will be restarted")
 
-    def take(self, kind: int, payload: bytes) -> tuple[StreamKind, bytes] | Outcome:
+    def take(self, kind: int, payload: bytes) -> tuple[StreamKind, bytes] | Outcome | None:
         """A frame of this command: output (its credit handed back as it is read), or the
         Outcome at its exit. ExecutorLost when the executor died meanwhile."""
         client = self.client
@@ -250,6 +267,16 @@ class _Call:
         if kind == wire.EXIT:
             self._done[0] = True
             return client.outcome(payload)
+        if kind == wire.LOST and len(payload) == wire.LOST_COUNT.size:
+            if self.cmd.control is not None:
+                self.cmd.control.lost += wire.LOST_COUNT.unpack(payload)[0]
+            return None
+        if kind == wire.GONE:
+            self._done[0] = True
+            raise ProcessNotFound(
+                f"no kept process {self.cmd.keep} in this environment: it was never started "
+                "there with keep=True, it ended and was forgotten, or the environment restarted"
+            )
         raise ExecutorLost(client.why("the in-container executor died while it ran"))
 
     def end(self) -> None:
@@ -280,8 +307,9 @@ class _Call:
     def stop(self, within: float = KILL_WITHIN) -> None:
         """Kill the command and wait (at most `within` s) for its exit report: once this
         returns, nothing of it runs on (its caller was cancelled, and must not see it act
-        afterwards). A sandbox paused meanwhile never reports: the wait ends at `within`."""
-        if not self._kill_now():
+        afterwards). A sandbox paused meanwhile never reports: the wait ends at `within`.
+        A kept process is left running: it outlives its callers (its `kill` kills it)."""
+        if self.cmd.keep is not None or not self._kill_now():
             return
         deadline = time.monotonic() + within
         while (left := deadline - time.monotonic()) > 0 and not self._exited(min(left, 0.25)):
@@ -289,7 +317,7 @@ class _Call:
 
     async def astop(self, arrived: asyncio.Event, within: float = KILL_WITHIN) -> None:
         """`stop`, awaited on the event loop (woken by the frames' `arrived`)."""
-        if not self._kill_now():
+        if self.cmd.keep is not None or not self._kill_now():
             return
         deadline = time.monotonic() + within
         while (left := deadline - time.monotonic()) > 0:

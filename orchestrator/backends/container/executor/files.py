@@ -20,7 +20,10 @@ AGENT = "agent.py"
 #: their path there: its own modules beside it, and the process core as the package
 #: `procutil` (its parts import one another relatively, so it needs no `orchestrator`).
 FILES = {
-    **{name: HERE / name for name in (AGENT, "fds.py", "spawner.py", "spawnchild.py", "wire.py")},
+    **{
+        name: HERE / name
+        for name in (AGENT, "fds.py", "kept.py", "spawner.py", "spawnchild.py", "wire.py")
+    },
     **{
         f"procutil/{f.name}": f
         for f in sorted(Path(procutil.__file__).resolve().parent.glob("*.py"))

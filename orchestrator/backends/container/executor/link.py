@@ -97,7 +97,7 @@ class Inbox:
                 self._allowed -= 1
             elif kind == wire.EXIT:
                 self._exited = True
-            else:
+            elif kind not in (wire.LOST, wire.GONE):  # (a kept process's: client.py)
                 return f"a frame of unexpected kind {kind}"
         return None
 
@@ -246,9 +246,13 @@ class Link:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
 
-    def _read(self) -> None:
+    def _input(self) -> Any:
+        """Where the executor's first frame (its greeting) is read from."""
         assert self._proc is not None and self._proc.stdout is not None
-        stream: Any = self._proc.stdout
+        return self._proc.stdout
+
+    def _read(self) -> None:
+        stream: Any = self._input()
         try:
             if self._greeting(stream):
                 stream = self._meet(stream)
@@ -347,8 +351,9 @@ class Link:
     def _write(self) -> None:
         """The only writer of the executor's input. A sandbox that stops reading (paused,
         frozen) blocks this thread, never a caller."""
-        assert self._proc is not None and self._proc.stdin is not None
-        stdin = self._proc.stdin
+        stdin = self._proc.stdin if self._proc is not None else None
+        write = self._sink or (stdin.write if stdin is not None else None)
+        assert write is not None
         swept = time.monotonic()
         while True:
             try:
@@ -364,12 +369,13 @@ class Link:
                 continue
             # on a broken pipe the reader notices the death and fails the commands
             with contextlib.suppress(OSError, ValueError):
-                (self._sink or stdin.write)(frame)
+                (self._sink or write)(frame)
             with self._out_cond:
                 self._out_bytes -= len(frame)
                 self._out_cond.notify_all()
-        with contextlib.suppress(OSError):
-            stdin.close()
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                stdin.close()
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_WR)
@@ -439,13 +445,14 @@ class Link:
         inbox = self._queues[cid] = Inbox()
         return cid, inbox
 
-    def forget(self, cid: int, done: list[bool]) -> None:
-        """A call is over: unless its command exited, it is killed; its inbox goes. In a child
+    def forget(self, cid: int, done: list[bool], kept: bool = False) -> None:
+        """A call is over: unless its command exited (or is `kept`: it outlives its
+        callers), it is killed; its inbox goes. In a child
         forked while the call ran (its finalizers run at its exit) nothing is done: the command
         is the parent's, and a lock a parent thread held at the fork stays held in the child."""
         if os.getpid() != self._pid:
             return
-        if not done[0] and not self.dead.is_set():
+        if not done[0] and not kept and not self.dead.is_set():
             self.send(wire.KILL, cid)
         self._queues.pop(cid, None)
 

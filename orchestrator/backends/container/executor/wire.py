@@ -13,6 +13,11 @@ count: that many STDIN frames of this command were written to it; a started proc
 input is sent at most STDIN_WINDOW frames ahead of what it took), SWITCHED (the answer to
 DIRECT: every later frame, both ways, goes over that socket) or NOT_SWITCHED (why not; the
 pipes stay).
+Kept processes (a resident's sessions only: see kept.py): RUN with `keep` set starts one
+that outlives its connection; ATTACH (host -> executor, JSON: its `id` and a `cursor`, the
+offset in its output to go on from) makes a new connection one of its readers. Executor ->
+host: LOST (8-byte count: output bytes dropped from the scrollback before this reader got
+them) and GONE (no kept process has that id).
 
 The two JSON payloads, RUN's request and EXIT's outcome, are encoded and decoded only here,
 so both sides spell their keys alike.
@@ -27,6 +32,7 @@ than the host accepts, ends the executor.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -34,11 +40,14 @@ HEADER = struct.Struct(">BII")
 RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL, RESIZE = 1, 2, 3, 4, 5, 6, 7, 8, 9
 READY, OUT, ERR, EXIT, PONG, TAKEN = 10, 11, 12, 13, 14, 15
 DIRECT, SWITCHED, NOT_SWITCHED = 16, 17, 18
+ATTACH, LOST, GONE = 19, 20, 21
 MAX_PAYLOAD = 64 * 1024 * 1024
 WINDOW = 64
 """Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit
 is needed."""
 COUNT = struct.Struct(">I")
+LOST_COUNT = struct.Struct(">Q")
+"""LOST's payload: bytes dropped."""
 SIZE = struct.Struct(">HH")
 """RESIZE's payload: columns, rows."""
 STDIN_WINDOW = 8
@@ -104,6 +113,8 @@ class Request(NamedTuple):
     tty: Optional[List[int]] = None
     """[columns, rows]: run it on a terminal of its own that size (procutil.tty): its output
     one stream, its STDIN typed into the terminal; RESIZE changes the size."""
+    keep: Optional[str] = None
+    """The id (KEEP_ID) of a kept process: it outlives this connection (see kept.py)."""
 
 
 class Exit(NamedTuple):
@@ -136,7 +147,30 @@ def decode_request(payload: bytes) -> Request:
         isinstance(req.tty, list) and len(req.tty) == 2 and all(type(n) is int for n in req.tty)
     ):
         raise ValueError("tty must be [columns, rows]")
+    if req.keep is not None and not (isinstance(req.keep, str) and KEEP_ID.fullmatch(req.keep)):
+        raise ValueError("keep must be 32 lowercase hex digits")
     return req
+
+
+KEEP_ID = re.compile(r"[0-9a-f]{32}")
+"""A kept process's id: 16 random bytes in hex, chosen by the host."""
+
+
+def encode_attach(ident: str, cursor: int) -> bytes:
+    return json.dumps({"id": ident, "cursor": cursor}).encode()
+
+
+def decode_attach(payload: bytes) -> Tuple[str, int]:
+    """Raises ValueError for an ATTACH payload that is not one."""
+    data = json.loads(payload.decode())
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    ident, cursor = data.get("id"), data.get("cursor")
+    if not (isinstance(ident, str) and KEEP_ID.fullmatch(ident)):
+        raise ValueError("not an id")
+    if type(cursor) is not int or cursor < 0:
+        raise ValueError("not a cursor")
+    return ident, cursor
 
 
 def encode_exit(outcome: Exit) -> bytes:
