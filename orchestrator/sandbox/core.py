@@ -393,7 +393,8 @@ class SandboxCore(ABC):
         of the environment's owner, even after its starter died: its output from `cursor`
         on (its `Process.cursor` where a reader left off; 0: the oldest its bounded
         scrollback holds, what was dropped counted in `cursor`), its input, signals, kill
-        and result. ProcessNotFound (at the first read) for an id it does not know."""
+        and result. ProcessNotFound (at the first read) for an id it does not know: an id is
+        known once its start reached the sandbox (as soon as it printed anything)."""
         if not isinstance(ident, str) or not KEPT_ID.fullmatch(ident):
             raise UsageError(f"not a kept process's id: {ident!r} (Process.id gives one)")
         if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:

@@ -140,6 +140,7 @@ def test_a_flood_nobody_reads_is_held_to_the_scrollback(detached: Runtime) -> No
         stdin=False,
     )
     assert flood.id is not None
+    assert flood.read(WITHIN) is not None  # it runs (its id is known there)
     flood.detach()  # nobody reads: it runs on
     with pytest.raises(UsageError, match="detached"):
         flood.wait(WITHIN)
@@ -160,8 +161,9 @@ def test_a_flood_nobody_reads_is_held_to_the_scrollback(detached: Runtime) -> No
 
 
 def test_a_kept_process_still_dies_at_its_timeout_and_by_kill(detached: Runtime) -> None:
-    timed = detached.start(["sh", "-c", "sleep 300 & sleep 301"], keep=True, timeout=1)
+    timed = detached.start(["sh", "-c", "echo up; sleep 300 & sleep 301"], keep=True, timeout=2)
     assert timed.id is not None
+    _until(timed, b"up")
     timed.detach()
     result = detached.process(timed.id).wait(WITHIN)
     assert result.timed_out
@@ -169,8 +171,9 @@ def test_a_kept_process_still_dies_at_its_timeout_and_by_kill(detached: Runtime)
         ["sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 30[01]'"]
     )
     assert left.stdout.strip() == "0", left.stdout
-    killed = detached.start(["sleep", "300"], keep=True)
+    killed = detached.start(["sh", "-c", "echo up; exec sleep 300"], keep=True)
     assert killed.id is not None
+    _until(killed, b"up")  # its start reached the sandbox: its id is known there
     other = detached.process(killed.id)
     other.kill()  # any reader may kill it
     assert killed.wait(WITHIN).exit_code == 137
