@@ -155,11 +155,19 @@ class Control:
 
     def resize(self, cols: int, rows: int) -> None:
         """Set the size of the command's terminal; nothing once it ended."""
+        self._followed()
         with self._lock:
             if self._resize is not None:
                 self._resize(cols, rows)
             elif not self._ended:
                 self._size = (cols, rows)  # the last one asked is the one that counts
+
+    def _followed(self) -> None:
+        if self.detached:
+            raise UsageError(
+                "this Process was detached from its kept process: Sandbox.process(id) reads "
+                "(and signals, kills, resizes) it again"
+            )
 
     def detach(self) -> None:
         """Stop following a kept process (it runs on): its connection is closed."""
@@ -189,6 +197,7 @@ class Control:
         """Send `sig` to the command's process group; nothing once it ended."""
         if isinstance(sig, bool) or not isinstance(sig, int) or int(sig) not in SIGNALS:
             raise UsageError(f"not a signal: {sig!r} (give a number or a signal.Signals)")
+        self._followed()
         with self._lock:
             if self._signal is not None:
                 self._signal(int(sig))
@@ -197,6 +206,7 @@ class Control:
 
     def kill(self) -> None:
         """Kill the command's whole tree; nothing once it ended."""
+        self._followed()
         with self._lock:
             if self._kill is not None:
                 self._kill()

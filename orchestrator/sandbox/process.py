@@ -330,7 +330,7 @@ class Process:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if not self.ended:
+        if not self.ended and not self._control.detached:
             self.kill()
         self.drop_unread()
         out = self._out

@@ -144,6 +144,8 @@ def test_a_flood_nobody_reads_is_held_to_the_scrollback(detached: Runtime) -> No
     flood.detach()  # nobody reads: it runs on
     with pytest.raises(UsageError, match="detached"):
         flood.wait(WITHIN)
+    with pytest.raises(UsageError, match="detached"):  # never a kill that does nothing
+        flood.kill()
     later = detached.process(flood.id)
     result = later.wait(WITHIN)
     assert result.exit_code == 0

@@ -129,3 +129,26 @@ def test_the_registry_is_bounded_and_forgets_ended_ones_first(kept: ModuleType) 
         assert kept.find(f"{5:032x}") is None and kept.find("f" * 32) is not None
     finally:
         kept._known.clear()
+
+
+def test_the_host_takes_lost_and_gone_only_as_a_kept_call_may_send_them() -> None:
+    """An executor (the image's python3, which root in the sandbox may replace) sending
+    LOST or GONE where they cannot come breaks the protocol: LOST frames cost no credit, so
+    they are held to one before each output frame, and only on a kept call."""
+    from orchestrator.backends.container.executor import wire
+    from orchestrator.backends.container.executor.link import Inbox
+
+    plain = Inbox()
+    assert plain.admit(wire.LOST) is not None and Inbox().admit(wire.GONE) is not None
+    kept = Inbox()
+    kept.kept = True
+    assert kept.admit(wire.LOST) is None
+    assert kept.admit(wire.LOST) is not None  # a second before any output
+    kept = Inbox()
+    kept.kept = True
+    assert kept.admit(wire.LOST) is None and kept.admit(wire.OUT) is None
+    assert kept.admit(wire.LOST) is None
+    assert kept.admit(wire.GONE) is not None  # only as its first frame
+    first = Inbox()
+    first.kept = True
+    assert first.admit(wire.GONE) is None and first.admit(wire.OUT) is not None

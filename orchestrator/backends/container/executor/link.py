@@ -53,6 +53,11 @@ class Inbox:
         self._exited = False
         self._stdin_cond = threading.Condition()
         self._stdin_ahead = 0  # STDIN frames sent that the executor has not said it took
+        self.kept = False
+        """A kept process's call (client.py): it also takes GONE, as its first frame, and
+        one LOST before each output frame; any other call takes neither."""
+        self._first = True
+        self._lost = False
 
     def put(self, kind: int, payload: bytes) -> None:
         """Queue a frame (from the reader thread) and wake an async caller waiting on it."""
@@ -91,13 +96,19 @@ class Inbox:
         with self._lock:
             if self._exited:
                 return "a frame after the command's exit"
+            first, self._first = self._first, False
             if kind in (wire.OUT, wire.ERR):
                 if self._allowed <= 0:
                     return "more output than the credit it was given"
                 self._allowed -= 1
+                self._lost = False
             elif kind == wire.EXIT:
                 self._exited = True
-            elif kind not in (wire.LOST, wire.GONE):  # (a kept process's: client.py)
+            elif kind == wire.LOST and self.kept and not self._lost:
+                self._lost = True  # (held to one before the next output: never piling up)
+            elif kind == wire.GONE and self.kept and first:
+                self._exited = True
+            else:
                 return f"a frame of unexpected kind {kind}"
         return None
 
