@@ -135,6 +135,8 @@ class Control:
         self._size: tuple[int, int] | None = None  # the last size asked before the binding
         self.lost = 0
         """Output bytes a kept process's scrollback dropped before they reached us."""
+        self.base = 0
+        """Where in a kept process's output this reader started."""
         self.detached = False
         self._hang_up: Callable[[], object] | None = None
 

@@ -47,13 +47,14 @@ class _Outlet:
     run to its end, its events queued (at most AHEAD bytes) for the reader. The thread holds this,
     never the Process, so a Process its caller dropped is collected (and let go)."""
 
-    def __init__(self, events: Events, usable: Callable[[], object], cursor: int = 0) -> None:
+    def __init__(self, events: Events, usable: Callable[[], object], control: Control) -> None:
         self.events = events
         self.usable = usable
-        self.cursor = cursor
+        self.control = control
+        self.cursor: int | None = None
         """Offset in the output (both streams' bytes, counted together) after the events
-        handed out (read, or dropped unread)."""
-        self.received = cursor  # after the bytes received
+        handed out (read, or dropped unread); None before the first."""
+        self.got = 0  # bytes received
         self.ends: list[int] = []  # the offset after each queued event
         self.queue: list[StreamEvent] = []
         self.queued = 0  # bytes of the events in `queue`
@@ -84,10 +85,10 @@ class _Outlet:
                     except StopIteration as stop:
                         last = self.events.finish(stop.value)
                         break
-                    self.received += len(data)
+                    self.got += len(data)
                     event = self.events.add(kind, data)
                     if event is not None:
-                        self.hand(event, self.received + control.lost)
+                        self.hand(event, self.offset())
             finally:
                 gen.close()
         except BaseException as exc:  # the caller's to see, at its next read or wait
@@ -96,14 +97,16 @@ class _Outlet:
             control.unbind()
             if stdin is not None:
                 stdin.gone()
-        total = self.received + control.lost
         for event in last[:-1]:  # a decoder's last characters
-            self.hand(event, total)
+            self.hand(event, self.offset())
         with self.cond:
-            self.received = total
             self.finished = last[-1] if last else None
             self.cond.notify_all()
         self.wake()
+
+    def offset(self) -> int:
+        """Where in the output what was received ends."""
+        return self.control.base + self.got + self.control.lost
 
     def hand(self, event: StreamEvent, end: int) -> None:
         """Queue an event for the reader, waiting while AHEAD bytes wait already: unless nobody
@@ -195,7 +198,8 @@ class Process:
         self._control: Control = cmd.control
         self.id = cmd.keep
         """A kept process's id (`start(..., keep=True)`), for `Sandbox.process`; else None."""
-        out = self._out = _Outlet(events, usable, cmd.attach or 0)
+        cmd.control.base = cmd.attach or 0
+        out = self._out = _Outlet(events, usable, cmd.control)
         control = cmd.control
         kept = cmd.keep is not None
         weakref.finalize(self, _let_go, out, stdin, control, self.tty, kept)
@@ -216,7 +220,9 @@ class Process:
         `Sandbox.process(id, cursor=...)` goes on from there."""
         out = self._out
         with out.cond:
-            return out.received if out.ended and not out.queue else out.cursor
+            if out.ended and not out.queue:
+                return out.offset()
+            return out.control.base if out.cursor is None else out.cursor
 
     def detach(self) -> None:
         """A kept process: stop following it, leaving it running (`Sandbox.process(id)`

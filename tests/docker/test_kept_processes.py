@@ -13,7 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import ProcessNotFound, Runtime, UsageError, attach, spawn_runtime
+from orchestrator import (
+    OrchestratorError,
+    ProcessNotFound,
+    Runtime,
+    UsageError,
+    attach,
+    spawn_runtime,
+)
 from orchestrator.sandbox.process import Process
 from tests.docker.conftest import MakeEnv
 
@@ -155,7 +162,7 @@ def test_a_flood_nobody_reads_is_held_to_the_scrollback(detached: Runtime) -> No
         [
             "sh",
             "-c",
-            "grep VmRSS $(grep -l -- --resident /proc/[0-9]*/cmdline | sed 's/cmdline/status/')",
+            "grep VmRSS $(grep -l -- '[-]-resident' /proc/[0-9]*/cmdline | sed 's/cmdline/status/')",
         ],
         user="root",
     ).stdout.split()
@@ -179,3 +186,41 @@ def test_a_kept_process_still_dies_at_its_timeout_and_by_kill(detached: Runtime)
     other = detached.process(killed.id)
     other.kill()  # any reader may kill it
     assert killed.wait(WITHIN).exit_code == 137
+
+
+def test_a_cursor_past_the_end_reads_from_the_end(detached: Runtime) -> None:
+    echo = detached.start(["sh", "-c", "echo abc; exec cat"], keep=True)
+    assert echo.id is not None
+    _until(echo, b"abc")
+    assert echo.cursor == 4
+    far = detached.process(echo.id, cursor=10**15)
+    far.write("more\n")
+    assert _until(far, b"more") == b"more\n"
+    assert far.cursor == 9  # where it is: the end it was moved to, and what came after
+    far.kill()
+    assert echo.wait(WITHIN).exit_code == 137
+
+
+def test_a_resident_killed_in_the_sandbox_is_started_again_and_takes_its_orphans_down(
+    detached: Runtime,
+) -> None:
+    """Root in the sandbox kills the resident: its kept processes' timeouts are enforced by
+    nobody, so the next resident (started by the next kept call) kills them."""
+    orphan = detached.start(["sh", "-c", "echo up; exec sleep 1000"], keep=True, timeout=600)
+    assert orphan.id is not None
+    _until(orphan, b"up")
+    killed = detached.execute(
+        ["sh", "-c", "kill -9 $(grep -l -- '[-]-resident' /proc/[0-9]*/cmdline | cut -d/ -f3)"],
+        user="root",
+    )
+    assert killed.ok, killed.stderr
+    with pytest.raises(OrchestratorError):
+        orphan.wait(WITHIN)  # its connection went with the resident
+    again = detached.start(["echo", "again"], keep=True, stdin=False)
+    assert again.wait(WITHIN).stdout == "again\n"
+    with pytest.raises(ProcessNotFound):  # the new resident does not know it
+        detached.process(orphan.id).wait(WITHIN)
+    left = detached.execute(
+        ["sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 100[0]'"]
+    )
+    assert left.stdout.strip() == "0"

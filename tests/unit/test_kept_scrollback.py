@@ -152,3 +152,8 @@ def test_the_host_takes_lost_and_gone_only_as_a_kept_call_may_send_them() -> Non
     first = Inbox()
     first.kept = True
     assert first.admit(wire.GONE) is None and first.admit(wire.OUT) is not None
+    at = Inbox()
+    at.kept = True
+    assert at.admit(wire.AT) is None and at.admit(wire.OUT) is None
+    assert at.admit(wire.AT) is not None  # only as its first frame
+    assert Inbox().admit(wire.AT) is not None

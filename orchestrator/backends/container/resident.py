@@ -33,6 +33,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,20 +171,14 @@ class ResidentLink(ExecutorClient):
         self.dead.set()
 
 
-def run_kept(project: Path | None, cmd: Command, probe: Probe) -> Chunks:
+def run_kept(
+    project: Path | None, cmd: Command, probe: Probe, reopen: Callable[[], bool]
+) -> Chunks:
     """Run (or, with `cmd.attach`, read again) the kept process `cmd.keep` over a
     connection of its own to the resident of `project`."""
-    check_endpoint(project)
-    try:
-        sock = dial(str(project))
-    except NotHere as exc:
-        raise SandboxUnavailable(f"the environment's endpoint does not answer ({exc})") from None
-    link = ResidentLink(sock)
+    link = _connected(project, probe, reopen)
     control = cmd.control
     try:
-        link.start()
-        if not link.wait_ready(READY_WITHIN) and not link.dead.is_set():
-            raise probe() or SandboxUnavailable("the environment's endpoint does not answer")
         return (yield from link.run(cmd, procutil.GRACE, probe))
     except ExecutorLost:
         if control is not None and control.detached:
@@ -194,3 +189,29 @@ def run_kept(project: Path | None, cmd: Command, probe: Probe) -> Chunks:
         raise
     finally:
         link.close()
+
+
+def _connected(project: Path | None, probe: Probe, reopen: Callable[[], bool]) -> ResidentLink:
+    """A greeted connection to the resident of `project`. One that is gone (killed in the
+    sandbox: the next one kills the kept processes it left, whose timeouts nobody enforces
+    any more) is started again once, by `reopen`."""
+    check_endpoint(project)
+    for again in (False, True):
+        try:
+            link = ResidentLink(dial(str(project)))
+        except NotHere as exc:
+            if again or not reopen():
+                raise SandboxUnavailable(
+                    f"the environment's endpoint does not answer ({exc})"
+                ) from None
+            continue
+        link.start()
+        if link.wait_ready(READY_WITHIN):
+            return link
+        gone = link.dead.is_set()  # (not merely slow: paused, or busy)
+        link.close()
+        if not gone:
+            raise probe() or SandboxUnavailable("the environment's endpoint does not answer")
+        if again or not reopen():
+            raise SandboxUnavailable("the environment's endpoint closed at once")
+    raise AssertionError("unreachable")

@@ -401,4 +401,10 @@ class ContainerRuntime(Runtime):
         resident.check_endpoint(self._project_folder())
 
     def _run_kept(self, cmd: Command) -> Chunks:
-        return (yield from resident.run_kept(self._project_folder(), cmd, self._lost))
+        folder = self._project_folder()
+        return (yield from resident.run_kept(folder, cmd, self._lost, self._reopen_endpoint))
+
+    def _reopen_endpoint(self) -> bool:
+        """Start the environment's resident again (its endpoint's died); False where this
+        backend cannot."""
+        return False

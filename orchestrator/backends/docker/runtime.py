@@ -7,6 +7,7 @@ import logging
 import os
 import posixpath
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -47,6 +48,9 @@ from orchestrator.spec.resolve import IMAGE_USER, MAIN
 
 __all__ = ["EXEC_MODE_ENV", "KILL_OTHERS", "ComposeRuntime"]
 log = logging.getLogger("orchestrator.docker")
+
+
+_REOPENING = threading.Lock()
 
 
 class ComposeRuntime(ContainerRuntime):
@@ -175,6 +179,13 @@ class ComposeRuntime(ContainerRuntime):
                 self._shared / MAIN,
                 defaults,
             )
+
+    def _reopen_endpoint(self) -> bool:
+        if self.project is None or self._main is None or self._shared is None:
+            return False
+        with _REOPENING:  # (one start at a time: callers that lost it together)
+            self._open_endpoint()
+        return True
 
     def _remember(self) -> None:
         assert self.project is not None

@@ -275,6 +275,7 @@ class Agent:
             return
         with hub.cond:
             cursor = min(cursor, hub.end)
+        self.send_here(wire.AT, 1, wire.LOST_COUNT.pack(cursor))
         reader = kept.Reader(hub, lambda kind, data: self.send_here(kind, 1, data), cursor)
         try:
             procutil.in_thread(reader.serve)
@@ -533,6 +534,7 @@ def resident():
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
+    reap_orphans()  # a former resident's kept processes: nobody enforces their timeouts now
     conn = connect_host(str(ask["path"]), bytes.fromhex(ask["token"]))
     conn.settimeout(TOKEN_WITHIN)
     msg, fds = recv_message(conn, max_fds=1, limit=4096)

@@ -268,9 +268,13 @@ class _Call:
         if kind == wire.EXIT:
             self._done[0] = True
             return client.outcome(payload)
-        if kind == wire.LOST and len(payload) == wire.LOST_COUNT.size:
+        if kind in (wire.LOST, wire.AT) and len(payload) == wire.LOST_COUNT.size:
             if self.cmd.control is not None:
-                self.cmd.control.lost += wire.LOST_COUNT.unpack(payload)[0]
+                count = wire.LOST_COUNT.unpack(payload)[0]
+                if kind == wire.AT:
+                    self.cmd.control.base = count
+                else:
+                    self.cmd.control.lost += count
             return None
         if kind == wire.GONE:
             self._done[0] = True

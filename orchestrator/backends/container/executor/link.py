@@ -54,8 +54,8 @@ class Inbox:
         self._stdin_cond = threading.Condition()
         self._stdin_ahead = 0  # STDIN frames sent that the executor has not said it took
         self.kept = False
-        """A kept process's call (client.py): it also takes GONE, as its first frame, and
-        one LOST before each output frame; any other call takes neither."""
+        """A kept process's call (client.py): it also takes GONE or AT as its first frame,
+        and one LOST before each output frame; any other call takes none of them."""
         self._first = True
         self._lost = False
 
@@ -106,8 +106,8 @@ class Inbox:
                 self._exited = True
             elif kind == wire.LOST and self.kept and not self._lost:
                 self._lost = True  # (held to one before the next output: never piling up)
-            elif kind == wire.GONE and self.kept and first:
-                self._exited = True
+            elif kind in (wire.GONE, wire.AT) and self.kept and first:
+                self._exited = kind == wire.GONE
             else:
                 return f"a frame of unexpected kind {kind}"
         return None
@@ -265,7 +265,11 @@ class Link:
     def _read(self) -> None:
         stream: Any = self._input()
         try:
-            if self._greeting(stream):
+            try:
+                greeted = self._greeting(stream)
+            except OSError:  # a connection reset before any frame (a dying resident)
+                greeted = False
+            if greeted:
                 stream = self._meet(stream)
                 self._met.set()
                 if stream is not None:

@@ -16,8 +16,10 @@ pipes stay).
 Kept processes (a resident's sessions only: see kept.py): RUN with `keep` set starts one
 that outlives its connection; ATTACH (host -> executor, JSON: its `id` and a `cursor`, the
 offset in its output to go on from) makes a new connection one of its readers. Executor ->
-host: LOST (8-byte count: output bytes dropped from the scrollback before this reader got
-them) and GONE (no kept process has that id).
+host: AT (8-byte offset: where this reader starts, the first frame after ATTACH: the cursor
+asked for, or the output's end if that was past it), LOST (8-byte count: output bytes
+dropped from the scrollback before this reader got them) and GONE (no kept process has
+that id).
 
 The two JSON payloads, RUN's request and EXIT's outcome, are encoded and decoded only here,
 so both sides spell their keys alike.
@@ -40,7 +42,7 @@ HEADER = struct.Struct(">BII")
 RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL, RESIZE = 1, 2, 3, 4, 5, 6, 7, 8, 9
 READY, OUT, ERR, EXIT, PONG, TAKEN = 10, 11, 12, 13, 14, 15
 DIRECT, SWITCHED, NOT_SWITCHED = 16, 17, 18
-ATTACH, LOST, GONE = 19, 20, 21
+ATTACH, LOST, GONE, AT = 19, 20, 21, 22
 MAX_PAYLOAD = 64 * 1024 * 1024
 WINDOW = 64
 """Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit
