@@ -162,7 +162,8 @@ def test_a_flood_nobody_reads_is_held_to_the_scrollback(detached: Runtime) -> No
         [
             "sh",
             "-c",
-            "grep VmRSS $(grep -l -- '[-]-resident' /proc/[0-9]*/cmdline | sed 's/cmdline/status/')",
+            "grep VmRSS $(grep -l -- '[-]-resident' /proc/[0-9]*/cmdline"
+            " | sed 's/cmdline/status/')",
         ],
         user="root",
     ).stdout.split()
