@@ -56,33 +56,7 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-SLOW_FIRST = (
-    # the slowest tests (each 25-70 s on 2 CPUs), started first so that none of them is the
-    # last one running while the other workers are idle; in fours (xdist hands out the first
-    # tests one per worker in turn), each four mixing heavy engine work with lighter tests
-    "tests/docker/test_attack_permissions.py::test_nothing_written_on_the_host_is_open",
-    "tests/unit/test_attack_client.py::test_a_child_forked_while_a_call_runs_exits",
-    "tests/inspect/test_compose_task.py::test_a_compose_task_gives_the_same_results",
-    "tests/docker/test_podman.py::test_podman_commands_spare_dockers_detached",
-    "tests/docker/test_concurrency.py::test_64_environments_with_own_networks_at_once",
-    "tests/docker/test_build_rebuild.py::test_an_edited_context_file_and_build_arg",
-    "tests/docker/test_churn.py::test_ps_never_crashes_while_environments_come_and_go",
-    "tests/docker/test_attack_issue21.py::test_cli_up_names_a_job_that_never_ends",
-    "tests/docker/test_bench_egress.py::test_bench_egress_measures_both_sides",
-    "tests/docker/test_suspend.py::test_a_sigkilled_owners_suspended_environment",
-    "tests/docker/test_churn.py::test_ps_lists_while_another_process_removes",
-)
-
-
-def _slow_rank(item: pytest.Item) -> int:
-    for rank, prefix in enumerate(SLOW_FIRST):
-        if item.nodeid.startswith(prefix):
-            return rank
-    return len(SLOW_FIRST)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_slow_rank)  # (stable: every other test keeps its place)
     for item in items:
         path = Path(str(item.fspath))
         callspec = getattr(item, "callspec", None)
