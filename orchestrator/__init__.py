@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import TYPE_CHECKING, Any
 
 from orchestrator._version import __version__ as __version__
+
+TYPE_CHECKING = False  # (as typing's: `typing` is not loaded here, for `orchestrator exec`)
 
 if TYPE_CHECKING:  # the public names, each from its home module: the one list of them
     from orchestrator.backends.container.engine import context_address as context_address
@@ -113,6 +114,10 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
     from orchestrator.spec.policy import (
         Policy as Policy,
     )
+
+
+if TYPE_CHECKING:  # (not a public name: only the block above lists those)
+    from typing import Any
 
 
 @functools.cache

@@ -33,10 +33,58 @@ than the host accepts, ends the executor.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import struct
-from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
+
+TYPE_CHECKING = False  # (as typing's; typing is not loaded at run time: see endpoint.py)
+if TYPE_CHECKING:
+    from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
+
+    Frame = Tuple[int, int, bytes]
+
+    class Request(NamedTuple):
+        """What RUN asks for."""
+
+        argv: List[str]
+        env: Dict[str, str]
+        cwd: Optional[str]
+        user: Optional[str]
+        timeout: Optional[float]
+        stdin: bool
+        """True when STDIN frames (and a STDIN_EOF) follow; else the command reads nothing."""
+        stdout_fifo: Optional[str] = None
+        """A FIFO the executor opens itself (as root) and gives the command as its standard
+        output; nobody else in the sandbox may open it (mode 0). Exit NO_FIFO, before anything
+        runs, where it cannot be opened."""
+        stdin_fifo: Optional[str] = None
+        """Likewise, a FIFO given the command as its standard input."""
+        tty: Optional[List[int]] = None
+        """[columns, rows]: run it on a terminal of its own that size (procutil.tty): its output
+        one stream, its STDIN typed into the terminal; RESIZE changes the size."""
+        keep: Optional[str] = None
+        """The id (KEEP_ID) of a kept process: it outlives this connection (see kept.py)."""
+
+    class Exit(NamedTuple):
+        """What EXIT reports."""
+
+        exit_code: int
+        timed_out: bool
+        elapsed: float
+        oom_killed: bool = False
+        unavailable: str = ""
+        """Set when the sandbox could not start the command at all (why, in words)."""
+
+else:  # the same tuples, by collections (held equal by tests/unit/test_wire.py)
+    Request = collections.namedtuple(
+        "Request",
+        "argv env cwd user timeout stdin stdout_fifo stdin_fifo tty keep",
+        defaults=(None, None, None, None),
+    )
+    Exit = collections.namedtuple(
+        "Exit", "exit_code timed_out elapsed oom_killed unavailable", defaults=(False, "")
+    )
 
 HEADER = struct.Struct(">BII")
 RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL, RESIZE = 1, 2, 3, 4, 5, 6, 7, 8, 9
@@ -58,8 +106,6 @@ executor says it wrote them to the command: a command that reads nothing holds a
 that much of its input in the executor, and its writer waits."""
 NO_FIFO = 98
 """Exit status of a command whose FIFO the executor could not open (nothing ran)."""
-
-Frame = Tuple[int, int, bytes]
 
 
 def pack(kind: int, cid: int, payload: bytes = b"") -> bytes:
@@ -94,40 +140,6 @@ def read_frame(stream: IO[bytes], limit: int = MAX_PAYLOAD) -> Optional[Frame]:
     if payload is None:
         return None
     return kind, cid, payload
-
-
-class Request(NamedTuple):
-    """What RUN asks for."""
-
-    argv: List[str]
-    env: Dict[str, str]
-    cwd: Optional[str]
-    user: Optional[str]
-    timeout: Optional[float]
-    stdin: bool
-    """True when STDIN frames (and a STDIN_EOF) follow; else the command reads nothing."""
-    stdout_fifo: Optional[str] = None
-    """A FIFO the executor opens itself (as root) and gives the command as its standard
-    output; nobody else in the sandbox may open it (mode 0). Exit NO_FIFO, before anything
-    runs, where it cannot be opened."""
-    stdin_fifo: Optional[str] = None
-    """Likewise, a FIFO given the command as its standard input."""
-    tty: Optional[List[int]] = None
-    """[columns, rows]: run it on a terminal of its own that size (procutil.tty): its output
-    one stream, its STDIN typed into the terminal; RESIZE changes the size."""
-    keep: Optional[str] = None
-    """The id (KEEP_ID) of a kept process: it outlives this connection (see kept.py)."""
-
-
-class Exit(NamedTuple):
-    """What EXIT reports."""
-
-    exit_code: int
-    timed_out: bool
-    elapsed: float
-    oom_killed: bool = False
-    unavailable: str = ""
-    """Set when the sandbox could not start the command at all (why, in words)."""
 
 
 def encode_request(req: Request) -> bytes:
