@@ -268,6 +268,16 @@ def dial(folder: str, token: bytes | None = None) -> socket.socket:
     return sock
 
 
+def answers(folder: str) -> bool:
+    """Whether the resident of the project folder `folder` greets a client of its record."""
+    try:
+        token = bytes.fromhex(str(_record(folder)["token"]))
+        _connect(folder, token).close()
+    except (NotHere, ValueError):
+        return False
+    return True
+
+
 def _connect(folder: str, token: bytes) -> Link:
     """A connection to the resident, its token shown and its greeting read; NotHere when
     there is none (gone, paused, not ours)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -225,3 +226,32 @@ def test_a_resident_killed_in_the_sandbox_is_started_again_and_takes_its_orphans
         ["sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 100[0]'"]
     )
     assert left.stdout.strip() == "0"
+
+
+def test_callers_that_find_the_resident_gone_together_all_get_one_new_one(
+    detached: Runtime,
+) -> None:
+    """Four threads' kept calls after the resident was killed: one starts a new resident,
+    the others use it (none is told the environment has no endpoint), and one resident runs
+    afterwards."""
+    kill = "kill -9 $(grep -l -- '[-]-resident' /proc/[0-9]*/cmdline | cut -d/ -f3)"
+    assert detached.execute(["sh", "-c", kill], user="root").ok
+    results: list[object] = []
+
+    def one(n: int) -> None:
+        try:
+            results.append(detached.start(["echo", f"n{n}"], keep=True).wait(WITHIN).stdout)
+        except Exception as exc:  # the test's to see
+            results.append(exc)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WITHIN * 2)
+    assert sorted(map(str, results)) == [f"n{n}\n" for n in range(4)], results
+    count = detached.execute(
+        ["sh", "-c", "grep -l -- '[-]-resident' /proc/[0-9]*/cmdline | wc -l"], user="root"
+    )
+    # (a resident is two processes: it and its spawner of user 1000's commands)
+    assert count.stdout.strip() in ("1", "2"), count.stdout

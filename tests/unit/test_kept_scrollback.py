@@ -152,8 +152,12 @@ def test_the_host_takes_lost_and_gone_only_as_a_kept_call_may_send_them() -> Non
     first = Inbox()
     first.kept = True
     assert first.admit(wire.GONE) is None and first.admit(wire.OUT) is not None
+    assert first.admit(wire.AT) is not None  # (after GONE: nothing)
+    fresh = Inbox()
+    fresh.kept = True
+    assert fresh.admit(wire.AT) is not None  # AT answers ATTACH only
     at = Inbox()
-    at.kept = True
+    at.kept = at.attached = True
     assert at.admit(wire.AT) is None and at.admit(wire.OUT) is None
     assert at.admit(wire.AT) is not None  # only as its first frame
     assert Inbox().admit(wire.AT) is not None

@@ -38,3 +38,27 @@ def test_a_request_goes_and_comes_back_whole() -> None:
     assert wire.decode_request(wire.encode_request(req)) == req
     end = wire.Exit(3, False, 0.5)
     assert wire.decode_exit(wire.encode_exit(end)) == end
+
+
+def test_an_exit_report_of_the_wrong_shape_is_refused() -> None:
+    """A stand-in executor's report: each field of the wrong type is a ValueError (the link
+    then ends it), never an Outcome that fails later."""
+    import json
+
+    import pytest
+
+    good = {"exit_code": 0, "timed_out": False, "elapsed": 0.1}
+    for key, bad in [
+        ("exit_code", "x"),
+        ("exit_code", True),
+        ("timed_out", 1),
+        ("elapsed", "1"),
+        ("elapsed", None),
+        ("oom_killed", "no"),
+        ("unavailable", 3),
+    ]:
+        with pytest.raises((ValueError, TypeError)):
+            wire.decode_exit(json.dumps({**good, key: bad}).encode())
+    with pytest.raises((ValueError, TypeError)):
+        wire.decode_exit(json.dumps({**good, "extra": 1}).encode())
+    assert wire.decode_exit(json.dumps(good).encode()) == wire.Exit(0, False, 0.1)

@@ -25,6 +25,7 @@ reset killed the resident; a suspended one) runs `exec` as before, by the full C
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from orchestrator.backends.container.executor.client import ExecutorClient
 from orchestrator.backends.container.executor.link import Probe
 from orchestrator.backends.container.executor.spawnchild import send_message
 from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
-from orchestrator.endpoint import ENDPOINT, READY_WITHIN, RECORD, NotHere, dial
+from orchestrator.endpoint import ENDPOINT, READY_WITHIN, RECORD, NotHere, answers, dial
 from orchestrator.errors import ExecutorLost, SandboxUnavailable, UsageError
 from orchestrator.paths import write_file
 from orchestrator.sandbox.options import Chunks, Command
@@ -62,8 +63,9 @@ def open_endpoint(
     """Start the resident of `container` (its shared folder `shared`, seen at IO_MOUNT) and
     record its endpoint in `project`: True once it holds the socket. Never raises: without
     it, `exec` takes the full CLI's path."""
-    with contextlib.suppress(FileNotFoundError):
-        (project / RECORD).unlink()  # a former resident's token: its socket goes below
+    # (a former resident's record stays until the new one replaces it whole: a caller that
+    # reads it meanwhile finds no resident behind it, and a start that fails leaves it for
+    # the next `reopen` to try again)
     try:
         token = _start(engine, container, project, shared)
         write_file(project / RECORD, json.dumps({**defaults, "token": token.hex()}))
@@ -189,6 +191,46 @@ def run_kept(
         raise
     finally:
         link.close()
+
+
+REOPEN_AFTER = 30.0
+"""Seconds after a failed start of a resident before `reopen` tries again (a sandbox that
+kills each one, or breaks its python3, costs a docker exec at most that often)."""
+_reopen_guard = threading.Lock()
+_reopen_locks: dict[str, threading.Lock] = {}
+_failed_at: dict[str, float] = {}
+
+
+def reopen(project: Path, start: Callable[[], bool]) -> bool:
+    """Start the resident of `project` again with `start` (whose own steps are bounded):
+    one caller at a time per environment, among this process's threads (a lock) and other
+    processes (a lock file in the project folder); none where another caller's resident
+    answers already, nor within REOPEN_AFTER of a failed start. True when one answers."""
+    key = str(project)
+    with _reopen_guard:
+        lock = _reopen_locks.setdefault(key, threading.Lock())
+    with lock, _held(project / "exec.lock"):
+        if answers(str(project)):
+            return True
+        failed = _failed_at.get(key)
+        if failed is not None and time.monotonic() - failed < REOPEN_AFTER:
+            return False
+        if start() and answers(str(project)):
+            _failed_at.pop(key, None)
+            return True
+        _failed_at[key] = time.monotonic()
+        return False
+
+
+@contextlib.contextmanager
+def _held(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file `path` (made owner-only, never through a link)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _connected(project: Path | None, probe: Probe, reopen: Callable[[], bool]) -> ResidentLink:

@@ -7,7 +7,6 @@ import logging
 import os
 import posixpath
 import shutil
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -28,7 +27,7 @@ from orchestrator.backends.container.identity import LABEL_DIR, folder_engine
 from orchestrator.backends.container.layout import IO_DIR, KILL_OTHERS, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.container.readiness import ServiceWatch, runs_here
-from orchestrator.backends.container.resident import open_endpoint
+from orchestrator.backends.container.resident import open_endpoint, reopen
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
 from orchestrator.backends.docker import hooks
 from orchestrator.backends.docker.lifecycle import Project
@@ -48,9 +47,6 @@ from orchestrator.spec.resolve import IMAGE_USER, MAIN
 
 __all__ = ["EXEC_MODE_ENV", "KILL_OTHERS", "ComposeRuntime"]
 log = logging.getLogger("orchestrator.docker")
-
-
-_REOPENING = threading.Lock()
 
 
 class ComposeRuntime(ContainerRuntime):
@@ -162,30 +158,29 @@ class ComposeRuntime(ContainerRuntime):
         if opts.detached and self._shared is not None:
             self._open_endpoint()
 
-    def _open_endpoint(self) -> None:
+    def _open_endpoint(self) -> bool:
         """A detached environment's endpoint for `orchestrator exec` (container/resident.py),
         where its executor reaches a socket of the host's (not under gVisor)."""
         assert self.project is not None and self._main is not None and self._shared is not None
         try:
             self._main.ready()
         except OrchestratorError:  # the first command says why, as without an endpoint
-            return
-        if self._main.transport == "socket":
-            defaults: dict[str, object] = {"cwd": self.workdir, "user": self.default_user}
-            open_endpoint(
-                self.project.engine,
-                self.project.main_container,
-                self.project.directory,
-                self._shared / MAIN,
-                defaults,
-            )
+            return False
+        if self._main.transport != "socket":
+            return False
+        defaults: dict[str, object] = {"cwd": self.workdir, "user": self.default_user}
+        return open_endpoint(
+            self.project.engine,
+            self.project.main_container,
+            self.project.directory,
+            self._shared / MAIN,
+            defaults,
+        )
 
     def _reopen_endpoint(self) -> bool:
         if self.project is None or self._main is None or self._shared is None:
             return False
-        with _REOPENING:  # (one start at a time: callers that lost it together)
-            self._open_endpoint()
-        return True
+        return reopen(self.project.directory, self._open_endpoint)
 
     def _remember(self) -> None:
         assert self.project is not None

@@ -178,6 +178,7 @@ class _Call:
     def __init__(self, client: ExecutorClient, cmd: Command, grace: float) -> None:
         self.cid, self.inbox = client.open_inbox()
         self.inbox.kept = cmd.keep is not None
+        self.inbox.attached = cmd.attach is not None
         self.client, self.cmd, self.grace = client, cmd, grace
         self.killed = False
         self._done = [False]  # shared with the finalizer, which must not hold the call

@@ -54,8 +54,10 @@ class Inbox:
         self._stdin_cond = threading.Condition()
         self._stdin_ahead = 0  # STDIN frames sent that the executor has not said it took
         self.kept = False
-        """A kept process's call (client.py): it also takes GONE or AT as its first frame,
-        and one LOST before each output frame; any other call takes none of them."""
+        """A kept process's call (client.py): it also takes GONE as its first frame (AT too
+        when it `attached`), and one LOST before each output frame; any other call takes
+        none of them."""
+        self.attached = False
         self._first = True
         self._lost = False
 
@@ -106,8 +108,10 @@ class Inbox:
                 self._exited = True
             elif kind == wire.LOST and self.kept and not self._lost:
                 self._lost = True  # (held to one before the next output: never piling up)
-            elif kind in (wire.GONE, wire.AT) and self.kept and first:
-                self._exited = kind == wire.GONE
+            elif kind == wire.GONE and self.kept and first:
+                self._exited = True
+            elif kind == wire.AT and self.kept and self.attached and first:
+                pass
             else:
                 return f"a frame of unexpected kind {kind}"
         return None

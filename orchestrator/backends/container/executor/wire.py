@@ -192,5 +192,18 @@ def encode_exit(outcome: Exit) -> bytes:
 
 
 def decode_exit(payload: bytes) -> Exit:
+    """Raises ValueError or TypeError for a report that is not one (fields of the wrong
+    type included: the executor may be a stand-in)."""
     data: Dict[str, Any] = json.loads(payload.decode())
-    return Exit(**data)
+    end = Exit(**data)
+    numbers = (int, float)
+    if not (
+        type(end.exit_code) is int
+        and type(end.timed_out) is bool
+        and isinstance(end.elapsed, numbers)
+        and not isinstance(end.elapsed, bool)
+        and type(end.oom_killed) is bool
+        and isinstance(end.unavailable, str)
+    ):
+        raise ValueError("an exit report with a field of the wrong type")
+    return end
