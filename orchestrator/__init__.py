@@ -101,6 +101,7 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
         spawn_runtime as spawn_runtime,
     )
     from orchestrator.services.suspend import (
+        fork as fork,
         wake as wake,
     )
     from orchestrator.spec.loader import (

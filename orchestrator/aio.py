@@ -51,6 +51,7 @@ from orchestrator.sandbox.threads import in_thread, stoppable
 from orchestrator.services.attach import attach as attach_runtime
 from orchestrator.services.pool import Pool
 from orchestrator.services.spawn import spawn_runtime
+from orchestrator.services.suspend import fork as fork_runtime
 from orchestrator.spec.loader import Environment
 
 P = ParamSpec("P")
@@ -301,6 +302,19 @@ class AsyncRuntime(AsyncSandbox):
     snapshot = threaded(Runtime.snapshot, stop=True)
     restore = threaded(Runtime.restore, stop=True)
     suspend = threaded(Runtime.suspend, stop=False)
+    checkpoint = threaded(Runtime.checkpoint, stop=False)
+
+    async def fork(self, n: int = 1, *, detached: bool = False) -> list[AsyncRuntime]:
+        """As orchestrator.fork(rt, n), awaited. Cancelled meanwhile, the copies it made go."""
+        made = await in_thread(
+            lambda: fork_runtime(self.sync, n, detached=detached), abandoned=_all_removed
+        )
+        return [AsyncRuntime(rt) for rt in made]
+
+
+def _all_removed(made: list[Runtime]) -> None:
+    for rt in made:
+        _removed(rt)
 
 
 def _awaited(

@@ -141,6 +141,8 @@ for command in (
     running_cmds.snapshot,
     suspend_cmds.suspend,
     suspend_cmds.wake,
+    suspend_cmds.fork,
+    suspend_cmds.checkpoint,
     state_cmds.pause,
     state_cmds.resume,
     spec_cmds.render,

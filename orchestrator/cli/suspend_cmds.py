@@ -1,5 +1,6 @@
 """`orchestrator suspend ID` and `orchestrator wake NAME`: an environment saved to disk and
-removed, then started again under a new id (see orchestrator/services/suspend.py)."""
+removed, then started again under a new id (see orchestrator/services/suspend.py); and
+`orchestrator fork ID -n N`: copies of a running one, the same way, without stopping it."""
 
 from __future__ import annotations
 
@@ -49,3 +50,42 @@ def wake(
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
     print_started(record, ports, as_json=as_json)
+
+
+def fork(
+    ref: str = typer.Argument(
+        ..., help="Environment id (or a unique part of it).", autocompletion=complete_ids
+    ),
+    count: int = typer.Option(1, "--count", "-n", min=1, help="How many copies."),
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable output."),
+) -> None:
+    """Copy a running environment N times, leaving it running: each copy under its own id,
+    with its own networks, ports and workspace, from its workspace and every container's
+    filesystem as they are now; then setup.resume_commands in each. Running processes are
+    not carried. Prints each copy's id, one a line (as `up` does), and leaves them running."""
+    from orchestrator import fork as fork_
+
+    with attach_ref(ref) as rt:
+        made = fork_(rt, count, detached=True)
+    for copy in made:
+        record, ports, warnings = described(copy)
+        copy.detach()
+        for warning in warnings:
+            typer.echo(f"warning: {warning}", err=True)
+        print_started(record, ports, as_json=as_json)
+
+
+def checkpoint(
+    ref: str = typer.Argument(
+        ..., help="Environment id (or a unique part of it).", autocompletion=complete_ids
+    ),
+    output: str = typer.Option(
+        None, "--output", "-o", help="The record's name in the snapshots folder (default: new)."
+    ),
+) -> None:
+    """Save a running environment's files (its workspace and every container's filesystem,
+    services too) and leave it running; print the record's name. `wake NAME --keep-record`
+    starts copies of it. Running processes and memory are not saved."""
+    with attach_ref(ref) as rt:
+        saved = rt.checkpoint(output)
+    typer.echo(saved.name)

@@ -13,11 +13,12 @@ or the next reaper removes the record and the images the record owns."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator import settings
-from orchestrator.errors import PolicyError, UsageError
+from orchestrator.errors import OrchestratorError, PolicyError, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.registry import get_runtime_class, runtime_names
 from orchestrator.sandbox.snapshot import Snapshot
@@ -67,6 +68,49 @@ def wake(
     if not keep_record:
         consume(snap)
     return rt
+
+
+FORKS = 64
+"""Copies one `fork` makes at most."""
+
+
+def fork(rt: Runtime, n: int = 1, *, detached: bool = False) -> list[Runtime]:
+    """`n` new environments made from the running `rt` as it is now (`rt.checkpoint()`,
+    woken `n` times: see `wake`), each under its own id with its own networks, published
+    ports and workspace; each ran `setup.resume_commands`, and its services resolve to its
+    own. Running processes and memory are not carried: a process running in `rt` does not
+    in a copy. `rt` runs on untouched. The caller's mounts and variables given at its spawn
+    go to each copy; its caller-published ports do not (each publishes the file's own). Each
+    copy is admitted as any spawn is. `detached`: the copies outlive this process (as `up`'s).
+    The record goes once the copies are up (its images with the last of them); if one fails
+    to start, those made are removed and the error raised."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= FORKS:
+        raise UsageError(f"n must be a whole number from 1 to {FORKS}, not {n!r}")
+    saved = rt.checkpoint(keep=False)  # this process's: its death leaves it to the reaper
+    made: list[Runtime] = []
+    try:
+        for _ in range(n):
+            made.append(
+                wake(
+                    saved.path,
+                    env=rt.env,
+                    keep_record=True,
+                    backend=rt.name,
+                    host=rt.options.host,
+                    mounts=list(rt.options.mounts),
+                    env_vars=dict(rt.options.env_vars),
+                    policy=rt.options.policy,
+                    detached=detached,
+                )
+            )
+    except BaseException:
+        for copy in made:
+            with contextlib.suppress(OrchestratorError):
+                copy.cleanup()
+        raise
+    finally:
+        consume(saved)
+    return made
 
 
 def _wake_target(

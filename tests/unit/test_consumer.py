@@ -65,6 +65,7 @@ from orchestrator import (
     claim_ready,
     context_address,
     environments,
+    fork,
     get_runtime_class,
     list_snapshots,
     load_environment,
@@ -205,6 +206,9 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     saved.remove()
     with spawn_runtime(env, workspace=tmp_path / "s", policy=Policy(allow_unisolated=True)) as up:
         up.write_file("kept.txt", "kept")
+        [copy] = fork(up, 1)  # a copy of it as it is now, under its own id; it runs on
+        with copy:
+            assert copy.read_file("kept.txt") == "kept" and copy.info().id != up.info().id
         record: Snapshot = up.suspend("consumer-suspended")  # saved to disk, then removed
     assert up.closed and record.suspended
     with wake(record.name, env=env, workspace=tmp_path / "woken") as woken:  # a new id
