@@ -1,23 +1,30 @@
 """`orchestrator suspend ID` and `orchestrator wake NAME`: an environment saved to disk and
-removed, then started again under a new id (see orchestrator/services/suspend.py); and
-`orchestrator fork ID -n N`: copies of a running one, the same way, without stopping it."""
+removed, then started again under a new id (see orchestrator/services/suspend.py);
+`orchestrator checkpoint ID` and `orchestrator fork ID -n N`: the same saving without
+stopping it, and copies of it at once (docs/fork.md)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import typer
 
 from orchestrator.cli.common import attach_ref, complete_ids, described, print_started
 from orchestrator.errors import UsageError
 
+if TYPE_CHECKING:
+    from orchestrator import Runtime
 
-def suspend(
-    ref: str = typer.Argument(
-        ..., help="Environment id (or a unique part of it).", autocompletion=complete_ids
-    ),
-    output: str = typer.Option(
-        None, "--output", "-o", help="The record's name in the snapshots folder (default: new)."
-    ),
-) -> None:
+REF = typer.Argument(
+    ..., help="Environment id (or a unique part of it).", autocompletion=complete_ids
+)
+OUTPUT = typer.Option(
+    None, "--output", "-o", help="The record's name in the snapshots folder (default: new)."
+)
+JSON = typer.Option(False, "--json", help="Print machine-readable output.")
+
+
+def suspend(ref: str = REF, output: str = OUTPUT) -> None:
     """Save a running environment to disk (its workspace and every container's filesystem,
     services too) and remove it, freeing its memory; print the record's name, which `wake`
     takes. Running processes are not kept. The record stays until woken or removed."""
@@ -26,9 +33,18 @@ def suspend(
     typer.echo(saved.name)
 
 
+def checkpoint(ref: str = REF, output: str = OUTPUT) -> None:
+    """Save a running environment's files (its workspace and every container's filesystem,
+    services too) and leave it running; print the record's name. `wake NAME --keep-record`
+    starts copies of it. Running processes and memory are not saved."""
+    with attach_ref(ref) as rt:
+        saved = rt.checkpoint(output)
+    typer.echo(saved.name)
+
+
 def wake(
     name: str = typer.Argument(..., help="A suspended environment's name (or its record's path)."),
-    as_json: bool = typer.Option(False, "--json", help="Print machine-readable output."),
+    as_json: bool = JSON,
     keep_record: bool = typer.Option(
         False, "--keep-record", help="Keep the record, to wake it again later (each a copy)."
     ),
@@ -40,24 +56,13 @@ def wake(
 
     if not name:
         raise UsageError("name a suspended environment (`orchestrator snapshot --list`)")
-    rt = wake_(name, keep_record=keep_record, detached=True)
-    try:
-        record, ports, warnings = described(rt)
-        rt.detach()
-    except BaseException:
-        rt.cleanup()
-        raise
-    for warning in warnings:
-        typer.echo(f"warning: {warning}", err=True)
-    print_started(record, ports, as_json=as_json)
+    _left_running(wake_(name, keep_record=keep_record, detached=True), as_json)
 
 
 def fork(
-    ref: str = typer.Argument(
-        ..., help="Environment id (or a unique part of it).", autocompletion=complete_ids
-    ),
+    ref: str = REF,
     count: int = typer.Option(1, "--count", "-n", min=1, help="How many copies."),
-    as_json: bool = typer.Option(False, "--json", help="Print machine-readable output."),
+    as_json: bool = JSON,
 ) -> None:
     """Copy a running environment N times, leaving it running: each copy under its own id,
     with its own networks, ports and workspace, from its workspace and every container's
@@ -68,24 +73,18 @@ def fork(
     with attach_ref(ref) as rt:
         made = fork_(rt, count, detached=True)
     for copy in made:
-        record, ports, warnings = described(copy)
-        copy.detach()
-        for warning in warnings:
-            typer.echo(f"warning: {warning}", err=True)
-        print_started(record, ports, as_json=as_json)
+        _left_running(copy, as_json)
 
 
-def checkpoint(
-    ref: str = typer.Argument(
-        ..., help="Environment id (or a unique part of it).", autocompletion=complete_ids
-    ),
-    output: str = typer.Option(
-        None, "--output", "-o", help="The record's name in the snapshots folder (default: new)."
-    ),
-) -> None:
-    """Save a running environment's files (its workspace and every container's filesystem,
-    services too) and leave it running; print the record's name. `wake NAME --keep-record`
-    starts copies of it. Running processes and memory are not saved."""
-    with attach_ref(ref) as rt:
-        saved = rt.checkpoint(output)
-    typer.echo(saved.name)
+def _left_running(rt: Runtime, as_json: bool) -> None:
+    """Print a started environment as `up` does, and leave it running (removed if it
+    cannot be described)."""
+    try:
+        record, ports, warnings = described(rt)
+        rt.detach()
+    except BaseException:
+        rt.cleanup()
+        raise
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    print_started(record, ports, as_json=as_json)
