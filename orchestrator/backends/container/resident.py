@@ -209,17 +209,25 @@ def reopen(project: Path, start: Callable[[], bool]) -> bool:
     key = str(project)
     with _reopen_guard:
         lock = _reopen_locks.setdefault(key, threading.Lock())
-    with lock, _held(project / "exec.lock"):
-        if answers(str(project)):
-            return True
-        failed = _failed_at.get(key)
-        if failed is not None and time.monotonic() - failed < REOPEN_AFTER:
-            return False
-        if start() and answers(str(project)):
-            _failed_at.pop(key, None)
-            return True
-        _failed_at[key] = time.monotonic()
+    try:
+        with lock, _held(project / "exec.lock"):
+            return _reopen_held(project, key, start)
+    except OSError:  # its folder went meanwhile (another process's `down`)
         return False
+
+
+def _reopen_held(project: Path, key: str, start: Callable[[], bool]) -> bool:
+    """`reopen`'s work, its locks held."""
+    if answers(str(project)):
+        return True
+    failed = _failed_at.get(key)
+    if failed is not None and time.monotonic() - failed < REOPEN_AFTER:
+        return False
+    if start() and answers(str(project)):
+        _failed_at.pop(key, None)
+        return True
+    _failed_at[key] = time.monotonic()
+    return False
 
 
 @contextlib.contextmanager
