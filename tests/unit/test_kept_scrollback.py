@@ -48,7 +48,7 @@ def _drain(kept: ModuleType, hub: Any, cursor: int) -> tuple[int, bytes, list[tu
     reader = kept.Reader(hub, sink, cursor)
     reader.credit = 10**9
     reader.serve()
-    lost = sum(wire.LOST_COUNT.unpack(p)[0] for k, p in sink.frames if k == wire.LOST)
+    lost = sum(wire.OFFSET.unpack(p)[0] for k, p in sink.frames if k == wire.LOST)
     got = b"".join(p for k, p in sink.frames if k in (wire.OUT, wire.ERR))
     assert sink.frames[-1][0] == wire.EXIT
     return lost, got, sink.frames

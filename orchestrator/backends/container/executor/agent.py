@@ -275,10 +275,9 @@ class Agent:
             return
         with hub.cond:
             cursor = min(cursor, hub.end)
-        self.send_here(wire.AT, 1, wire.LOST_COUNT.pack(cursor))
-        reader = kept.Reader(hub, lambda kind, data: self.send_here(kind, 1, data), cursor)
+        self.send_here(wire.AT, 1, wire.OFFSET.pack(cursor))
         try:
-            procutil.in_thread(reader.serve)
+            reader = self.follow(hub, cursor)
         except RuntimeError:  # no thread: the pids limit
             end = wire.Exit(126, False, 0.0, unavailable="cannot start a thread")
             self.send_here(wire.EXIT, 1, wire.encode_exit(end))
@@ -359,15 +358,21 @@ class Agent:
         except (ValueError, kept.Full) as exc:
             self.refuse(cid, 125, "cannot keep the process: %s" % exc)
             return False
-        reader = kept.Reader(hub, lambda kind, data: self.send_here(kind, 1, data), 0)
         try:
-            procutil.in_thread(reader.serve)
+            reader = self.follow(hub, 0)
         except RuntimeError:  # no thread: the pids limit (start refuses it)
             kept.forget(ident)
             raise
         self.flows[cid] = Unpaced()
         self.hub, self.reader = hub, reader
         return True
+
+    def follow(self, hub, cursor):
+        """This connection's Reader of `hub` from `cursor` on, sending in a thread of its
+        own (RuntimeError: no thread)."""
+        reader = kept.Reader(hub, lambda kind, data: self.send_here(kind, 1, data), cursor)
+        procutil.in_thread(reader.serve)
+        return reader
 
     def refuse(self, cid, code, message, elapsed=0.0, unavailable=False):
         """Answer a request the executor cannot honour: an error frame and an exit status."""

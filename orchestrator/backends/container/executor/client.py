@@ -269,9 +269,9 @@ class _Call:
         if kind == wire.EXIT:
             self._done[0] = True
             return client.outcome(payload)
-        if kind in (wire.LOST, wire.AT) and len(payload) == wire.LOST_COUNT.size:
+        if kind in (wire.LOST, wire.AT) and len(payload) == wire.OFFSET.size:
             if self.cmd.control is not None:
-                count = wire.LOST_COUNT.unpack(payload)[0]
+                count = wire.OFFSET.unpack(payload)[0]
                 if kind == wire.AT:
                     self.cmd.control.base = count
                 else:

@@ -179,7 +179,7 @@ class Reader:
                     self.credit -= 1
                 exit_report = hub.exit if piece is None else None
             if lost:
-                self.send(wire.LOST, wire.LOST_COUNT.pack(lost))
+                self.send(wire.LOST, wire.OFFSET.pack(lost))
             if piece is not None:
                 self.send(*piece)
             elif exit_report is not None:

@@ -96,8 +96,8 @@ WINDOW = 64
 """Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit
 is needed."""
 COUNT = struct.Struct(">I")
-LOST_COUNT = struct.Struct(">Q")
-"""LOST's payload: bytes dropped."""
+OFFSET = struct.Struct(">Q")
+"""LOST's payload (bytes dropped) and AT's (where a reader starts)."""
 SIZE = struct.Struct(">HH")
 """RESIZE's payload: columns, rows."""
 STDIN_WINDOW = 8
