@@ -79,6 +79,10 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
         Snapshot as Snapshot,
         list_snapshots as list_snapshots,
     )
+    from orchestrator.sandbox.usage import (
+        ServiceUsage as ServiceUsage,
+        Usage as Usage,
+    )
     from orchestrator.services.admission import (
         check_admission as check_admission,
     )

@@ -303,6 +303,7 @@ class AsyncRuntime(AsyncSandbox):
     restore = threaded(Runtime.restore, stop=True)
     suspend = threaded(Runtime.suspend, stop=False)
     checkpoint = threaded(Runtime.checkpoint, stop=False)
+    usage = threaded(Runtime.usage, stop=False)
 
     async def fork(self, n: int = 1, *, detached: bool = False) -> list[AsyncRuntime]:
         """As orchestrator.fork(rt, n), awaited. Cancelled meanwhile, the copies it made go."""

@@ -203,6 +203,11 @@ FILE_LIMIT = _c.whole(
 FILE_TIMEOUT = _c.number(
     "ORCHESTRATOR_FILE_TIMEOUT", 600.0, "Bound of a file call that gives no `timeout=`."
 )
+USAGE_EVERY = _c.number(
+    "ORCHESTRATOR_USAGE_EVERY", 1.0,
+    "Seconds between the readings of each live environment's accounting (`rt.usage()`: "
+    "memory over time and the highest process count are integrated from them).",
+)  # fmt: skip
 SETUP_TIMEOUT = _c.number("ORCHESTRATOR_SETUP_TIMEOUT", 900.0, "Bound of a file's setup commands.")
 SNAPSHOT_LIMIT = _c.whole(
     "ORCHESTRATOR_SNAPSHOT_LIMIT", GiB,

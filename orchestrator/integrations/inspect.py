@@ -24,6 +24,7 @@ used before and removed after it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -71,6 +72,8 @@ from orchestrator.integrations.inspect_config import OrchestratorSandboxConfig, 
 from orchestrator.spec.resolve import MAIN
 
 PROVIDER = "orchestrator"
+USAGE_SOURCE = "orchestrator usage"
+"""The `source` of the info event holding a sample's usage in its transcript."""
 log = logging.getLogger("orchestrator.integrations.inspect")
 T = TypeVar("T")
 _NOT_RUNNABLE = re.compile(r"permission denied|not executable", re.IGNORECASE)
@@ -105,6 +108,20 @@ def _quietly(fn: Callable[[], None]) -> Callable[[], None]:
             log.warning("removing a sample's environment failed: %s", exc)
 
     return run
+
+
+def _log_usage(runtime: AsyncRuntime) -> None:
+    """The environment's usage (`rt.usage()`) into the sample's transcript, as an info
+    event the log viewer shows, read as the sample ends: before its removal, which runs in
+    the background."""
+    from inspect_ai.log import transcript
+
+    try:
+        got = runtime.sync.usage()
+    except OrchestratorError as exc:
+        log.warning("reading a sample's usage failed: %s", exc)
+        return
+    transcript().info(dataclasses.asdict(got), source=USAGE_SOURCE)
 
 
 @sandboxenv(name=PROVIDER)
@@ -209,6 +226,7 @@ class OrchestratorSandbox(SandboxEnvironment):
             return
         done = {e.runtime: e.pool for e in environments.values() if isinstance(e, cls)}
         for runtime, pool in done.items():
+            _log_usage(runtime)
             with cls._live_lock:
                 for ident in [i for i, r in cls._live.items() if r is runtime]:
                     del cls._live[ident]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from orchestrator.errors import OrchestratorError, SetupFailed, UsageError
-from orchestrator.sandbox import files, hostpack, snapshot, threads
+from orchestrator.sandbox import files, hostpack, snapshot, threads, usage
 from orchestrator.sandbox.backend import Amounts
 from orchestrator.sandbox.call import file_deadline, raise_held
 from orchestrator.sandbox.lifecycle import Hold, Lifecycle
@@ -87,6 +87,7 @@ class Runtime(Lifecycle):
         _live.add(rt)
         try:
             rt._start()
+            usage.watch(rt._meter)
             if rt._hold is not None:
                 rt._hold.anchor(rt.lasting_folder())
             if rt.options.resume is not None:

@@ -20,7 +20,7 @@ import posixpath
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 from orchestrator import procutil
 from orchestrator.errors import ExecutorLost, UsageError
@@ -56,6 +56,7 @@ from orchestrator.sandbox.results import (
     decode,
 )
 from orchestrator.sandbox.threads import thread_chunks
+from orchestrator.sandbox.usage import Tally
 from orchestrator.spec.resolve import resolve_user
 
 T = TypeVar("T")
@@ -148,7 +149,16 @@ class SandboxCore(ABC):
     def _path(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workdir, str(path)))
 
+    @property
+    def tally(self) -> Tally:
+        """The commands run here through this object, and their total time (`usage()`)."""
+        found = self.__dict__.get("_tally")
+        if found is None:  # (setdefault: one Tally, whichever thread asks first)
+            found = self.__dict__.setdefault("_tally", Tally())
+        return cast(Tally, found)
+
     def _result(self, out: TailBuffer, err: TailBuffer, outcome: Outcome) -> RuntimeResult:
+        self.tally.add(outcome.elapsed)
         setup = self._setup_output()
         return RuntimeResult(
             exit_code=outcome.exit_code,

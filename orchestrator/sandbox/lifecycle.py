@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Protocol, Self
 
@@ -17,6 +17,7 @@ from orchestrator.sandbox.backend import Backend
 from orchestrator.sandbox.calls import Sandbox
 from orchestrator.sandbox.options import SpawnOptions
 from orchestrator.sandbox.results import RuntimeInfo, RuntimeResult
+from orchestrator.sandbox.usage import Meter, Reading, Usage
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.resolve import MAIN, substitute_static
 
@@ -48,6 +49,7 @@ class Lifecycle(Sandbox, Backend):
         self._pid = os.getpid()
         """The process this runtime belongs to: a child forked from it holds a copy it must
         neither use nor clean up (`_in_child`)."""
+        self._meter = Meter(self._read_usage)
 
     # ----- what a backend provides -------------------------------------------------------
     @abstractmethod
@@ -69,6 +71,25 @@ class Lifecycle(Sandbox, Backend):
     @abstractmethod
     def info(self) -> RuntimeInfo:
         """What this runtime is: id, backend, workdir, user, how commands run, ports."""
+
+    def _read_usage(self) -> Mapping[str, Reading]:
+        """Each service's reading of its sandbox's accounting now, by name ("main" for the
+        sandbox; sandbox/usage.py); none for what the backend cannot read (the default)."""
+        return {}
+
+    def _places(self) -> Mapping[str, Sandbox]:
+        """Where commands ran through this object, by service name: the sandbox itself, and
+        each service a backend made a view of."""
+        return {MAIN: self}
+
+    def usage(self) -> Usage:
+        """What the environment cost so far, per service and in total: CPU time, memory
+        (now, at its peak, and over time in GB-seconds), processes, and the commands run
+        through this object (sandbox/usage.py). After cleanup() (or detach()), the last
+        reading, taken as it went."""
+        if not self._closed and not self._in_child():
+            self._meter.sample()
+        return self._meter.usage({name: place.tally for name, place in self._places().items()})
 
     def file_command(self, name: str) -> str:
         """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""
@@ -112,6 +133,7 @@ class Lifecycle(Sandbox, Backend):
             self._removal = "running"
         if self._in_child():
             return
+        self._meter.finish()
         try:
             self._close()
         except BaseException:
@@ -224,6 +246,7 @@ class Lifecycle(Sandbox, Backend):
             self._closed = True
             return
         self._detach()
+        self._meter.finish()
         with self._lock:  # (also after a removal that failed: it is left as it is now)
             self._closed = True
             self._removal = "detached"

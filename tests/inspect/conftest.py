@@ -7,8 +7,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from inspect_ai.log import EvalLog
 
 pytest.importorskip("inspect_ai", reason="inspect_ai is not installed (pip install '.[inspect]')")
 
@@ -24,9 +28,9 @@ WEB_COMMAND = json.dumps(
 """A busybox sidecar's command (JSON is YAML too): it serves "hello from web" on port 8080."""
 
 
-def passing_eval(folder: Path, *options: str) -> None:
+def passing_eval(folder: Path, *options: str) -> EvalLog:
     """`inspect eval task.py` in `folder` (with the built-in mock model), which must succeed
-    with every sample scored correct by its scorer `check`."""
+    with every sample scored correct by its scorer `check`: its log."""
     from inspect_ai.log import list_eval_logs, read_eval_log
 
     argv = [sys.executable, "-m", "inspect_ai", "eval", "task.py", "--model", "mockllm/model"]
@@ -45,3 +49,4 @@ def passing_eval(folder: Path, *options: str) -> None:
     [score] = log.results.scores
     explanations = [s.scores["check"].explanation for s in log.samples or [] if s.scores]
     assert score.metrics["accuracy"].value == 1.0, explanations
+    return log

@@ -5,9 +5,12 @@ sample metadata reaching the sandbox. It must pass, and leave nothing behind."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+from inspect_ai.event import InfoEvent
 
+from orchestrator.integrations.inspect import USAGE_SOURCE
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
 from tests.inspect.conftest import WEB_COMMAND, passing_eval
 
@@ -73,5 +76,16 @@ def test_a_real_inspect_eval_with_a_sidecar_passes_and_leaves_nothing(tmp_path: 
     (tmp_path / "env.yaml").write_text(ENV)
     (tmp_path / "task.py").write_text(TASK)
     before = labelled_ids()
-    passing_eval(tmp_path)
+    log = passing_eval(tmp_path)
     assert labelled_ids() <= before
+    # each sample's usage is in its transcript: both services read, its commands counted
+    for sample in log.samples or []:
+        [event] = [
+            e for e in sample.events if isinstance(e, InfoEvent) and e.source == USAGE_SOURCE
+        ]
+        usage = cast(dict[str, Any], event.data)
+        assert isinstance(usage, dict) and usage["measured"] is True, usage
+        assert set(usage["services"]) == {"main", "web"}, usage
+        assert usage["services"]["main"]["commands"] >= 3  # setup, cat, python3, ...
+        assert usage["services"]["web"]["commands"] >= 1  # (Inspect asks each for its user too)
+        assert usage["total"]["cpu_seconds"] > 0 and usage["total"]["memory_peak_bytes"] > 0

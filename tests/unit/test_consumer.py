@@ -48,6 +48,7 @@ from orchestrator import (
     SandboxPermissionError,
     SandboxUnavailable,
     SandboxUnsafeArchive,
+    ServiceUsage,
     SetupFailed,
     Snapshot,
     SpawnOptions,
@@ -56,6 +57,7 @@ from orchestrator import (
     StartupError,
     StreamEvent,
     StreamKind,
+    Usage,
     UsageError,
     __version__,
     attach,
@@ -196,6 +198,9 @@ def test_a_consumer_program(tmp_path: Path) -> None:
             rt.execute("true")
         rt.resume()
         assert paused and not rt.paused and rt.execute("true").ok
+        cost: Usage = rt.usage()  # what it cost so far: the local backend counts commands
+        main: ServiceUsage = cost.services["main"]
+        assert main.commands >= 8 and not cost.measured and cost.total == main
         backend = type(rt)
     assert backend_class(env) is get_runtime_class(env.backend) is backend
     options = SpawnOptions(workspace=tmp_path / "ws", policy=Policy(), disable_setup=True)

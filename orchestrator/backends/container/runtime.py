@@ -31,6 +31,7 @@ from orchestrator.backends.container.channel import Channel, Mode
 from orchestrator.backends.container.engine import Engine, NoSuchContainer
 from orchestrator.backends.container.layout import KILL_OTHERS, STATIC_ROOT
 from orchestrator.backends.container.service import ServiceSandbox, shell_connection
+from orchestrator.backends.container.usage import Accounts
 from orchestrator.errors import (
     OrchestratorError,
     SandboxPaused,
@@ -42,6 +43,7 @@ from orchestrator.sandbox.base import PoolState, Runtime
 from orchestrator.sandbox.calls import Sandbox
 from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Connection, EnvironmentStatus, RuntimeInfo
+from orchestrator.sandbox.usage import Reading
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN, resolve_user
 
@@ -94,6 +96,7 @@ class ContainerRuntime(Runtime):
         # that container alone sees at IO_MOUNT), if any
         self._shared: Path | None = None
         self._image_workdir: str | None = None  # `workdir: null`: the image's, once asked
+        self._accounts = Accounts()
         self._owed = owed.Owed(self._project_folder, self._service_located)
         """Kills owed to plain commands failed as paused, run once thawed (owed.py)."""
 
@@ -323,6 +326,17 @@ class ContainerRuntime(Runtime):
         return engine.logs(container, tail=tail, follow=follow)
 
     # ----- services ------------------------------------------------------------------------
+    def _places(self) -> dict[str, Sandbox]:
+        with self._lock:
+            return {MAIN: self, **self._services}
+
+    def _read_usage(self) -> dict[str, Reading]:
+        located = {}
+        for name in (MAIN, *self.env.spec.services):
+            with contextlib.suppress(OrchestratorError):
+                located[name] = self._locate(name)
+        return self._accounts.read(located)
+
     def service(self, name: str) -> Sandbox:
         self._check_open()
         if name == MAIN:

@@ -1,0 +1,135 @@
+"""A container's accounting, read where its engine keeps it: the cgroup the engine made for
+the container on this machine (the files `docker stats` reads too, without its second of
+waiting for a CPU delta on engines whose stats API takes no `one-shot`). Found once per
+container, from the host's view of its first process: `/proc/PID/cgroup`, where PID is the
+one the engine's inspection names and `readiness.runs_here` holds to be that container's on
+this kernel; each controller's folder is used only when its path names the container's id.
+An engine on another machine or in a VM, or a cgroup layout not known here, reads nothing
+(`rt.usage().measured` says so).
+
+A sandbox cannot change what is read: the files are the host's (a container sees its own
+cgroup files read-only, if at all), and the pid is the engine's answer, checked again
+against the cgroup before it is trusted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.backends.container.readiness import runs_here
+from orchestrator.paths import read_regular
+from orchestrator.sandbox.usage import Reading
+
+ROOT = Path("/sys/fs/cgroup")
+LIMIT = 64 * 1024
+"""Bytes read of one accounting file at most (each holds a number or a few lines)."""
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """The folders holding one container's accounting (None: that controller not found)."""
+
+    cpu: Path | None
+    memory: Path | None
+    pids: Path | None
+    unified: bool
+    """cgroup v2 (one folder, its own file names) rather than v1's folder per controller."""
+
+    def read(self) -> Reading | None:
+        """The accounting now; None once its files are gone (the container was removed)."""
+        if self.unified:
+            cpu = _field(self.cpu, "cpu.stat", "usage_usec")
+            cpu_ns = None if cpu is None else cpu * 1000
+            memory, peak = _number(self.memory, "memory.current"), "memory.peak"
+            pids_peak = _number(self.pids, "pids.peak")
+        else:
+            cpu_ns = _number(self.cpu, "cpuacct.usage")
+            memory, peak = (
+                _number(self.memory, "memory.usage_in_bytes"),
+                "memory.max_usage_in_bytes",
+            )
+            pids_peak = None
+        if cpu_ns is None or memory is None:
+            return None
+        return Reading(
+            cpu_ns=cpu_ns,
+            memory=memory,
+            memory_peak=_number(self.memory, peak),
+            pids=_number(self.pids, "pids.current") or 0,
+            pids_peak=pids_peak,
+        )
+
+
+def cgroup_of(got: dict[str, Any] | None) -> Cgroup | None:
+    """The cgroup of a container the engine inspected (its API's answer), when it runs on
+    this machine's kernel and its folders are found; else None."""
+    if not runs_here(got):
+        return None
+    assert got is not None
+    cid, pid = str(got["Id"]), int(got["State"]["Pid"])
+    raw = read_regular(Path(f"/proc/{pid}/cgroup"), LIMIT) or b""
+    v1: dict[str, Path] = {}
+    unified: Path | None = None
+    for line in raw.decode(errors="replace").splitlines():
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if cid not in path or ".." in path.split("/"):
+            continue
+        if not controllers:
+            unified = ROOT / path.lstrip("/")
+            continue
+        for name in controllers.split(","):
+            for mount in (controllers, name):  # mounted as "cpu,cpuacct" or as "cpuacct"
+                folder = ROOT / mount / path.lstrip("/")
+                if name not in v1 and folder.is_dir():
+                    v1[name] = folder
+    if "memory" in v1 and "cpuacct" in v1:
+        return Cgroup(v1["cpuacct"], v1["memory"], v1.get("pids"), unified=False)
+    if unified is not None and (ROOT / "cgroup.controllers").is_file() and unified.is_dir():
+        return Cgroup(unified, unified, unified, unified=True)
+    return None
+
+
+def _number(folder: Path | None, name: str) -> int | None:
+    raw = read_regular(folder / name, LIMIT) if folder is not None else None
+    try:
+        return int(raw.split()[0]) if raw else None
+    except ValueError:  # ("max", or nothing a number)
+        return None
+
+
+def _field(folder: Path | None, name: str, key: str) -> int | None:
+    """A `key value` line's value in a flat-keyed file (cgroup v2's cpu.stat)."""
+    raw = read_regular(folder / name, LIMIT) if folder is not None else None
+    for line in (raw or b"").decode(errors="replace").splitlines():
+        found, _, value = line.partition(" ")
+        if found == key and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+class Accounts:
+    """The cgroups of one environment's containers, each found once (see the module)."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, Cgroup | None] = {}
+
+    def read(self, located: dict[str, tuple[str, Any]]) -> dict[str, Reading]:
+        """Each service's reading, from `located` (service -> its container and engine);
+        none for a container whose accounting is not found here."""
+        readings = {}
+        for service, (container, engine) in located.items():
+            if container not in self._found:
+                got = engine.inspected(container, "reading a container's usage")
+                state = (got or {}).get("State") or {}
+                found = cgroup_of(got)
+                if found is None and state.get("Running") is not True:
+                    continue  # (not running yet, or stopped: looked for again next time)
+                self._found[container] = found
+            cgroup = self._found[container]
+            reading = cgroup.read() if cgroup is not None else None
+            if reading is not None:
+                readings[service] = reading
+            elif cgroup is not None:
+                del self._found[container]  # gone: a container of that name is another
+        return readings

@@ -1,0 +1,240 @@
+"""What an environment cost: each service's readings of the kernel's own accounting (the
+cgroup its engine made for the container: CPU time, memory now and at its peak, processes),
+integrated over time by a `Meter` (memory in GB-seconds, the highest process count seen),
+and the commands run through this object with their total time.
+
+Nothing here is on a command's path: a command adds one count and one duration to its
+place's `Tally` (under a lock held for an addition); the readings are taken by one
+process-wide sampler thread every ORCHESTRATOR_USAGE_EVERY seconds for every live meter, by
+`Runtime.usage()`, and a last time when the environment is removed. A backend answers
+`Lifecycle._read_usage`; one that cannot read its sandboxes' accounting (the local backend,
+an engine on another machine) answers nothing, and the result says `measured=False`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from orchestrator.settings import USAGE_EVERY
+
+log = logging.getLogger("orchestrator.usage")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at a container's accounting, as the kernel keeps it."""
+
+    cpu_ns: int
+    """CPU time of every process it ran, since it started."""
+    memory: int
+    """Bytes charged to it now (what its memory limit counts against)."""
+    memory_peak: int | None
+    """The kernel's high-water mark of `memory`; None where it keeps none."""
+    pids: int
+    """Processes (and threads) now."""
+    pids_peak: int | None = None
+    """The kernel's high-water mark of `pids`; None where it keeps none (cgroup v1)."""
+
+
+@dataclass(frozen=True)
+class ServiceUsage:
+    """What one service (or, in `Usage.total`, all of them) cost so far."""
+
+    cpu_seconds: float = 0.0
+    memory_bytes: int = 0
+    """Memory charged at the last reading."""
+    memory_peak_bytes: int = 0
+    """The highest memory charged: the kernel's own mark, or the highest reading."""
+    memory_gb_seconds: float = 0.0
+    """Memory over time, in GB (10^9 bytes) x seconds, between the readings taken since this
+    object started watching (trapezoids between readings ORCHESTRATOR_USAGE_EVERY apart)."""
+    pids: int = 0
+    pids_peak: int = 0
+    """The highest process count: the kernel's mark where it keeps one (cgroup v2), else
+    the highest count a reading saw."""
+    commands: int = 0
+    """Commands run through this object (execute, stream, start; setup's included)."""
+    command_seconds: float = 0.0
+    """Their total wall time."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """`rt.usage()`: per service (the main sandbox is "main") and in total."""
+
+    services: Mapping[str, ServiceUsage]
+    total: ServiceUsage
+    seconds: float
+    """How long this object has watched the environment (the span of memory_gb_seconds)."""
+    measured: bool
+    """Whether the sandboxes' own accounting was read (False: the backend cannot, e.g. the
+    local backend or an engine on another machine: commands alone are counted)."""
+    final: bool = False
+    """The last reading, taken as the environment was removed (what usage() returns after
+    cleanup())."""
+
+
+class Tally:
+    """The commands run in one place and their total time."""
+
+    __slots__ = ("_lock", "commands", "seconds")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.commands = 0
+        self.seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.commands += 1
+            self.seconds += seconds
+
+
+@dataclass
+class _Track:
+    """One service's readings over time."""
+
+    last: Reading
+    at: float
+    gb_seconds: float = 0.0
+    memory_peak: int = 0
+    pids_peak: int = 0
+
+    def take(self, reading: Reading, now: float) -> None:
+        span = max(0.0, now - self.at)
+        self.gb_seconds += (self.last.memory + reading.memory) / 2 * span / 1e9
+        self.last, self.at = reading, now
+        self.see(reading)
+
+    def see(self, reading: Reading) -> None:
+        self.memory_peak = max(self.memory_peak, reading.memory, reading.memory_peak or 0)
+        self.pids_peak = max(self.pids_peak, reading.pids, reading.pids_peak or 0)
+
+
+@dataclass(eq=False)
+class Meter:
+    """One environment's usage over time (see the module). `read` answers each service's
+    reading now (none for a service it cannot read)."""
+
+    read: Callable[[], Mapping[str, Reading]]
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(default_factory=time.monotonic)
+    _tracks: dict[str, _Track] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _final: float | None = None
+
+    def sample(self) -> None:
+        """Take every service's reading now (nothing once the last was taken)."""
+        if self._final is not None:
+            return
+        readings = self.read()
+        now = self.clock()
+        with self._lock:
+            if self._final is not None:
+                return
+            for name, reading in readings.items():
+                track = self._tracks.get(name)
+                if track is None:
+                    self._tracks[name] = track = _Track(reading, now)
+                    track.see(reading)
+                else:
+                    track.take(reading, now)
+
+    def finish(self) -> None:
+        """The last reading, as the environment goes: later calls change nothing."""
+        if self._final is not None:
+            return
+        try:
+            self.sample()
+        except Exception as exc:  # (the environment may be half gone: what was read stands)
+            log.debug("the last usage reading failed: %s", exc)
+        with self._lock:
+            self._final = self._final or self.clock()
+
+    def usage(self, tallies: Mapping[str, Tally]) -> Usage:
+        """What was read so far, with the commands of each place in `tallies`."""
+        with self._lock:
+            end = self._final if self._final is not None else self.clock()
+            names = sorted(set(self._tracks) | set(tallies), key=lambda n: (n != "main", n))
+            services = {name: _service(self._tracks.get(name), tallies.get(name)) for name in names}
+            measured = bool(self._tracks)
+            final = self._final is not None
+        return Usage(
+            services=services,
+            total=_sum(list(services.values())),
+            seconds=max(0.0, end - self.started),
+            measured=measured,
+            final=final,
+        )
+
+
+def _service(track: _Track | None, tally: Tally | None) -> ServiceUsage:
+    commands = (tally.commands, tally.seconds) if tally is not None else (0, 0.0)
+    if track is None:
+        return ServiceUsage(commands=commands[0], command_seconds=commands[1])
+    return ServiceUsage(
+        cpu_seconds=track.last.cpu_ns / 1e9,
+        memory_bytes=track.last.memory,
+        memory_peak_bytes=track.memory_peak,
+        memory_gb_seconds=track.gb_seconds,
+        pids=track.last.pids,
+        pids_peak=track.pids_peak,
+        commands=commands[0],
+        command_seconds=commands[1],
+    )
+
+
+def _sum(parts: list[ServiceUsage]) -> ServiceUsage:
+    """The services together: sums, except the peaks, which are the sum of each one's (an
+    upper bound: they need not have peaked at once)."""
+    return ServiceUsage(
+        cpu_seconds=sum(p.cpu_seconds for p in parts),
+        memory_bytes=sum(p.memory_bytes for p in parts),
+        memory_peak_bytes=sum(p.memory_peak_bytes for p in parts),
+        memory_gb_seconds=sum(p.memory_gb_seconds for p in parts),
+        pids=sum(p.pids for p in parts),
+        pids_peak=sum(p.pids_peak for p in parts),
+        commands=sum(p.commands for p in parts),
+        command_seconds=sum(p.command_seconds for p in parts),
+    )
+
+
+# ----- the one sampler thread of this process ---------------------------------------------------
+_meters: weakref.WeakSet[Meter] = weakref.WeakSet()
+_sampler_lock = threading.Lock()
+_sampler: threading.Thread | None = None
+
+
+def watch(meter: Meter) -> None:
+    """Sample `meter` every ORCHESTRATOR_USAGE_EVERY seconds until its last reading (or until
+    nothing holds it)."""
+    global _sampler
+    with _sampler_lock:
+        _meters.add(meter)
+        if _sampler is None or not _sampler.is_alive():
+            _sampler = threading.Thread(target=_sample_all, name="orchestrator-usage", daemon=True)
+            _sampler.start()
+
+
+def _sample_all() -> None:
+    every = USAGE_EVERY.get()
+    while True:
+        time.sleep(every)
+        global _sampler
+        with _sampler_lock:
+            for done in [m for m in list(_meters) if m._final is not None]:
+                _meters.discard(done)
+            meters = list(_meters)
+            if not meters:  # (watch starts another when one comes)
+                _sampler = None
+                return
+        for meter in meters:
+            try:
+                meter.sample()
+            except Exception as exc:  # one environment's failure is not the others'
+                log.debug("a usage reading failed: %s", exc)

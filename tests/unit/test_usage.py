@@ -1,0 +1,170 @@
+"""sandbox/usage.py's arithmetic and sampler, backends/container/usage.py's reading of a
+cgroup's files (v1 and v2 layouts, on folders made here), and the local backend's usage
+(commands only: it reads no accounting)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import spawn_runtime
+from orchestrator.backends.container.usage import Cgroup
+from orchestrator.sandbox.usage import Meter, Reading, Tally
+
+MB = 1024 * 1024
+
+
+def _feed(readings: list[dict[str, Reading]], times: list[float]) -> Meter:
+    """A meter whose readings come from `readings`, taken at `times` (monotonic seconds)."""
+    clock = iter([*times, times[-1]])
+    meter = Meter(read=lambda: readings.pop(0), clock=lambda: next(clock), started=0.0)
+    for _ in range(len(times)):
+        meter.sample()
+    return meter
+
+
+def test_memory_is_integrated_between_readings_and_peaks_kept() -> None:
+    one = [
+        {"main": Reading(cpu_ns=0, memory=0, memory_peak=None, pids=1)},
+        {"main": Reading(cpu_ns=10**9, memory=1000 * MB, memory_peak=None, pids=40)},
+        {"main": Reading(cpu_ns=3 * 10**9, memory=1000 * MB, memory_peak=1500 * MB, pids=2)},
+    ]
+    meter = _feed(one, [0.0, 2.0, 4.0])
+    whole = meter.usage({"main": Tally()})
+    assert whole.seconds == 4.0  # (the clock's last reading: the span watched)
+    got = whole.services["main"]
+    # 0 -> 1000 MB over 2 s (a trapezoid: 1000 MB-s), then 1000 MB for 2 s (2000 MB-s)
+    assert got.memory_gb_seconds == pytest.approx(3000 * MB / 1e9)
+    assert got.cpu_seconds == 3.0 and got.memory_bytes == 1000 * MB
+    assert got.memory_peak_bytes == 1500 * MB  # the kernel's mark, above any reading
+    assert got.pids == 2 and got.pids_peak == 40  # the highest reading (no kernel mark)
+
+
+def test_totals_sum_services_and_commands_count_everywhere() -> None:
+    readings = [
+        {
+            "main": Reading(cpu_ns=10**9, memory=10, memory_peak=20, pids=3, pids_peak=7),
+            "db": Reading(cpu_ns=2 * 10**9, memory=5, memory_peak=9, pids=1),
+        }
+    ]
+    meter = _feed(readings, [1.0])
+    main, db, gone = Tally(), Tally(), Tally()
+    main.add(0.5)
+    main.add(1.5)
+    gone.add(2.0)  # a service with commands and no reading is still listed
+    got = meter.usage({"main": main, "db": db, "web": gone})
+    assert list(got.services) == ["main", "db", "web"]
+    assert got.total.cpu_seconds == 3.0 and got.total.memory_bytes == 15
+    assert got.total.memory_peak_bytes == 29 and got.total.pids_peak == 8
+    assert got.total.commands == 3 and got.total.command_seconds == 4.0
+    assert got.services["web"].cpu_seconds == 0 and got.measured
+
+
+def test_after_the_last_reading_nothing_changes() -> None:
+    now = {"main": Reading(cpu_ns=1, memory=1, memory_peak=1, pids=1)}
+    meter = Meter(read=lambda: now)
+    meter.sample()
+    meter.finish()
+    first = meter.usage({})
+    now["main"] = Reading(cpu_ns=99, memory=99, memory_peak=99, pids=99)
+    meter.sample()
+    meter.finish()
+    assert meter.usage({}) == first and first.final
+
+
+def test_a_failing_last_reading_keeps_what_was_read() -> None:
+    calls = []
+
+    def read() -> dict[str, Reading]:
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError("gone")
+        return {"main": Reading(cpu_ns=5, memory=1, memory_peak=None, pids=1)}
+
+    meter = Meter(read=read)
+    meter.sample()
+    meter.finish()
+    got = meter.usage({})
+    assert got.final and got.total.cpu_seconds == 5e-9
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+
+
+def test_cgroup_v1_and_v2_files_are_read(tmp_path: Path) -> None:
+    cpu, mem, pids = tmp_path / "cpuacct", tmp_path / "memory", tmp_path / "pids"
+    _write(cpu, {"cpuacct.usage": "2500000000\n"})
+    _write(mem, {"memory.usage_in_bytes": "1048576\n", "memory.max_usage_in_bytes": "4194304\n"})
+    _write(pids, {"pids.current": "7\n"})
+    got = Cgroup(cpu, mem, pids, unified=False).read()
+    assert got == Reading(cpu_ns=2_500_000_000, memory=MB, memory_peak=4 * MB, pids=7)
+    v2 = tmp_path / "v2"
+    _write(
+        v2,
+        {
+            "cpu.stat": "usage_usec 1500000\nuser_usec 1000000\n",
+            "memory.current": "2097152\n",
+            "memory.peak": "3145728\n",
+            "pids.current": "3\n",
+            "pids.peak": "12\n",
+        },
+    )
+    got = Cgroup(v2, v2, v2, unified=True).read()
+    assert got == Reading(
+        cpu_ns=1_500_000_000, memory=2 * MB, memory_peak=3 * MB, pids=3, pids_peak=12
+    )
+    (v2 / "memory.current").unlink()  # the container was removed meanwhile
+    assert Cgroup(v2, v2, v2, unified=True).read() is None
+
+
+def test_a_fifo_or_a_link_in_place_of_a_file_is_not_read(tmp_path: Path) -> None:
+    import os
+
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    os.mkfifo(folder / "memory.usage_in_bytes")  # a read would wait forever
+    (tmp_path / "elsewhere").write_text("1\n")
+    (folder / "memory.max_usage_in_bytes").symlink_to(tmp_path / "elsewhere")
+    _write(tmp_path / "cpu", {"cpuacct.usage": "1\n"})
+    assert Cgroup(tmp_path / "cpu", folder, None, unified=False).read() is None
+
+
+def test_the_sampler_thread_ends_once_no_environment_is_watched() -> None:
+    code = """
+import threading, time
+from orchestrator.sandbox import usage
+from orchestrator.sandbox.usage import Meter, Reading
+seen = []
+meter = Meter(read=lambda: seen.append(1) or {"main": Reading(1, 1, None, 1)})
+usage.watch(meter)
+time.sleep(0.5)
+assert any(t.name == "orchestrator-usage" for t in threading.enumerate())
+meter.finish()
+time.sleep(0.6)
+assert not any(t.name == "orchestrator-usage" for t in threading.enumerate()), "still sampling"
+assert len(seen) >= 3, seen
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**__import__("os").environ, "ORCHESTRATOR_USAGE_EVERY": "0.1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_local_backend_counts_commands_and_says_it_read_nothing(tmp_path: Path) -> None:
+    env = tmp_path / "local.yaml"
+    env.write_text("version: 1\nname: lusage\nbackend: local\n")
+    with spawn_runtime(env, backend="local") as rt:
+        rt.execute(["true"])
+        got = rt.usage()
+    assert not got.measured and got.total.commands == 1 and got.total.cpu_seconds == 0
+    assert rt.usage().final
