@@ -80,6 +80,7 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
         list_snapshots as list_snapshots,
     )
     from orchestrator.sandbox.usage import (
+        Egress as Egress,
         ServiceUsage as ServiceUsage,
         Usage as Usage,
     )

@@ -17,7 +17,7 @@ from orchestrator.sandbox.backend import Backend
 from orchestrator.sandbox.calls import Sandbox
 from orchestrator.sandbox.options import SpawnOptions
 from orchestrator.sandbox.results import RuntimeInfo, RuntimeResult
-from orchestrator.sandbox.usage import Meter, Reading, Usage
+from orchestrator.sandbox.usage import Egress, Meter, Reading, Usage
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.resolve import MAIN, substitute_static
 
@@ -49,7 +49,7 @@ class Lifecycle(Sandbox, Backend):
         self._pid = os.getpid()
         """The process this runtime belongs to: a child forked from it holds a copy it must
         neither use nor clean up (`_in_child`)."""
-        self._meter = Meter(self._read_usage)
+        self._meter = Meter(self._read_usage, self._count_egress)
 
     # ----- what a backend provides -------------------------------------------------------
     @abstractmethod
@@ -77,6 +77,11 @@ class Lifecycle(Sandbox, Backend):
         sandbox; sandbox/usage.py); none for what the backend cannot read (the default)."""
         return {}
 
+    def _count_egress(self) -> Egress | None:
+        """What went through the environment's egress gateway so far; None where it has
+        none, or the backend counts none (the default)."""
+        return None
+
     def _places(self) -> Mapping[str, Sandbox]:
         """Where commands ran through this object, by service name: the sandbox itself, and
         each service a backend made a view of."""
@@ -89,6 +94,7 @@ class Lifecycle(Sandbox, Backend):
         reading, taken as it went."""
         if not self._closed and not self._in_child():
             self._meter.sample()
+            self._meter.counted()
         return self._meter.usage({name: place.tally for name, place in self._places().items()})
 
     def file_command(self, name: str) -> str:

@@ -64,6 +64,20 @@ class ServiceUsage:
 
 
 @dataclass(frozen=True)
+class Egress:
+    """What went through an environment's egress gateway (an allowlist's): requests."""
+
+    allowed: int = 0
+    """Requests (HTTP, or CONNECT tunnels) that went out."""
+    denied: int = 0
+    """Requests the gateway refused (not allowed, or not a request it serves)."""
+    bytes_sent: int = 0
+    """Bytes the sandboxes sent out on them (a tunnel's whole upload)."""
+    bytes_received: int = 0
+    """Bytes they got back (a tunnel's whole download)."""
+
+
+@dataclass(frozen=True)
 class Usage:
     """`rt.usage()`: per service (the main sandbox is "main") and in total."""
 
@@ -77,6 +91,9 @@ class Usage:
     final: bool = False
     """The last reading, taken as the environment was removed (what usage() returns after
     cleanup())."""
+    egress: Egress | None = None
+    """Through the egress gateway; None where there is none (`egress: none` or `all`: nothing
+    to count, or to let out) or the backend counts none."""
 
 
 class Tally:
@@ -122,11 +139,14 @@ class Meter:
     reading now (none for a service it cannot read)."""
 
     read: Callable[[], Mapping[str, Reading]]
+    count: Callable[[], Egress | None] = lambda: None
+    """The egress counts now (a read of the gateway's log: on demand, never sampled)."""
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
     _tracks: dict[str, _Track] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _final: float | None = None
+    _egress: Egress | None = None
 
     def sample(self) -> None:
         """Take every service's reading now (nothing once the last was taken)."""
@@ -151,10 +171,18 @@ class Meter:
             return
         try:
             self.sample()
+            self.counted()
         except Exception as exc:  # (the environment may be half gone: what was read stands)
             log.debug("the last usage reading failed: %s", exc)
         with self._lock:
             self._final = self._final or self.clock()
+
+    def counted(self) -> None:
+        """Read the egress counts now (nothing once the last reading was taken)."""
+        if self._final is None:
+            got = self.count()
+            with self._lock:
+                self._egress = got if self._final is None else self._egress
 
     def usage(self, tallies: Mapping[str, Tally]) -> Usage:
         """What was read so far, with the commands of each place in `tallies`."""
@@ -170,6 +198,7 @@ class Meter:
             seconds=max(0.0, end - self.started),
             measured=measured,
             final=final,
+            egress=self._egress,
         )
 
 

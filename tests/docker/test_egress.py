@@ -362,6 +362,30 @@ def test_allowlist_lets_out_exactly_its_entries(world: World, listed: Runtime) -
     assert "403" in denied_https["error"], denied_https
 
 
+def test_usage_counts_what_went_out_through_the_gateway_and_what_it_refused(
+    closed: Runtime, open_all: Runtime, listed: Runtime
+) -> None:
+    before = listed.usage().egress
+    assert before is not None
+    out, again, denied, denied_tunnel = probe(
+        listed,
+        get("http://allowed.test/"),
+        get("http://allowed.test/"),
+        get("http://denied.test/"),
+        tunnel("denied.test:443"),
+    )
+    ok(out, hello("allowed.test"))
+    ok(again, hello("allowed.test"))
+    refused(denied)
+    assert " 403 " in denied_tunnel["status_line"] + " ", denied_tunnel
+    got = listed.usage().egress
+    assert got is not None
+    assert (got.allowed - before.allowed, got.denied - before.denied) == (2, 2), (before, got)
+    assert got.bytes_received - before.bytes_received >= 2 * len(hello("allowed.test"))
+    # no gateway, nothing to count: none lets nothing out, all lets everything out
+    assert closed.usage().egress is None and open_all.usage().egress is None
+
+
 def test_allowlist_has_no_way_around_the_proxy(world: World, listed: Runtime) -> None:
     ip = world.hosts["allowed.test"]
     by_name, direct_name, direct_ip, raw_ip, control = probe(
@@ -410,13 +434,17 @@ def test_allowlist_tunnels_only_listed_ports(world: World, listed: Runtime) -> N
 
 def test_allowlist_with_a_port_tunnels_to_it(world: World, tmp_path: Path) -> None:
     body = "network: {egress: ['allowed.test:7000']}\n"
+    ping = "ping" * 2000 + "\n"
     with spawn_runtime(env_file(tmp_path, "tunnel", body)) as rt:
-        echo, web = probe(
-            rt, tunnel("allowed.test:7000", echo="ping\n"), get("http://allowed.test/")
-        )
+        echo, web = probe(rt, tunnel("allowed.test:7000", echo=ping), get("http://allowed.test/"))
+        counted = rt.usage().egress
     assert echo["error"] is None and " 200 " in echo["status_line"] + " ", echo
-    assert echo["echo"] == "ping\n", echo
+    assert echo["echo"] == ping, echo
     refused(web)  # port 80 is not the entry's
+    # the tunnel's bytes both ways (its line is written once it closes: by the last reading)
+    last = rt.usage().egress
+    assert counted is not None and last is not None and last.denied == 1, (counted, last)
+    assert last.allowed == 1 and last.bytes_sent >= len(ping) <= last.bytes_received, last
 
 
 # ----- 4. published ports -----------------------------------------------------------------

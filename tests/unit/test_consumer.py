@@ -19,6 +19,7 @@ from orchestrator import (
     CommandTimeout,
     Connection,
     DockerError,
+    Egress,
     Environment,
     EnvironmentStatus,
     ExecMode,
@@ -201,6 +202,8 @@ def test_a_consumer_program(tmp_path: Path) -> None:
         cost: Usage = rt.usage()  # what it cost so far: the local backend counts commands
         main: ServiceUsage = cost.services["main"]
         assert main.commands >= 8 and not cost.measured and cost.total == main
+        through: Egress | None = cost.egress  # (a gateway's counts: the local backend has none)
+        assert through is None
         backend = type(rt)
     assert backend_class(env) is get_runtime_class(env.backend) is backend
     options = SpawnOptions(workspace=tmp_path / "ws", policy=Policy(), disable_setup=True)

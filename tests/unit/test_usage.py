@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from orchestrator import spawn_runtime
+from orchestrator import Egress, spawn_runtime
 from orchestrator.backends.container.usage import Cgroup
 from orchestrator.sandbox.usage import Meter, Reading, Tally
 
@@ -168,3 +169,56 @@ def test_the_local_backend_counts_commands_and_says_it_read_nothing(tmp_path: Pa
         got = rt.usage()
     assert not got.measured and got.total.commands == 1 and got.total.cpu_seconds == 0
     assert rt.usage().final
+
+
+class _Log:
+    """An engine whose one container logged `lines` ((timestamp, text)); `since` keeps those
+    at or after it, as the engine's does."""
+
+    def __init__(self, lines: list[tuple[str, str]], chunk: int = 7) -> None:
+        self.lines, self.chunk, self.reads = lines, chunk, 0
+
+    def logs(
+        self, container: str, *, tail: None, follow: bool, since: str | None, timestamps: bool
+    ) -> Iterator[bytes]:
+        self.reads += 1
+        data = b"".join(
+            f"{ts} {text}\n".encode() for ts, text in self.lines if since is None or ts >= since
+        )
+        for i in range(0, len(data), self.chunk):
+            yield data[i : i + self.chunk]
+
+
+def _line(client: str, code: str, hier: str, up: int, down: int) -> str:
+    return f"ORCH 1795930462.266 {client} {code} {hier} {up} {down}"
+
+
+def test_the_gateway_log_is_counted_once_whatever_the_timestamps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from orchestrator.backends.docker import egress_log
+
+    out = _line("10.0.0.2", "TCP_TUNNEL/200", "HIER_DIRECT/1.2.3.4", 100, 2000)
+    refused = _line("10.0.0.2", "TCP_DENIED/403", "HIER_NONE/-", 80, 600)
+    probe = _line("127.0.0.1", "NONE_NONE/000", "HIER_NONE/-", 0, 0)  # the gateway's own
+    log = _Log(
+        [
+            ("2026-01-01T00:00:01.000000001Z", "2026/01/01 00:00:01| Starting Squid"),
+            ("2026-01-01T00:00:01.000000001Z", probe),
+            ("2026-01-01T00:00:02.000000001Z", out),
+            ("2026-01-01T00:00:02.000000001Z", refused),  # two at the same instant
+        ]
+    )
+    count = egress_log.EgressCount()
+    assert count.read(log, "gw") == Egress(1, 1, 100, 2000)
+    assert count.read(log, "gw") == Egress(1, 1, 100, 2000)  # nothing new: nothing more
+    log.lines += [("2026-01-01T00:00:02.000000001Z", out), ("2026-01-01T00:00:03Z", "x" * 9000)]
+    assert count.read(log, "gw") == Egress(2, 1, 200, 4000)  # a third at that instant
+    # a flood: each read takes at most READ_LIMIT bytes, the next goes on from there
+    monkeypatch.setattr(egress_log, "READ_LIMIT", 200)
+    log.lines += [(f"2026-01-01T00:00:04.{i:09d}Z", out) for i in range(50)]
+    reads = 0
+    while count.read(log, "gw").allowed < 52:
+        reads += 1
+        assert reads < 50, count.read(log, "gw")
+    assert reads > 3 and count.read(log, "gw") == Egress(52, 1, 5200, 104000)

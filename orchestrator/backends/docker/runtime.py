@@ -30,7 +30,9 @@ from orchestrator.backends.container.readiness import ServiceWatch, runs_here
 from orchestrator.backends.container.resident import open_endpoint, reopen
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
 from orchestrator.backends.docker import hooks
+from orchestrator.backends.docker.egress_log import EgressCount
 from orchestrator.backends.docker.lifecycle import Project
+from orchestrator.backends.docker.network import GATEWAY
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
 from orchestrator.backends.docker.start import start_project
 from orchestrator.errors import OrchestratorError, ProjectNotFound, UsageError
@@ -40,6 +42,7 @@ from orchestrator.sandbox.backend import Amounts
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.sandbox.usage import Egress
 from orchestrator.settings import engine_host, same_engine
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import Policy
@@ -85,6 +88,7 @@ class ComposeRuntime(ContainerRuntime):
         super().__init__(*args, **kwargs)
         self.project: Project | None = None
         self._temp_workspace: Path | None = None
+        self._egress = EgressCount()
 
     # ----- lifecycle -----------------------------------------------------------------------
     def _workspace(self, directory: Path) -> Path:
@@ -363,6 +367,12 @@ class ComposeRuntime(ContainerRuntime):
         except OrchestratorError:
             return False
         return runs_here(got)
+
+    def _count_egress(self) -> Egress | None:
+        project = self.project
+        if project is None or GATEWAY not in project.compiled.infra:
+            return None  # (no gateway: nothing goes out, or everything does, uncounted)
+        return self._egress.read(project.engine, project.container_of(GATEWAY))
 
     def _locate(self, service: str) -> tuple[str, Engine]:
         """A service's container, and the engine that runs it."""

@@ -182,11 +182,22 @@ class ContainerOps(EngineCore):
             words += ["--change", change]
         self.run(*words, container, tag, action=f"committing {container}")
 
-    def logs(self, container: str, *, tail: int | None, follow: bool) -> Iterator[bytes]:
+    def logs(
+        self,
+        container: str,
+        *,
+        tail: int | None,
+        follow: bool,
+        since: str | None = None,
+        timestamps: bool = False,
+    ) -> Iterator[bytes]:
         """A container's log (both streams) as it comes; ended when the caller stops reading,
-        and after LOGS_TIMEOUT s unless `follow`."""
+        and after LOGS_TIMEOUT s unless `follow`. `since`: only lines logged at or after
+        that timestamp (RFC 3339, as `timestamps` puts before each line)."""
         words = ["logs", *(["--tail", str(tail)] if tail is not None else [])]
         words += ["--follow"] if follow else []
+        words += ["--since", since] if since else []
+        words += ["--timestamps"] if timestamps else []
         return self.output(*words, container, limit=None if follow else LOGS_TIMEOUT)
 
     def build_argv(

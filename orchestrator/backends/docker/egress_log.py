@@ -1,0 +1,103 @@
+"""Egress counted from the gateway's own access log (templates/gateway/squid.conf writes one
+`ORCH` line per request to its stdout, which the engine keeps as the container's log): the
+requests that went out, those the gateway refused, and their bytes. Read on demand (each
+`rt.usage()`, and once as the environment goes), from where the last read stopped: the
+engine's `--since` the last line's timestamp, skipping the lines at that very timestamp that
+were counted already. One read takes at most READ_LIMIT bytes of log and READ_WITHIN
+seconds; whatever is left is read next time, so a flood of requests costs the reader a bound,
+never a hang or the host's memory.
+
+What a line says is the gateway's: a sandbox reaches it only through requests, whose URLs are
+not logged, so it can change its own counts (by making requests) and nobody else's."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from orchestrator.sandbox.usage import Egress
+
+READ_LIMIT = 32 * 1024 * 1024
+"""Bytes of log one read takes at most (about 300,000 requests' lines)."""
+LINE_LIMIT = 4096
+"""A line longer than this is not one of the gateway's (its lines are about 80 bytes)."""
+MARK = b"ORCH"
+STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z")
+"""The engine's timestamp before each line (RFC 3339, UTC), which `--since` takes back."""
+
+
+class EgressCount:
+    """One environment's gateway's counts so far (see the module)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: str | None = None
+        self._at_since = 0  # lines at exactly `_since` counted already
+        self._got = Egress()
+
+    def read(self, engine: Any, container: str) -> Egress:
+        """The counts, after reading what the gateway logged since the last read."""
+        with self._lock:  # (one reader at a time: each read goes on from the last)
+            self._read(engine, container)
+            return self._got
+
+    def _read(self, engine: Any, container: str) -> None:
+        since, skip = self._since, self._at_since
+        counts = [0, 0, 0, 0]  # allowed, denied, bytes sent, bytes received
+        last, at_last = since, skip
+        taken, rest, dropping = 0, b"", False
+        chunks = engine.logs(container, tail=None, follow=False, since=since, timestamps=True)
+        try:
+            for chunk in chunks:
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    if dropping:  # the end of a line too long to be one of the gateway's
+                        dropping = False
+                        continue
+                    stamp, _, text = line.partition(b" ")
+                    when = stamp.decode(errors="replace")
+                    if not STAMP.fullmatch(when):
+                        continue
+                    if when == since and skip > 0:  # counted by the last read
+                        skip -= 1
+                        continue
+                    at_last = at_last + 1 if when == last else 1
+                    last = when
+                    _count(text, counts)
+                    taken += len(line) + 1
+                if len(rest) > LINE_LIMIT:
+                    rest, dropping = b"", True
+                if taken >= READ_LIMIT:
+                    break  # the rest next time, from the last whole line read
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        allowed, denied, sent, received = counts
+        self._since, self._at_since = last, at_last
+        got = self._got
+        self._got = Egress(
+            allowed=got.allowed + allowed,
+            denied=got.denied + denied,
+            bytes_sent=got.bytes_sent + sent,
+            bytes_received=got.bytes_received + received,
+        )
+
+
+def _count(text: bytes, counts: list[int]) -> None:
+    """Add one line's request to `counts` (allowed, denied, bytes sent, bytes received)."""
+    fields = text.split()
+    if len(fields) != 7 or fields[0] != MARK or fields[2].startswith(b"127."):
+        return  # a line of the gateway's own log, or its readiness probe's request
+    try:
+        up, down = max(int(fields[5]), 0), max(int(fields[6]), 0)
+    except ValueError:
+        return
+    if fields[4].startswith(b"HIER_DIRECT"):  # it went out
+        counts[0] += 1
+        counts[2] += up
+        counts[3] += down
+    else:
+        counts[1] += 1
