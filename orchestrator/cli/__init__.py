@@ -25,6 +25,7 @@ from orchestrator.cli import (
     start_cmds,
     state_cmds,
     suspend_cmds,
+    top,
 )
 from orchestrator.cli.doctor import doctor
 from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
@@ -136,6 +137,7 @@ for command in (
     exec_cmds.exec_,
     running_cmds.down,
     running_cmds.ps,
+    top.top,
     running_cmds.logs,
     exec_cmds.shell,
     running_cmds.snapshot,

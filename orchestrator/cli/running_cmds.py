@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ from orchestrator.errors import OrchestratorError, SandboxFileTimeout, UsageErro
 if TYPE_CHECKING:
     from orchestrator import (
         Snapshot,
+        Usage,
     )
 
 
@@ -56,11 +57,16 @@ def down(
         raise typer.Exit(codes[0] if len(set(codes)) == 1 else 1)
 
 
-def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+def ps(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    usage: bool = typer.Option(
+        False, "--usage", help="Add what each costs: CPU seconds, memory, processes, egress."
+    ),
+) -> None:
     """List our environments with their owner, state and published ports."""
     from orchestrator import environments
 
-    rows, removed = environments()
+    rows, removed = environments(usage=usage)
     for name in removed:
         typer.echo(f"removed {name} (its owner process is gone)", err=True)
     if as_json:
@@ -71,11 +77,34 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Machine-readable outp
         return
     from orchestrator.cli.tables import print_table
 
+    if usage:
+        from orchestrator.cli.top import size_text
+
+        print_table(
+            ("ID", "ENV", "STATE", "CPU-S", "MEMORY", "PEAK", "PIDS", "EGRESS"),
+            [(r.id, r.env, r.state, *_usage_cells(r.usage, size_text)) for r in rows],
+            drop=("EGRESS", "PEAK", "ENV", "STATE"),
+        )
+        return
     print_table(
         ("ID", "ENV", "OWNER", "STATE", "PORTS", "POOL"),
         [(r.id, r.env, r.owner, r.state, ports_text(r.ports), r.pool) for r in rows],
         drop=("POOL", "OWNER", "ENV", "PORTS", "STATE"),  # an id is never cut
     )
+
+
+def _usage_cells(usage: Usage | None, size: Callable[[int], str]) -> list[str]:
+    """`ps --usage`'s columns of one environment ("?" each where it was not read)."""
+    if usage is None or not usage.measured:
+        return ["?"] * 4 + ["-" if usage is None or usage.egress is None else "?"]
+    total, egress = usage.total, usage.egress
+    return [
+        f"{total.cpu_seconds:.1f}",
+        size(total.memory_bytes),
+        size(total.memory_peak_bytes),
+        str(total.pids),
+        "-" if egress is None else f"{egress.allowed}/{egress.denied}",
+    ]
 
 
 def logs(

@@ -131,9 +131,9 @@ class Backend:
     # A backend whose environments never outlive their process keeps these defaults.
     # Backends sharing one implementation (the container ones) are asked once.
     @classmethod
-    def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
+    def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
         """Its environments left running, after removing those whose owner is gone (their
-        ids, second)."""
+        ids, second); with `usage`, each one's `EnvironmentStatus.usage` read too."""
         return [], []
 
     @classmethod

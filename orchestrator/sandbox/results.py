@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from orchestrator.procutil import Outcome
+from orchestrator.sandbox.usage import Usage
 from orchestrator.spec.models import PublishedPort
 
 __all__ = [
@@ -161,3 +162,9 @@ class EnvironmentStatus:
     """"<pool id> <state>" for a member of a warm pool (ready, in-use, claimed), else ""."""
     paused: bool = False
     """Whether it is paused (`rt.pause()`, `orchestrator pause`): a container of it is."""
+    started: str = ""
+    """When it started (UTC, ISO 8601 to the second); "" when unknown."""
+    usage: Usage | None = None
+    """What it cost so far, when asked (`environments(usage=True)`): one reading of its
+    containers' accounting and its gateway's counts, from outside its owner (no memory over
+    time, no commands: those are its owner's `rt.usage()`)."""

@@ -62,12 +62,14 @@ def _each(ask: Callable[[type[Runtime]], T]) -> list[tuple[type[Runtime], T]]:
     return answers
 
 
-def environments() -> tuple[list[EnvironmentStatus], list[str]]:
+def environments(*, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
     """Every environment left running, by id; second, the ids of those just removed because
-    their owner process is gone."""
+    their owner process is gone. With `usage`, what each cost so far (its `usage`: one
+    reading of its sandboxes' accounting, from outside its owner)."""
     rows: list[EnvironmentStatus] = []
     removed: list[str] = []
-    for _, (found, gone) in _each(lambda cls: cls.running()):
+    # (asked without `usage` when not wanted: a backend written before it takes none)
+    for _, (found, gone) in _each(lambda cls: cls.running(usage=True) if usage else cls.running()):
         rows += found
         removed += gone
     return sorted(rows, key=lambda r: r.id), removed

@@ -47,7 +47,7 @@ def _backend(ident: str) -> type[LocalRuntime]:
 
     class Plugin(LocalRuntime):
         @classmethod
-        def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
+        def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
             return [_row(ident)], []
 
         @classmethod
@@ -134,7 +134,7 @@ def test_attack_one_backend_failing_blinds_the_inventory(registry_of: Make) -> N
 
     class Away(LocalRuntime):
         @classmethod
-        def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
+        def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
             raise DockerError("cannot reach its engine")
 
         @classmethod

@@ -24,7 +24,7 @@ class Kept(LocalRuntime):
     """A backend whose environments outlive their process: it answers for 'orch-kept-1'."""
 
     @classmethod
-    def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
+    def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
         ASKED.append(f"running {cls.__name__}")
         return [_row("orch-kept-1")], ["orch-gone-1"]
 

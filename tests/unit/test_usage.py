@@ -196,7 +196,7 @@ def _line(client: str, code: str, hier: str, up: int, down: int) -> str:
 def test_the_gateway_log_is_counted_once_whatever_the_timestamps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from orchestrator.backends.docker import egress_log
+    from orchestrator.backends.container import egress_log
 
     out = _line("10.0.0.2", "TCP_TUNNEL/200", "HIER_DIRECT/1.2.3.4", 100, 2000)
     refused = _line("10.0.0.2", "TCP_DENIED/403", "HIER_NONE/-", 80, 600)

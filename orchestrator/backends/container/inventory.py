@@ -18,6 +18,7 @@ from orchestrator.backends.container.identity import (
     folder_engine,
     project_folders,
 )
+from orchestrator.backends.container.layout import GATEWAY
 from orchestrator.backends.container.membership import membership
 from orchestrator.backends.container.projects import (
     FOLDERS_LOOKED_AT,
@@ -41,8 +42,10 @@ from orchestrator.backends.container.reaping import (
 from orchestrator.backends.container.removal import (
     remove_by_label as remove_by_label,  # (where a start that failed half-way asks for it)
 )
+from orchestrator.backends.container.usage import keep_counts_of, usage_of
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.sandbox.results import EnvironmentStatus
+from orchestrator.sandbox.usage import Usage
 
 log = logging.getLogger("orchestrator.docker")
 
@@ -73,7 +76,9 @@ __all__ = [
 ProjectStatus = EnvironmentStatus
 
 
-def project_statuses(engine: Engine | None = None) -> tuple[list[ProjectStatus], list[str]]:
+def project_statuses(
+    engine: Engine | None = None, *, usage: bool = False
+) -> tuple[list[ProjectStatus], list[str]]:
     """Our environments, after reaping those whose owner is gone (returned second, by name),
     with their ports as the one listing call read them: nothing is inspected afterwards, so
     containers removed meanwhile by anyone cannot fail it. The reap is a side task: a
@@ -87,6 +92,7 @@ def project_statuses(engine: Engine | None = None) -> tuple[list[ProjectStatus],
     for exc in failures:
         log.warning("left for the next reap: %s", exc)
     live = [p for p in projects if p.name not in removed] + _alive_elsewhere(asked, removed)
+    away = elsewhere() if usage else {}
     statuses = [
         ProjectStatus(
             id=p.name,
@@ -98,10 +104,25 @@ def project_statuses(engine: Engine | None = None) -> tuple[list[ProjectStatus],
             ports=tuple(p.ports),
             pool=" ".join(membership(p.directory) or ()),
             paused=any(state == "paused" for _, _, state in p.containers),
+            started=p.labels.get(LABEL_STARTED, ""),
+            usage=_usage(p, Engine.at(away[p.name]) if p.name in away else engine)
+            if usage
+            else None,
         )
         for p in live
     ]
+    if usage:
+        keep_counts_of({c for p in live for c, service, _ in p.containers if service == GATEWAY})
     return statuses, removed
+
+
+def _usage(project: ProjectInfo, engine: Engine) -> Usage | None:
+    """A project's usage, on the engine that listed it; None when that engine fails."""
+    try:
+        return usage_of(engine, project.containers)
+    except OrchestratorError as exc:
+        log.warning("reading %s's usage failed: %s", project.name, exc)
+        return None
 
 
 def _alive_elsewhere(asked: dict[str, Listing | None], removed: list[str]) -> list[ProjectInfo]:
@@ -121,9 +142,10 @@ def _alive_elsewhere(asked: dict[str, Listing | None], removed: list[str]) -> li
     return sorted(found, key=lambda p: (p.labels.get(LABEL_STARTED, ""), p.name))
 
 
-def running_environments() -> tuple[list[EnvironmentStatus], list[str]]:
-    """The container backends' environments, after reaping those whose owner is gone."""
-    return project_statuses()
+def running_environments(*, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
+    """The container backends' environments, after reaping those whose owner is gone (with
+    `usage`, each one's usage)."""
+    return project_statuses(usage=usage)
 
 
 def elsewhere() -> dict[str, str]:

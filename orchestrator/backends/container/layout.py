@@ -7,7 +7,9 @@ from orchestrator.spec.models import EnvironmentV1
 from orchestrator.spec.resolve import LOOPBACK, MAIN
 
 __all__ = [
+    "FORWARDER",
     "FORWARDS_LABEL",
+    "GATEWAY",
     "IO_DIR",
     "IO_MOUNT",
     "KEEP_ALIVE",
@@ -32,6 +34,10 @@ IO_MOUNT = "/.orchestrator-io"
 """Where the transfer FIFOs of one container appear: <project>/IO_DIR/<service> (mode 0700),
 read-only in that container only, so that no other container (root in a service, or in the
 main sandbox) sees or opens them."""
+GATEWAY = "orchestrator-egress"
+"""Service name of the egress gateway (the proxy's host name in the sandboxes)."""
+FORWARDER = "orchestrator-ports"
+"""Service name of the port forwarder."""
 USER_LABEL = "org.orchestrator.user"
 """On the main container: the user commands run as ("uid:gid"), for `orchestrator exec`."""
 

@@ -60,10 +60,10 @@ class ContainerRuntime(Runtime):
 
     # ----- environments left running: one inventory (by label) for every container backend
     @classmethod
-    def running(cls) -> tuple[list[EnvironmentStatus], list[str]]:
+    def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
         from orchestrator.backends.container.inventory import running_environments
 
-        return running_environments()
+        return running_environments(usage=usage)
 
     @classmethod
     def running_ids(cls) -> list[str]:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.container.egress_log import EgressCount
+from orchestrator.backends.container.layout import FORWARDER, GATEWAY
 from orchestrator.backends.container.readiness import runs_here
 from orchestrator.paths import read_regular
-from orchestrator.sandbox.usage import Reading
+from orchestrator.sandbox.usage import Egress, Meter, Reading, Usage
 
 ROOT = Path("/sys/fs/cgroup")
 LIMIT = 64 * 1024
@@ -133,3 +135,36 @@ class Accounts:
             elif cgroup is not None:
                 del self._found[container]  # gone: a container of that name is another
         return readings
+
+
+_gateways: dict[str, EgressCount] = {}
+"""In a process that lists environments again and again (`orchestrator top`): each gateway's
+count, so that each listing reads only what its log gained since the last. Only the gateways
+of the last listing are kept."""
+
+
+def usage_of(engine: Any, containers: list[tuple[str, str, str]]) -> Usage:
+    """What one environment cost, from another process than its owner's (`orchestrator ps
+    --usage`, `top`): one reading of each of its containers ((id, service, state), as the
+    listing gives them), and its gateway's counts. Memory over time and commands are the
+    owner's to count (`rt.usage()`): here they are 0."""
+    readings: dict[str, Reading] = {}
+    egress: Egress | None = None
+    for cid, service, state in containers:
+        if service == GATEWAY:
+            egress = _gateways.setdefault(cid, EgressCount()).read(engine, cid)
+        elif service != FORWARDER and state in ("running", "paused"):
+            cgroup = cgroup_of(engine.inspected(cid, "reading a container's usage"))
+            reading = cgroup.read() if cgroup is not None else None
+            if reading is not None:
+                readings[service] = reading
+    meter = Meter(read=lambda: readings, count=lambda: egress)
+    meter.sample()
+    meter.counted()
+    return meter.usage({})
+
+
+def keep_counts_of(gateways: set[str]) -> None:
+    """Forget the counts of gateways not in `gateways` (their environments went)."""
+    for cid in [c for c in _gateways if c not in gateways]:
+        del _gateways[cid]

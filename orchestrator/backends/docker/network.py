@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import settings
+from orchestrator.backends.container.layout import FORWARDER as FORWARDER
 from orchestrator.backends.container.layout import FORWARDS_LABEL
+from orchestrator.backends.container.layout import GATEWAY as GATEWAY
 from orchestrator.errors import SpecIssue
 from orchestrator.spec.egress import Egress, Rule
 from orchestrator.spec.loader import Environment
@@ -41,10 +43,6 @@ from orchestrator.spec.models import PortMap
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import MAIN
 
-GATEWAY = "orchestrator-egress"
-"""Service name of the egress gateway (the proxy's host name in the sandboxes)."""
-FORWARDER = "orchestrator-ports"
-"""Service name of the port forwarder."""
 PROXY_PORT = 3128
 PROXY_URL = f"http://{GATEWAY}:{PROXY_PORT}"
 RULES_FILE = "gateway/rules.conf"

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from orchestrator import procutil
 from orchestrator.backends.container import images
+from orchestrator.backends.container.egress_log import EgressCount
 from orchestrator.backends.container.engine import (
     ContainerState,
     Engine,
@@ -30,7 +31,6 @@ from orchestrator.backends.container.readiness import ServiceWatch, runs_here
 from orchestrator.backends.container.resident import open_endpoint, reopen
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
 from orchestrator.backends.docker import hooks
-from orchestrator.backends.docker.egress_log import EgressCount
 from orchestrator.backends.docker.lifecycle import Project
 from orchestrator.backends.docker.network import GATEWAY
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions

@@ -1,0 +1,129 @@
+"""`orchestrator top` (cli/top.py) and `ps --usage`: this user's environments with what each
+costs now, read from outside their owners; under tmux (a real terminal) a live table that
+sorts and takes one down on a key; `--once --json` for scripts; nothing a label says moves
+the terminal's cursor."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON_IMAGE
+from tests.docker.test_attack_inventory import L, foreign_container
+
+pytestmark = pytest.mark.docker
+CLI = [sys.executable, "-m", "orchestrator"]
+BUSY = "nohup python3 -c 'while True: pass' >/dev/null 2>&1 &"
+
+
+def orch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[list[str]]:
+    """Two environments left running by `up` (ids that sort before any other test's)."""
+    ids = []
+    try:
+        for name in ("0top-a", "0top-b"):
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(f"version: 1\nname: {name}\nimage: {PYTHON_IMAGE}\n")
+            up = orch("up", str(path))
+            assert up.returncode == 0, up.stderr
+            ids.append(up.stdout.strip())
+        yield ids
+    finally:
+        for ident in ids:
+            orch("down", ident)
+
+
+def test_once_json_reads_each_environment_and_its_cpu_between_two_readings(
+    two: list[str],
+) -> None:
+    busy, idle = two
+    assert orch("exec", busy, "--", "sh", "-c", BUSY).returncode == 0
+    time.sleep(0.5)
+    got = orch("top", "--once", "--json", "--interval", "1.5")
+    assert got.returncode == 0, got.stderr
+    rows = {r["id"]: r for r in json.loads(got.stdout)}
+    assert {busy, idle} <= set(rows), rows
+    assert rows[busy]["cpu_percent"] >= 50, rows[busy]  # a busy loop: most of one CPU
+    assert rows[idle]["cpu_percent"] < 30, rows[idle]
+    for ident in two:
+        row = rows[ident]
+        assert row["memory_bytes"] > 0 and row["pids"] >= 1 and row["owner"] == "detached"
+        assert row["egress_allowed"] is None  # no gateway: nothing goes out
+        assert 0 <= row["age_seconds"] < 600
+    table = orch("ps", "--usage")
+    assert table.returncode == 0, table.stderr
+    [line] = [ln for ln in table.stdout.splitlines() if ln.startswith(busy)]
+    assert float(line.split()[3]) > 0.5, line  # CPU-S: the busy loop's seconds so far
+
+
+def test_bad_options_are_usage_errors() -> None:
+    for args in (["top", "--json"], ["top", "--once", "--sort", "nope"]):
+        got = orch(*args)
+        assert got.returncode == 2 and "Traceback" not in got.stderr, (args, got.stderr)
+
+
+def test_a_label_cannot_move_the_terminals_cursor() -> None:
+    """Another user of the engine labels a container as ours, its environment name full of
+    escape sequences: every table shows them as text."""
+    name = f"orch-evil-{uuid.uuid4().hex[:8]}"
+    hostile = "\x1b]0;pwned\x07ev\x1b[2Jil\r\n"
+    labels = {f"{L}managed": "1", f"{L}project": name, f"{L}owner.pid": "0", f"{L}env": hostile}
+    with foreign_container(labels):
+        for args in (["top", "--once", "--interval", "0.2"], ["ps", "--usage"]):
+            got = orch(*args)
+            assert got.returncode == 0, got.stderr
+            assert name in got.stdout and "\x1b" not in got.stdout + got.stderr, got.stdout
+
+
+def test_live_under_a_terminal_sorts_and_takes_the_selected_one_down(two: list[str]) -> None:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    first, second = two
+    sock = f"orch-test-{uuid.uuid4().hex[:8]}"
+    tmux = ["tmux", "-L", sock, "-f", "/dev/null"]
+    passed = {k: os.environ[k] for k in ("ORCHESTRATOR_STATE_DIR", "PYTHONPATH") if k in os.environ}
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in passed.items())
+    top = shlex.join([*CLI, "top", "--interval", "1", "--sort", "age"])
+    script = f"env -u COLUMNS -u LINES {env} {top}; echo __done__ $?; sleep 60"
+    subprocess.run([*tmux, "new-session", "-d", "-x", "160", "-y", "40", script], check=True)
+
+    def screen_with(*texts: str, within: float = 60) -> str:
+        deadline = time.monotonic() + within
+        while True:
+            shown = subprocess.run(
+                [*tmux, "capture-pane", "-p"], capture_output=True, text=True, timeout=10
+            ).stdout
+            if all(t in shown for t in texts):
+                return shown
+            assert time.monotonic() < deadline, f"no {texts} in:\n{shown}"
+            time.sleep(0.2)
+
+    try:
+        screen_with(first, second, "sorted by age")
+        subprocess.run([*tmux, "send-keys", "s"], check=True)  # age -> id
+        shown = screen_with("sorted by id")
+        lines = shown.splitlines()
+        assert lines.index(next(ln for ln in lines if ln.startswith(first))) < lines.index(
+            next(ln for ln in lines if ln.startswith(second))
+        ), shown
+        subprocess.run([*tmux, "send-keys", "j", "d"], check=True)  # the second: down
+        screen_with(f"removed {second}")
+        assert second not in orch("ps").stdout and first in orch("ps").stdout
+        subprocess.run([*tmux, "send-keys", "q"], check=True)
+        screen_with("__done__ 0")
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=10)
