@@ -96,6 +96,10 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
         reap as reap,
         remove_environment as remove_environment,
     )
+    from orchestrator.services.lock import (
+        LockResult as LockResult,
+        lock_environment as lock_environment,
+    )
     from orchestrator.services.pool import (
         Pool as Pool,
         claim_ready as claim_ready,

@@ -176,6 +176,17 @@ def read_regular(path: Path, limit: int, *, follow: bool = False) -> bytes | Non
         os.close(fd)
 
 
+def open_regular(path: Path) -> int:
+    """`path` opened for reading (non-blocking) when it is a regular file reached without
+    following a link at its last component; -1 when it is anything else (see
+    `read_regular`). OSError when it cannot be opened."""
+    fd, checked = _open_regular(path, False)
+    if fd >= 0 and checked is not None and not _same(os.fstat(fd), checked):
+        os.close(fd)
+        return -1
+    return fd
+
+
 def _open_regular(path: Path, follow: bool) -> tuple[int, os.stat_result | None]:
     """`path` opened for reading when it is a regular file (-1 when it is not), and what
     was checked before opening it (None: nothing to compare, the handle was the check)."""

@@ -149,6 +149,7 @@ for command in (
     state_cmds.resume,
     spec_cmds.render,
     spec_cmds.validate,
+    spec_cmds.lock,
     spec_cmds.schema,
     spec_cmds.migrate,
     doctor,

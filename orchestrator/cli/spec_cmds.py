@@ -1,4 +1,4 @@
-"""Commands about environment files: validate, render, schema, migrate."""
+"""Commands about environment files: validate, lock, render, schema, migrate."""
 
 from __future__ import annotations
 
@@ -98,6 +98,28 @@ def validate(
         typer.echo(json.dumps({"valid": not issues, "issues": listed, "files": results}))
     if any(not r["valid"] for r in results):
         raise typer.Exit(2)
+
+
+def lock(
+    file: Path = typer.Argument(..., help="Environment file (a Compose file too)."),
+    update: bool = typer.Option(
+        False, "--update", help="Replace a lock that no longer matches (say what changed)."
+    ),
+) -> None:
+    """Write FILE.lock beside the file: the id of every image it runs and what each build
+    is made of, as this engine resolves them now. `up`, `run`, spawns and the Inspect
+    provider then run those ids, and refuse a file or build that changed until `--update`.
+    A lock already there and still true is left as it is; one that is not is an error
+    saying what changed, unless --update."""
+    from orchestrator import load_environment, lock_environment, runtime_names
+
+    env = load_environment(file, backends=runtime_names)  # (its lock is what may be stale)
+    _notices(env.notices)
+    done = lock_environment(env, update=update)
+    for change in done.changes:
+        typer.echo(f"changed: {change}", err=True)
+    state = "written" if done.written else "up to date"
+    typer.echo(f"{done.path} ({state})")
 
 
 def render(

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from orchestrator._resources import templates_version
+from orchestrator._version import __version__
 from orchestrator.errors import UsageError
 from orchestrator.spec.limits import Limits
 from orchestrator.spec.loader import Environment, require_main_image
+from orchestrator.spec.lockfile import Lock
 from orchestrator.spec.policy import Policy
 
 if TYPE_CHECKING:  # (types only: these modules build on this one)
@@ -125,6 +128,15 @@ class Backend:
         raise UsageError(
             f"the {cls.name or cls.__name__} backend has no project file to render: it runs "
             "the environment directly; `orchestrator validate` checks the file"
+        )
+
+    @classmethod
+    def make_lock(cls, env: Environment, policy: Policy) -> Lock:
+        """The lock of `env` (spec/lockfile.py): the ids of the images it runs and what its
+        builds are made of, as this backend resolves them now. The default: a backend that
+        runs no images locks nothing but the versions."""
+        return Lock(
+            file=Path(env.source).name, orchestrator=__version__, templates=templates_version()
         )
 
     # ----- environments left running: `orchestrator.environments`, `remove_environment`, `reap`

@@ -25,6 +25,7 @@ from orchestrator import (
     ExecMode,
     ExecutorLost,
     HealthcheckFailed,
+    LockResult,
     OrchestratorError,
     OutputLimitExceeded,
     Policy,
@@ -73,6 +74,7 @@ from orchestrator import (
     list_snapshots,
     load_environment,
     load_environment_text,
+    lock_environment,
     prepare,
     reap,
     register_runtime,
@@ -164,6 +166,10 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     env: Environment = load_environment_text(text, source="c.yaml", base_dir=tmp_path)
     (tmp_path / "env.yaml").write_text(text)
     assert load_environment(tmp_path / "env.yaml").digest == env.digest
+    pinned: LockResult = lock_environment(  # env.yaml.lock: what it resolves to, reviewed
+        tmp_path / "env.yaml", backend="local", policy=Policy(allow_unisolated=True)
+    )
+    assert pinned.written and pinned.path.name == "env.yaml.lock"
     with spawn_runtime(env, workspace=tmp_path / "ws", policy=Policy(allow_unisolated=True)) as rt:
         assert grade(rt, "echo hi") == (0, "hi\n")
         assert grade(rt.service("main"), "echo main") == (0, "main\n")

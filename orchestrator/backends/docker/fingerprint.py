@@ -125,3 +125,71 @@ def fingerprint(
         return digest.hexdigest(), False
     digest.update(b"context\0" + tree)
     return digest.hexdigest(), True
+
+
+LOCK_FILES = WALK_FILES
+LOCK_BYTES = 512 * 1024 * 1024
+"""Most bytes of a context a lock hashes (every file read whole)."""
+LOCK_SECONDS = 30.0
+CHUNK = 1 << 20
+
+
+def content_digest(
+    context: Path, dockerfile: str | None, args: Mapping[str, str], *, skip: frozenset[str]
+) -> str:
+    """What a build is made of, as a lock records it (backends/docker/lockfile.py): the
+    Dockerfile's bytes, the args, and each entry of the context by its relative path, type,
+    permission bits and (a file) the hash of its bytes (a link: its text). Unlike
+    `fingerprint`, nothing of where it is or when it was written: the same tree checked out
+    anywhere gives the same digest. `skip`: names at the context's top left out (the lock
+    itself, written after). ValueError when it is larger than LOCK_FILES entries or
+    LOCK_BYTES, or takes longer than LOCK_SECONDS: too large to lock. Links are never
+    followed, and nothing but a regular file is opened."""
+    digest = hashlib.sha256(b"orchestrator-lock-inputs 1\n")
+    name = dockerfile or "Dockerfile"
+    digest.update(json.dumps([name, sorted(args.items())]).encode())
+    data = read_regular(Path(os.path.realpath(context / name)), DOCKERFILE_LIMIT)
+    digest.update(b"dockerfile\0" + (hashlib.sha256(data).digest() if data else b"-"))
+    budget = [LOCK_FILES, LOCK_BYTES]
+    deadline = time.monotonic() + LOCK_SECONDS
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        with os.scandir(context / rel_dir if rel_dir else context) as found:
+            entries = sorted(found, key=lambda e: e.name)
+        subdirs = []
+        for entry in entries:
+            if not rel_dir and entry.name in skip:
+                continue
+            budget[0] -= 1
+            if budget[0] < 0 or time.monotonic() > deadline:
+                raise ValueError(f"the build context {context} is too large to lock")
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            st = entry.stat(follow_symlinks=False)
+            kind = stat.S_IFMT(st.st_mode)
+            line = f"{rel}\0{kind:o}\0{stat.S_IMODE(st.st_mode):o}\0"
+            if stat.S_ISLNK(st.st_mode):
+                line += os.readlink(entry.path)
+            elif stat.S_ISREG(st.st_mode):
+                line += _file_hash(Path(entry.path), budget, deadline)
+            elif stat.S_ISDIR(st.st_mode):
+                subdirs.append(rel)
+            digest.update(line.encode("utf-8", "surrogateescape") + b"\n")
+        pending.extend(reversed(subdirs))
+    return digest.hexdigest()
+
+
+def _file_hash(path: Path, budget: list[int], deadline: float) -> str:
+    fd = paths.open_regular(path)
+    if fd < 0:
+        return "-"  # (swapped for another kind meanwhile: not read)
+    digest = hashlib.sha256()
+    try:
+        while chunk := os.read(fd, CHUNK):
+            budget[1] -= len(chunk)
+            if budget[1] < 0 or time.monotonic() > deadline:
+                raise ValueError(f"the build context of {path} is too large to lock")
+            digest.update(chunk)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()

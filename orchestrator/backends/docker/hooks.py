@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.backends.container.engine import Engine, is_remote
 from orchestrator.backends.container.identity import LABEL_DIGEST, LABEL_ENV, LABEL_MANAGED
-from orchestrator.backends.docker import gateway
+from orchestrator.backends.docker import gateway, lockfile
 from orchestrator.backends.docker.render import (
     CompiledProject,
     CompileOptions,
@@ -24,6 +24,7 @@ from orchestrator.sandbox.backend import Amounts
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.settings import engine_host
 from orchestrator.spec.loader import Environment, require_main_image
+from orchestrator.spec.lockfile import Lock
 from orchestrator.spec.policy import Policy
 
 
@@ -43,17 +44,34 @@ def _scratch_compile(
 
 
 def check(env: Environment, policy: Policy, workspace: Path | None = None) -> list[str]:
-    """Spec, policy and mount errors of the Compose project (raised), and its warnings."""
-    return list(_scratch_compile(env, policy, "validate", workspace).warnings)
+    """Spec, policy and mount errors of the Compose project (raised), and its warnings; its
+    lock checked against it and the engine, when it has one."""
+    compiled = _scratch_compile(env, policy, "validate", workspace)
+    locked = lockfile.pins(env, lambda: compiled, Engine.at(engine_host()))
+    return [*compiled.warnings, *locked.warnings]
 
 
 def prepare(env: Environment, policy: Policy, *, build: BuildChoice = "auto") -> None:
-    """Check, then get the images the file builds as `build` says, so spawns starting
-    together do not each build them."""
+    """Check (its lock too), then get the images the file builds as `build` says, so spawns
+    starting together do not each build them."""
     from orchestrator.backends.docker.start import build_images
 
     compiled = _scratch_compile(env, policy, f"orch-prepare-{os.getpid()}")
+    lockfile.pins(env, lambda: compiled, Engine.at(engine_host()))
     build_images(env, dataclasses.replace(compiled, build=build))
+
+
+def lock(env: Environment, policy: Policy) -> Lock:
+    """The lock of `env` as this engine resolves it now (docker/lockfile.py)."""
+    compiled = _scratch_compile(env, policy, f"orch-lock-{os.getpid()}")
+    return lockfile.make(env, compiled, Engine.at(engine_host()))
+
+
+def pins(env: Environment, policy: Policy, host: str) -> lockfile.Pins:
+    """What a start on engine `host` runs under the file's lock (none: no lock)."""
+    return lockfile.pins(
+        env, lambda: _scratch_compile(env, policy, f"orch-pins-{os.getpid()}"), Engine.at(host)
+    )
 
 
 def requested(env: Environment, options: SpawnOptions) -> Amounts:

@@ -45,6 +45,7 @@ from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.sandbox.usage import Egress
 from orchestrator.settings import engine_host, same_engine
 from orchestrator.spec.loader import Environment
+from orchestrator.spec.lockfile import Lock
 from orchestrator.spec.policy import Policy
 from orchestrator.spec.resolve import IMAGE_USER, MAIN
 
@@ -84,6 +85,10 @@ class ComposeRuntime(ContainerRuntime):
     def render(cls, env: Environment, workspace: Path | None, policy: Policy) -> dict[str, str]:
         return hooks.render(env, workspace, policy)
 
+    @classmethod
+    def make_lock(cls, env: Environment, policy: Policy) -> Lock:
+        return hooks.lock(env, policy)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.project: Project | None = None
@@ -111,6 +116,9 @@ class ComposeRuntime(ContainerRuntime):
                 "cannot be mounted there; move files with rt.upload and rt.download"
             )
 
+        pinned = hooks.pins(self.env, opts.policy, host)  # (none: the file has no lock)
+        self.warnings += [w for w in pinned.warnings if w not in self.warnings]
+
         def make_options(name: str, labels: dict[str, str], subnet: str | None) -> CompileOptions:
             return CompileOptions(
                 project=name,
@@ -122,8 +130,8 @@ class ComposeRuntime(ContainerRuntime):
                 env_vars=opts.env_vars,
                 subnet=subnet,
                 policy=opts.policy,
-                main_image=opts.resume.image if opts.resume else "",
-                service_images=_service_images(self.env, opts.resume),
+                main_image=opts.resume.image if opts.resume else pinned.main,
+                service_images=_service_images(self.env, opts.resume) or pinned.services,
                 remote=remote,
                 build=opts.build,
             )

@@ -29,10 +29,11 @@ from orchestrator.backends.container.readiness import ServiceWatch
 from orchestrator.backends.container.runtime import ContainerRuntime
 from orchestrator.backends.swarm.compile import StackOptions, compile_stack
 from orchestrator.backends.swarm.stack import Stack, Task, manager_host, remove_stack_folder
-from orchestrator.errors import PolicyError, SpecIssue, UsageError
+from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
 from orchestrator.paths import projects_dir
 from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.loader import Environment, require_main_image
+from orchestrator.spec.lockfile import Lock, lock_path
 from orchestrator.spec.policy import PULL_ENV, Policy
 from orchestrator.spec.resolve import MAIN
 
@@ -41,6 +42,20 @@ SUSPEND_DEVIATION = (
     "service may be placed on another node, where that image is not (it would have to go "
     "through a registry every node can pull from); snapshot the workspace instead"
 )
+
+
+NO_LOCKS = (
+    "the swarm backend does not run locked files: its nodes get each image by its name, "
+    "which a lock's ids do not pin there"
+)
+NO_LOCKS_FIX = "run the file on the docker backend, or without its lock (remove FILE.lock)"
+
+
+def _refuse_lock(env: Environment) -> None:
+    """SpecError when the file has a lock beside it (see NO_LOCKS): never run unpinned."""
+    lock = lock_path(env.source, env.base_dir)
+    if lock is not None and (lock.exists() or lock.is_symlink()):
+        raise SpecError(SpecIssue(str(lock), field="", message=NO_LOCKS, fix=NO_LOCKS_FIX))
 
 
 class SwarmRuntime(ContainerRuntime):
@@ -57,7 +72,12 @@ class SwarmRuntime(ContainerRuntime):
     @classmethod
     def check(cls, env: Environment, policy: Policy, *, workspace: Path | None = None) -> list[str]:
         require_main_image(env)  # the workspace lives in the main container: no host folder
+        _refuse_lock(env)
         return list(compile_stack(env, StackOptions(project="validate", policy=policy)).warnings)
+
+    @classmethod
+    def make_lock(cls, env: Environment, policy: Policy) -> Lock:
+        raise UsageError(f"{NO_LOCKS}; {NO_LOCKS_FIX}")
 
     @classmethod
     def prepare(cls, env: Environment, policy: Policy, *, build: BuildChoice = "auto") -> None:
@@ -79,6 +99,7 @@ class SwarmRuntime(ContainerRuntime):
 
     # ----- lifecycle -----------------------------------------------------------------------
     def _start(self) -> None:
+        _refuse_lock(self.env)
         self._require_pulls()
         self._deploy()
 

@@ -114,6 +114,23 @@ class SocketOps(EngineCore):
             return False
         return True
 
+    def image_id(self, name: str) -> str | None:
+        """The id (sha256:...) of the image `name` (a name, tag or id), None when the engine
+        has none."""
+        action = "looking for an image"
+        if not name or name.startswith("-"):  # never an option of the docker command
+            return None
+        if self.socket is None:
+            if not engine_call(action, lambda: self.whales.image.exists(name)):
+                return None
+            return str(engine_call(action, lambda: self.whales.image.inspect(name).id))
+        try:
+            got = self.api("GET", f"/images/{name}/json", action=action)
+        except NoSuchImage:
+            return None
+        found = got.get("Id") if isinstance(got, dict) else None
+        return found if isinstance(found, str) else None
+
     def commit_api(
         self, container: str, repo: str, tag: str, *, pause: bool, changes: Sequence[str]
     ) -> None:
