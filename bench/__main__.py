@@ -4,13 +4,16 @@ Writes bench/results/latest.{md,json} and latency.png."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import os
 import platform
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +27,20 @@ OUT = ROOT / "bench" / "results"
 PY_ENV = ROOT / "environments" / "python.yaml"
 
 
+@contextlib.contextmanager
+def usage_sampling(every: str) -> Iterator[None]:
+    """ORCHESTRATOR_USAGE_EVERY for the block (the sampler reads it at each spawn)."""
+    before = os.environ.get("ORCHESTRATOR_USAGE_EVERY")
+    os.environ["ORCHESTRATOR_USAGE_EVERY"] = every
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("ORCHESTRATOR_USAGE_EVERY", None)
+        else:
+            os.environ["ORCHESTRATOR_USAGE_EVERY"] = before
+
+
 def exec_paths(n: int) -> list[Sample]:
     env = load_environment(PY_ENV)
     out: list[Sample] = []
@@ -35,6 +52,15 @@ def exec_paths(n: int) -> list[Sample]:
         assert isinstance(rt, ComposeRuntime) and rt.project is not None
         container, project = rt.project.main_container, rt.project
         out.append(timed("orchestrator docker execute", lambda: rt.execute(["true"]), n))
+        out.append(timed("rt.usage() (a reading of the sandbox)", rt.usage, n))
+        with usage_sampling("3600"), spawn_runtime(env, disable_setup=True) as quiet:
+            out.append(
+                timed(
+                    "orchestrator docker execute, usage not sampled",
+                    lambda: quiet.execute(["true"]),
+                    n,
+                )
+            )
         try:
             import docker
 
@@ -291,6 +317,10 @@ def main() -> None:
         table("Environment files", [lr], None, None),
         f"Docker `execute` p50: {docker_overhead * 1000:.2f} ms, "
         f"{ref / docker_overhead:.0f}× faster than `docker compose exec`.",
+        "",
+        f"With usage sampled every second and not at all: {docker_overhead * 1000:.2f} ms and "
+        f"{by['orchestrator docker execute, usage not sampled'].p50 * 1000:.2f} ms p50; a "
+        f"reading (`rt.usage()`) {by['rt.usage() (a reading of the sandbox)'].p50 * 1000:.2f} ms.",
         "",
     ]
     (OUT / "latest.md").write_text("\n".join(md))

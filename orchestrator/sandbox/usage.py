@@ -13,6 +13,7 @@ an engine on another machine) answers nothing, and the result says `measured=Fal
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.settings import USAGE_EVERY
 
 log = logging.getLogger("orchestrator.usage")
@@ -237,24 +239,32 @@ def _sum(parts: list[ServiceUsage]) -> ServiceUsage:
 _meters: weakref.WeakSet[Meter] = weakref.WeakSet()
 _sampler_lock = threading.Lock()
 _sampler: threading.Thread | None = None
+_wake = threading.Event()
+"""Set by `watch`: the sampler reads ORCHESTRATOR_USAGE_EVERY again (a change counts at once)."""
 
 
 def watch(meter: Meter) -> None:
     """Sample `meter` every ORCHESTRATOR_USAGE_EVERY seconds until its last reading (or until
     nothing holds it)."""
     global _sampler
+    USAGE_EVERY.get()  # a bad value is the caller's error, here, not a silent thread's
     with _sampler_lock:
         _meters.add(meter)
         if _sampler is None or not _sampler.is_alive():
             _sampler = threading.Thread(target=_sample_all, name="orchestrator-usage", daemon=True)
             _sampler.start()
+        else:
+            _wake.set()
 
 
 def _sample_all() -> None:
+    global _sampler
     every = USAGE_EVERY.get()
     while True:
-        time.sleep(every)
-        global _sampler
+        if _wake.wait(every):
+            _wake.clear()
+        with contextlib.suppress(OrchestratorError):  # (a bad value meanwhile: the last good)
+            every = USAGE_EVERY.get()
         with _sampler_lock:
             for done in [m for m in list(_meters) if m._final is not None]:
                 _meters.discard(done)
