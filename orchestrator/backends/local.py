@@ -144,6 +144,9 @@ class LocalRuntime(Runtime):
         """In every command's environment, so that cleanup finds processes that left the
         command's tree (`setsid` daemons) and were not killed with it."""
 
+    def _host_workspace(self) -> Path | None:
+        return self._workspace
+
     @classmethod
     def check(cls, env: Environment, policy: Policy, *, workspace: Path | None = None) -> list[str]:
         raise_if(_refusals(env, policy))

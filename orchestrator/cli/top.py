@@ -1,6 +1,7 @@
 """`orchestrator top`: this user's environments as a live table (Rich), with what each costs
-now: CPU (a percentage of one CPU, between two readings), memory, processes and egress, read
-from outside their owners (`environments(usage=True)`). On a terminal, keys: `s` sorts by
+now: CPU (a percentage of one CPU, between two readings), memory, processes and egress, and
+what its main sandbox runs now (its newest process), read from outside their owners
+(`environments(usage=True)`). On a terminal, keys: `s` sorts by
 the next column, `j`/`k` (or the arrows) move the selection, `d` takes the selected one down
 as `orchestrator down` would (one still used by its owner is refused, said in the last
 line), `q` quits. `--once` prints one table (or `--json`) from two readings `--interval`
@@ -32,7 +33,19 @@ if TYPE_CHECKING:
     from orchestrator import EnvironmentStatus
 
 SORTS = ("cpu", "memory", "age", "id")
-HEADERS = ("ID", "ENV", "STATE", "AGE", "CPU %", "MEMORY", "PEAK", "PIDS", "EGRESS", "OWNER")
+HEADERS = (
+    "ID",
+    "ENV",
+    "STATE",
+    "AGE",
+    "CPU %",
+    "MEMORY",
+    "PEAK",
+    "PIDS",
+    "EGRESS",
+    "OWNER",
+    "COMMAND",
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,8 @@ class Row:
     pids: int
     egress_allowed: int | None
     egress_denied: int | None
+    command: str
+    """What its main sandbox runs now: its newest process's command line ("" for none)."""
 
 
 class Readings:
@@ -93,6 +108,7 @@ class Readings:
             pids=total.pids if total is not None else 0,
             egress_allowed=egress.allowed if egress is not None else None,
             egress_denied=egress.denied if egress is not None else None,
+            command=status.command,
         )
 
 
@@ -147,6 +163,7 @@ def cells(row: Row) -> list[str]:
             str(row.pids),
             egress,
             row.owner,
+            row.command or "-",
         )
     ]
 
@@ -177,7 +194,9 @@ def top(
             return
         from orchestrator.cli.tables import print_table
 
-        print_table(HEADERS, [cells(r) for r in rows], drop=("OWNER", "EGRESS", "PEAK", "ENV"))
+        print_table(
+            HEADERS, [cells(r) for r in rows], drop=("COMMAND", "OWNER", "EGRESS", "PEAK", "ENV")
+        )
         return
     _live(readings, interval, sort)
 
@@ -238,7 +257,7 @@ class View:
         self.selected = min(self.selected, max(len(shown) - 1, 0))
         table = Table(box=None, pad_edge=False, header_style="bold")
         for header in HEADERS:
-            table.add_column(header, no_wrap=header == "ID")
+            table.add_column(header, no_wrap=header != "COMMAND", overflow="ellipsis")
         for i, row in enumerate(shown):
             table.add_row(
                 *(Text(c) for c in cells(row)), style="reverse" if i == self.selected else ""

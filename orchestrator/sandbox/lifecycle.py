@@ -49,7 +49,7 @@ class Lifecycle(Sandbox, Backend):
         self._pid = os.getpid()
         """The process this runtime belongs to: a child forked from it holds a copy it must
         neither use nor clean up (`_in_child`)."""
-        self._meter = Meter(self._read_usage, self._count_egress)
+        self._meter = Meter(self._read_usage, self._count_egress, self._host_workspace)
 
     # ----- what a backend provides -------------------------------------------------------
     @abstractmethod
@@ -80,6 +80,10 @@ class Lifecycle(Sandbox, Backend):
     def _count_egress(self) -> Egress | None:
         """What went through the environment's egress gateway so far; None where it has
         none, or the backend counts none (the default)."""
+        return None
+
+    def _host_workspace(self) -> Path | None:
+        """The workspace's folder on this machine, for `usage()` (None: it has none)."""
         return None
 
     def _places(self) -> Mapping[str, Sandbox]:

@@ -168,3 +168,6 @@ class EnvironmentStatus:
     """What it cost so far, when asked (`environments(usage=True)`): one reading of its
     containers' accounting and its gateway's counts, from outside its owner (no memory over
     time, no commands: those are its owner's `rt.usage()`)."""
+    command: str = ""
+    """With `usage`: the command line of the newest process its main sandbox runs, not one
+    of ours ("" when none, or not read); the sandbox's own text, shown as text only."""

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import stat
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.settings import USAGE_EVERY
@@ -96,6 +99,10 @@ class Usage:
     egress: Egress | None = None
     """Through the egress gateway; None where there is none (`egress: none` or `all`: nothing
     to count, or to let out) or the backend counts none."""
+    workspace_bytes: int | None = None
+    """The bytes of the files in the workspace at the reading; None where it is not a folder
+    of this machine, or too large to add up quickly (over WORKSPACE_ENTRIES entries or
+    WORKSPACE_SECONDS)."""
 
 
 class Tally:
@@ -143,12 +150,15 @@ class Meter:
     read: Callable[[], Mapping[str, Reading]]
     count: Callable[[], Egress | None] = lambda: None
     """The egress counts now (a read of the gateway's log: on demand, never sampled)."""
+    workspace: Callable[[], Path | None] = lambda: None
+    """The workspace's folder on this machine (added up on demand, never sampled)."""
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
     _tracks: dict[str, _Track] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _final: float | None = None
     _egress: Egress | None = None
+    _workspace_bytes: int | None = None
 
     def sample(self) -> None:
         """Take every service's reading now (nothing once the last was taken)."""
@@ -183,8 +193,11 @@ class Meter:
         """Read the egress counts now (nothing once the last reading was taken)."""
         if self._final is None:
             got = self.count()
+            folder = self.workspace()
+            size = folder_bytes(folder) if folder is not None else None
             with self._lock:
-                self._egress = got if self._final is None else self._egress
+                if self._final is None:
+                    self._egress, self._workspace_bytes = got, size
 
     def usage(self, tallies: Mapping[str, Tally]) -> Usage:
         """What was read so far, with the commands of each place in `tallies`."""
@@ -201,7 +214,36 @@ class Meter:
             measured=measured,
             final=final,
             egress=self._egress,
+            workspace_bytes=self._workspace_bytes,
         )
+
+
+WORKSPACE_ENTRIES = 100_000
+WORKSPACE_SECONDS = 1.0
+
+
+def folder_bytes(folder: Path) -> int | None:
+    """The bytes of the regular files under `folder` (links not followed, nothing opened);
+    None past WORKSPACE_ENTRIES entries or WORKSPACE_SECONDS, or when it cannot be read."""
+    total, seen = 0, 0
+    deadline = time.monotonic() + WORKSPACE_SECONDS
+    pending = [str(folder)]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as found:
+                for entry in found:
+                    seen += 1
+                    if seen > WORKSPACE_ENTRIES or time.monotonic() > deadline:
+                        return None
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        pending.append(entry.path)
+                    elif stat.S_ISREG(st.st_mode):
+                        total += st.st_size
+        except OSError:
+            if not pending and seen == 0:
+                return None  # (the folder itself: gone, or not ours to read)
+    return total
 
 
 def _service(track: _Track | None, tally: Tally | None) -> ServiceUsage:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON_IMAGE
-from tests.docker.test_attack_inventory import L, foreign_container
+from tests.docker.test_attack_inventory import L, docker, foreign_container
 
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "orchestrator"]
@@ -59,6 +59,8 @@ def test_once_json_reads_each_environment_and_its_cpu_between_two_readings(
     assert {busy, idle} <= set(rows), rows
     assert rows[busy]["cpu_percent"] >= 50, rows[busy]  # a busy loop: most of one CPU
     assert rows[idle]["cpu_percent"] < 30, rows[idle]
+    assert "while True" in rows[busy]["command"], rows[busy]  # what it runs now
+    assert rows[idle]["command"] == "", rows[idle]  # (nothing but ours)
     for ident in two:
         row = rows[ident]
         assert row["memory_bytes"] > 0 and row["pids"] >= 1 and row["owner"] == "detached"
@@ -82,11 +84,18 @@ def test_a_label_cannot_move_the_terminals_cursor() -> None:
     name = f"orch-evil-{uuid.uuid4().hex[:8]}"
     hostile = "\x1b]0;pwned\x07ev\x1b[2Jil\r\n"
     labels = {f"{L}managed": "1", f"{L}project": name, f"{L}owner.pid": "0", f"{L}env": hostile}
-    with foreign_container(labels):
+    labels["com.docker.compose.service"] = "main"  # what it runs is shown: escapes too
+    with foreign_container(labels) as ident:
+        script = 'f="/tmp/$(printf "x\\033[2Jy")"; touch "$f"; exec tail -f "$f"'
+        assert docker("exec", "-d", ident, "sh", "-c", script).returncode == 0
+        time.sleep(0.5)
         for args in (["top", "--once", "--interval", "0.2"], ["ps", "--usage"]):
             got = orch(*args)
             assert got.returncode == 0, got.stderr
             assert name in got.stdout and "\x1b" not in got.stdout + got.stderr, got.stdout
+        shown = orch("top", "--once", "--json", "--interval", "0.2")
+        [row] = [r for r in json.loads(shown.stdout) if r["id"] == name]
+        assert "\x1b[2J" in row["command"], row  # (JSON escapes it: the data as it is)
 
 
 def test_live_under_a_terminal_sorts_and_takes_the_selected_one_down(two: list[str]) -> None:

@@ -37,8 +37,11 @@ def test_a_busy_loop_and_an_allocation_show_in_cpu_memory_and_gb_seconds(
         assert held.total.memory_bytes < 200 * MB  # (freed: it is the peak that stays)
         # 200 MB for 2.5 s, sampled every second: at least 0.3 GB-s more
         assert held.total.memory_gb_seconds - busy.total.memory_gb_seconds >= 0.3
+        assert held.workspace_bytes == 0
+        rt.write_file("data.bin", b"x" * 300_000)  # the workspace is a folder of this machine
+        assert rt.usage().workspace_bytes == 300_000
         main = held.services["main"]
-        assert main.commands == 2 + before.services["main"].commands
+        assert main.commands == 2 + before.services["main"].commands  # (a write is no command)
         assert 4.3 <= main.command_seconds - before.services["main"].command_seconds <= 9
         assert held.seconds >= 4.5 and not held.final
     last = rt.usage()  # removed: the last reading, taken as it went

@@ -4,6 +4,7 @@ cgroup's files (v1 and v2 layouts, on folders made here), and the local backend'
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -166,8 +167,10 @@ def test_the_local_backend_counts_commands_and_says_it_read_nothing(tmp_path: Pa
     env.write_text("version: 1\nname: lusage\nbackend: local\n")
     with spawn_runtime(env, backend="local") as rt:
         rt.execute(["true"])
+        rt.write_file("a.txt", "12345")
         got = rt.usage()
     assert not got.measured and got.total.commands == 1 and got.total.cpu_seconds == 0
+    assert got.workspace_bytes == 5
     assert rt.usage().final
 
 
@@ -222,3 +225,18 @@ def test_the_gateway_log_is_counted_once_whatever_the_timestamps(
         reads += 1
         assert reads < 50, count.read(log, "gw")
     assert reads > 3 and count.read(log, "gw") == Egress(52, 1, 5200, 104000)
+
+
+def test_a_workspace_too_large_to_add_up_quickly_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.sandbox import usage
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a").write_text("abc")
+    (tmp_path / "link").symlink_to("/etc/passwd")  # a link counts for nothing: not followed
+    os.mkfifo(tmp_path / "fifo")  # nor a FIFO: nothing is opened
+    assert usage.folder_bytes(tmp_path) == 3
+    monkeypatch.setattr(usage, "WORKSPACE_ENTRIES", 2)
+    assert usage.folder_bytes(tmp_path) is None
+    assert usage.folder_bytes(tmp_path / "gone") is None

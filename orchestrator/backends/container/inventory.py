@@ -105,19 +105,22 @@ def project_statuses(
             pool=" ".join(membership(p.directory) or ()),
             paused=any(state == "paused" for _, _, state in p.containers),
             started=p.labels.get(LABEL_STARTED, ""),
-            usage=_usage(p, Engine.at(away[p.name]) if p.name in away else engine)
-            if usage
-            else None,
+            usage=read[0] if read else None,
+            command=read[1] if read else "",
         )
-        for p in live
+        for p, read in (
+            (p, _usage(p, Engine.at(away[p.name]) if p.name in away else engine) if usage else None)
+            for p in live
+        )
     ]
     if usage:
         keep_counts_of({c for p in live for c, service, _ in p.containers if service == GATEWAY})
     return statuses, removed
 
 
-def _usage(project: ProjectInfo, engine: Engine) -> Usage | None:
-    """A project's usage, on the engine that listed it; None when that engine fails."""
+def _usage(project: ProjectInfo, engine: Engine) -> tuple[Usage, str] | None:
+    """A project's usage and what its main sandbox runs now, on the engine that listed it;
+    None when that engine fails."""
     try:
         return usage_of(engine, project.containers)
     except OrchestratorError as exc:

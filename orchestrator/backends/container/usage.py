@@ -18,12 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.container.egress_log import EgressCount
-from orchestrator.backends.container.layout import FORWARDER, GATEWAY
+from orchestrator.backends.container.layout import FORWARDER, GATEWAY, SANDBOX_MOUNT
 from orchestrator.backends.container.readiness import runs_here
 from orchestrator.paths import read_regular
+from orchestrator.procutil.tree import stat_fields
 from orchestrator.sandbox.usage import Egress, Meter, Reading, Usage
+from orchestrator.spec.resolve import MAIN
 
 ROOT = Path("/sys/fs/cgroup")
+PROCS = 4096
+"""Processes of a container looked at for what it runs now, at most."""
+COMMAND_LIMIT = 512
+"""Bytes of a command line shown."""
 LIMIT = 64 * 1024
 """Bytes read of one accounting file at most (each holds a number or a few lines)."""
 
@@ -37,6 +43,27 @@ class Cgroup:
     pids: Path | None
     unified: bool
     """cgroup v2 (one folder, its own file names) rather than v1's folder per controller."""
+    first: int = 0
+    """The host pid of the container's first process (never "what it runs")."""
+
+    def newest_command(self) -> str:
+        """The command line of the newest process it runs that is not ours (its first
+        process, the executor and its helpers under SANDBOX_MOUNT): what it runs now; "" for
+        none. At most PROCS processes are looked at; the text is the sandbox's own (print it
+        as text only)."""
+        folder = self.pids or self.memory
+        raw = read_regular(folder / "cgroup.procs", LIMIT) if folder is not None else None
+        newest: tuple[int, str] = (-1, "")
+        for word in (raw or b"").split()[:PROCS]:
+            pid = int(word) if word.isdigit() else 0
+            if pid in (0, self.first):
+                continue
+            fields = stat_fields(pid)
+            line = read_regular(Path(f"/proc/{pid}/cmdline"), COMMAND_LIMIT) or b""
+            text = line[:COMMAND_LIMIT].replace(b"\0", b" ").decode(errors="replace").strip()
+            if len(fields) > 19 and text and SANDBOX_MOUNT not in text:
+                newest = max(newest, (int(fields[19]), text))
+        return newest[1]
 
     def read(self) -> Reading | None:
         """The accounting now; None once its files are gone (the container was removed)."""
@@ -86,9 +113,9 @@ def cgroup_of(got: dict[str, Any] | None) -> Cgroup | None:
                 if name not in v1 and folder.is_dir():
                     v1[name] = folder
     if "memory" in v1 and "cpuacct" in v1:
-        return Cgroup(v1["cpuacct"], v1["memory"], v1.get("pids"), unified=False)
+        return Cgroup(v1["cpuacct"], v1["memory"], v1.get("pids"), unified=False, first=pid)
     if unified is not None and (ROOT / "cgroup.controllers").is_file() and unified.is_dir():
-        return Cgroup(unified, unified, unified, unified=True)
+        return Cgroup(unified, unified, unified, unified=True, first=pid)
     return None
 
 
@@ -143,13 +170,15 @@ count, so that each listing reads only what its log gained since the last. Only 
 of the last listing are kept."""
 
 
-def usage_of(engine: Any, containers: list[tuple[str, str, str]]) -> Usage:
+def usage_of(engine: Any, containers: list[tuple[str, str, str]]) -> tuple[Usage, str]:
     """What one environment cost, from another process than its owner's (`orchestrator ps
     --usage`, `top`): one reading of each of its containers ((id, service, state), as the
     listing gives them), and its gateway's counts. Memory over time and commands are the
-    owner's to count (`rt.usage()`): here they are 0."""
+    owner's to count (`rt.usage()`): here they are 0. Second, what its main sandbox runs now
+    (`Cgroup.newest_command`)."""
     readings: dict[str, Reading] = {}
     egress: Egress | None = None
+    command = ""
     for cid, service, state in containers:
         if service == GATEWAY:
             egress = _gateways.setdefault(cid, EgressCount()).read(engine, cid)
@@ -158,10 +187,12 @@ def usage_of(engine: Any, containers: list[tuple[str, str, str]]) -> Usage:
             reading = cgroup.read() if cgroup is not None else None
             if reading is not None:
                 readings[service] = reading
+            if cgroup is not None and service == MAIN:
+                command = cgroup.newest_command()
     meter = Meter(read=lambda: readings, count=lambda: egress)
     meter.sample()
     meter.counted()
-    return meter.usage({})
+    return meter.usage({}), command
 
 
 def keep_counts_of(gateways: set[str]) -> None:

@@ -376,6 +376,11 @@ class ComposeRuntime(ContainerRuntime):
             return False
         return runs_here(got)
 
+    def _host_workspace(self) -> Path | None:
+        if self._shared is None or not self.env.spec.workspace.mount:
+            return None  # (remote, or not mounted: the workspace is in the container)
+        return self.options.workspace or self._temp_workspace
+
     def _count_egress(self) -> Egress | None:
         project = self.project
         if project is None or GATEWAY not in project.compiled.infra:
