@@ -1,11 +1,11 @@
 """`orchestrator top`: this user's environments as a live table (Rich), with what each costs
 now: CPU (a percentage of one CPU, between two readings), memory, processes and egress, and
 what its main sandbox runs now (its newest process), read from outside their owners
-(`environments(usage=True)`). On a terminal, keys: `s` sorts by
-the next column, `j`/`k` (or the arrows) move the selection, `d` takes the selected one down
-as `orchestrator down` would (one still used by its owner is refused, said in the last
-line), `q` quits. `--once` prints one table (or `--json`) from two readings `--interval`
-apart, for scripts.
+(`environments(usage=True)`). On a terminal, keys: `s` sorts by the next column, `j`/`k` (or
+the arrows) move the selection (it stays on its environment when the rows re-sort), `d` then
+`y` takes the selected one down as `orchestrator down` would (one still used by its owner is
+refused, said in the last line), `q` quits. `--once` prints one table (or `--json`) from two
+readings `--interval` apart, for scripts.
 
 Keys are read in cbreak mode (not raw: Ctrl-C still interrupts), restored on the way out."""
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
 import sys
@@ -72,8 +73,9 @@ class Row:
 class Readings:
     """Successive listings, each row's CPU % from the one before."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None]) -> None:
         self._last: dict[str, tuple[float, float]] = {}  # id -> (when, cpu seconds)
+        self._say = say
 
     def take(self) -> list[Row]:
         from orchestrator import environments
@@ -81,7 +83,7 @@ class Readings:
         rows, removed = environments(usage=True)
         now = time.monotonic()
         for name in removed:
-            typer.echo(f"removed {name} (its owner process is gone)", err=True)
+            self._say(f"removed {name} (its owner process is gone)")
         out = [self._row(status, now) for status in rows]
         self._last = {r.id: (now, r.cpu_seconds) for r in out}
         return out
@@ -177,15 +179,15 @@ def top(
     sort: str = typer.Option("cpu", "--sort", help=f"Sort by: {', '.join(SORTS)}."),
 ) -> None:
     """A live table of this user's environments and what each costs now: CPU, memory,
-    processes, egress (allowed/denied requests). Keys: s sort, j/k select, d down, q quit."""
+    processes, egress (allowed/denied requests). Keys: s sort, j/k select, d y down, q quit."""
     from orchestrator.errors import UsageError
 
     if sort not in SORTS:
         raise UsageError(f"--sort takes one of {', '.join(SORTS)}, not {sort!r}")
     if as_json and not once:
         raise UsageError("--json prints one reading: give --once too")
-    readings = Readings()
     if once:
+        readings = Readings(lambda text: typer.echo(text, err=True))
         readings.take()
         time.sleep(interval)
         rows = sorted_rows(readings.take(), sort)
@@ -198,16 +200,22 @@ def top(
             HEADERS, [cells(r) for r in rows], drop=("COMMAND", "OWNER", "EGRESS", "PEAK", "ENV")
         )
         return
-    _live(readings, interval, sort)
+    _live(interval, sort)
 
 
-def _live(readings: Readings, interval: float, sort: str) -> None:
+def _live(interval: float, sort: str) -> None:
     from rich.console import Console
     from rich.live import Live
 
     console = Console()
     view = View(sort)
-    with _keys() as keys, Live(console=console, auto_refresh=False, screen=False) as live:
+    readings = Readings(view.say)  # (under a live table: said on its last line)
+    quiet = logging.getLogger("orchestrator")
+    with contextlib.ExitStack() as stack:
+        stack.callback(quiet.setLevel, quiet.level)
+        quiet.setLevel(logging.ERROR)  # (a warning printed under a live table would tear it)
+        keys = stack.enter_context(_keys())
+        live = stack.enter_context(Live(console=console, auto_refresh=False, screen=False))
         rows = readings.take()
         next_reading = time.monotonic() + interval
         while True:
@@ -218,35 +226,52 @@ def _live(readings: Readings, interval: float, sort: str) -> None:
                 return
             if key:
                 view.press(key, rows)
-            if time.monotonic() >= next_reading or key == "d":
+            if time.monotonic() >= next_reading or (key == "y" and view.message):
                 rows = readings.take()
                 next_reading = time.monotonic() + interval
 
 
 class View:
-    """What the live table shows: its order, the selected row, the last line's message."""
+    """What the live table shows: its order, the selected environment (by id: a re-sort
+    never moves the selection onto another), the last line's message, and a take-down
+    waiting for its `y`."""
 
     def __init__(self, sort: str) -> None:
         self.sort = sort
-        self.selected = 0
+        self.selected = ""
         self.message = ""
+        self.pending = ""
+
+    def say(self, text: str) -> None:
+        self.message = text
+
+    def index(self, shown: list[Row]) -> int:
+        ids = [r.id for r in shown]
+        return ids.index(self.selected) if self.selected in ids else 0
 
     def press(self, key: str, rows: list[Row]) -> None:
         shown = sorted_rows(rows, self.sort)
-        if key == "s":
-            self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
-        elif key in ("j", "down"):
-            self.selected = min(self.selected + 1, max(len(shown) - 1, 0))
-        elif key in ("k", "up"):
-            self.selected = max(self.selected - 1, 0)
-        elif key == "d" and shown:
+        pending, self.pending = self.pending, ""
+        if pending and key == "y":
             from orchestrator import remove_environment
 
-            ident = shown[min(self.selected, len(shown) - 1)].id
             try:
-                self.message = f"removed {remove_environment(ident)}"
+                self.message = f"removed {remove_environment(pending)}"
             except OrchestratorError as exc:
-                self.message = f"{ident}: {exc}"
+                self.message = f"{pending}: {exc}"
+            return
+        if pending:
+            self.message = "not taken down"
+        at = self.index(shown)
+        if key == "s":
+            self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        elif key in ("j", "down") and shown:
+            self.selected = shown[min(at + 1, len(shown) - 1)].id
+        elif key in ("k", "up") and shown:
+            self.selected = shown[max(at - 1, 0)].id
+        elif key == "d" and shown:
+            self.pending = shown[at].id
+            self.message = f"take {self.pending} down? y to confirm, any other key not"
 
     def render(self, rows: list[Row], interval: float) -> Group:
         from rich.console import Group
@@ -254,17 +279,16 @@ class View:
         from rich.text import Text
 
         shown = sorted_rows(rows, self.sort)
-        self.selected = min(self.selected, max(len(shown) - 1, 0))
+        at = self.index(shown)
+        self.selected = shown[at].id if shown else ""
         table = Table(box=None, pad_edge=False, header_style="bold")
         for header in HEADERS:
             table.add_column(header, no_wrap=header != "COMMAND", overflow="ellipsis")
         for i, row in enumerate(shown):
-            table.add_row(
-                *(Text(c) for c in cells(row)), style="reverse" if i == self.selected else ""
-            )
+            table.add_row(*(Text(c) for c in cells(row)), style="reverse" if i == at else "")
         head = Text(
             f"{len(shown)} environments, every {interval:g}s, sorted by {self.sort}"
-            "   s sort  j/k select  d down  q quit"
+            "   s sort  j/k select  d y down  q quit"
         )
         return Group(head, table, Text(printable(self.message)))
 

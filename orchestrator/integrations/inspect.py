@@ -54,6 +54,7 @@ from pydantic import BaseModel
 
 from orchestrator import (
     Pool,
+    Usage,
     aio,
     attach,
     prepare,
@@ -110,18 +111,22 @@ def _quietly(fn: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _log_usage(runtime: AsyncRuntime) -> None:
-    """The environment's usage (`rt.usage()`) into the sample's transcript, as an info
-    event the log viewer shows, read as the sample ends: before its removal, which runs in
-    the background."""
+async def _log_usage(runtime: AsyncRuntime) -> None:
+    """The environment's usage (`rt.usage()`, read in a thread: it may read the gateway's
+    log) into the sample's transcript, as an info event the log viewer shows, read as the
+    sample ends: before its removal, which runs in the background."""
     from inspect_ai.log import transcript
 
-    try:
-        got = runtime.sync.usage()
-    except OrchestratorError as exc:
-        log.warning("reading a sample's usage failed: %s", exc)
-        return
-    transcript().info(dataclasses.asdict(got), source=USAGE_SOURCE)
+    def read() -> Usage | None:
+        try:
+            return runtime.sync.usage()
+        except OrchestratorError as exc:
+            log.warning("reading a sample's usage failed: %s", exc)
+            return None
+
+    got = await _call(read)
+    if got is not None:
+        transcript().info(dataclasses.asdict(got), source=USAGE_SOURCE)
 
 
 @sandboxenv(name=PROVIDER)
@@ -226,7 +231,7 @@ class OrchestratorSandbox(SandboxEnvironment):
             return
         done = {e.runtime: e.pool for e in environments.values() if isinstance(e, cls)}
         for runtime, pool in done.items():
-            _log_usage(runtime)
+            await _log_usage(runtime)
             with cls._live_lock:
                 for ident in [i for i, r in cls._live.items() if r is runtime]:
                     del cls._live[ident]

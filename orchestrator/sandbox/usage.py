@@ -80,6 +80,10 @@ class Egress:
     """Bytes the sandboxes sent out on them (a tunnel's whole upload)."""
     bytes_received: int = 0
     """Bytes they got back (a tunnel's whole download)."""
+    complete: bool = True
+    """False when the gateway's log lost lines before they were read (it keeps 16 MB, about
+    200,000 requests, between two readings), or a read stopped before its end (too much
+    to read at once: the rest is read next time)."""
 
 
 @dataclass(frozen=True)
@@ -319,3 +323,4 @@ def _sample_all() -> None:
                 meter.sample()
             except Exception as exc:  # one environment's failure is not the others'
                 log.debug("a usage reading failed: %s", exc)
+        del meters, meter  # (held while it waits, they would keep a dropped runtime alive)

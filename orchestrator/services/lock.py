@@ -37,23 +37,20 @@ def lock_environment(
     backend: str | None = None,
     policy: Policy | None = None,
 ) -> LockResult:
-    """Lock `env` (a file, or one loaded from a file): write FILE.lock beside it with what
-    its images and builds resolve to now. Where a lock is already there it is left as it is
-    when it still says the same; with `update` replaced; else a SpecError says what changed
-    and the fix. UsageError for an environment that is no file."""
+    """Lock `env` (a file, or one loaded from a file): write FILE.lock beside it (beside the
+    path given: a link's lock is beside the link) with what its images and builds resolve to
+    now. Where a lock is already there it is left as it is when it still says the same;
+    with `update` replaced; else a SpecError says what changed and the fix. A file there
+    that is no lock is never replaced (SpecError). UsageError for an environment that is
+    no file."""
     if not isinstance(env, Environment):
         env = load_environment(env, backends=runtime_names)
-    path = lock_path(env.source, env.base_dir)
+    path = lock_path(env.source)
     if path is None:
         raise UsageError("only an environment file can be locked: this one was given as text")
     policy = policy or Policy.from_env()
     new = backend_class(env, backend, policy=policy).make_lock(env, policy)
-    try:
-        old = read_lock(path)
-    except SpecError:
-        if not update:
-            raise
-        old = None  # (a broken lock: replaced on request)
+    old = read_lock(path)  # (one that is no lock is never replaced: SpecError, remove it)
     if old == new:
         return LockResult(path, written=False)
     changes = tuple(differences(old, new)) if old is not None else ()

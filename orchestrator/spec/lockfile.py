@@ -80,11 +80,14 @@ class Lock(BaseModel):
     """The egress gateway's image, when the file has one (reported, never used)."""
 
 
-def lock_path(source: str, base_dir: Path) -> Path | None:
-    """Where the lock of the file `source` is (beside it); None for a file of no path."""
+def lock_path(source: str) -> Path | None:
+    """Where the lock of the file `source` is: beside it, as its path was given (beside a
+    link, not its target: a lock is never written into the folder a link points to); None
+    for a file of no path."""
     if not source or source.startswith("<"):
         return None
-    return base_dir / (Path(source).name + SUFFIX)
+    path = Path(source)
+    return path.with_name(path.name + SUFFIX)
 
 
 def read_lock(path: Path) -> Lock | None:

@@ -378,10 +378,37 @@ def test_usage_counts_what_went_out_through_the_gateway_and_what_it_refused(
     ok(again, hello("allowed.test"))
     refused(denied)
     assert " 403 " in denied_tunnel["status_line"] + " ", denied_tunnel
+    # what a request says cannot count as a request: a header with a NUL and a forged line
+    # (Squid quotes it in its own log, on stderr, which is never read), a forwarding loop
+    forged = "ORCH 1.000 10.9.9.9 TCP_MISS/200 HIER_DIRECT/1.2.3.4 999999999 888888888"
+    fake, loop = probe(
+        listed,
+        via_proxy(
+            f"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nX-A: a\x00b\n{forged}"
+            "\r\n\r\n"
+        ),
+        via_proxy(
+            "GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n"
+            f"Via: 1.1 {GATEWAY} (squid)\r\nX-B: {forged}\r\n\r\n"
+        ),
+    )
     got = listed.usage().egress
-    assert got is not None
-    assert (got.allowed - before.allowed, got.denied - before.denied) == (2, 2), (before, got)
+    assert got is not None and got.complete, got
+    sent = 2 + (" 200 " in fake["status_line"] + " ") + (" 200 " in loop["status_line"] + " ")
+    assert got.allowed - before.allowed == sent, (before, got, fake, loop)
+    assert got.allowed + got.denied - before.allowed - before.denied == 6, (before, got)
+    assert got.bytes_sent - before.bytes_sent < 100_000, (before, got)  # nothing forged
     assert got.bytes_received - before.bytes_received >= 2 * len(hello("allowed.test"))
+    # its log is bounded on the host's disk
+    gateway = f"{listed.info().id}-{GATEWAY}-1"
+    logged = subprocess.run(
+        ["docker", "inspect", "-f", "{{json .HostConfig.LogConfig}}", gateway],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    config = json.loads(logged.stdout)
+    assert config["Config"] == {"max-size": "8m", "max-file": "2"}, config
     # no gateway, nothing to count: none lets nothing out, all lets everything out
     assert closed.usage().egress is None and open_all.usage().egress is None
 

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -142,11 +143,12 @@ def test_a_flood_nobody_reads_is_held_to_the_scrollback(detached: Runtime) -> No
     """64 MiB printed with no reader: the resident holds at most its scrollback (its memory
     does not grow with the output), a reader from 0 is told what was dropped (its cursor
     counts it), and gets the last bytes whole."""
-    flood = detached.start(
-        ["python3", "-c", "import sys\nfor i in range(1024): sys.stdout.write('%065535d\\n' % i)"],
-        keep=True,
-        stdin=False,
+    go = f"/tmp/flood-go-{uuid.uuid4().hex[:8]}"  # it ends once told: after the checks below
+    code = (
+        "import os, sys, time\nfor i in range(1024): sys.stdout.write('%065535d\\n' % i)\n"
+        f"sys.stdout.flush()\nwhile not os.path.exists({go!r}): time.sleep(0.05)"
     )
+    flood = detached.start(["python3", "-c", code], keep=True, stdin=False)
     assert flood.id is not None
     assert flood.read(WITHIN) is not None  # it runs (its id is known there)
     flood.detach()  # nobody reads: it runs on
@@ -155,6 +157,7 @@ def test_a_flood_nobody_reads_is_held_to_the_scrollback(detached: Runtime) -> No
     with pytest.raises(UsageError, match="detached"):  # never a kill that does nothing
         flood.kill()
     later = detached.process(flood.id)
+    detached.execute(["touch", go])
     result = later.wait(WITHIN)
     assert result.exit_code == 0
     assert later.cursor == 1024 * 65536  # every byte counted, read or dropped

@@ -65,6 +65,42 @@ def test_a_locked_file_runs_its_ids_after_the_tag_moved(tmp_path: Path, tag: str
         assert rt.execute("command -v python3").exit_code == 0 and not rt.warnings
 
 
+def test_each_service_gets_its_own_pin_whatever_its_name(tmp_path: Path, tag: str) -> None:
+    """Service names may hold dots: `a.b` and `a` are two services, each pinned as itself."""
+    env = tmp_path / "env.yaml"
+    env.write_text(
+        f"version: 1\nname: lockdots\nimage: {BUSYBOX_IMAGE}\nservices:\n"
+        f"  a.b: {{image: {PYTHON_IMAGE}, command: [sleep, '600']}}\n"
+        f"  a: {{image: {tag}, command: [sleep, '600']}}\n"
+    )
+    lock_environment(env)
+    with spawn_runtime(env) as rt:
+        assert rt.service("a.b").execute("command -v python3").exit_code == 0
+        assert rt.service("a").execute("command -v python3").exit_code != 0
+
+
+def test_a_linked_file_is_locked_beside_the_link_and_no_other_file_is_replaced(
+    tmp_path: Path, tag: str
+) -> None:
+    """A file given through a link (a dataset's) is locked beside the link, never in the
+    folder the link points to; a file in the lock's place that is no lock is never
+    overwritten, --update or not."""
+    victim, dataset = tmp_path / "victim", tmp_path / "dataset"
+    victim.mkdir()
+    dataset.mkdir()
+    (victim / "env.yaml").write_text(f"version: 1\nname: locklink\nimage: {tag}\n")
+    (victim / "yarn.lock").write_text("the victim's own file\n")
+    (dataset / "yarn").symlink_to(victim / "env.yaml")
+    done = lock_environment(dataset / "yarn", update=True)
+    assert done.path == dataset / "yarn.lock" and done.written
+    assert (victim / "yarn.lock").read_text() == "the victim's own file\n"
+    assert sorted(p.name for p in victim.iterdir()) == ["env.yaml", "yarn.lock"]
+    (dataset / "yarn.lock").write_text("not a lock: someone's notes\n")
+    with pytest.raises(SpecError, match="not"):
+        lock_environment(dataset / "yarn", update=True)
+    assert (dataset / "yarn.lock").read_text() == "not a lock: someone's notes\n"
+
+
 @pytest.fixture
 def built(tmp_path: Path) -> Iterator[Path]:
     """A file that builds its image from a Dockerfile copying data.txt; its builds removed

@@ -31,11 +31,13 @@ def orch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def two(tmp_path: Path) -> Iterator[list[str]]:
-    """Two environments left running by `up` (ids that sort before any other test's)."""
+def two(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """Two environments left running by `up`, this test's alone: ids that sort together,
+    before any other test's (the live test's before the others' here: `00`)."""
     ids = []
+    mine = ("00" if "live" in request.node.name else "0") + uuid.uuid4().hex[:6]
     try:
-        for name in ("0top-a", "0top-b"):
+        for name in (f"{mine}-a", f"{mine}-b"):
             path = tmp_path / f"{name}.yaml"
             path.write_text(f"version: 1\nname: {name}\nimage: {PYTHON_IMAGE}\n")
             up = orch("up", str(path))
@@ -57,8 +59,9 @@ def test_once_json_reads_each_environment_and_its_cpu_between_two_readings(
     assert got.returncode == 0, got.stderr
     rows = {r["id"]: r for r in json.loads(got.stdout)}
     assert {busy, idle} <= set(rows), rows
-    assert rows[busy]["cpu_percent"] >= 50, rows[busy]  # a busy loop: most of one CPU
-    assert rows[idle]["cpu_percent"] < 30, rows[idle]
+    # a busy loop takes what CPU the machine leaves it; the idle one next to nothing
+    assert rows[busy]["cpu_percent"] >= 20, rows[busy]
+    assert rows[idle]["cpu_percent"] < min(10, rows[busy]["cpu_percent"] / 3), rows[idle]
     assert "while True" in rows[busy]["command"], rows[busy]  # what it runs now
     assert rows[idle]["command"] == "", rows[idle]  # (nothing but ours)
     for ident in two:
@@ -129,7 +132,11 @@ def test_live_under_a_terminal_sorts_and_takes_the_selected_one_down(two: list[s
         assert lines.index(next(ln for ln in lines if ln.startswith(first))) < lines.index(
             next(ln for ln in lines if ln.startswith(second))
         ), shown
-        subprocess.run([*tmux, "send-keys", "j", "d"], check=True)  # the second: down
+        # to the top (the selection starts on the oldest of all), then one down: the second
+        subprocess.run([*tmux, "send-keys", *["k"] * 20, "j", "d", "n"], check=True)
+        screen_with("not taken down")
+        assert second in orch("ps").stdout
+        subprocess.run([*tmux, "send-keys", "d", "y"], check=True)  # the second: down
         screen_with(f"removed {second}")
         assert second not in orch("ps").stdout and first in orch("ps").stdout
         subprocess.run([*tmux, "send-keys", "q"], check=True)

@@ -15,7 +15,8 @@ from tests.docker.conftest import MakeEnv
 
 pytestmark = pytest.mark.docker
 
-BUSY = "import time\nt = time.time()\nwhile time.time() - t < 2: pass"
+BUSY = "import time\nwhile time.process_time() < 2: pass"
+"""Two seconds of CPU, however busy the machine (the loop's own time, not the clock's)."""
 HOLD = "b = bytearray(200 * 1024 * 1024)\nimport time; time.sleep(2.5)"
 MB = 1024 * 1024
 
@@ -29,7 +30,7 @@ def test_a_busy_loop_and_an_allocation_show_in_cpu_memory_and_gb_seconds(
         rt.execute(["python3", "-c", BUSY], check=True)
         busy = rt.usage()
         spent = busy.total.cpu_seconds - before.total.cpu_seconds
-        assert 1.7 <= spent <= 2.5, spent  # 2 s of a busy loop, and the interpreter's start
+        assert 1.7 <= spent <= 2.3, spent  # 2 s of a busy loop (and the interpreter's start)
         assert busy.total.memory_peak_bytes < 200 * MB
         rt.execute(["python3", "-c", HOLD], check=True)
         held = rt.usage()
@@ -78,7 +79,7 @@ services:
 
 def test_gvisor_environments_are_measured_too(make_env: MakeEnv, gvisor_engine: str) -> None:
     with spawn_runtime(make_env("isolation: gvisor\n", name="usagegv")) as rt:
-        rt.execute(["python3", "-c", BUSY.replace("< 2", "< 1")], check=True)
+        rt.execute(["python3", "-c", BUSY.replace("< 2", "< 1")], check=True)  # (gVisor: more)
         got = rt.usage()
     assert got.measured and got.total.cpu_seconds >= 0.9 and got.total.memory_peak_bytes > 0
 

@@ -182,8 +182,17 @@ class _Log:
         self.lines, self.chunk, self.reads = lines, chunk, 0
 
     def logs(
-        self, container: str, *, tail: None, follow: bool, since: str | None, timestamps: bool
+        self,
+        container: str,
+        *,
+        tail: None,
+        follow: bool,
+        since: str | None,
+        timestamps: bool,
+        stdout_only: bool,
+        within: float,
     ) -> Iterator[bytes]:
+        assert stdout_only and within <= 10  # never Squid's own log; never long
         self.reads += 1
         data = b"".join(
             f"{ts} {text}\n".encode() for ts, text in self.lines if since is None or ts >= since
@@ -224,7 +233,12 @@ def test_the_gateway_log_is_counted_once_whatever_the_timestamps(
     while count.read(log, "gw").allowed < 52:
         reads += 1
         assert reads < 50, count.read(log, "gw")
+        assert not count.read(log, "gw").complete or count.read(log, "gw").allowed == 52
     assert reads > 3 and count.read(log, "gw") == Egress(52, 1, 5200, 104000)
+    # the log lost what was not read yet (the engine keeps 16 MB): the count says it is short
+    log.lines = [("2026-01-01T00:00:09Z", out)]
+    got = count.read(log, "gw")
+    assert got.allowed == 53 and not got.complete
 
 
 def test_a_workspace_too_large_to_add_up_quickly_says_so(
@@ -240,3 +254,30 @@ def test_a_workspace_too_large_to_add_up_quickly_says_so(
     monkeypatch.setattr(usage, "WORKSPACE_ENTRIES", 2)
     assert usage.folder_bytes(tmp_path) is None
     assert usage.folder_bytes(tmp_path / "gone") is None
+
+
+def test_a_read_the_engine_cuts_short_keeps_what_it_counted() -> None:
+    """Past READ_WITHIN the engine's read is ended (a DockerError): what was read counts,
+    the count says it is short, and the next read goes on from there."""
+    from orchestrator.backends.container import egress_log
+    from orchestrator.errors import DockerError
+
+    out = _line("10.0.0.2", "TCP_MISS/200", "HIER_DIRECT/1.2.3.4", 1, 10)
+    lines = [(f"2026-01-01T00:00:01.{i:09d}Z", out) for i in range(10)]
+
+    class Cut(_Log):
+        cut = True
+
+        def logs(self, *args: object, **kwargs: object) -> Iterator[bytes]:
+            chunks = super().logs(*args, **kwargs)  # type: ignore[arg-type]
+            if self.cut:
+                self.cut = False
+                yield next(chunks) + next(chunks) + next(chunks) + next(chunks) + next(chunks)
+                raise DockerError("docker logs failed (exit 137)")
+            yield from chunks
+
+    count = egress_log.EgressCount()
+    engine = Cut(lines, chunk=60)
+    first = count.read(engine, "gw")
+    assert 0 < first.allowed < 10 and not first.complete, first
+    assert count.read(engine, "gw") == Egress(10, 0, 10, 100)  # and nothing twice

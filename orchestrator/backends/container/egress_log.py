@@ -1,14 +1,16 @@
 """Egress counted from the gateway's own access log (templates/gateway/squid.conf writes one
-`ORCH` line per request to its stdout, which the engine keeps as the container's log): the
-requests that went out, those the gateway refused, and their bytes. Read on demand (each
-`rt.usage()`, and once as the environment goes), from where the last read stopped: the
-engine's `--since` the last line's timestamp, skipping the lines at that very timestamp that
-were counted already. One read takes at most READ_LIMIT bytes of log and READ_WITHIN
-seconds; whatever is left is read next time, so a flood of requests costs the reader a bound,
-never a hang or the host's memory.
+`ORCH` line per request to its stdout, which the engine keeps as the container's log, 16 MB
+at most: templates/compose.yaml.j2): the requests that went out, those the gateway refused,
+and their bytes. Read on demand (each `rt.usage()`, and once as the environment goes), from
+where the last read stopped: the engine's `--since` the last line's timestamp, skipping the
+lines at that very timestamp that were counted already. One read takes at most READ_LIMIT
+bytes of log and READ_WITHIN seconds; whatever is left is read next time, so a flood of
+requests costs the reader a bound, never a hang or the host's memory (`Egress.complete`
+says when a count is short).
 
-What a line says is the gateway's: a sandbox reaches it only through requests, whose URLs are
-not logged, so it can change its own counts (by making requests) and nobody else's."""
+Only the gateway's stdout is read: its lines hold no text a request chose (no URL, no
+header), so a sandbox changes its own counts by making requests, and nobody else's. Its
+stderr (Squid's own log, which quotes requests) is never read."""
 
 from __future__ import annotations
 
@@ -16,10 +18,13 @@ import re
 import threading
 from typing import Any
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.sandbox.usage import Egress
 
 READ_LIMIT = 32 * 1024 * 1024
 """Bytes of log one read takes at most (about 300,000 requests' lines)."""
+READ_WITHIN = 5.0
+"""Seconds one read takes at most (the engine reads the log from its start for `--since`)."""
 LINE_LIMIT = 4096
 """A line longer than this is not one of the gateway's (its lines are about 80 bytes)."""
 MARK = b"ORCH"
@@ -34,6 +39,7 @@ class EgressCount:
         self._lock = threading.Lock()
         self._since: str | None = None
         self._at_since = 0  # lines at exactly `_since` counted already
+        self._lost = False  # lines were gone from the log before they were read
         self._got = Egress()
 
     def read(self, engine: Any, container: str) -> Egress:
@@ -47,7 +53,16 @@ class EgressCount:
         counts = [0, 0, 0, 0]  # allowed, denied, bytes sent, bytes received
         last, at_last = since, skip
         taken, rest, dropping = 0, b"", False
-        chunks = engine.logs(container, tail=None, follow=False, since=since, timestamps=True)
+        chunks = engine.logs(
+            container,
+            tail=None,
+            follow=False,
+            since=since,
+            timestamps=True,
+            stdout_only=True,
+            within=READ_WITHIN,
+        )
+        short = False  # this read stopped before the log's end
         try:
             for chunk in chunks:
                 lines = (rest + chunk).split(b"\n")
@@ -63,6 +78,8 @@ class EgressCount:
                     if when == since and skip > 0:  # counted by the last read
                         skip -= 1
                         continue
+                    if skip > 0:  # lines the last read counted are gone: so are others
+                        self._lost, skip = True, 0
                     at_last = at_last + 1 if when == last else 1
                     last = when
                     _count(text, counts)
@@ -70,7 +87,10 @@ class EgressCount:
                 if len(rest) > LINE_LIMIT:
                     rest, dropping = b"", True
                 if taken >= READ_LIMIT:
+                    short = True
                     break  # the rest next time, from the last whole line read
+        except OrchestratorError:  # past READ_WITHIN, or the gateway gone: what was read stands
+            short = True
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
@@ -83,6 +103,7 @@ class EgressCount:
             denied=got.denied + denied,
             bytes_sent=got.bytes_sent + sent,
             bytes_received=got.bytes_received + received,
+            complete=not (short or self._lost),
         )
 
 

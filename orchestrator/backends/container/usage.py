@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import procutil
 from orchestrator.backends.container.egress_log import EgressCount
 from orchestrator.backends.container.layout import FORWARDER, GATEWAY, SANDBOX_MOUNT
 from orchestrator.backends.container.readiness import runs_here
+from orchestrator.errors import OrchestratorError
 from orchestrator.paths import read_regular
-from orchestrator.procutil.tree import stat_fields
 from orchestrator.sandbox.usage import Egress, Meter, Reading, Usage
 from orchestrator.spec.resolve import MAIN
 
@@ -58,7 +59,7 @@ class Cgroup:
             pid = int(word) if word.isdigit() else 0
             if pid in (0, self.first):
                 continue
-            fields = stat_fields(pid)
+            fields = procutil.stat_fields(pid)
             line = read_regular(Path(f"/proc/{pid}/cmdline"), COMMAND_LIMIT) or b""
             text = line[:COMMAND_LIMIT].replace(b"\0", b" ").decode(errors="replace").strip()
             if len(fields) > 19 and text and SANDBOX_MOUNT not in text:
@@ -183,7 +184,11 @@ def usage_of(engine: Any, containers: list[tuple[str, str, str]]) -> tuple[Usage
         if service == GATEWAY:
             egress = _gateways.setdefault(cid, EgressCount()).read(engine, cid)
         elif service != FORWARDER and state in ("running", "paused"):
-            cgroup = cgroup_of(engine.inspected(cid, "reading a container's usage"))
+            try:
+                got = engine.inspected(cid, "reading a container's usage")
+            except OrchestratorError:  # (removed since it was listed: nothing to read)
+                continue
+            cgroup = cgroup_of(got)
             reading = cgroup.read() if cgroup is not None else None
             if reading is not None:
                 readings[service] = reading

@@ -53,6 +53,19 @@ def _entry(rel: str, st: os.stat_result, link: str = "") -> bytes:
     )
 
 
+def listed(folder: Path, left: list[int], deadline: float) -> list[os.DirEntry[str]] | None:
+    """The entries of `folder` sorted by name, each counted off `left[0]` as it is listed (a
+    huge folder is never held whole); None once that count or the `deadline` is passed."""
+    entries = []
+    with os.scandir(folder) as found:
+        for entry in found:
+            left[0] -= 1
+            if left[0] < 0 or time.monotonic() > deadline:
+                return None
+            entries.append(entry)
+    return sorted(entries, key=lambda e: e.name)
+
+
 def walk_context(
     context: Path, *, files: int | None = None, seconds: float | None = None
 ) -> bytes | None:
@@ -68,21 +81,19 @@ def walk_context(
             return None
     except OSError:
         return None
-    count = 0
+    left = [files]
     pending = [""]
     while pending:
         rel_dir = pending.pop()
         try:
-            with os.scandir(context / rel_dir if rel_dir else context) as found:
-                entries = sorted(found, key=lambda e: e.name)
+            entries = listed(context / rel_dir if rel_dir else context, left, deadline)
         except OSError as exc:  # unreadable: the engine will say so; its state is hashed
             digest.update(f"{rel_dir}\0unreadable {exc.errno}\n".encode("utf-8", "surrogateescape"))
             continue
+        if entries is None:
+            return None
         subdirs = []
         for entry in entries:
-            count += 1
-            if count > files or time.monotonic() > deadline:
-                return None
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -155,15 +166,13 @@ def content_digest(
     pending = [""]
     while pending:
         rel_dir = pending.pop()
-        with os.scandir(context / rel_dir if rel_dir else context) as found:
-            entries = sorted(found, key=lambda e: e.name)
+        entries = listed(context / rel_dir if rel_dir else context, budget, deadline)
+        if entries is None:
+            raise ValueError(f"the build context {context} is too large to lock")
         subdirs = []
         for entry in entries:
             if not rel_dir and entry.name in skip:
                 continue
-            budget[0] -= 1
-            if budget[0] < 0 or time.monotonic() > deadline:
-                raise ValueError(f"the build context {context} is too large to lock")
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             st = entry.stat(follow_symlinks=False)
             kind = stat.S_IFMT(st.st_mode)

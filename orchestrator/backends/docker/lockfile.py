@@ -76,7 +76,7 @@ def make(env: Environment, compiled: CompiledProject, engine: Engine) -> Lock:
 def pins(env: Environment, compiled: Callable[[], CompiledProject], engine: Engine) -> Pins:
     """The images a start of `env` runs under its lock (none: no lock), after checking the
     lock against the file (`compiled`: its project, unpinned) and the engine."""
-    path = lock_path(env.source, env.base_dir)
+    path = lock_path(env.source)
     lock = read_lock(path) if path is not None else None
     if lock is None or path is None:
         return Pins()
@@ -140,9 +140,9 @@ def pins(env: Environment, compiled: Callable[[], CompiledProject], engine: Engi
     return Pins(
         main=lock.images["image"].id if "image" in named else "",
         services={
-            where.split(".")[1]: lock.images[where].id
+            where.removeprefix("services.").removesuffix(".image"): lock.images[where].id
             for where in named
-            if where.startswith("services.")
+            if where.startswith("services.") and where.endswith(".image")
         },
         warnings=tuple(warnings),
     )
@@ -166,7 +166,7 @@ def _drift(env: Environment, lock: Lock, project: CompiledProject) -> list[str]:
 def inputs_of(env: Environment, plan: ImageBuild) -> str:
     """The hash of what the build is made of (fingerprint.content_digest), the lock beside
     the file left out; SpecError when its context is too large or cannot be read."""
-    path = lock_path(env.source, env.base_dir)
+    path = lock_path(env.source)
     skip = frozenset([path.name] if path is not None else [])
     try:
         return content_digest(plan.context, plan.dockerfile, plan.args, skip=skip)

@@ -53,7 +53,7 @@ NO_LOCKS_FIX = "run the file on the docker backend, or without its lock (remove 
 
 def _refuse_lock(env: Environment) -> None:
     """SpecError when the file has a lock beside it (see NO_LOCKS): never run unpinned."""
-    lock = lock_path(env.source, env.base_dir)
+    lock = lock_path(env.source)
     if lock is not None and (lock.exists() or lock.is_symlink()):
         raise SpecError(SpecIssue(str(lock), field="", message=NO_LOCKS, fix=NO_LOCKS_FIX))
 

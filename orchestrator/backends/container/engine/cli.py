@@ -100,11 +100,12 @@ def listing(
     raise AssertionError("unreachable")
 
 
-def output(argv: list[str], limit: float | None) -> Iterator[bytes]:
-    """A command's output, both streams, in chunks of at most 64 KiB as it comes; the
-    command is ended when the caller stops reading, and after `limit` seconds (None: never).
-    Raises DockerError when it fails."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def output(argv: list[str], limit: float | None, *, both: bool = True) -> Iterator[bytes]:
+    """A command's output, both streams (stdout alone unless `both`), in chunks of at most
+    64 KiB as it comes; the command is ended when the caller stops reading, and after
+    `limit` seconds (None: never). Raises DockerError when it fails."""
+    errors = subprocess.STDOUT if both else subprocess.DEVNULL
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors)
     timer = None if limit is None else threading.Timer(limit, proc.kill)
     if timer is not None:
         timer.start()

@@ -190,15 +190,19 @@ class ContainerOps(EngineCore):
         follow: bool,
         since: str | None = None,
         timestamps: bool = False,
+        stdout_only: bool = False,
+        within: float | None = None,
     ) -> Iterator[bytes]:
-        """A container's log (both streams) as it comes; ended when the caller stops reading,
-        and after LOGS_TIMEOUT s unless `follow`. `since`: only lines logged at or after
-        that timestamp (RFC 3339, as `timestamps` puts before each line)."""
+        """A container's log (both streams; its stdout alone with `stdout_only`) as it
+        comes; ended when the caller stops reading, and after `within` seconds (default
+        LOGS_TIMEOUT) unless `follow`. `since`: only lines logged at or after that
+        timestamp (RFC 3339, as `timestamps` puts before each line)."""
         words = ["logs", *(["--tail", str(tail)] if tail is not None else [])]
         words += ["--follow"] if follow else []
         words += ["--since", since] if since else []
         words += ["--timestamps"] if timestamps else []
-        return self.output(*words, container, limit=None if follow else LOGS_TIMEOUT)
+        limit = None if follow else (LOGS_TIMEOUT if within is None else within)
+        return self.output(*words, container, limit=limit, both=not stdout_only)
 
     def build_argv(
         self,

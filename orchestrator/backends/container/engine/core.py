@@ -107,10 +107,11 @@ class EngineCore:
             action, lambda: cli.run(argv, backstop=backstop(bound)), gone, retry=retry
         )
 
-    def output(self, *words: str, limit: float | None) -> Iterator[bytes]:
-        """A call's output as it comes (both streams), ended when the caller stops reading
-        and after `limit` seconds (None: a call that follows, ended by its caller)."""
-        return cli.output(self.argv(*words, bounded=False), limit)
+    def output(self, *words: str, limit: float | None, both: bool = True) -> Iterator[bytes]:
+        """A call's output as it comes (both streams; stdout alone unless `both`), ended when
+        the caller stops reading and after `limit` seconds (None: a call that follows, ended
+        by its caller)."""
+        return cli.output(self.argv(*words, bounded=False), limit, both=both)
 
     def exec_target(self, container: str) -> ExecTarget:
         """One container of this engine, for `docker exec` command lines."""
