@@ -124,8 +124,16 @@ def test_live_under_a_terminal_sorts_and_takes_the_selected_one_down(two: list[s
             assert time.monotonic() < deadline, f"no {texts} in:\n{shown}"
             time.sleep(0.2)
 
+    def row_of(ident: str, shown: str) -> str:
+        return next(line for line in shown.splitlines() if line.startswith(ident))
+
     try:
-        screen_with(first, second, "sorted by age")
+        shown = screen_with(first, second, "sorted by age")
+        before = row_of(first, shown)
+        deadline = time.monotonic() + 30
+        while row_of(first, screen_with(first)) == before:  # it reads again: its age moves on
+            assert time.monotonic() < deadline, f"no new reading of {first}: {before}"
+            time.sleep(0.3)
         subprocess.run([*tmux, "send-keys", "s"], check=True)  # age -> id
         shown = screen_with("sorted by id")
         lines = shown.splitlines()
