@@ -209,3 +209,32 @@ def test_up_refuses_a_port_on_every_address_before_anything_starts(
     assert "ORCHESTRATOR_ALLOW_PUBLIC_PORTS=1" in done.stderr
     assert labelled_ids() == before
     assert not (own_state / "projects").exists() or not list((own_state / "projects").iterdir())
+
+
+@pytest.mark.parametrize("path", ["direct", "compose"])
+def test_a_sandbox_cannot_fill_the_hosts_disk_through_its_log(
+    make_env: MakeEnv, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root sandbox writes 40 MB to its first process's stdout, which the engine keeps as
+    the container's log on the host: it keeps 16 MB at most (on the direct API path and
+    through Compose alike)."""
+    monkeypatch.setenv("ORCHESTRATOR_UP_PATH", "compose" if path == "compose" else "auto")
+    with spawn_runtime(make_env("user: '0:0'\n", name=f"logcap{path}")) as rt:
+        wrote = rt.execute(
+            "head -c 40000000 /dev/zero | tr '\\0' x | fold -w 1000 > /proc/1/fd/1", timeout=120
+        )
+        assert wrote.exit_code == 0, wrote.stderr
+        container = rt.info().container
+        assert container is not None
+        got = subprocess.run(
+            ["docker", "inspect", "-f", "{{json .HostConfig.LogConfig}} {{.LogPath}}", container],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        config, log_path = got.stdout.rsplit(" ", 1)
+        assert json.loads(config)["Config"] == {"max-size": "8m", "max-file": "2"}, config
+        files = [Path(log_path.strip()), Path(log_path.strip() + ".1")]
+        if os.access(files[0].parent, os.R_OK):  # (the engine's folder: root's)
+            kept = sum(f.stat().st_size for f in files if f.exists())
+            assert kept <= 17 * 1024 * 1024, kept

@@ -61,7 +61,12 @@ _SERVICE_KEYS = {
     "cap_add",
     "security_opt",
     "labels",
+    "logging",
 }
+_LOG_OPTIONS = {"max-size": "8m", "max-file": "2"}
+_LOGGING = {"driver": "json-file", "options": _LOG_OPTIONS}
+"""The one `logging` the template writes (compose.yaml.j2's log_bounds), as the engine takes it
+below; any other leaves the project to Compose."""
 _MOUNT_KEYS = {"type", "source", "target", "read_only", "bind", "volume"}
 _PINNED_OPTS = ("type", "o", "device")
 """A pinned host folder's volume (binding.py): the `local` driver binding a descriptor."""
@@ -176,6 +181,8 @@ def _plan(doc: Any, project: str, directory: Path) -> DirectRun:
     entrypoint = _strings(svc.get("entrypoint"))
     if not entrypoint or not entrypoint[0]:
         raise _Refused("entrypoint")
+    if "logging" in svc and svc["logging"] != _LOGGING:
+        raise _Refused("logging")
     grace = _SECONDS.fullmatch(str(svc.get("stop_grace_period", "10s")))
     if grace is None:
         raise _Refused("stop_grace_period")
@@ -201,6 +208,8 @@ def _plan(doc: Any, project: str, directory: Path) -> DirectRun:
         "RestartPolicy": {"Name": "no"},
         **_limits(svc),
     }
+    if "logging" in svc:
+        host["LogConfig"] = {"Type": "json-file", "Config": dict(_LOG_OPTIONS)}
     files: dict[Path, str] = {}
     if svc["network_mode"] == "none" and "runtime" not in svc and os.geteuid() == 0:
         # (root's files, as the engine's are: a sandbox user whose uid is ours could
