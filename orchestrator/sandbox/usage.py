@@ -163,6 +163,9 @@ class Meter:
     _final: float | None = None
     _egress: Egress | None = None
     _workspace_bytes: int | None = None
+    _asked = False
+    """Whether anyone asked (`usage()`): only then does the last reading read the egress log
+    and add up the workspace too (a cleanup nobody reads the usage of stays as cheap)."""
 
     def sample(self) -> None:
         """Take every service's reading now (nothing once the last was taken)."""
@@ -187,7 +190,8 @@ class Meter:
             return
         try:
             self.sample()
-            self.counted()
+            if self._asked:
+                self.counted()
         except Exception as exc:  # (the environment may be half gone: what was read stands)
             log.debug("the last usage reading failed: %s", exc)
         with self._lock:
@@ -205,6 +209,7 @@ class Meter:
 
     def usage(self, tallies: Mapping[str, Tally]) -> Usage:
         """What was read so far, with the commands of each place in `tallies`."""
+        self._asked = True
         with self._lock:
             end = self._final if self._final is not None else self.clock()
             names = sorted(set(self._tracks) | set(tallies), key=lambda n: (n != "main", n))

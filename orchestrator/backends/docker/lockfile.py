@@ -163,13 +163,25 @@ def _drift(env: Environment, lock: Lock, project: CompiledProject) -> list[str]:
     return [f"{env.source}.lock: {s}" for s in said]
 
 
+_hashed: dict[tuple[str, str], str] = {}
+"""Content hashes already made in this process, by the build's tag (its fingerprint: any
+change to its context, times and inodes included, makes another) and the lock's name: a
+pool's spawns under one lock hash a context once, not once each."""
+
+
 def inputs_of(env: Environment, plan: ImageBuild) -> str:
     """The hash of what the build is made of (fingerprint.content_digest), the lock beside
     the file left out; SpecError when its context is too large or cannot be read."""
     path = lock_path(env.source)
     skip = frozenset([path.name] if path is not None else [])
+    key = (plan.tag, path.name if path is not None else "")
+    if plan.complete and key in _hashed:  # (complete: the tag covers the whole context)
+        return _hashed[key]
     try:
-        return content_digest(plan.context, plan.dockerfile, plan.args, skip=skip)
+        digest = content_digest(plan.context, plan.dockerfile, plan.args, skip=skip)
+        if plan.complete and len(_hashed) < 256:
+            _hashed[key] = digest
+        return digest
     except (OSError, ValueError) as exc:
         raise SpecError(
             SpecIssue(
