@@ -153,7 +153,7 @@ def _drift(env: Environment, lock: Lock, project: CompiledProject) -> list[str]:
     templates."""
     said = []
     gateway = next((p.tag for p in project.builds if p.ours), None)
-    if gateway is not None and (lock.gateway is None or lock.gateway.image != gateway):
+    if gateway is not None and lock.gateway is not None and lock.gateway.image != gateway:
         said.append(f"the egress gateway is {gateway} now, not the locked one")
     if lock.orchestrator != __version__ or lock.templates != templates_version():
         said.append(
