@@ -17,6 +17,7 @@ from orchestrator.errors import OrchestratorError, SandboxFileTimeout, UsageErro
 
 if TYPE_CHECKING:
     from orchestrator import (
+        Egress,
         Snapshot,
         Usage,
     )
@@ -93,6 +94,11 @@ def ps(
     )
 
 
+def egress_short(egress: Egress) -> str:
+    """ "+" after a count the gateway's log lost lines of (at least that many)."""
+    return "" if egress.complete else "+"
+
+
 def _usage_cells(usage: Usage | None, size: Callable[[int], str]) -> list[str]:
     """`ps --usage`'s columns of one environment ("?" each where it was not read)."""
     if usage is None or not usage.measured:
@@ -103,7 +109,7 @@ def _usage_cells(usage: Usage | None, size: Callable[[int], str]) -> list[str]:
         size(total.memory_bytes),
         size(total.memory_peak_bytes),
         str(total.pids),
-        "-" if egress is None else f"{egress.allowed}/{egress.denied}",
+        "-" if egress is None else f"{egress.allowed}/{egress.denied}" + egress_short(egress),
     ]
 
 

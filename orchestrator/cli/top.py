@@ -66,6 +66,8 @@ class Row:
     pids: int
     egress_allowed: int | None
     egress_denied: int | None
+    egress_complete: bool
+    """False when the gateway's log lost lines before they were read: the counts are short."""
     command: str
     """What its main sandbox runs now: its newest process's command line ("" for none)."""
 
@@ -110,6 +112,7 @@ class Readings:
             pids=total.pids if total is not None else 0,
             egress_allowed=egress.allowed if egress is not None else None,
             egress_denied=egress.denied if egress is not None else None,
+            egress_complete=egress.complete if egress is not None else True,
             command=status.command,
         )
 
@@ -152,6 +155,7 @@ def _age_text(seconds: float | None) -> str:
 
 def cells(row: Row) -> list[str]:
     egress = "-" if row.egress_allowed is None else f"{row.egress_allowed}/{row.egress_denied}"
+    egress += "" if row.egress_complete else "+"  # (at least: the log lost lines unread)
     return [
         printable(c)
         for c in (
@@ -256,7 +260,8 @@ class View:
             from orchestrator import remove_environment
 
             try:
-                self.message = f"removed {remove_environment(pending)}"
+                # (by its whole id: one gone meanwhile never names another by a prefix)
+                self.message = f"removed {remove_environment(pending, exact=True)}"
             except OrchestratorError as exc:
                 self.message = f"{pending}: {exc}"
             return

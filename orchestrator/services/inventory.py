@@ -75,12 +75,14 @@ def environments(*, usage: bool = False) -> tuple[list[EnvironmentStatus], list[
     return sorted(rows, key=lambda r: r.id), removed
 
 
-def remove_environment(ref: str, *, force: bool = False) -> str:
+def remove_environment(ref: str, *, force: bool = False, exact: bool = False) -> str:
     """Remove the environment `ref` names (its id, short id, environment name or a unique
-    prefix, over every backend's environments at once) and return its id. ProjectNotFound
-    when it names none or several; UsageError when its owner process still uses it, unless
-    `force`."""
+    prefix, over every backend's environments at once; with `exact`, its whole id only) and
+    return its id. ProjectNotFound when it names none or several; UsageError when its owner
+    process still uses it, unless `force`."""
     owner = {ident: cls for cls, ids in _each(lambda cls: cls.running_ids()) for ident in ids}
+    if exact and ref not in owner:
+        raise ProjectNotFound(f"{ref} is gone already; `orchestrator ps` lists what runs")
     name = match_id(ref, sorted(owner))
     if owner[name].remove_running(name, force=force) is None:
         raise ProjectNotFound(f"{name} is gone already; `orchestrator ps` lists what runs")

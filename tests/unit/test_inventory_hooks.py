@@ -90,3 +90,29 @@ def test_a_backend_that_cannot_be_imported_is_skipped_with_a_warning(
     monkeypatch.setattr(inventory, "runtime_names", registry.runtime_names)
     assert orchestrator.environments() == ([], [])
     assert "backend 'broken' skipped" in caplog.text
+
+
+def test_removing_by_exact_id_never_takes_another_by_a_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`top`'s d-y removes the id it showed: when that one is gone meanwhile, another whose
+    id it prefixes is not taken in its place."""
+    from orchestrator.services import inventory
+
+    removed: list[str] = []
+
+    class Two(LocalRuntime):
+        @classmethod
+        def running_ids(cls) -> list[str]:
+            return ["orch-a-1234-z-5678"]
+
+        @classmethod
+        def remove_running(cls, ident: str, *, force: bool = False) -> str | None:
+            removed.append(ident)
+            return ident
+
+    monkeypatch.setattr(inventory, "_backends", lambda: [Two])
+    with pytest.raises(ProjectNotFound, match="gone already"):
+        inventory.remove_environment("orch-a-1234", exact=True)
+    assert removed == []
+    assert inventory.remove_environment("orch-a-1234") == "orch-a-1234-z-5678"  # (a prefix)

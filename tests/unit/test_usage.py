@@ -178,8 +178,8 @@ class _Log:
     """An engine whose one container logged `lines` ((timestamp, text)); `since` keeps those
     at or after it, as the engine's does."""
 
-    def __init__(self, lines: list[tuple[str, str]], chunk: int = 7) -> None:
-        self.lines, self.chunk, self.reads = lines, chunk, 0
+    def __init__(self, lines: list[tuple[str, str]], chunk: int = 7, first: int = 0) -> None:
+        self.lines, self.chunk, self.reads, self.first = lines, chunk, 0, first
 
     def logs(
         self,
@@ -194,15 +194,21 @@ class _Log:
     ) -> Iterator[bytes]:
         assert stdout_only and within <= 10  # never Squid's own log; never long
         self.reads += 1
+        numbered, serial = [], self.first
+        for ts, text in self.lines:
+            if text.startswith("ORCH "):
+                text, serial = text.replace("{serial}", str(serial)), serial + 1
+            numbered.append((ts, text))
         data = b"".join(
-            f"{ts} {text}\n".encode() for ts, text in self.lines if since is None or ts >= since
+            f"{ts} {text}\n".encode() for ts, text in numbered if since is None or ts >= since
         )
         for i in range(0, len(data), self.chunk):
             yield data[i : i + self.chunk]
 
 
 def _line(client: str, code: str, hier: str, up: int, down: int) -> str:
-    return f"ORCH 1795930462.266 {client} {code} {hier} {up} {down}"
+    """An access-log line; its serial ({serial}) is its place among the log's lines."""
+    return f"ORCH {{serial}} 1795930462.266 {client} {code} {hier} {up} {down}"
 
 
 def test_the_gateway_log_is_counted_once_whatever_the_timestamps(
@@ -236,9 +242,22 @@ def test_the_gateway_log_is_counted_once_whatever_the_timestamps(
         assert not count.read(log, "gw").complete or count.read(log, "gw").allowed == 52
     assert reads > 3 and count.read(log, "gw") == Egress(52, 1, 5200, 104000)
     # the log lost what was not read yet (the engine keeps 16 MB): the count says it is short
-    log.lines = [("2026-01-01T00:00:09Z", out)]
+    log.lines, log.first = [("2026-01-01T00:00:09Z", out)], 60
     got = count.read(log, "gw")
     assert got.allowed == 53 and not got.complete
+
+
+def test_a_first_read_of_a_log_that_lost_its_start_says_it_is_short() -> None:
+    """Another process's first read (`ps --usage`, `top`) after a flood rotated the log: the
+    first serial it sees is not 0 (Squid counts from 0), so its count says it is short."""
+    from orchestrator.backends.container import egress_log
+
+    out = _line("10.0.0.2", "TCP_DENIED/403", "HIER_NONE/-", 1, 1)
+    whole = _Log([("2026-01-01T00:00:01Z", out), ("2026-01-01T00:00:02Z", out)])
+    assert egress_log.EgressCount().read(whole, "gw") == Egress(0, 2, 0, 0)
+    rotated = _Log([("2026-01-01T00:00:09Z", out)], first=74_000)
+    got = egress_log.EgressCount().read(rotated, "gw")
+    assert got.denied == 1 and not got.complete
 
 
 def test_a_workspace_too_large_to_add_up_quickly_says_so(

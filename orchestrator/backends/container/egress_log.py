@@ -40,6 +40,7 @@ class EgressCount:
         self._since: str | None = None
         self._at_since = 0  # lines at exactly `_since` counted already
         self._lost = False  # lines were gone from the log before they were read
+        self._serial = -1  # the serial of the last `ORCH` line read (Squid's count from 0)
         self._got = Egress()
 
     def read(self, engine: Any, container: str) -> Egress:
@@ -82,7 +83,11 @@ class EgressCount:
                         self._lost, skip = True, 0
                     at_last = at_last + 1 if when == last else 1
                     last = when
-                    _count(text, counts)
+                    serial = _count(text, counts)
+                    if serial is not None:
+                        if serial != self._serial + 1:  # a line between was never read
+                            self._lost = True
+                        self._serial = serial
                     taken += len(line) + 1
                 if len(rest) > LINE_LIMIT:
                     rest, dropping = b"", True
@@ -107,18 +112,22 @@ class EgressCount:
         )
 
 
-def _count(text: bytes, counts: list[int]) -> None:
-    """Add one line's request to `counts` (allowed, denied, bytes sent, bytes received)."""
+def _count(text: bytes, counts: list[int]) -> int | None:
+    """Add one line's request to `counts` (allowed, denied, bytes sent, bytes received);
+    its serial, None for a line that is not one of the access log's."""
     fields = text.split()
-    if len(fields) != 7 or fields[0] != MARK or fields[2].startswith(b"127."):
-        return  # a line of the gateway's own log, or its readiness probe's request
+    if len(fields) != 8 or fields[0] != MARK:
+        return None  # (a line of the gateway's own, not a request's)
     try:
-        up, down = max(int(fields[5]), 0), max(int(fields[6]), 0)
+        serial, up, down = int(fields[1]), max(int(fields[6]), 0), max(int(fields[7]), 0)
     except ValueError:
-        return
-    if fields[4].startswith(b"HIER_DIRECT"):  # it went out
+        return None
+    if fields[3].startswith(b"127."):
+        return serial  # the gateway's own readiness probe: no request of a sandbox
+    if fields[5].startswith(b"HIER_DIRECT"):  # it went out
         counts[0] += 1
         counts[2] += up
         counts[3] += down
     else:
         counts[1] += 1
+    return serial

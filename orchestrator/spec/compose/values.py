@@ -135,7 +135,7 @@ IGNORED: dict[str, str] = {
     "restart": "an environment lives as long as its owner; a service that exits fails the "
     "start, or shows as lost",
     "labels": "the environment's containers carry its own labels",
-    "logging": "logs stay with the engine's default driver (`orchestrator logs`)",
+    "logging": "each container's log is json-file, 16 MB at most (`orchestrator logs`)",
     "stdin_open": "each command gets its own stdin through exec",
     "tty": "each command asks for a terminal itself (`orchestrator shell`)",
     "platform": "images are built and run for this machine",

@@ -272,7 +272,8 @@ class ContainerOps(EngineCore):
         network, removed at once."""
         try:
             self.run(
-                *("run", "--rm", "--pull=never", "--network", "none", "--entrypoint", "python3"),
+                *("run", "--rm", "--pull=never", "--network", "none", "--log-driver", "none"),
+                *("--entrypoint", "python3"),
                 image,
                 *("-c", "import sys; print(sys.version_info[:2])"),
                 action=f"running python3 in {image}",
