@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -17,7 +17,6 @@ from orchestrator.errors import OrchestratorError, SandboxFileTimeout, UsageErro
 
 if TYPE_CHECKING:
     from orchestrator import (
-        Egress,
         Snapshot,
         Usage,
     )
@@ -79,11 +78,9 @@ def ps(
     from orchestrator.cli.tables import print_table
 
     if usage:
-        from orchestrator.cli.top import size_text
-
         print_table(
             ("ID", "ENV", "STATE", "CPU-S", "MEMORY", "PEAK", "PIDS", "EGRESS"),
-            [(r.id, r.env, r.state, *_usage_cells(r.usage, size_text)) for r in rows],
+            [(r.id, r.env, r.state, *_usage_cells(r.usage)) for r in rows],
             drop=("EGRESS", "PEAK", "ENV", "STATE"),
         )
         return
@@ -94,22 +91,20 @@ def ps(
     )
 
 
-def egress_short(egress: Egress) -> str:
-    """ "+" after a count the gateway's log lost lines of (at least that many)."""
-    return "" if egress.complete else "+"
-
-
-def _usage_cells(usage: Usage | None, size: Callable[[int], str]) -> list[str]:
+def _usage_cells(usage: Usage | None) -> list[str]:
     """`ps --usage`'s columns of one environment ("?" each where it was not read)."""
     if usage is None or not usage.measured:
         return ["?"] * 4 + ["-" if usage is None or usage.egress is None else "?"]
+    from orchestrator.cli.top import egress_text
+    from orchestrator.cli.top import size_text as size
+
     total, egress = usage.total, usage.egress
     return [
         f"{total.cpu_seconds:.1f}",
         size(total.memory_bytes),
         size(total.memory_peak_bytes),
         str(total.pids),
-        "-" if egress is None else f"{egress.allowed}/{egress.denied}" + egress_short(egress),
+        "-" if egress is None else egress_text(egress.allowed, egress.denied, egress.complete),
     ]
 
 

@@ -153,9 +153,15 @@ def _age_text(seconds: float | None) -> str:
     return f"{seconds / 3600:.0f}h"
 
 
+def egress_text(allowed: int | None, denied: int | None, complete: bool) -> str:
+    """allowed/denied requests, "+" after a count the gateway's log lost lines of (at least
+    that many); "-" with no gateway (`allowed` None)."""
+    if allowed is None:
+        return "-"
+    return f"{allowed}/{denied}" + ("" if complete else "+")
+
+
 def cells(row: Row) -> list[str]:
-    egress = "-" if row.egress_allowed is None else f"{row.egress_allowed}/{row.egress_denied}"
-    egress += "" if row.egress_complete else "+"  # (at least: the log lost lines unread)
     return [
         printable(c)
         for c in (
@@ -167,7 +173,7 @@ def cells(row: Row) -> list[str]:
             size_text(row.memory_bytes),
             size_text(row.memory_peak_bytes),
             str(row.pids),
-            egress,
+            egress_text(row.egress_allowed, row.egress_denied, row.egress_complete),
             row.owner,
             row.command or "-",
         )

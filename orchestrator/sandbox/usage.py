@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
@@ -272,17 +272,10 @@ def _service(track: _Track | None, tally: Tally | None) -> ServiceUsage:
 
 
 def _sum(parts: list[ServiceUsage]) -> ServiceUsage:
-    """The services together: sums, except the peaks, which are the sum of each one's (an
-    upper bound: they need not have peaked at once)."""
+    """The services together: each field summed (the peaks too: an upper bound, they need
+    not have peaked at once)."""
     return ServiceUsage(
-        cpu_seconds=sum(p.cpu_seconds for p in parts),
-        memory_bytes=sum(p.memory_bytes for p in parts),
-        memory_peak_bytes=sum(p.memory_peak_bytes for p in parts),
-        memory_gb_seconds=sum(p.memory_gb_seconds for p in parts),
-        pids=sum(p.pids for p in parts),
-        pids_peak=sum(p.pids_peak for p in parts),
-        commands=sum(p.commands for p in parts),
-        command_seconds=sum(p.command_seconds for p in parts),
+        **{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(ServiceUsage)}
     )
 
 

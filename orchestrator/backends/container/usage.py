@@ -144,19 +144,26 @@ class Accounts:
     def __init__(self) -> None:
         self._found: dict[str, Cgroup | None] = {}
 
+    def cgroup(self, container: str, engine: Any) -> Cgroup | None:
+        """The container's cgroup on this machine (None: not found here, or the container
+        is gone or not running yet: then looked for again next time)."""
+        if container not in self._found:
+            try:
+                got = engine.inspected(container, "reading a container's usage")
+            except OrchestratorError:  # (removed since it was listed: nothing to read)
+                return None
+            found = cgroup_of(got)
+            if found is None and ((got or {}).get("State") or {}).get("Running") is not True:
+                return None
+            self._found[container] = found
+        return self._found[container]
+
     def read(self, located: dict[str, tuple[str, Any]]) -> dict[str, Reading]:
         """Each service's reading, from `located` (service -> its container and engine);
         none for a container whose accounting is not found here."""
         readings = {}
         for service, (container, engine) in located.items():
-            if container not in self._found:
-                got = engine.inspected(container, "reading a container's usage")
-                state = (got or {}).get("State") or {}
-                found = cgroup_of(got)
-                if found is None and state.get("Running") is not True:
-                    continue  # (not running yet, or stopped: looked for again next time)
-                self._found[container] = found
-            cgroup = self._found[container]
+            cgroup = self.cgroup(container, engine)
             reading = cgroup.read() if cgroup is not None else None
             if reading is not None:
                 readings[service] = reading
@@ -177,23 +184,16 @@ def usage_of(engine: Any, containers: list[tuple[str, str, str]]) -> tuple[Usage
     listing gives them), and its gateway's counts. Memory over time and commands are the
     owner's to count (`rt.usage()`): here they are 0. Second, what its main sandbox runs now
     (`Cgroup.newest_command`)."""
-    readings: dict[str, Reading] = {}
+    accounts, located = Accounts(), {}
     egress: Egress | None = None
-    command = ""
     for cid, service, state in containers:
         if service == GATEWAY:
             egress = _gateways.setdefault(cid, EgressCount()).read(engine, cid)
         elif service != FORWARDER and state in ("running", "paused"):
-            try:
-                got = engine.inspected(cid, "reading a container's usage")
-            except OrchestratorError:  # (removed since it was listed: nothing to read)
-                continue
-            cgroup = cgroup_of(got)
-            reading = cgroup.read() if cgroup is not None else None
-            if reading is not None:
-                readings[service] = reading
-            if cgroup is not None and service == MAIN:
-                command = cgroup.newest_command()
+            located[service] = (cid, engine)
+    readings = accounts.read(located)
+    main = accounts.cgroup(*located[MAIN]) if MAIN in located else None
+    command = main.newest_command() if main is not None else ""
     meter = Meter(read=lambda: readings, count=lambda: egress)
     meter.sample()
     meter.counted()
