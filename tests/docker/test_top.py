@@ -59,8 +59,9 @@ def test_once_json_reads_each_environment_and_its_cpu_between_two_readings(
     assert got.returncode == 0, got.stderr
     rows = {r["id"]: r for r in json.loads(got.stdout)}
     assert {busy, idle} <= set(rows), rows
-    # a busy loop takes what CPU the machine leaves it; the idle one next to nothing
-    assert rows[busy]["cpu_percent"] >= 20, rows[busy]
+    # a busy loop takes what CPU the machine leaves it (6% of a core was seen with the whole
+    # suite on two cores), the idle one next to nothing: a percent, not a fraction
+    assert rows[busy]["cpu_percent"] >= 2, rows[busy]
     assert rows[idle]["cpu_percent"] < min(10, rows[busy]["cpu_percent"] / 3), rows[idle]
     assert "while True" in rows[busy]["command"], rows[busy]  # what it runs now
     assert rows[idle]["command"] == "", rows[idle]  # (nothing but ours)

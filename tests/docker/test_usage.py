@@ -27,6 +27,7 @@ def test_a_busy_loop_and_an_allocation_show_in_cpu_memory_and_gb_seconds(
     with spawn_runtime(make_env("resources: {memory: 512m}\n", name="usage")) as rt:
         before = rt.usage()
         assert before.measured and set(before.services) == {"main"}
+        began = time.monotonic()
         rt.execute(["python3", "-c", BUSY], check=True)
         busy = rt.usage()
         spent = busy.total.cpu_seconds - before.total.cpu_seconds
@@ -34,6 +35,7 @@ def test_a_busy_loop_and_an_allocation_show_in_cpu_memory_and_gb_seconds(
         assert busy.total.memory_peak_bytes < 200 * MB
         rt.execute(["python3", "-c", HOLD], check=True)
         held = rt.usage()
+        wall = time.monotonic() - began  # (what both commands took, however busy the machine)
         assert held.total.memory_peak_bytes >= 200 * MB
         assert held.total.memory_bytes < 200 * MB  # (freed: it is the peak that stays)
         # 200 MB for 2.5 s, sampled every second: at least 0.3 GB-s more
@@ -43,7 +45,7 @@ def test_a_busy_loop_and_an_allocation_show_in_cpu_memory_and_gb_seconds(
         assert rt.usage().workspace_bytes == 300_000
         main = held.services["main"]
         assert main.commands == 2 + before.services["main"].commands  # (a write is no command)
-        assert 4.3 <= main.command_seconds - before.services["main"].command_seconds <= 9
+        assert 4.3 <= main.command_seconds - before.services["main"].command_seconds <= wall
         assert held.seconds >= 4.5 and not held.final
     last = rt.usage()  # removed: the last reading, taken as it went
     assert last.final and last.measured
