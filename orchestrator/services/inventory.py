@@ -2,9 +2,11 @@
 one by id (`down`), remove those whose owner process is gone (`cleanup`). Each backend
 answers for its own through the class hooks `Runtime.running`, `running_ids`,
 `remove_running` and `reap`; backends that share one implementation (the container ones
-share one inventory) are asked once. A backend that cannot be imported, or whose engine
-fails, is skipped with a warning in the log, unless every backend that keeps environments
-failed: then its error is raised."""
+share one inventory) are asked once. A backend that cannot be imported, or cannot run on
+this machine (no engine: BackendUnavailable), is skipped with a warning in the log, unless
+every backend that keeps environments failed: then its error is raised. Any other failure
+(an engine that answered with an error, or not in time) is raised: a listing that left a
+backend's environments out must never pass for the whole list."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from orchestrator.errors import OrchestratorError, ProjectNotFound
+from orchestrator.errors import BackendUnavailable, OrchestratorError, ProjectNotFound
 from orchestrator.sandbox import hostpack
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.record import match_id
@@ -48,13 +50,14 @@ def _backends() -> list[type[Runtime]]:
 
 
 def _each(ask: Callable[[type[Runtime]], T]) -> list[tuple[type[Runtime], T]]:
-    """`ask` of every backend; one that fails is left out (logged) unless all fail."""
+    """`ask` of every backend; one that cannot run here is left out (logged) unless all
+    are; any other failure is raised (see the module)."""
     answers, failed = [], []
     backends = _backends()
     for cls in backends:
         try:
             answers.append((cls, ask(cls)))
-        except OrchestratorError as exc:
+        except BackendUnavailable as exc:
             log.warning("backend %r skipped: %s", cls.name, exc)
             failed.append(exc)
     if failed and len(failed) == len(backends):

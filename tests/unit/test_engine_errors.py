@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,32 @@ def test_a_bounded_call_that_timeout_had_to_kill_is_a_timeout() -> None:
     assert (
         isinstance(unbounded, DockerError) and unbounded.returncode == 137
     )  # a command's own SIGKILL, with no bound of ours
+
+
+def test_a_listing_that_trips_over_a_removal_is_made_again_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five tries in half a second were all failed once, under six workers' churn: a
+    listing is made again for LIST_WITHIN seconds, then the failure is raised."""
+    from orchestrator.backends.container.engine import cli
+    from orchestrator.backends.container.engine.errors import NoSuchContainer
+
+    calls: list[float] = []
+
+    def trips(until: int) -> Callable[[], str]:
+        def call() -> str:
+            calls.append(time.monotonic())
+            if len(calls) <= until:
+                raise NoSuchContainer("listing (ps) failed: No such container: abc")
+            return "listed"
+
+        return call
+
+    assert cli.listing("listing (ps)", trips(8), (NoSuchContainer,)) == "listed"
+    assert len(calls) == 9  # (more than five)
+    monkeypatch.setattr(cli, "LIST_WITHIN", 0.3)
+    calls.clear()
+    started = time.monotonic()
+    with pytest.raises(NoSuchContainer):
+        cli.listing("listing (ps)", trips(10**6), (NoSuchContainer,))
+    assert 0.1 < time.monotonic() - started < 1.0 and len(calls) >= 3

@@ -116,3 +116,29 @@ def test_removing_by_exact_id_never_takes_another_by_a_prefix(
         inventory.remove_environment("orch-a-1234", exact=True)
     assert removed == []
     assert inventory.remove_environment("orch-a-1234") == "orch-a-1234-z-5678"  # (a prefix)
+
+
+def test_a_listing_that_failed_is_never_shown_as_the_whole_list(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`ps` once printed the local backend's environments alone, exit 0, when the container
+    backends' listing failed under load (logged as "skipped"): a harness saw its environment
+    missing. A backend that failed is raised; one that cannot run here (no engine) is still
+    skipped with a warning."""
+    from orchestrator.errors import BackendUnavailable, DockerError
+
+    failure: list[Exception] = []
+
+    class Failing(LocalRuntime):
+        @classmethod
+        def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
+            raise failure[0]
+
+    monkeypatch.setattr(inventory, "_backends", lambda: [Kept, Failing])
+    failure.append(DockerError("listing (ps) timed out"))
+    with pytest.raises(DockerError, match="timed out"):
+        orchestrator.environments()
+    failure[0] = BackendUnavailable("the Docker engine is not reachable")
+    rows, _ = orchestrator.environments()
+    assert [r.id for r in rows] == ["orch-kept-1"]
+    assert "backend 'local' skipped" in caplog.text

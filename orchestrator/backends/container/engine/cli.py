@@ -79,25 +79,31 @@ def engine_call(action: str, fn: Callable[[], T], *, retry: bool = True) -> T:
     raise AssertionError("unreachable")
 
 
-LIST_TRIES = 5
+LIST_WITHIN = 10.0
 """Listings made while the engine removes one of the objects it lists can fail over it;
-they are made again, this many times at most."""
+they are made again, a moment later each time, for this many seconds at most (five tries
+in half a second were all failed once, with six test workers making and removing
+environments beside a `ps`)."""
 
 
 def listing(
     action: str, call: Callable[[], str], gone: tuple[type[DockerError], ...], *, retry: bool = True
 ) -> str:
-    """The output of one listing `call`, made again (a moment later, LIST_TRIES times at
-    most) when the engine fails it over an object of a kind in `gone` removed while it
-    listed (Docker so trips over containers and networks, Podman over images)."""
-    for attempt in range(LIST_TRIES):
+    """The output of one listing `call`, made again (a moment later each time, for
+    LIST_WITHIN seconds at most) when the engine fails it over an object of a kind in
+    `gone` removed while it listed (Docker so trips over containers and networks, Podman
+    over images)."""
+    deadline = time.monotonic() + LIST_WITHIN
+    attempt = 0
+    while True:
         try:
             return str(engine_call(action, call, retry=retry) or "")
         except gone:
-            if attempt == LIST_TRIES - 1:
+            attempt += 1
+            pause = min(0.05 * attempt, 0.5)
+            if time.monotonic() + pause > deadline:
                 raise
-            time.sleep(0.05 * (attempt + 1))
-    raise AssertionError("unreachable")
+            time.sleep(pause)
 
 
 def output(argv: list[str], limit: float | None, *, both: bool = True) -> Iterator[bytes]:
