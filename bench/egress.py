@@ -21,7 +21,12 @@ sandbox that reaches the same server directly, with one hermetic test world runn
 2. Start-up: `spawn_runtime` until the first `execute(["true"])` has answered, for the
    allowlist file (gateway) and a file with one published port and `egress: none` (port
    forwarder), each against the same file with `egress: none` and no port, interleaved;
-   then `cleanup()`, timed on its own.
+   then `cleanup()`, timed on its own. Also a file whose setup has its own egress
+   (`setup.egress: [allowed.test]`, one command, `egress: none` after it): what the phase
+   switch costs a start-up.
+3. Changing a running environment's egress (`rt.set_egress`), on the gateway side: a change
+   that widens, one that narrows with nothing open, and one that narrows while the sandbox
+   holds a tunnel to the host it takes away (the gateway is restarted to cut it).
 
 Writes bench/results/egress.md.
 """
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import time
 from collections.abc import Iterator
@@ -212,17 +218,19 @@ class Startup:
     cleanup: list[float] = field(default_factory=list)
 
 
-NONE, ALLOW, PORT = (
+NONE, ALLOW, PORT, PHASED = (
     "egress: none",
     "allowlist (gateway)",
     "egress: none + published port (forwarder)",
+    "egress: none + setup.egress (a phase)",
 )
 STARTUP_FILES = {
     NONE: env_text("none"),
     ALLOW: env_text(f"[{HOST}]"),
     PORT: env_text("none", port=True),
+    PHASED: env_text("none") + f"setup: {{egress: [{HOST}], commands: ['true']}}\n",
 }
-BASELINE = {ALLOW: NONE, PORT: NONE}
+BASELINE = {ALLOW: NONE, PORT: NONE, PHASED: ALLOW}
 """What each file's start-up is compared with: the gateway's cost and the forwarder's, each
 alone."""
 
@@ -356,6 +364,65 @@ def startup_lines(got: dict[str, Startup], first: float, rounds: int) -> list[st
     return lines
 
 
+WIDEN, NARROW, CUT = (
+    "widen (add a host)",
+    "narrow, nothing open",
+    "narrow, a tunnel open to the host taken away",
+)
+HOLD = (
+    "import socket, time\n"
+    "s = socket.create_connection(('orchestrator-egress', 3128))\n"
+    "s.sendall(b'CONNECT allowed.test:443 HTTP/1.1\\r\\nHost: allowed.test:443\\r\\n\\r\\n')\n"
+    "assert b' 200 ' in s.recv(4096)\n"
+    "open('/tmp/held', 'w').close()\n"
+    "time.sleep(600)\n"
+)
+"""Run in the sandbox in the background: a tunnel held open through the gateway."""
+
+
+def measure_changes(rt: Runtime, rounds: int) -> dict[str, list[float]]:
+    """Seconds of each kind of `set_egress` on the gateway side's runtime, `rounds` each."""
+    out: dict[str, list[float]] = {WIDEN: [], NARROW: [], CUT: []}
+    hold = f"rm -f /tmp/held; (setsid nohup python3 -c {shlex.quote(HOLD)} >/dev/null 2>&1 &)"
+    wait = "for _ in $(seq 100); do [ -e /tmp/held ] && exit 0; sleep 0.05; done; exit 1"
+    for _ in range(rounds):
+        for kind, before, after, tunnel in (
+            (WIDEN, [HOST], [HOST, "www.allowed.test"], False),
+            (NARROW, [HOST, "www.allowed.test"], [HOST], False),
+            (CUT, [HOST], ["www.allowed.test"], True),
+        ):
+            rt.set_egress(before)
+            if tunnel and rt.execute(f"{hold}; {wait}").exit_code != 0:
+                raise RuntimeError("the sandbox could not open a tunnel to time its cut")
+            start = time.perf_counter()
+            rt.set_egress(after)
+            out[kind].append(time.perf_counter() - start)
+    rt.set_egress([HOST])
+    return out
+
+
+def change_lines(got: dict[str, list[float]]) -> list[str]:
+    lines = [
+        "## Changing a running environment's egress: `rt.set_egress` (the gateway side)",
+        "",
+        "| change | n | median s | max s |",
+        "|---|---:|---:|---:|",
+    ]
+    for kind, times in got.items():
+        lines.append(
+            f"| {kind} | {len(times)} | {statistics.median(times):.2f} | {max(times):.2f} |"
+        )
+    lines += [
+        "",
+        "A change holds for new requests when it returns: Squid reads its rules again on "
+        "SIGHUP, and the change waits until a request from inside the gateway gets the new "
+        "rules' answer. One that takes a host away while a tunnel is open restarts the "
+        "gateway, which cuts every connection it holds.",
+        "",
+    ]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
@@ -368,6 +435,7 @@ def main() -> None:
     with start_world() as world, leaving_by(world):
         with pair() as sides:
             got = measure_http(sides, args.rounds, args.requests, args.downloads)
+            changes = measure_changes(sides[GATEWAY_SIDE], args.rounds)
         startups, first = measure_startup(args.rounds)
     http, _ = http_lines(got, args.requests, args.downloads)
     lines = [
@@ -388,6 +456,7 @@ def main() -> None:
         "",
         *http,
         *startup_lines(startups, first, args.rounds),
+        *change_lines(changes),
     ]
     report("egress", lines)
 

@@ -261,7 +261,8 @@ class AsyncSandbox:
 
 
 class AsyncRuntime(AsyncSandbox):
-    """A live environment, awaited: `async with` removes it at the end, as `with` does."""
+    """A live environment, awaited: `async with` removes it at the end, as `with` does (and
+    leaves one found by `attach` running, as `with` does)."""
 
     sync: Runtime
 
@@ -273,7 +274,10 @@ class AsyncRuntime(AsyncSandbox):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.cleanup()
+        if self.sync.attached:
+            await self.detach()
+        else:
+            await self.cleanup()
 
     @property
     def env(self) -> Environment:
@@ -304,6 +308,7 @@ class AsyncRuntime(AsyncSandbox):
     suspend = threaded(Runtime.suspend, stop=False)
     checkpoint = threaded(Runtime.checkpoint, stop=False)
     usage = threaded(Runtime.usage, stop=False)
+    set_egress = threaded(Runtime.set_egress, stop=False)
 
     async def fork(self, n: int = 1, *, detached: bool = False) -> list[AsyncRuntime]:
         """As orchestrator.fork(rt, n), awaited. Cancelled meanwhile, the copies it made go."""

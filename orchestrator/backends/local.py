@@ -62,6 +62,17 @@ def _refusals(env: Environment, policy: Policy) -> list[SpecIssue]:
                 fix="use the docker backend for an egress allowlist",
             )
         )
+    setup, _ = policy.setup_egress_of(env.spec)
+    if setup is not None and setup != got:
+        out.append(
+            SpecIssue(
+                env.source,
+                field="setup.egress",
+                message="the local backend runs commands on this host as the caller: nothing "
+                "can change what they reach while setup runs",
+                fix="drop setup.egress (or make it network.egress), or use the docker backend",
+            )
+        )
     if policy.isolation_of(env.spec, MAIN) == "gvisor":
         out.append(
             SpecIssue(

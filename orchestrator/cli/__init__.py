@@ -147,6 +147,7 @@ for command in (
     suspend_cmds.checkpoint,
     state_cmds.pause,
     state_cmds.resume,
+    state_cmds.egress,
     spec_cmds.render,
     spec_cmds.validate,
     spec_cmds.lock,

@@ -323,6 +323,21 @@ class Runtime(Lifecycle):
         commands = self._setup_commands()
         if not commands:
             return
+        phase = self._setup_egress()
+        if phase is None:
+            self._run_setup_commands(commands)
+            return
+        run, _ = self.options.policy.egress_of(self.env.spec, MAIN)
+        self._apply_egress(phase)  # setup's own egress, for its commands only
+        try:
+            self._run_setup_commands(commands)
+        except BaseException:
+            with contextlib.suppress(Exception):  # (it is removed anyway: spawn's cleanup)
+                self._apply_egress(run)
+            raise
+        self._apply_egress(run)  # the sandbox's: what setup left open through the gateway cut
+
+    def _run_setup_commands(self, commands: list[str]) -> None:
         timeout = setup_timeout()
         stdout, stderr, elapsed = [], [], 0.0
         for command in commands:

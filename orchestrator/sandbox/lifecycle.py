@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, Self
 
@@ -18,6 +18,7 @@ from orchestrator.sandbox.calls import Sandbox
 from orchestrator.sandbox.options import SpawnOptions
 from orchestrator.sandbox.results import RuntimeInfo, RuntimeResult
 from orchestrator.sandbox.usage import Egress, Meter, Reading, Usage
+from orchestrator.spec import egress as egress_rules
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.resolve import MAIN, substitute_static
 
@@ -100,6 +101,44 @@ class Lifecycle(Sandbox, Backend):
             self._meter.sample()
             self._meter.counted()
         return self._meter.usage({name: place.tally for name, place in self._places().items()})
+
+    # ----- egress (a backend provides _apply_egress) ---------------------------------------
+    def set_egress(self, egress: str | Sequence[str]) -> str:
+        """Change what the environment may reach outside it, from now on: "none", "all" or
+        a list of allowlist entries, as `network.egress` takes them, narrowed by the caller's
+        policy (each entry it drops is a warning in `warnings`). It holds for new
+        connections before this returns; when it takes something away, requests and tunnels
+        open at that moment are cut. It applies to every container that reaches outside
+        through the environment's egress gateway (the sandbox, and services with an
+        allowlist), for the environment's life (a woken or forked copy starts from its
+        file). Returns what now holds, as one line ("none", "all" or the entries).
+        UsageError for a bad entry, or where the environment has no egress gateway
+        (docs/network.md, "Egress by phase")."""
+        self._check_usable()
+        try:
+            asked = egress_rules.parse(egress)
+        except ValueError as exc:
+            raise UsageError(f"set_egress: {exc}") from None
+        got, notes = self.options.policy.narrow_egress(asked)
+        self.warnings += [f"set_egress: {n}" for n in notes if n not in self.warnings]
+        self._apply_egress(got)
+        return egress_rules.describe(got)
+
+    def _apply_egress(self, egress: egress_rules.Egress) -> None:
+        """Make the environment's egress gateway let through `egress` from now on, cutting
+        what it had open when that takes anything away."""
+        raise UsageError(
+            f"the {self.name} backend cannot change a running environment's egress: it has "
+            "no egress gateway (use the docker backend)"
+        )
+
+    def _setup_egress(self) -> egress_rules.Egress | None:
+        """What setup may reach when the file gives it egress of its own that differs from
+        the sandbox's (None: setup runs under network.egress)."""
+        policy = self.options.policy
+        setup, _ = policy.setup_egress_of(self.env.spec)
+        run, _ = policy.egress_of(self.env.spec, MAIN)
+        return None if setup is None or setup == run else setup
 
     def file_command(self, name: str) -> str:
         """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""

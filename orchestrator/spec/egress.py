@@ -157,6 +157,15 @@ def narrow(asked: Egress, allowed: Egress) -> tuple[Egress, list[str]]:
     return (kept or "none"), notes
 
 
+def takes_away(old: Egress, new: Egress) -> bool:
+    """Whether going from `old` to `new` stops something `old` let through."""
+    if old == "none" or new == "all":
+        return False
+    if new == "none" or old == "all":
+        return True
+    return any(not any(n.covers(o) for n in new) for o in old)
+
+
 def describe(egress: Egress) -> str:
     """One line for messages and tables: none, all, or the entries."""
     return egress if isinstance(egress, str) else ", ".join(str(r) for r in egress)

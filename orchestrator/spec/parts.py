@@ -113,6 +113,16 @@ class VolumeMount(Strict):
     """Mount read-only."""
 
 
+def _egress(value: str | list[str] | None) -> str | list[str] | None:
+    if value is not None:
+        egress.parse(value)  # ValueError naming the bad entry
+    return value
+
+
+EgressSetting = Annotated[str | list[str] | None, AfterValidator(_egress)]
+"""A file's egress: none, all, or the entries of an allowlist (see spec/egress.py)."""
+
+
 class Setup(Strict):
     """Commands run once when the environment comes up, before any other command."""
 
@@ -122,6 +132,12 @@ class Setup(Strict):
     """Run after `commands`, only when spawned for evaluation."""
     resume_commands: list[str] = Field(default_factory=list)
     """Run after `commands`, only when resuming from a snapshot."""
+    egress: EgressSetting = None
+    """What the sandbox may reach outside the environment while these commands run (none,
+    all, or an allowlist, as `network.egress` says); after them, `network.egress` holds
+    again, and whatever setup left open through the gateway is cut. Unset: setup runs
+    under `network.egress`. The caller's policy narrows it as it does `network.egress`
+    (docs/network.md, "Egress by phase")."""
 
 
 Protocol = Literal["tcp", "udp", "sctp"]
@@ -157,16 +173,6 @@ class PortMap(Strict):
     ORCHESTRATOR_ALLOW_PUBLIC_PORTS=1)."""
     protocol: Literal["tcp", "udp"] = "tcp"
     """Transport protocol."""
-
-
-def _egress(value: str | list[str] | None) -> str | list[str] | None:
-    if value is not None:
-        egress.parse(value)  # ValueError naming the bad entry
-    return value
-
-
-EgressSetting = Annotated[str | list[str] | None, AfterValidator(_egress)]
-"""A file's egress: none, all, or the entries of an allowlist (see spec/egress.py)."""
 
 
 class Network(Strict):

@@ -187,6 +187,21 @@ class Policy:
         where = f"services.{name}.egress" if own is not None else "network.egress"
         return got, [f"{where}: {note}" for note in notes]
 
+    def setup_egress_of(self, spec: EnvironmentV1) -> tuple[Egress | None, list[str]]:
+        """What the sandbox may reach while setup runs: the file's `setup.egress` narrowed
+        to this policy's (None: the file sets none, and setup runs under network.egress),
+        and a note for each entry this policy took away."""
+        if spec.setup.egress is None:
+            return None, []
+        asked = _egress.parse(spec.setup.egress)
+        got, notes = _egress.narrow(asked, cast(Egress, self.egress))
+        return got, [f"setup.egress: {note}" for note in notes]
+
+    def narrow_egress(self, asked: Egress) -> tuple[Egress, list[str]]:
+        """What a caller's change of a running environment's egress gives under this
+        policy (`rt.set_egress`): the stricter of the two, and a note for what it dropped."""
+        return _egress.narrow(asked, cast(Egress, self.egress))
+
     def mount_roots(self, env_dir: Path, workspace: Path | None) -> MountRoots:
         """The folders host paths may lie under: `env_dir` (the environment file's folder,
         which relative paths resolve against), the caller's `workspace` (None: a private

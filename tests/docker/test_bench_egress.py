@@ -14,7 +14,15 @@ def test_bench_egress_measures_both_sides_and_every_startup() -> None:
     with start_world() as world, egress.leaving_by(world):
         with egress.pair() as sides:
             got = egress.measure_http(sides, rounds=1, requests=3, downloads=1)
+            changes = egress.measure_changes(sides[egress.GATEWAY_SIDE], 1)
         startups, first = egress.measure_startup(1)
+    assert {k: len(v) for k, v in changes.items()} == {
+        egress.WIDEN: 1,
+        egress.NARROW: 1,
+        egress.CUT: 1,
+    }
+    assert all(t[0] > 0 for t in changes.values())
+    assert "| narrow, a tunnel open" in "\n".join(egress.change_lines(changes))
     assert {kind.protocol for kind in egress.KINDS} == {egress.HTTP, egress.HTTPS}
     for kind in egress.KINDS:
         for side in egress.SIDES:

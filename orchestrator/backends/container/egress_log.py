@@ -85,7 +85,9 @@ class EgressCount:
                     last = when
                     serial = _count(text, counts)
                     if serial is not None:
-                        if serial != self._serial + 1:  # a line between was never read
+                        # a line between was never read (0: the gateway restarted, and
+                        # counts from 0 again: a change of its rules cut what it had open)
+                        if serial not in (self._serial + 1, 0):
                             self._lost = True
                         self._serial = serial
                     taken += len(line) + 1

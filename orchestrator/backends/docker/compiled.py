@@ -96,6 +96,9 @@ class CompiledProject:
     engine did run it there (an engine that ignores `runtime:` must not pass for gVisor)."""
     egress: dict[str, str] = field(default_factory=dict)
     """Each networked container's egress after the caller's policy (none, all, entries)."""
+    proxied: tuple[str, ...] = ()
+    """The containers that reach outside through the egress gateway (by service): what a
+    change of the gateway's rules (`set_egress`, a phase) applies to."""
     defuse: tuple[Path, ...] = ()
     """Host folders to make harmless after the run besides the workspace (binding.py)."""
     writable: tuple[Path, ...] = ()

@@ -195,7 +195,7 @@ def infra_contexts(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
                 "command": ["proxy", *net.gateway["listen"]],  # where its clients reach it
                 "late": net.late.get(GATEWAY, []),
                 "caps": ["SETUID", "SETGID", "CHOWN"],
-                "healthcheck": None,  # the start waits for it once (Project._wait_gateway)
+                "healthcheck": None,  # the start waits for it once (Project.wait_gateway)
                 "mounts": [(RULES_FILE, RULES_MOUNT)],
                 "ports": [],
                 "labels": {},

@@ -140,7 +140,7 @@ class Project:
                 self.up_client.compose.up(detach=True, quiet=True)
         self._verify_runtimes()
         if GATEWAY in self.compiled.infra:
-            self._wait_gateway()
+            self.wait_gateway()
 
     def _create_and_join(self) -> None:
         """Create the containers, and join each to its shared networks with no alias before
@@ -240,7 +240,7 @@ class Project:
 
         return engine_call("inspecting a container's runtime", ask)
 
-    def _wait_gateway(self) -> None:
+    def wait_gateway(self) -> None:
         """Wait until the egress gateway takes connections, with one exec that looks from
         inside it (a healthcheck would exec into it every interval of its whole life)."""
         deadline = up_timeout()

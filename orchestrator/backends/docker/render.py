@@ -140,7 +140,24 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     if notice:
         warnings.append(notice)
     main_egress, notes = opts.policy.egress_of(spec, MAIN)
-    if mode == "bridge" and not spec.services and not main_ports and main_egress == "none":
+    setup_egress, _ = opts.policy.setup_egress_of(spec)  # (plan_network says its notes)
+    if setup_egress not in (None, main_egress) and mode != "bridge":
+        issues.append(
+            SpecIssue(
+                env.source,
+                field="setup.egress",
+                message=f"the sandbox uses {mode} networking: no egress applies to it, in "
+                "setup or after",
+                fix="drop setup.egress, or use network.mode bridge",
+            )
+        )
+    if (
+        mode == "bridge"
+        and not spec.services
+        and not main_ports
+        and main_egress == "none"
+        and setup_egress in (None, "none")
+    ):
         mode = "none"  # nothing to reach and nothing reachable: no network at all
         warnings += notes  # (plan_network says them for a sandbox it networks)
     has_network = bool(spec.services) or mode == "bridge"
@@ -306,6 +323,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
             if c["runtime"]
         },
         egress={n: describe(e) for n, e in net.egress.items()},
+        proxied=tuple(net.proxied),
         build=opts.build,
         defuse=tuple(binding.after),
         writable=tuple(binding.writable),

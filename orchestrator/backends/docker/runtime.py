@@ -30,7 +30,7 @@ from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.container.readiness import ServiceWatch, runs_here
 from orchestrator.backends.container.resident import open_endpoint, reopen
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
-from orchestrator.backends.docker import hooks
+from orchestrator.backends.docker import egress_change, hooks
 from orchestrator.backends.docker.lifecycle import Project
 from orchestrator.backends.docker.network import GATEWAY
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
@@ -44,6 +44,7 @@ from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.sandbox.usage import Egress
 from orchestrator.settings import engine_host, same_engine
+from orchestrator.spec import egress as egress_rules
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.lockfile import Lock
 from orchestrator.spec.policy import Policy
@@ -205,6 +206,9 @@ class ComposeRuntime(ContainerRuntime):
             "mounts": [[str(m.source), m.target, m.read_only, m.origin] for m in c.mounts],
             "defuse": [str(p) for p in c.defuse],
             "writable": [str(p) for p in c.writable],
+            "infra": list(c.infra),  # (set_egress: whether the sandbox has a gateway)
+            "proxied": list(c.proxied),
+            "egress": c.egress,
         }
         # the engine it runs on, even when only the process's variables named it (`-H`,
         # `--engine podman`): whoever attaches later reaches it there
@@ -223,6 +227,9 @@ class ComposeRuntime(ContainerRuntime):
             writable = tuple(Path(str(p)) for p in state.get("writable", ()))
             user, published = str(state["user"]), bool(state["published"])
             shared, temp = bool(state["shared"]), bool(state["temp_workspace"])
+            infra = tuple(str(i) for i in state.get("infra", ()))
+            proxied = tuple(str(g) for g in state.get("proxied", ()))
+            egress = {str(k): str(v) for k, v in dict(state.get("egress", {})).items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise ProjectNotFound(f"{ident}: its record is not usable ({exc!r})") from None
         compiled = CompiledProject(
@@ -238,6 +245,9 @@ class ComposeRuntime(ContainerRuntime):
             published,
             defuse=defuse,
             writable=writable,
+            infra=infra,
+            proxied=proxied,
+            egress=egress,
         )
         # no engine named (by the caller or the record): the one the folder records, not
         # whichever this process works with
@@ -386,6 +396,10 @@ class ComposeRuntime(ContainerRuntime):
         if project is None or GATEWAY not in project.compiled.infra:
             return None  # (no gateway: nothing goes out, or everything does, uncounted)
         return self._egress.read(project.engine, project.container_of(GATEWAY))
+
+    def _apply_egress(self, egress: egress_rules.Egress) -> None:
+        assert self.project is not None
+        egress_change.apply(self.project, egress)
 
     def _locate(self, service: str) -> tuple[str, Engine]:
         """A service's container, and the engine that runs it."""

@@ -170,6 +170,15 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
                 "a Swarm stack has one network: every container has the same egress there",
                 "give every container the same (none or all), or use the docker backend",
             )
+    setup, notes = opts.policy.setup_egress_of(spec)
+    report.warnings += notes
+    if setup is not None and setup != egress[MAIN]:
+        refuse(
+            "setup.egress",
+            "the swarm backend has no egress gateway to change what the sandbox reaches "
+            "while setup runs",
+            "drop setup.egress (or make it network.egress), or use the docker backend",
+        )
     for name in [MAIN, *spec.services]:
         if opts.policy.isolation_of(spec, name) == "gvisor":
             own = name in spec.services and spec.services[name].isolation is not None

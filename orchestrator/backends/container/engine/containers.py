@@ -78,6 +78,14 @@ class ContainerOps(EngineCore):
     def unpause(self, containers: Sequence[str]) -> None:
         self.run("unpause", *containers, action=f"unpause of {len(containers)} container(s)")
 
+    def signal(self, container: str, sig: str, *, action: str) -> None:
+        """Send its first process `sig` (HUP, ...)."""
+        self.run("kill", "--signal", sig, container, action=action)
+
+    def restart(self, container: str, *, grace: int, action: str) -> None:
+        """Stop (SIGTERM, SIGKILL after `grace` seconds) and start it again."""
+        self.run("restart", "--time", str(grace), container, action=action)
+
     def first_process(self, container: str) -> tuple[str, int]:
         """A container's full id and the host pid of its first process (0: none runs)."""
         said = self.inspect(

@@ -1,0 +1,144 @@
+"""Changing what a running Docker environment may reach (`rt.set_egress`, and setup's own
+`setup.egress`): its egress gateway's rules rewritten, Squid told to read them again, and
+whatever it had open cut when the change takes something away.
+
+1. The rules file (`gateway/rules.conf` in the project folder, bind-mounted read-only into
+   the gateway as a file, so written in place: a new file renamed over it would not be the
+   one mounted) gets the new rules, and first a rule that answers a request for a name made
+   for this change alone (`orch-phase-TOKEN.invalid`) with 404. Nothing else answers 404.
+2. Squid gets SIGHUP, and reads its configuration again; connections it holds stay open.
+3. From inside the gateway, on its own loopback, requests for that name until one gets 404:
+   then the new rules hold for every new request. Bounded by the engine's bound.
+4. When the change takes anything away and a client of the gateway has a request open (a
+   tunnel, a download), the gateway is restarted, which cuts every connection it has: an
+   open tunnel is never re-checked against new rules. Clients reconnect; what they ask
+   then meets the new rules. Its open requests are read from Squid's cache manager, which
+   answers only on the gateway's own loopback (templates/gateway/squid.conf).
+
+One change at a time per environment (a lock in its project folder). What holds now is
+kept beside the rules (`gateway/egress`), one line, as `describe` writes it."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT, RULES_FILE, gateway_rules
+from orchestrator.errors import DockerError, OrchestratorError, UsageError
+from orchestrator.paths import lock_descriptor, open_for_lock, read_regular, write_file
+from orchestrator.spec import egress as rules
+from orchestrator.spec.resolve import MAIN
+
+if TYPE_CHECKING:
+    from orchestrator.backends.docker.lifecycle import Project
+
+NOW_FILE = "gateway/egress"
+"""What the gateway lets through now, relative to the project folder (one line)."""
+LOCK_FILE = "gateway/.lock"
+RULES_LIMIT = 1024 * 1024
+"""A rules file longer than this is not ours (256 entries make about 40 KB)."""
+RESTART_GRACE = 1
+"""Seconds Squid has to end before it is killed (it ends at once: shutdown_lifetime 0)."""
+
+PROBE = (
+    'probe() { (exec 3<>/dev/tcp/127.0.0.1/{port} && printf "HEAD http://orch-phase-%s.invalid/'
+    ' HTTP/1.0\\r\\n\\r\\n" "$1" >&3 && read -r _ code _ <&3 && echo "$code") 2>/dev/null; }\n'
+    "ok=\n"
+    'for _ in $(seq "$2"); do\n'
+    '  if [ "$(probe "$1")" = 404 ]; then ok=1; break; fi\n'
+    "  sleep 0.05\n"
+    "done\n"
+    '[ -n "$ok" ] || exit 3\n'
+    '[ "${3:-}" = open ] || exit 0\n'
+    "(exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET http://127.0.0.1:{port}/squid-internal-"
+    "mgr/active_requests HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3) 2>/dev/null"
+    " | grep -E '^[[:space:]]+remote: ' | grep -vc 'remote: 127\\.' || true\n"
+).replace("{port}", str(PROXY_PORT))
+"""Run in the gateway (bash): $1 the change's token, $2 the tries (a twentieth of a second
+apart); exit 3 when the new rules never answered. With $3 = open, prints how many requests
+of its clients are open (the cache manager's `remote:` lines that are not its own)."""
+
+
+def marked(egress: rules.Egress, token: str) -> str:
+    """The rules file for `egress`, with the change's marker first (see the module)."""
+    acl = "orch_phase"
+    return (
+        f"acl {acl} dstdomain -n orch-phase-{token}.invalid\n"
+        f"deny_info 404:ERR_EGRESS_DENIED {acl}\n"
+        f"http_access deny {acl}\n" + gateway_rules(egress)
+    )
+
+
+def now(directory: Path, started: str) -> rules.Egress:
+    """What the gateway lets through now: as the last change wrote it, else what it started
+    with (`started`, as `describe` writes it); "all" when neither reads, so that a change
+    from it is taken as one that takes something away."""
+    raw = read_regular(directory / NOW_FILE, 64 * 1024)
+    try:
+        line = raw.decode().strip() if raw is not None else started
+        if line in ("none", "all"):
+            return line  # type: ignore[return-value]
+        return rules.parse([e for e in line.split(", ") if e]) if line else "all"
+    except (UnicodeDecodeError, ValueError):
+        return "all"
+
+
+def apply(project: Project, egress: rules.Egress) -> None:
+    """Make the gateway of `project` let through `egress` from now on (see the module).
+    UsageError when its sandbox does not reach outside through a gateway."""
+    compiled = project.compiled
+    if GATEWAY not in compiled.infra or MAIN not in compiled.proxied:
+        held = compiled.egress.get(MAIN, "none")
+        raise UsageError(
+            f"{project.name}: the sandbox's egress cannot change while it runs: it was started "
+            f"with egress {held}, with no egress gateway to hold it to another (give the file "
+            "an allowlist, or setup.egress, for a gateway)"
+        )
+    directory = project.directory
+    fd = open_for_lock(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with lock_descriptor(fd):
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (a change takes a second at most)
+        before = now(directory, compiled.egress.get(MAIN, "all"))
+        token = secrets.token_hex(8)
+        _rewrite(directory / RULES_FILE, marked(egress, token))
+        cut = rules.takes_away(before, egress)
+        engine, gateway = project.engine, project.container_of(GATEWAY)
+        action = f"{project.name}: telling the egress gateway its new rules"
+        engine.signal(gateway, "HUP", action=action)
+        tries = int(engine.bound * 10)  # (half the exec's bound, at least)
+        argv = ["/bin/bash", "-c", PROBE, "probe", token, str(tries), *(["open"] if cut else [])]
+        try:
+            said = engine.exec(gateway, argv, action=action)
+        except DockerError as exc:
+            raise OrchestratorError(
+                f"{project.name}: the egress gateway did not take its new rules within "
+                f"{engine.bound:g}s ({exc}); its last lines:\n{project.logs(GATEWAY, tail=20)}"
+            ) from None
+        if cut and said.strip() not in ("", "0"):  # open requests: cut them all
+            engine.restart(gateway, grace=RESTART_GRACE, action=action)
+            project.wait_gateway()
+        write_file(directory / NOW_FILE, rules.describe(egress) + "\n")
+
+
+def _rewrite(path: Path, text: str) -> None:
+    """Write the rules file in place: the file the gateway has mounted, whole, never through
+    a link (see the module)."""
+    data = text.encode()
+    if len(data) > RULES_LIMIT:
+        raise UsageError(f"the egress gateway's rules would take {len(data)} bytes")
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{path} is not a regular file")
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)

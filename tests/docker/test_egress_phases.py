@@ -1,0 +1,214 @@
+"""Egress by phase (issue 41, item 1), against the real engine and the hermetic test world:
+setup reaches its package host and the agent after it cannot; a tunnel setup left open is
+cut when setup ends; `set_egress` narrows and widens a running sandbox at once, cutting an
+open tunnel to a host it takes away (and only then); the caller's policy bounds every phase;
+`orchestrator egress` does the same from the shell."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import Runtime, UsageError, aio, spawn_runtime
+from orchestrator.testing.world import World
+from tests.conftest import labelled_ids
+from tests.docker.test_egress import (
+    env_file,
+    get,
+    hello,
+    module_dir,
+    ok,
+    probe,
+    refused,
+    world,
+)
+
+pytestmark = pytest.mark.docker
+__all__ = ["module_dir", "world"]  # (the fixtures this module shares)
+
+CLI = [sys.executable, "-m", "orchestrator"]
+STATE = "/tmp/tunnel"
+
+HOLD = r"""
+import socket, sys, time
+target = sys.argv[1]
+def say(what):
+    with open("/tmp/tunnel.new", "w") as f:
+        f.write(what)
+    import os; os.replace("/tmp/tunnel.new", "/tmp/tunnel")
+s = socket.create_connection(("orchestrator-egress", 3128), timeout=5)
+s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    part = s.recv(4096)
+    if not part:
+        break
+    head += part
+if b" 200 " not in head.split(b"\r\n")[0] + b" ":
+    say("refused " + head[:40].decode(errors="replace"))
+    sys.exit()
+say("open")
+s.settimeout(3)
+while True:
+    try:
+        s.sendall(b"x")
+        if s.recv(1) != b"x":
+            raise OSError("closed")
+    except OSError:
+        say("cut")
+        break
+    time.sleep(0.1)
+"""
+"""Run in a sandbox, in the background: hold a CONNECT tunnel to argv[1] through the gateway,
+a round trip every tenth of a second through the world's echo server; /tmp/tunnel says
+open, then cut once the tunnel ends (or refused)."""
+
+
+def start_holder(target: str) -> str:
+    """The shell command that starts HOLD in the background and waits until it says."""
+    code = base64.b64encode(HOLD.encode()).decode()
+    return (
+        f"rm -f {STATE}; echo {code} | base64 -d > /tmp/hold.py; "
+        f"(setsid nohup python3 /tmp/hold.py {target} >/dev/null 2>&1 &); "
+        f"for _ in $(seq 100); do [ -s {STATE} ] && break; sleep 0.1; done; cat {STATE}"
+    )
+
+
+def tunnel_state(rt: Runtime, want: str, within: float = 8) -> str:
+    """The holder's state, once it says `want` (or what it says after `within` seconds)."""
+    deadline = time.monotonic() + within
+    while True:
+        said = rt.execute(f"cat {STATE}").stdout.strip()
+        if said == want or time.monotonic() > deadline:
+            return said
+        time.sleep(0.2)
+
+
+SETUP = f"""\
+network: {{egress: none}}
+setup:
+  egress: [allowed.test, "allowed.test:7000"]
+  commands:
+    - python3 -c "import urllib.request as u; open('got', 'w').write(u.urlopen('http://allowed.test/', timeout=5).read().decode())"
+    - {start_holder("allowed.test:7000")!r}
+"""  # noqa: E501
+
+
+def test_setup_reaches_its_host_the_agent_after_it_cannot_and_setups_tunnel_is_cut(
+    world: World, tmp_path: Path
+) -> None:
+    with spawn_runtime(env_file(tmp_path, "phased", SETUP)) as rt:
+        assert rt.setup_result is not None and "open" in rt.setup_result.stdout
+        assert rt.read_file("got") == hello("allowed.test")  # setup reached its host
+        assert tunnel_state(rt, "cut") == "cut"  # what setup left open went with it
+        after, again = probe(rt, get("http://allowed.test/"), get("https://allowed.test/"))
+        refused(after)  # the agent's phase: network.egress none, through the gateway
+        assert again["error"] is not None and "403" in again["error"], again
+        denied = rt.execute(start_holder("allowed.test:7000")).stdout
+        assert denied.startswith("refused"), denied
+
+
+def test_set_egress_narrows_and_widens_a_running_sandbox_cutting_only_what_it_takes_away(
+    world: World, tmp_path: Path
+) -> None:
+    body = 'network: {egress: [allowed.test, "allowed.test:7000"]}\n'
+    with spawn_runtime(env_file(tmp_path, "live", body)) as rt:
+        assert rt.execute(start_holder("allowed.test:7000")).stdout == "open"
+        # widening keeps every tunnel
+        widened = rt.set_egress(["allowed.test", "allowed.test:7000", "denied.test"])
+        assert widened == "allowed.test, allowed.test:7000, denied.test"
+        [reached] = probe(rt, get("http://denied.test/"))
+        ok(reached, hello("denied.test"))
+        time.sleep(0.5)
+        assert tunnel_state(rt, "open", within=0) == "open"
+        # narrowing cuts the tunnel to what it took away, and refuses it from then on
+        assert rt.set_egress(["denied.test"]) == "denied.test"
+        assert tunnel_state(rt, "cut") == "cut"
+        lost, kept = probe(rt, get("http://allowed.test/"), get("http://denied.test/"))
+        refused(lost)
+        ok(kept, hello("denied.test"))
+        assert rt.set_egress("none") == "none"
+        [closed] = probe(rt, get("http://denied.test/"))
+        refused(closed)
+        # usage still counts across the gateway's restart
+        counted = rt.usage().egress
+        assert counted is not None and counted.allowed >= 2
+
+
+def test_the_callers_policy_bounds_setup_and_set_egress(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_EGRESS", "allowed.test")
+    fetch = (
+        'python3 -c "import urllib.request as u, urllib.error as e\n'
+        "for h in ('allowed.test', 'denied.test'):\n"
+        "  try: print(h, u.urlopen('http://' + h + '/', timeout=5).status)\n"
+        '  except e.HTTPError as x: print(h, x.code)"'
+    )
+    body = f"setup:\n  egress: [allowed.test, denied.test]\n  commands: [{json.dumps(fetch)}]\n"
+    with spawn_runtime(env_file(tmp_path, "bounded", body)) as rt:
+        assert rt.setup_result is not None
+        assert rt.setup_result.stdout.split("\n")[:2] == ["allowed.test 200", "denied.test 403"]
+        assert any(w.startswith("setup.egress: denied.test not allowed") for w in rt.warnings)
+        assert rt.set_egress(["denied.test"]) == "none"  # the caller's policy: nothing
+        assert any("set_egress: denied.test not allowed" in w for w in rt.warnings)
+        assert rt.set_egress("all") == "allowed.test"  # all, narrowed to the policy
+        [through] = probe(rt, get("http://allowed.test/"))
+        ok(through, hello("allowed.test"))
+
+
+def test_set_egress_refuses_where_there_is_no_gateway_and_bad_entries(
+    world: World, tmp_path: Path
+) -> None:
+    closed = env_file(tmp_path, "closed", "")
+    with spawn_runtime(closed) as rt, pytest.raises(UsageError, match="no egress gateway"):
+        rt.set_egress(["allowed.test"])
+    with spawn_runtime(env_file(tmp_path, "listed", "network: {egress: [allowed.test]}\n")) as rt:
+        with pytest.raises(UsageError, match="not an allowlist entry"):
+            rt.set_egress(["allowed.test", "a b"])
+        [still] = probe(rt, get("http://allowed.test/"))  # nothing changed
+        ok(still, hello("allowed.test"))
+
+
+def test_aio_and_the_cli_change_egress(world: World, tmp_path: Path) -> None:
+    import asyncio
+
+    path = env_file(tmp_path, "shell", "network: {egress: [allowed.test]}\n")
+    before = labelled_ids()
+    up = subprocess.run([*CLI, "up", str(path)], capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        got = subprocess.run(
+            [*CLI, "egress", ident, "denied.test,allowed.test"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert got.returncode == 0, got.stderr
+        assert got.stdout.strip() == f"{ident}: egress allowed.test, denied.test"
+        bad = subprocess.run(
+            [*CLI, "egress", ident, "nope!"], capture_output=True, text=True, timeout=120
+        )
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        assert "not an allowlist entry" in bad.stderr
+
+        async def narrow() -> str:
+            async with await aio.attach(ident) as rt:
+                return await rt.set_egress("none")
+
+        assert asyncio.run(narrow()) == "none"
+        # leaving `async with` of an attached one left it running, as `with` does
+        alive = subprocess.run(
+            [*CLI, "exec", ident, "--", "true"], capture_output=True, text=True, timeout=120
+        )
+        assert alive.returncode == 0, alive.stderr
+    finally:
+        subprocess.run([*CLI, "down", ident], capture_output=True, timeout=300)
+    assert labelled_ids() <= before
