@@ -105,28 +105,30 @@ class Lifecycle(Sandbox, Backend):
     # ----- egress (a backend provides _apply_egress) ---------------------------------------
     def set_egress(self, egress: str | Sequence[str]) -> str:
         """Change what the environment may reach outside it, from now on: "none", "all" or
-        a list of allowlist entries, as `network.egress` takes them, narrowed by the caller's
-        policy (each entry it drops is a warning in `warnings`). It holds for new
-        connections before this returns; when it takes something away, requests and tunnels
-        open at that moment are cut. It applies to every container that reaches outside
-        through the environment's egress gateway (the sandbox, and services with an
-        allowlist), for the environment's life (a woken or forked copy starts from its
-        file). Returns what now holds, as one line ("none", "all" or the entries).
-        UsageError for a bad entry, or where the environment has no egress gateway
-        (docs/network.md, "Egress by phase")."""
-        self._check_usable()
+        a list of allowlist entries, as `network.egress` takes them, narrowed by the policy
+        of the process that calls it (each entry it drops is a warning in `warnings`). It
+        holds for new connections before this returns; when it takes something away,
+        requests and tunnels open at that moment are cut. It applies to every container that
+        reaches outside through the environment's egress gateway (the sandbox, and services
+        with an allowlist), for the environment's life (a woken or forked copy starts from
+        its file); a service with `egress: all` keeps its own way out (a warning says so).
+        Also while the environment is paused. Returns what now holds, as one line ("none",
+        "all" or the entries). UsageError for a bad entry, or where the environment has no
+        egress gateway (docs/network.md, "Egress by phase")."""
+        self._check_usable_unpaused()
         try:
             asked = egress_rules.parse(egress)
         except ValueError as exc:
             raise UsageError(f"set_egress: {exc}") from None
         got, notes = self.options.policy.narrow_egress(asked)
-        self.warnings += [f"set_egress: {n}" for n in notes if n not in self.warnings]
-        self._apply_egress(got)
+        notes += self._apply_egress(got)
+        self.warnings += [w for w in (f"set_egress: {n}" for n in notes) if w not in self.warnings]
         return egress_rules.describe(got)
 
-    def _apply_egress(self, egress: egress_rules.Egress) -> None:
+    def _apply_egress(self, egress: egress_rules.Egress) -> list[str]:
         """Make the environment's egress gateway let through `egress` from now on, cutting
-        what it had open when that takes anything away."""
+        what it had open when that takes anything away; what the caller should know of
+        it (what it does not change)."""
         raise UsageError(
             f"the {self.name} backend cannot change a running environment's egress: it has "
             "no egress gateway (use the docker backend)"

@@ -136,6 +136,8 @@ def parse(value: str | Sequence[str]) -> Egress:
         raise ValueError(f"{value!r}: give none, all or a list of allowed hosts")
     if len(value) > MAX_RULES:
         raise ValueError(f"at most {MAX_RULES} entries (this list has {len(value)})")
+    if any(str(v).strip().lower() in ("none", "all") for v in value):
+        raise ValueError("none and all stand alone: give `none` or `all`, not in a list")
     rules = tuple(sorted(set(parse_rule(v) for v in value)))
     return rules or "none"
 

@@ -24,7 +24,7 @@ from tests.docker.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "orchestrator"]
-HANDED = ("workspace", "sandbox", "names", "gateway/rules.conf")
+HANDED = ("workspace", "sandbox", "names", "gateway/rules")
 """What a project folder hands to containers, by path in it (see the module's docstring)."""
 
 LIBRARY = r"""

@@ -542,7 +542,7 @@ def test_sandbox_root_has_no_net_admin_and_no_rules_file(listed: Runtime) -> Non
     [found] = probe(listed, {"op": "search", "needles": [*needles, control]}, user="root")
     assert found["error"] is None and found["found"][control], found
     assert all(found["found"][n] == [] for n in needles), found
-    gone = listed.execute("test -e /etc/orchestrator-gateway/rules.conf", timeout=20)
+    gone = listed.execute("test -e /etc/orchestrator-gateway/rules", timeout=20)
     assert gone.exit_code == 1
 
 

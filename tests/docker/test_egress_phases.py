@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator import Runtime, UsageError, aio, spawn_runtime
 from orchestrator.testing.world import World
-from tests.conftest import labelled_ids
+from tests.conftest import BUSYBOX_IMAGE, labelled_ids
 from tests.docker.test_egress import (
     env_file,
     get,
@@ -26,6 +26,8 @@ from tests.docker.test_egress import (
     ok,
     probe,
     refused,
+    tunnel,
+    via_proxy,
     world,
 )
 
@@ -42,7 +44,7 @@ def say(what):
     with open("/tmp/tunnel.new", "w") as f:
         f.write(what)
     import os; os.replace("/tmp/tunnel.new", "/tmp/tunnel")
-s = socket.create_connection(("orchestrator-egress", 3128), timeout=5)
+s = socket.create_connection(("orchestrator-egress", 3128), timeout=30)
 s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
 head = b""
 while b"\r\n\r\n" not in head:
@@ -54,7 +56,7 @@ if b" 200 " not in head.split(b"\r\n")[0] + b" ":
     say("refused " + head[:40].decode(errors="replace"))
     sys.exit()
 say("open")
-s.settimeout(3)
+s.settimeout(20)  # (a round trip on a busy machine: only an end says cut)
 while True:
     try:
         s.sendall(b"x")
@@ -76,7 +78,7 @@ def start_holder(target: str) -> str:
     return (
         f"rm -f {STATE}; echo {code} | base64 -d > /tmp/hold.py; "
         f"(setsid nohup python3 /tmp/hold.py {target} >/dev/null 2>&1 &); "
-        f"for _ in $(seq 100); do [ -s {STATE} ] && break; sleep 0.1; done; cat {STATE}"
+        f"for _ in $(seq 300); do [ -s {STATE} ] && break; sleep 0.1; done; cat {STATE}"
     )
 
 
@@ -95,7 +97,7 @@ network: {{egress: none}}
 setup:
   egress: [allowed.test, "allowed.test:7000"]
   commands:
-    - python3 -c "import urllib.request as u; open('got', 'w').write(u.urlopen('http://allowed.test/', timeout=5).read().decode())"
+    - python3 -c "import urllib.request as u; open('got', 'w').write(u.urlopen('http://allowed.test/', timeout=30).read().decode())"
     - {start_holder("allowed.test:7000")!r}
 """  # noqa: E501
 
@@ -148,7 +150,7 @@ def test_the_callers_policy_bounds_setup_and_set_egress(
     fetch = (
         'python3 -c "import urllib.request as u, urllib.error as e\n'
         "for h in ('allowed.test', 'denied.test'):\n"
-        "  try: print(h, u.urlopen('http://' + h + '/', timeout=5).status)\n"
+        "  try: print(h, u.urlopen('http://' + h + '/', timeout=30).status)\n"
         '  except e.HTTPError as x: print(h, x.code)"'
     )
     body = f"setup:\n  egress: [allowed.test, denied.test]\n  commands: [{json.dumps(fetch)}]\n"
@@ -212,3 +214,79 @@ def test_aio_and_the_cli_change_egress(world: World, tmp_path: Path) -> None:
     finally:
         subprocess.run([*CLI, "down", ident], capture_output=True, timeout=300)
     assert labelled_ids() <= before
+
+
+# ----- attacks (a hostile review of set_egress) ----------------------------------------------
+
+
+def test_the_gateway_itself_is_never_a_destination_whatever_an_entry_says(
+    world: World, tmp_path: Path
+) -> None:
+    """An entry for the gateway's own loopback let a sandbox tunnel from the gateway to
+    itself: its requests then came from 127.0.0.1, as the gateway's own do (the cache
+    manager's, whose answer says what a narrowing must cut), and spent 127.0.0.1's
+    connection budget until that answer failed. Such a tunnel is refused."""
+    body = 'network: {egress: ["127.0.0.1:3128", "0.0.0.0/8", allowed.test]}\n'
+    with spawn_runtime(env_file(tmp_path, "itself", body)) as rt:
+        results = probe(
+            rt,
+            tunnel("127.0.0.1:3128"),
+            tunnel("0.0.0.0:3128"),
+            tunnel("127.0.0.2:3128"),
+            via_proxy(
+                "GET http://127.0.0.1:3128/squid-internal-mgr/active_requests HTTP/1.0\r\n\r\n",
+                body=True,
+            ),
+        )
+        for answer in results:
+            assert answer["error"] is None and " 403 " in answer["status_line"], answer
+        [through] = probe(rt, get("http://allowed.test/"))  # (the list works otherwise)
+        ok(through, hello("allowed.test"))
+
+
+def test_a_change_that_died_half_way_makes_the_next_narrowing_cut(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change killed after Squid took its rules, before it wrote what holds, left the old
+    value on record: the next narrowing took the host it removes for one never allowed, and
+    cut nothing. What holds is recorded as unknown until a change is done."""
+    from orchestrator.backends.container.engine.containers import ContainerOps
+
+    body = "network: {egress: [allowed.test]}\n"
+    with spawn_runtime(env_file(tmp_path, "halfway", body)) as rt:
+        signal = ContainerOps.signal
+
+        def dies(self: ContainerOps, container: str, sig: str, *, action: str) -> None:
+            signal(self, container, sig, action=action)
+            raise KeyboardInterrupt  # (the caller killed after its HUP)
+
+        monkeypatch.setattr(ContainerOps, "signal", dies)
+        with pytest.raises(KeyboardInterrupt):
+            rt.set_egress(["allowed.test", "denied.test:7000"])
+        monkeypatch.undo()
+        assert tunnel_state_after(rt, start_holder("denied.test:7000")) == "open"
+        assert rt.set_egress(["allowed.test"]) == "allowed.test"
+        assert tunnel_state(rt, "cut") == "cut"
+
+
+def tunnel_state_after(rt: Runtime, command: str) -> str:
+    """What the holder says once `command` (start_holder) ran, its first word."""
+    return rt.execute(command, timeout=60).stdout.split(" ")[0]
+
+
+def test_set_egress_works_on_a_paused_environment_and_names_what_it_cannot_change(
+    world: World, tmp_path: Path
+) -> None:
+    """A harness cuts a paused agent's egress before it lets it run again; a service with
+    `egress: all` (outside the gateway, which the sandbox can reach) is named."""
+    body = (
+        "network: {egress: [allowed.test]}\n"
+        f"services:\n  relay: {{image: {BUSYBOX_IMAGE}, command: [sleep, '600'], egress: all}}\n"
+    )
+    with spawn_runtime(env_file(tmp_path, "pausedeg", body)) as rt:
+        rt.pause()
+        assert rt.set_egress("none") == "none"
+        rt.resume()
+        [closed] = probe(rt, get("http://allowed.test/"))
+        refused(closed)
+        assert any(w.startswith("set_egress: services relay reach outside") for w in rt.warnings)

@@ -4,14 +4,25 @@ something away (and so cut what is open), and the rules a change writes."""
 
 from __future__ import annotations
 
+import http.server
+import shutil
+import subprocess
+import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.backends.docker.egress_change import marked, now
-from orchestrator.backends.docker.network import GATEWAY, PROXY_URL, RULES_FILE, gateway_rules
+from orchestrator.backends.docker.egress_change import CHANGING, PROBE, marked, now
+from orchestrator.backends.docker.network import (
+    GATEWAY,
+    PROXY_PORT,
+    PROXY_URL,
+    RULES_FILE,
+    gateway_rules,
+)
 from orchestrator.backends.swarm.compile import StackOptions, compile_stack
 from orchestrator.errors import SpecError
 from orchestrator.spec.egress import parse, takes_away
@@ -140,3 +151,75 @@ def test_what_holds_now_is_read_back_or_taken_as_all(tmp_path: Path) -> None:
     assert now(tmp_path, "all") == "none"
     (tmp_path / "gateway" / "egress").write_text("not an entry!\n")
     assert now(tmp_path, "none") == "all"
+
+
+def test_none_and_all_stand_alone() -> None:
+    """`orchestrator egress ID none,example.com` took `none` for a host's name."""
+    for value in (["none", "a.test"], ["ALL"]):
+        with pytest.raises(ValueError, match="stand alone"):
+            parse(value)
+
+
+def test_a_change_in_progress_is_read_as_all(tmp_path: Path) -> None:
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "egress").write_text(CHANGING)
+    assert now(tmp_path, "none") == "all"
+
+
+class FakeGateway(http.server.BaseHTTPRequestHandler):
+    """Answers the probe's marker with 404, and the cache manager as `MANAGER` says."""
+
+    manager: ClassVar[tuple[int, str]] = (200, "")
+
+    def do_HEAD(self) -> None:
+        self.send_response(404)
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        code, body = self.manager
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _self(port: int) -> str:
+    return f"Connection: 0x1\n\tremote: 127.0.0.1:{port}\n\tlocal: 127.0.0.1:3128\nuri x\n"
+
+
+@pytest.mark.parametrize(
+    ("manager", "said"),
+    [
+        ((200, _self(1) + "Connection: 0x2\n\tremote: 10.0.0.2:5\n" * 2), "2"),
+        ((200, _self(1)), "0"),
+        ((502, ""), "unknown"),  # the manager did not answer: everything is cut
+        ((200, "Connection: 0x2\n\tremote: 10.0.0.2:5\n"), "unknown"),  # not the whole list
+    ],
+)
+def test_what_is_open_is_counted_or_said_unknown(manager: tuple[int, str], said: str) -> None:
+    """The probe a change runs in the gateway (bash), against a stand-in on this machine's
+    loopback: it counts the clients' open requests only from a whole answer that lists the
+    asking request itself; anything else is "unknown", which cuts."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash here")
+    FakeGateway.manager = manager
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeGateway)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        script = PROBE.replace(f"/{PROXY_PORT}", f"/{port}")
+        done = subprocess.run(
+            [bash, "-c", script, "probe", "00ff", "20", "open"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == said

@@ -85,8 +85,8 @@ class EgressCount:
                     last = when
                     serial = _count(text, counts)
                     if serial is not None:
-                        # a line between was never read (0: the gateway restarted, and
-                        # counts from 0 again: a change of its rules cut what it had open)
+                        # a line between was never read (0: Squid counts from 0 again
+                        # each time it reads its rules anew or restarts: a change of them)
                         if serial not in (self._serial + 1, 0):
                             self._lost = True
                         self._serial = serial

@@ -13,7 +13,7 @@ from orchestrator.backends.container.binds import Pins
 from orchestrator.backends.container.layout import SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.docker.buildplan import ImageBuild
-from orchestrator.backends.docker.network import egress_dns, egress_network
+from orchestrator.backends.docker.network import RULES_DIR, egress_dns, egress_network
 from orchestrator.paths import make_folders, write_file
 from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.limits import Limits
@@ -124,6 +124,9 @@ class CompiledProject:
         of the container, behind the project folder that only we may enter."""
         make_folders(directory)
         make_folders(directory / SANDBOX_DIR, 0o755)
+        if any(rel.startswith(f"{RULES_DIR}/") for rel in self.files):
+            make_folders((directory / RULES_DIR).parent)  # (gateway/: private)
+            make_folders(directory / RULES_DIR, 0o755)  # (Squid reads it as its own user)
         for rel in self.folders:  # private: only root (the executor) passes in a container
             make_folders(directory / rel)
         for rel, text in self.files.items():

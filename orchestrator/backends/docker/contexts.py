@@ -25,7 +25,7 @@ from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.buildcheck import dockerfile_issues
 from orchestrator.backends.docker.buildplan import build_paths, host_build_issue, image_build
 from orchestrator.backends.docker.compiled import CompileOptions
-from orchestrator.backends.docker.network import GATEWAY, RULES_FILE, RULES_MOUNT, NetPlan
+from orchestrator.backends.docker.network import GATEWAY, RULES_DIR, RULES_MOUNT, NetPlan
 from orchestrator.errors import SpecIssue
 from orchestrator.spec.limits import applied
 from orchestrator.spec.loader import Environment
@@ -196,7 +196,7 @@ def infra_contexts(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
                 "late": net.late.get(GATEWAY, []),
                 "caps": ["SETUID", "SETGID", "CHOWN"],
                 "healthcheck": None,  # the start waits for it once (Project.wait_gateway)
-                "mounts": [(RULES_FILE, RULES_MOUNT)],
+                "mounts": [(RULES_DIR, RULES_MOUNT)],
                 "ports": [],
                 "labels": {},
             }

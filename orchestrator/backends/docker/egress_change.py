@@ -2,10 +2,10 @@
 `setup.egress`): its egress gateway's rules rewritten, Squid told to read them again, and
 whatever it had open cut when the change takes something away.
 
-1. The rules file (`gateway/rules.conf` in the project folder, bind-mounted read-only into
-   the gateway as a file, so written in place: a new file renamed over it would not be the
-   one mounted) gets the new rules, and first a rule that answers a request for a name made
-   for this change alone (`orch-phase-TOKEN.invalid`) with 404. Nothing else answers 404.
+1. The rules file (`gateway/rules/rules.conf` in the project folder, whose folder is
+   bind-mounted read-only into the gateway) is replaced whole, by a new file renamed over
+   it, with the new rules, and first a rule that answers a request for a name made for this
+   change alone (`orch-phase-TOKEN.invalid`) with 404. Nothing else answers 404.
 2. Squid gets SIGHUP, and reads its configuration again; connections it holds stay open.
 3. From inside the gateway, on its own loopback, requests for that name until one gets 404:
    then the new rules hold for every new request. Bounded by the engine's bound.
@@ -20,11 +20,9 @@ kept beside the rules (`gateway/egress`), one line, as `describe` writes it."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import secrets
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,28 +38,41 @@ if TYPE_CHECKING:
 NOW_FILE = "gateway/egress"
 """What the gateway lets through now, relative to the project folder (one line)."""
 LOCK_FILE = "gateway/.lock"
-RULES_LIMIT = 1024 * 1024
-"""A rules file longer than this is not ours (256 entries make about 40 KB)."""
+CHANGING = "(changing)\n"
+"""What NOW_FILE holds while a change is made (read as "all", see `now`)."""
 RESTART_GRACE = 1
 """Seconds Squid has to end before it is killed (it ends at once: shutdown_lifetime 0)."""
 
 PROBE = (
-    'probe() { (exec 3<>/dev/tcp/127.0.0.1/{port} && printf "HEAD http://orch-phase-%s.invalid/'
-    ' HTTP/1.0\\r\\n\\r\\n" "$1" >&3 && read -r _ code _ <&3 && echo "$code") 2>/dev/null; }\n'
-    "ok=\n"
-    'for _ in $(seq "$2"); do\n'
-    '  if [ "$(probe "$1")" = 404 ]; then ok=1; break; fi\n'
-    "  sleep 0.05\n"
-    "done\n"
-    '[ -n "$ok" ] || exit 3\n'
-    '[ "${3:-}" = open ] || exit 0\n'
-    "(exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET http://127.0.0.1:{port}/squid-internal-"
-    "mgr/active_requests HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3) 2>/dev/null"
-    " | grep -E '^[[:space:]]+remote: ' | grep -vc 'remote: 127\\.' || true\n"
-).replace("{port}", str(PROXY_PORT))
+    (
+        'probe() { (exec 3<>/dev/tcp/127.0.0.1/{port} && printf "HEAD http://orch-phase-%s.invalid/'
+        ' HTTP/1.0\\r\\n\\r\\n" "$1" >&3 && read -r _ code _ <&3 && echo "$code") 2>/dev/null; }\n'
+        "ok=\n"
+        'for _ in $(seq "$2"); do\n'
+        '  if [ "$(probe "$1")" = 404 ]; then ok=1; break; fi\n'
+        "  sleep 0.05\n"
+        "done\n"
+        '[ -n "$ok" ] || exit 3\n'
+        '[ "${3:-}" = open ] || exit 0\n'
+        "answer=$( (exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET http://{host}:{port}/squid-"
+        "internal-mgr/active_requests HTTP/1.0\\r\\n\\r\\n' >&3 && head -c {limit} <&3)"
+        " 2>/dev/null ) || true\n"
+        'case $answer in "HTTP/1."[01]" 200 "*) ;; *) echo unknown; exit 0 ;; esac\n'
+        '[ "${#answer}" -lt {limit} ] || { echo unknown; exit 0; }\n'
+        "printf '%s\\n' \"$answer\" | grep -q '^[[:space:]]*remote: 127\\.'"
+        " || { echo unknown; exit 0; }\n"
+        "printf '%s\\n' \"$answer\" | grep -E '^[[:space:]]+remote: ' | grep -vc 'remote: 127\\.'"
+        " || true\n"
+    )
+    .replace("{port}", str(PROXY_PORT))
+    .replace("{host}", GATEWAY)
+    .replace("{limit}", str(4 << 20))
+)
 """Run in the gateway (bash): $1 the change's token, $2 the tries (a twentieth of a second
 apart); exit 3 when the new rules never answered. With $3 = open, prints how many requests
-of its clients are open (the cache manager's `remote:` lines that are not its own)."""
+of its clients are open: the cache manager's `remote:` lines that are not its own, asked
+by its own name (answered by Squid itself, never forwarded); "unknown" unless the answer is
+whole and lists the asking request itself (then everything is cut)."""
 
 
 def marked(egress: rules.Egress, token: str) -> str:
@@ -83,6 +94,8 @@ def now(directory: Path, started: str) -> rules.Egress:
         line = raw.decode().strip() if raw is not None else started
         if line in ("none", "all"):
             return line  # type: ignore[return-value]
+        if line == CHANGING.strip():
+            return "all"
         return rules.parse([e for e in line.split(", ") if e]) if line else "all"
     except (UnicodeDecodeError, ValueError):
         return "all"
@@ -104,8 +117,11 @@ def apply(project: Project, egress: rules.Egress) -> None:
     with lock_descriptor(fd):
         fcntl.flock(fd, fcntl.LOCK_EX)  # (a change takes a second at most)
         before = now(directory, compiled.egress.get(MAIN, "all"))
+        # until this change is done, what holds is not known: a change after one that died
+        # half-way takes it for "all", and cuts what is open
+        write_file(directory / NOW_FILE, CHANGING)
         token = secrets.token_hex(8)
-        _rewrite(directory / RULES_FILE, marked(egress, token))
+        write_file(directory / RULES_FILE, marked(egress, token), 0o644)  # (Squid's to read)
         cut = rules.takes_away(before, egress)
         engine, gateway = project.engine, project.container_of(GATEWAY)
         action = f"{project.name}: telling the egress gateway its new rules"
@@ -119,26 +135,7 @@ def apply(project: Project, egress: rules.Egress) -> None:
                 f"{project.name}: the egress gateway did not take its new rules within "
                 f"{engine.bound:g}s ({exc}); its last lines:\n{project.logs(GATEWAY, tail=20)}"
             ) from None
-        if cut and said.strip() not in ("", "0"):  # open requests: cut them all
+        if cut and said.strip() != "0":  # open requests, or not known: cut them all
             engine.restart(gateway, grace=RESTART_GRACE, action=action)
             project.wait_gateway()
         write_file(directory / NOW_FILE, rules.describe(egress) + "\n")
-
-
-def _rewrite(path: Path, text: str) -> None:
-    """Write the rules file in place: the file the gateway has mounted, whole, never through
-    a link (see the module)."""
-    data = text.encode()
-    if len(data) > RULES_LIMIT:
-        raise UsageError(f"the egress gateway's rules would take {len(data)} bytes")
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"{path} is not a regular file")
-        os.ftruncate(fd, 0)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)

@@ -45,9 +45,13 @@ from orchestrator.spec.resolve import MAIN
 
 PROXY_PORT = 3128
 PROXY_URL = f"http://{GATEWAY}:{PROXY_PORT}"
-RULES_FILE = "gateway/rules.conf"
+RULES_DIR = "gateway/rules"
+"""The folder of the gateway's rules, relative to the project folder: mounted read-only into
+the gateway whole (not its one file), so a change renames a new file into it, which Squid
+reads whole or not at all."""
+RULES_FILE = f"{RULES_DIR}/rules.conf"
 """The gateway's allowlist rules, relative to the project folder."""
-RULES_MOUNT = "/etc/orchestrator-gateway/rules.conf"
+RULES_MOUNT = "/etc/orchestrator-gateway/rules"
 EGRESS_NETWORK_ENV = settings.EGRESS_NETWORK.name
 EGRESS_DNS_ENV = settings.EGRESS_DNS.name
 PINNED_DNS = ("127.0.0.1",)

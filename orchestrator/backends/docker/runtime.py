@@ -397,9 +397,17 @@ class ComposeRuntime(ContainerRuntime):
             return None  # (no gateway: nothing goes out, or everything does, uncounted)
         return self._egress.read(project.engine, project.container_of(GATEWAY))
 
-    def _apply_egress(self, egress: egress_rules.Egress) -> None:
+    def _apply_egress(self, egress: egress_rules.Egress) -> list[str]:
         assert self.project is not None
         egress_change.apply(self.project, egress)
+        c = self.project.compiled
+        routed = sorted(n for n, e in c.egress.items() if e == "all" and n not in c.proxied)
+        if not routed:
+            return []
+        return [
+            f"services {', '.join(routed)} reach outside on their own (egress: all), not "
+            "through the gateway: they are not changed, and the sandbox can reach them"
+        ]
 
     def _locate(self, service: str) -> tuple[str, Engine]:
         """A service's container, and the engine that runs it."""
