@@ -17,6 +17,7 @@ from orchestrator.errors import OrchestratorError, SandboxFileTimeout, UsageErro
 
 if TYPE_CHECKING:
     from orchestrator import (
+        EnvironmentStatus,
         Snapshot,
         Usage,
     )
@@ -63,12 +64,22 @@ def ps(
         False, "--usage", help="Add what each costs: CPU seconds, memory, processes, egress."
     ),
 ) -> None:
-    """List our environments with their owner, state and published ports."""
+    """List our environments with their owner, state and published ports. Exit 1 when a
+    backend's engine failed to list its own (the others' are still listed)."""
     from orchestrator import environments
 
-    rows, removed = environments(usage=usage)
+    failures: list[str] = []
+    rows, removed = environments(usage=usage, failures=failures)
     for name in removed:
         typer.echo(f"removed {name} (its owner process is gone)", err=True)
+    _list(rows, as_json=as_json, usage=usage)
+    for failure in failures:
+        typer.echo(f"error: {failure}", err=True)
+    if failures:
+        raise typer.Exit(1)
+
+
+def _list(rows: list[EnvironmentStatus], *, as_json: bool, usage: bool) -> None:
     if as_json:
         typer.echo(json.dumps([asdict(r) for r in rows]))
         return

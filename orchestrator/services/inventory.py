@@ -2,11 +2,12 @@
 one by id (`down`), remove those whose owner process is gone (`cleanup`). Each backend
 answers for its own through the class hooks `Runtime.running`, `running_ids`,
 `remove_running` and `reap`; backends that share one implementation (the container ones
-share one inventory) are asked once. A backend that cannot be imported, or cannot run on
-this machine (no engine: BackendUnavailable), is skipped with a warning in the log, unless
-every backend that keeps environments failed: then its error is raised. Any other failure
-(an engine that answered with an error, or not in time) is raised: a listing that left a
-backend's environments out must never pass for the whole list."""
+share one inventory) are asked once. A backend that cannot be imported, or whose engine
+fails, is skipped with a warning in the log (the others' environments are still listed),
+unless every backend that keeps environments failed: then its error is raised. A listing
+that left out a backend whose engine failed for any reason but not being there
+(BackendUnavailable) says so to a caller that asks (`environments(failures=...)`): `ps`
+then exits 1, so that a partial list never passes for the whole one."""
 
 from __future__ import annotations
 
@@ -49,15 +50,19 @@ def _backends() -> list[type[Runtime]]:
     return out
 
 
-def _each(ask: Callable[[type[Runtime]], T]) -> list[tuple[type[Runtime], T]]:
-    """`ask` of every backend; one that cannot run here is left out (logged) unless all
-    are; any other failure is raised (see the module)."""
+def _each(
+    ask: Callable[[type[Runtime]], T], failures: list[str] | None = None
+) -> list[tuple[type[Runtime], T]]:
+    """`ask` of every backend; one that fails is left out (logged, and but for one that
+    cannot run here, added to `failures`) unless all fail."""
     answers, failed = [], []
     backends = _backends()
     for cls in backends:
         try:
             answers.append((cls, ask(cls)))
-        except BackendUnavailable as exc:
+        except OrchestratorError as exc:
+            if failures is not None and not isinstance(exc, BackendUnavailable):
+                failures.append(f"the {cls.name} backend's environments are not listed: {exc}")
             log.warning("backend %r skipped: %s", cls.name, exc)
             failed.append(exc)
     if failed and len(failed) == len(backends):
@@ -65,14 +70,21 @@ def _each(ask: Callable[[type[Runtime]], T]) -> list[tuple[type[Runtime], T]]:
     return answers
 
 
-def environments(*, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
+def environments(
+    *, usage: bool = False, failures: list[str] | None = None
+) -> tuple[list[EnvironmentStatus], list[str]]:
     """Every environment left running, by id; second, the ids of those just removed because
     their owner process is gone. With `usage`, what each cost so far (its `usage`: one
-    reading of its sandboxes' accounting, from outside its owner)."""
+    reading of its sandboxes' accounting, from outside its owner). A backend whose engine
+    failed is left out, the others listed; `failures` gets a line for each such one."""
     rows: list[EnvironmentStatus] = []
     removed: list[str] = []
-    # (asked without `usage` when not wanted: a backend written before it takes none)
-    for _, (found, gone) in _each(lambda cls: cls.running(usage=True) if usage else cls.running()):
+
+    def ask(cls: type[Runtime]) -> tuple[list[EnvironmentStatus], list[str]]:
+        # (asked without `usage` when not wanted: a backend written before it takes none)
+        return cls.running(usage=True) if usage else cls.running()
+
+    for _, (found, gone) in _each(ask, failures):
         rows += found
         removed += gone
     return sorted(rows, key=lambda r: r.id), removed
