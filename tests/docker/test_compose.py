@@ -684,3 +684,30 @@ def test_filesystem_snapshot_resumes_the_container_and_goes_with_it(
         spawn_runtime(path, resume=lost)
     assert labelled_ids() == before  # refused before anything started
     lost.remove()
+
+
+def test_cleanup_gives_each_service_its_grace_and_leaves_nothing(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    """A multi-container environment goes through the engine's API, without `compose down`:
+    a service is sent SIGTERM and may save its work to a mounted folder first (the gateway
+    is not waited for), and every container, network and volume goes."""
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)  # (the service writes as its own user)
+    saver = "trap 'echo saved > /out/db; exit 0' TERM; while :; do sleep 0.1; done"
+    body = (
+        "network: {egress: [example.test]}\n"
+        "volumes: [{volume: scratch, target: /scratch}]\n"
+        "services:\n"
+        f"  db: {{image: {BUSYBOX_IMAGE}, command: [sh, -c, {json.dumps(saver)}],"
+        " mounts: [{source: ./out, target: /out}]}\n"
+    )
+    before = labelled_ids()
+    rt = spawn_runtime(make_env(body, name="graceful"))
+    assert rt.service("db").execute("true").exit_code == 0
+    started = time.monotonic()
+    rt.cleanup()
+    assert time.monotonic() - started < 30
+    assert (out / "db").read_text() == "saved\n"
+    assert labelled_ids() <= before

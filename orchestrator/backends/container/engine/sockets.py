@@ -16,6 +16,7 @@ from orchestrator.backends.container.engine.errors import (
     ContainerNotRunning,
     NoSuchContainer,
     NoSuchImage,
+    NoSuchNetwork,
     NoSuchVolume,
 )
 
@@ -86,6 +87,27 @@ class SocketOps(EngineCore):
             engine_call(action, lambda: self.whales.network.inspect(network), retry=False)
         else:
             self.api("GET", f"/networks/{network}", action=action)
+
+    def labelled(self, label: str, *, action: str) -> dict[str, list[dict[str, Any]]]:
+        """What carries `label`, as the API lists it: "containers" (running or not: each with
+        its `Id` and `Labels`), "networks" and "volumes". Only on a local socket."""
+        filters = json.dumps({"label": [label]})
+        out: dict[str, list[dict[str, Any]]] = {}
+        for kind, url, extra in (
+            ("containers", "/containers/json", {"all": "1"}),
+            ("networks", "/networks", {}),
+            ("volumes", "/volumes", {}),
+        ):
+            got = self.api("GET", url, query={"filters": filters, **extra}, action=action)
+            if isinstance(got, dict):  # (volumes come in an object)
+                got = got.get("Volumes")
+            out[kind] = [g for g in got or [] if isinstance(g, dict)]
+        return out
+
+    def delete_network(self, network: str, *, action: str) -> None:
+        """Remove a network (gone: fine)."""
+        with contextlib.suppress(NoSuchNetwork):
+            self.api("DELETE", f"/networks/{network}", action=action)
 
     def labelled_left(self, label: str, *, action: str) -> bool | None:
         """Whether any container, network or volume carries `label` (None without a local
