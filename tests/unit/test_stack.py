@@ -119,3 +119,15 @@ def test_a_swarm_needs_the_callers_consent_to_pull(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="ORCHESTRATOR_ALLOW_PULL=1") as err:
         spawn_runtime(load_environment(path), backend="swarm")
     assert "image" in str(err.value)
+
+
+def test_every_service_of_a_stack_keeps_16_mb_of_output_at_most() -> None:
+    """A sandbox writing to its first process's stdout filled a node's disk through its
+    log (as it once could the host's through Compose): each service's log is capped."""
+    env = load_environment_text(BASE + "image: i\nservices: {db: {image: d}}\n")
+    doc = YAML(typ="safe").load(compile_stack(env, StackOptions(project="p", labels={})).stack_yaml)
+    for name, service in doc["services"].items():
+        assert service["logging"] == {
+            "driver": "json-file",
+            "options": {"max-size": "8m", "max-file": "2"},
+        }, name
