@@ -223,3 +223,26 @@ def test_what_is_open_is_counted_or_said_unknown(manager: tuple[int, str], said:
         server.server_close()
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == said
+
+
+def test_a_change_waits_for_another_a_bounded_time(tmp_path: Path) -> None:
+    """Two changes of one environment's egress go one after the other; one whose other
+    never ends fails, saying so, instead of waiting forever."""
+    import fcntl
+    import os
+    import time
+
+    from orchestrator.backends.docker.egress_change import _take
+    from orchestrator.errors import OrchestratorError
+
+    path = tmp_path / ".lock"
+    held = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    waiter = os.open(path, os.O_RDWR)
+    started = time.monotonic()
+    with pytest.raises(OrchestratorError, match="another change of its egress"):
+        _take(waiter, 0.3, "orch-x-1")
+    assert time.monotonic() - started < 2
+    os.close(held)  # (its lock goes with it)
+    _take(waiter, 0.3, "orch-x-1")
+    os.close(waiter)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,7 +116,7 @@ def apply(project: Project, egress: rules.Egress) -> None:
     directory = project.directory
     fd = open_for_lock(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
     with lock_descriptor(fd):
-        fcntl.flock(fd, fcntl.LOCK_EX)  # (a change takes a second at most)
+        _take(fd, project.engine.bound * 3, project.name)
         before = now(directory, compiled.egress.get(MAIN, "all"))
         # until this change is done, what holds is not known: a change after one that died
         # half-way takes it for "all", and cuts what is open
@@ -139,3 +140,19 @@ def apply(project: Project, egress: rules.Egress) -> None:
             engine.restart(gateway, grace=RESTART_GRACE, action=action)
             project.wait_gateway()
         write_file(directory / NOW_FILE, rules.describe(egress) + "\n")
+
+
+def _take(fd: int, within: float, name: str) -> None:
+    """The change lock, waited for `within` seconds at most (a change takes about one
+    engine bound at most: its exec, and a restart)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise OrchestratorError(
+                    f"{name}: another change of its egress has run for {within:g}s; try again"
+                ) from None
+            time.sleep(0.05)
