@@ -110,9 +110,6 @@ class NetPlan:
     """The gateway's rules file."""
     proxied: list[str] = field(default_factory=list)
     """The containers that reach outside through the gateway (its clients)."""
-    phased: bool = False
-    """The sandbox's egress changes by phase (`setup.egress`): it reaches outside only
-    through the gateway, whose rules say what the phase allows."""
     warnings: list[str] = field(default_factory=list)
     issues: list[SpecIssue] = field(default_factory=list)
 
@@ -246,17 +243,18 @@ def plan_network(
         got, notes = policy.egress_of(env.spec, name)
         plan.egress[name] = got
         plan.warnings += notes
+    phased = False  # the sandbox's egress changes for setup (`setup.egress`)
     if MAIN in networked:
         setup, notes = policy.setup_egress_of(env.spec)
         plan.warnings += notes
-        plan.phased = setup is not None and setup != plan.egress[MAIN]
+        phased = setup is not None and setup != plan.egress[MAIN]
     # a phased sandbox goes through the gateway whatever its phase allows
     listed = [n for n in networked if isinstance(plan.egress[n], tuple)]
-    if plan.phased:
+    if phased:
         listed = [MAIN, *(n for n in listed if n != MAIN)]
     every = [n for n in networked if plan.egress[n] == "all" and n not in listed]
     closed = [n for n in networked if plan.egress[n] == "none" and n not in listed]
-    if plan.phased and len(listed) > 1:
+    if phased and len(listed) > 1:
         plan.issues.append(
             SpecIssue(
                 env.source,
