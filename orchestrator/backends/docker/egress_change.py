@@ -20,6 +20,7 @@ kept beside the rules (`gateway/egress`), one line, as `describe` writes it."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
@@ -47,7 +48,8 @@ RESTART_GRACE = 1
 PROBE = (
     (
         'probe() { (exec 3<>/dev/tcp/127.0.0.1/{port} && printf "HEAD http://orch-phase-%s.invalid/'
-        ' HTTP/1.0\\r\\n\\r\\n" "$1" >&3 && read -r _ code _ <&3 && echo "$code") 2>/dev/null; }\n'
+        ' HTTP/1.0\\r\\n\\r\\n" "$1" >&3 && read -r -t 2 _ code _ <&3 && echo "$code")'
+        " 2>/dev/null; }\n"
         "ok=\n"
         'for _ in $(seq "$2"); do\n'
         '  if [ "$(probe "$1")" = 404 ]; then ok=1; break; fi\n'
@@ -126,15 +128,23 @@ def apply(project: Project, egress: rules.Egress) -> None:
         cut = rules.takes_away(before, egress)
         engine, gateway = project.engine, project.container_of(GATEWAY)
         action = f"{project.name}: telling the egress gateway its new rules"
-        engine.signal(gateway, "HUP", action=action)
-        tries = int(engine.bound * 10)  # (half the exec's bound, at least)
+        tries = int(engine.bound * 10)  # (half the exec's bound in pauses; its bound ends it)
         argv = ["/bin/bash", "-c", PROBE, "probe", token, str(tries), *(["open"] if cut else [])]
         try:
+            engine.signal(gateway, "HUP", action=action)
             said = engine.exec(gateway, argv, action=action)
-        except DockerError as exc:
+        except Exception as exc:
+            if cut:  # what the old rules let open must not outlive a failed narrowing
+                with contextlib.suppress(Exception):
+                    engine.restart(gateway, grace=RESTART_GRACE, action=action)
+            if not isinstance(exc, DockerError):
+                raise
+            last = ""
+            with contextlib.suppress(Exception):
+                last = f"; its last lines:\n{project.logs(GATEWAY, tail=20)}"
             raise OrchestratorError(
                 f"{project.name}: the egress gateway did not take its new rules within "
-                f"{engine.bound:g}s ({exc}); its last lines:\n{project.logs(GATEWAY, tail=20)}"
+                f"{engine.bound:g}s ({exc}){last}"
             ) from None
         if cut and said.strip() != "0":  # open requests, or not known: cut them all
             engine.restart(gateway, grace=RESTART_GRACE, action=action)

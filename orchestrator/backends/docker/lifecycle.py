@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 STOP_TIMEOUT = 2
 T = TypeVar("T")
+SIDE_BY_SIDE = 8
+"""Threads one removal takes at most (its containers, its networks)."""
 log = logging.getLogger("orchestrator.docker")
 
 
@@ -54,7 +57,7 @@ def side_by_side(do: Callable[[T], None], items: Sequence[T]) -> None:
         for item in items:
             do(item)
         return
-    with ThreadPoolExecutor(max_workers=len(items)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(items), SIDE_BY_SIDE)) as pool:
         futures = [pool.submit(do, item) for item in items]
     for future in futures:
         future.result()
@@ -332,7 +335,12 @@ class Project:
             self._delete(run)
             return
         if self.engine.socket is not None and self.engine.kind == "docker":
-            self._remove_by_api()
+            try:
+                self._remove_by_api()
+            except DockerError:
+                raise
+            except Exception as exc:  # (no thread to be had, an answer of an odd shape)
+                raise DockerError(f"removing project {self.name} failed: {exc!r}") from exc
             return
         engine_call(
             f"removing project {self.name}",
@@ -348,25 +356,34 @@ class Project:
         save its work to a mounted folder meanwhile), the environment's own (gateway,
         forwarder: nothing to save) at once; each removed; then its volumes and networks.
         A failure (a race of the engine's) is raised, and `_down` removes what is left by
-        label."""
-        engine, removing = self.engine, f"removing project {self.name}"
-        found = engine.labelled(f"{LABEL_PROJECT}={self.name}", action=removing)
+        label. All of it within one engine bound (as `compose down` was), each step's calls
+        bounded by what is left of it."""
+        removing = f"removing project {self.name}"
+        deadline = time.monotonic() + self.engine.bound
+
+        def engine() -> Engine:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DockerError(f"{removing} timed out", returncode=TIMED_OUT)
+            return self.engine.within(max(1, int(left)))  # (whole seconds: one engine each)
+
+        found = engine().labelled(f"{LABEL_PROJECT}={self.name}", action=removing)
         own = set(self.compiled.infra)
 
         def end(container: dict[str, Any]) -> None:
-            ident = str(container.get("Id", ""))
-            labels = container.get("Labels") or {}
-            if labels.get(COMPOSE_SERVICE) not in own:
-                engine.stop_container(ident, grace=STOP_TIMEOUT, action=removing)
-            engine.delete_container(ident, action=removing)
+            ident, labels = str(container.get("Id", "")), container.get("Labels")
+            service = labels.get(COMPOSE_SERVICE) if isinstance(labels, dict) else None
+            if service not in own:
+                engine().stop_container(ident, grace=STOP_TIMEOUT, action=removing)
+            engine().delete_container(ident, action=removing)
 
         side_by_side(end, found["containers"])
         side_by_side(
-            lambda v: engine.delete_volume(str(v.get("Name", "")), action=removing),
+            lambda v: engine().delete_volume(str(v.get("Name", "")), action=removing),
             found["volumes"],
         )
         side_by_side(
-            lambda n: engine.delete_network(str(n.get("Id", "")), action=removing),
+            lambda n: engine().delete_network(str(n.get("Id", "")), action=removing),
             found["networks"],
         )
 
