@@ -90,10 +90,10 @@ def listing(
     action: str, call: Callable[[], str], gone: tuple[type[DockerError], ...], *, retry: bool = True
 ) -> str:
     """The output of one listing `call`, made again (a moment later each time, for
-    LIST_WITHIN seconds at most) when the engine fails it over an object of a kind in
-    `gone` removed while it listed (Docker so trips over containers and networks, Podman
-    over images)."""
-    deadline = time.monotonic() + LIST_WITHIN
+    LIST_WITHIN seconds at most; a second without `retry`: a probe that must not wait)
+    when the engine fails it over an object of a kind in `gone` removed while it listed
+    (Docker so trips over containers and networks, Podman over images)."""
+    deadline = time.monotonic() + (LIST_WITHIN if retry else 1.0)
     attempt = 0
     while True:
         try:
