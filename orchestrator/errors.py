@@ -215,3 +215,12 @@ class ProjectNotFound(OrchestratorError, LookupError):
     """No running environment has that id."""
 
     exit_code = 2
+
+
+class PartialListing(OrchestratorError):
+    """A backend listed its environments but for some it could not ask about (an engine
+    that did not answer): `partial` is what it listed, as `Backend.running` returns it."""
+
+    def __init__(self, message: str, partial: object) -> None:
+        super().__init__(message)
+        self.partial = partial

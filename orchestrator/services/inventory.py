@@ -6,16 +6,22 @@ share one inventory) are asked once. A backend that cannot be imported, or whose
 fails, is skipped with a warning in the log (the others' environments are still listed),
 unless every backend that keeps environments failed: then its error is raised. A listing
 that left out a backend whose engine failed for any reason but not being there
-(BackendUnavailable) says so to a caller that asks (`environments(failures=...)`): `ps`
+(BackendUnavailable), or that listed its own but for some (PartialListing: another engine
+that did not answer), says so to a caller that asks (`environments(failures=...)`): `ps`
 then exits 1, so that a partial list never passes for the whole one."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
-from orchestrator.errors import BackendUnavailable, OrchestratorError, ProjectNotFound
+from orchestrator.errors import (
+    BackendUnavailable,
+    OrchestratorError,
+    PartialListing,
+    ProjectNotFound,
+)
 from orchestrator.sandbox import hostpack
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.record import match_id
@@ -60,6 +66,11 @@ def _each(
     for cls in backends:
         try:
             answers.append((cls, ask(cls)))
+        except PartialListing as exc:  # what it listed stands; what it could not, is said
+            answers.append((cls, cast(T, exc.partial)))
+            if failures is not None:
+                failures.append(f"the {cls.name} backend's environments are not all listed: {exc}")
+            log.warning("backend %r listed in part: %s", cls.name, exc)
         except OrchestratorError as exc:
             if failures is not None and not isinstance(exc, BackendUnavailable):
                 failures.append(f"the {cls.name} backend's environments are not listed: {exc}")

@@ -153,3 +153,33 @@ def test_a_listing_that_left_a_backend_out_says_so(
     assert [r.id for r in rows] == ["orch-kept-1"] and failures == []
     assert CliRunner().invoke(app, ["ps"]).exit_code == 0
     assert "backend 'local' skipped" in caplog.text
+
+
+def test_projects_on_an_engine_that_did_not_answer_are_said_to_be_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An environment `up --engine podman` (or `-H`) started lives on another engine; when
+    that engine does not answer, `ps` listed the rest and exited 0 as if it were whole."""
+    from typer.testing import CliRunner
+
+    from orchestrator.backends.container import inventory as container_inventory
+    from orchestrator.backends.container.runtime import ContainerRuntime
+    from orchestrator.cli import app
+    from orchestrator.errors import PartialListing
+
+    monkeypatch.setattr(container_inventory, "list_projects", lambda *a, **k: [])
+    monkeypatch.setattr(container_inventory, "reap", lambda *a, **k: [])
+    monkeypatch.setattr(
+        container_inventory, "elsewhere", lambda: {"orch-far-00000001": "unix:///nowhere.sock"}
+    )
+    monkeypatch.setattr(container_inventory, "listing_elsewhere", lambda host: None)
+    with pytest.raises(PartialListing, match=r"nowhere\.sock did not answer: orch-far-00000001"):
+        container_inventory.running_environments()
+    monkeypatch.setattr(inventory, "_backends", lambda: [Kept, ContainerRuntime])
+    failures: list[str] = []
+    rows, _ = orchestrator.environments(failures=failures)
+    assert [r.id for r in rows] == ["orch-kept-1"]
+    assert len(failures) == 1 and "orch-far-00000001" in failures[0]
+    shown = CliRunner().invoke(app, ["ps"])
+    assert shown.exit_code == 1 and "orch-kept-1" in shown.stdout
+    assert "did not answer: orch-far-00000001" in shown.stderr

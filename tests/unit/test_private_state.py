@@ -70,21 +70,21 @@ def test_a_records_folder_someone_else_made_is_refused(state: Path) -> None:
     assert os.listdir(state / "snapshots") == []
 
 
-def test_a_state_folder_in_a_folder_others_may_change_is_refused(tmp_path: Path) -> None:
+def test_a_state_folder_in_a_folder_others_may_change_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Whoever may rename entries of the folder holding it may put another in its place;
-    a sticky folder (as /tmp) lets nobody move what is ours."""
+    a sticky folder (as /tmp) lets nobody move what is ours. (The session's own state
+    folder is put back after: popping it sent the worker's later tests to the user's.)"""
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    os.environ["ORCHESTRATOR_STATE_DIR"] = str(shared / "state")
-    try:
-        with pytest.raises(OrchestratorError, match="which others may write"):
-            paths.state_folder()
-        assert not (shared / "state").exists()
-        os.chmod(shared, 0o1777)
-        assert mode(paths.state_folder("admission")) == 0o700
-    finally:
-        os.environ.pop("ORCHESTRATOR_STATE_DIR")
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(shared / "state"))
+    with pytest.raises(OrchestratorError, match="which others may write"):
+        paths.state_folder()
+    assert not (shared / "state").exists()
+    os.chmod(shared, 0o1777)
+    assert mode(paths.state_folder("admission")) == 0o700
 
 
 def test_what_is_made_is_private_whatever_the_umask(

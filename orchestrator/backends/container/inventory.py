@@ -44,7 +44,7 @@ from orchestrator.backends.container.removal import (
     remove_by_label as remove_by_label,  # (where a start that failed half-way asks for it)
 )
 from orchestrator.backends.container.usage import keep_counts_of, usage_of
-from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.errors import OrchestratorError, PartialListing, UsageError
 from orchestrator.sandbox.results import EnvironmentStatus
 from orchestrator.sandbox.usage import Usage
 
@@ -78,13 +78,14 @@ ProjectStatus = EnvironmentStatus
 
 
 def project_statuses(
-    engine: Engine | None = None, *, usage: bool = False
+    engine: Engine | None = None, *, usage: bool = False, unlisted: list[str] | None = None
 ) -> tuple[list[ProjectStatus], list[str]]:
     """Our environments, after reaping those whose owner is gone (returned second, by name),
     with their ports as the one listing call read them: nothing is inspected afterwards, so
     containers removed meanwhile by anyone cannot fail it. The reap is a side task: a
     project it cannot remove now (another process removing it at the same time, slowly; an
-    engine error) is logged and listed as it is, never a failed listing."""
+    engine error) is logged and listed as it is, never a failed listing. `unlisted` gets a
+    line for each other engine that did not answer about the projects it holds."""
     engine = engine or Engine.at()
     projects = list_projects(engine)
     asked: dict[str, Listing | None] = {}  # other engines the reap asked, and what they hold
@@ -92,7 +93,8 @@ def project_statuses(
     removed = reap(engine=engine, projects=projects, asked=asked, failures=failures)
     for exc in failures:
         log.warning("left for the next reap: %s", exc)
-    live = [p for p in projects if p.name not in removed] + _alive_elsewhere(asked, removed)
+    here = [p for p in projects if p.name not in removed]
+    live = here + _alive_elsewhere(asked, removed, unlisted)
     away = elsewhere() if usage else {}
     statuses = [
         ProjectStatus(
@@ -143,17 +145,23 @@ def _usage(project: ProjectInfo, engine: Engine) -> tuple[Usage, str] | None:
         return None
 
 
-def _alive_elsewhere(asked: dict[str, Listing | None], removed: list[str]) -> list[ProjectInfo]:
+def _alive_elsewhere(
+    asked: dict[str, Listing | None], removed: list[str], unlisted: list[str] | None = None
+) -> list[ProjectInfo]:
     """Our projects that another engine holds (one that `--engine podman` or `-H` started):
     each whose folder names that engine, and which the reap spared, from one listing of each
     such engine (the reap's, where it made one). An engine that did not answer within
-    PROBE_TIMEOUT adds none."""
+    PROBE_TIMEOUT adds none, and a line naming it and its projects to `unlisted`."""
     away = elsewhere()
     found = []
     for host in sorted(set(away.values())):
         if host not in asked:
             asked[host] = listing_elsewhere(host)
         listing = asked[host]
+        if listing is None and unlisted is not None:
+            names = sorted(n for n, h in away.items() if h == host and n not in removed)
+            if names:
+                unlisted.append(f"the engine at {host} did not answer: {', '.join(names)}")
         for name, info in (listing[1] if listing else {}).items():
             if away.get(name) == host and name not in removed:
                 found.append(info)
@@ -163,7 +171,11 @@ def _alive_elsewhere(asked: dict[str, Listing | None], removed: list[str]) -> li
 def running_environments(*, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
     """The container backends' environments, after reaping those whose owner is gone (with
     `usage`, each one's usage)."""
-    return project_statuses(usage=usage)
+    unlisted: list[str] = []
+    listed = project_statuses(usage=usage, unlisted=unlisted)
+    if unlisted:
+        raise PartialListing("; ".join(unlisted), listed)
+    return listed
 
 
 def elsewhere() -> dict[str, str]:
