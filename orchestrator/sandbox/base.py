@@ -323,11 +323,11 @@ class Runtime(Lifecycle):
         commands = self._setup_commands()
         if not commands:
             return
-        phase = self._setup_egress()
-        if phase is None:
+        phases = self._setup_egress()
+        if phases is None:
             self._run_setup_commands(commands)
             return
-        run, _ = self.options.policy.egress_of(self.env.spec, MAIN)
+        phase, run = phases
         self._apply_egress(phase)  # setup's own egress, for its commands only
         try:
             self._run_setup_commands(commands)

@@ -134,13 +134,13 @@ class Lifecycle(Sandbox, Backend):
             "no egress gateway (use the docker backend)"
         )
 
-    def _setup_egress(self) -> egress_rules.Egress | None:
-        """What setup may reach when the file gives it egress of its own that differs from
-        the sandbox's (None: setup runs under network.egress)."""
+    def _setup_egress(self) -> tuple[egress_rules.Egress, egress_rules.Egress] | None:
+        """What setup may reach, and the sandbox after it, when the file gives setup egress
+        of its own that differs from the sandbox's (None: setup runs under network.egress)."""
         policy = self.options.policy
         setup, _ = policy.setup_egress_of(self.env.spec)
         run, _ = policy.egress_of(self.env.spec, MAIN)
-        return None if setup is None or setup == run else setup
+        return None if setup is None or setup == run else (setup, run)
 
     def file_command(self, name: str) -> str:
         """The environment file's `commands.NAME`, its `{{static:...}}` resolved here."""

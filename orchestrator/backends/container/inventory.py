@@ -93,8 +93,8 @@ def project_statuses(
     removed = reap(engine=engine, projects=projects, asked=asked, failures=failures)
     for exc in failures:
         log.warning("left for the next reap: %s", exc)
-    here = [p for p in projects if p.name not in removed]
-    live = here + _alive_elsewhere(asked, removed, unlisted)
+    live = [p for p in projects if p.name not in removed]
+    live += _alive_elsewhere(asked, removed, unlisted)
     away = elsewhere() if usage else {}
     statuses = [
         ProjectStatus(

@@ -114,12 +114,7 @@ class SocketOps(EngineCore):
         socket: not asked)."""
         if self.socket is None:
             return None
-        filters = json.dumps({"label": [label]})
-        for url, extra in (("/containers/json", {"all": "1"}), ("/networks", {}), ("/volumes", {})):
-            got = self.api("GET", url, query={"filters": filters, **extra}, action=action)
-            if got.get("Volumes") if isinstance(got, dict) else got:
-                return True
-        return False
+        return any(self.labelled(label, action=action).values())
 
     # ----- images ----------------------------------------------------------------------------
     def has_image(self, tag: str) -> bool:
