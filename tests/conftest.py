@@ -334,15 +334,16 @@ def swarm_ids(manager: str) -> set[str]:
 
 
 BUILD_DEADLINE = 1500.0
-"""Seconds `scripts/build-images swarm` may take: its lock wait (20 min) and the node build."""
+"""Seconds `scripts/build-images TARGET` may take: its lock wait (20 min) and the build."""
 
 
-def build_swarm_images() -> str | None:
-    """Build what the swarm tests need (the node image, Debian's docker-registry) when it is
-    missing; None when it is there, else why not. Bootstrap leaves them to the tests that need
-    them; the script builds under a machine-wide lock and looks again under it, so parallel
-    workers and runs build the node image once, and costs a tenth of a second when all is there."""
-    argv = ["bash", str(ROOT / "scripts" / "build-images"), "swarm"]
+def build_test_image(target: str, image: str) -> str | None:
+    """Build what `scripts/build-images TARGET` builds (`image`) when it is missing; None when
+    it is there, else why not. Bootstrap leaves the swarm node and Harbor's image to the
+    tests that need them; the script builds under a machine-wide lock and looks again under
+    it, so parallel workers and runs build each image once, and costs a tenth of a second
+    when all is there."""
+    argv = ["bash", str(ROOT / "scripts" / "build-images"), target]
     # its own session, so that a build past the deadline is killed whole (debootstrap too)
     build = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -352,10 +353,10 @@ def build_swarm_images() -> str | None:
     except subprocess.TimeoutExpired:
         os.killpg(build.pid, signal.SIGKILL)
         build.communicate()
-        return f"scripts/build-images swarm did not end within {BUILD_DEADLINE:g} s"
-    if build.returncode != 0 or not _ok(["docker", "image", "inspect", NODE_IMAGE]):
+        return f"scripts/build-images {target} did not end within {BUILD_DEADLINE:g} s"
+    if build.returncode != 0 or not _ok(["docker", "image", "inspect", image]):
         tail = "\n".join(err.strip().splitlines()[-10:])
-        return f"node image {NODE_IMAGE} could not be built (scripts/build-images swarm): {tail}"
+        return f"image {image} could not be built (scripts/build-images {target}): {tail}"
     return None
 
 
@@ -364,7 +365,7 @@ def swarm_manager() -> Iterator[str]:
     """The manager address of a Swarm for the swarm backend's tests: a running
     `scripts/cluster`, or one started here (and removed after). Fails the session if the tests
     leave anything on it."""
-    problem = build_swarm_images()
+    problem = build_test_image("swarm", NODE_IMAGE)
     if problem is not None:
         why = f"Swarm test skipped: {problem}"
         if in_ci():
