@@ -70,7 +70,8 @@ class OrchestratorOptions(EnvironmentOptions):
     """What `--ek` may set for this environment (anything else is refused by Harbor)."""
 
     isolation: Literal["runc", "gvisor"] | None = None
-    """The sandbox's isolation: raised to the caller's ORCHESTRATOR_ISOLATION, never lowered."""
+    """The isolation of the trial's containers, as a file's `isolation` asks for it (the
+    caller's ORCHESTRATOR_ISOLATION still raises it, never lowers it). None: the file's."""
     build: Literal["auto", "always", "never"] = "auto"
     """How the images a task builds are got (`--force-build`: always)."""
 
@@ -177,6 +178,10 @@ class OrchestratorEnvironment(BaseEnvironment):
         )
         data = env.spec.model_dump(mode="json", exclude_unset=True)
         data["name"] = _name(self.environment_name)
+        if (
+            self.options.isolation is not None
+        ):  # the caller's ORCHESTRATOR_ISOLATION still raises it
+            data["isolation"] = self.options.isolation
         egress = egress_of(self.network_policy)
         data.setdefault("network", {})["egress"] = egress
         data["network"].pop("allow_internet", None)
@@ -202,16 +207,10 @@ class OrchestratorEnvironment(BaseEnvironment):
             out["PREBUILT_IMAGE_NAME"] = config.docker_image
         return out
 
-    def _policy(self) -> Policy:
-        policy = Policy.from_env()
-        if self.options.isolation == "gvisor":
-            policy = dataclasses.replace(policy, isolation="gvisor")
-        return policy
-
     async def start(self, force_build: bool) -> None:
         env = await aio.in_thread(self._environment)
         build: BuildChoice = "always" if force_build else self.options.build
-        self._rt = await aio.spawn(env, policy=self._policy(), build=build)
+        self._rt = await aio.spawn(env, policy=Policy.from_env(), build=build)
         for warning in self._rt.sync.warnings:
             self.logger.warning("orchestrator: %s", warning)
         await self.ensure_dirs(self._mount_targets(writable_only=True))

@@ -20,13 +20,20 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from orchestrator.testing.harbor import (
+    HARBOR_IMAGE,
+    OURS,
+    HarborRunFailed,
+    Trial,
+    copy_tasks,
+    remove_images,
+    trials,
+)
+from orchestrator.testing.harbor import harbor_run as run_harbor
 from orchestrator.testing.world import World
 from tests.conftest import ROOT, build_test_image, in_ci, labelled_ids
 from tests.docker.test_egress import module_dir, world
@@ -34,44 +41,7 @@ from tests.docker.test_egress import module_dir, world
 pytestmark = pytest.mark.docker
 __all__ = ["module_dir", "world"]  # (the fixtures this module shares)
 
-HARBOR_IMAGE = os.environ.get("ORCHESTRATOR_HARBOR_IMAGE", "orchestrator-test/harbor:0.26.0")
 TASKS = ROOT / "tests" / "data" / "harbor"
-OURS = "orchestrator.integrations.harbor:OrchestratorEnvironment"
-RUN_DEADLINE = 600.0
-"""Seconds one `harbor run` may take (a handful of trials; a build on a busy machine)."""
-LABEL = "org.orchestrator.test=1"
-
-
-def _docker_parts() -> list[str]:
-    """`docker run` arguments that give the container this machine's engine: its socket,
-    the docker CLI and its Compose plugin, each at a path of its own."""
-    host = subprocess.run(
-        ["docker", "context", "inspect", "--format", "{{.Endpoints.docker.Host}}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout.strip()
-    host = os.environ.get("DOCKER_HOST") or host
-    if not host.startswith("unix://"):
-        pytest.skip(f"Harbor's test mounts the engine's socket; the engine is at {host}")
-    cli = shutil.which("docker")
-    assert cli is not None
-    plugins = json.loads(
-        subprocess.run(
-            ["docker", "info", "--format", "{{json .ClientInfo.Plugins}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    )
-    compose = next(p["Path"] for p in plugins if p["Name"] == "compose")
-    return [
-        "-v", f"{host.removeprefix('unix://')}:/var/run/docker.sock",
-        "-v", f"{os.path.realpath(cli)}:/usr/local/bin/docker:ro",
-        "-v", f"{os.path.realpath(compose)}:/usr/local/lib/docker/cli-plugins/docker-compose:ro",
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -86,81 +56,19 @@ def harbor_image() -> str:
 
 
 def harbor_run(
-    image: str,
     work: Path,
     tasks: Path,
     environment: str,
     job: str,
     env: dict[str, str] | None = None,
-    *,
-    concurrent: int = 4,
-) -> Path:
-    """`harbor run` of every task in `tasks` on `environment`, in the Harbor image; the
-    job's folder. Fails the test unless Harbor itself ends well."""
-    variables = {
-        "PYTHONPATH": str(ROOT),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "HOME": str(work / "home"),
-        "ORCHESTRATOR_STATE_DIR": str(work / "state"),
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # Harbor's model library: no fetch at import
-        **(env or {}),
-    }
-    argv = [
-        "docker", "run", "--rm", "--network", "none", "--label", LABEL,
-        "--name", f"orch-harbor-{secrets.token_hex(4)}",
-        *_docker_parts(),
-        "-v", f"{ROOT}:{ROOT}:ro", "-v", f"{work}:{work}", "-w", str(work),
-        *(a for k, v in variables.items() for a in ("-e", f"{k}={v}")),
-        image,
-        "harbor", "run", "-p", str(tasks), "-e", environment, "-n", str(concurrent),
-        "-o", str(work / "jobs"), "--job-name", job, "-y",
-    ]  # fmt: skip
-    name = argv[argv.index("--name") + 1]
+    extra: tuple[str, ...] = (),
+) -> dict[str, Trial]:
+    """Each trial of `harbor run` of `tasks` on `environment`, by task name."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_DEADLINE)
-    except subprocess.TimeoutExpired:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
-        pytest.fail(f"harbor run did not end within {RUN_DEADLINE:g} s")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return work / "jobs" / job
-
-
-def trials(job: Path) -> dict[str, dict[str, Any]]:
-    """Each trial's result.json, by task name."""
-    out = {}
-    for found in sorted(job.glob("*/result.json")):
-        result = json.loads(found.read_text())
-        out[result["task_name"]] = result
-    return out
-
-
-def reward(result: dict[str, Any]) -> float | None:
-    verified = result.get("verifier_result") or {}
-    return (verified.get("rewards") or {}).get("reward")
-
-
-def copy_tasks(work: Path, names: list[str], token: str = "") -> Path:
-    """The shipped tasks `names` in a folder of `work`; with `token`, each Dockerfile labels
-    its image with it (Harbor's own environment builds images without our labels: the test
-    finds and removes them by it)."""
-    folder = work / "tasks"
-    for name in names:
-        shutil.copytree(TASKS / name, folder / name)
-        if token:
-            for dockerfile in (folder / name).glob("environment/Dockerfile"):
-                text = dockerfile.read_text() + f"LABEL org.orchestrator.test.harbor={token}\n"
-                dockerfile.write_text(text)
-    return folder
-
-
-def remove_images(token: str) -> None:
-    """The images Harbor's own environment built for this test, by id."""
-    ids = subprocess.run(
-        ["docker", "image", "ls", "-aq", "--filter", f"label=org.orchestrator.test.harbor={token}"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout.split()  # fmt: skip
-    if ids:
-        subprocess.run(["docker", "image", "rm", "-f", *set(ids)], capture_output=True, timeout=120)
+        folder = run_harbor(work, tasks, environment, job, env, extra=extra)
+    except HarborRunFailed as exc:
+        pytest.fail(str(exc))
+    return {t.task: t for t in trials(folder)}
 
 
 @pytest.mark.slow
@@ -172,18 +80,19 @@ def test_harbor_runs_its_tasks_on_orchestrator(
     address), and an agent with no network before a verifier whose allowlist reaches one
     host of the world and not another. Nothing of ours is left after."""
     before = labelled_ids()
-    tasks = copy_tasks(tmp_path, ["hello-dockerfile", "compose-service", "no-network", "phases"])
+    names = ["compose-service", "hello-dockerfile", "no-network", "phases"]
+    tasks = copy_tasks(TASKS, tmp_path, names)
     env = {
         "ORCHESTRATOR_EGRESS_NETWORK": os.environ["ORCHESTRATOR_EGRESS_NETWORK"],
         "ORCHESTRATOR_EGRESS_DNS": os.environ["ORCHESTRATOR_EGRESS_DNS"],
     }
-    job = harbor_run(harbor_image, tmp_path, tasks, OURS, "ours", env)
-    results = trials(job)
-    assert sorted(results) == ["compose-service", "hello-dockerfile", "no-network", "phases"]
-    for name, result in results.items():
-        assert result["config"]["environment"]["import_path"] == OURS
-        assert result.get("exception_info") is None, (name, result["exception_info"])
-        assert reward(result) == 1.0, (name, result.get("verifier_result"))
+    results = harbor_run(tmp_path, tasks, OURS, "ours", env)
+    assert sorted(results) == names
+    for name, trial in results.items():
+        assert trial.raw["config"]["environment"]["import_path"] == OURS
+        assert trial.exception is None, (name, trial.exception)
+        assert trial.reward == 1.0, (name, trial.raw.get("verifier_result"))
+    job = tmp_path / "jobs" / "ours"
     said = (next(job.glob("phases__*")) / "verifier" / "test-stdout.txt").read_text()
     assert "allowed=hello from allowed.test denied=refused agent=blocked" in said
     assert "reached" not in (next(job.glob("no-network__*")) / "agent" / "oracle.txt").read_text()
@@ -196,16 +105,15 @@ def test_the_same_tasks_score_the_same_on_harbors_docker(harbor_image: str, tmp_
     environment too (its egress control needs an image from a registry, which this machine
     does not reach: the network tasks run on ours only)."""
     token = secrets.token_hex(6)
-    tasks = copy_tasks(tmp_path, ["hello-dockerfile", "compose-service"], token)
+    tasks = copy_tasks(TASKS, tmp_path, ["hello-dockerfile", "compose-service"], token)
     try:
-        job = harbor_run(harbor_image, tmp_path, tasks, "docker", "theirs")
+        results = harbor_run(tmp_path, tasks, "docker", "theirs")
     finally:
         remove_images(token)
-    results = trials(job)
     assert sorted(results) == ["compose-service", "hello-dockerfile"]
-    for name, result in results.items():
-        assert result.get("exception_info") is None, (name, result["exception_info"])
-        assert reward(result) == 1.0, (name, result.get("verifier_result"))
+    for name, trial in results.items():
+        assert trial.exception is None, (name, trial.exception)
+        assert trial.reward == 1.0, (name, trial.raw.get("verifier_result"))
 
 
 HOSTILE_COMPOSE = """\
@@ -241,7 +149,7 @@ def test_hostile_tasks_reach_nothing_of_the_host(harbor_image: str, tmp_path: Pa
     (the targets are in the work folder, which the host and the Harbor container share); an
     agent past its timeout is stopped there."""
     before = labelled_ids()
-    tasks = copy_tasks(tmp_path, ["hello-dockerfile"])
+    tasks = copy_tasks(TASKS, tmp_path, ["hello-dockerfile"])
     escape = tasks / "escape"
     shutil.copytree(tasks / "hello-dockerfile", escape)
     (escape / "environment" / "docker-compose.yaml").write_text(HOSTILE_COMPOSE)
@@ -260,19 +168,40 @@ def test_hostile_tasks_reach_nothing_of_the_host(harbor_image: str, tmp_path: Pa
     (slow / "task.toml").write_text(toml)
     (slow / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 300\n")
     shutil.rmtree(tasks / "hello-dockerfile")
-    job = harbor_run(harbor_image, tmp_path, tasks, OURS, "hostile")
-    results = trials(job)
-    refused = results["escape"]["exception_info"]
+    results = harbor_run(tmp_path, tasks, OURS, "hostile")
+    refused = results["escape"].exception
     assert refused is not None and "privileged" in refused["exception_message"], refused
-    refused = results["linked"]["exception_info"]
+    refused = results["linked"].exception
     assert refused is not None and "task's file" in refused["exception_message"], refused
-    assert "SECRET-VALUE" not in json.dumps(results["linked"])
-    timed_out = results["slow"]["exception_info"]
+    assert "SECRET-VALUE" not in json.dumps(results["linked"].raw)
+    timed_out = results["slow"].exception
     assert timed_out is not None and timed_out["exception_type"] == "AgentTimeoutError"
-    took = [datetime.fromisoformat(results["slow"][k]) for k in ("started_at", "finished_at")]
-    assert (took[1] - took[0]).total_seconds() < 60  # not the 300 s it asked to sleep
-    assert reward(results["plant"]) != 1.0
+    assert results["slow"].seconds < 60  # not the 300 s it asked to sleep
+    assert results["plant"].reward != 1.0
+    job = tmp_path / "jobs" / "hostile"
     assert not list(tmp_path.glob("planted-*"))
     for found in job.rglob("*"):
         assert not found.is_symlink() and not found.is_fifo(), found
     assert labelled_ids() <= before
+
+
+KERNEL_TEST = """\
+#!/bin/bash
+# 1.0 only under gVisor: its kernel log says so (runc's sandbox may not read the host's)
+if dmesg 2>/dev/null | grep -q gVisor; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.slow
+def test_the_isolation_option_runs_trials_under_gvisor(
+    harbor_image: str, gvisor_engine: str, tmp_path: Path
+) -> None:
+    """`--ek isolation=gvisor` runs the trial's sandbox under gVisor; without it, the same
+    task's check that it is under gVisor fails (the check can fail)."""
+    tasks = copy_tasks(TASKS, tmp_path, ["hello-dockerfile"])
+    (tasks / "hello-dockerfile" / "tests" / "test.sh").write_text(KERNEL_TEST)
+    gvisor = harbor_run(tmp_path, tasks, OURS, "gvisor", extra=("--ek", "isolation=gvisor"))
+    runc = harbor_run(tmp_path, tasks, OURS, "runc")
+    assert gvisor["hello-dockerfile"].exception is None, gvisor["hello-dockerfile"].exception
+    assert gvisor["hello-dockerfile"].reward == 1.0
+    assert runc["hello-dockerfile"].reward == 0.0
