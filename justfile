@@ -52,6 +52,8 @@ bench: setup
     {{py}} -m bench.swarm
     {{py}} -m bench.egress
     {{py}} -m bench.isolation
+    scripts/build-images harbor
+    {{py}} -m bench.harbor
 
 # A Swarm of N engines on this machine, for the swarm backend (tests start one themselves)
 cluster-up N="3": setup
