@@ -28,13 +28,16 @@ leaves the environment running, found by `orchestrator ps`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import io
 import os
 import re
 import stat
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+import tomllib
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -56,6 +59,7 @@ from orchestrator import (
 )
 from orchestrator.aio import AsyncRuntime, AsyncSandbox
 from orchestrator.errors import UsageError
+from orchestrator.spec.compose import looks_compose
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import EnvironmentV1
 
@@ -144,7 +148,7 @@ class OrchestratorEnvironment(BaseEnvironment):
             source = folder / DOCKERFILE if not self.task_env_config.docker_image else source
             data = {"services": {HARBOR_MAIN: {}}}
         services = data.get("services") if isinstance(data, dict) else None
-        if not isinstance(services, dict):
+        if not isinstance(services, dict) or not looks_compose(data):
             raise UsageError(f"{source}: a Compose file with `services` is expected")
         main = services.setdefault(HARBOR_MAIN, {})
         if not isinstance(main, dict):
@@ -163,15 +167,25 @@ class OrchestratorEnvironment(BaseEnvironment):
             main["working_dir"] = config.workdir
         if config.storage_mb:
             self.logger.warning("orchestrator: storage_mb is not enforced (no disk quota)")
-        for name, svc in services.items():  # `main` is the sandbox, whatever else says so
-            if name != HARBOR_MAIN and isinstance(svc, dict):
+        for name, svc in services.items():
+            if not isinstance(svc, dict):
+                continue
+            if name != HARBOR_MAIN:  # `main` is the sandbox, whatever else says so
                 svc.pop("x-default", None)
+            if svc.pop("ports", None) is not None:  # Harbor reaches nothing by a host port
+                self.logger.warning(
+                    "orchestrator: services.%s.ports dropped: a trial publishes no port", name
+                )
         main["x-default"] = True
         out = io.StringIO()
         yaml.dump(data, out)
         return out.getvalue(), str(source)
 
     def _environment(self) -> Environment:
+        # (checked here, as the trial starts: a refusal is that trial's exception, where one
+        # raised when Harbor makes the environment would end the whole job)
+        _inside_its_task(self.environment_dir)
+        _host_variables_allowed(self.environment_dir.parent / "task.toml", self.task_env_config.env)
         text, source = self._compose()
         env = load_environment_text(
             text, source=source, base_dir=self.environment_dir, variables=self._variables()
@@ -192,6 +206,11 @@ class OrchestratorEnvironment(BaseEnvironment):
             # asks for by giving setup an egress of its own. No setup commands run here: the
             # sandbox starts under `egress`, and each phase's comes by set_egress.
             data.setdefault("setup", {})["egress"] = other
+        # The task's other services are held to the sandbox's policy, or to none when that
+        # changes by phase (the gateway's rules are the sandbox's alone): a sidecar must not
+        # be the agent's way around its policy
+        for svc in data.get("services", {}).values():
+            svc["egress"] = egress if other is None else "none"
         spec = EnvironmentV1.model_validate(data)
         return dataclasses.replace(env, spec=spec)
 
@@ -210,10 +229,20 @@ class OrchestratorEnvironment(BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         env = await aio.in_thread(self._environment)
         build: BuildChoice = "always" if force_build else self.options.build
-        self._rt = await aio.spawn(env, policy=Policy.from_env(), build=build)
+        spawn = asyncio.ensure_future(aio.spawn(env, policy=Policy.from_env(), build=build))
+        try:
+            self._rt = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            await _removed_after(spawn)
+            raise
         for warning in self._rt.sync.warnings:
             self.logger.warning("orchestrator: %s", warning)
-        await self.ensure_dirs(self._mount_targets(writable_only=True))
+        made = await self.ensure_dirs(self._mount_targets(writable_only=True))
+        if made is not None and made.return_code != 0:
+            raise RuntimeError(
+                f"cannot make Harbor's folders in the sandbox (exit {made.return_code}): "
+                f"{(made.stderr or made.stdout or '').strip()[-500:]}"
+            )
         await self._upload_environment_dir_after_start()
 
     async def stop(self, delete: bool) -> None:
@@ -241,24 +270,31 @@ class OrchestratorEnvironment(BaseEnvironment):
 
     # -- commands --------------------------------------------------------------------------
 
-    async def _user(self, box: AsyncSandbox, user: str | int | None) -> str | None:
-        """Harbor's user (a name, an id, or None: the image's) as ours: "uid:gid"."""
+    async def _user(self, box: AsyncSandbox, service: str, user: str | int | None) -> str | None:
+        """Harbor's user (a name, an id, or None: the image's) as ours, "uid:gid", with the
+        group the sandbox's passwd gives it (0 for an id it does not know, as Docker). Without
+        supplementary groups: the executor runs every command with none."""
         if user is None:
             return None
         text = str(user)
-        if text == "root" or text.isdigit():
-            return text if text == "root" else f"{text}:{text}"
-        if not _USER_NAME.match(text):
-            raise ValueError(f"not a user name: {text!r}")
-        key = f"{id(box)}:{text}"
+        if text == "root":
+            return text
+        numeric = text.isascii() and text.isdigit()
+        if not numeric and not _USER_NAME.match(text):
+            raise ValueError(f"not a user name or id: {text!r}")
+        key = f"{service}:{text}"
         if key not in self._ids:
-            found = (
-                await box.execute(["id", "-u", text], user="root", timeout=30),
-                await box.execute(["id", "-g", text], user="root", timeout=30),
-            )
-            if any(r.exit_code != 0 for r in found):
-                raise ValueError(f"no user {text!r} in the sandbox")
-            self._ids[key] = f"{found[0].stdout.strip()}:{found[1].stdout.strip()}"
+            ids = []
+            for flag in ("-u", "-g"):  # the sandbox's own answer: checked to be a number
+                found = await box.execute(["id", flag, text], user="root", timeout=30)
+                number = found.stdout.strip()
+                if found.exit_code == 0 and number.isascii() and number.isdigit():
+                    ids.append(number)
+                elif numeric:  # an id the sandbox's passwd does not name
+                    ids.append(text if flag == "-u" else "0")
+                else:
+                    raise ValueError(f"no user {text!r} in the sandbox")
+            self._ids[key] = ":".join(ids)
         return self._ids[key]
 
     async def exec(
@@ -270,7 +306,7 @@ class OrchestratorEnvironment(BaseEnvironment):
         user: str | int | None = None,
     ) -> ExecResult:
         return await self._run(
-            self._runtime(),
+            HARBOR_MAIN,
             command,
             cwd=cwd or self.task_env_config.workdir,
             env=self._merge_env(env),
@@ -292,7 +328,7 @@ class OrchestratorEnvironment(BaseEnvironment):
         if self.is_main_service(service):
             return await self.exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
         return await self._run(
-            self._sandbox(service),
+            str(service),
             command,
             cwd=cwd,
             env=env,
@@ -303,7 +339,7 @@ class OrchestratorEnvironment(BaseEnvironment):
 
     async def _run(
         self,
-        box: AsyncSandbox,
+        service: str,
         command: str,
         *,
         cwd: str | None,
@@ -313,7 +349,8 @@ class OrchestratorEnvironment(BaseEnvironment):
         shell: str,
     ) -> ExecResult:
         argv = [shell, "-c", command]
-        as_user = await self._user(box, user)
+        box = self._sandbox(service)
+        as_user = await self._user(box, service, user)
         timeout = float(timeout_sec) if timeout_sec else None
         callback = self._output_callback()
         if callback is None:
@@ -370,15 +407,17 @@ class OrchestratorEnvironment(BaseEnvironment):
 
 
 async def _streamed(
-    events: AsyncIterator[StreamEvent],
+    events: AsyncGenerator[StreamEvent, None],
     callback: Callable[[str, Literal["stdout", "stderr"]], Awaitable[None]],
 ) -> RuntimeResult:
-    """A streamed command's result, its output handed to Harbor's callback as it comes."""
-    async for event in events:
-        if event.kind == "finished" and event.result is not None:
-            return event.result
-        if event.kind != "finished" and event.text:
-            await callback(event.text, event.kind)
+    """A streamed command's result, its output handed to Harbor's callback as it comes (a
+    callback that raises ends the stream, which kills the command, at once)."""
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if event.kind == "finished" and event.result is not None:
+                return event.result
+            if event.kind != "finished" and event.text:
+                await callback(event.text, event.kind)
     raise RuntimeError("the command's stream ended without its result")
 
 
@@ -388,6 +427,63 @@ def _absolute(path: str) -> str:
     if not p.is_absolute():
         raise ValueError(f"a sandbox path must be absolute, got {path!r}")
     return os.path.normpath(str(p))
+
+
+CANCEL_GRACE = 30.0
+"""Seconds a start cancelled by Harbor (its build_timeout_sec) waits for the environment it
+was making, to remove it before Harbor goes on: a Harbor that exits at once (a container's
+first process) would take the guardian that removes it with it."""
+
+
+async def _removed_after(spawn: asyncio.Future[AsyncRuntime]) -> None:
+    """The environment a cancelled start was making, removed: waited for CANCEL_GRACE at
+    most, then left to aio's own removal in the background (and the guardian)."""
+    done, _ = await asyncio.wait({spawn}, timeout=CANCEL_GRACE)
+    if not done:
+        spawn.cancel()  # aio removes what it makes once it is up
+        return
+    if not spawn.cancelled() and spawn.exception() is None:
+        await spawn.result().cleanup()
+
+
+def _inside_its_task(folder: Path) -> None:
+    """The task's environment folder, as a dataset's task could plant it: a link (to any of
+    this host's folders, which would be built from or uploaded) is refused."""
+    if folder.is_symlink() or folder.resolve() != folder.parent.resolve() / folder.name:
+        raise ValueError(
+            f"{folder}: the task's environment folder must be a folder of the task, not a link"
+        )
+
+
+_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-[^}]*)?\}")
+"""Harbor's `${NAME}` and `${NAME:-default}` in a task's env values (filled from its own
+variables)."""
+
+
+def _host_variables_allowed(task_toml: Path, env: dict[str, str]) -> None:
+    """The host variables a task's env values name (`[environment].env`, and from
+    `task.toml`, `[verifier].env` and `[solution].env`, which Harbor fills from its own
+    variables before a command runs) must be ones the caller passes into sandboxes
+    (ORCHESTRATOR_ALLOW_ENV), as a file's `env_passthrough` must."""
+    values = list(env.values())
+    try:
+        table = tomllib.loads(_task_file(task_toml))
+    except (UsageError, tomllib.TOMLDecodeError, ValueError):
+        table = {}  # Harbor read it already: what it could not, it refused
+    for section in ("verifier", "solution", "environment"):
+        part = table.get(section)
+        found = part.get("env") if isinstance(part, dict) else None
+        if isinstance(found, dict):
+            values += [str(v) for v in found.values()]
+    policy = Policy.from_env()
+    named = sorted({m.group(1) for v in values for m in _TEMPLATE.finditer(v)})
+    refused = [n for n in named if not policy.allows_env(n)]
+    if refused:
+        raise ValueError(
+            f"{task_toml}: the task reads this host's variables {', '.join(refused)} into the "
+            "sandbox; a caller who means to pass them sets ORCHESTRATOR_ALLOW_ENV="
+            f"{','.join(refused)}"
+        )
 
 
 def _task_file(path: Path) -> str:
@@ -413,9 +509,8 @@ def _write_here(target: Path, data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:  # 0600, as the library's downloads are
             fh.write(data)
-        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)

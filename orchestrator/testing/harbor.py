@@ -103,7 +103,11 @@ def harbor_run(
         "-v", f"{CHECKOUT}:{CHECKOUT}:ro", "-v", f"{work}:{work}", "-w", str(work),
         *(a for k, v in variables.items() for a in ("-e", f"{k}={v}")),
         image,
-        "harbor", "run", "-p", str(tasks), "-e", environment, "-n", str(concurrent),
+        # Harbor is this container's first process: the guardians of environments it
+        # abandoned (a start it cancelled) would die with it before they remove them, so
+        # `orchestrator cleanup` does after it, as on any machine where the owner is gone
+        "sh", "-c", 'harbor "$@"; code=$?; python3 -m orchestrator cleanup >&2; exit $code', "sh",
+        "run", "-p", str(tasks), "-e", environment, "-n", str(concurrent),
         "-k", str(attempts), "-o", str(work / "jobs"), "--job-name", job, "-y",
         *extra,
     ]  # fmt: skip

@@ -143,8 +143,10 @@ ln -sf {target}/planted-verifier /logs/verifier/reward.txt
 @pytest.mark.slow
 def test_hostile_tasks_reach_nothing_of_the_host(harbor_image: str, tmp_path: Path) -> None:
     """A dataset's task that asks for the host's root, privileged, is refused before any
-    container starts, with the reason in the trial's result, and so is one whose Compose
-    file is a link to a host file (never read); a trial whose agent and verifier leave links
+    container starts, with the reason in the trial's result, and so are one whose Compose
+    file is a link to a host file (never read), one whose environment/ is a link to a host
+    folder (never built from), and one whose env reads a host variable the caller does not
+    pass (ORCHESTRATOR_ALLOW_ENV); a trial whose agent and verifier leave links
     out of the logs folders and a FIFO in them fails, and nothing is written through them
     (the targets are in the work folder, which the host and the Harbor container share); an
     agent past its timeout is stopped there."""
@@ -167,8 +169,32 @@ def test_hostile_tasks_reach_nothing_of_the_host(harbor_image: str, tmp_path: Pa
     toml = (slow / "task.toml").read_text().replace("timeout_sec = 120.0", "timeout_sec = 3.0", 1)
     (slow / "task.toml").write_text(toml)
     (slow / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 300\n")
+    outside = tmp_path / "outside"  # a host folder the task's environment/ links to
+    outside.mkdir()
+    (outside / "Dockerfile").write_text("FROM orchestrator-test/python:3.11\nCOPY . /leak\n")
+    (outside / "secret.txt").write_text("SECRET-FOLDER-0451\n")
+    envlink = tasks / "envlink"
+    shutil.copytree(tasks / "hello-dockerfile", envlink)
+    shutil.rmtree(envlink / "environment")
+    (envlink / "environment").symlink_to(outside)
+    envtpl = tasks / "envtpl"
+    shutil.copytree(tasks / "hello-dockerfile", envtpl)
+    toml = (envtpl / "task.toml").read_text()
+    toml = toml.replace("[verifier]\n", '[verifier]\nenv = { VLEAK = "${HOSTILE_SECRET}" }\n')
+    (envtpl / "task.toml").write_text(toml + 'env = { LEAK = "${HOSTILE_SECRET}" }\n')
     shutil.rmtree(tasks / "hello-dockerfile")
-    results = harbor_run(tmp_path, tasks, OURS, "hostile")
+    results = harbor_run(
+        tmp_path, tasks, OURS, "hostile", {"HOSTILE_SECRET": "SECRET-VARIABLE-0451"}
+    )
+    refused = results["envlink"].exception
+    assert refused is not None and "not a link" in refused["exception_message"], refused
+    refused = results["envtpl"].exception
+    assert refused is not None, results["envtpl"].raw
+    assert "ORCHESTRATOR_ALLOW_ENV=HOSTILE_SECRET" in refused["exception_message"], refused
+    for found in (tmp_path / "jobs").rglob("*"):
+        if found.is_file():
+            text = found.read_text(errors="replace")
+            assert "SECRET-FOLDER" not in text and "SECRET-VARIABLE" not in text, found
     refused = results["escape"].exception
     assert refused is not None and "privileged" in refused["exception_message"], refused
     refused = results["linked"].exception
@@ -183,6 +209,104 @@ def test_hostile_tasks_reach_nothing_of_the_host(harbor_image: str, tmp_path: Pa
     for found in job.rglob("*"):
         assert not found.is_symlink() and not found.is_fifo(), found
     assert labelled_ids() <= before
+
+
+RELAY = """\
+import socket, urllib.request
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", 9000))
+server.listen()
+while True:
+    client, _ = server.accept()
+    url = client.recv(1000).decode().strip()
+    try:
+        body = urllib.request.urlopen(url, timeout=3).read()
+    except Exception:
+        body = b"failed"
+    client.sendall(body)
+    client.close()
+"""
+"""A sidecar that fetches what the sandbox asks it for: the agent's way around its policy,
+were sidecars not held to it."""
+
+RELAY_COMPOSE = """\
+services:
+  main:
+    depends_on: [relay]
+    ports: ["127.0.0.1::8000"]
+  relay:
+    image: orchestrator-test/python:3.11
+    command: ["python3", "-c", {relay}]
+"""
+
+ASK_RELAY = """\
+#!/bin/bash
+# Asks the relay for each URL; "blocked" when it answered that it could fetch none.
+ask() {{ python3 - "$1" <<'PY'
+import socket, sys, time
+for _ in range(100):
+    try:
+        s = socket.create_connection(("relay", 9000), timeout=5)
+        break
+    except OSError:
+        time.sleep(0.2)
+s.sendall(sys.argv[1].encode() + b"\\n")
+print(s.recv(1000).decode().strip())
+PY
+}}
+outcome=blocked
+for url in {urls}; do
+  case "$(ask "$url")" in
+    hello*) outcome="reached $url" ;;
+    failed) ;;  # the relay answered: it could not fetch it
+    *) outcome="no answer from the relay for $url" ;;
+  esac
+done
+echo "$outcome" > {out}
+{reward}
+"""
+
+
+@pytest.mark.slow
+def test_a_sidecar_is_no_way_around_the_network_policy(
+    harbor_image: str, world: World, tmp_path: Path
+) -> None:
+    """A Compose task's sidecar that fetches for the sandbox reaches nothing the sandbox may
+    not: under `no-network` the agent asks it for the test world and gets nothing; with an
+    agent of no network and a verifier allowlisting allowed.test, neither phase gets
+    denied.test through it, nor the agent allowed.test. A published port is dropped (the
+    trial's log says so): nothing of the host reaches the sandbox through one."""
+    tasks = copy_tasks(TASKS, tmp_path, ["no-network", "phases"])
+    urls = {
+        "no-network": "http://allowed.test/ http://203.0.113.10/",
+        "phases": "http://allowed.test/ http://denied.test/",
+    }
+    for name, agent_urls in urls.items():
+        folder = tasks / name
+        compose = RELAY_COMPOSE.format(relay=json.dumps(RELAY))
+        (folder / "environment" / "docker-compose.yaml").write_text(compose)
+        agent = ASK_RELAY.format(urls=agent_urls, out="/app/agent.txt", reward="")
+        (folder / "solution" / "solve.sh").write_text(agent)
+        verifier = ASK_RELAY.format(
+            urls="http://denied.test/" if name == "phases" else agent_urls,
+            out="/app/verifier.txt",
+            reward='[ "$(cat /app/agent.txt)" = blocked ] && [ "$(cat /app/verifier.txt)" = '
+            "blocked ] && echo 1 > /logs/verifier/reward.txt || echo 0 > "
+            "/logs/verifier/reward.txt; cat /app/agent.txt /app/verifier.txt",
+        )
+        (folder / "tests" / "test.sh").write_text(verifier)
+    env = {
+        "ORCHESTRATOR_EGRESS_NETWORK": os.environ["ORCHESTRATOR_EGRESS_NETWORK"],
+        "ORCHESTRATOR_EGRESS_DNS": os.environ["ORCHESTRATOR_EGRESS_DNS"],
+    }
+    results = harbor_run(tmp_path, tasks, OURS, "relay", env)
+    for name, trial in results.items():
+        said = next((tmp_path / "jobs" / "relay").glob(f"{name}__*/verifier/test-stdout.txt"))
+        assert trial.exception is None, (name, trial.exception)
+        assert trial.reward == 1.0, (name, said.read_text())
+        log = next((tmp_path / "jobs" / "relay").glob(f"{name}__*/trial.log")).read_text()
+        assert "services.main.ports dropped" in log, log[-2000:]
 
 
 KERNEL_TEST = """\
