@@ -85,7 +85,8 @@ def harbor_run(
 ) -> Path:
     """`harbor run` of every task in `tasks` on `environment` (`OURS`, or one of Harbor's:
     "docker"), `attempts` trials each, `concurrent` at a time, `extra` more arguments of
-    `harbor run` (`--ek KEY=VALUE`); the job's folder. `work` holds
+    `harbor run` (`--ek KEY=VALUE`); the job's folder. What `orchestrator cleanup` then
+    removed (environments Harbor left) is in `work`/cleanup-`job`.txt. `work` holds
     the jobs, our state folder and Harbor's home. HarborRunFailed unless Harbor ends well
     within `deadline` seconds (its container is then removed)."""
     variables = {
@@ -94,6 +95,7 @@ def harbor_run(
         "HOME": str(work / "home"),
         "ORCHESTRATOR_STATE_DIR": str(work / "state"),
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # Harbor's model library: no fetch at import
+        "CLEANED": str(work / f"cleanup-{job}.txt"),
         **(env or {}),
     }
     name = f"orch-harbor-{secrets.token_hex(4)}"
@@ -106,7 +108,8 @@ def harbor_run(
         # Harbor is this container's first process: the guardians of environments it
         # abandoned (a start it cancelled) would die with it before they remove them, so
         # `orchestrator cleanup` does after it, as on any machine where the owner is gone
-        "sh", "-c", 'harbor "$@"; code=$?; python3 -m orchestrator cleanup >&2; exit $code', "sh",
+        "sh", "-c",
+        'harbor "$@"; code=$?; python3 -m orchestrator cleanup > "$CLEANED"; exit $code', "sh",
         "run", "-p", str(tasks), "-e", environment, "-n", str(concurrent),
         "-k", str(attempts), "-o", str(work / "jobs"), "--job-name", job, "-y",
         *extra,

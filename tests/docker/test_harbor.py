@@ -309,6 +309,36 @@ def test_a_sidecar_is_no_way_around_the_network_policy(
         assert "services.main.ports dropped" in log, log[-2000:]
 
 
+NEVER_HEALTHY = """\
+services:
+  main:
+    depends_on: {slow: {condition: service_healthy}}
+  slow:
+    image: orchestrator-test/python:3.11
+    command: ["sleep", "3600"]
+    healthcheck: {test: ["CMD", "false"], interval: 1s, retries: 1000}
+"""
+
+
+@pytest.mark.slow
+def test_a_start_harbor_gives_up_on_leaves_nothing(harbor_image: str, tmp_path: Path) -> None:
+    """A task whose start never ends (a service that never turns healthy) past its
+    build_timeout_sec: Harbor cancels the start, the trial fails with its timeout, and the
+    environment it was making is removed by the environment itself, not left to a cleanup
+    after Harbor."""
+    before = labelled_ids()
+    tasks = copy_tasks(TASKS, tmp_path, ["hello-dockerfile"])
+    folder = tasks / "hello-dockerfile"
+    (folder / "environment" / "docker-compose.yaml").write_text(NEVER_HEALTHY)
+    toml = (folder / "task.toml").read_text().replace("600.0", "8.0")
+    (folder / "task.toml").write_text(toml)
+    results = harbor_run(tmp_path, tasks, OURS, "stuck")
+    failed = results["hello-dockerfile"].exception
+    assert failed is not None and "Timeout" in failed["exception_type"], failed
+    assert (tmp_path / "cleanup-stuck.txt").read_text().strip() == "0 removed"
+    assert labelled_ids() <= before
+
+
 KERNEL_TEST = """\
 #!/bin/bash
 # 1.0 only under gVisor: its kernel log says so (runc's sandbox may not read the host's)
