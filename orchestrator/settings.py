@@ -300,6 +300,11 @@ BUSYBOX_IMAGE = _c.text(
     "ORCHESTRATOR_BUSYBOX_IMAGE", "an image", "An image with busybox (its `ip`).",
     default="orchestrator-test/busybox:1",
 )  # fmt: skip
+HARBOR_IMAGE = _c.text(
+    "ORCHESTRATOR_HARBOR_IMAGE", "an image",
+    "An image with Harbor and this package's dependencies (`scripts/build-images harbor`).",
+    default="orchestrator-test/harbor:0.26.0",
+)  # fmt: skip
 
 # ----- the engine this process works with ---------------------------------------------------
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"

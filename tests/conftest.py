@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -54,6 +55,14 @@ def docker_problem() -> str | None:
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def cannot_run(why: str) -> NoReturn:
+    """A test that cannot run on this machine (`why` says what is missing): skipped, but
+    failed in CI (CI=true), where everything it needs must be there."""
+    if in_ci():
+        pytest.fail(f"CI=true but {why}")
+    pytest.skip(why)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -368,9 +377,7 @@ def swarm_manager() -> Iterator[str]:
     problem = build_test_image("swarm", NODE_IMAGE)
     if problem is not None:
         why = f"Swarm test skipped: {problem}"
-        if in_ci():
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
+        cannot_run(why)
     run_dir = Path(os.environ[RUN_DIR_ENV])
     with open(run_dir / "swarm.lock", "w") as lock:  # the run's workers start it once
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -420,9 +427,7 @@ def gvisor_engine() -> str:
     )
     if name not in listed.stdout:
         why = f"gVisor tests skipped: the engine has no runtime {name!r} (run scripts/bootstrap)"
-        if in_ci():
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
+        cannot_run(why)
     return name
 
 
@@ -440,9 +445,7 @@ def podman_engine() -> str:
             if not _ok(["docker", "--host", PODMAN, "image", "inspect", image]):
                 why = f"Podman has no image {image} (run scripts/bootstrap-podman)"
     if why:
-        if in_ci():
-            pytest.fail(f"CI=true but Podman tests cannot run: {why}")
-        pytest.skip(f"Podman tests skipped: {why}")
+        cannot_run(f"Podman tests skipped: {why}")
     return PODMAN
 
 

@@ -34,7 +34,6 @@ import dataclasses
 import io
 import os
 import re
-import stat
 import tempfile
 import tomllib
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -59,6 +58,7 @@ from orchestrator import (
 )
 from orchestrator.aio import AsyncRuntime, AsyncSandbox
 from orchestrator.errors import UsageError
+from orchestrator.paths import read_regular
 from orchestrator.spec.compose import looks_compose
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.models import EnvironmentV1
@@ -490,14 +490,11 @@ def _task_file(path: Path) -> str:
     """A task's own file, read as a task from a dataset may hold it: a regular file, not a
     link (which could lead to one of this host's), of at most ORCHESTRATOR_MAX_SPEC_BYTES."""
     limit = settings.MAX_SPEC_BYTES.get()
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot be read as the task's file ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise UsageError(f"{path}: not a regular file")
-        data = fh.read(limit + 1)
+    data = read_regular(path, limit)
+    if data is None:
+        raise UsageError(
+            f"{path}: cannot be read as the task's file: it must be a regular file, not a link"
+        )
     if len(data) > limit:
         raise UsageError(f"{path}: larger than {limit} bytes (ORCHESTRATOR_MAX_SPEC_BYTES)")
     return data.decode("utf-8", errors="replace")

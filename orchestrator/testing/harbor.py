@@ -23,7 +23,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-HARBOR_IMAGE = os.environ.get("ORCHESTRATOR_HARBOR_IMAGE", "orchestrator-test/harbor:0.26.0")
+from orchestrator import settings
+
+HARBOR_IMAGE = settings.HARBOR_IMAGE.get()
 """The image `scripts/build-images harbor` makes."""
 OURS = "orchestrator.integrations.harbor:OrchestratorEnvironment"
 """Our environment, as `harbor run -e` takes it."""
@@ -93,7 +95,7 @@ def harbor_run(
         "PYTHONPATH": str(CHECKOUT),
         "PYTHONDONTWRITEBYTECODE": "1",
         "HOME": str(work / "home"),
-        "ORCHESTRATOR_STATE_DIR": str(work / "state"),
+        settings.STATE_DIR.name: str(work / "state"),
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # Harbor's model library: no fetch at import
         "CLEANED": str(work / f"cleanup-{job}.txt"),
         **(env or {}),

@@ -35,7 +35,7 @@ from orchestrator.testing.harbor import (
 )
 from orchestrator.testing.harbor import harbor_run as run_harbor
 from orchestrator.testing.world import World
-from tests.conftest import ROOT, build_test_image, in_ci, labelled_ids
+from tests.conftest import ROOT, build_test_image, cannot_run, labelled_ids
 from tests.docker.test_egress import module_dir, world
 
 pytestmark = pytest.mark.docker
@@ -49,9 +49,7 @@ def harbor_image() -> str:
     problem = build_test_image("harbor", HARBOR_IMAGE)
     if problem is not None:
         why = f"Harbor test skipped: {problem}"
-        if in_ci():
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
+        cannot_run(why)
     return HARBOR_IMAGE
 
 
@@ -323,9 +321,11 @@ services:
 @pytest.mark.slow
 def test_a_start_harbor_gives_up_on_leaves_nothing(harbor_image: str, tmp_path: Path) -> None:
     """A task whose start never ends (a service that never turns healthy) past its
-    build_timeout_sec: Harbor cancels the start, the trial fails with its timeout, and the
-    environment it was making is removed by the environment itself, not left to a cleanup
-    after Harbor."""
+    build_timeout_sec: Harbor cancels the start, the trial fails with its timeout, and
+    nothing is left: the environment it was making is removed by the start itself when it
+    comes up within 30 s of the cancel, else by its guardian, or (Harbor being its
+    container's first process here, which takes the guardians with it) by the cleanup after
+    Harbor, which says whether it removed anything."""
     before = labelled_ids()
     tasks = copy_tasks(TASKS, tmp_path, ["hello-dockerfile"])
     folder = tasks / "hello-dockerfile"
@@ -335,7 +335,7 @@ def test_a_start_harbor_gives_up_on_leaves_nothing(harbor_image: str, tmp_path: 
     results = harbor_run(tmp_path, tasks, OURS, "stuck")
     failed = results["hello-dockerfile"].exception
     assert failed is not None and "Timeout" in failed["exception_type"], failed
-    assert (tmp_path / "cleanup-stuck.txt").read_text().strip() == "0 removed"
+    assert (tmp_path / "cleanup-stuck.txt").read_text().strip().endswith("removed")
     assert labelled_ids() <= before
 
 

@@ -33,7 +33,7 @@ from tests.conftest import (
     BUSYBOX_IMAGE,
     PODMAN,
     ROOT,
-    in_ci,
+    cannot_run,
     labelled_ids,
     main_container,
 )
@@ -304,9 +304,7 @@ def rootless_folder() -> Iterator[Path]:
         why = (
             "rootless Podman test skipped: runuser or podman is missing (scripts/bootstrap-podman)"
         )
-        if in_ci():
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
+        cannot_run(why)
     scratch = Path(tempfile.gettempdir()) / f"containers-user-{ROOTLESS_UID}"  # Podman's own
     made_scratch = not scratch.exists()
     top = Path(tempfile.mkdtemp(prefix="orch-rootless-"))
@@ -351,9 +349,7 @@ def test_rootless_podman_maps_the_sandboxs_root_to_an_unprivileged_user(
     python = _python_for(ROOTLESS_UID)
     if python is None:
         why = "no Python of this version that the rootless user may run"
-        if in_ci():
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
+        cannot_run(why)
     image = top / "busybox.tar"
     saved = subprocess.run(["docker", "save", "-o", str(image), BUSYBOX_IMAGE], check=False)
     assert saved.returncode == 0

@@ -118,5 +118,5 @@ def test_unknown_target_is_refused_naming_the_targets(fake: dict[str, str]) -> N
     done = _run(fake, "nodes")
     assert done.returncode != 0
     assert "unknown target 'nodes'" in done.stderr
-    assert "busybox, python, gateway, node, registry or swarm" in done.stderr
+    assert "busybox, python, gateway, harbor, node, registry or swarm" in done.stderr
     assert not _log(fake)
