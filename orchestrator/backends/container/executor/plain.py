@@ -44,9 +44,11 @@ MARK = "ORCHESTRATOR_CMD"
 HOLD_LIMIT = 64 * 1024
 """Most stdout held before the command's session line: the docker CLI prints why the engine
 would not start a command there (an unknown user, a missing cwd), never more."""
-KILL_TIMEOUT = 5.0
+KILL_TIMEOUT = 30.0
 """Longest the in-container kill may take, retries included (an engine that does not
-answer, a sandbox that cannot start the killer)."""
+answer, a sandbox that cannot start the killer). A busy engine takes seconds to start one
+`docker exec` (5 s was seen to cut the killer before its first pass: the command's
+processes lived on)."""
 # The command, through sh: first its session on stderr (echo is a builtin everywhere)
 SESSION = b"orchestrator-session:"
 WRAP = 'echo "orchestrator-session:$$" >&2; exec "$@"'
