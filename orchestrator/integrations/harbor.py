@@ -192,9 +192,7 @@ class OrchestratorEnvironment(BaseEnvironment):
         )
         data = env.spec.model_dump(mode="json", exclude_unset=True)
         data["name"] = _name(self.environment_name)
-        if (
-            self.options.isolation is not None
-        ):  # the caller's ORCHESTRATOR_ISOLATION still raises it
+        if self.options.isolation is not None:  # (ORCHESTRATOR_ISOLATION still raises it)
             data["isolation"] = self.options.isolation
         egress = egress_of(self.network_policy)
         data.setdefault("network", {})["egress"] = egress
