@@ -145,9 +145,13 @@ def test_stdin_and_output_bigger_than_any_buffer(rt: Runtime) -> None:
 
 
 KILL_EXECUTOR = (
-    "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f 2>/dev/null | grep -q '[a]gent.py' "
-    "&& p=${f#/proc/} && kill -9 ${p%/cmdline}; done; true"
+    "pids=; for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f 2>/dev/null | grep -q "
+    "'[a]gent.py' && p=${f#/proc/} && pids=\"$pids ${p%/cmdline}\"; done; "
+    "kill -9 $(printf '%s\\n' $pids | sort -n) 2>/dev/null; true"
 )
+"""Kill the executor and the processes it forked, all at once, the executor (the oldest, the
+lowest id) first: one by one in the glob's order (by name: 100 before 27), a child that
+hosts the command could die first, and the executor report its end as the command's."""
 
 
 def test_a_lost_executor_fails_its_call_and_the_next_call_starts_another(rt: Runtime) -> None:
