@@ -376,8 +376,7 @@ def swarm_manager() -> Iterator[str]:
     leave anything on it."""
     problem = build_test_image("swarm", NODE_IMAGE)
     if problem is not None:
-        why = f"Swarm test skipped: {problem}"
-        cannot_run(why)
+        cannot_run(f"Swarm test skipped: {problem}")
     run_dir = Path(os.environ[RUN_DIR_ENV])
     with open(run_dir / "swarm.lock", "w") as lock:  # the run's workers start it once
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -426,8 +425,9 @@ def gvisor_engine() -> str:
         check=False,
     )
     if name not in listed.stdout:
-        why = f"gVisor tests skipped: the engine has no runtime {name!r} (run scripts/bootstrap)"
-        cannot_run(why)
+        cannot_run(
+            f"gVisor tests skipped: the engine has no runtime {name!r} (run scripts/bootstrap)"
+        )
     return name
 
 

@@ -17,13 +17,13 @@ Harbor downloads its logs; neither reaches the host."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.docker.network import EGRESS_DNS_ENV, EGRESS_NETWORK_ENV
 from orchestrator.testing.harbor import (
     HARBOR_IMAGE,
     OURS,
@@ -48,9 +48,13 @@ TASKS = ROOT / "tests" / "data" / "harbor"
 def harbor_image() -> str:
     problem = build_test_image("harbor", HARBOR_IMAGE)
     if problem is not None:
-        why = f"Harbor test skipped: {problem}"
-        cannot_run(why)
+        cannot_run(f"Harbor test skipped: {problem}")
     return HARBOR_IMAGE
+
+
+def world_env(world: World) -> dict[str, str]:
+    """What makes our environments in the Harbor container leave by the test world."""
+    return {EGRESS_NETWORK_ENV: world.network, EGRESS_DNS_ENV: world.resolver_ip}
 
 
 def harbor_run(
@@ -80,10 +84,7 @@ def test_harbor_runs_its_tasks_on_orchestrator(
     before = labelled_ids()
     names = ["compose-service", "hello-dockerfile", "no-network", "phases"]
     tasks = copy_tasks(TASKS, tmp_path, names)
-    env = {
-        "ORCHESTRATOR_EGRESS_NETWORK": os.environ["ORCHESTRATOR_EGRESS_NETWORK"],
-        "ORCHESTRATOR_EGRESS_DNS": os.environ["ORCHESTRATOR_EGRESS_DNS"],
-    }
+    env = world_env(world)
     results = harbor_run(tmp_path, tasks, OURS, "ours", env)
     assert sorted(results) == names
     for name, trial in results.items():
@@ -294,10 +295,7 @@ def test_a_sidecar_is_no_way_around_the_network_policy(
             "/logs/verifier/reward.txt; cat /app/agent.txt /app/verifier.txt",
         )
         (folder / "tests" / "test.sh").write_text(verifier)
-    env = {
-        "ORCHESTRATOR_EGRESS_NETWORK": os.environ["ORCHESTRATOR_EGRESS_NETWORK"],
-        "ORCHESTRATOR_EGRESS_DNS": os.environ["ORCHESTRATOR_EGRESS_DNS"],
-    }
+    env = world_env(world)
     results = harbor_run(tmp_path, tasks, OURS, "relay", env)
     for name, trial in results.items():
         said = next((tmp_path / "jobs" / "relay").glob(f"{name}__*/verifier/test-stdout.txt"))

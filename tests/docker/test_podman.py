@@ -348,8 +348,7 @@ def test_rootless_podman_maps_the_sandboxs_root_to_an_unprivileged_user(
     top = rootless_folder
     python = _python_for(ROOTLESS_UID)
     if python is None:
-        why = "no Python of this version that the rootless user may run"
-        cannot_run(why)
+        cannot_run("no Python of this version that the rootless user may run")
     image = top / "busybox.tar"
     saved = subprocess.run(["docker", "save", "-o", str(image), BUSYBOX_IMAGE], check=False)
     assert saved.returncode == 0

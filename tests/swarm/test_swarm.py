@@ -215,8 +215,9 @@ def registry(swarm_cluster: str, tmp_path: Path) -> Iterator[str]:
 
     binary = shutil.which("docker-registry")
     if binary is None:
-        why = "docker-registry is not installed (scripts/build-images registry installs it as root)"
-        cannot_run(why)
+        cannot_run(
+            "docker-registry is not installed (scripts/build-images registry installs it as root)"
+        )
     gateway = subprocess.run(
         [
             "docker",
