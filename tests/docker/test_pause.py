@@ -74,9 +74,14 @@ def test_a_paused_environment_uses_no_cpu_and_resumes_intact(paired: Runtime) ->
     assert pid.isdigit(), started
     containers = [main_container(rt), container_of(rt, "side")]
     assert wait_until(lambda: rt.execute("cat /tmp/count").ok, 30)  # it spins
+    # Both spin: each container's CPU time grows. On a loaded machine (a full run has six
+    # workers on two CPUs) a spinner may get less than 20 ms in any one second, so it is
+    # waited for rather than read once after a fixed sleep (a CI run failed so).
     before = [cpu_ns(c) for c in containers]
-    time.sleep(1)
-    assert all(cpu_ns(c) - b > 20_000_000 for c, b in zip(containers, before, strict=True))
+    assert wait_until(
+        lambda: all(cpu_ns(c) - b > 20_000_000 for c, b in zip(containers, before, strict=True)),
+        30,
+    )
 
     rt.pause()
     assert rt.paused
