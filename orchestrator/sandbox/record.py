@@ -17,11 +17,12 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError, ProjectNotFound
-from orchestrator.spec.loader import Environment
-from orchestrator.spec.models import EnvironmentV1
+
+if TYPE_CHECKING:  # (loaded where a record is read: what matches ids loads no pydantic)
+    from orchestrator.spec.loader import Environment
 
 RECORD = "runtime.json"
 """In a project folder: what `attach` needs to give a runtime for it."""
@@ -92,6 +93,9 @@ def recall(folder: Path) -> Record:
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             raise ProjectNotFound(f"{what}: its record is not a file of ours; not used")
         raw = fh.read(RECORD_LIMIT + 1)
+    from orchestrator.spec.loader import Environment
+    from orchestrator.spec.models import EnvironmentV1
+
     try:
         if len(raw) > RECORD_LIMIT:
             raise ValueError(f"more than {RECORD_LIMIT} bytes")

@@ -9,7 +9,7 @@ from typing import Literal
 
 from orchestrator.procutil import Outcome
 from orchestrator.sandbox.usage import Usage
-from orchestrator.spec.models import PublishedPort
+from orchestrator.spec.published import PublishedPort
 
 __all__ = [
     "Connection",

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.paths import make_folders, state_dir, state_folder, write_file
 from orchestrator.procutil import process_start
-from orchestrator.sandbox.registry import get_runtime_class
 
 if TYPE_CHECKING:
     from orchestrator.spec.loader import Environment
@@ -108,6 +107,9 @@ class Snapshot:
         name any image and any backend; what is not its own is left alone, with a
         warning)."""
         if self.images:
+            # (the registry is loaded here only: what lists snapshots loads no backend)
+            from orchestrator.sandbox.registry import get_runtime_class
+
             try:
                 backend = get_runtime_class(self.image_backend)
             except UsageError as exc:

@@ -5,7 +5,6 @@ types and patterns they use. `spec.models` puts them together (and exports them 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -20,6 +19,8 @@ from pydantic import (
 
 from orchestrator.spec import egress
 from orchestrator.spec.egress import Egress
+from orchestrator.spec.published import Protocol as Protocol
+from orchestrator.spec.published import PublishedPort as PublishedPort
 
 NAME_RE = r"^[a-z0-9][a-z0-9_.-]*$"
 Isolation = Literal["runc", "gvisor"]
@@ -138,26 +139,6 @@ class Setup(Strict):
     again, and whatever setup left open through the gateway is cut. Unset: setup runs
     under `network.egress`. The caller's policy narrows it as it does `network.egress`
     (docs/network.md, "Egress by phase")."""
-
-
-Protocol = Literal["tcp", "udp", "sctp"]
-"""Transport protocols a port may be published for."""
-
-
-@dataclass(frozen=True)
-class PublishedPort:
-    """A container port reachable from the host."""
-
-    service: str
-    """Compose service: "main" for the sandbox, else the extra service's name."""
-    container: int
-    protocol: Protocol
-    host_ip: str
-    host: int
-    """Host port (an ephemeral one, resolved, when the file left it out)."""
-
-    def __str__(self) -> str:
-        return f"{self.service}:{self.container}/{self.protocol} -> {self.host_ip}:{self.host}"
 
 
 class PortMap(Strict):

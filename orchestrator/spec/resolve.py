@@ -10,10 +10,9 @@ from orchestrator.errors import UsageError
 from orchestrator.procutil import MAX_ID, UnknownUser, numeric_ids
 from orchestrator.spec.models import STATIC_PLACEHOLDER, EnvironmentV1
 from orchestrator.spec.policy import Policy, passed_env
+from orchestrator.spec.published import LOOPBACK as LOOPBACK
+from orchestrator.spec.published import MAIN as MAIN
 
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-MAIN = "main"
-"""The Compose service of the sandbox itself (every other one is an extra service)."""
 IMAGE_USER = "image"
 """`user: image`: the image's USER, read by the backend once the sandbox's container exists."""
 

@@ -12,6 +12,7 @@ import stat
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator import settings
 from orchestrator.paths import (
@@ -22,7 +23,9 @@ from orchestrator.paths import (
     write_file,
 )
 from orchestrator.procutil import process_start as process_start
-from orchestrator.spec.loader import Environment
+
+if TYPE_CHECKING:  # (the loader loads pydantic and YAML: `ps` needs neither)
+    from orchestrator.spec.loader import Environment
 
 L = "org.orchestrator."
 LABEL_MANAGED = L + "managed"

@@ -3,8 +3,12 @@ container, what keeps the main sandbox alive, and the labels on its containers."
 
 from __future__ import annotations
 
-from orchestrator.spec.models import EnvironmentV1
-from orchestrator.spec.resolve import LOOPBACK, MAIN
+from typing import TYPE_CHECKING
+
+from orchestrator.spec.published import LOOPBACK, MAIN
+
+if TYPE_CHECKING:  # (the file's models load pydantic: `ps` needs none of them)
+    from orchestrator.spec.models import EnvironmentV1
 
 __all__ = [
     "FORWARDER",

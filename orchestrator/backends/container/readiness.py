@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import procutil
 from orchestrator.backends.container.engine import (
@@ -29,7 +29,9 @@ from orchestrator.backends.container.engine import (
 )
 from orchestrator.errors import DockerError, HealthcheckFailed, OrchestratorError
 from orchestrator.paths import read_regular
-from orchestrator.spec.models import Service
+
+if TYPE_CHECKING:  # (the file's models load pydantic: `ps --usage` needs none of them)
+    from orchestrator.spec.models import Service
 
 SETTLE = 1.0
 """Seconds a service that keeps running must still run after it was first seen running."""

@@ -24,7 +24,7 @@ from orchestrator.backends.container.readiness import runs_here
 from orchestrator.errors import OrchestratorError
 from orchestrator.paths import read_regular
 from orchestrator.sandbox.usage import Egress, Meter, Reading, Usage
-from orchestrator.spec.resolve import MAIN
+from orchestrator.spec.published import MAIN
 
 ROOT = Path("/sys/fs/cgroup")
 PROCS = 4096

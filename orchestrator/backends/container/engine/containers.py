@@ -26,7 +26,7 @@ from orchestrator.backends.container.engine.errors import (
 )
 from orchestrator.backends.container.layout import FORWARDS_LABEL, parse_forwards
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
-from orchestrator.spec.models import Protocol, PublishedPort
+from orchestrator.spec.published import Protocol, PublishedPort
 
 if TYPE_CHECKING:
     from python_on_whales import Container
