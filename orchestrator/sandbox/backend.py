@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from orchestrator._resources import templates_version
 from orchestrator._version import __version__
 from orchestrator.errors import UsageError
+from orchestrator.sandbox.keeping import Keeping
 from orchestrator.spec.limits import Limits
 from orchestrator.spec.loader import Environment, require_main_image
 from orchestrator.spec.lockfile import Lock
@@ -24,7 +25,6 @@ from orchestrator.spec.policy import Policy
 if TYPE_CHECKING:  # (types only: these modules build on this one)
     from orchestrator.sandbox.base import Runtime
     from orchestrator.sandbox.options import BuildChoice, SpawnOptions
-    from orchestrator.sandbox.results import EnvironmentStatus
     from orchestrator.sandbox.snapshot import Snapshot
 
 log = logging.getLogger("orchestrator")
@@ -70,10 +70,10 @@ def request(env: Environment) -> Amounts:
     )
 
 
-class Backend:
+class Backend(Keeping):
     """A backend, as its class: its name, what it cannot do, its checks, and the environments
-    it left running. `Runtime` (sandbox/base.py) derives from it, and is its one subclass:
-    a backend derives from Runtime."""
+    it left running (its hooks: keeping.py). `Runtime` (sandbox/base.py) derives from it,
+    and is its one subclass: a backend derives from Runtime."""
 
     #: Registered backend name.
     name: ClassVar[str] = ""
@@ -138,34 +138,6 @@ class Backend:
         return Lock(
             file=Path(env.source).name, orchestrator=__version__, templates=templates_version()
         )
-
-    # ----- environments left running: `orchestrator.environments`, `remove_environment`, `reap`
-    # A backend whose environments never outlive their process keeps these defaults.
-    # Backends sharing one implementation (the container ones) are asked once.
-    @classmethod
-    def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
-        """Its environments left running, after removing those whose owner is gone (their
-        ids, second); with `usage`, each one's `EnvironmentStatus.usage` read too."""
-        return [], []
-
-    @classmethod
-    def running_ids(cls) -> list[str]:
-        """The ids of its environments left running (a listing that removes nothing), which
-        `remove_environment` matches a caller's ref against, over every backend at once."""
-        return []
-
-    @classmethod
-    def remove_running(cls, ident: str, *, force: bool = False) -> str | None:
-        """Remove its environment `ident` (an exact id) and return it; None when it has none
-        so named. UsageError when its owner process still uses it, unless `force` or it was
-        kept on purpose."""
-        return None
-
-    @classmethod
-    def reap(cls, *, everything: bool = False, include_kept: bool = False) -> list[str]:
-        """Remove what is left of environments whose owner is gone (all with `everything`;
-        kept ones only with `include_kept`): what was removed, one line each."""
-        return []
 
     @classmethod
     def from_record(

@@ -12,11 +12,9 @@ import os
 import sys
 import types
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from orchestrator.errors import UsageError
-from orchestrator.sandbox.backend import Backend
 
 if TYPE_CHECKING:
     from orchestrator.sandbox.base import Runtime
@@ -46,7 +44,10 @@ def register_runtime(name: str) -> Callable[[R], R]:
 
 def _register(name: str, cls: object, what: str) -> type[Runtime]:
     # Backend is the class half of Runtime (sandbox/backend.py), and Runtime its one subclass:
-    # asked so, the registry needs not import sandbox/base.py, whose records import this
+    # asked so, the registry needs not import sandbox/base.py, whose records import this (and
+    # loads it only here: what lists environments by name loads no backend)
+    from orchestrator.sandbox.backend import Backend
+
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise UsageError(f"{what} is not a Runtime subclass")
     own = cls.__dict__.get("name")
@@ -78,12 +79,20 @@ def _mtime(path: str) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _scan(path: tuple[tuple[str, int], ...]) -> dict[str, str]:
+    from importlib.metadata import entry_points
+
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def runtime_names() -> list[str]:
     """Every backend that can be asked for by name."""
     return sorted({*_BUILTIN, *_registered, *_entry_points()})
+
+
+def builtin(name: str) -> str | None:
+    """The import path of built-in backend `name` (None for one registered in this process,
+    which may stand in for it, and for a plugin)."""
+    return None if name in _registered else _BUILTIN.get(name)
 
 
 def get_runtime_class(name: str) -> type[Runtime]:

@@ -12,8 +12,10 @@ then exits 1, so that a partial list never passes for the whole one."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from orchestrator.errors import (
@@ -22,15 +24,31 @@ from orchestrator.errors import (
     PartialListing,
     ProjectNotFound,
 )
-from orchestrator.sandbox import hostpack
-from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox import registry
+from orchestrator.sandbox.keeping import Keeping
 from orchestrator.sandbox.record import match_id
-from orchestrator.sandbox.registry import get_runtime_class, runtime_names
 from orchestrator.sandbox.results import EnvironmentStatus
-from orchestrator.sandbox.snapshot import snapshots_dir
 
 T = TypeVar("T")
 log = logging.getLogger("orchestrator.inventory")
+
+
+KEEPERS = {
+    "orchestrator.backends.docker.runtime:ComposeRuntime": "container.keeper:ContainerInventory",
+    "orchestrator.backends.swarm.runtime:SwarmRuntime": "container.keeper:ContainerInventory",
+    "orchestrator.backends.local:LocalRuntime": None,
+}
+"""What each built-in backend answers the hooks with (its class's own, held equal by a unit
+test), under orchestrator.backends: asked so, a listing loads no backend. None: the base
+class's defaults, keeping none."""
+
+
+@dataclass(frozen=True)
+class Keeper:
+    """A backend that keeps environments: its name, and the class whose hooks answer."""
+
+    name: str
+    hooks: type[Keeping]
 
 
 def _hooks(cls: type) -> tuple[object, ...]:
@@ -39,33 +57,49 @@ def _hooks(cls: type) -> tuple[object, ...]:
     )
 
 
-def _backends() -> list[type[Runtime]]:
-    """One class for each distinct implementation of the hooks that keeps environments (the
-    base class's defaults keep none), in registry order."""
-    seen = {_hooks(Runtime)}
+def _hooks_of(name: str) -> type[Keeping] | None:
+    """The class whose hooks backend `name` answers with (None: it keeps none), loading a
+    built-in backend's own module only where KEEPERS does not say."""
+    target = registry.builtin(name)
+    if target in KEEPERS:
+        keeper = KEEPERS[target]
+        if keeper is None:
+            return None
+        module, _, attr = keeper.partition(":")
+        return cast(
+            "type[Keeping]",
+            getattr(importlib.import_module(f"orchestrator.backends.{module}"), attr),
+        )
+    return registry.get_runtime_class(name)
+
+
+def _backends() -> list[Keeper]:
+    """One for each distinct implementation of the hooks that keeps environments (the base
+    class's defaults keep none), in registry order."""
+    seen = {_hooks(Keeping)}
     out = []
-    for name in runtime_names():
+    for name in registry.runtime_names():
         try:
-            cls = get_runtime_class(name)
+            cls = _hooks_of(name)
         except (ImportError, OrchestratorError) as exc:
             log.warning("backend %r skipped: %s", name, exc)
             continue
-        if _hooks(cls) not in seen:
+        if cls is not None and _hooks(cls) not in seen:
             seen.add(_hooks(cls))
-            out.append(cls)
+            out.append(Keeper(name, cls))
     return out
 
 
 def _each(
-    ask: Callable[[type[Runtime]], T], failures: list[str] | None = None
-) -> list[tuple[type[Runtime], T]]:
+    ask: Callable[[type[Keeping]], T], failures: list[str] | None = None
+) -> list[tuple[Keeper, T]]:
     """`ask` of every backend; one that fails is left out (logged, and but for one that
     cannot run here, added to `failures`) unless all fail."""
     answers, failed = [], []
     backends = _backends()
     for cls in backends:
         try:
-            answers.append((cls, ask(cls)))
+            answers.append((cls, ask(cls.hooks)))
         except PartialListing as exc:  # what it listed stands; what it could not, is said
             answers.append((cls, cast(T, exc.partial)))
             if failures is not None:
@@ -91,7 +125,7 @@ def environments(
     rows: list[EnvironmentStatus] = []
     removed: list[str] = []
 
-    def ask(cls: type[Runtime]) -> tuple[list[EnvironmentStatus], list[str]]:
+    def ask(cls: type[Keeping]) -> tuple[list[EnvironmentStatus], list[str]]:
         # (asked without `usage` when not wanted: a backend written before it takes none)
         return cls.running(usage=True) if usage else cls.running()
 
@@ -110,7 +144,7 @@ def remove_environment(ref: str, *, force: bool = False, exact: bool = False) ->
     if exact and ref not in owner:
         raise ProjectNotFound(f"{ref} is gone already; `orchestrator ps` lists what runs")
     name = match_id(ref, sorted(owner))
-    if owner[name].remove_running(name, force=force) is None:
+    if owner[name].hooks.remove_running(name, force=force) is None:
         raise ProjectNotFound(f"{name} is gone already; `orchestrator ps` lists what runs")
     return name
 
@@ -119,6 +153,9 @@ def reap(*, everything: bool = False, include_kept: bool = False) -> list[str]:
     """Remove what is left of environments whose owner process is gone (every one of ours
     with `everything`; those kept on purpose only with `include_kept`): what was removed,
     one line each."""
+    from orchestrator.sandbox import hostpack
+    from orchestrator.sandbox.snapshot import snapshots_dir
+
     done = _each(lambda cls: cls.reap(everything=everything, include_kept=include_kept))
     parts = hostpack.sweep_parts(snapshots_dir())  # snapshots their writer never finished
     return [line for _, lines in done for line in lines] + parts

@@ -78,6 +78,7 @@ def test_spawn_runtime_dispatches_on_backend(tmp_path: Path) -> None:
 
 
 def test_entry_point_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
     from importlib.metadata import EntryPoint
 
     from orchestrator.sandbox import registry
@@ -85,7 +86,9 @@ def test_entry_point_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     ep = EntryPoint(
         "from-plugin", "orchestrator.backends.local:LocalRuntime", registry.ENTRY_POINT_GROUP
     )
-    monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == ep.group else [])
+    monkeypatch.setattr(  # (the registry loads it when it scans)
+        importlib.metadata, "entry_points", lambda group: [ep] if group == ep.group else []
+    )
     registry._scan.cache_clear()  # scanned once per sys.path: this one is new
     monkeypatch.setattr(registry, "_scan", registry._scan.__wrapped__)
     assert "from-plugin" in runtime_names()

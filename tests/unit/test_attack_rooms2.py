@@ -32,7 +32,6 @@ from orchestrator.backends.local import LocalRuntime
 from orchestrator.errors import DockerError
 from orchestrator.sandbox import registry
 from orchestrator.sandbox.record import match_id
-from orchestrator.services import inventory
 
 REMOVED: list[str] = []
 
@@ -75,7 +74,6 @@ def registry_of(monkeypatch: pytest.MonkeyPatch) -> Make:
         monkeypatch.setattr(registry, "_registered", {})
         monkeypatch.setattr(registry, "_BUILTIN", builtin or {})
         monkeypatch.setattr(registry, "_entry_points", dict)
-        monkeypatch.setattr(inventory, "runtime_names", registry.runtime_names)
         for name, cls in backends.items():
             registry.register_runtime(name)(cls)
         REMOVED.clear()

@@ -58,7 +58,6 @@ def only_ours(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "_entry_points", dict)
     registry.register_runtime("kept")(Kept)
     registry.register_runtime("kept-too")(KeptToo)
-    monkeypatch.setattr(inventory, "runtime_names", registry.runtime_names)
     ASKED.clear()
 
 
@@ -87,7 +86,6 @@ def test_a_backend_that_cannot_be_imported_is_skipped_with_a_warning(
     monkeypatch.setattr(registry, "_registered", {})
     monkeypatch.setattr(registry, "_BUILTIN", {"broken": "no_such_module_here:Runtime"})
     monkeypatch.setattr(registry, "_entry_points", dict)
-    monkeypatch.setattr(inventory, "runtime_names", registry.runtime_names)
     assert orchestrator.environments() == ([], [])
     assert "backend 'broken' skipped" in caplog.text
 
@@ -111,7 +109,7 @@ def test_removing_by_exact_id_never_takes_another_by_a_prefix(
             removed.append(ident)
             return ident
 
-    monkeypatch.setattr(inventory, "_backends", lambda: [Two])
+    monkeypatch.setattr(inventory, "_backends", lambda: [inventory.Keeper("two", Two)])
     with pytest.raises(ProjectNotFound, match="gone already"):
         inventory.remove_environment("orch-a-1234", exact=True)
     assert removed == []
@@ -138,7 +136,11 @@ def test_a_listing_that_left_a_backend_out_says_so(
         def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
             raise failure[0]
 
-    monkeypatch.setattr(inventory, "_backends", lambda: [Kept, Failing])
+    monkeypatch.setattr(
+        inventory,
+        "_backends",
+        lambda: [inventory.Keeper("kept", Kept), inventory.Keeper("local", Failing)],
+    )
     failure.append(DockerError("listing (ps) timed out"))
     failures: list[str] = []
     rows, _ = orchestrator.environments(failures=failures)
@@ -175,7 +177,11 @@ def test_projects_on_an_engine_that_did_not_answer_are_said_to_be_left_out(
     monkeypatch.setattr(container_inventory, "listing_elsewhere", lambda host: None)
     with pytest.raises(PartialListing, match=r"nowhere\.sock did not answer: orch-far-00000001"):
         container_inventory.running_environments()
-    monkeypatch.setattr(inventory, "_backends", lambda: [Kept, ContainerRuntime])
+    monkeypatch.setattr(
+        inventory,
+        "_backends",
+        lambda: [inventory.Keeper("kept", Kept), inventory.Keeper("docker", ContainerRuntime)],
+    )
     failures: list[str] = []
     rows, _ = orchestrator.environments(failures=failures)
     assert [r.id for r in rows] == ["orch-kept-1"]
@@ -183,3 +189,26 @@ def test_projects_on_an_engine_that_did_not_answer_are_said_to_be_left_out(
     shown = CliRunner().invoke(app, ["ps"])
     assert shown.exit_code == 1 and "orch-kept-1" in shown.stdout
     assert "did not answer: orch-far-00000001" in shown.stderr
+
+
+def test_built_in_backends_are_asked_through_the_hooks_their_classes_have() -> None:
+    """A listing asks the built-in backends through the classes KEEPERS names, without
+    loading the backends (`orchestrator ps` loads no pydantic): each must be the one whose
+    hooks the backend's own class has."""
+    import importlib
+
+    from orchestrator.sandbox.keeping import Keeping
+
+    assert set(inventory.KEEPERS) == set(registry._BUILTIN.values())
+    for target, keeper in inventory.KEEPERS.items():
+        module, _, name = target.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        if keeper is None:
+            assert inventory._hooks(cls) == inventory._hooks(Keeping), target
+        else:
+            where, _, attr = keeper.partition(":")
+            hooks = getattr(importlib.import_module(f"orchestrator.backends.{where}"), attr)
+            assert inventory._hooks(cls) == inventory._hooks(hooks) != inventory._hooks(Keeping)
+    assert [(k.name, k.hooks.__name__) for k in inventory._backends()] == [
+        ("docker", "ContainerInventory")
+    ]

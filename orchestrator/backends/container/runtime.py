@@ -29,6 +29,7 @@ from orchestrator.backends.container import (
 )
 from orchestrator.backends.container.channel import Channel, Mode
 from orchestrator.backends.container.engine import Engine, NoSuchContainer
+from orchestrator.backends.container.keeper import ContainerInventory
 from orchestrator.backends.container.layout import KILL_OTHERS, STATIC_ROOT
 from orchestrator.backends.container.service import ServiceSandbox, shell_connection
 from orchestrator.backends.container.usage import Accounts
@@ -42,7 +43,7 @@ from orchestrator.errors import (
 from orchestrator.sandbox.base import PoolState, Runtime
 from orchestrator.sandbox.calls import Sandbox
 from orchestrator.sandbox.options import AChunks, Chunks, Command
-from orchestrator.sandbox.results import Connection, EnvironmentStatus, RuntimeInfo
+from orchestrator.sandbox.results import Connection, RuntimeInfo
 from orchestrator.sandbox.usage import Reading
 from orchestrator.spec.models import PublishedPort
 from orchestrator.spec.resolve import MAIN, resolve_user
@@ -52,36 +53,12 @@ EXEC_MODE_ENV = settings.EXEC_MODE.name
 """auto (the executor, falling back to plain where it cannot run), executor or plain."""
 
 
-class ContainerRuntime(Runtime):
+class ContainerRuntime(ContainerInventory, Runtime):
     """A runtime whose sandbox and services are containers of one engine (or of several,
-    one per node): everything but placement."""
+    one per node): everything but placement. Its environments left running are one
+    inventory for every container backend (keeper.py)."""
 
     _reset_user: ClassVar[str | None] = "0:0"  # PID 1's user: may signal and remove anything
-
-    # ----- environments left running: one inventory (by label) for every container backend
-    @classmethod
-    def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
-        from orchestrator.backends.container.inventory import running_environments
-
-        return running_environments(usage=usage)
-
-    @classmethod
-    def running_ids(cls) -> list[str]:
-        from orchestrator.backends.container.inventory import running_ids
-
-        return running_ids()
-
-    @classmethod
-    def remove_running(cls, ident: str, *, force: bool = False) -> str | None:
-        from orchestrator.backends.container.inventory import remove_by_id
-
-        return remove_by_id(ident, force=force)
-
-    @classmethod
-    def reap(cls, *, everything: bool = False, include_kept: bool = False) -> list[str]:
-        from orchestrator.backends.container.inventory import reap_all
-
-        return reap_all(everything=everything, include_kept=include_kept)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
