@@ -69,9 +69,21 @@ class NotHere(Exception):
 
 
 def main() -> None:
-    """The `orchestrator` command."""
+    """The `orchestrator` command: `exec` over an endpoint here, `ps` and `down` in
+    quickcli.py, anything else (and each, where its path cannot answer it) in the full CLI."""
+    args = sys.argv[1:]
     try:
-        code = run(sys.argv[1:])
+        if any(name.endswith("_COMPLETE") for name in os.environ):  # (Typer's completion)
+            raise NotHere("completion")
+        if args[:1] in (["ps"], ["down"]):
+            from orchestrator import quickcli
+
+            try:
+                code = quickcli.run(args)
+            except quickcli.Other:
+                raise NotHere("not for the quick path") from None
+        else:
+            code = run(args)
     except KeyboardInterrupt:  # the command died with our connection, as the full CLI's
         code = 130
     except NotHere:

@@ -3,8 +3,6 @@ codes: 2 for usage and spec errors, 3 when the backend is unavailable, 1 otherwi
 
 from __future__ import annotations
 
-import logging
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +26,8 @@ from orchestrator.cli import (
     top,
 )
 from orchestrator.cli.doctor import doctor
-from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
+from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.quickcli import failed, prepare
 
 app = typer.Typer(
     name="orchestrator",
@@ -164,28 +163,11 @@ for command in (
     )(command)
 
 
-def _exit_on(signum: int, frame: object) -> None:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so `with` blocks take their sandboxes down."""
-    raise SystemExit(128 + signum)
-
-
-def _message(exc: OrchestratorError) -> str:
-    """What to print of an error: a sandbox gone is said in one line (its last log lines
-    are `orchestrator logs ID` away)."""
-    text = str(exc)
-    if isinstance(exc, SandboxUnavailable) and text:
-        text = text.splitlines()[0].removesuffix(";").removesuffix("; last log lines:")
-    return text
-
-
 def main() -> None:
-    logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)  # one line each
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit_on)
+    prepare()
     try:
         app(prog_name="orchestrator")  # also as `python -m orchestrator`: one completion script
     except OrchestratorError as exc:
-        typer.echo(f"error: {_message(exc)}", err=True)
-        sys.exit(exc.exit_code)
+        sys.exit(failed(exc))
     except KeyboardInterrupt:
         sys.exit(130)

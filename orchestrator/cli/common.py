@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from orchestrator.tables import ports_text
+
 if TYPE_CHECKING:
     from orchestrator import (
         BuildChoice,
@@ -50,10 +52,6 @@ def say_warnings(warnings: Iterable[str], env: Environment, seen: set[str] | Non
         if warning not in env.notices and warning not in seen:
             seen.add(warning)
             typer.echo(f"warning: {warning}", err=True)
-
-
-def ports_text(ports: Iterable[PublishedPort]) -> str:
-    return ", ".join(str(p) for p in ports)
 
 
 def attach_ref(ref: str) -> Runtime:

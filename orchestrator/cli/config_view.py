@@ -58,7 +58,7 @@ def entry(setting: Setting[Any]) -> tuple[dict[str, Any], Any]:
 
 def show(*, as_json: bool) -> None:
     """Print every setting's value and source; UsageError (exit 2) after, naming each bad one."""
-    from orchestrator.cli.tables import print_table
+    from orchestrator.tables import print_table
 
     found = [entry(s) for s in settings.CATALOG.every]
     if as_json:

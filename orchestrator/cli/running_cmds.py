@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.cli.common import attach_ref, complete_ids, ports_text
+from orchestrator.cli.common import attach_ref, complete_ids
 from orchestrator.errors import OrchestratorError, SandboxFileTimeout, UsageError
 
 if TYPE_CHECKING:
     from orchestrator import (
-        EnvironmentStatus,
         Snapshot,
-        Usage,
     )
 
 
@@ -37,25 +35,10 @@ def down(
 ) -> None:
     """Take environments down: containers, networks and volumes. Each id is tried, also
     after one fails; the exit code is 0 only when every one went (2: an id names none)."""
-    from orchestrator import reap, remove_environment
+    from orchestrator.quickcli import take_down
 
-    if all_ and refs:
-        raise UsageError("give environment ids or --all, not both")
-    if all_:
-        for name in reap(everything=True):
-            typer.echo(f"removed {name}")
-        return
-    if not refs:
-        raise UsageError("name an environment id (several may be given), or pass --all")
-    codes = []
-    for ref in dict.fromkeys(refs):
-        try:
-            typer.echo(f"removed {remove_environment(ref, force=force)}")
-        except OrchestratorError as exc:
-            typer.echo(f"error: {ref}: {exc}", err=True)
-            codes.append(exc.exit_code)
-    if codes:
-        raise typer.Exit(codes[0] if len(set(codes)) == 1 else 1)
+    if code := take_down(refs or [], all_=all_, force=force):
+        raise typer.Exit(code)
 
 
 def ps(
@@ -67,56 +50,12 @@ def ps(
     """List our environments with their owner, state and published ports. Exit 1 when a
     backend's engine failed to list its own (the others' are still listed)."""
     from orchestrator import environments
+    from orchestrator.quickcli import show_environments
 
     failures: list[str] = []
     rows, removed = environments(usage=usage, failures=failures)
-    for name in removed:
-        typer.echo(f"removed {name} (its owner process is gone)", err=True)
-    _list(rows, as_json=as_json, usage=usage)
-    for failure in failures:
-        typer.echo(f"error: {failure}", err=True)
-    if failures:
-        raise typer.Exit(1)
-
-
-def _list(rows: list[EnvironmentStatus], *, as_json: bool, usage: bool) -> None:
-    if as_json:
-        typer.echo(json.dumps([asdict(r) for r in rows]))
-        return
-    if not rows:
-        typer.echo("no environments")
-        return
-    from orchestrator.cli.tables import print_table
-
-    if usage:
-        print_table(
-            ("ID", "ENV", "STATE", "CPU-S", "MEMORY", "PEAK", "PIDS", "EGRESS"),
-            [(r.id, r.env, r.state, *_usage_cells(r.usage)) for r in rows],
-            drop=("EGRESS", "PEAK", "ENV", "STATE"),
-        )
-        return
-    print_table(
-        ("ID", "ENV", "OWNER", "STATE", "PORTS", "POOL"),
-        [(r.id, r.env, r.owner, r.state, ports_text(r.ports), r.pool) for r in rows],
-        drop=("POOL", "OWNER", "ENV", "PORTS", "STATE"),  # an id is never cut
-    )
-
-
-def _usage_cells(usage: Usage | None) -> list[str]:
-    """`ps --usage`'s columns of one environment ("?" each where it was not read)."""
-    if usage is None or not usage.measured:
-        return ["?"] * 4 + ["-" if usage is None or usage.egress is None else "?"]
-    from orchestrator.cli.top import egress_text
-    from orchestrator.cli.top import size_text as size
-
-    total, egress = usage.total, usage.egress
-    return [
-        f"{total.cpu_seconds:.1f}",
-        size(total.memory_bytes),
-        size(total.memory_peak_bytes),
-        str(total.pids),
-        "-" if egress is None else egress_text(egress.allowed, egress.denied, egress.complete),
-    ]
+    if code := show_environments(rows, removed, failures, as_json=as_json, usage=usage):
+        raise typer.Exit(code)
 
 
 def logs(
@@ -209,7 +148,7 @@ def cleanup(
 def _list_snapshots(snaps: list[Snapshot], *, as_json: bool) -> None:
     """`snapshot --list`: JSON; a table with human sizes on a terminal; in a pipe the plain
     form scripts read (tab-separated, exact bytes, no header), as before."""
-    from orchestrator.cli.tables import print_table, printable
+    from orchestrator.tables import print_table, printable
 
     if as_json:
         fields = [{"name": s.name, **asdict(s), "path": str(s.path)} for s in snaps]

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.cli.tables import printable
 from orchestrator.errors import OrchestratorError
+from orchestrator.tables import egress_text, printable, size_text
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -135,14 +135,6 @@ def sorted_rows(rows: list[Row], key: str) -> list[Row]:
     return sorted(rows, key=lambda r: (-(r.cpu_percent or 0), -r.cpu_seconds, r.id))
 
 
-def size_text(n: int) -> str:
-    for unit in ("B", "K", "M", "G"):
-        if n < 1024 or unit == "G":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
 def _age_text(seconds: float | None) -> str:
     if seconds is None:
         return "?"
@@ -151,14 +143,6 @@ def _age_text(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f}m"
     return f"{seconds / 3600:.0f}h"
-
-
-def egress_text(allowed: int | None, denied: int | None, complete: bool) -> str:
-    """allowed/denied requests, "+" after a count the gateway's log lost lines of (at least
-    that many); "-" with no gateway (`allowed` None)."""
-    if allowed is None:
-        return "-"
-    return f"{allowed}/{denied}" + ("" if complete else "+")
 
 
 def cells(row: Row) -> list[str]:
@@ -204,7 +188,7 @@ def top(
         if as_json:
             typer.echo(json.dumps([r.__dict__ for r in rows]))
             return
-        from orchestrator.cli.tables import print_table
+        from orchestrator.tables import print_table
 
         print_table(
             HEADERS, [cells(r) for r in rows], drop=("COMMAND", "OWNER", "EGRESS", "PEAK", "ENV")

@@ -5,6 +5,7 @@ service; `logs` names the services; `up` and `run` print the runtime's warnings.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -196,6 +197,69 @@ def test_exec_ps_and_down_load_neither_python_on_whales_nor_jinja(
         out, loaded = _loaded_by("down", ident)
     assert ident in out and not loaded & HEAVY, sorted(loaded)
     assert ident not in cli("ps").stdout
+
+
+PARSING = {"typer", "click", "rich", "pydantic", "pydantic_core", "ruamel", "_ruamel_yaml"}
+"""What the full CLI loads to read a command and a file, which `ps` and `down` need not."""
+
+
+def _both(*args: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """`orchestrator ARGS` from the command's own start, and from the full CLI."""
+    return tuple(  # type: ignore[return-value]
+        subprocess.run(
+            [sys.executable, "-c", f"from {entry} import main; main()", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for entry in ("orchestrator.endpoint", "orchestrator.cli")
+    )
+
+
+def test_ps_and_down_load_no_parser_and_say_what_the_full_cli_says(make_env: MakeEnv) -> None:
+    """`ps` and `down` from the command's start load neither Typer, Rich nor pydantic, and
+    print what the full CLI prints for the same call: the same row and JSON of an
+    environment, the same errors and exit codes. Calls this path does not take (`--help`,
+    another option) are the full CLI's."""
+    up = cli("up", str(make_env("", name="quickps", image=BUSYBOX_IMAGE)))
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        out, loaded = loaded_by("orchestrator.endpoint", "ps")
+        assert ident in out and not loaded & (HEAVY | PARSING), sorted(loaded & (HEAVY | PARSING))
+        _, loaded = loaded_by("orchestrator.endpoint", "ps", "--usage", "--json")
+        assert not loaded & (HEAVY | PARSING), sorted(loaded & (HEAVY | PARSING))
+        quick, full = _both("ps")
+        assert quick.returncode == full.returncode == 0, (quick.stderr, full.stderr)
+        rows = [
+            {line.split()[0]: line.split() for line in done.stdout.splitlines()}
+            for done in (quick, full)
+        ]
+        assert rows[0]["ID"] == rows[1]["ID"] == ["ID", "ENV", "OWNER", "STATE", "PORTS", "POOL"]
+        assert rows[0][ident] == rows[1][ident] == [ident, "quickps", "detached", "running"]
+        quick, full = _both("ps", "--json")
+        listed = [{r["id"]: r for r in json.loads(done.stdout)}[ident] for done in (quick, full)]
+        assert listed[0] == listed[1] and listed[0]["containers"] == 1
+        for args in (
+            ["down"],
+            ["down", "--all", ident],
+            ["down", "orch-nosuch-00000000"],
+            ["ps", "extra"],
+            ["ps", "--nosuch"],
+            ["down", "--nosuch", ident],
+        ):
+            quick, full = _both(*args)
+            assert quick.returncode == full.returncode == 2, (args, quick.stderr, full.stderr)
+            said = [done.stderr.split(" known: ")[0] for done in (quick, full)]
+            assert said[0] == said[1] and said[0].strip(), args
+        quick, _ = _both("down", "--help")
+        assert quick.returncode == 0 and "--force" in quick.stdout
+    finally:
+        out, loaded = loaded_by("orchestrator.endpoint", "down", ident)
+    assert out == f"removed {ident}\n" and not loaded & (HEAVY | PARSING), sorted(loaded)
+    quick, full = _both("down", ident)
+    assert quick.returncode == full.returncode == 2
+    assert quick.stderr.split(" known: ")[0] == full.stderr.split(" known: ")[0]
 
 
 def _foreign(labels: dict[str, str], *, start: bool) -> str:

@@ -1,19 +1,54 @@
 """Tables of the CLI (`ps`, `snapshot --list`). On a terminal a Rich table fits the width by
 wrapping, then leaving out, the other columns: the first column (ids, names: what is pasted
-into `down`, `exec`, `--rm`) is never cut. In a pipe every column is shown at full width."""
+into `down`, `exec`, `--rm`) is never cut. In a pipe every column is shown at full width.
+Outside the CLI's package, and Rich loaded for a terminal only, so that `ps` in a pipe (a
+script's, a harness's) loads neither Typer nor Rich (quickcli.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import typer
-from rich.cells import cell_len
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator.spec.published import PublishedPort
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """A line on stdout (stderr with `err`), written at once."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def cell_len(text: str) -> int:
+    """Columns `text` takes on a terminal."""
+    if text.isascii():
+        return len(text)
+    from rich.cells import cell_len as cells
+
+    return cells(text)
+
+
+def _piped() -> bool:
+    """Stdout is no terminal, as Rich's Console would say (which is asked otherwise): not a
+    tty, and neither TTY_COMPATIBLE nor FORCE_COLOR set."""
+    if "TTY_COMPATIBLE" in os.environ or "FORCE_COLOR" in os.environ:
+        return False
+    try:
+        return not sys.stdout.isatty()
+    except ValueError:  # closed
+        return True
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], shown: list[int]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(box=None, pad_edge=False, header_style="bold")
     key = max((cell_len(row[0]) for row in rows), default=0)
     for i in shown:
@@ -34,14 +69,18 @@ def print_table(
     stderr; if the first column alone does not fit, it is printed one value a line (the
     terminal wraps it, nothing is cut)."""
     rows = [[printable(cell) for cell in row] for row in rows]
-    console = Console()
+    console = None
+    if not _piped():
+        from rich.console import Console
+
+        console = Console()
     shown = list(range(len(headers)))
-    if not console.is_terminal:  # a pipe: every column, each row on one line
+    if console is None or not console.is_terminal:  # a pipe: every column, each row on one line
         widths = [
             max(cell_len(c) for c in (h, *(row[i] for row in rows))) for i, h in enumerate(headers)
         ]
         for line in (headers, *rows):
-            typer.echo(
+            echo(
                 "  ".join(
                     c + " " * (w - cell_len(c)) for c, w in zip(line, widths, strict=True)
                 ).rstrip()
@@ -55,15 +94,15 @@ def print_table(
         shown.remove(headers.index(name))
         left_out.append(name)
     if not _fits(console, headers, rows, shown):
-        typer.echo(headers[0])
+        echo(headers[0])
         for row in rows:
-            typer.echo(row[0])
+            echo(row[0])
         left_out = list(headers[1:])
     else:
         console.print(_table(headers, rows, shown))
     said = [h for h in left_out if h not in empty]
     if said:
-        typer.echo(f"({', '.join(said)} left out to fit {console.width} columns)", err=True)
+        echo(f"({', '.join(said)} left out to fit {console.width} columns)", err=True)
 
 
 def _fits(
@@ -83,3 +122,23 @@ def printable(cell: str) -> str:
     """A cell as text that cannot move the cursor, start an escape sequence or end the row
     (fields come from labels and records that anyone with access may have written)."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in cell)
+
+
+def ports_text(ports: Iterable[PublishedPort]) -> str:
+    return ", ".join(str(p) for p in ports)
+
+
+def size_text(n: int) -> str:
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def egress_text(allowed: int | None, denied: int | None, complete: bool) -> str:
+    """allowed/denied requests, "+" after a count the gateway's log lost lines of (at least
+    that many); "-" with no gateway (`allowed` None)."""
+    if allowed is None:
+        return "-"
+    return f"{allowed}/{denied}" + ("" if complete else "+")

@@ -1,0 +1,148 @@
+"""`orchestrator ps` and `down`, before anything heavy loads: the command's entry
+(endpoint.py) brings `ps [--json] [--usage]` and `down [--force] [--all] ID...` here, where
+they load no Typer, no pydantic and no backend (the inventory asks built-in backends through
+the light hooks of services/inventory.py). Anything else (`--help`, an option they do not
+take, `--`) goes to the full CLI, before anything ran. The full CLI's `ps` and `down` run
+`show_environments` and `take_down` too, and both set up and report errors through `prepare`
+and `failed`, so the two print the same, byte for byte (held by a test). Hand-written: a
+parser library would cost more than the command."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
+from orchestrator.tables import echo, egress_text, ports_text, print_table, size_text
+
+if TYPE_CHECKING:
+    from orchestrator.sandbox.results import EnvironmentStatus
+    from orchestrator.sandbox.usage import Usage
+
+FLAGS = {"ps": frozenset({"--json", "--usage"}), "down": frozenset({"--force", "--all"})}
+"""The options each command takes on this path (any other word starting with "-" is not
+for it)."""
+
+
+class Other(Exception):
+    """Not a call for this path: the full CLI takes it (nothing ran)."""
+
+
+def prepare() -> None:
+    """What every run of the command starts with: warnings one line each on stderr, and
+    SIGTERM and SIGHUP unwinding like Ctrl-C (so `with` blocks take their sandboxes down)."""
+    logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on)
+
+
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def failed(exc: OrchestratorError) -> int:
+    """Say an error on stderr, in one line where a sandbox is gone (its last log lines are
+    `orchestrator logs ID` away); its exit code."""
+    text = str(exc)
+    if isinstance(exc, SandboxUnavailable) and text:
+        text = text.splitlines()[0].removesuffix(";").removesuffix("; last log lines:")
+    echo(f"error: {text}", err=True)
+    return exc.exit_code
+
+
+def run(args: list[str]) -> int:
+    """`ps [--json] [--usage]` or `down [--force] [--all] ID...`; Other for anything else."""
+    command = args[0] if args else ""
+    words = args[1:]
+    if command not in FLAGS or any(w.startswith("-") and w not in FLAGS[command] for w in words):
+        raise Other(command)
+    if command == "ps" and not FLAGS["ps"].issuperset(words):
+        raise Other("ps takes no arguments")
+    prepare()
+    try:
+        if command == "down":
+            refs = [w for w in words if not w.startswith("-")]
+            return take_down(refs, all_="--all" in words, force="--force" in words)
+        from orchestrator import environments
+
+        failures: list[str] = []
+        usage = "--usage" in words
+        rows, removed = environments(usage=usage, failures=failures)
+        return show_environments(rows, removed, failures, as_json="--json" in words, usage=usage)
+    except OrchestratorError as exc:
+        return failed(exc)
+
+
+def take_down(refs: list[str], *, all_: bool, force: bool) -> int:
+    """`down`: each id tried, also after one fails; its exit code (0 only when every one
+    went; an error's own code when all that failed failed alike)."""
+    from orchestrator import reap, remove_environment
+
+    if all_ and refs:
+        raise UsageError("give environment ids or --all, not both")
+    if all_:
+        for name in reap(everything=True):
+            echo(f"removed {name}")
+        return 0
+    if not refs:
+        raise UsageError("name an environment id (several may be given), or pass --all")
+    codes = []
+    for ref in dict.fromkeys(refs):
+        try:
+            echo(f"removed {remove_environment(ref, force=force)}")
+        except OrchestratorError as exc:
+            echo(f"error: {ref}: {exc}", err=True)
+            codes.append(exc.exit_code)
+    if not codes:
+        return 0
+    return codes[0] if len(set(codes)) == 1 else 1
+
+
+def show_environments(
+    rows: list[EnvironmentStatus],
+    removed: list[str],
+    failures: list[str],
+    *,
+    as_json: bool,
+    usage: bool,
+) -> int:
+    """Print what `ps` lists; its exit code (1 when a backend's engine failed to list its
+    own: a partial list never passes for the whole one)."""
+    for name in removed:
+        echo(f"removed {name} (its owner process is gone)", err=True)
+    if as_json:
+        echo(json.dumps([asdict(r) for r in rows]))
+    elif not rows:
+        echo("no environments")
+    elif usage:
+        print_table(
+            ("ID", "ENV", "STATE", "CPU-S", "MEMORY", "PEAK", "PIDS", "EGRESS"),
+            [(r.id, r.env, r.state, *_usage_cells(r.usage)) for r in rows],
+            drop=("EGRESS", "PEAK", "ENV", "STATE"),
+        )
+    else:
+        print_table(
+            ("ID", "ENV", "OWNER", "STATE", "PORTS", "POOL"),
+            [(r.id, r.env, r.owner, r.state, ports_text(r.ports), r.pool) for r in rows],
+            drop=("POOL", "OWNER", "ENV", "PORTS", "STATE"),  # an id is never cut
+        )
+    for failure in failures:
+        echo(f"error: {failure}", err=True)
+    return 1 if failures else 0
+
+
+def _usage_cells(usage: Usage | None) -> list[str]:
+    """`ps --usage`'s columns of one environment ("?" each where it was not read)."""
+    if usage is None or not usage.measured:
+        return ["?"] * 4 + ["-" if usage is None or usage.egress is None else "?"]
+    total, egress = usage.total, usage.egress
+    return [
+        f"{total.cpu_seconds:.1f}",
+        size_text(total.memory_bytes),
+        size_text(total.memory_peak_bytes),
+        str(total.pids),
+        "-" if egress is None else egress_text(egress.allowed, egress.denied, egress.complete),
+    ]
