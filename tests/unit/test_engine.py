@@ -123,3 +123,54 @@ def test_a_call_past_its_bound_is_timed_out_and_an_idempotent_one_tried_once_mor
 def test_the_api_is_asked_only_on_this_machines_socket() -> None:
     with pytest.raises(BackendUnavailable, match="not on this machine's socket"):
         Engine.at("tcp://127.0.0.1:1").api("GET", "/version", action="asking")
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils `timeout` is missing")
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_a_call_given_up_by_a_signal_leaves_no_docker_cli_behind(tmp_path: Path, how: str) -> None:
+    """`orchestrator ps` interrupted (Ctrl-C, SIGTERM) while the engine hangs: the bounded
+    call's `timeout` was killed alone, and the docker CLI under it lived on, orphaned, for
+    good with an engine that never answers. Now its whole process group goes."""
+    import signal
+    import subprocess
+    import sys
+
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    pidfile = tmp_path / "docker.pid"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 300\n")
+    fake.chmod(0o755)
+    code = (
+        "import signal\n"
+        "from orchestrator.quickcli import prepare\n"
+        "from orchestrator.backends.container.engine import Engine\n"
+        "prepare()\n"
+        "Engine.at('unix:///run/orchestrator-test-none.sock').run('ps', action='listing')\n"
+    )
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    docker = 0
+    with subprocess.Popen([sys.executable, "-c", code], env=env) as caller:
+        try:
+            deadline = time.monotonic() + 30
+            while not pidfile.exists() or not pidfile.read_text().strip():
+                assert time.monotonic() < deadline and caller.poll() is None
+                time.sleep(0.05)
+            docker = int(pidfile.read_text())
+            caller.send_signal(getattr(signal, how))
+            assert caller.wait(timeout=30) != 0
+            deadline = time.monotonic() + 10
+            while _alive(docker):
+                assert time.monotonic() < deadline, f"the docker CLI ({docker}) outlived its caller"
+                time.sleep(0.05)
+        finally:
+            caller.kill()
+            if docker and _alive(docker):  # (what a failure left: the fake's own sleep)
+                os.kill(docker, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -24,7 +26,7 @@ def run(argv: Sequence[str], *, input: bytes | None = None, backstop: float | No
     KILL it, the failure is TIMED_OUT."""
     args = list(argv)
     try:
-        done = subprocess.run(args, input=input, capture_output=True, timeout=backstop)
+        done = _completed(args, input, backstop)
     except subprocess.TimeoutExpired:
         raise CallFailed(args, TIMED_OUT, b"", b"") from None
     if done.returncode != 0:
@@ -33,6 +35,28 @@ def run(argv: Sequence[str], *, input: bytes | None = None, backstop: float | No
         raise CallFailed(args, code, done.stdout, done.stderr)
     out = done.stdout.decode("utf-8", "replace")
     return out[:-1] if out.endswith("\n") else out
+
+
+def _completed(
+    args: list[str], input: bytes | None, timeout: float | None
+) -> subprocess.CompletedProcess[bytes]:
+    """`subprocess.run(args, input=input, capture_output=True, timeout=timeout)`, except that
+    a call given up for any reason (its timeout, Ctrl-C, SIGTERM unwinding) kills the whole
+    process group that `timeout` leads (bounds.bounded), not `timeout` alone: a SIGKILL is
+    not passed on, and the docker CLI under it would live on, for good if the engine hangs.
+    (While it is not reaped, no other group can bear its pid.)"""
+    stdin = subprocess.PIPE if input is not None else None
+    with subprocess.Popen(
+        args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def run_command(action: str, argv: Sequence[str], *, bound: float, input: bytes | None) -> str:
@@ -45,7 +69,7 @@ def run_command(action: str, argv: Sequence[str], *, bound: float, input: bytes 
     args = list(argv)
     started = time.monotonic()
     try:
-        done = subprocess.run(args, input=input, capture_output=True, timeout=backstop(bound))
+        done = _completed(args, input, backstop(bound))
     except subprocess.TimeoutExpired:
         done = subprocess.CompletedProcess(args, TIMED_OUT, b"", b"")
     except FileNotFoundError as exc:
