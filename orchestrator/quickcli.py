@@ -9,14 +9,24 @@ parser library would cost more than the command."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import signal
+import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
-from orchestrator.tables import echo, egress_text, ports_text, print_table, size_text
+from orchestrator.tables import (
+    echo,
+    egress_text,
+    ports_text,
+    print_table,
+    printable_lines,
+    size_text,
+)
 
 if TYPE_CHECKING:
     from orchestrator.sandbox.results import EnvironmentStatus
@@ -31,10 +41,20 @@ class Other(Exception):
     """Not a call for this path: the full CLI takes it (nothing ran)."""
 
 
+class _Said(logging.Formatter):
+    """A warning as `warning: MESSAGE`, each of its lines printable (a message may quote
+    what a label, an engine or a file said)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable_lines(super().format(record))
+
+
 def prepare() -> None:
     """What every run of the command starts with: warnings one line each on stderr, and
     SIGTERM and SIGHUP unwinding like Ctrl-C (so `with` blocks take their sandboxes down)."""
-    logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)
+    said = logging.StreamHandler()
+    said.setFormatter(_Said("warning: %(message)s"))
+    logging.basicConfig(handlers=[said], level=logging.WARNING)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on)
 
@@ -49,7 +69,7 @@ def failed(exc: OrchestratorError) -> int:
     text = str(exc)
     if isinstance(exc, SandboxUnavailable) and text:
         text = text.splitlines()[0].removesuffix(";").removesuffix("; last log lines:")
-    echo(f"error: {text}", err=True)
+    echo(f"error: {printable_lines(text)}", err=True)
     return exc.exit_code
 
 
@@ -62,6 +82,17 @@ def run(args: list[str]) -> int:
     if command == "ps" and not FLAGS["ps"].issuperset(words):
         raise Other("ps takes no arguments")
     prepare()
+    try:
+        return _run(command, words)
+    except BrokenPipeError:  # the reader left (`ps | head`): quiet, exit 1, as Click does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                os.dup2(devnull, stream.fileno())
+        return 1
+
+
+def _run(command: str, words: list[str]) -> int:
     try:
         if command == "down":
             refs = [w for w in words if not w.startswith("-")]
@@ -94,7 +125,7 @@ def take_down(refs: list[str], *, all_: bool, force: bool) -> int:
         try:
             echo(f"removed {remove_environment(ref, force=force)}")
         except OrchestratorError as exc:
-            echo(f"error: {ref}: {exc}", err=True)
+            echo(printable_lines(f"error: {ref}: {exc}"), err=True)
             codes.append(exc.exit_code)
     if not codes:
         return 0

@@ -19,10 +19,25 @@ if TYPE_CHECKING:
 
 
 def echo(text: str, *, err: bool = False) -> None:
-    """A line on stdout (stderr with `err`), written at once."""
+    """A line on stdout (stderr with `err`), written at once, as Click's echo writes it:
+    nowhere when the stream is closed (`>&-`), and in UTF-8 where the stream's own encoding
+    (ASCII, under LC_ALL=C or PYTHONIOENCODING) cannot hold a character of it."""
     stream = sys.stderr if err else sys.stdout
-    stream.write(text + "\n")
+    if stream is None:
+        return
+    line = text + "\n"
+    try:
+        stream.write(line)  # (encoded whole before any of it is written)
+    except UnicodeEncodeError:
+        stream.flush()
+        stream.buffer.write(line.encode("utf-8", "backslashreplace"))
     stream.flush()
+
+
+def printable_lines(text: str) -> str:
+    """Text of several lines (an error) with each line `printable`: only its newlines
+    break it (what an engine, a label or a file put in it cannot move the cursor)."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def cell_len(text: str) -> int:
@@ -40,7 +55,7 @@ def _piped() -> bool:
     if "TTY_COMPATIBLE" in os.environ or "FORCE_COLOR" in os.environ:
         return False
     try:
-        return not sys.stdout.isatty()
+        return sys.stdout is None or not sys.stdout.isatty()
     except ValueError:  # closed
         return True
 

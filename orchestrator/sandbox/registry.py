@@ -90,8 +90,9 @@ def runtime_names() -> list[str]:
 
 
 def builtin(name: str) -> str | None:
-    """The import path of built-in backend `name` (None for one registered in this process,
-    which may stand in for it, and for a plugin)."""
+    """The import path of built-in backend `name`; None for a plugin, and for a name
+    registered in this process (by `register_runtime`, standing in for the built-in, or by
+    loading the built-in itself: its class is then at hand)."""
     return None if name in _registered else _BUILTIN.get(name)
 
 

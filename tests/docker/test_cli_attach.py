@@ -6,6 +6,7 @@ service; `logs` names the services; `up` and `run` print the runtime's warnings.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -273,6 +274,54 @@ def _foreign(labels: dict[str, str], *, start: bool) -> str:
     )
     assert made.returncode == 0, made.stderr
     return made.stdout.strip()
+
+
+def test_ps_and_down_print_what_a_forged_container_says_as_text_whatever_the_stream(
+    tmp_path: Path,
+) -> None:
+    """ATTACK (anyone who can start a container can wear our labels): an owner label with
+    an escape and a line of its own, and an environment name Unicode, reach `down`'s error
+    and `ps`'s rows. Neither may move the cursor or forge a line; `ps` in a pipe whose
+    encoding is ASCII, or with its stdout closed, still lists (as the full CLI did)."""
+    name = f"orch-forged-{uuid.uuid4().hex[:8]}"
+    forged = _foreign(
+        {
+            "org.orchestrator.managed": "1",
+            "org.orchestrator.project": name,
+            "org.orchestrator.env": "wide\u4e2d\u6587",
+            "org.orchestrator.dir": f"{tmp_path}/projects/{name}",
+            "com.docker.compose.service": "main",
+            "org.orchestrator.owner.host": socket.gethostname(),
+            "org.orchestrator.owner.pid": f"{os.getpid()}\x1b[31m\nerror: forged",
+            "org.orchestrator.owner.start": "",
+        },
+        start=False,
+    )
+    try:
+        for entry in ("orchestrator.endpoint", "orchestrator.cli"):
+            argv = [sys.executable, "-c", f"from {entry} import main; main()"]
+            down = subprocess.run([*argv, "down", name], capture_output=True, timeout=120)
+            assert down.returncode == 2 and b"\x1b" not in down.stderr, (entry, down.stderr)
+            lines = down.stderr.decode().splitlines()
+            assert len(lines) == 1 and "forged" in lines[0], (entry, lines)
+            ascii = subprocess.run(
+                [*argv, "ps"],
+                capture_output=True,
+                timeout=120,
+                env={**os.environ, "PYTHONIOENCODING": "ascii"},
+            )
+            assert ascii.returncode == 0, (entry, ascii.stderr)
+            assert name.encode() in ascii.stdout and "中文".encode() in ascii.stdout, entry
+            closed = subprocess.run(
+                [*argv, "ps"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=120,
+                preexec_fn=lambda: os.close(1),
+            )
+            assert closed.returncode == 0, (entry, closed.stderr)
+    finally:
+        subprocess.run(["docker", "rm", "-f", forged], capture_output=True, timeout=120)
 
 
 def test_ps_stays_light_beside_other_state_folders_snapshots_and_half_started_projects(

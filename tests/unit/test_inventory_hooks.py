@@ -191,7 +191,9 @@ def test_projects_on_an_engine_that_did_not_answer_are_said_to_be_left_out(
     assert "did not answer: orch-far-00000001" in shown.stderr
 
 
-def test_built_in_backends_are_asked_through_the_hooks_their_classes_have() -> None:
+def test_built_in_backends_are_asked_through_the_hooks_their_classes_have(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A listing asks the built-in backends through the classes KEEPERS names, without
     loading the backends (`orchestrator ps` loads no pydantic): each must be the one whose
     hooks the backend's own class has."""
@@ -209,6 +211,8 @@ def test_built_in_backends_are_asked_through_the_hooks_their_classes_have() -> N
             where, _, attr = keeper.partition(":")
             hooks = getattr(importlib.import_module(f"orchestrator.backends.{where}"), attr)
             assert inventory._hooks(cls) == inventory._hooks(hooks) != inventory._hooks(Keeping)
+    monkeypatch.setattr(registry, "_registered", {})  # (as in a new process: none loaded)
+    monkeypatch.setattr(registry, "_entry_points", dict)
     assert [(k.name, k.hooks.__name__) for k in inventory._backends()] == [
         ("docker", "ContainerInventory")
     ]

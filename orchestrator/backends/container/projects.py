@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from orchestrator.errors import ProjectNotFound
 from orchestrator.paths import projects_dir
 from orchestrator.sandbox.record import match_id
 from orchestrator.spec.published import MAIN, PublishedPort
+from orchestrator.tables import printable
 
 
 @dataclass
@@ -131,8 +131,11 @@ class ProjectInfo:
 
     @property
     def owner(self) -> str:
+        """Who owns it, as its labels say (as text that starts no line and no escape: any
+        container may wear our labels, and this goes into `ps` and errors)."""
         pid = self.labels.get(LABEL_OWNER_PID, DETACHED)
-        return "detached" if pid == DETACHED else f"pid {pid}@{self.labels.get(LABEL_OWNER_HOST)}"
+        host = self.labels.get(LABEL_OWNER_HOST)
+        return "detached" if pid == DETACHED else printable(f"pid {pid}@{host}")
 
 
 FOLDERS_LOOKED_AT = 8
@@ -173,15 +176,9 @@ def list_projects(engine: Engine | None = None, *, retry: bool = True) -> list[P
     engine = engine or Engine.at()
     found: dict[str, ProjectInfo] = {}
     n = len(LISTED_LABELS)
-    # the three listings side by side (each a docker call of its own: a third of the time);
-    # none is ordered after another: a project coming or going meanwhile may show in some
-    # of them only, side by side or one after another
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        networks = pool.submit(_rows, engine, "network", ["ID"], retry=retry)
-        volumes = pool.submit(_rows, engine, "volume", ["Name"], retry=retry)
-        containers = _rows(engine, "container", ["ID", "State", "Ports"], retry=retry)
-        network_rows, volume_rows = networks.result(), volumes.result()
-    for cid, state, ports, *values in containers:
+    for cid, state, ports, *values in _rows(
+        engine, "container", ["ID", "State", "Ports"], retry=retry
+    ):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if not is_project_name(name):
@@ -196,14 +193,14 @@ def list_projects(engine: Engine | None = None, *, retry: bool = True) -> list[P
             info.ports.append(dataclasses.replace(port, service=owner, container=target))
         if service == MAIN:
             info.main_user = labels.get(USER_LABEL, "")
-    for nid, *values in network_rows:
+    for nid, *values in _rows(engine, "network", ["ID"], retry=retry):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):
             info = found.setdefault(name, ProjectInfo(name, labels, [], []))
             info.networks.append(nid)
             info.saw(labels, container=False)
-    for vid, *values in volume_rows:
+    for vid, *values in _rows(engine, "volume", ["Name"], retry=retry):
         labels = {k: v for k, v in zip(LISTED_LABELS, values[:n], strict=True) if v}
         name = labels.get(LABEL_PROJECT, "")
         if is_project_name(name):  # (one left alone: another's container held it)
