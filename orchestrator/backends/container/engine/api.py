@@ -110,8 +110,10 @@ def call(
     body: Any = None,
     query: dict[str, str] | list[tuple[str, str]] | None = None,
     timeout: float,
+    limit: int = MAX_ANSWER,
 ) -> Any:
-    """One API call: the answer's JSON (None when empty). An answer of 400 and above raises
+    """One API call: the answer's JSON (None when empty; one over `limit` bytes fails as
+    broken off, never cut short silently). An answer of 400 and above raises
     the error the CLI's would (classified from the engine's message); no answer within
     `timeout` raises one with the CLI's timed-out status."""
     target = quote(url) + (f"?{urlencode(query)}" if query else "")
@@ -133,7 +135,7 @@ def call(
         watchdog.start()
         conn.request(method, target, body=data, headers=headers)
         answer = conn.getresponse()
-        raw = answer.read(MAX_ANSWER)
+        raw = answer.read(limit)
         status = answer.status
     except TimeoutError:
         raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None

@@ -111,8 +111,8 @@ environments beside a `ps`)."""
 
 
 def listing(
-    action: str, call: Callable[[], str], gone: tuple[type[DockerError], ...], *, retry: bool = True
-) -> str:
+    action: str, call: Callable[[], T], gone: tuple[type[DockerError], ...], *, retry: bool = True
+) -> T:
     """The output of one listing `call`, made again (a moment later each time, for
     LIST_WITHIN seconds at most; a second without `retry`: a probe that must not wait)
     when the engine fails it over an object of a kind in `gone` removed while it listed
@@ -121,7 +121,7 @@ def listing(
     attempt = 0
     while True:
         try:
-            return str(engine_call(action, call, retry=retry) or "")
+            return engine_call(action, call, retry=retry)
         except gone:
             attempt += 1
             pause = min(0.05 * attempt, 0.5)

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 
 Kind = Literal["container", "network", "volume"]
 _LIST = {"container": ("ps", "-a"), "network": ("network", "ls"), "volume": ("volume", "ls")}
+_API_LIST = {"network": ("/networks", "Id"), "volume": ("/volumes", "Name")}
+"""Kinds listed through the API where the engine is on this machine's socket (no docker CLI
+process: about 12 ms less each, and `ps` makes two), and the field that is their ID/Name."""
+LISTING_LIMIT = 64 << 20
+"""Bytes an API listing may answer with (hundreds of environments' objects fit many times)."""
 
 
 class ContainerOps(EngineCore):
@@ -102,6 +107,8 @@ class ContainerOps(EngineCore):
         `fields` (ID, State, Ports, Name) then of its `labels` (JSON-quoted, so any value
         parses; "" when unset). Nothing is inspected afterwards: an object removed by
         someone else meanwhile cannot fail it."""
+        if self.socket is not None and kind in _API_LIST:
+            return self._api_rows(kind, fields, labels, label=label, retry=retry)
         parts = [f"{{{{json .{f}}}}}" for f in fields]
         parts += [f"{{{{json (.Label {json.dumps(k)})}}}}" for k in labels]
         fmt = "[" + ",".join(parts) + "]"
@@ -117,6 +124,31 @@ class ContainerOps(EngineCore):
             retry=retry,
         )
         return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def _api_rows(
+        self, kind: Kind, fields: Sequence[str], labels: Sequence[str], *, label: str, retry: bool
+    ) -> list[list[Any]]:
+        """`rows` of a network or volume listing, from the API: the same lists."""
+        url, key = _API_LIST[kind]
+        if list(fields) not in (["ID"], ["Name"]):
+            raise UsageError(f"a {kind} listing gives its {key} only, not {fields}")
+        action = f"listing ({' '.join(_LIST[kind])})"
+        query = {"filters": json.dumps({"label": [label]})}
+        got = cli.listing(  # (as the CLI's: a timed-out one tried again, one tripping over a
+            action,  # network removed meanwhile made again)
+            lambda: self.api("GET", url, query=query, action=action, limit=LISTING_LIMIT),
+            (NoSuchContainer, NoSuchNetwork),
+            retry=retry,
+        )
+        if isinstance(got, dict):  # (volumes come in an object)
+            got = got.get("Volumes")
+        found = []
+        for item in got if isinstance(got, list) else []:
+            said = item.get("Labels") if isinstance(item, dict) else None
+            values = said if isinstance(said, dict) else {}
+            if isinstance(item, dict) and isinstance(item.get(key), str):
+                found.append([item[key], *(str(values.get(k) or "") for k in labels)])
+        return found
 
     def ids(self, kind: Kind, *, label: str, action: str) -> list[str]:
         """Ids (a volume's: its name) of the objects of `kind` carrying `label`."""
@@ -153,6 +185,17 @@ class ContainerOps(EngineCore):
     def image_ids(self, *, labels: Sequence[str], action: str) -> list[str]:
         """Ids of the images carrying every one of `labels` (KEY or KEY=VALUE); one removed
         while listed does not fail the listing."""
+        if self.socket is not None:
+            query = {"filters": json.dumps({"label": list(labels)})}
+            got = cli.listing(
+                action,
+                lambda: self.api(
+                    "GET", "/images/json", query=query, action=action, limit=LISTING_LIMIT
+                ),
+                (NoSuchImage,),
+            )
+            listed = got if isinstance(got, list) else []
+            return sorted({i["Id"] for i in listed if isinstance(i, dict) and i.get("Id")})
         filters = [word for label in labels for word in ("--filter", f"label={label}")]
         out = self.listing(
             "image", "ls", "-q", "--no-trunc", *filters, action=action, gone=(NoSuchImage,)

@@ -147,16 +147,25 @@ class EngineCore:
         body: Any = None,
         query: dict[str, str] | list[tuple[str, str]] | None = None,
         seconds: float | None = None,
+        limit: int = api.MAX_ANSWER,
     ) -> Any:
         """One Engine API call on the engine's local socket, bounded: its JSON answer (None
-        when empty); failures typed as the CLI's are. Only for an engine with a `socket`."""
+        when empty; `limit`: its most bytes); failures typed as the CLI's are. Only for an
+        engine with a `socket`."""
         if self.socket is None:
             raise BackendUnavailable(
                 f"the engine at {self.address or 'the default address'} is not on this "
                 "machine's socket: its API is asked through the docker CLI"
             )
         return api.call(
-            action, self.socket, method, path, body=body, query=query, timeout=seconds or self.bound
+            action,
+            self.socket,
+            method,
+            path,
+            body=body,
+            query=query,
+            timeout=seconds or self.bound,
+            limit=limit,
         )
 
     # ----- what it is ------------------------------------------------------------------------
