@@ -102,7 +102,8 @@ def test_an_engine_that_never_answers_is_given_up_on(engine: Callable[[Answer], 
 
 
 def test_an_endless_answer_is_read_only_to_its_bound(engine: Callable[[Answer], str]) -> None:
-    """A hostile or broken engine streaming forever: the read stops at MAX_ANSWER."""
+    """A hostile or broken engine streaming forever: the read stops at MAX_ANSWER, and the
+    answer fails as too long (never cut short to pass for a whole one)."""
 
     def endless(conn: socket.socket, request: bytes) -> None:
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n")
@@ -111,7 +112,8 @@ def test_an_endless_answer_is_read_only_to_its_bound(engine: Callable[[Answer], 
             conn.sendall(chunk)
 
     sock = engine(endless)
-    assert engine_api.call("listing", sock, "GET", "/x", timeout=5) is None  # blanks: no JSON
+    with pytest.raises(engine_api.TooLong):
+        engine_api.call("listing", sock, "GET", "/x", timeout=5)
 
 
 def test_an_answer_dripping_in_is_given_up_on_at_the_deadline(
@@ -311,3 +313,24 @@ def test_exec_defaults_from_an_answer_of_any_shape_are_plain(
     project.name = "orch-odd-12345678"
     project.engine = Engine.at(f"unix://{engine(reply(200, body))}")
     assert project.exec_defaults("main") == expected
+
+
+def test_a_socket_we_may_not_use_is_said_as_the_cli_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Permission denied on the engine's socket is the CLI's error (exit 1, its words), not
+    "the engine is not reachable: start it" (exit 3), which sends a user to start a
+    daemon that runs."""
+    import errno
+    import socket as sockets
+
+    from orchestrator.backends.container.engine import api
+    from orchestrator.errors import BackendUnavailable, DockerError
+
+    def refused(self: sockets.socket, address: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(sockets.socket, "connect", refused)
+    with pytest.raises(DockerError, match="permission denied while trying to connect") as said:
+        api.call("listing", str(tmp_path / "docker.sock"), "GET", "/networks", timeout=5)
+    assert not isinstance(said.value, BackendUnavailable) and said.value.exit_code == 1

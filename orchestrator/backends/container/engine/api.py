@@ -13,6 +13,7 @@ whole call, a bounded answer (MAX_ANSWER) and fails as the CLI's errors do."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import json
 import os
@@ -26,7 +27,7 @@ from urllib.parse import quote, urlencode
 
 from orchestrator.backends.container.engine.bounds import TIMED_OUT
 from orchestrator.backends.container.engine.errors import CallFailed, wrap
-from orchestrator.errors import BackendUnavailable, OrchestratorError
+from orchestrator.errors import BackendUnavailable, DockerError, OrchestratorError
 from orchestrator.paths import read_regular
 from orchestrator.settings import engine_host
 
@@ -35,6 +36,10 @@ MAX_ANSWER = 1024 * 1024
 """Bytes of an answer read at most (these calls answer with a few hundred), and of the
 CLI's config file."""
 UNREAD = "(a config file not read here)"
+
+
+class TooLong(DockerError):
+    """An answer longer than its call's bound (never cut short to fit)."""
 
 
 class _NoEngine(OSError):
@@ -53,7 +58,7 @@ class _UnixConnection(http.client.HTTPConnection):
             sock.connect(self._path)
         except OSError as exc:
             sock.close()
-            raise _NoEngine(str(exc)) from exc
+            raise _NoEngine(exc.errno, str(exc)) from exc
         self.sock = sock
 
 
@@ -137,9 +142,13 @@ def call(
         answer = conn.getresponse()
         raw = answer.read(limit)
         status = answer.status
+        longer = len(raw) == limit and bool(answer.read(1))
     except TimeoutError:
         raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None
     except _NoEngine as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):  # (in the CLI's words: not "not running")
+            said = "permission denied while trying to connect to the Docker daemon socket at"
+            raise _failed(action, 1, f"{said} unix://{path}: {exc.strerror}") from None
         raise _failed(action, 1, f"Cannot connect to the Docker daemon at {path}: {exc}") from None
     except (OSError, http.client.HTTPException) as exc:
         if expired.is_set():
@@ -150,6 +159,8 @@ def call(
         conn.close()
     if expired.is_set():
         raise _failed(action, TIMED_OUT, "the engine did not answer in time")
+    if longer:
+        raise TooLong(f"{action}: the engine's answer is longer than {limit} bytes")
     if status >= 400:
         try:
             message = str(json.loads(raw).get("message", ""))
