@@ -312,12 +312,10 @@ def test_ps_and_down_print_what_a_forged_container_says_as_text_whatever_the_str
             )
             assert ascii.returncode == 0, (entry, ascii.stderr)
             assert name.encode() in ascii.stdout and "中文".encode() in ascii.stdout, entry
-            closed = subprocess.run(
-                [*argv, "ps"],
-                stdout=subprocess.DEVNULL,
+            closed = subprocess.run(  # (its stdout closed by the shell: `>&-`)
+                ["sh", "-c", 'exec "$@" >&-', "sh", *argv, "ps"],
                 stderr=subprocess.PIPE,
                 timeout=120,
-                preexec_fn=lambda: os.close(1),
             )
             assert closed.returncode == 0, (entry, closed.stderr)
     finally:
