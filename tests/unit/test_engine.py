@@ -174,3 +174,14 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_what_holds_a_network_names_a_stale_endpoint_by_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine lists an endpoint whose container is gone under "ep-<its id>", which no
+    disconnect takes: its name does (with --force)."""
+    engine = Engine(HOST)
+    said = '"ep-5f0e" "orch-x-1-main-1"\n"3ce74dd0" "orch-x-1-db-1"\n\n"ep-77" ""\n'
+    monkeypatch.setattr(engine, "inspect", lambda *a, **k: said)
+    assert engine.joined("n1") == ["orch-x-1-main-1", "3ce74dd0", "ep-77"]

@@ -96,3 +96,44 @@ def test_a_narrowing_that_failed_still_cuts_what_was_open(tmp_path: Path, where:
     with pytest.raises(OrchestratorError):
         egress_change.apply(FakeProject(tmp_path, engine), parse(["a.test"]))  # type: ignore[arg-type]
     assert "restart" not in engine.asked
+
+
+def test_a_network_the_engine_still_holds_is_waited_for_and_stale_endpoints_are_let_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full run's teardown failed: the engine said the environment's network "has active
+    endpoints" after its last container went, through all five tries in two seconds. Such
+    a network is now tried again until REMOVE_WAIT, and an endpoint left without its
+    container is disconnected by its name (what a forced disconnect takes)."""
+    from orchestrator.backends.container import removal
+    from orchestrator.backends.container.engine import NetworkInUse
+
+    class Held:
+        """A network the engine holds for the first `holds` removals."""
+
+        def __init__(self, holds: int) -> None:
+            self.holds, self.disconnected = holds, list[str]()
+
+        def ids(self, kind: str, *, label: str, action: str) -> list[str]:
+            return ["n1"] if kind == "network" and self.holds else []
+
+        def remove_networks(self, ids: list[str], *, action: str) -> None:
+            if self.holds:
+                self.holds -= 1
+                raise NetworkInUse("has active endpoints")
+
+        def joined(self, network: str) -> list[str]:
+            return ["orch-x-1-main-1"]  # (what joined() gives for a stale endpoint)
+
+        def disconnect(self, network: str, container: str) -> None:
+            self.disconnected.append(container)
+
+    import time
+
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # (removal's pauses)
+    engine = Held(holds=20)
+    assert removal.remove(engine, "orch-x-1", [], ["n1"]) == 1  # type: ignore[arg-type]
+    assert engine.holds == 0 and "orch-x-1-main-1" in engine.disconnected
+    monkeypatch.setattr(removal, "REMOVE_WAIT", 0.0)
+    with pytest.raises(NetworkInUse):  # (a network held for good is still said, in time)
+        removal.remove(Held(holds=10**6), "orch-x-1", [], ["n1"])  # type: ignore[arg-type]

@@ -41,7 +41,8 @@ REMOVE_TRIES = 5
 REMOVE_WAIT = 30.0
 """Seconds a removal waits at most for containers another process is removing already (a
 reaper, a guardian, a `down`): the engine refuses a second removal meanwhile, and removing
-a container whose layer holds many files takes seconds, more on a busy engine."""
+a container whose layer holds many files takes seconds, more on a busy engine. As long for
+a network the engine still says is in use once nothing joined it is left."""
 
 
 def remove(engine: Engine, name: str, containers: list[str], networks: list[str]) -> int:
@@ -61,7 +62,10 @@ def remove(engine: Engine, name: str, containers: list[str], networks: list[str]
         if failed is None:
             return count + len(containers) + len(networks) + gone
         left = listed(engine, name)
-        waiting = isinstance(failed, RemovalInProgress) and time.monotonic() < deadline
+        # another's removal of a container, or the engine's own of an endpoint (a network
+        # stays "in use" a while after its last container went, under load): worth waiting
+        waiting = isinstance(failed, (RemovalInProgress, NetworkInUse))
+        waiting = waiting and time.monotonic() < deadline
         last = attempt >= REMOVE_TRIES - 1 and not waiting
         if last and (left[0] or left[1] or project_volumes(engine, name)):
             raise failed
@@ -119,7 +123,8 @@ def project_volumes(engine: Engine, name: str) -> list[str]:
 
 def _remove_networks(engine: Engine, networks: list[str]) -> None:
     """Remove our networks; one a container of someone else's has joined (which holds it
-    in use) has that container disconnected first: the network is ours to remove."""
+    in use) has that container disconnected first, and an endpoint the engine left behind
+    without its container is disconnected by its name: the network is ours to remove."""
     removing = f"removing networks {' '.join(networks)}"
     try:
         engine.remove_networks(networks, action=removing)

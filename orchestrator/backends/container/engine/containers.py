@@ -175,11 +175,26 @@ class ContainerOps(EngineCore):
         self.run("network", "rm", "--", *ids, action=action)
 
     def joined(self, network: str) -> list[str]:
-        """The ids of the containers that joined `network`."""
-        fmt = "{{range $id, $c := .Containers}}{{$id}} {{end}}"
-        return self.inspect(
+        """What holds `network`: the ids of the containers that joined it, and for an
+        endpoint whose container is gone (the engine can leave one when a removal races its
+        own cleanup; the network is then "in use" for good) the endpoint's name, which a
+        forced disconnect takes instead."""
+        fmt = "{{range $id, $c := .Containers}}{{json $id}} {{json $c.Name}}\n{{end}}"
+        out = self.inspect(
             network, fmt=fmt, kind="network", action=f"listing what joined {network}"
-        ).split()
+        )
+        found = []
+        for line in out.split("\n"):
+            ident, _, name = line.strip().partition(" ")  # (an id, as JSON, has no space)
+            if not ident:
+                continue
+            try:
+                ident, name = json.loads(ident), json.loads(name or '""')
+            except ValueError:
+                continue
+            stale = str(ident).startswith("ep-") and isinstance(name, str) and name
+            found.append(name if stale else str(ident))
+        return found
 
     def disconnect(self, network: str, container: str) -> None:
         self.run(
