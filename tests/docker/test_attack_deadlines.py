@@ -135,6 +135,23 @@ def test_a_fork_loop_that_fills_the_pids_limit_dies_at_the_timeout(plain: Runtim
     assert plain.execute("echo $(echo ok)", timeout=20).stdout == "ok\n"
 
 
+def test_a_command_whose_kill_came_before_it_started_never_runs(plain: Runtime) -> None:
+    # a busy engine may start a `docker exec` seconds after its client asked, and after the
+    # client was killed at the timeout: the kill, which found nothing yet, must still hold
+    from orchestrator.backends.container.executor.plain import Killer, run_plain
+    from orchestrator.sandbox.options import Command
+
+    engine, container = plain._engine_of_main(), plain._container  # type: ignore[attr-defined]
+    killer = Killer(engine, container, None)
+    assert killer.finish()  # the timeout's kill, before the command's exec starts
+    late = Command(["sh", "-c", "echo ran > /tmp/late"], {}, "/", None, 20, None)
+    chunks, _ = bounded(lambda: list(run_plain(engine, container, late, killer=killer)), 60)
+    assert chunks == []
+    assert plain.execute("cat /tmp/late", timeout=20).exit_code == 1
+    # a command of another mark runs as ever
+    assert plain.execute("echo ran > /tmp/late && cat /tmp/late", timeout=20).stdout == "ran\n"
+
+
 def test_read_file_with_the_pids_limit_exhausted_is_sandbox_unavailable(plain: Runtime) -> None:
     plain.write_file("exists.txt", "here")
     # busybox sh exits at its first failed fork, so a filler dies whenever a probe of ours held

@@ -6,7 +6,9 @@ which is taken off before anyone sees it), every descendant of a process it foun
 process whose /proc/PID/environ holds the command's unique marker (a `setsid` daemon), with
 the sessions of those too. So a child that cleared its environment (`env -i`) is found by
 its session or its parent, and one that left the session by its marker; only one that does
-both (and outlives its parent) escapes, as it would escape the executor's kill.
+both (and outlives its parent) escapes, as it would escape the executor's kill. A kill that
+came before the command's first line did (a busy engine starts an exec late, after its killed
+client) leaves a mark the command looks for before it runs (TOMB).
 
 The killer uses shell builtins only (read, kill, case, echo: no `tr`, `grep` or `ps`), so it
 needs one process, the exec itself, however many the command took: a fork loop that filled
@@ -49,9 +51,15 @@ KILL_TIMEOUT = 30.0
 answer, a sandbox that cannot start the killer). A busy engine takes seconds to start one
 `docker exec` (5 s was seen to cut the killer before its first pass: the command's
 processes lived on)."""
-# The command, through sh: first its session on stderr (echo is a builtin everywhere)
+TOMB = "/dev/shm/.orchestrator-killed-"
+"""+ the command's mark: left by a kill that came before the command was seen to start (a
+busy engine may start a `docker exec` seconds after its client asked, and after the client
+was killed at the timeout). The command looks for it first and does not run: the killer
+writes it before its first pass, so a command that looked too early is already a process
+with the mark, which that pass finds."""
+# The command, through sh: first its session on stderr (echo and [ are builtins everywhere)
 SESSION = b"orchestrator-session:"
-WRAP = 'echo "orchestrator-session:$$" >&2; exec "$@"'
+WRAP = f'[ -e "{TOMB}${MARK}" ] && exit 137; echo "orchestrator-session:$$" >&2; exec "$@"'
 KILLER_TAIL = 64 * 1024
 """Most bytes of each of the killer's streams kept (its last line is what it says)."""
 MAX_SESSIONS = 4096
@@ -62,7 +70,10 @@ DONE = "orchestrator-killed:"
 KILL_TREE = (
     STAT_FIELDS
     + r"""
-m="ORCHESTRATOR_CMD=$1"; sig=$2; shift 2; me=$$; sids=" "
+t=$1; m="ORCHESTRATOR_CMD=$1"; sig=$2; shift 2; me=$$; sids=" "
+if [ $# = 0 ] && [ "$sig" = KILL ]; then
+  case $t in ""|*[!0-9a-f]*) ;; *) { : > "@TOMB@$t"; } 2>/dev/null ;; esac
+fi
 for s in "$@"; do [ "$s" -gt 1 ] 2>/dev/null && sids="$sids$s "; done
 hit=" "; quiet=0; n=0
 while [ $quiet -lt 2 ] && [ $n -lt 300 ]; do
@@ -92,7 +103,7 @@ done
 case $sig in STOP|TSTP|TTIN|TTOU) cont= ;; *) cont=1 ;; esac
 for p in $hit; do kill -"$sig" "$p" 2>/dev/null; [ -z "$cont" ] || kill -CONT "$p" 2>/dev/null; done
 echo "orchestrator-killed:$sids"
-"""
+""".replace("@TOMB@", TOMB)
 )
 
 
