@@ -73,7 +73,9 @@ def main() -> None:
     quickcli.py, anything else (and each, where its path cannot answer it) in the full CLI."""
     args = sys.argv[1:]
     try:
-        if any(name.endswith("_COMPLETE") for name in os.environ):  # (Typer's completion)
+        # Typer's completion, under whatever name the program was started by (Click names the
+        # variable after it): any such variable only sends the call to the full CLI
+        if any(name.endswith("_COMPLETE") for name in os.environ):
             raise NotHere("completion")
         if args[:1] in (["ps"], ["down"]):
             from orchestrator import quickcli

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.container.engine import Engine, api
-from orchestrator.backends.container.engine import containers as listings
+from orchestrator.backends.container.engine import core as listings
 from tests.conftest import BUSYBOX_IMAGE, PODMAN, cannot_run
 
 

@@ -38,10 +38,6 @@ _LIST = {"container": ("ps", "-a"), "network": ("network", "ls"), "volume": ("vo
 _API_LIST = {"network": ("/networks", "Id"), "volume": ("/volumes", "Name")}
 """Kinds listed through the API where the engine is on this machine's socket (no docker CLI
 process: about 12 ms less each, and `ps` makes two), and the field that is their ID/Name."""
-LISTING_LIMIT = 16 << 20
-"""Bytes an API listing may answer with (hundreds of environments' objects fit many times);
-a longer one (labels nobody asked for, in bulk: anyone on the engine may add them) is asked
-of the docker CLI instead, which prints only the labels asked for."""
 
 
 class ContainerOps(EngineCore):
@@ -141,21 +137,13 @@ class ContainerOps(EngineCore):
         if list(fields) not in (["ID"], ["Name"]):
             raise UsageError(f"a {kind} listing gives its {key} only, not {fields}")
         action = f"listing ({' '.join(_LIST[kind])})"
-        query = {"filters": json.dumps({"label": [label]})}
-        got = cli.listing(  # (as the CLI's: a timed-out one tried again, one tripping over a
-            action,  # network removed meanwhile made again)
-            lambda: self.api("GET", url, query=query, action=action, limit=LISTING_LIMIT),
-            (NoSuchContainer, NoSuchNetwork),
-            retry=retry,
-        )
-        if isinstance(got, dict):  # (volumes come in an object)
-            got = got.get("Volumes")
-        items = [item for item in got if isinstance(item, dict)] if isinstance(got, list) else []
+        gone = (NoSuchContainer, NoSuchNetwork)
+        items = self.listed(url, label, action=action, gone=gone, retry=retry)
         found = []
         for item in sorted(items, key=lambda i: str(i.get("Name"))):  # (as the CLI lists them)
-            said = item.get("Labels") if isinstance(item, dict) else None
+            said = item.get("Labels")
             values = said if isinstance(said, dict) else {}
-            if isinstance(item, dict) and isinstance(item.get(key), str):
+            if isinstance(item.get(key), str):
                 found.append([item[key], *(str(values.get(k) or "") for k in labels)])
         return found
 
@@ -222,19 +210,13 @@ class ContainerOps(EngineCore):
         """`image_ids` from the API, asked by one label (Podman answers several in a list
         with none at all) and held to the others here."""
         asked = next((label for label in labels if "=" in label), labels[0])
-        query = {"filters": json.dumps({"label": [asked]})}
-        got = cli.listing(
-            action,
-            lambda: self.api(
-                "GET", "/images/json", query=query, action=action, limit=LISTING_LIMIT
-            ),
-            (NoSuchImage,),
-        )
         found = set()
-        for item in got if isinstance(got, list) else []:
-            said = item.get("Labels") if isinstance(item, dict) else None
+        for item in self.listed(
+            "/images/json", asked, action=action, gone=(NoSuchImage,), retry=True
+        ):
+            said = item.get("Labels")
             have = said if isinstance(said, dict) else {}
-            if isinstance(item, dict) and item.get("Id") and all(_carries(have, w) for w in labels):
+            if item.get("Id") and all(_carries(have, w) for w in labels):
                 found.add(str(item["Id"]))
         return sorted(found)
 

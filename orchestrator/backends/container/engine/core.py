@@ -30,6 +30,13 @@ _made: dict[tuple[type, str, float | None, str | None], Any] = {}
 _made_lock = threading.Lock()
 
 
+LISTING_LIMIT = 16 << 20
+"""Bytes an API listing may answer with (hundreds of environments' objects fit many times);
+a longer one (labels nobody asked for, in bulk: anyone on the engine may add them) is
+api.TooLong, and its caller asks the docker CLI instead, which prints only the labels asked
+for."""
+
+
 class EngineCore:
     """An engine at one address, fixed when made: later calls reach the same engine
     whatever the process's variables say by then."""
@@ -167,6 +174,32 @@ class EngineCore:
             timeout=seconds or self.bound,
             limit=limit,
         )
+
+    def listed(
+        self,
+        url: str,
+        label: str,
+        *,
+        action: str,
+        gone: tuple[type[DockerError], ...],
+        retry: bool,
+        query: dict[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The objects of the API listing at `url` that carry `label` (KEY or KEY=VALUE), as
+        the API gives them (objects only), in one answer of at most LISTING_LIMIT bytes
+        (api.TooLong past it); made again, as the CLI's listings are (cli.listing), when the
+        engine trips over an object of a kind in `gone` removed meanwhile. Only on a local
+        socket."""
+        asked = {"filters": json.dumps({"label": [label]}), **(query or {})}
+        got = cli.listing(
+            action,
+            lambda: self.api("GET", url, query=asked, action=action, limit=LISTING_LIMIT),
+            gone,
+            retry=retry,
+        )
+        if isinstance(got, dict):  # (volumes come in an object)
+            got = got.get("Volumes")
+        return [item for item in got if isinstance(item, dict)] if isinstance(got, list) else []
 
     # ----- what it is ------------------------------------------------------------------------
     def facts(self) -> EngineFacts:

@@ -6,7 +6,6 @@ failure typed as the CLI's would be."""
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,21 +87,19 @@ class SocketOps(EngineCore):
         else:
             self.api("GET", f"/networks/{network}", action=action)
 
+    # ----- listings --------------------------------------------------------------------------
     def labelled(self, label: str, *, action: str) -> dict[str, list[dict[str, Any]]]:
         """What carries `label`, as the API lists it: "containers" (running or not: each with
         its `Id` and `Labels`), "networks" and "volumes". Only on a local socket."""
-        filters = json.dumps({"label": [label]})
-        out: dict[str, list[dict[str, Any]]] = {}
-        for kind, url, extra in (
-            ("containers", "/containers/json", {"all": "1"}),
-            ("networks", "/networks", {}),
-            ("volumes", "/volumes", {}),
-        ):
-            got = self.api("GET", url, query={"filters": filters, **extra}, action=action)
-            if isinstance(got, dict):  # (volumes come in an object)
-                got = got.get("Volumes")
-            out[kind] = [g for g in got or [] if isinstance(g, dict)]
-        return out
+        gone = (NoSuchContainer, NoSuchNetwork)
+        return {
+            kind: self.listed(url, label, action=action, gone=gone, retry=False, query=query)
+            for kind, url, query in (
+                ("containers", "/containers/json", {"all": "1"}),
+                ("networks", "/networks", None),
+                ("volumes", "/volumes", None),
+            )
+        }
 
     def delete_network(self, network: str, *, action: str) -> None:
         """Remove a network (gone: fine)."""
