@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 import threading
 from collections.abc import Iterator
@@ -133,7 +132,7 @@ def write_file(path: Path, data: bytes | str, mode: int = FILE_MODE) -> None:
     it, made with that mode, renamed into place, so a link or another file found there is
     replaced, never written through, and no reader ever sees half of it."""
     raw = data.encode() if isinstance(data, str) else data
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+    temp = path.with_name(f".{path.name}.{os.urandom(6).hex()}")  # (secrets: 4 ms to load)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, mode)
     try:

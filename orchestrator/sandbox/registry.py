@@ -6,8 +6,10 @@ the services' (`services/spawn.py`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import json
 import os
 import sys
 import types
@@ -64,10 +66,17 @@ def _register(name: str, cls: object, what: str) -> type[Runtime]:
 
 def _entry_points() -> dict[str, str]:
     """The plugin backends installed where this process imports from. Scanning every
-    installed distribution's metadata costs about 4 ms, paid on each spawn until cached;
-    the cache is keyed by sys.path and each folder's mtime, so a plugin folder added to the
-    path, or a plugin installed into one (a new dist-info folder), scans again."""
+    installed distribution's metadata costs about 20 ms, importlib.metadata's import
+    included (a fifth of a whole `orchestrator ps`), so the answer is kept, in this process
+    and in the state folder (CACHE), keyed by sys.path and each folder's mtime: a plugin
+    folder added to the path, or a plugin installed into one or removed (its dist-info
+    folder made or deleted), scans again."""
     return _scan(tuple((p, _mtime(p)) for p in sys.path))
+
+
+CACHE = ("cache", "entry-points.json")
+"""Below the state folder (private: only its owner may write it), the last scan and its key."""
+CACHE_LIMIT = 1 << 20
 
 
 def _mtime(path: str) -> int:
@@ -79,9 +88,38 @@ def _mtime(path: str) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _scan(path: tuple[tuple[str, int], ...]) -> dict[str, str]:
+    key = [list(p) for p in path]
+    kept = _kept()
+    said = kept.get("found")
+    if kept.get("key") == key and isinstance(said, dict):
+        if all(isinstance(k, str) and isinstance(v, str) for k, v in said.items()):
+            return {str(k): str(v) for k, v in said.items()}
     from importlib.metadata import entry_points
 
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    _keep({"key": key, "found": found})
+    return found
+
+
+def _kept() -> dict[str, object]:
+    """The last scan kept in the state folder ({} when there is none to be read)."""
+    from orchestrator.paths import read_regular, state_dir
+
+    raw = read_regular(state_dir().joinpath(*CACHE), CACHE_LIMIT)
+    try:
+        kept = json.loads(raw) if raw and len(raw) <= CACHE_LIMIT else {}
+    except ValueError:
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _keep(scan: dict[str, object]) -> None:
+    """Keep `scan` for the next process (not kept where the state folder cannot be made)."""
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.paths import state_folder, write_file
+
+    with contextlib.suppress(OSError, OrchestratorError):
+        write_file(state_folder(CACHE[0]) / CACHE[1], json.dumps(scan))
 
 
 def runtime_names() -> list[str]:

@@ -70,6 +70,46 @@ def test_api_listings_give_what_the_cli_gives(labelled: tuple[str, list[str]]) -
     assert images[0] == images[1] and len(images[0]) == 1
 
 
+def test_api_container_listings_give_what_the_cli_gives() -> None:
+    """Ids, states, labels and published ports (which the CLI writes in ranges, in an order
+    of its version's) read the same from both."""
+    from orchestrator.backends.container.projects import parse_ports
+
+    label = f"org.orchestrator.test.listing={uuid.uuid4().hex[:8]}"
+    ports = ["127.0.0.1::8000", "127.0.0.1::8001", "127.0.0.1::9000/udp"]
+    made = [
+        _docker("create", "--label", label, "--label", "extra=plain", BUSYBOX_IMAGE, "true"),
+        _docker(
+            "run",
+            "-d",
+            "--label",
+            label,
+            *(w for p in ports for w in ("-p", p)),
+            "--expose",
+            "7000",  # (not published: in neither)
+            BUSYBOX_IMAGE,
+            "sleep",
+            "60",
+        ),
+    ]
+    try:
+        engine = Engine.at()
+        fields = ["ID", "State", "Ports"]
+        rows = [
+            sorted(e.rows("container", fields, ["extra"], label=label, retry=True))
+            for e in (engine, _by_cli(engine))
+        ]
+        assert [len(r) for r in rows] == [2, 2], rows
+        for api_row, cli_row in zip(*rows, strict=True):
+            assert api_row[:2] == cli_row[:2] and api_row[3:] == cli_row[3:], rows
+            assert parse_ports("s", api_row[2]) == parse_ports("s", cli_row[2]), rows
+        published = [parse_ports("s", r[2]) for r in rows[0]]
+        assert sorted(len(p) for p in published) == [0, 3], published
+        assert {r[1] for r in rows[0]} == {"created", "running"}
+    finally:
+        subprocess.run(["docker", "rm", "-f", *made], capture_output=True, timeout=60)
+
+
 def test_an_api_listing_too_long_for_its_bound_is_the_clis(
     labelled: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,24 +78,52 @@ def test_spawn_runtime_dispatches_on_backend(tmp_path: Path) -> None:
         assert rt.execute("pwd").stdout.strip() == str(tmp_path)
 
 
-def test_entry_point_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+def _install_plugin(site: Path, name: str) -> None:
+    """What installing a distribution with backend `name` leaves in folder `site`."""
+    from orchestrator.sandbox import registry
+
+    info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[{registry.ENTRY_POINT_GROUP}]\n{name} = orchestrator.backends.local:LocalRuntime\n"
+    )
+
+
+def test_entry_point_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata
-    from importlib.metadata import EntryPoint
 
     from orchestrator.sandbox import registry
 
-    ep = EntryPoint(
-        "from-plugin", "orchestrator.backends.local:LocalRuntime", registry.ENTRY_POINT_GROUP
-    )
-    monkeypatch.setattr(  # (the registry loads it when it scans)
-        importlib.metadata, "entry_points", lambda group: [ep] if group == ep.group else []
-    )
-    registry._scan.cache_clear()  # scanned once per sys.path: this one is new
-    monkeypatch.setattr(registry, "_scan", registry._scan.__wrapped__)
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / "state"))
+    site = tmp_path / "site"
+    site.mkdir()
+    _install_plugin(site, "from-plugin")
+    monkeypatch.syspath_prepend(str(site))
     assert "from-plugin" in runtime_names()
     assert issubclass(get_runtime_class("from-plugin"), LocalRuntime)
     assert get_runtime_class("from-plugin").name == "from-plugin"
     assert LocalRuntime.name == "local"  # an alias never renames the class it points at
+
+    # the next process reads the scan kept in the state folder: no metadata is read again
+    def unread(**_: object) -> object:
+        raise AssertionError("the installed distributions were scanned again")
+
+    registry._scan.cache_clear()
+    with monkeypatch.context() as scans:
+        scans.setattr(importlib.metadata, "entry_points", unread)
+        assert "from-plugin" in runtime_names()
+    # ... until a plugin is installed into (or removed from) a folder on the path
+    time.sleep(0.05)  # (a folder's mtime moves in steps of the kernel's clock tick)
+    _install_plugin(site, "second-plugin")
+    registry._scan.cache_clear()
+    assert {"from-plugin", "second-plugin"} <= set(runtime_names())
+    # a kept scan another hand wrote wrong is read as none
+    kept = tmp_path / "state" / "cache" / "entry-points.json"
+    kept.write_text('{"key": 1, "found": {"x": 2}}')
+    registry._scan.cache_clear()
+    assert "second-plugin" in runtime_names()
+    registry._scan.cache_clear()
 
 
 def test_registering_an_alias_keeps_the_class_name(tmp_path: Path) -> None:

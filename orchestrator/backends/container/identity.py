@@ -10,7 +10,6 @@ import re
 import socket
 import stat
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -205,7 +204,7 @@ def orphan_folders(live_projects: set[str]) -> list[Path]:
 
 def project_name(env_name: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in env_name.lower())[:30]
-    return f"{PROJECT_PREFIX}{safe}-{uuid.uuid4().hex[:8]}"
+    return f"{PROJECT_PREFIX}{safe}-{os.urandom(4).hex()}"  # (uuid: 2 ms to load, for `ps`)
 
 
 def project_labels(env: Environment, name: str, directory: Path, detached: bool) -> dict[str, str]:

@@ -7,12 +7,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import uuid
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from orchestrator.backends.container.binds import is_pinned_volume
 from orchestrator.backends.container.engine import Engine, NoSuchImage, engine_call
 from orchestrator.backends.container.identity import LABEL_MANAGED, L
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
@@ -37,6 +34,8 @@ def commit(
     while it is copied (unless `pause` is False: the caller paused it), so what runs in it
     cannot change it half-way."""
     engine = engine or Engine.at()
+    import uuid  # (here: `ps` lists snapshot images, and makes none)
+
     tag = f"{SNAPSHOT_REPO}:{uuid.uuid4().hex[:12]}"
     labels = {
         LABEL_MANAGED: "1",
@@ -206,6 +205,8 @@ def commit_all(
             )
     states = {s: _state(c, engine) for s, c in containers.items()}
     made: dict[str, str] = {}
+    from concurrent.futures import ThreadPoolExecutor  # (here: `ps` makes no image)
+
     try:
         with ThreadPoolExecutor(max_workers=min(4, len(containers)) or 1) as pool:
             futures = {
@@ -231,6 +232,8 @@ def commit_all(
 def _volumes(container: str, engine: Engine) -> list[str]:
     """Where a container has a volume (named or anonymous) mounted: not a pinned host
     folder's (binds.py), which is a host folder, as a bind is."""
+    from orchestrator.backends.container.binds import is_pinned_volume
+
     whales = engine.whales
     found = engine_call("inspecting a container", lambda: whales.container.inspect(container))
     return sorted(

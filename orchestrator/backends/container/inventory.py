@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
@@ -127,6 +126,8 @@ def _usages(
     egress_log.READ_WITHIN) holds up no other."""
     if not live:
         return []
+    from concurrent.futures import ThreadPoolExecutor  # (only with --usage)
+
     with ThreadPoolExecutor(max_workers=min(8, len(live))) as pool:
         return list(
             pool.map(
