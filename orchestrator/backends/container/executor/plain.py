@@ -51,7 +51,7 @@ KILL_TIMEOUT = 30.0
 answer, a sandbox that cannot start the killer). A busy engine takes seconds to start one
 `docker exec` (5 s was seen to cut the killer before its first pass: the command's
 processes lived on)."""
-TOMB = "/dev/shm/.orchestrator-killed-"
+TOMB = "/dev/shm/.orchestrator-cancelled-"
 """+ the command's mark: left by a kill that came before the command was seen to start (a
 busy engine may start a `docker exec` seconds after its client asked, and after the client
 was killed at the timeout). The command looks for it first and does not run: the killer
