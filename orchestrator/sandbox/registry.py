@@ -75,8 +75,12 @@ def _entry_points() -> dict[str, str]:
 
 
 CACHE = ("cache", "entry-points.json")
-"""Below the state folder (private: only its owner may write it), the last scan and its key."""
+"""Below the state folder (private: only its owner may write it), the last scans, each with
+its key: [{"key": [[folder, mtime], ...], "found": {name: target}}, ...], newest first."""
 CACHE_LIMIT = 1 << 20
+KEPT_SCANS = 8
+"""Scans kept: one for each way of starting that alternates (`orchestrator`, `python -m`
+from one folder or another: the first folder on the path differs)."""
 
 
 def _mtime(path: str) -> int:
@@ -89,37 +93,38 @@ def _mtime(path: str) -> int:
 @functools.lru_cache(maxsize=4)
 def _scan(path: tuple[tuple[str, int], ...]) -> dict[str, str]:
     key = [list(p) for p in path]
-    kept = _kept()
-    said = kept.get("found")
-    if kept.get("key") == key and isinstance(said, dict):
-        if all(isinstance(k, str) and isinstance(v, str) for k, v in said.items()):
-            return {str(k): str(v) for k, v in said.items()}
+    scans = _kept()
+    for scan in scans:
+        found = scan.get("found") if scan.get("key") == key else None
+        if isinstance(found, dict) and all(isinstance(v, str) for v in found.values()):
+            return {str(k): str(v) for k, v in found.items()}  # (JSON's keys are text)
     from importlib.metadata import entry_points
 
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    _keep({"key": key, "found": found})
-    return found
+    made = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    newest: dict[str, object] = {"key": key, "found": made}
+    _keep([newest, *(scan for scan in scans if scan.get("key") != key)][:KEPT_SCANS])
+    return made
 
 
-def _kept() -> dict[str, object]:
-    """The last scan kept in the state folder ({} when there is none to be read)."""
+def _kept() -> list[dict[str, object]]:
+    """The scans kept in the state folder (none when they cannot be read)."""
     from orchestrator.paths import read_regular, state_dir
 
     raw = read_regular(state_dir().joinpath(*CACHE), CACHE_LIMIT)
     try:
-        kept = json.loads(raw) if raw and len(raw) <= CACHE_LIMIT else {}
+        kept = json.loads(raw) if raw and len(raw) <= CACHE_LIMIT else []
     except ValueError:
-        return {}
-    return kept if isinstance(kept, dict) else {}
+        return []
+    return [s for s in kept if isinstance(s, dict)] if isinstance(kept, list) else []
 
 
-def _keep(scan: dict[str, object]) -> None:
-    """Keep `scan` for the next process (not kept where the state folder cannot be made)."""
+def _keep(scans: list[dict[str, object]]) -> None:
+    """Keep `scans` for the next process (not kept where the state folder cannot be made)."""
     from orchestrator.errors import OrchestratorError
     from orchestrator.paths import state_folder, write_file
 
     with contextlib.suppress(OSError, OrchestratorError):
-        write_file(state_folder(CACHE[0]) / CACHE[1], json.dumps(scan))
+        write_file(state_folder(CACHE[0]) / CACHE[1], json.dumps(scans))
 
 
 def runtime_names() -> list[str]:

@@ -113,6 +113,17 @@ def test_entry_point_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     with monkeypatch.context() as scans:
         scans.setattr(importlib.metadata, "entry_points", unread)
         assert "from-plugin" in runtime_names()
+    # another way of starting (another first folder on the path) keeps a scan of its own,
+    # beside the first: neither scans again when they alternate
+    with monkeypatch.context() as started:
+        started.syspath_prepend(str(tmp_path))
+        registry._scan.cache_clear()
+        assert "from-plugin" in runtime_names()
+    for _ in range(2):
+        with monkeypatch.context() as scans:
+            scans.setattr(importlib.metadata, "entry_points", unread)
+            registry._scan.cache_clear()
+            assert "from-plugin" in runtime_names()
     # ... until a plugin is installed into (or removed from) a folder on the path
     time.sleep(0.05)  # (a folder's mtime moves in steps of the kernel's clock tick)
     _install_plugin(site, "second-plugin")
@@ -120,7 +131,7 @@ def test_entry_point_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert {"from-plugin", "second-plugin"} <= set(runtime_names())
     # a kept scan another hand wrote wrong is read as none
     kept = tmp_path / "state" / "cache" / "entry-points.json"
-    kept.write_text('{"key": 1, "found": {"x": 2}}')
+    kept.write_text('[{"key": 1, "found": {"x": 2}}, 3]')
     registry._scan.cache_clear()
     assert "second-plugin" in runtime_names()
     registry._scan.cache_clear()
