@@ -42,16 +42,46 @@ it is written."""
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
+_oom = {}  # the counter's file, held open once it was read: {"fd": fd, "v2": bool}
+
+
 def oom_kills():
+    """The cgroup's count of OOM kills (None: not to be had). Its file is kept open and
+    read again from its start (pread) for each command: open and close cost more than
+    the read."""
+    held = _oom.get("fd")
+    if held is not None:
+        try:
+            return _oom_count(os.pread(held, 4096, 0))
+        except (OSError, ValueError):
+            _oom.pop("fd", None)
+            try:
+                os.close(held)
+            except OSError:
+                pass
     for path in OOM_FILES:
         try:
-            with open(path) as fh:
-                for line in fh:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
             continue
+        try:
+            count = _oom_count(os.pread(fd, 4096, 0))
+        except (OSError, ValueError):
+            os.close(fd)
+            continue
+        if count is None:
+            os.close(fd)
+            continue
+        _oom["fd"] = fd
+        return count
+    return None
+
+
+def _oom_count(text):
+    for line in text.decode("ascii", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
     return None
 
 
@@ -456,9 +486,10 @@ class Agent:
             return
         finally:
             close_all(fifos)
-        after = oom_kills()
-        oom = before is not None and after is not None and after > before
-        self.finish(cid, wire.Exit(*outcome[:3], oom_killed=oom and outcome.exit_code == 137))
+        # (asked only of a command SIGKILL ended: the answer is said of no other)
+        after = oom_kills() if outcome.exit_code == 137 and before is not None else None
+        oom = after is not None and after > before
+        self.finish(cid, wire.Exit(*outcome[:3], oom_killed=oom))
 
     def record(self):
         """Write the sessions of the running commands and of the spawners (for
@@ -476,8 +507,7 @@ class Agent:
             pass  # not root, or no /run: orphans then live until the environment goes down
 
     def finish(self, cid, outcome):
-        if self.procs.pop(cid, None) is not None:
-            self.record()
+        ran = self.procs.pop(cid, None) is not None
         fed = self.stdin.pop(cid, None)
         if fed is not None:
             fed.put(None)  # whoever feeds the command its input stops: it ended
@@ -485,6 +515,8 @@ class Agent:
         self.held.pop(cid, None)
         self.ttys.pop(cid, None)
         self.send(wire.EXIT, cid, wire.encode_exit(outcome))
+        if ran:  # (after the answer: the host waits for that, not for this file)
+            self.record()
         if self.hub is not None and self.hub.agent is self:  # a kept process: its record
             with self.starting:  # goes once its session's connection went too
                 self.ended = True

@@ -24,10 +24,10 @@ POSIX sh only: nothing is installed in the image, and nothing is left behind in 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import time
-import uuid
 
 from orchestrator import procutil
 from orchestrator.backends.container import freeze
@@ -118,13 +118,9 @@ class Killer:
         token: str | None = None,
         sessions: list[str] | None = None,
     ) -> None:
-        # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
-        # cannot read another uid's environ; the same uid can, and may signal it
-        target = engine.exec_target(container)
-        self._argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=user)
         self._engine, self._container = engine, container
         self.user = user
-        self.token = token or uuid.uuid4().hex
+        self.token = token or os.urandom(16).hex()  # (made for every command: no uuid)
         """The command's mark (MARK=token in its environment)."""
         self.sessions: list[str] = list(sessions or [])
         """Sessions found by earlier passes: their processes die in later ones, even once
@@ -179,7 +175,11 @@ class Killer:
     def _once(self, name: str, deadline: float) -> bytes | None:
         """One pass: the words of a sandbox that could not start a process (retry), else
         None: it ran, or failed otherwise (paused, gone: the caller's probe says so)."""
-        argv = [*self._argv, self.token, name, *self.sessions]
+        # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
+        # cannot read another uid's environ; the same uid can, and may signal it
+        target = self._engine.exec_target(self._container)
+        argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=self.user)
+        argv += [self.token, name, *self.sessions]
         kept = {"stdout": bytearray(), "stderr": bytearray()}
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
         # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
