@@ -57,17 +57,14 @@ __all__ = ["BUSYBOX_IMAGE", "PYTHON_IMAGE", "MakeEnv", "same_tree", "within"]
 
 
 _LOADED = """
-import json, sys
+import atexit, json, sys
 entry, words = sys.argv[1], json.loads(sys.argv[2])
 sys.argv = ["orchestrator", *words]
-main = __import__(entry, fromlist=["main"]).main
-code = 0
-try:
-    main()
-except SystemExit as exc:
-    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr)
-sys.exit(code)
+# at exit, however it comes (`ps` and `down` leave without the interpreter's teardown)
+atexit.register(
+    lambda: print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr)
+)
+__import__(entry, fromlist=["main"]).main()
 """
 
 
