@@ -107,10 +107,15 @@ def _scan(path: tuple[tuple[str, int], ...]) -> dict[str, str]:
 
 
 def _kept() -> list[dict[str, object]]:
-    """The scans kept in the state folder (none when they cannot be read)."""
-    from orchestrator.paths import read_regular, state_dir
+    """The scans kept in the state folder (none when they cannot be read, or the folder is
+    not private to this user: what it names is imported)."""
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.paths import read_regular, state_folder
 
-    raw = read_regular(state_dir().joinpath(*CACHE), CACHE_LIMIT)
+    try:
+        raw = read_regular(state_folder(CACHE[0]) / CACHE[1], CACHE_LIMIT)
+    except (OSError, OrchestratorError):
+        return []
     try:
         kept = json.loads(raw) if raw and len(raw) <= CACHE_LIMIT else []
     except ValueError:

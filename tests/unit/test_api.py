@@ -137,6 +137,31 @@ def test_entry_point_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     registry._scan.cache_clear()
 
 
+def test_a_kept_scan_is_read_only_from_a_private_state_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ATTACK (another local user, where the state folder's cache is a link to a folder of
+    theirs): a kept scan names modules to import, so one outside our private state folder
+    is never read."""
+    import json
+
+    from orchestrator.sandbox import registry
+
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir(mode=0o700)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (tmp_path / "state" / "cache").symlink_to(theirs)
+    key = [[p, registry._mtime(p)] for p in sys.path]
+    planted = [{"key": key, "found": {"planted": "os:system"}}]
+    (theirs / "entry-points.json").write_text(json.dumps(planted))
+    registry._scan.cache_clear()
+    try:
+        assert "planted" not in runtime_names()
+    finally:
+        registry._scan.cache_clear()
+
+
 def test_registering_an_alias_keeps_the_class_name(tmp_path: Path) -> None:
     from orchestrator.sandbox import registry
 
