@@ -158,12 +158,22 @@ def test_an_answer_broken_off_is_an_engine_error_not_a_missing_engine(
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", "chunked"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}{}", "4 bytes of 2"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n{}", "a length of"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 4\r\n\r\n{}{}", "a length"),
         (b"SSH-2.0-OpenSSH\r\n\r\n{}", "not an HTTP answer"),
         (b"HTTP/1.1 2000 OK\r\n\r\n{}", "not an HTTP answer"),
         (b"HTTP/1.1 200 OK\r\nX: " + b"y" * (70 * 1024), "headers are too long"),
         (b"HTTP/1.1 200 OK\r\n", "no answer"),
     ],
-    ids=["chunked", "longer", "negative", "not-http", "odd-status", "endless-head", "no-body"],
+    ids=[
+        "chunked",
+        "longer",
+        "negative",
+        "two-lengths",
+        "not-http",
+        "odd-status",
+        "endless-head",
+        "no-body",
+    ],
 )
 def test_an_answer_that_is_not_plain_http_is_broken_off(
     engine: Callable[[Answer], str], said: bytes, words: str
@@ -179,6 +189,17 @@ def test_an_answer_that_is_not_plain_http_is_broken_off(
     with pytest.raises(DockerError, match="broke off") as caught:
         engine_api.call("listing", sock, "GET", "/x", timeout=5)
     assert words in str(caught.value)
+
+
+def test_an_answer_in_single_bytes_is_read_whole(engine: Callable[[Answer], str]) -> None:
+    """The end of the head is found wherever the pieces split it."""
+
+    def answer(conn: socket.socket, request: bytes) -> None:
+        for byte in b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{"a": 1}':
+            conn.sendall(bytes([byte]))
+            time.sleep(0.005)  # (each its own read)
+
+    assert engine_api.call("x", engine(answer), "GET", "/x", timeout=10) == {"a": 1}
 
 
 def test_an_answer_without_a_length_ends_at_the_close(engine: Callable[[Answer], str]) -> None:

@@ -82,8 +82,8 @@ def _exchange(
     got, status, start, length = bytearray(), 0, -1, -1
     while chunk := sock.recv(1 << 16):
         got += chunk
-        if start < 0:
-            end = got.find(b"\r\n\r\n", 0, HEAD_LIMIT + 4)
+        if start < 0:  # (looked for again only in what came since: an answer in drops)
+            end = got.find(b"\r\n\r\n", max(0, len(got) - len(chunk) - 3), HEAD_LIMIT + 4)
             if end < 0:
                 if len(got) > HEAD_LIMIT:
                     raise _Broken("the answer's headers are too long")
@@ -112,7 +112,7 @@ def _head(head: bytes) -> tuple[int, int]:
         name, _, value = line.partition(":")
         name, value = name.strip().lower(), value.strip()
         if name == "content-length":
-            if not value.isdigit():
+            if not value.isdigit() or length not in (-1, int(value)):
                 raise _Broken(f"a length of {value[:50]!r}")
             length = int(value)
         elif name == "transfer-encoding" and value.lower() != "identity":
