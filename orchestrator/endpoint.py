@@ -48,6 +48,8 @@ READY_WITHIN = 1.0
 """Seconds for the resident to greet (a paused environment does not: the full CLI says so)."""
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
 PIECE = 64 * 1024
+VEOF = b"\x04"
+"""A terminal's end of input (procutil.VEOF; that package is not loaded on this path)."""
 OVERDUE = 5.0
 """Seconds past a command's timeout before we stop waiting for its end (its sandbox frozen
 meanwhile): reported as a timeout, and the command dies with our connection."""
@@ -56,12 +58,19 @@ meanwhile): reported as a timeout, and the command dies with our connection."""
 class Call:
     """One `exec` call, read."""
 
-    __slots__ = ("argv", "ident", "interactive", "timeout")
+    __slots__ = ("argv", "ident", "interactive", "timeout", "tty")
 
     def __init__(
-        self, ident: str, interactive: bool, timeout: float | None, argv: list[str]
+        self,
+        ident: str,
+        interactive: bool,
+        timeout: float | None,
+        argv: list[str],
+        tty: bool = False,
     ) -> None:
         self.ident, self.interactive, self.timeout, self.argv = ident, interactive, timeout, argv
+        self.tty = tty
+        """On a terminal of its own (`-t`), our terminal's size, and each resize (SIGWINCH)."""
 
 
 class NotHere(Exception):
@@ -148,15 +157,28 @@ def run(args: list[str]) -> int:
         link.close()
 
 
+FLAGS = {
+    "-i": ("interactive",),
+    "--interactive": ("interactive",),
+    "-t": ("tty",),
+    "--tty": ("tty",),
+    "-it": ("interactive", "tty"),
+    "-ti": ("interactive", "tty"),
+}
+"""What the full CLI's `exec` takes before the id that this path takes too."""
+
+
 def parse(args: list[str]) -> Call:
-    """`exec [-i|--interactive] ID [--timeout S|--timeout=S] [--] CMD...`, as the full CLI
-    reads it; NotHere for anything else."""
+    """`exec [-i|--interactive] [-t|--tty] ID [--timeout S|--timeout=S] [--] CMD...`, as the
+    full CLI reads it; NotHere for anything else."""
     if not args or args[0] != "exec":
         raise NotHere("not exec")
     rest = args[1:]
-    interactive = False
-    while rest and rest[0] in ("-i", "--interactive"):
-        interactive, rest = True, rest[1:]
+    given: set[str] = set()
+    while rest and rest[0] in FLAGS:
+        given.update(FLAGS[rest[0]])
+        rest = rest[1:]
+    interactive = "interactive" in given
     if not rest or not ID.fullmatch(rest[0]):
         raise NotHere("no id first")
     ident, rest = rest[0], rest[1:]
@@ -179,7 +201,7 @@ def parse(args: list[str]) -> Call:
     if not rest:
         raise NotHere("no command")
     argv = ["/bin/sh", "-c", rest[0]] if len(rest) == 1 else list(rest)
-    return Call(ident, interactive, timeout, argv)
+    return Call(ident, interactive, timeout, argv, "tty" in given)
 
 
 def state_dir() -> str:
@@ -248,6 +270,9 @@ class Link:
         self._lock = _thread.allocate_lock()
         self._file = sock.makefile("rb", buffering=0)
         self.deadline: float | None = None
+        self.wake: tuple[int, object] | None = None
+        """A descriptor that wakes the wait for frames (a signal's: see `_run`), and what
+        is done each time it does."""
 
     def send(self, kind: int, payload: bytes = b"") -> None:
         with self._lock:
@@ -255,13 +280,23 @@ class Link:
 
     def readinto(self, view: memoryview) -> int:
         """(For wire.read_frame.) TimeoutError once the deadline passed."""
-        while self.deadline is not None:
-            left = self.deadline - time.monotonic()
+        while self.deadline is not None or self.wake is not None:
+            left = 3600.0 if self.deadline is None else self.deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
             poller = select.poll()  # (select() fails past descriptor 1023)
             poller.register(self.sock, select.POLLIN)
-            if poller.poll(min(left, 3600.0) * 1000):
+            if self.wake is not None:
+                poller.register(self.wake[0], select.POLLIN)
+            ready = {fd for fd, _ in poller.poll(min(left, 3600.0) * 1000)}
+            if self.wake is not None and self.wake[0] in ready:
+                try:
+                    while os.read(self.wake[0], 512):  # (many signals at once: one resize)
+                        pass
+                except BlockingIOError:
+                    pass
+                self.wake[1]()  # type: ignore[operator]
+            if self.sock.fileno() in ready:
                 break
         return self._file.readinto(view) or 0
 
@@ -338,11 +373,74 @@ def _connect(folder: str, token: bytes) -> Link:
 
 
 def _run(link: Link, call: Call, cwd: str, user: str | None) -> int:
+    if not call.tty:
+        return _follow(link, call, cwd, user)
+    import signal
+
+    resized = os.pipe()  # (SIGWINCH wakes the wait for frames: see Link.readinto)
+    for end in resized:
+        os.set_blocking(end, False)
+    link.wake = (resized[0], lambda: link.send(wire.RESIZE, wire.SIZE.pack(*_our_size())))
+    before = signal.signal(signal.SIGWINCH, lambda *_: None)
+    woken = signal.set_wakeup_fd(resized[1], warn_on_full_buffer=False)
+    raw = _raw(sys.stdin) if call.interactive else None  # (Ctrl-C then goes as a key)
+    try:
+        return _follow(link, call, cwd, user)
+    finally:
+        if raw is not None:
+            import termios
+
+            termios.tcsetattr(raw[0], termios.TCSADRAIN, raw[1])
+        signal.set_wakeup_fd(woken)
+        signal.signal(signal.SIGWINCH, before)
+        link.wake = None
+        for end in resized:
+            os.close(end)
+
+
+def _our_size() -> tuple[int, int]:
+    """Our terminal's columns and rows (80 x 24 when ours is none), as the full CLI's."""
+    for stream in (sys.stdout, sys.stdin, sys.stderr):
+        try:
+            size = os.get_terminal_size(stream.fileno())
+        except (AttributeError, ValueError, OSError):
+            continue
+        if size.columns > 0 and size.lines > 0:
+            return size.columns, size.lines
+    return 80, 24
+
+
+def _raw(stream: object) -> tuple[int, list[int | list[bytes | int]]] | None:
+    """Make `stream` raw (every key, Ctrl-C too, goes as typed) when it is a terminal: its
+    descriptor and its settings before, to be put back; None when it is no terminal."""
+    try:
+        fd = stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return None
+    if not os.isatty(fd):
+        return None
+    import termios
+    import tty
+
+    before = termios.tcgetattr(fd)
+    tty.setraw(fd)
+    return fd, before
+
+
+def _follow(link: Link, call: Call, cwd: str, user: str | None) -> int:
+    """Send the command, pass it our stdin (with -i), print what it says; its exit code."""
     timeout, interactive = call.timeout, call.interactive
-    request = wire.Request(call.argv, {}, cwd, user, timeout, interactive)
+    size = list(_our_size()) if call.tty else None
+    # (a terminal's input ends as one ends, with Ctrl-D typed: at once without -i, as the
+    # full CLI's; see sandbox/core.py `start`)
+    request = wire.Request(call.argv, {}, cwd, user, timeout, interactive or call.tty, tty=size)
     link.send(wire.RUN, wire.encode_request(request))
-    window = _feed_in_thread(link) if interactive else None
-    outs = {wire.OUT: _raw(sys.stdout), wire.ERR: _raw(sys.stderr)}
+    typed_end = VEOF if call.tty else b""
+    window = _feed_in_thread(link, typed_end) if interactive else None
+    if call.tty and not interactive:
+        link.send(wire.STDIN, typed_end)
+        link.send(wire.STDIN_EOF)
+    outs = {wire.OUT: _binary(sys.stdout), wire.ERR: _binary(sys.stderr)}
     consumed = 0
     if timeout is not None:  # past it (and the executor's grace), given up on: see OVERDUE
         link.deadline = time.monotonic() + min(timeout, 1e9) + OVERDUE
@@ -391,7 +489,7 @@ def _timed_out(timeout: float | None) -> int:
     return 124  # as timeout(1), as the full CLI
 
 
-def _raw(stream: object) -> object:
+def _binary(stream: object) -> object:
     """Where a stream's bytes go: its binary buffer, or None when it was closed at our start."""
     return getattr(stream, "buffer", None) if stream is not None else None
 
@@ -432,8 +530,9 @@ class Window:
             self._cond.notify_all()
 
 
-def _feed_in_thread(link: Link) -> Window:
-    """Our stdin to the command as it comes, then its end, paced by the returned window."""
+def _feed_in_thread(link: Link, end: bytes = b"") -> Window:
+    """Our stdin to the command as it comes, then `end` (a terminal's Ctrl-D) and its end,
+    paced by the returned window."""
     window = Window()
 
     def feed() -> None:
@@ -444,7 +543,10 @@ def _feed_in_thread(link: Link) -> Window:
                 link.send(wire.STDIN, data)
         except (OSError, ValueError):
             pass
-        try:  # noqa: SIM105 (contextlib is not loaded on this path)
+        try:
+            if end:
+                window.take()
+                link.send(wire.STDIN, end)
             link.send(wire.STDIN_EOF)
         except OSError:
             pass

@@ -8,6 +8,7 @@ runs, a resize of ours reaches its terminal, and ours is left as it was."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import select
 import signal
@@ -18,6 +19,7 @@ import termios
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -199,6 +201,63 @@ def test_exec_it_on_a_real_terminal_runs_a_shell_answers_lines_and_passes_ctrl_c
     finally:
         code, restored = term.close()
     assert (code, restored) == (7, True)
+
+
+CENSUS = """
+import atexit, json, sys
+out = sys.argv.pop(1)
+def census():
+    with open(out, "w") as fh:
+        json.dump(sorted({m.split(".")[0] for m in sys.modules}), fh)
+atexit.register(census)
+sys.argv[0] = "orchestrator"
+from orchestrator.endpoint import main
+main()
+"""
+PARSERS = {"typer", "click", "rich", "pydantic", "python_on_whales"}
+
+
+def test_exec_it_on_a_real_terminal_goes_over_the_endpoint(running: str, tmp_path: Path) -> None:
+    """`exec -it` of a detached environment runs over its endpoint (no parser, no docker
+    exec): our terminal raw, its size and each resize passed on, Ctrl-C a key, ours left as
+    it was."""
+    census = tmp_path / "census.json"
+    command = ["env", "PS1=prompt> ", "sh", "-i"]
+    argv = [sys.executable, "-c", CENSUS, str(census), "exec", "-it", running, "--", *command]
+    term = Terminal(argv, cols=90, rows=20)
+    try:
+        term.until(b"prompt> ")  # (typed sooner, a line may be read before the shell runs)
+        term.type(b"stty size; echo $((6 * 7))-answer\r")
+        assert b"20 90" in term.until(b"42-answer\r\n")
+        term.type(b"sleep 1000\r")
+        time.sleep(1.0)
+        term.type(b"\x03")  # a key: the sandbox's terminal makes it SIGINT
+        term.until(b"prompt> ")
+        term.type(b"echo after-$?\r")
+        assert b"after-130" in term.until(b"after-130")
+        for cols, rows in ((120, 40), (70, 15)):
+            term.resize(cols, rows)
+            time.sleep(0.5)
+            term.type(b"stty size\r")
+            assert f"{rows} {cols}".encode() in term.until(f"{rows} {cols}".encode())
+        term.type(b"exit 5\r")
+    finally:
+        code, restored = term.close()
+    assert (code, restored) == (5, True)
+    loaded = set(json.loads(census.read_text()))
+    assert not loaded & PARSERS, sorted(loaded & PARSERS)
+
+
+def test_exec_t_without_a_terminal_over_the_endpoint(running: str) -> None:
+    """`-t` with our stdin a pipe: the command still gets a terminal (80 x 24 when we have
+    none), its input ends at once (Ctrl-D typed, as the full CLI types it), one stream."""
+    done = subprocess.run(
+        [sys.executable, "-c", "from orchestrator.endpoint import main; main()", "exec", "-t",
+         running, "--", "sh", "-c", "stty size; cat; echo err >&2; exit 3"],
+        input=b"never read\n", capture_output=True, timeout=WITHIN,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.replace(b"\r\n", b"\n") == b"24 80\nerr\n" and not done.stderr
 
 
 def test_exec_t_followed_by_a_number_says_it_is_a_terminal_now(running: str) -> None:

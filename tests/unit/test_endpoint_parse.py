@@ -53,8 +53,9 @@ def test_what_the_endpoint_takes_it_reads_as_the_full_cli(words: list[str]) -> N
     [
         (["exec", "-i", "orch-a", "--", "cat"], True),
         (["exec", "--interactive", "orch-a", "cat"], True),
-        (["exec", "-t", "orch-a", "--", "sh"], False),
-        (["exec", "-it", "orch-a", "--", "sh"], False),
+        (["exec", "-t", "orch-a", "--", "sh"], True),
+        (["exec", "-it", "orch-a", "--", "sh"], True),
+        (["exec", "-ti", "--tty", "orch-a", "--", "sh"], True),
         (["exec", "orch-a", "--service", "side", "--", "true"], False),
         (["exec", "orch-a", "side", "--", "true"], False),
         (["exec", "orch-a", "--timeout", "x", "--", "true"], False),
@@ -69,7 +70,8 @@ def test_what_it_leaves_to_the_full_cli(args: list[str], taken: bool) -> None:
     except endpoint.NotHere:
         assert not taken
         return
-    assert taken and call.interactive
+    assert taken and (call.interactive or call.tty)
+    assert call.tty == any(w in ("-t", "-it", "-ti", "--tty") for w in args)
 
 
 @pytest.mark.parametrize(
