@@ -91,19 +91,41 @@ def _mtime(path: str) -> int:
 
 
 @functools.lru_cache(maxsize=4)
-def _scan(path: tuple[tuple[str, int], ...]) -> dict[str, str]:
+def _scan(path: tuple[tuple[str, int], ...], fresh: bool = False) -> dict[str, str]:
+    """The scan for sys.path `path` (with its folders' mtimes): the one kept, where each
+    plugin's own entry-point file is as it was then too (one rewritten in place, as an
+    egg-info's is, moves no folder), else a new one (`fresh`: always), kept."""
     key = [list(p) for p in path]
     scans = _kept()
-    for scan in scans:
-        found = scan.get("found") if scan.get("key") == key else None
-        if isinstance(found, dict) and all(isinstance(v, str) for v in found.values()):
+    for scan in [] if fresh else scans:
+        found, noted = scan.get("found"), scan.get("files")
+        if scan.get("key") != key or not isinstance(found, dict) or not isinstance(noted, list):
+            continue
+        if all(isinstance(v, str) for v in found.values()) and _unchanged(noted):
             return {str(k): str(v) for k, v in found.items()}  # (JSON's keys are text)
     from importlib.metadata import entry_points
 
-    made = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    newest: dict[str, object] = {"key": key, "found": made}
+    made: dict[str, str] = {}
+    files: set[tuple[str, int]] = set()
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        made[ep.name] = ep.value
+        folder = getattr(ep.dist, "_path", None)  # (a distribution's own metadata folder)
+        if folder is not None:
+            listed = os.path.join(str(folder), "entry_points.txt")
+            files.add((listed, _mtime(listed)))
+    newest: dict[str, object] = {"key": key, "found": made, "files": sorted(files)}
     _keep([newest, *(scan for scan in scans if scan.get("key") != key)][:KEPT_SCANS])
     return made
+
+
+def _unchanged(files: list[object]) -> bool:
+    """Whether each [file, mtime] a scan noted has that mtime still."""
+    for noted in files:
+        if not (isinstance(noted, list) and len(noted) == 2 and isinstance(noted[0], str)):
+            return False
+        if _mtime(noted[0]) != noted[1]:
+            return False
+    return True
 
 
 def _kept() -> list[dict[str, object]]:
@@ -148,6 +170,8 @@ def get_runtime_class(name: str) -> type[Runtime]:
     if name in _registered:
         return _registered[name]
     target = _BUILTIN.get(name) or _entry_points().get(name)
+    if target is None:  # a plugin installed since the scan kept, in a way no mtime showed
+        target = _scan(tuple((p, _mtime(p)) for p in sys.path), fresh=True).get(name)
     if target is None:
         raise UsageError(f"unknown backend {name!r}; known backends: {', '.join(runtime_names())}")
     module, _, attr = target.partition(":")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import SandboxUnavailable
+from orchestrator.backends.container.executor.plain import Killer
 from orchestrator.errors import SandboxFileTimeout
 from orchestrator.sandbox.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
@@ -143,13 +144,66 @@ def test_a_command_whose_kill_came_before_it_started_never_runs(plain: Runtime) 
 
     engine, container = plain._engine_of_main(), plain._container  # type: ignore[attr-defined]
     killer = Killer(engine, container, None)
+    killer.cancels = True  # (as run_plain makes its killer)
     assert killer.finish()  # the timeout's kill, before the command's exec starts
+    mark = f"/dev/shm/.orchestrator-cancelled-{killer.token}"
+    assert plain.execute(f"test -e {mark}", timeout=20).exit_code == 0
     late = Command(["sh", "-c", "echo ran > /tmp/late"], {}, "/", None, 20, None)
     chunks, _ = bounded(lambda: list(run_plain(engine, container, late, killer=killer)), 60)
     assert chunks == []
     assert plain.execute("cat /tmp/late", timeout=20).exit_code == 1
+    assert plain.execute(f"test -e {mark}", timeout=20).exit_code == 1  # (taken away)
     # a command of another mark runs as ever
     assert plain.execute("echo ran > /tmp/late && cat /tmp/late", timeout=20).stdout == "ran\n"
+
+
+def _killer(rt: Runtime, cancels: bool) -> Killer:
+    from orchestrator.backends.container.executor.plain import Killer
+
+    engine, container = rt._engine_of_main(), rt._container  # type: ignore[attr-defined]
+    killer = Killer(engine, container, None)
+    killer.cancels = cancels
+    return killer
+
+
+def test_the_cancel_mark_holds_no_planted_fifo_or_link(plain: Runtime) -> None:
+    """ATTACK (the command's own uid, which knows its mark): a FIFO where its mark goes held
+    the killer to its 30 s bound, its processes living on; a link there had the killer
+    empty the file it points at."""
+    killer = _killer(plain, cancels=True)
+    mark = f"/dev/shm/.orchestrator-cancelled-{killer.token}"
+    plain.execute(f"mkfifo {mark}", check=True, timeout=20)
+    ran, took = bounded(killer.finish, 60)
+    assert ran is True and took < 15
+    killer = _killer(plain, cancels=True)
+    mark = f"/dev/shm/.orchestrator-cancelled-{killer.token}"
+    plain.execute(f"echo precious > /tmp/precious && ln -s /tmp/precious {mark}", check=True)
+    assert killer.finish()
+    assert plain.execute("cat /tmp/precious", timeout=20).stdout == "precious\n"
+
+
+def test_the_killers_token_is_in_no_argv(make_env: MakeEnv) -> None:
+    """ATTACK (another uid of the sandbox): the token the killer looks for was in its argv,
+    which any uid reads in /proc: a watcher could plant a link at the mark before the
+    (root) killer wrote it. Only its environment holds it now."""
+    env = make_env("resources: {pids: 64}\n", image=BUSYBOX_IMAGE, name="argv")
+    with spawn_in_mode("plain", env) as rt:
+        watch = (  # (each argument a line of its own)
+            "while :; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | "
+            "grep -e 'm=.ORCHESTRATOR_CM[D]' -e '^[0-9a-f]\\{32\\}$'; done > /tmp/seen 2>&1 &"
+        )
+        rt.execute(watch, user="1000", timeout=20)
+        killers: list[Killer] = []
+        for _ in range(30):  # until the watcher saw one run
+            killers.append(_killer(rt, cancels=True))
+            assert killers[-1].finish()
+            seen = rt.execute("cat /tmp/seen", user="1000", timeout=20).stdout
+            if "ORCHESTRATOR_CMD" in seen:  # (the killer's script; never the watcher's own)
+                break
+        else:
+            pytest.fail("the watcher never saw a killer run")
+        for killer in killers:
+            assert killer.token not in seen
 
 
 def test_read_file_with_the_pids_limit_exhausted_is_sandbox_unavailable(plain: Runtime) -> None:

@@ -80,10 +80,14 @@ def test_spawn_runtime_dispatches_on_backend(tmp_path: Path) -> None:
 
 def _install_plugin(site: Path, name: str) -> None:
     """What installing a distribution with backend `name` leaves in folder `site`."""
-    from orchestrator.sandbox import registry
-
     info = site / f"{name.replace('-', '_')}-1.0.dist-info"
     info.mkdir()
+    _fill_plugin(info, name)
+
+
+def _fill_plugin(info: Path, name: str) -> None:
+    from orchestrator.sandbox import registry
+
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(
         f"[{registry.ENTRY_POINT_GROUP}]\n{name} = orchestrator.backends.local:LocalRuntime\n"
@@ -129,6 +133,23 @@ def test_entry_point_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     _install_plugin(site, "second-plugin")
     registry._scan.cache_clear()
     assert {"from-plugin", "second-plugin"} <= set(runtime_names())
+    # a plugin's entry points rewritten in place (an egg-info's are) move no folder's mtime
+    listed = site / "second_plugin-1.0.dist-info" / "entry_points.txt"
+    time.sleep(0.05)
+    listed.write_text(
+        f"[{registry.ENTRY_POINT_GROUP}]\nsecond-plugin = orchestrator.backends.docker:gone\n"
+    )
+    registry._scan.cache_clear()
+    assert registry._entry_points()["second-plugin"] == "orchestrator.backends.docker:gone"
+    # and a backend asked for by name that the kept scan lacks is looked for again
+    (site / "third_plugin-1.0.dist-info").mkdir()
+    registry._scan.cache_clear()
+    with monkeypatch.context() as scans:  # (the kept scan, as if no folder had moved)
+        scans.setattr(registry, "_mtime", lambda p: 0)
+        registry._scan.cache_clear()
+        runtime_names()
+        _fill_plugin(site / "third_plugin-1.0.dist-info", "third-plugin")
+        assert get_runtime_class("third-plugin").name == "third-plugin"
     # a kept scan another hand wrote wrong is read as none
     kept = tmp_path / "state" / "cache" / "entry-points.json"
     kept.write_text('[{"key": 1, "found": {"x": 2}}, 3]')

@@ -163,6 +163,9 @@ def test_an_answer_broken_off_is_an_engine_error_not_a_missing_engine(
         (b"HTTP/1.1 2000 OK\r\n\r\n{}", "not an HTTP answer"),
         (b"HTTP/1.1 200 OK\r\nX: " + b"y" * (70 * 1024), "headers are too long"),
         (b"HTTP/1.1 200 OK\r\n", "no answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: \xc2\xb2\r\n\r\n{}", "a length of"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n{}", "a length of"),
+        (b"HTTP/1.1 \xc2\xb200 OK\r\n\r\n{}", "not an HTTP answer"),
     ],
     ids=[
         "chunked",
@@ -173,6 +176,9 @@ def test_an_answer_broken_off_is_an_engine_error_not_a_missing_engine(
         "odd-status",
         "endless-head",
         "no-body",
+        "superscript-length",
+        "huge-length",
+        "superscript-status",
     ],
 )
 def test_an_answer_that_is_not_plain_http_is_broken_off(
@@ -200,6 +206,21 @@ def test_an_answer_in_single_bytes_is_read_whole(engine: Callable[[Answer], str]
             time.sleep(0.005)  # (each its own read)
 
     assert engine_api.call("x", engine(answer), "GET", "/x", timeout=10) == {"a": 1}
+
+
+def test_an_answer_of_its_length_is_taken_on_a_line_kept_open(
+    engine: Callable[[Answer], str],
+) -> None:
+    """An engine (or a proxy before it) that keeps the connection open after a whole answer
+    is not waited on to its deadline."""
+
+    def answer(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]")
+        time.sleep(10)
+
+    began = time.monotonic()
+    assert engine_api.call("listing", engine(answer), "GET", "/x", timeout=5) == []
+    assert time.monotonic() - began < 2
 
 
 def test_an_answer_without_a_length_ends_at_the_close(engine: Callable[[Answer], str]) -> None:

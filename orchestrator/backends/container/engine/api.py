@@ -75,7 +75,7 @@ def _exchange(
 ) -> tuple[int, bytes, bool]:
     """Send one request, read its whole answer: (status, body of at most `limit` bytes,
     whether the body was longer)."""
-    head = f"{method} {target} HTTP/1.0\r\nHost: docker\r\n"
+    head = f"{method} {target} HTTP/1.0\r\nHost: docker\r\nConnection: close\r\n"
     if data is not None:
         head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
     sock.sendall(head.encode() + b"\r\n" + (data or b""))
@@ -92,6 +92,8 @@ def _exchange(
             start = end + 4
         if len(got) - start > limit:
             return status, bytes(got[start : start + limit]), True
+        if 0 <= length <= len(got) - start:  # (all of it: one that keeps the line open too)
+            break
     if start < 0:
         raise _Broken(f"no answer: {bytes(got[:200])!r}")
     body = bytes(got[start:])
@@ -105,14 +107,16 @@ def _head(head: bytes) -> tuple[int, int]:
     first, *lines = head.decode("latin-1").split("\r\n")
     version, _, rest = first.partition(" ")
     code = rest[:3]
-    if not (version.startswith("HTTP/1.") and code.isdigit() and rest[3:4] in ("", " ")):
+    number = code.isascii() and code.isdigit()  # (isdigit alone takes "²")
+    if not (version.startswith("HTTP/1.") and number and rest[3:4] in ("", " ")):
         raise _Broken(f"not an HTTP answer: {first[:200]!r}")
     length = -1
     for line in lines:
         name, _, value = line.partition(":")
         name, value = name.strip().lower(), value.strip()
         if name == "content-length":
-            if not value.isdigit() or length not in (-1, int(value)):
+            digits = value.isascii() and value.isdigit() and len(value) <= 18
+            if not digits or length not in (-1, int(value)):
                 raise _Broken(f"a length of {value[:50]!r}")
             length = int(value)
         elif name == "transfer-encoding" and value.lower() != "identity":

@@ -52,27 +52,37 @@ answer, a sandbox that cannot start the killer). A busy engine takes seconds to 
 `docker exec` (5 s was seen to cut the killer before its first pass: the command's
 processes lived on)."""
 TOMB = "/dev/shm/.orchestrator-cancelled-"
-"""+ the command's mark: left by a kill that came before the command was seen to start (a
-busy engine may start a `docker exec` seconds after its client asked, and after the client
-was killed at the timeout). The command looks for it first and does not run: the killer
-writes it before its first pass, so a command that looked too early is already a process
-with the mark, which that pass finds."""
+"""+ the command's mark: left by the plain path's kill of a command not yet seen to start
+(a busy engine may start a `docker exec` seconds after its client asked, and after the
+client was killed at the timeout). The command looks for it first, and removes it and ends
+instead of running: the killer writes it before its first pass, so a command that looked
+too early is already a process with the mark, which that pass finds (its mark then stays,
+an empty file). The killer opens it read-write (`<>`): a FIFO planted there does not hold
+it, and a file or link planted there is not emptied. Only the command's own uid (and root)
+knows the token: the killer is given it in its environment, never in its argv."""
+KILL_TOKEN = "ORCHESTRATOR_KILL"
+"""The killer's variable for the token it looks for (its argv is any uid's to read)."""
 # The command, through sh: first its session on stderr (echo and [ are builtins everywhere)
 SESSION = b"orchestrator-session:"
-WRAP = f'[ -e "{TOMB}${MARK}" ] && exit 137; echo "orchestrator-session:$$" >&2; exec "$@"'
+WRAP = (
+    f'if [ -e "{TOMB}${MARK}" ]; then rm -f "{TOMB}${MARK}"; exit 137; fi; '
+    'echo "orchestrator-session:$$" >&2; exec "$@"'
+)
 KILLER_TAIL = 64 * 1024
 """Most bytes of each of the killer's streams kept (its last line is what it says)."""
 MAX_SESSIONS = 4096
 """Most sessions a pass may name for the next (each a word of the next pass's argv)."""
 DONE = "orchestrator-killed:"
 """The killer's last line, then the sessions it found (passed to the next pass)."""
-# `sh -c KILL_TREE sh TOKEN SIGNAL [SESSION...]`: builtins only (see the module docstring)
+# `ORCHESTRATOR_KILL=TOKEN sh -c KILL_TREE sh SIGNAL CANCEL [SESSION...]`: builtins only
+# (see the module docstring); CANCEL 1: leave the command's mark (TOMB) when no session is
+# known yet
 KILL_TREE = (
     STAT_FIELDS
     + r"""
-t=$1; m="ORCHESTRATOR_CMD=$1"; sig=$2; shift 2; me=$$; sids=" "
-if [ $# = 0 ] && [ "$sig" = KILL ]; then
-  case $t in ""|*[!0-9a-f]*) ;; *) { : > "@TOMB@$t"; } 2>/dev/null ;; esac
+t=$ORCHESTRATOR_KILL; m="ORCHESTRATOR_CMD=$t"; sig=$1; cancel=$2; shift 2; me=$$; sids=" "
+if [ $# = 0 ] && [ "$sig" = KILL ] && [ "$cancel" = 1 ]; then
+  case $t in ""|*[!0-9a-f]*) ;; *) { : <> "@TOMB@$t"; } 2>/dev/null ;; esac
 fi
 for s in "$@"; do [ "$s" -gt 1 ] 2>/dev/null && sids="$sids$s "; done
 hit=" "; quiet=0; n=0
@@ -127,6 +137,9 @@ class Killer:
         nothing marked is left to find them by."""
         self.no_process = b""
         """Why the killer could not run at all, when the sandbox cannot start a process."""
+        self.cancels = False
+        """Whether its kill leaves the command's mark (TOMB) while no session of the
+        command is known: set by the plain path, whose command reads the mark."""
         self.ran = False
         """Whether a pass ran to its end (False: the engine refused it, e.g. while the
         sandbox was paused: the command's processes may still be there)."""
@@ -178,8 +191,9 @@ class Killer:
         # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
         # cannot read another uid's environ; the same uid can, and may signal it
         target = self._engine.exec_target(self._container)
-        argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=self.user)
-        argv += [self.token, name, *self.sessions]
+        env = {KILL_TOKEN: self.token}
+        argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=self.user, env=env)
+        argv += [name, "1" if self.cancels else "0", *self.sessions]
         kept = {"stdout": bytearray(), "stderr": bytearray()}
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
         # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
@@ -229,6 +243,7 @@ def run_plain(
         yield "stderr", f"{exc}\n".encode()
         return procutil.Outcome(126, False, 0.0)
     killer = killer or Killer(engine, container, cmd.user)
+    killer.cancels = True  # (its command reads the mark: WRAP)
     # through sh, so a missing program is 127 with the message on stderr, as everywhere else
     argv = engine.exec_target(container).argv(
         ["/bin/sh", "-c", WRAP, "sh", *cmd.argv],
