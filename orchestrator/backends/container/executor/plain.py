@@ -19,7 +19,8 @@ even the exec cannot start (an engine that charges it to the full pids limit), i
 until KILL_TIMEOUT; if it never ran, the command raises SandboxUnavailable: its processes
 may still run, and the sandbox cannot start a process anyway.
 
-POSIX sh only: nothing is installed in the image, and nothing is left behind in it."""
+POSIX sh only: nothing is installed in the image, and nothing is left behind in it but, in
+one race (see TOMB), an empty file in its /dev/shm."""
 
 from __future__ import annotations
 
