@@ -151,10 +151,18 @@ def run(args: list[str]) -> int:
     if not isinstance(cwd, str) or not (user is None or isinstance(user, str)):
         raise NotHere("a record that is not one")
     link = _connect(folder, token)
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # unwinding as Ctrl-C does, as the full CLI
+        signal.signal(sig, _exit_on)  # (our terminal put back; the command dies with us)
     try:
         return _run(link, call, cwd, user)
     finally:
         link.close()
+
+
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 FLAGS = {
@@ -273,17 +281,51 @@ class Link:
         self.wake: tuple[int, object] | None = None
         """A descriptor that wakes the wait for frames (a signal's: see `_run`), and what
         is done each time it does."""
+        self.owed: dict[int, object] = {}
+        """Frames the main thread could not send without waiting, by kind: each a call
+        that tries again (True once sent), made at each turn of the wait for frames."""
 
     def send(self, kind: int, payload: bytes = b"") -> None:
         with self._lock:
             self.sock.sendall(wire.pack(kind, 1, payload))
 
+    def try_send(self, kind: int, payload: bytes = b"") -> bool:
+        """Send a small frame only where that cannot wait (the stdin feeder does not hold
+        the connection, and the socket has room: a resident that reads nothing, paused or
+        stopped by its sandbox, must not hold the main thread past its deadline); whether
+        it went. A connection gone is the read's to tell."""
+        if not self._lock.acquire(False):
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self.sock, select.POLLOUT)
+            if not poller.poll(0):
+                return False
+            self.sock.sendall(wire.pack(kind, 1, payload))
+            return True
+        except OSError:
+            return False
+        finally:
+            self._lock.release()
+
+    def owe(self, kind: int, attempt: object) -> None:
+        """Try `attempt` (a call, True once its frame went) now, and again at each turn of
+        the wait for frames until it went; a later one of the same kind replaces it."""
+        self.owed.pop(kind, None)
+        if not attempt():  # type: ignore[operator]
+            self.owed[kind] = attempt
+
     def readinto(self, view: memoryview) -> int:
         """(For wire.read_frame.) TimeoutError once the deadline passed."""
-        while self.deadline is not None or self.wake is not None:
+        while self.deadline is not None or self.wake is not None or self.owed:
+            for kind, attempt in list(self.owed.items()):
+                if attempt():  # type: ignore[operator]
+                    self.owed.pop(kind, None)
             left = 3600.0 if self.deadline is None else self.deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
+            if self.owed:  # (tried again soon)
+                left = min(left, 0.2)
             poller = select.poll()  # (select() fails past descriptor 1023)
             poller.register(self.sock, select.POLLIN)
             if self.wake is not None:
@@ -377,25 +419,66 @@ def _run(link: Link, call: Call, cwd: str, user: str | None) -> int:
         return _follow(link, call, cwd, user)
     import signal
 
-    resized = os.pipe()  # (SIGWINCH wakes the wait for frames: see Link.readinto)
+    # SIGWINCH wakes the wait for frames (Link.readinto) through a wakeup pipe, and the main
+    # thread sends the size then, only when it changed and only where that cannot wait
+    # (Link.owe). Handler, pipe and wakeup stay as they are until the process ends: undone
+    # under a storm of signals, they raced it (a traceback at the exit)
+    resized = os.pipe()
     for end in resized:
         os.set_blocking(end, False)
-    link.wake = (resized[0], lambda: link.send(wire.RESIZE, wire.SIZE.pack(*_our_size())))
-    before = signal.signal(signal.SIGWINCH, lambda *_: None)
-    woken = signal.set_wakeup_fd(resized[1], warn_on_full_buffer=False)
-    raw = _raw(sys.stdin) if call.interactive else None  # (Ctrl-C then goes as a key)
-    try:
-        return _follow(link, call, cwd, user)
-    finally:
-        if raw is not None:
-            import termios
+    sent = [_our_size()]
 
-            termios.tcsetattr(raw[0], termios.TCSADRAIN, raw[1])
-        signal.set_wakeup_fd(woken)
-        signal.signal(signal.SIGWINCH, before)
+    def resize() -> None:
+        def attempt() -> bool:
+            size = _our_size()
+            if size == sent[0]:
+                return True
+            if link.try_send(wire.RESIZE, wire.SIZE.pack(*size)):
+                sent[0] = size
+                return True
+            return False
+
+        link.owe(wire.RESIZE, attempt)
+
+    link.wake = (resized[0], resize)
+    signal.signal(signal.SIGWINCH, lambda *_: None)
+    signal.set_wakeup_fd(resized[1], warn_on_full_buffer=False)
+    raw = _raw(sys.stdin) if call.interactive else None  # (Ctrl-C then goes as a key)
+    _SAID.append([])  # (said once our terminal is as it was: raw, a line would not end)
+    try:
+        return _follow(link, call, cwd, user, size=sent[0])
+    finally:
         link.wake = None
-        for end in resized:
-            os.close(end)
+        if raw is not None:
+            _restore(*raw)
+        for line in _SAID.pop():
+            print(line, file=sys.stderr)
+
+
+_SAID: list[list[str]] = []
+"""Error lines held while our terminal is raw (see `_say`)."""
+
+
+def _say(line: str) -> None:
+    """An error line on stderr (held until our terminal is put back, while it is raw)."""
+    if _SAID:
+        _SAID[-1].append(line)
+    else:
+        print(line, file=sys.stderr)
+
+
+def _restore(fd: int, before: list[int | list[bytes | int]]) -> None:
+    """Our terminal's settings as they were (tried again when a signal cuts the call)."""
+    import errno
+    import termios
+
+    for _ in range(100):
+        try:
+            termios.tcsetattr(fd, termios.TCSADRAIN, before)
+            return
+        except termios.error as exc:
+            if exc.args[0] != errno.EINTR:
+                return
 
 
 def _our_size() -> tuple[int, int]:
@@ -427,13 +510,16 @@ def _raw(stream: object) -> tuple[int, list[int | list[bytes | int]]] | None:
     return fd, before
 
 
-def _follow(link: Link, call: Call, cwd: str, user: str | None) -> int:
-    """Send the command, pass it our stdin (with -i), print what it says; its exit code."""
+def _follow(
+    link: Link, call: Call, cwd: str, user: str | None, size: tuple[int, int] | None = None
+) -> int:
+    """Send the command (on a terminal of `size` with -t), pass it our stdin (with -i),
+    print what it says; its exit code."""
     timeout, interactive = call.timeout, call.interactive
-    size = list(_our_size()) if call.tty else None
     # (a terminal's input ends as one ends, with Ctrl-D typed: at once without -i, as the
     # full CLI's; see sandbox/core.py `start`)
-    request = wire.Request(call.argv, {}, cwd, user, timeout, interactive or call.tty, tty=size)
+    tty = list(size) if size is not None else None
+    request = wire.Request(call.argv, {}, cwd, user, timeout, interactive or call.tty, tty=tty)
     link.send(wire.RUN, wire.encode_request(request))
     typed_end = VEOF if call.tty else b""
     window = _feed_in_thread(link, typed_end) if interactive else None
@@ -441,7 +527,7 @@ def _follow(link: Link, call: Call, cwd: str, user: str | None) -> int:
         link.send(wire.STDIN, typed_end)
         link.send(wire.STDIN_EOF)
     outs = {wire.OUT: _binary(sys.stdout), wire.ERR: _binary(sys.stderr)}
-    consumed = 0
+    consumed, credit = 0, [0]  # (credit: read and not yet handed back)
     if timeout is not None:  # past it (and the executor's grace), given up on: see OVERDUE
         link.deadline = time.monotonic() + min(timeout, 1e9) + OVERDUE
     while True:
@@ -460,8 +546,8 @@ def _follow(link: Link, call: Call, cwd: str, user: str | None) -> int:
             if not _write(outs[kind], payload):
                 return 1  # our reader went (`| head`): the command dies with us, as there
             consumed += 1
-            if consumed >= wire.WINDOW // 2:
-                link.send(wire.CREDIT, wire.COUNT.pack(consumed))
+            if consumed >= wire.WINDOW // 2:  # (never waiting: see Link.try_send)
+                link.owe(wire.CREDIT, _credit(link, credit, consumed))
                 consumed = 0
         elif kind == wire.TAKEN and window is not None and len(payload) == wire.COUNT.size:
             window.took(wire.COUNT.unpack(payload)[0])
@@ -472,20 +558,32 @@ def _follow(link: Link, call: Call, cwd: str, user: str | None) -> int:
                 return _lost("it sent an exit report that is not one")
             if end.unavailable:
                 why = f"{end.unavailable} (its pids or memory limit is reached; the command did"
-                print(
-                    f"error: the sandbox cannot run the command: {why} not start)", file=sys.stderr
-                )
+                _say(f"error: the sandbox cannot run the command: {why} not start)")
                 return 3  # SandboxUnavailable's, as the full CLI
             return _timed_out(timeout) if end.timed_out else int(end.exit_code)
 
 
+def _credit(link: Link, credit: list[int], read: int) -> object:
+    """An attempt (see Link.owe) to hand back the credit of `read` more frames, with all
+    that earlier attempts could not."""
+    credit[0] += read
+
+    def attempt() -> bool:
+        if credit[0] and not link.try_send(wire.CREDIT, wire.COUNT.pack(credit[0])):
+            return False
+        credit[0] = 0
+        return True
+
+    return attempt
+
+
 def _lost(what: str) -> int:
-    print(f"error: the environment's executor: {what}", file=sys.stderr)
+    _say(f"error: the environment's executor: {what}")
     return 1
 
 
 def _timed_out(timeout: float | None) -> int:
-    print(f"error: timed out after {timeout or 0:g}s", file=sys.stderr)
+    _say(f"error: timed out after {timeout or 0:g}s")
     return 124  # as timeout(1), as the full CLI
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -126,26 +127,35 @@ def _on_terminal(
         cwd=cwd,
         timeout=timeout,
     ) as proc:
-        resized = threading.Event()  # the handler only says so: a thread resizes (the main
-        signal.signal(signal.SIGWINCH, lambda *_: resized.set())  # thread may hold its lock)
-        threading.Thread(target=_follow_size, args=(proc, resized), daemon=True).start()
-        try:
-            with _raw(sys.stdin if interactive else None):
-                if interactive:
-                    threading.Thread(target=_pass_stdin, args=(proc,), daemon=True).start()
-                return _printed(proc)
-        finally:
-            signal.signal(signal.SIGWINCH, signal.SIG_DFL)
+        # the handler only notes it, taking no lock (Event.set takes one: a signal that came
+        # while the main thread held it deadlocked or recursed under a storm of resizes), and
+        # stays until the process ends (undone under a storm, it raced a pending signal); a
+        # thread passes the size on, only when it changed
+        resized = [False]
+        signal.signal(signal.SIGWINCH, lambda *_: resized.__setitem__(0, True))
+        follow = (proc, resized, (cols, rows))
+        threading.Thread(target=_follow_size, args=follow, daemon=True).start()
+        with _raw(sys.stdin if interactive else None):
+            if interactive:
+                threading.Thread(target=_pass_stdin, args=(proc,), daemon=True).start()
+            return _printed(proc)
 
 
-def _follow_size(proc: Process, resized: threading.Event) -> None:
-    """Our terminal's size, passed on each time it changed (many changes at once: once),
-    until the process ended."""
+def _follow_size(proc: Process, resized: list[bool], size: tuple[int, int]) -> None:
+    """Our terminal's size, passed on each time it changed from `size` (many changes at
+    once: once; looked at every RESIZE_EVERY s), until the process ended."""
     while not proc.ended:
-        if resized.wait(0.5):
-            resized.clear()
-            with contextlib.suppress(OrchestratorError):
-                proc.resize(*_our_size())
+        time.sleep(RESIZE_EVERY)
+        if resized[0]:
+            resized[0] = False
+            now = _our_size()
+            if now != size:
+                with contextlib.suppress(OrchestratorError):
+                    proc.resize(*now)
+                size = now
+
+
+RESIZE_EVERY = 0.1
 
 
 def _our_size() -> tuple[int, int]:

@@ -248,6 +248,99 @@ def test_exec_it_on_a_real_terminal_goes_over_the_endpoint(running: str, tmp_pat
     assert not loaded & PARSERS, sorted(loaded & PARSERS)
 
 
+def _endpoint_terminal(running: str, *command: str, options: tuple[str, ...] = ()) -> Terminal:
+    """`exec -it ID [OPTIONS] -- COMMAND` from the command's own start (the endpoint's path)."""
+    entry = "from orchestrator.endpoint import main; main()"
+    return Terminal([sys.executable, "-c", entry, "exec", "-it", running, *options, "--", *command])
+
+
+def test_sigterm_to_exec_it_puts_our_terminal_back(running: str) -> None:
+    """SIGTERM (or SIGHUP) to `exec -it` over the endpoint: 143, our terminal as it was, as
+    the full CLI (it was left raw, the status -15)."""
+    term = _endpoint_terminal(running, "env", "PS1=prompt> ", "sh", "-i")
+    try:
+        term.until(b"prompt> ")
+        term.proc.send_signal(signal.SIGTERM)
+    finally:
+        code, restored = term.close()
+    assert (code, restored) == (143, True)
+
+
+def test_an_error_is_said_once_our_terminal_is_back(running: str) -> None:
+    """The timeout's error line comes after our terminal is put back (said while it was raw,
+    its line did not end where the next prompt starts)."""
+    term = _endpoint_terminal(running, "sleep", "30", options=("--timeout", "2"))
+    try:
+        shown = term.until(b"timed out after 2s")
+        shown += term.until(b"\n")
+    finally:
+        code, restored = term.close()
+    assert (code, restored) == (124, True)
+    assert shown.endswith(b"timed out after 2s\r\n"), shown
+
+
+def test_resizes_of_a_paused_environment_keep_the_timeout(running: str) -> None:
+    """ATTACK (an environment paused, or a resident a root sandbox stopped): each resize was
+    sent by the main thread, waiting on a socket nobody read; a few hundred of them held
+    `exec -t --timeout 3` past its bound until the resume. Now a size goes only where it
+    need not wait, and only when it changed."""
+    term = _endpoint_terminal(
+        running, "sh", "-c", "echo started; sleep 60", options=("--timeout", "3")
+    )
+    try:
+        term.until(b"started")
+        assert cli("pause", running).returncode == 0
+        began = time.monotonic()
+        try:
+            for i in range(400):  # (each a new size: each a SIGWINCH to us)
+                term.resize(80 + i % 40, 24 + i % 7)
+                time.sleep(0.002)
+            code = term.proc.wait(timeout=20)
+            took = time.monotonic() - began
+        finally:
+            assert cli("resume", running).returncode == 0
+    finally:
+        _, restored = term.close()
+    assert code == 124 and restored, code
+    assert took < 3 + 5 + 5, took  # (its timeout, OVERDUE and slack)
+
+
+def test_the_full_cli_survives_a_storm_of_resizes(running: str) -> None:
+    """The full CLI's `exec -it` under a storm of resizes: its signal handler took a lock
+    (threading.Event.set) the main thread could hold: wrong exit codes and tracebacks."""
+    entry = "from orchestrator.cli import main; main()"
+    argv = [
+        sys.executable,
+        "-c",
+        entry,
+        "exec",
+        "-it",
+        running,
+        "--",
+        "sh",
+        "-c",
+        "sleep 3; exit 3",
+    ]
+    term = Terminal(argv)
+    try:
+        deadline = time.monotonic() + 2.5
+        i = 0
+        while time.monotonic() < deadline:
+            term.resize(80 + i % 40, 24 + i % 7)
+            i += 1
+        shown = term.seen
+        deadline = time.monotonic() + WITHIN
+        while term.proc.poll() is None and time.monotonic() < deadline:  # all it printed
+            if select.select([term.master], [], [], 0.2)[0]:
+                try:
+                    shown += os.read(term.master, 65536)
+                except OSError:
+                    break
+    finally:
+        code, restored = term.close()
+    assert (code, restored) == (3, True) and b"Traceback" not in shown, shown[-2000:]
+
+
 def test_exec_t_without_a_terminal_over_the_endpoint(running: str) -> None:
     """`-t` with our stdin a pipe: the command still gets a terminal (80 x 24 when we have
     none), its input ends at once (Ctrl-D typed, as the full CLI types it), one stream."""
