@@ -19,7 +19,9 @@ CLI would run it: the environment's user and workdir, its timeout kills its tree
 code is ours (124 on timeout), its stdout and stderr apart; it dies with our connection
 (Ctrl-C, a kill of this process), as the full CLI kills it. One difference: a command
 already running when its environment is paused waits here for the resume (as under `docker
-exec`), where the full CLI fails it at once (SandboxPaused) and kills it while frozen.
+exec`), where the full CLI fails it at once (SandboxPaused) and kills it while frozen
+(with `-it`, where Ctrl-C is a key typed into the command's terminal, SIGTERM from elsewhere
+ends the wait; its `--timeout` still holds).
 """
 
 from __future__ import annotations
