@@ -177,6 +177,7 @@ class Agent:
         self.flows = {}
         self.held = {}  # signals sent to a command still starting: {cid: [signal, ...]}
         self.starting = threading.Lock()  # a command becoming known, or a signal held
+        self.recording = threading.Lock()  # the record's look at `closed` and its write
         self.ttys = {}  # the terminals of commands run on one: {cid: procutil.Tty}
         self.spawners = spawners or spawner.Spawners()
         # a resident's connection (see resident()) is a session: its own record, one
@@ -493,18 +494,20 @@ class Agent:
 
     def record(self):
         """Write the sessions of the running commands and of the spawners (for
-        reap_orphans of a successor)."""
-        try:
-            path = os.path.join(STATE, self.record_as)
-            if self.closed:
-                os.unlink(path)
-                return
-            with open(path + ".tmp", "w") as fh:
-                pids = [p.pid for p in list(self.procs.values())] + self.spawners.pids()
-                fh.write("".join("%d\n" % pid for pid in pids))
-            os.replace(path + ".tmp", path)
-        except OSError:
-            pass  # not root, or no /run: orphans then live until the environment goes down
+        reap_orphans of a successor). One at a time: a command's record, written after its
+        answer, must not land after the session's end removed the file."""
+        with self.recording:
+            try:
+                path = os.path.join(STATE, self.record_as)
+                if self.closed:
+                    os.unlink(path)
+                    return
+                with open(path + ".tmp", "w") as fh:
+                    pids = [p.pid for p in list(self.procs.values())] + self.spawners.pids()
+                    fh.write("".join("%d\n" % pid for pid in pids))
+                os.replace(path + ".tmp", path)
+            except OSError:
+                pass  # not root, or no /run: orphans then live until the environment goes down
 
     def finish(self, cid, outcome):
         ran = self.procs.pop(cid, None) is not None
