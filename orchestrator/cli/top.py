@@ -278,7 +278,7 @@ class View:
         self.selected = shown[at].id if shown else ""
         table = Table(box=None, pad_edge=False, header_style="bold")
         for header in HEADERS:
-            table.add_column(header, no_wrap=header != "COMMAND", overflow="ellipsis")
+            table.add_column(header, no_wrap=True, overflow="ellipsis")  # (a line each)
         for i, row in enumerate(shown):
             table.add_row(*(Text(c) for c in cells(row)), style="reverse" if i == at else "")
         head = Text(
