@@ -18,6 +18,7 @@ from orchestrator.backends.container.engine import (
     TIMED_OUT,
     ContainerNotRunning,
     ContainerPaused,
+    NetworkAmbiguous,
     NetworkInUse,
     NoSuchContainer,
     NoSuchImage,
@@ -83,6 +84,11 @@ REAL = [
     (
         "Error response from daemon: networks have overlapping IPv4",
         SubnetOverlap,
+    ),
+    (  # Compose's `up` after its `create`, on a loaded engine that made the network twice
+        "Error response from daemon: network orch-perm-2c8c3d15_egress is ambiguous (2 matches "
+        "found on name)",
+        NetworkAmbiguous,
     ),
     (
         'this node is not a swarm manager. Use "docker swarm init" or "docker swarm join" to '
@@ -246,3 +252,28 @@ def test_a_listing_that_trips_over_a_removal_is_made_again_for_a_while(
     with pytest.raises(NoSuchContainer):
         cli.listing("listing (ps)", trips(10**6), (NoSuchContainer,))
     assert 0.1 < time.monotonic() - started < 1.0 and len(calls) >= 3
+
+
+def test_a_start_is_tried_again_when_the_engine_made_a_network_twice() -> None:
+    """A network made twice (NetworkAmbiguous) fails the attempt, which removes both: the
+    start is tried again, a bounded number of times."""
+    from orchestrator.backends.docker.start import _retry_subnet
+
+    tried: list[int] = []
+
+    def attempt(i: int) -> str:
+        tried.append(i)
+        if len(tried) < 3:
+            raise NetworkAmbiguous("network x_egress is ambiguous (2 matches found on name)")
+        return "up"
+
+    assert _retry_subnet(attempt) == "up" and tried == [0, 1, 2]
+    tried.clear()
+
+    def always(i: int) -> str:
+        tried.append(i)
+        raise NetworkAmbiguous("network x_egress is ambiguous (2 matches found on name)")
+
+    with pytest.raises(NetworkAmbiguous):
+        _retry_subnet(always)
+    assert tried == [0, 1, 2]

@@ -14,6 +14,7 @@ from orchestrator.backends.container.binds import PINNED_DIR, Pins
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
     Engine,
+    NetworkAmbiguous,
     StorageOptUnsupported,
     SubnetOverlap,
     resolved_host,
@@ -49,13 +50,20 @@ from orchestrator.spec.policy import raise_if
 T = TypeVar("T")
 
 
-def _retry_subnet(attempt: Callable[[int], T], tries: int = 8) -> T:
-    """Run attempt(0), attempt(1), ... while the engine says our subnet overlaps another."""
+def _retry_subnet(attempt: Callable[[int], T], tries: int = 8, twins: int = 2) -> T:
+    """Run attempt(0), attempt(1), ... while the engine says our subnet overlaps another
+    (`tries` in all), or made one of our networks twice (NetworkAmbiguous: `twins` more
+    tries; each failed attempt removed both, by our labels)."""
+    doubled = 0
     for i in range(tries):
         try:
             return attempt(i)
         except SubnetOverlap:
             if i == tries - 1:
+                raise
+        except NetworkAmbiguous:
+            doubled += 1
+            if doubled > twins or i == tries - 1:
                 raise
     raise AssertionError("unreachable")
 

@@ -90,6 +90,11 @@ class SubnetOverlap(DockerError):
     """The subnet asked for a network overlaps one the engine already has."""
 
 
+class NetworkAmbiguous(DockerError):
+    """Two networks of one name: a loaded engine can make a network twice when Compose asks
+    for it again before the first is listed (`create`, then `up`)."""
+
+
 class NotSwarmManager(DockerError):
     """The engine is not a Swarm manager (no swarm, or a worker)."""
 
@@ -124,6 +129,7 @@ KINDS: tuple[tuple[type[DockerError], tuple[str, ...]], ...] = (
     (NetworkInUse, ("has active endpoints",)),
     (VolumeInUse, ("volume is in use", "volume is being used")),  # (the second: Podman's)
     (SubnetOverlap, ("pool overlaps", "overlapping ipv4", "overlaps with other")),
+    (NetworkAmbiguous, ("is ambiguous (",)),  # "network X is ambiguous (2 matches found ..."
     (NotSwarmManager, ("not a swarm manager", "this node is not a swarm")),
     (StorageOptUnsupported, ("storage-opt",)),
     (StackEmpty, ("nothing found in stack",)),
