@@ -185,3 +185,34 @@ def test_what_holds_a_network_names_a_stale_endpoint_by_its_name(
     said = '"ep-5f0e" "orch-x-1-main-1"\n"3ce74dd0" "orch-x-1-db-1"\n\n"ep-77" ""\n'
     monkeypatch.setattr(engine, "inspect", lambda *a, **k: said)
     assert engine.joined("n1") == ["orch-x-1-main-1", "3ce74dd0", "ep-77"]
+
+
+def test_a_signal_as_the_call_starts_leaves_no_docker_cli_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal that unwinds us just as Popen returns, before anything here holds the
+    call (CI: once, under load, the docker CLI lived on after SIGTERM): its process still
+    goes, with the group `timeout` leads."""
+    from orchestrator.backends.container.engine import cli
+
+    pidfile = tmp_path / "child.pid"
+    script = f"echo $$ > {pidfile}; exec sleep 300"
+    made = cli._Held.__init__
+
+    def made_then_signalled(self: object, *args: object, **kwargs: object) -> None:
+        made(self, *args, **kwargs)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        raise SystemExit(143)
+
+    monkeypatch.setattr(cli._Held, "__init__", made_then_signalled)
+    argv = ["timeout", "-s", "KILL", "300", "sh", "-c", script]
+    with pytest.raises(SystemExit):
+        cli.run(argv)
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, f"the call's process ({child}) outlived it"
+        time.sleep(0.05)

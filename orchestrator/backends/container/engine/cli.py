@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from orchestrator.backends.container.engine.bounds import KILLED, TIMED_OUT, backstop
 from orchestrator.backends.container.engine.errors import CallFailed, docker_errors
@@ -46,17 +46,37 @@ def _completed(
     not passed on, and the docker CLI under it would live on, for good if the engine hangs.
     (While it is not reaped, no other group can bear its pid.)"""
     stdin = subprocess.PIPE if input is not None else None
-    with subprocess.Popen(
-        args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    ) as proc:
-        try:
-            out, err = proc.communicate(input, timeout=timeout)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.kill()
-            raise
+    # (the call is known before its process exists: a signal unwinding us may come while
+    # Popen returns, before any `try` here holds it, and the process must still go)
+    held: list[subprocess.Popen[bytes]] = []
+    try:
+        proc = _Held(held, args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = proc.communicate(input, timeout=timeout)  # (its pipes closed at its end)
+    except BaseException:
+        for started in held:
+            pid = getattr(started, "pid", None)  # (None: no process was made)
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    started.wait(5)
+            for name in ("stdin", "stdout", "stderr"):
+                pipe = getattr(started, name, None)
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+        raise
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+class _Held(subprocess.Popen):  # type: ignore[type-arg]
+    """A Popen that puts itself in `held` before it makes its process (see `_completed`)."""
+
+    def __init__(self, held: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any) -> None:
+        held.append(self)
+        super().__init__(*args, **kwargs)
 
 
 def run_command(action: str, argv: Sequence[str], *, bound: float, input: bytes | None) -> str:
