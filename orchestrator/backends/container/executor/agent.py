@@ -42,7 +42,7 @@ it is written."""
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
-_oom = {}  # the counter's file, held open once it was read: {"fd": fd, "v2": bool}
+_oom = {}  # the counter's file, held open once it was read: {"fd": fd}
 
 
 def oom_kills():
