@@ -73,6 +73,11 @@ class UsageError(OrchestratorError, ValueError):
     exit_code = 2
 
 
+class NoTerminal(UsageError):
+    """A terminal (`start(tty=True)`) was asked of a sandbox that cannot give one: its
+    commands go by plain `docker exec` (no python3 in the image)."""
+
+
 class BackendUnavailable(OrchestratorError, RuntimeError):
     """The backend cannot run here (no Docker engine, no Compose plugin, ...)."""
 

@@ -366,12 +366,23 @@ def shell(
     service: str = typer.Option(None, "--service", "-s", help="Open it in this service."),
     user: str = typer.Option(None, "--user", "-u", help='As this user ("uid[:gid]", "root").'),
 ) -> None:
-    """Open an interactive shell (bash where the image has it) in a running environment."""
+    """Open an interactive shell (bash where the image has it) in a running environment:
+    `exec -it` of it (`-i` alone where ours is no terminal). Its exit code becomes ours."""
     if word is not None:
         raise UsageError(f"`shell ID {word}`: to open it in service {word!r}, use --service {word}")
-    with attach_ref(ref) as rt:
+    from orchestrator.backends.container.service import SHELL
+
+    terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    with attach_ref(ref) as rt:  # leaving the block leaves it running
         place = rt.service(service) if service else rt
-        argv = list(place.connection(user=user).shell)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        argv = ["-i" if a == "-it" else a for a in argv]  # no terminal to give it
-    raise typer.Exit(subprocess.call(argv))
+        argv = ["/bin/sh", "-c", SHELL]
+        if not terminal:
+            result = _stream(place, argv, user=user, cwd=None, timeout=None, interactive=True)
+        elif place._gives_terminal():
+            result = _on_terminal(place, argv, user, None, None, True)
+        else:  # commands go by plain `docker exec` there: its own -it, on our terminal
+            argv = list(place.connection(user=user).shell)
+            result = None
+    if result is None:
+        raise typer.Exit(subprocess.call(argv))
+    raise typer.Exit(_exit_code(result, None))

@@ -109,6 +109,12 @@ class SandboxCore(ABC):
     def connection(self, *, user: str | None = None) -> Connection:
         """How a person opens a shell here from the host (as `user`, else the default)."""
 
+    def _gives_terminal(self) -> bool:
+        """Whether `start(tty=True)` can run here (not where commands go by plain `docker
+        exec`); it may start the sandbox's executor to know. For the package's own callers
+        that have another way in (`connection`) and must choose before anything runs."""
+        return True
+
     # ----- a command, checked ----------------------------------------------------------------
     def _command(
         self,

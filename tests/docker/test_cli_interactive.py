@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import attach
-from tests.conftest import PYTHON_IMAGE
+from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE
 
 CLI = [sys.executable, "-m", "orchestrator"]
 WITHIN = 60.0
@@ -201,6 +201,58 @@ def test_exec_it_on_a_real_terminal_runs_a_shell_answers_lines_and_passes_ctrl_c
     finally:
         code, restored = term.close()
     assert (code, restored) == (7, True)
+
+
+def test_shell_on_a_real_terminal_is_exec_it_of_bash(running: str) -> None:
+    """`shell` runs bash on a terminal of its own through the library, as `exec -it` does:
+    lines answered, Ctrl-C a key, its exit code ours, our terminal left as it was."""
+    term = Terminal([*CLI, "shell", running], cols=80, rows=25)
+    try:
+        term.until(b"/workspace# ")  # bash's own prompt (typed sooner, a line may be lost)
+        term.type(b"PS1='prompt> '\r")
+        term.until(b"prompt> ")
+        term.type(b"echo $BASH_VERSION-$((6 * 7)); stty size\r")
+        assert b"25 80" in term.until(b"25 80")
+        term.type(b"sleep 1000\r")
+        time.sleep(1.0)
+        term.type(b"\x03")
+        term.until(b"prompt> ")
+        term.type(b"echo after-$?\r")
+        assert b"after-130" in term.until(b"after-130")
+        term.type(b"exit 5\r")
+    finally:
+        code, restored = term.close()
+    assert (code, restored) == (5, True)
+
+
+def test_shell_in_a_service_without_python3_falls_back_to_docker_exec_it(
+    tmp_path: Path,
+) -> None:
+    """A busybox service's commands go by plain `docker exec`, which has no terminal of
+    ours to give: `shell` opens it with `docker exec -it` instead, on our terminal."""
+    path = tmp_path / "side.yaml"
+    path.write_text(
+        f"version: 1\nname: side\nimage: {PYTHON_IMAGE}\nservices:\n"
+        f"  side: {{image: {BUSYBOX_IMAGE}, command: [sleep, '100000']}}\n"
+    )
+    up = cli("up", str(path))
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        term = Terminal([*CLI, "shell", ident, "--service", "side"])
+        try:
+            term.until(b"# ")  # busybox sh's own prompt
+            term.type(b"PS1='side> '\r")
+            term.until(b"side> ")
+            term.type(b"echo $((6 * 7))-in-$(hostname)\r")
+            term.until(b"42-in-")
+            term.type(b"exit 3\r")
+        finally:
+            code, restored = term.close()
+        assert (code, restored) == (3, True)
+    finally:
+        down = cli("down", ident)
+        assert down.returncode == 0, down.stderr
 
 
 CENSUS = """

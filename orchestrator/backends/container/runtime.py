@@ -369,6 +369,10 @@ class ContainerRuntime(ContainerInventory, Runtime):
             ports=tuple(self._ports),
         )
 
+    def _gives_terminal(self) -> bool:
+        self._check_open()
+        return self._main is not None and self._main.ready() is not None
+
     def connection(self, *, user: str | None = None) -> Connection:
         self._check_open()
         return shell_connection(

@@ -67,6 +67,10 @@ class ServiceSandbox(Sandbox):
             )
         return f"{STATIC_ROOT}/{self.static_asset(name).save_path}"
 
+    def _gives_terminal(self) -> bool:
+        self._check_usable()
+        return self.channel.ready() is not None
+
     def connection(self, *, user: str | None = None) -> Connection:
         self._check_usable()
         return shell_connection(self.engine, self.container, self.workdir, self._user(user))

@@ -36,9 +36,9 @@ from orchestrator.backends.container.engine import Engine, exec_refusal, no_proc
 from orchestrator.backends.container.layout import STAT_FIELDS
 from orchestrator.errors import (
     BackendUnavailable,
+    NoTerminal,
     OrchestratorError,
     SandboxUnavailable,
-    UsageError,
 )
 from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
 
@@ -234,7 +234,7 @@ def run_plain(
     to instead of through the engine (see `procutil.pump`). `killer`: the one that kills it
     (made here when None), which the caller keeps to kill it later if it could not then."""
     if cmd.tty is not None:
-        raise UsageError(
+        raise NoTerminal(
             "a terminal (tty=True) needs the in-container executor, which runs on the "
             "image's python3: this sandbox runs commands by plain `docker exec`"
         )
