@@ -24,6 +24,7 @@ used before and removed after it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -68,8 +69,9 @@ from orchestrator.errors import (
     ProjectNotFound,
     UsageError,
 )
-from orchestrator.integrations import inspect_config, inspect_remote
+from orchestrator.integrations import inspect_config, inspect_remote, inspect_session
 from orchestrator.integrations.inspect_config import OrchestratorSandboxConfig, metadata_env
+from orchestrator.integrations.inspect_session import bash_session
 from orchestrator.spec.resolve import MAIN
 
 PROVIDER = "orchestrator"
@@ -158,6 +160,12 @@ class OrchestratorSandbox(SandboxEnvironment):
         """The sample's metadata, given to every command (a prewarmed environment started
         before the sample was known)."""
         self.pool = pool
+        self.shells: dict[str | None, inspect_session.Shell] = {}
+        """The `bash_session` tool's shells in this sandbox, by instance."""
+        self.shell_locks: dict[str | None, asyncio.Lock] = {}
+        self.shells_closed = False
+        self.terminal: bool | None = None
+        """Whether its commands can have a terminal (None: not asked yet)."""
 
     # ----- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -227,6 +235,9 @@ class OrchestratorSandbox(SandboxEnvironment):
         for it (task_cleanup does, and the guardian removes it if this process dies first).
         An interrupted sample's is left to task_cleanup, as Inspect's own Docker sandbox
         does."""
+        for box in environments.values():
+            if isinstance(box, cls):
+                await inspect_session.close_shells(box)
         if interrupted:
             return
         done = {e.runtime: e.pool for e in environments.values() if isinstance(e, cls)}
@@ -400,4 +411,4 @@ class OrchestratorSandbox(SandboxEnvironment):
         )
 
 
-__all__ = ["OrchestratorSandbox", "OrchestratorSandboxConfig", "metadata_env"]
+__all__ = ["OrchestratorSandbox", "OrchestratorSandboxConfig", "bash_session", "metadata_env"]
