@@ -44,6 +44,7 @@ bench: setup
     .venv/bin/python -m pip install -q -e '.[bench]'
     {{py}} -m bench
     {{py}} -m bench.inspect_race
+    {{py}} -m bench.bash_session
     {{py}} -m bench.transfer
     {{py}} -m bench.cli
     {{py}} -m bench.processes
