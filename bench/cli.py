@@ -1,9 +1,10 @@
 """`python -m bench.cli` (part of `just bench`): the CLI as a harness that shells out meets it,
 whole processes side by side with the docker CLI in alternating rounds: `orchestrator exec ID
 -- true` against `docker exec CONTAINER true`, `orchestrator ps` against `docker compose ls`,
-a 10 MB output through each `exec`, and `orchestrator --help`. Reports the median wall time and
-the median CPU time (user + system of the process and its children) of each, and the ratio to
-its docker twin. Writes bench/results/cli.{md,json}."""
+`orchestrator logs ID` against `docker compose logs`, a 10 MB output through each `exec`, and
+`orchestrator --help`. Reports the median wall time and the median CPU time (user + system of
+the process and its children) of each, and the ratio to its docker twin. Writes
+bench/results/cli.{md,json}."""
 
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ def ways_to_compare(ident: str, container: str) -> list[Way]:
         Way("docker exec", ["docker", "exec", container, "true"]),
         Way("orchestrator ps", [*ORCH, "ps"], "docker compose ls"),
         Way("docker compose ls", ["docker", "compose", "ls"]),
+        Way("orchestrator logs ID", [*ORCH, "logs", ident], "docker compose logs"),
+        Way("docker compose logs", ["docker", "compose", "-p", ident, "logs"]),
         Way(
             "orchestrator exec, 10 MB out",
             [*ORCH, "exec", ident, "--", "sh", "-c", BIG],

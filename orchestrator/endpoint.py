@@ -80,7 +80,7 @@ class NotHere(Exception):
 
 
 def main() -> None:
-    """The `orchestrator` command: `exec` over an endpoint here, `ps` and `down` in
+    """The `orchestrator` command: `exec` over an endpoint here, `ps`, `down` and `logs` in
     quickcli.py, anything else (and each, where its path cannot answer it) in the full CLI."""
     args = sys.argv[1:]
     try:
@@ -88,7 +88,7 @@ def main() -> None:
         # variable after it): any such variable only sends the call to the full CLI
         if any(name.endswith("_COMPLETE") for name in os.environ):
             raise NotHere("completion")
-        if args[:1] in (["ps"], ["down"]):
+        if args[:1] in (["ps"], ["down"], ["logs"]):
             from orchestrator import quickcli
 
             try:
@@ -253,19 +253,29 @@ def _project_folder(ident: str) -> str:
 
 
 def _record(folder: str) -> dict[str, object]:
+    data = owned_json(os.path.join(folder, RECORD), RECORD_LIMIT)
+    if not isinstance(data.get("token"), str):
+        raise NotHere("a record that is not one")
+    return data
+
+
+def owned_json(path: str, limit: int) -> dict[str, object]:
+    """The JSON object in file `path`, a regular file of ours that nobody else may read or
+    change, of at most `limit` bytes; NotHere otherwise."""
     try:
-        fd = os.open(os.path.join(folder, RECORD), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
-        raise NotHere("no endpoint") from None
+        raise NotHere(f"no {os.path.basename(path)}") from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             raise NotHere("a record that is not ours alone")
         try:
-            data = json.loads(fh.read(RECORD_LIMIT).decode())
+            raw = fh.read(limit + 1)
+            data = json.loads(raw.decode()) if len(raw) <= limit else None
         except (OSError, ValueError):
             raise NotHere("a record that is not one") from None
-    if not isinstance(data, dict) or not isinstance(data.get("token"), str):
+    if not isinstance(data, dict):
         raise NotHere("a record that is not one")
     return data
 

@@ -1,10 +1,12 @@
-"""`orchestrator ps` and `down`, before anything heavy loads: the command's entry
-(endpoint.py) brings `ps [--json] [--usage]` and `down [--force] [--all] ID...` here, where
+"""`orchestrator ps`, `down` and `logs`, before anything heavy loads: the command's entry
+(endpoint.py) brings `ps [--json] [--usage]`, `down [--force] [--all] ID...` and `logs ID
+[SERVICE] [--tail N] [--follow]` (a Docker environment on this machine's engine) here, where
 they load no Typer, no pydantic and no backend (the inventory asks built-in backends through
 the light hooks of services/inventory.py). Anything else (`--help`, an option they do not
 take, `--`) goes to the full CLI, before anything ran. The full CLI's `ps` and `down` run
-`show_environments` and `take_down` too, and both set up and report errors through `prepare`
-and `failed`, so the two print the same, byte for byte (held by a test). Hand-written: a
+`show_environments` and `take_down` too, its `logs` prints through logprint.py, and both set
+up and report errors through `prepare` and `failed`, so the two print the same, byte for byte
+(held by a test). Hand-written: a
 parser library would cost more than the command."""
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -74,17 +77,27 @@ def failed(exc: OrchestratorError) -> int:
 
 
 def run(args: list[str]) -> int:
-    """`ps [--json] [--usage]` or `down [--force] [--all] ID...`; Other for anything else."""
+    """`ps [--json] [--usage]`, `down [--force] [--all] ID...` or `logs ID [SERVICE]
+    [--tail N] [--follow]`; Other for anything else."""
     command = args[0] if args else ""
     words = args[1:]
+    if command == "logs":
+        shown = _logs_of(words)  # (Other before anything is set up)
+        prepare()
+        return _guarded(shown)
     if command not in FLAGS or any(w.startswith("-") and w not in FLAGS[command] for w in words):
         raise Other(command)
     if command == "ps" and not FLAGS["ps"].issuperset(words):
         raise Other("ps takes no arguments")
     prepare()
+    return _guarded(lambda: _run(command, words))
+
+
+def _guarded(command: Callable[[], int]) -> int:
+    """Its exit code; a reader that left (`ps | head`): quiet, exit 1, as Click does."""
     try:
-        return _run(command, words)
-    except BrokenPipeError:  # the reader left (`ps | head`): quiet, exit 1, as Click does
+        return command()
+    except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, OSError, ValueError):
@@ -105,6 +118,96 @@ def _run(command: str, words: list[str]) -> int:
         return show_environments(rows, removed, failures, as_json="--json" in words, usage=usage)
     except OrchestratorError as exc:
         return failed(exc)
+
+
+RUNTIME = "runtime.json"
+"""In <project> (owner-only): the environment as it was started (its backend, its engine,
+its services)."""
+RUNTIME_LIMIT = 4 * 1024 * 1024
+LOGS_WITHIN = 120.0
+"""Seconds a log that does not follow may take to read (the full CLI's LOGS_TIMEOUT)."""
+
+
+def _logs_of(words: list[str]) -> Callable[[], int]:
+    """`logs ID [SERVICE] [--tail N|-n N] [--follow|-f]` of a Docker environment on this
+    machine's engine whose record and containers are found whole: how to print them, as
+    the full CLI's `logs` prints; Other for anything else (the full CLI says what is
+    wrong), found out before anything is printed."""
+    from orchestrator import endpoint
+    from orchestrator.backends.container.engine import api
+
+    follow, tail, named = False, None, list[str]()
+    given = iter(words)
+    for word in given:
+        if word in ("--follow", "-f"):
+            follow = True
+        elif word in ("--tail", "-n"):
+            value = next(given, "")
+            if not (value.isascii() and value.isdigit() and len(value) <= 9):
+                raise Other("a --tail the full CLI reads")
+            tail = int(value)
+        elif word.startswith("-") or len(named) == 2:
+            raise Other(word)
+        else:
+            named.append(word)
+    if not named or not endpoint.ID.fullmatch(named[0]):
+        raise Other("no id found whole here")
+    ident = named[0]
+    try:
+        folder = endpoint._project_folder(ident)
+        record = endpoint.owned_json(os.path.join(folder, RUNTIME), RUNTIME_LIMIT)
+    except endpoint.NotHere:
+        raise Other("no record of ours") from None
+    spec, host = record.get("spec"), record.get("host", "")
+    extra = spec.get("services") if isinstance(spec, dict) else None
+    if (
+        record.get("backend") != "docker"
+        or not isinstance(extra, dict)
+        or not isinstance(host, str)
+    ):
+        raise Other("not a Docker environment's record")
+    known = ["main", *sorted(str(n) for n in extra)]
+    services = named[1:] or known
+    sock = api.local_socket(host)
+    if sock is None or not set(services) <= set(known):
+        raise Other("another engine, or a service the full CLI names the known ones for")
+    containers = _containers(sock, ident, folder)
+    if not set(services) <= set(containers):
+        raise Other("a service without its one container")
+    within = None if follow else LOGS_WITHIN
+
+    def show() -> int:
+        from orchestrator.logprint import show_logs
+
+        def chunks_of(name: str) -> Iterator[bytes]:
+            return api.logs(sock, containers[name], tail=tail, follow=follow, within=within)
+
+        error = show_logs(services, chunks_of, follow=follow)
+        return 0 if error is None else failed(error)
+
+    return show
+
+
+def _containers(sock: str, ident: str, folder: str) -> dict[str, str]:
+    """Project `ident`'s containers (ours: made for its folder), by service: those with one
+    container only."""
+    from orchestrator.backends.container.engine import api
+
+    labels = [f"com.docker.compose.project={ident}", f"org.orchestrator.dir={folder}"]
+    query = {"all": "1", "filters": json.dumps({"label": labels})}
+    try:
+        rows = api.call(
+            "listing containers", sock, "GET", "/containers/json", query=query, timeout=30
+        )
+    except OrchestratorError:
+        raise Other("the engine did not list them") from None
+    found: dict[str, list[str]] = {}
+    for row in rows if isinstance(rows, list) else []:
+        tags = row.get("Labels") if isinstance(row, dict) else None
+        name = tags.get("com.docker.compose.service") if isinstance(tags, dict) else None
+        if isinstance(name, str) and isinstance(row.get("Id"), str):
+            found.setdefault(name, []).append(row["Id"])
+    return {name: ids[0] for name, ids in found.items() if len(ids) == 1}
 
 
 def take_down(refs: list[str], *, all_: bool, force: bool) -> int:

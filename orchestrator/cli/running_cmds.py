@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -66,66 +64,17 @@ def logs(
 ) -> None:
     """Print what an environment's containers printed: the main sandbox's first, then each
     service's, each line after its service's name when there are several."""
+    from orchestrator.logprint import show_logs
+
     with attach_ref(ref) as rt:
         services = [service] if service else ["main", *sorted(rt.env.spec.services)]
         for name in services:
             rt.service(name)  # an unknown one fails here, naming the known ones
-        printer = _LogPrinter(services if len(services) > 1 else [])
-        readers = [
-            threading.Thread(
-                target=printer.copy, args=(name, rt.logs(name, tail=tail, follow=follow))
-            )
-            for name in services
-        ]
-        for reader in readers if follow else []:
-            reader.daemon = True
-            reader.start()
-        for reader in readers:
-            if follow:
-                while reader.is_alive():
-                    reader.join(0.5)  # Ctrl-C still reaches us
-            else:
-                reader.run()
-    if printer.error is not None:
-        raise printer.error
-
-
-class _LogPrinter:
-    """Lines of several services on stdout, whole, each after its service's name."""
-
-    LINE_LIMIT = 64 * 1024
-
-    def __init__(self, prefixed: list[str]) -> None:
-        width = max((len(n) for n in prefixed), default=0)
-        self._prefix = {n: f"{n.ljust(width)} | ".encode() for n in prefixed}
-        self._lock = threading.Lock()
-        self.error: OrchestratorError | None = None
-
-    def copy(self, name: str, chunks: Iterator[bytes]) -> None:
-        prefix, partial, wrote = self._prefix.get(name, b""), b"", False
-        try:
-            for chunk in chunks:
-                wrote = True
-                lines = (partial + chunk).split(b"\n")
-                partial = lines.pop()
-                if len(partial) > self.LINE_LIMIT:  # a line without end: out in pieces
-                    lines, partial = [*lines, partial], b""
-                self._write(b"".join(prefix + line + b"\n" for line in lines))
-            if partial:
-                self._write(prefix + partial + b"\n")
-        except OrchestratorError as exc:
-            self.error = exc
-        if not wrote and name == "main":
-            typer.echo(
-                "main: no output of its own (commands run with `orchestrator exec` print to "
-                "their caller)",
-                err=True,
-            )
-
-    def _write(self, data: bytes) -> None:
-        with self._lock:
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
+        error = show_logs(
+            services, lambda name: rt.logs(name, tail=tail, follow=follow), follow=follow
+        )
+    if error is not None:
+        raise error
 
 
 def cleanup(

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -261,6 +262,83 @@ def test_ps_and_down_load_no_parser_and_say_what_the_full_cli_says(make_env: Mak
     quick, full = _both("down", ident)
     assert quick.returncode == full.returncode == 2
     assert quick.stderr.split(" known: ")[0] == full.stderr.split(" known: ")[0]
+
+
+LOGGER = (
+    "printf 'one\\n'; printf 'two\\n' >&2; printf 'bad \\377\\376 bytes\\n'; "
+    "head -c 200000 /dev/zero | tr '\\0' x; printf '\\nlast\\n'; exec sleep 100000"
+)
+"""What the logging service prints: both streams, bytes that are not UTF-8, a line of
+200,000 bytes (printed in pieces of logprint.LINE_LIMIT), then a last line."""
+
+
+def _bytes_of(entry: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-c", f"from {entry} import main; main()", *args],
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def test_logs_load_no_parser_and_print_what_the_full_cli_prints(make_env: MakeEnv) -> None:
+    """`logs` from the command's start reads the environment's containers through the
+    engine's API, loads neither Typer, Rich nor pydantic, and prints what the full CLI
+    prints, byte for byte: every service or one, `--tail`, the main sandbox's note, an
+    unknown service's error; `--follow` prints lines as they come and ends on SIGTERM."""
+    command = json.dumps(["sh", "-c", LOGGER])
+    body = f"services:\n  web:\n    image: {BUSYBOX_IMAGE}\n    command: {command}\n"
+    up = cli("up", str(make_env(body, name="quicklogs", image=BUSYBOX_IMAGE)))
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        deadline = time.monotonic() + 60
+        while b"last" not in _bytes_of("orchestrator.cli", "logs", ident, "web").stdout:
+            assert time.monotonic() < deadline, "the service never printed its last line"
+            time.sleep(0.2)
+        out, loaded = loaded_by("orchestrator.endpoint", "logs", ident, "web", "-n", "1")
+        assert out == "last\n" and not loaded & (HEAVY | PARSING), sorted(loaded)
+        for args in (
+            [ident],
+            [ident, "web"],
+            [ident, "main"],
+            [ident, "--tail", "3", "web"],
+            [ident, "web", "-n", "0"],
+            [ident, "nope"],
+            ["orch-nosuch-00000000"],
+        ):
+            quick, full = (_bytes_of(e, "logs", *args) for e in ENTRIES)
+            assert (quick.returncode, quick.stdout, quick.stderr) == (
+                full.returncode,
+                full.stdout,
+                full.stderr,
+            ), args
+        quick = _bytes_of("orchestrator.endpoint", "logs", ident)
+        lines = quick.stdout.split(b"\n")
+        # (both streams as the engine logged them; its log holds text: not UTF-8, replaced)
+        assert set(lines[:2]) == {b"web  | one", b"web  | two"}
+        assert lines[2] == "web  | bad \ufffd\ufffd bytes".encode()
+        assert [len(x) for x in lines[3:-2]] == [7 + 65536] * 3 + [7 + 200000 - 3 * 65536]
+        assert lines[-2:] == [b"web  | last", b""] and b"main: no output" in quick.stderr
+        # following: what comes next is printed as it comes; SIGTERM ends it as 143
+        with subprocess.Popen(
+            [*CLI, "logs", ident, "web", "-f", "-n", "0"], stdout=subprocess.PIPE
+        ) as follower:
+            assert follower.stdout is not None
+            time.sleep(1.0)
+            said = subprocess.run(
+                ["docker", "exec", f"{ident}-web-1", "sh", "-c", "echo news > /proc/1/fd/1"],
+                capture_output=True,
+            )
+            assert said.returncode == 0, said.stderr
+            assert follower.stdout.readline() == b"news\n"
+            follower.terminate()
+            assert follower.wait(30) == 143
+    finally:
+        down = cli("down", ident)
+        assert down.returncode == 0, down.stderr
+
+
+ENTRIES = ("orchestrator.endpoint", "orchestrator.cli")
 
 
 def _foreign(labels: dict[str, str], *, start: bool) -> str:

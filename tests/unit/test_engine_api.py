@@ -414,3 +414,70 @@ def test_a_socket_we_may_not_use_is_said_as_the_cli_says_it(
     with pytest.raises(DockerError, match="permission denied while trying to connect") as said:
         api.call("listing", str(tmp_path / "docker.sock"), "GET", "/networks", timeout=5)
     assert not isinstance(said.value, BackendUnavailable) and said.value.exit_code == 1
+
+
+def _log_engine(
+    frames: bytes, *, tty: bool = False, piece: int = 1 << 16, then: float = 0.0, status: int = 200
+) -> Answer:
+    """An engine whose container `c` has the log `frames` (sent in pieces of `piece` bytes),
+    then stays open `then` seconds."""
+
+    def answer(conn: socket.socket, request: bytes) -> None:
+        if b"/json" in request.split(b"\r\n")[0]:
+            reply(200, json.dumps({"Config": {"Tty": tty}}).encode())(conn, request)
+            return
+        if status >= 400:
+            reply(status, b'{"message": "No such container: c"}')(conn, request)
+            return
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.docker.raw-stream\r\n\r\n")
+        for at in range(0, len(frames), piece):
+            conn.sendall(frames[at : at + piece])
+        time.sleep(then)
+
+    return answer
+
+
+def frame(stream: int, data: bytes) -> bytes:
+    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
+def _log(sock: str, **kw: object) -> bytes:
+    options: dict[str, object] = {"tail": None, "follow": False, "within": 10.0, **kw}
+    return b"".join(engine_api.logs(sock, "c", **options))  # type: ignore[arg-type]
+
+
+def test_a_log_is_its_frames_taken_off_however_its_bytes_come(
+    engine: Callable[[Answer], str],
+) -> None:
+    frames = frame(1, b"one\n") + frame(2, b"two\n") + frame(1, b"") + frame(1, b"\xff end\n")
+    for piece in (1, 3, 9, 1 << 16):
+        assert _log(engine(_log_engine(frames, piece=piece))) == b"one\ntwo\n\xff end\n"
+    # a container with a terminal logs its bytes as they are (no frames)
+    assert _log(engine(_log_engine(b"\x01raw\n", tty=True))) == b"\x01raw\n"
+
+
+def test_a_log_that_is_not_frames_or_ends_inside_one_is_an_error(
+    engine: Callable[[Answer], str],
+) -> None:
+    for broken in (b"\x07\x00\x00\x00\x00\x00\x00\x01x", frame(1, b"cut short")[:-3]):
+        with pytest.raises(DockerError, match="broke off"):
+            _log(engine(_log_engine(broken)))
+    with pytest.raises(NoSuchContainer):
+        _log(engine(_log_engine(b"", status=404)))
+
+
+def test_a_log_comes_as_it_comes_and_is_cut_at_its_deadline_never_silently(
+    engine: Callable[[Answer], str],
+) -> None:
+    """A frame of 4 GiB is passed on as its bytes come (never held whole); a log still
+    coming at `within` fails as timed out rather than passing for its whole."""
+    huge = bytes([1, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]) + b"x" * 65536
+    sock = engine(_log_engine(huge, then=30))
+    began = time.monotonic()
+    chunks = engine_api.logs(sock, "c", tail=None, follow=False, within=2.0)
+    first = next(chunks)
+    assert first and set(first) == {ord("x")} and time.monotonic() - began < 2
+    with pytest.raises(DockerError) as caught:
+        for _ in chunks:
+            pass
+    assert caught.value.returncode == TIMED_OUT and time.monotonic() - began < 6

@@ -24,7 +24,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,27 +79,35 @@ def _exchange(
     if data is not None:
         head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
     sock.sendall(head.encode() + b"\r\n" + (data or b""))
-    got, status, start, length = bytearray(), 0, -1, -1
-    while chunk := sock.recv(1 << 16):
-        got += chunk
-        if start < 0:  # (looked for again only in what came since: an answer in drops)
-            end = got.find(b"\r\n\r\n", max(0, len(got) - len(chunk) - 3), HEAD_LIMIT + 4)
-            if end < 0:
-                if len(got) > HEAD_LIMIT:
-                    raise _Broken("the answer's headers are too long")
-                continue
-            status, length = _head(bytes(got[:end]))
-            start = end + 4
-        if len(got) - start > limit:
-            return status, bytes(got[start : start + limit]), True
-        if 0 <= length <= len(got) - start:  # (all of it: one that keeps the line open too)
+    status, length, got = _answer_head(sock)
+    while len(got) <= limit and not 0 <= length <= len(got):
+        # (all of it, by its length: one that keeps the line open too)
+        if not (chunk := sock.recv(1 << 16)):
             break
-    if start < 0:
-        raise _Broken(f"no answer: {bytes(got[:200])!r}")
-    body = bytes(got[start:])
+        got += chunk
+    if len(got) > limit:
+        return status, bytes(got[:limit]), True
+    body = bytes(got)
     if length >= 0 and len(body) != length:
         raise _Broken(f"{len(body)} bytes of {length}")
     return status, body, False
+
+
+def _answer_head(sock: socket.socket) -> tuple[int, int, bytearray]:
+    """Read an answer's head: its status, its Content-Length (-1: none given), and what of
+    its body came with the head."""
+    got = bytearray()
+    while chunk := sock.recv(1 << 16):
+        got += chunk
+        # (looked for again only in what came since: an answer in drops)
+        end = got.find(b"\r\n\r\n", max(0, len(got) - len(chunk) - 3), HEAD_LIMIT + 4)
+        if end >= 0:
+            status, length = _head(bytes(got[:end]))
+            del got[: end + 4]
+            return status, length, got
+        if len(got) > HEAD_LIMIT:
+            raise _Broken("the answer's headers are too long")
+    raise _Broken(f"no answer: {bytes(got[:200])!r}")
 
 
 def _head(head: bytes) -> tuple[int, int]:
@@ -229,6 +237,109 @@ def call(
         return json.loads(raw) if raw.strip() else None
     except ValueError:
         raise _failed(action, 1, f"the engine's answer broke off: {raw[:200]!r}") from None
+
+
+def logs(
+    path: str, container: str, *, tail: int | None, follow: bool, within: float | None
+) -> Iterator[bytes]:
+    """A container's log, both streams in the order they were written, as it comes (the
+    API's answer read as a stream, never whole): ended when the caller stops reading, and
+    after `within` seconds (None: a log that follows, ended by its caller). What `docker
+    logs` prints; its errors typed as the CLI's are."""
+    action = f"reading the log of {container}"
+    bound = within or TIMED_OUT_LOGS
+    info = call(action, path, "GET", f"/containers/{quote(container)}/json", timeout=bound)
+    config = info.get("Config") if isinstance(info, dict) else None
+    tty = isinstance(config, dict) and config.get("Tty") is True  # (its log not framed)
+    query = [
+        ("stdout", "1"),
+        ("stderr", "1"),
+        ("tail", "all" if tail is None else str(tail)),
+        ("follow", "1" if follow else "0"),
+    ]
+    target = f"/containers/{quote(container)}/logs?{urlencode(query)}"
+    sock = _connect(path, bound)
+    expired = threading.Event()
+    watchdog = None
+    if within is not None:  # the whole read's deadline (the socket's own is per read)
+        watchdog = threading.Timer(within, lambda: _cut(sock, expired))
+        watchdog.daemon = True
+        watchdog.start()
+    try:
+        head = f"GET {target} HTTP/1.0\r\nHost: docker\r\nConnection: close\r\n\r\n"
+        sock.sendall(head.encode())
+        status, _, got = _answer_head(sock)
+        if status >= 400:
+            while len(got) <= MAX_ANSWER and (chunk := sock.recv(1 << 16)):
+                got += chunk
+            try:
+                message = str(json.loads(bytes(got)).get("message", ""))
+            except (ValueError, AttributeError):
+                message = bytes(got[:2000]).decode("utf-8", "replace")
+            raise _failed(action, 125, f"Error response from daemon: {message}")
+        if follow:
+            sock.settimeout(None)  # (a quiet log is not a dead engine)
+        frames = _Frames(raw=tty)
+        if piece := frames.feed(got):
+            yield piece
+        while chunk := sock.recv(1 << 16):
+            if piece := frames.feed(chunk):
+                yield piece
+        if expired.is_set():  # (cut short: never said as the log's end)
+            raise TimeoutError
+        if frames.left or frames.head:
+            raise _Broken("the log ended inside a frame")
+    except TimeoutError:
+        raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None
+    except OSError as exc:
+        raise _failed(action, 1, f"the engine's answer broke off: {exc!r}") from None
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        sock.close()
+
+
+TIMED_OUT_LOGS = 30.0
+"""Seconds a followed log's first answer may take (its lines then come when they come)."""
+
+
+def _cut(sock: socket.socket, expired: threading.Event) -> None:
+    expired.set()
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Frames:
+    """The engine's framing of a log without a terminal taken off (each frame: a byte for
+    its stream, three zero bytes, its length in four, then that many bytes), one frame's
+    bytes passed on as they come, never held whole; a terminal's log passed on as it is."""
+
+    def __init__(self, *, raw: bool) -> None:
+        self.raw = raw
+        self.head = bytearray()
+        self.left = 0  # bytes of the current frame still to come
+
+    def feed(self, data: bytes | bytearray) -> bytes:
+        if self.raw:
+            return bytes(data)
+        out = bytearray()
+        view = memoryview(data)
+        while view:
+            if self.left:
+                piece = view[: self.left]
+                out += piece
+                self.left -= len(piece)
+                view = view[len(piece) :]
+                continue
+            take = 8 - len(self.head)
+            self.head += view[:take]
+            view = view[take:]
+            if len(self.head) == 8:
+                if self.head[0] not in (0, 1, 2) or any(self.head[1:4]):
+                    raise _Broken(f"not a log frame: {bytes(self.head)!r}")
+                self.left = int.from_bytes(self.head[4:8], "big")
+                self.head.clear()
+        return bytes(out)
 
 
 @dataclass(frozen=True)

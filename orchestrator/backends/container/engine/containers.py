@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from orchestrator.backends.container.engine import cli
+from orchestrator.backends.container.engine import api, cli
 from orchestrator.backends.container.engine.api import TooLong
 from orchestrator.backends.container.engine.bounds import (
     backstop,
@@ -291,11 +291,13 @@ class ContainerOps(EngineCore):
         comes; ended when the caller stops reading, and after `within` seconds (default
         LOGS_TIMEOUT) unless `follow`. `since`: only lines logged at or after that
         timestamp (RFC 3339, as `timestamps` puts before each line)."""
+        limit = None if follow else (LOGS_TIMEOUT if within is None else within)
+        if self.socket is not None and since is None and not timestamps and not stdout_only:
+            return api.logs(self.socket, container, tail=tail, follow=follow, within=limit)
         words = ["logs", *(["--tail", str(tail)] if tail is not None else [])]
         words += ["--follow"] if follow else []
         words += ["--since", since] if since else []
         words += ["--timestamps"] if timestamps else []
-        limit = None if follow else (LOGS_TIMEOUT if within is None else within)
         return self.output(*words, container, limit=limit, both=not stdout_only)
 
     def build_argv(
