@@ -95,6 +95,7 @@ if TYPE_CHECKING:  # the public names, each from its home module: the one list o
         environments as environments,
         reap as reap,
         remove_environment as remove_environment,
+        running_logs as running_logs,
     )
     from orchestrator.services.lock import (
         LockResult as LockResult,

@@ -253,29 +253,19 @@ def _project_folder(ident: str) -> str:
 
 
 def _record(folder: str) -> dict[str, object]:
-    data = owned_json(os.path.join(folder, RECORD), RECORD_LIMIT)
-    if not isinstance(data.get("token"), str):
-        raise NotHere("a record that is not one")
-    return data
-
-
-def owned_json(path: str, limit: int) -> dict[str, object]:
-    """The JSON object in file `path`, a regular file of ours that nobody else may read or
-    change, of at most `limit` bytes; NotHere otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(os.path.join(folder, RECORD), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        raise NotHere(f"no {os.path.basename(path)}") from None
+        raise NotHere("no endpoint") from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             raise NotHere("a record that is not ours alone")
         try:
-            raw = fh.read(limit + 1)
-            data = json.loads(raw.decode()) if len(raw) <= limit else None
+            data = json.loads(fh.read(RECORD_LIMIT).decode())
         except (OSError, ValueError):
             raise NotHere("a record that is not one") from None
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not isinstance(data.get("token"), str):
         raise NotHere("a record that is not one")
     return data
 

@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -82,9 +82,8 @@ def run(args: list[str]) -> int:
     command = args[0] if args else ""
     words = args[1:]
     if command == "logs":
-        shown = _logs_of(words)  # (Other before anything is set up)
-        prepare()
-        return _guarded(shown)
+        prepare()  # (its warnings said as the full CLI's; that one sets it up again alike)
+        return _guarded(_logs_of(words))
     if command not in FLAGS or any(w.startswith("-") and w not in FLAGS[command] for w in words):
         raise Other(command)
     if command == "ps" and not FLAGS["ps"].issuperset(words):
@@ -120,21 +119,13 @@ def _run(command: str, words: list[str]) -> int:
         return failed(exc)
 
 
-RUNTIME = "runtime.json"
-"""In <project> (owner-only): the environment as it was started (its backend, its engine,
-its services)."""
-RUNTIME_LIMIT = 4 * 1024 * 1024
-LOGS_WITHIN = 120.0
-"""Seconds a log that does not follow may take to read (the full CLI's LOGS_TIMEOUT)."""
-
-
 def _logs_of(words: list[str]) -> Callable[[], int]:
-    """`logs ID [SERVICE] [--tail N|-n N] [--follow|-f]` of a Docker environment on this
-    machine's engine whose record and containers are found whole: how to print them, as
-    the full CLI's `logs` prints; Other for anything else (the full CLI says what is
-    wrong), found out before anything is printed."""
-    from orchestrator import endpoint
-    from orchestrator.backends.container.engine import api
+    """`logs ID [SERVICE] [--tail N|-n N] [--follow|-f]` of an environment whose logs its
+    backend reads without attaching (`running_logs`: a Docker environment on this
+    machine's engine, found whole): how to print them, as the full CLI's `logs` prints
+    them; Other for anything else (the full CLI says what is wrong), found out before
+    anything is printed."""
+    from orchestrator import running_logs
 
     follow, tail, named = False, None, list[str]()
     given = iter(words)
@@ -150,64 +141,24 @@ def _logs_of(words: list[str]) -> Callable[[], int]:
             raise Other(word)
         else:
             named.append(word)
-    if not named or not endpoint.ID.fullmatch(named[0]):
-        raise Other("no id found whole here")
-    ident = named[0]
+    if not named:
+        raise Other("no id")
+    service = named[1] if len(named) == 2 else None
     try:
-        folder = endpoint._project_folder(ident)
-        record = endpoint.owned_json(os.path.join(folder, RUNTIME), RUNTIME_LIMIT)
-    except endpoint.NotHere:
-        raise Other("no record of ours") from None
-    spec, host = record.get("spec"), record.get("host", "")
-    extra = spec.get("services") if isinstance(spec, dict) else None
-    if (
-        record.get("backend") != "docker"
-        or not isinstance(extra, dict)
-        or not isinstance(host, str)
-    ):
-        raise Other("not a Docker environment's record")
-    known = ["main", *sorted(str(n) for n in extra)]
-    services = named[1:] or known
-    sock = api.local_socket(host)
-    if sock is None or not set(services) <= set(known):
-        raise Other("another engine, or a service the full CLI names the known ones for")
-    containers = _containers(sock, ident, folder)
-    if not set(services) <= set(containers):
-        raise Other("a service without its one container")
-    within = None if follow else LOGS_WITHIN
+        found = running_logs(named[0], service, tail=tail, follow=follow)
+    except OrchestratorError:
+        found = None
+    if found is None:
+        raise Other("not found whole here")
+    services, log_of = found
 
     def show() -> int:
         from orchestrator.logprint import show_logs
 
-        def chunks_of(name: str) -> Iterator[bytes]:
-            return api.logs(sock, containers[name], tail=tail, follow=follow, within=within)
-
-        error = show_logs(services, chunks_of, follow=follow)
+        error = show_logs(services, log_of, follow=follow)
         return 0 if error is None else failed(error)
 
     return show
-
-
-def _containers(sock: str, ident: str, folder: str) -> dict[str, str]:
-    """Project `ident`'s containers (ours: made for its folder), by service: those with one
-    container only."""
-    from orchestrator.backends.container.engine import api
-
-    labels = [f"com.docker.compose.project={ident}", f"org.orchestrator.dir={folder}"]
-    query = {"all": "1", "filters": json.dumps({"label": labels})}
-    try:
-        rows = api.call(
-            "listing containers", sock, "GET", "/containers/json", query=query, timeout=30
-        )
-    except OrchestratorError:
-        raise Other("the engine did not list them") from None
-    found: dict[str, list[str]] = {}
-    for row in rows if isinstance(rows, list) else []:
-        tags = row.get("Labels") if isinstance(row, dict) else None
-        name = tags.get("com.docker.compose.service") if isinstance(tags, dict) else None
-        if isinstance(name, str) and isinstance(row.get("Id"), str):
-            found.setdefault(name, []).append(row["Id"])
-    return {name: ids[0] for name, ids in found.items() if len(ids) == 1}
 
 
 def take_down(refs: list[str], *, all_: bool, force: bool) -> int:

@@ -25,7 +25,7 @@ from orchestrator.cli.common import (
     load_file,
     say_warnings,
 )
-from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.errors import NoTerminal, OrchestratorError, UsageError
 
 if TYPE_CHECKING:
     from orchestrator import (
@@ -370,19 +370,21 @@ def shell(
     `exec -it` of it (`-i` alone where ours is no terminal). Its exit code becomes ours."""
     if word is not None:
         raise UsageError(f"`shell ID {word}`: to open it in service {word!r}, use --service {word}")
-    from orchestrator.backends.container.service import SHELL
-
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     with attach_ref(ref) as rt:  # leaving the block leaves it running
         place = rt.service(service) if service else rt
-        argv = ["/bin/sh", "-c", SHELL]
-        if not terminal:
-            result = _stream(place, argv, user=user, cwd=None, timeout=None, interactive=True)
-        elif place._gives_terminal():
-            result = _on_terminal(place, argv, user, None, None, True)
-        else:  # commands go by plain `docker exec` there: its own -it, on our terminal
-            argv = list(place.connection(user=user).shell)
-            result = None
-    if result is None:
-        raise typer.Exit(subprocess.call(argv))
-    raise typer.Exit(_exit_code(result, None))
+        connection = place.connection(user=user)
+        argv, result = list(connection.command), None
+        try:
+            if argv and terminal:
+                result = _on_terminal(place, argv, user, None, None, True)
+            elif argv:
+                result = _stream(place, argv, user=user, cwd=None, timeout=None, interactive=True)
+        except NoTerminal:  # (refused before anything ran: commands go by plain docker exec)
+            pass
+    if result is not None:
+        raise typer.Exit(_exit_code(result, None))
+    argv = list(connection.shell)  # the backend's own way in: `docker exec -it`, a host shell
+    if not terminal:
+        argv = ["-i" if a == "-it" else a for a in argv]  # no terminal to give it
+    raise typer.Exit(subprocess.call(argv))

@@ -36,6 +36,8 @@ from typing import Any, Literal, TypeVar, Union, overload
 
 import anyio.to_thread
 import sniffio
+from inspect_ai.tool import Tool, ToolResult, tool
+from inspect_ai.tool._tool import ToolParsingError
 from inspect_ai.util import (
     ExecResult,
     OutputLimitExceededError,
@@ -43,7 +45,9 @@ from inspect_ai.util import (
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
     SandboxEnvironmentLimits,
+    sandbox,
     sandboxenv,
+    tool_state_instance,
 )
 from inspect_ai.util._sandbox.exec_remote import (
     ExecRemoteAwaitableOptions,
@@ -63,6 +67,7 @@ from orchestrator import (
 )
 from orchestrator.aio import AsyncPool, AsyncRuntime, AsyncSandbox
 from orchestrator.errors import (
+    NoTerminal,
     OrchestratorError,
     OutputLimitExceeded,
     PoolExhausted,
@@ -71,7 +76,6 @@ from orchestrator.errors import (
 )
 from orchestrator.integrations import inspect_config, inspect_remote, inspect_session
 from orchestrator.integrations.inspect_config import OrchestratorSandboxConfig, metadata_env
-from orchestrator.integrations.inspect_session import bash_session
 from orchestrator.spec.resolve import MAIN
 
 PROVIDER = "orchestrator"
@@ -164,8 +168,8 @@ class OrchestratorSandbox(SandboxEnvironment):
         """The `bash_session` tool's shells in this sandbox, by instance."""
         self.shell_locks: dict[str | None, asyncio.Lock] = {}
         self.shells_closed = False
-        self.terminal: bool | None = None
-        """Whether its commands can have a terminal (None: not asked yet)."""
+        self.terminal = True
+        """Whether its commands can have a terminal (False once one was refused)."""
 
     # ----- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -409,6 +413,116 @@ class OrchestratorSandbox(SandboxEnvironment):
             ports=inspect_config.ports(info.ports, self.service) or None,
             container=connection.container,
         )
+
+
+def _ours(found: SandboxEnvironment) -> OrchestratorSandbox | None:
+    """The sample's sandbox as one of ours, where the tool runs natively (asyncio only)."""
+    if not _on_asyncio():
+        return None
+    try:
+        return found.as_type(OrchestratorSandbox)
+    except TypeError:
+        return None
+
+
+@tool(name="bash_session")
+def bash_session(
+    *,
+    timeout: int | None = None,
+    wait_for_output: int | None = None,
+    user: str | None = None,
+    instance: str | None = None,
+) -> Tool:
+    """Inspect's `bash_session` tool (the same arguments and defaults), run natively on an
+    orchestrator sandbox (integrations/inspect_session.py); on any other sandbox, or one
+    that cannot give its commands a terminal (no python3 in the image), Inspect's own.
+
+    Args:
+      timeout: Seconds a call may take in all (default: `wait_for_output` + 180).
+      wait_for_output: Seconds a call waits for the first output (default 30).
+      user: The user the shell runs as (default: the sandbox's).
+      instance: Which shell (each instance has its own); default: the current
+          `tool_state_scope()`, if any.
+    """
+    wait = wait_for_output or inspect_session.WAIT_FOR_OUTPUT
+    if timeout is None:
+        timeout = wait + inspect_session.TRANSPORT
+    elif timeout < wait + inspect_session.TRANSPORT:
+        least = wait + inspect_session.TRANSPORT
+        raise ValueError(f"Timeout must be at least {least} seconds, but got {timeout}.")
+    fallback: list[Tool] = []
+
+    async def execute(action: inspect_session.Action, input: str | None = None) -> ToolResult:
+        r"""
+        Interact with a bash shell.
+
+        Sends text to a long-running bash shell and returns what it printed since the last
+        call. A call may not return all of a command's output: call again (action "read")
+        for more.
+
+        USAGE NOTES:
+        - Submit a new command when the shell is at its prompt (output ending in "$ " or
+          "# ").
+        - Send control characters as Unicode escapes ("\u0003" is Ctrl+C, "\u0004"
+          Ctrl+D); the words "Ctrl+C" are typed as they are.
+        - "read" returns new output without typing anything: use it while a long command
+          runs.
+        - Input typed while a command runs waits until it ends; "interrupt" (Ctrl+C)
+          stops it.
+        - Output ending in "> " is the shell's continuation prompt: the input left a quote
+          or bracket open. Finish it, or "interrupt" and type it again.
+
+        Examples:
+        - bash_session(action="type_submit", input="echo foo") -> "foo\nuser@host:/# "
+        - bash_session(action="type_submit", input="tail -f /tmp/foo.log") -> output;
+          bash_session(action="read") -> more output;
+          bash_session(action="interrupt") -> "^Cuser@host:/# "
+        - bash_session(action="type_submit", input="ssh fred@foo.com") -> "password: ";
+          bash_session(action="type_submit", input="secret") -> "fred@foo.com:~$ "
+
+        Args:
+          action: What to do:
+                - "type": type the input, without pressing return
+                - "type_submit": type the input and press return
+                - "read": return new output, typing nothing
+                - "interrupt": type Ctrl+C to stop what runs
+                - "restart": start a new shell in place of this one
+          input: The text to type. Needed for "type", optional for "type_submit", not
+                given for "restart", "read" or "interrupt".
+
+        Returns:
+          The shell's output since the last call.
+        """
+        if action == "type" and input is None:
+            raise ToolParsingError(f"'input' is required for '{action}' action.")
+        if action in ("restart", "read", "interrupt") and input is not None:
+            raise ToolParsingError(f"Do not provide 'input' with '{action}' action.")
+        box = _ours(sandbox())
+        if box is not None and box.terminal:
+            try:
+                with inspect_remote.inspect_errors(user):
+                    return await inspect_session.interact(
+                        box,
+                        action,
+                        input,
+                        instance=tool_state_instance(instance),
+                        user=user,
+                        wait_for_output=wait,
+                        timeout=timeout,
+                    )
+            except NoTerminal:  # (no python3 there: Inspect's own tool, from now on)
+                box.terminal = False
+        if not fallback:
+            from inspect_ai.tool import bash_session as inspect_bash_session
+
+            fallback.append(
+                inspect_bash_session(
+                    timeout=timeout, wait_for_output=wait, user=user, instance=instance
+                )
+            )
+        return await fallback[0](action=action, input=input)
+
+    return execute
 
 
 __all__ = ["OrchestratorSandbox", "OrchestratorSandboxConfig", "bash_session", "metadata_env"]

@@ -35,10 +35,8 @@ import contextlib
 import re
 from typing import TYPE_CHECKING, Literal
 
-from inspect_ai.tool import Tool, ToolError, ToolResult, tool
-from inspect_ai.tool._tool import ToolParsingError
-from inspect_ai.util import SandboxEnvironmentLimits, tool_state_instance
-from inspect_ai.util import sandbox as current_sandbox
+from inspect_ai.tool import ToolError
+from inspect_ai.util import SandboxEnvironmentLimits
 
 from orchestrator.errors import ProcessEnded
 
@@ -74,15 +72,16 @@ _MARK_PROMPTS = "".join(
 SHELL = ["/bin/bash", "-c", "stty -echo 2>/dev/null; exec /bin/bash -i"]
 """The shell, with its terminal's echo off (the model's input is not read back to it)."""
 _ESCAPES = re.compile(
-    r"\x1b\][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)"  # OSC, ended (a title, a link, a mark)
+    r"\x1b\][^\x07\x1b\r\n]{0,4096}(?:\x07|\x1b\\)"  # OSC, ended on its line (a title, a mark)
     r"|\x1b\[[0-?]*[ -/]*[@-~]"  # CSI (colours, cursor moves)
     r"|\x1b[ -/]*[0-~]"  # any other escape (an OSC never ended: its ESC ] alone)
     r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"  # control characters but tab, newline, return
 )
-_UNENDED = re.compile(r"\x1b(?:\][^\x07\x1b]{0,4096}|\[[0-?]*[ -/]*|[ -/]*)?\Z")
-"""An escape sequence cut off at the end of what came: kept for the next call."""
+_UNENDED = re.compile(r"\x1b(?:\][^\x07\x1b\r\n]{0,4096}|\[[0-?]{0,64}[ -/]{0,16}|[ -/]{0,16})?\Z")
+"""An escape sequence cut off at the end of what came (a short one): kept for the next
+answer, once."""
 _NEWLINES = re.compile(r"\r+\n")
-_LINE_ENDS = re.compile(rb"[\r\n\x03]")
+_LINE_ENDS = re.compile(rb"[\r\n]")
 
 
 def clean(text: str) -> str:
@@ -102,6 +101,9 @@ class Shell:
         self.dropped = 0
         self.marks = 0
         """Prompt marks (either) seen in all."""
+        self.owed = 0
+        """The count `marks` reaches once the shell has read every line typed so far (each
+        line it reads ends in its prompt or its continuation prompt)."""
         self.at_prompt = False
         """Whether its output so far ends with a prompt mark (it waits for a line)."""
         self.ended = False
@@ -109,7 +111,9 @@ class Shell:
         """Why its output ended other than by its exit, if it did."""
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.held = ""
-        """An escape sequence cut off at the end of the last answer, for the next one."""
+        """Text of the last answer kept for the next one: an escape sequence cut off at its
+        end (once), or all of it, when the call was given up before it was cleaned."""
+        self.held_once = False
         self.arrived = asyncio.Event()
         self.pump = asyncio.get_running_loop().create_task(self._pump())
 
@@ -142,50 +146,52 @@ class Shell:
             del self.data[:over]
             self.dropped += over
 
-    def _answered(self, needed: int | None, marks: int) -> bool:
-        """Whether a call has its answer: enough output, the shell gone, or back at a
-        prompt after the `needed` prompts its input makes (None: any prompt)."""
+    def _answered(self, typed: bool) -> bool:
+        """Whether a call has its answer: enough output, the shell gone, or (after input)
+        back at a prompt having read every line typed, or (none typed) at any prompt."""
         if self.ended or self.dropped or len(self.data) >= ENOUGH:
             return True
         if not self.at_prompt or not self.data:
             return False
-        return needed is None or self.marks - marks >= needed
+        return not typed or self.marks >= self.owed
 
     async def interact(self, text: str | None, wait: float, idle: float, limit: int) -> str:
         """Write `text` (if any) to the shell and return its output since the last call
         (see the module for when)."""
         self.limit = max(1, limit)
         self._trim()
-        needed = None
-        marks = self.marks
         if text:
             if self.ended:
                 raise ToolError(EXITED)
             typed = text.encode(errors="replace")
-            # each line ended (or Ctrl-C) is answered by a prompt, once the shell reads
-            # it; a shell busy with a command prints one first, when the command ends
-            needed = len(_LINE_ENDS.findall(typed)) + (0 if self.at_prompt else 1)
-            if typed == b"\x03":
-                needed = 1
+            # (marks past what was owed, a program's own, are not counted ahead)
+            owed = max(self.owed, self.marks) + len(_LINE_ENDS.findall(typed))
+            if b"\x03" in typed:  # Ctrl-C: what was typed ahead is dropped, one prompt comes
+                owed = self.marks + 1
+            self.owed = owed
+            if owed > self.marks:  # (a line typed: the shell is not at that prompt now)
+                self.at_prompt = False
             try:
                 await self.proc.write(typed)
             except ProcessEnded as exc:
                 raise ToolError(EXITED) from exc
-        await self.settle(needed, marks, idle if self.data else wait, idle)
+        answered = await self.settle(bool(text), idle if self.data else wait, idle)
+        if not answered and self.at_prompt:  # quiet at the shell's prompt: nothing is owed
+            self.owed = self.marks  # (lines a program read instead, say a REPL's, made none)
         return await self._take()
 
-    async def settle(self, needed: int | None, marks: int, wait: float, idle: float) -> None:
+    async def settle(self, typed: bool, wait: float, idle: float) -> bool:
         """Wait for the answer (see `_answered`): at most `wait` s for output, then until
-        none came for `idle` s."""
+        none came for `idle` s. Whether it came (False: given up waiting)."""
         left = wait
         while True:
             self.arrived.clear()
-            if self._answered(needed, marks):
-                return
+            if self._answered(typed):
+                return True
             try:
                 await asyncio.wait_for(self.arrived.wait(), left)
             except TimeoutError:
-                return
+                return False
             left = idle
 
     async def _take(self) -> str:
@@ -194,12 +200,15 @@ class Shell:
         self.data.clear()
         text = self.held + self.decoder.decode(raw, final=self.ended)
         self.held = ""
-        if not self.ended and (cut := _UNENDED.search(text)) is not None:
+        cut = None if self.ended or self.held_once else _UNENDED.search(text)
+        self.held_once = cut is not None
+        if cut is not None:
             text, self.held = text[: cut.start()], text[cut.start() :]
-        if len(text) > OFF_LOOP:
-            text = await asyncio.to_thread(clean, text)
-        else:
-            text = clean(text)
+        try:
+            text = await asyncio.to_thread(clean, text) if len(text) > OFF_LOOP else clean(text)
+        except BaseException:  # given up meanwhile: the next answer has it
+            self.held, self.dropped = text + self.held, self.dropped + dropped
+            raise
         if dropped:
             text = (
                 f"[the shell's output passed {self.limit} bytes: {dropped} bytes omitted, "
@@ -220,20 +229,27 @@ class Shell:
 
 async def _start(box: OrchestratorSandbox, user: str | None, wait: float, idle: float) -> Shell:
     """A new shell, at its first prompt (its terminal's echo off before anything is typed);
-    the prompt is kept for the call's answer, as Inspect's tool gives it."""
+    the prompt is kept for the call's answer, as Inspect's tool gives it. NoTerminal where
+    the sandbox cannot give it one (asked in a thread: it may start the executor)."""
+    from orchestrator.aio import AsyncProcess
+
     env = {**box.variables, "TERM": "dumb", "PROMPT_COMMAND": _MARK_PROMPTS}
-    proc = await box.sandbox.start(
-        SHELL, tty=True, stdin=True, env=env, user=user, output_limit=ENOUGH
+    sync = box.sandbox.sync
+    started = await asyncio.to_thread(
+        lambda: sync.start(SHELL, tty=True, stdin=True, env=env, user=user, output_limit=ENOUGH)
     )
-    shell = Shell(proc)
+    shell = Shell(AsyncProcess(started))
     try:
-        await shell.settle(None, 0, wait, idle)
-    except BaseException:  # (cancelled, or past the call's timeout: nobody would hold it)
+        await shell.settle(False, wait, idle)
+        if shell.ended and not shell.data:
+            why = shell.error or f"it exited with {(await shell.proc.wait()).exit_code}"
+            raise ToolError(f"the shell could not start: {why}")
+        if not shell.data:
+            raise ToolError(f"the shell printed no prompt within {wait:g}s")
+    except BaseException:  # (cancelled, past the call's timeout, or not started: let go)
         await asyncio.shield(shell.close())
         raise
-    if shell.ended and not shell.data:
-        why = shell.error or f"it exited with {(await proc.wait()).exit_code}"
-        raise ToolError(f"the shell could not start: {why}")
+    shell.owed = shell.marks
     return shell
 
 
@@ -273,7 +289,7 @@ async def _interact(
                 raise ToolError("the sample's sandbox has ended")
             if shell is not None:
                 del box.shells[instance]
-                await shell.close()
+                await asyncio.shield(shell.close())
             shell = await _start(box, user, wait_for_output, idle)
             if box.shells_closed:  # (its sample ended while it started)
                 await shell.close()
@@ -296,116 +312,3 @@ async def close_shells(box: OrchestratorSandbox) -> None:
     shells, box.shells = box.shells, {}
     for shell in shells.values():
         await shell.close()
-
-
-async def gives_terminal(box: OrchestratorSandbox) -> bool:
-    """Whether `box` can run the shell on a terminal (not where commands go by plain
-    `docker exec`: no python3 in the image); asked once."""
-    if box.terminal is None:
-        box.terminal = await asyncio.to_thread(box.sandbox.sync._gives_terminal)
-    return box.terminal
-
-
-def _ours(user_sandbox: object) -> OrchestratorSandbox | None:
-    from orchestrator.integrations.inspect import OrchestratorSandbox, _on_asyncio
-
-    if not _on_asyncio():
-        return None
-    try:
-        return user_sandbox.as_type(OrchestratorSandbox)  # type: ignore[attr-defined, no-any-return]
-    except TypeError:
-        return None
-
-
-@tool(name="bash_session")
-def bash_session(
-    *,
-    timeout: int | None = None,
-    wait_for_output: int | None = None,
-    user: str | None = None,
-    instance: str | None = None,
-) -> Tool:
-    """Inspect's `bash_session` tool (the same arguments and defaults), run natively on an
-    orchestrator sandbox (see the module); on any other sandbox, Inspect's own.
-
-    Args:
-      timeout: Seconds a call may take in all (default: `wait_for_output` + 180).
-      wait_for_output: Seconds a call waits for the first output (default 30).
-      user: The user the shell runs as (default: the sandbox's).
-      instance: Which shell (each instance has its own); default: the current
-          `tool_state_scope()`, if any.
-    """
-    wait = wait_for_output or WAIT_FOR_OUTPUT
-    if timeout is None:
-        timeout = wait + TRANSPORT
-    elif timeout < wait + TRANSPORT:
-        raise ValueError(f"Timeout must be at least {wait + TRANSPORT} seconds, but got {timeout}.")
-    fallback: list[Tool] = []
-
-    async def execute(action: Action, input: str | None = None) -> ToolResult:
-        r"""
-        Interact with a bash shell.
-
-        Sends text to a long-running bash shell and returns what it printed since the last
-        call. A call may not return all of a command's output: call again (action "read")
-        for more.
-
-        USAGE NOTES:
-        - Submit a new command when the shell is at its prompt (output ending in "$ " or
-          "# ").
-        - Send control characters as Unicode escapes ("\u0003" is Ctrl+C, "\u0004"
-          Ctrl+D); the words "Ctrl+C" are typed as they are.
-        - "read" returns new output without typing anything: use it while a long command
-          runs.
-        - Input typed while a command runs waits until it ends; "interrupt" (Ctrl+C)
-          stops it.
-        - Output ending in "> " is the shell's continuation prompt: the input left a quote
-          or bracket open. Finish it, or "interrupt" and type it again.
-
-        Examples:
-        - bash_session(action="type_submit", input="echo foo") -> "foo\nuser@host:/# "
-        - bash_session(action="type_submit", input="tail -f /tmp/foo.log") -> output;
-          bash_session(action="read") -> more output;
-          bash_session(action="interrupt") -> "^Cuser@host:/# "
-        - bash_session(action="type_submit", input="ssh fred@foo.com") -> "password: ";
-          bash_session(action="type_submit", input="secret") -> "fred@foo.com:~$ "
-
-        Args:
-          action: What to do:
-                - "type": type the input, without pressing return
-                - "type_submit": type the input and press return
-                - "read": return new output, typing nothing
-                - "interrupt": type Ctrl+C to stop what runs
-                - "restart": start a new shell in place of this one
-          input: The text to type. Needed for "type", optional for "type_submit", not
-                given for "restart", "read" or "interrupt".
-
-        Returns:
-          The shell's output since the last call.
-        """
-        if action == "type" and input is None:
-            raise ToolParsingError(f"'input' is required for '{action}' action.")
-        if action in ("restart", "read", "interrupt") and input is not None:
-            raise ToolParsingError(f"Do not provide 'input' with '{action}' action.")
-        box = _ours(current_sandbox())
-        if box is None or not await gives_terminal(box):
-            if not fallback:
-                from inspect_ai.tool import bash_session as inspect_bash_session
-
-                fallback.append(
-                    inspect_bash_session(
-                        timeout=timeout, wait_for_output=wait, user=user, instance=instance
-                    )
-                )
-            return await fallback[0](action=action, input=input)
-        return await interact(
-            box,
-            action,
-            input,
-            instance=tool_state_instance(instance),
-            user=user,
-            wait_for_output=wait,
-            timeout=timeout,
-        )
-
-    return execute

@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast, overload
 
 from orchestrator import procutil
-from orchestrator.errors import ExecutorLost, UsageError
+from orchestrator.errors import ExecutorLost, NoTerminal, UsageError
 from orchestrator.sandbox import files
 from orchestrator.sandbox.call import (
     ERR_LIMIT,
@@ -111,8 +111,8 @@ class SandboxCore(ABC):
 
     def _gives_terminal(self) -> bool:
         """Whether `start(tty=True)` can run here (not where commands go by plain `docker
-        exec`); it may start the sandbox's executor to know. For the package's own callers
-        that have another way in (`connection`) and must choose before anything runs."""
+        exec`): asked by `start`, which refuses one (NoTerminal) before anything runs; it
+        may start the sandbox's executor to know."""
         return True
 
     # ----- a command, checked ----------------------------------------------------------------
@@ -386,13 +386,18 @@ class SandboxCore(ABC):
         as it comes, signal or kill it, `wait()` for the result `execute` would give.
         `tty`: on a terminal of its own, `cols` x `rows` (`resize` changes it), its output
         one stream (stdout) with the terminal's echo, as `docker exec -t` gives it; where
-        commands go by plain `docker exec` (no python3 in the image) a terminal is refused.
-        `timeout` kills its whole tree, counted from its start. `keep`: it outlives this
-        Process and this process (a detached Docker environment only: UsageError
-        elsewhere); `process(id)` reads it again, from any process of its owner. Bad
-        arguments raise here, before anything runs."""
+        commands go by plain `docker exec` (no python3 in the image) a terminal is refused
+        (NoTerminal, a UsageError). `timeout` kills its whole tree, counted from its start.
+        `keep`: it outlives this Process and this process (a detached Docker environment
+        only: UsageError elsewhere); `process(id)` reads it again, from any process of its
+        owner. Bad arguments raise here, before anything runs."""
         cmd = self._command(command, env, None, cwd, user, timeout)
         size = terminal_size(cols, rows) if tty else None
+        if tty and not self._gives_terminal():
+            raise NoTerminal(
+                "a terminal (tty=True) needs the in-container executor, which runs on the "
+                "image's python3: this sandbox runs commands by plain `docker exec`"
+            )
         live = LiveInput(end=procutil.VEOF if tty else b"") if stdin or tty else None
         if live is not None and not stdin:
             live.close()  # a terminal reads the end of its input at once, as a pipe would

@@ -7,10 +7,16 @@ asks the built-in backends without loading them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchestrator.sandbox.results import EnvironmentStatus
+
+RunningLogs = tuple[list[str], Callable[[str], Iterator[bytes]]]
+"""The logs of an environment read from outside its owner: the services they come from, in
+the order `orchestrator logs` prints them (the main sandbox first), and each one's log, as
+it comes, by name."""
 
 
 class Keeping:
@@ -40,3 +46,13 @@ class Keeping:
         """Remove what is left of environments whose owner is gone (all with `everything`;
         kept ones only with `include_kept`): what was removed, one line each."""
         return []
+
+    @classmethod
+    def running_logs(
+        cls, ident: str, service: str | None, *, tail: int | None, follow: bool
+    ) -> RunningLogs | None:
+        """The logs of its environment `ident` (an exact id; `service`'s alone, else every
+        one's; the last `tail` lines; `follow`: as they come, until the reader stops), read
+        without attaching to it; None where it cannot so (attach, and read `Runtime.logs`:
+        what fails, fails there, said as it should be)."""
+        return None

@@ -81,6 +81,27 @@ def recall(folder: Path) -> Record:
     """The record in a project folder; ProjectNotFound when there is none or it is unusable
     (a regular file of ours only, never through a link, at most RECORD_LIMIT bytes)."""
     what = f"the environment {folder.name}"
+    data = recall_data(folder)
+    from orchestrator.spec.loader import Environment
+    from orchestrator.spec.models import EnvironmentV1
+
+    try:
+        env = Environment(
+            spec=EnvironmentV1.model_validate(data["spec"]),
+            source=str(data["source"]),
+            base_dir=Path(data["base_dir"]),
+        )
+        return Record(str(data["backend"]), env, str(data["host"]), dict(data["state"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProjectNotFound(
+            f"{what}: its record cannot be read ({exc}); use `orchestrator down` and start it again"
+        ) from None
+
+
+def recall_data(folder: Path) -> dict[str, Any]:
+    """The record in a project folder as it was written, not validated (what a caller that
+    loads no pydantic may read of it); ProjectNotFound as `recall` says."""
+    what = f"the environment {folder.name}"
     try:
         fd = os.open(folder / RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -93,20 +114,14 @@ def recall(folder: Path) -> Record:
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             raise ProjectNotFound(f"{what}: its record is not a file of ours; not used")
         raw = fh.read(RECORD_LIMIT + 1)
-    from orchestrator.spec.loader import Environment
-    from orchestrator.spec.models import EnvironmentV1
-
     try:
         if len(raw) > RECORD_LIMIT:
             raise ValueError(f"more than {RECORD_LIMIT} bytes")
         data = json.loads(raw)
-        env = Environment(
-            spec=EnvironmentV1.model_validate(data["spec"]),
-            source=str(data["source"]),
-            base_dir=Path(data["base_dir"]),
-        )
-        return Record(str(data["backend"]), env, str(data["host"]), dict(data["state"]))
-    except (ValueError, KeyError, TypeError) as exc:
+        if not isinstance(data, dict):
+            raise TypeError("not an object")
+        return data
+    except (ValueError, TypeError) as exc:
         raise ProjectNotFound(
             f"{what}: its record cannot be read ({exc}); use `orchestrator down` and start it again"
         ) from None

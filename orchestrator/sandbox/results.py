@@ -117,6 +117,9 @@ class Connection:
     """argv of an interactive shell in the workdir, as the sandbox user."""
     container: str | None = None
     """The container it enters (Docker)."""
+    command: tuple[str, ...] = ()
+    """The interactive shell's own argv, as run in the sandbox: what `orchestrator shell`
+    starts there on a terminal of the process API (empty: it runs `shell` instead)."""
 
     def __str__(self) -> str:
         return shlex.join(self.shell)

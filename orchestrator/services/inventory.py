@@ -25,7 +25,7 @@ from orchestrator.errors import (
     ProjectNotFound,
 )
 from orchestrator.sandbox import registry
-from orchestrator.sandbox.keeping import Keeping
+from orchestrator.sandbox.keeping import Keeping, RunningLogs
 from orchestrator.sandbox.record import match_id
 from orchestrator.sandbox.results import EnvironmentStatus
 
@@ -133,6 +133,25 @@ def environments(
         rows += found
         removed += gone
     return sorted(rows, key=lambda r: r.id), removed
+
+
+def running_logs(
+    ident: str, service: str | None = None, *, tail: int | None = None, follow: bool = False
+) -> RunningLogs | None:
+    """The logs of environment `ident` (its whole id) read from outside its owner without
+    attaching to it, where its backend can (see Keeping.running_logs): the services they
+    come from, in the order `orchestrator logs` prints them, and each one's log as it comes.
+    None where none can (a backend that failed included): `attach(ident).logs(...)` then
+    reads them, or says why it cannot."""
+    for keeper in _backends():
+        try:
+            found = keeper.hooks.running_logs(ident, service, tail=tail, follow=follow)
+        except OrchestratorError as exc:
+            log.warning("backend %r cannot read logs without attaching: %s", keeper.name, exc)
+            continue
+        if found is not None:
+            return found
+    return None
 
 
 def remove_environment(ref: str, *, force: bool = False, exact: bool = False) -> str:

@@ -17,6 +17,7 @@ from inspect_ai.tool import ToolError
 from inspect_ai.util._sandbox._cli import SANDBOX_TOOLS_DIR
 
 from orchestrator.backends.container.inventory import list_projects
+from orchestrator.errors import NoTerminal
 from orchestrator.integrations import inspect_session
 from orchestrator.integrations.inspect import OrchestratorSandbox, bash_session
 from orchestrator.integrations.inspect_session import MARK, clean, interact
@@ -185,9 +186,9 @@ def test_a_hostile_shell_cannot_hold_a_call_past_its_timeout(tmp_path: Path) -> 
 
 @pytest.mark.docker
 def test_a_sandbox_without_a_terminal_goes_to_inspects_tool(tmp_path: Path) -> None:
-    """No python3 in the image (commands by plain `docker exec`, no terminal): the tool
-    leaves it to Inspect's own, and a shell asked of it anyway says why it cannot start
-    (a restart never says it did)."""
+    """No python3 in the image (commands by plain `docker exec`, no terminal): a shell is
+    refused before anything runs (the tool then leaves the call to Inspect's own), and a
+    restart never says it started one."""
     path = tmp_path / "env.yaml"
     path.write_text(f"version: 1\nname: plain\nimage: {BUSYBOX_IMAGE}\nuser: '1000:1000'\n")
 
@@ -196,15 +197,58 @@ def test_a_sandbox_without_a_terminal_goes_to_inspects_tool(tmp_path: Path) -> N
         box = envs["default"]
         assert isinstance(box, OrchestratorSandbox)
         try:
-            assert await inspect_session.gives_terminal(box) is False
-            for action in ("read", "restart"):
-                with pytest.raises(ToolError, match="could not start: a terminal"):
+            for action in ("read", "restart"):  # (refused before anything ran)
+                with pytest.raises(NoTerminal):
                     await interact(box, action, None)
+            assert box.shells == {}
         finally:
             await OrchestratorSandbox.sample_cleanup("t", str(path), envs, interrupted=False)
             await OrchestratorSandbox.task_cleanup("t", str(path), cleanup=True)
 
     asyncio.run(main())
+
+
+@pytest.mark.docker
+def test_what_a_hostile_shell_prints_is_neither_held_back_nor_miscounted(
+    tmp_path: Path,
+) -> None:
+    """An escape never ended is held for one answer at most and never grows; an OSC opened
+    in a REPL does not hide its answers; a silent command and a cancelled call leave the
+    count of prompts, and the output, whole."""
+
+    async def scenario(box: OrchestratorSandbox) -> None:
+        prompt = prompt_of(await interact(box, "read", None))
+        [shell] = box.shells.values()
+        # a CSI that never ends, its parameters flooding: shown as text, never held long
+        flood = "(printf '\\033['; head -c 300000 /dev/zero | tr '\\0' ';'; sleep 1; echo)"
+        said = await interact(box, "type_submit", flood)
+        seen = said.count(";")
+        while not said.endswith(prompt):
+            assert len(shell.held) <= 4096
+            said = await interact(box, "read", None)
+            seen += said.count(";")
+        assert seen == 300000
+        # an OSC opened in a REPL: what the REPL prints after it still comes
+        await interact(box, "type_submit", "python3 -q")
+        await interact(box, "type_submit", "print('\\x1b]')")
+        assert "42" in await interact(box, "type_submit", "print(6*7)")
+        assert (await interact(box, "type_submit", "exit()")).endswith(prompt)
+        # a command silent past the wait: the next call still waits for its own output
+        assert await interact(box, "type_submit", "sleep 2", wait_for_output=0.5) == ""
+        said = await interact(box, "type_submit", "sleep 0.2; echo own-output")
+        assert "own-output" in said and said.endswith(prompt)
+        # calls given up while the output is read: none of it is lost
+        got = await interact(
+            box, "type_submit", "head -c 300000 /dev/zero | tr '\\0' q; echo; echo END"
+        )
+        for _ in range(400):
+            with contextlib.suppress(TimeoutError):
+                got += await interact(box, "read", None, timeout=0.02, wait_for_output=1)
+            if got.endswith(prompt):
+                break
+        assert got.count("q") == 300000 and "END" in got
+
+    run(tmp_path, scenario)
 
 
 @pytest.mark.docker

@@ -161,6 +161,7 @@ PUBLIC = {
     "orchestrator.cli.progress",
     "orchestrator.quickcli",  # (itself held to public names below)
     "orchestrator.tables",
+    "orchestrator.logprint",  # (printing only: what `logs` reads comes from the public API)
 }
 
 

@@ -79,6 +79,7 @@ from orchestrator import (
     reap,
     register_runtime,
     remove_environment,
+    running_logs,
     runtime_names,
     spawn_runtime,
     wake,
@@ -247,6 +248,8 @@ def test_a_consumer_program(tmp_path: Path) -> None:
     # environments left running, across backends (`ps`, `down`, `cleanup`): a harness's view
     inventory: tuple[object, ...] = (environments, remove_environment, reap, EnvironmentStatus)
     assert all(callable(f) for f in inventory)
+    # the logs of one left running, read without attaching: none here by that id
+    assert running_logs("orch-consumer-00000000", tail=5) is None
     try:
         assert register_runtime("consumer-alias")(backend) is backend
         with spawn_runtime(env, backend="consumer-alias") as alias:

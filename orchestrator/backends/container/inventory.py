@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 
 from orchestrator.backends.container import images
 from orchestrator.backends.container.engine import (
@@ -43,9 +44,12 @@ from orchestrator.backends.container.removal import (
     remove_by_label as remove_by_label,  # (where a start that failed half-way asks for it)
 )
 from orchestrator.backends.container.usage import keep_counts_of, usage_of
-from orchestrator.errors import OrchestratorError, PartialListing, UsageError
+from orchestrator.errors import OrchestratorError, PartialListing, ProjectNotFound, UsageError
+from orchestrator.sandbox.keeping import RunningLogs
+from orchestrator.sandbox.record import recall_data
 from orchestrator.sandbox.results import EnvironmentStatus
 from orchestrator.sandbox.usage import Usage
+from orchestrator.spec.published import MAIN
 
 log = logging.getLogger("orchestrator.docker")
 
@@ -57,6 +61,7 @@ __all__ = [
     "elsewhere",
     "find_project",
     "list_projects",
+    "logs_of",
     "match_project",
     "orphan_folders_of",
     "parse_ports",
@@ -216,6 +221,43 @@ def remove_by_id(ident: str, *, force: bool = False) -> str | None:
     with contextlib.suppress(OrchestratorError):  # a woken environment's images: now orphans
         images.reap_orphans(engine)
     return info.name
+
+
+def logs_of(
+    ident: str, service: str | None, *, tail: int | None, follow: bool
+) -> RunningLogs | None:
+    """The logs of our Docker environment `ident` on the process's engine, read through the
+    engine's API (Keeping.running_logs), when its record and its containers are found whole:
+    one container for each of the services asked (the main sandbox and the file's services,
+    as the record names them); None otherwise (attaching says what is wrong)."""
+    engine = Engine.at()
+    if engine.socket is None:  # (the API on this machine's socket only)
+        return None
+    info = next((p for p in list_projects(engine) if p.name == ident), None)
+    folder = info.directory if info is not None else None
+    if info is None or folder is None:
+        return None
+    try:
+        record = recall_data(folder)
+    except ProjectNotFound:
+        return None
+    spec, host = record.get("spec"), record.get("host")
+    extra = spec.get("services") if isinstance(spec, dict) else None
+    here = isinstance(host, str) and resolved_host(host) == resolved_host(engine.address)
+    if record.get("backend") != "docker" or not isinstance(extra, dict) or not here:
+        return None
+    known = [MAIN, *sorted(str(name) for name in extra)]
+    services = [service] if service else known
+    found: dict[str, list[str]] = {}
+    for container, name, _ in info.containers:
+        found.setdefault(name, []).append(container)
+    if service not in (None, *known) or any(len(found.get(n, ())) != 1 for n in services):
+        return None
+
+    def log_of(name: str) -> Iterator[bytes]:
+        return engine.logs(found[name][0], tail=tail, follow=follow)
+
+    return services, log_of
 
 
 def reap_all(*, everything: bool = False, include_kept: bool = False) -> list[str]:

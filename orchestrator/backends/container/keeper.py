@@ -1,13 +1,14 @@
-"""What every container backend answers `orchestrator.environments`, `remove_environment`
-and `reap` with (the hooks of sandbox/backend.py): one inventory, by label, for all of them
-(inventory.py). Apart from ContainerRuntime, which takes them from here, so that a listing
-asks a built-in backend without loading it (`orchestrator ps` in tens of milliseconds)."""
+"""What every container backend answers `orchestrator.environments`, `remove_environment`,
+`reap` and `running_logs` with (the hooks of sandbox/backend.py): one inventory, by label,
+for all of them (inventory.py). Apart from ContainerRuntime, which takes them from here, so
+that a listing asks a built-in backend without loading it (`orchestrator ps` in tens of
+milliseconds)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrator.sandbox.keeping import Keeping
+from orchestrator.sandbox.keeping import Keeping, RunningLogs
 
 if TYPE_CHECKING:
     from orchestrator.sandbox.results import EnvironmentStatus
@@ -39,3 +40,11 @@ class ContainerInventory(Keeping):
         from orchestrator.backends.container.inventory import reap_all
 
         return reap_all(everything=everything, include_kept=include_kept)
+
+    @classmethod
+    def running_logs(
+        cls, ident: str, service: str | None, *, tail: int | None, follow: bool
+    ) -> RunningLogs | None:
+        from orchestrator.backends.container.inventory import logs_of
+
+        return logs_of(ident, service, tail=tail, follow=follow)

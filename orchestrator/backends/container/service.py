@@ -25,8 +25,9 @@ SHELL = "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"
 def shell_connection(engine: Engine, container: str, workdir: str, user: str | None) -> Connection:
     """`docker exec -it` into a container's workdir, as `user`, with an interactive shell."""
     target = engine.exec_target(container)
-    argv = target.argv(["/bin/sh", "-c", SHELL], user=user, workdir=workdir, stdin=True, tty=True)
-    return Connection("docker", tuple(argv), container)
+    command = ("/bin/sh", "-c", SHELL)
+    argv = target.argv(list(command), user=user, workdir=workdir, stdin=True, tty=True)
+    return Connection("docker", tuple(argv), container, command)
 
 
 @dataclass(eq=False)
