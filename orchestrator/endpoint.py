@@ -524,7 +524,7 @@ def _follow(
     request = wire.Request(call.argv, {}, cwd, user, timeout, interactive or call.tty, tty=tty)
     link.send(wire.RUN, wire.encode_request(request))
     typed_end = VEOF if call.tty else b""
-    window = _feed_in_thread(link, typed_end) if interactive else None
+    window = _feed_in_thread(link, typed_end, call.tty) if interactive else None
     if call.tty and not interactive:
         link.send(wire.STDIN, typed_end)
         link.send(wire.STDIN_EOF)
@@ -630,17 +630,28 @@ class Window:
             self._cond.notify_all()
 
 
-def _feed_in_thread(link: Link, end: bytes = b"") -> Window:
+def _feed_in_thread(link: Link, end: bytes = b"", keys: bool = False) -> Window:
     """Our stdin to the command as it comes, then `end` (a terminal's Ctrl-D) and its end,
-    paced by the returned window."""
+    paced by the returned window. `keys` (ours raw, -it): Ctrl-P Ctrl-Q leaves (see
+    leavekeys.py)."""
+    from orchestrator import leavekeys
+
     window = Window()
+    watch = leavekeys.Watch() if keys else None
 
     def feed() -> None:
         fd = sys.stdin.fileno() if sys.stdin is not None else -1
         try:
             while data := os.read(fd, PIECE):
-                window.take()
-                link.send(wire.STDIN, data)
+                left = False
+                if watch is not None:
+                    data, left = watch.feed(data)
+                if data:
+                    window.take()
+                    link.send(wire.STDIN, data)
+                if left:
+                    leavekeys.leave()
+                    return
         except (OSError, ValueError):
             pass
         try:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import typer
 
+from orchestrator import leavekeys
 from orchestrator.cli.common import (
     BUILD_HELP,
     attach_ref,
@@ -137,7 +138,7 @@ def _on_terminal(
         threading.Thread(target=_follow_size, args=follow, daemon=True).start()
         with _raw(sys.stdin if interactive else None):
             if interactive:
-                threading.Thread(target=_pass_stdin, args=(proc,), daemon=True).start()
+                threading.Thread(target=_pass_stdin, args=(proc, True), daemon=True).start()
             return _printed(proc)
 
 
@@ -187,13 +188,22 @@ def _raw(stream: TextIO | None) -> Iterator[None]:
         termios.tcsetattr(fd, termios.TCSADRAIN, before)
 
 
-def _pass_stdin(proc: Process) -> None:
+def _pass_stdin(proc: Process, keys: bool = False) -> None:
     """Our stdin to the process, as it comes (a read returns what a terminal or pipe has),
-    then its end; what the process no longer takes stops it."""
+    then its end; what the process no longer takes stops it. `keys` (ours raw): Ctrl-P
+    Ctrl-Q leaves (see leavekeys.py)."""
     fd = sys.stdin.fileno() if sys.stdin is not None else -1
+    watch = leavekeys.Watch() if keys else None
     try:
         while data := os.read(fd, STDIN_PIECE):
-            proc.write(data)
+            left = False
+            if watch is not None:
+                data, left = watch.feed(data)
+            if data:
+                proc.write(data)
+            if left:
+                leavekeys.leave()
+                return
     except (OSError, ValueError):  # no stdin, or the process ended (ProcessEnded)
         pass
     with contextlib.suppress(OSError):

@@ -225,6 +225,56 @@ def test_shell_on_a_real_terminal_is_exec_it_of_bash(running: str) -> None:
     assert (code, restored) == (5, True)
 
 
+@pytest.mark.parametrize("entry", ["endpoint", "full", "shell"])
+def test_ctrl_p_ctrl_q_leaves_a_command_that_takes_every_other_key(
+    running: str, entry: str
+) -> None:
+    """A command that ignores Ctrl-C, Ctrl-\\ and Ctrl-Z (our terminal raw: they are keys
+    it takes) cannot hold our terminal: Ctrl-P Ctrl-Q ends the session, the command killed
+    (130), our terminal as it was; a Ctrl-P alone is passed on with the next key."""
+    seconds = str(60000 + uuid.uuid4().int % 9999)
+    marker = f"sleep {seconds}"
+    hostile = (
+        "python3 -c 'import os, signal; [signal.signal(s, signal.SIG_IGN) for s in (1, 2, 3, "
+        '20)]; print("ready", flush=True); print("got", repr(input()), flush=True); '
+        f'os.execvp("sleep", ["sleep", "{seconds}"])\''
+    )
+    argv = {
+        "endpoint": [sys.executable, "-c", "from orchestrator.endpoint import main; main()"],
+        "full": [sys.executable, "-c", "from orchestrator.cli import main; main()"],
+    }.get(entry, CLI)
+    words = ["shell", running] if entry == "shell" else ["exec", "-it", running, "--", "sh"]
+    term = Terminal([*argv, *words])
+    try:
+        if entry == "shell":
+            term.until(b"/workspace# ")
+        else:
+            term.until(b"# ")  # (sh's own prompt: typed sooner, a line may be lost)
+        term.type(hostile.encode() + b"\r")
+        term.until(b"ready\r\n")
+        term.type(b"a\x10b\r")  # a Ctrl-P alone: passed on
+        term.until(b"got 'a\\x10b'")
+        time.sleep(0.5)
+        term.type(b"\x03\x1c\x1a")  # ignored
+        time.sleep(0.5)
+        term.type(b"\x10")
+        time.sleep(0.3)  # (the two keys in two reads)
+        term.type(b"\x11")
+        term.until(b"left on Ctrl-P Ctrl-Q")
+    finally:
+        code, restored = term.close()
+    assert (code, restored) == (130, True)
+    with attach(running) as rt:
+        deadline = time.monotonic() + 10
+        while True:
+            pattern = marker.replace("sleep", "slee[p]")
+            left = rt.execute(f"ps -eo args | grep '{pattern}' || true", user="root").stdout
+            if not left.strip() or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert not left.strip(), left
+
+
 def test_shell_in_a_service_without_python3_falls_back_to_docker_exec_it(
     tmp_path: Path,
 ) -> None:
