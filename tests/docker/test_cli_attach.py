@@ -265,7 +265,7 @@ def test_ps_and_down_load_no_parser_and_say_what_the_full_cli_says(make_env: Mak
 
 
 LOGGER = (
-    "printf 'one\\n'; printf 'two\\n' >&2; printf 'bad \\377\\376 bytes\\n'; "
+    "printf 'one\\n'; printf 'two\\n' >&2; sleep 0.5; printf 'bad \\377\\376 bytes\\n'; "
     "head -c 200000 /dev/zero | tr '\\0' x; printf '\\nlast\\n'; exec sleep 100000"
 )
 """What the logging service prints: both streams, bytes that are not UTF-8, a line of

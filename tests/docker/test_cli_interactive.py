@@ -11,6 +11,8 @@ import fcntl
 import json
 import os
 import select
+import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -223,6 +225,60 @@ def test_shell_on_a_real_terminal_is_exec_it_of_bash(running: str) -> None:
     finally:
         code, restored = term.close()
     assert (code, restored) == (5, True)
+
+
+class Tmux:
+    """A tmux server of the test's own, its one window running `argv` on its terminal: typed
+    into with send-keys, read with capture-pane, as a person at a terminal would."""
+
+    def __init__(self, argv: list[str]) -> None:
+        if shutil.which("tmux") is None:
+            pytest.skip("tmux is not installed")
+        self.base = ["tmux", "-L", f"orch-test-{uuid.uuid4().hex[:8]}", "-f", "/dev/null"]
+        passed = {k: v for k, v in os.environ.items() if k.startswith(("ORCHESTRATOR_", "PYTHON"))}
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in passed.items())
+        script = f"env {env} {shlex.join(argv)}; echo __done__ $?; sleep 60"
+        new = [*self.base, "new-session", "-d", "-x", "100", "-y", "30", script]
+        subprocess.run(new, check=True, timeout=30)
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run([*self.base, "send-keys", *keys], check=True, timeout=30)
+
+    def until(self, text: str) -> str:
+        deadline = time.monotonic() + WITHIN
+        while True:
+            screen = subprocess.run(
+                [*self.base, "capture-pane", "-p"], capture_output=True, text=True, timeout=30
+            ).stdout
+            if text in screen:
+                return screen
+            assert time.monotonic() < deadline, f"no {text!r} within {WITHIN}s:\n{screen}"
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        subprocess.run([*self.base, "kill-server"], capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("words", [["exec", "-it", "{id}", "--", "bash"], ["shell", "{id}"]])
+def test_exec_it_and_shell_under_tmux_answer_lines_and_pass_ctrl_c(
+    running: str, words: list[str]
+) -> None:
+    """Under tmux (a real terminal a person uses): a shell answers typed lines, Ctrl-C
+    reaches what it runs and not us, and its exit code is ours."""
+    term = Tmux([*CLI, *(w.format(id=running) for w in words)])
+    try:
+        term.until("/workspace#")  # (a pane's lines come without their trailing spaces)
+        term.keys("echo $((6 * 7))-answer", "Enter")
+        term.until("42-answer")
+        term.keys("sleep 1000", "Enter")
+        time.sleep(1.0)
+        term.keys("C-c")
+        term.keys("echo after-$?", "Enter")
+        term.until("after-130")
+        term.keys("exit 3", "Enter")
+        term.until("__done__ 3")
+    finally:
+        term.close()
 
 
 @pytest.mark.parametrize("entry", ["endpoint", "full", "shell"])

@@ -13,14 +13,15 @@ import pytest
 
 from orchestrator import UsageError
 from orchestrator.backends.container.executor.plain import KILL_TIMEOUT
+from orchestrator.errors import NoTerminal
 from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 
 def test_plain_exec_refuses_a_terminal_with_the_reason(make_env: MakeEnv) -> None:
     with spawn_in_mode("plain", make_env("", name="plaintty")) as rt:
-        proc = rt.start("echo never > ran", tty=True)
-        with pytest.raises(UsageError, match="needs the in-container executor"):
-            proc.wait(60)
+        with pytest.raises(NoTerminal, match="needs the in-container executor"):
+            rt.start("echo never > ran", tty=True)  # (refused at once: nothing runs)
+        assert issubclass(NoTerminal, UsageError)
         assert rt.execute("cat ran 2>/dev/null || echo absent").stdout == "absent\n"
         with rt.start("cat", tty=False) as fine:  # without a terminal: as on the executor
             fine.write("still works\n")
