@@ -21,6 +21,7 @@ from orchestrator import (
     RuntimeClosed,
     SandboxUnavailable,
     UsageError,
+    environments,
     spawn_runtime,
 )
 from orchestrator.backends.container.inventory import list_projects, reap
@@ -669,12 +670,17 @@ def test_filesystem_snapshot_resumes_the_container_and_goes_with_it(
             snap.remove()
     snap.remove()
     assert not images.exists(snap.image) and not snap.path.exists()
-    # an image whose snapshot record was deleted by hand is reaped like any leftover
+    # an image whose snapshot record was deleted by hand is reaped like any leftover: by a
+    # reap, and by a listing (`ps`), which asks the engine for them ahead (ahead.py)
     with spawn_runtime(path) as third:
         orphan = third.snapshot(tmp_path / "orphan.tar", filesystem=True)
+        listed = third.snapshot(tmp_path / "listed.tar", filesystem=True)
     orphan.record.unlink()
     reap()
-    assert not images.exists(orphan.image)
+    assert not images.exists(orphan.image) and images.exists(listed.image)
+    listed.record.unlink()
+    environments()
+    assert not images.exists(listed.image)
     # one whose image was removed outside orchestrator cannot be resumed, and says why
     with spawn_runtime(path) as fourth:
         lost = fourth.snapshot(tmp_path / "lost.tar", filesystem=True)

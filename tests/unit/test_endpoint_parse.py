@@ -119,3 +119,34 @@ def test_a_folder_others_may_change_is_not_taken(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(folder)
     with pytest.raises(endpoint.NotHere):
         endpoint._ours(str(tmp_path / "link"), stat.S_IFDIR)
+
+
+@pytest.mark.parametrize(
+    ("xdg", "home"),
+    [
+        (None, "/home/u"),
+        ("/x/state", "/home/u"),
+        ("/x/state/", "relative-home"),
+        ("relative/state", "/home/u"),
+        ("", "/home/u"),
+        ("   ", "/home/u"),
+        ("~/state", "/home/u"),
+        (None, "/home/u/"),
+        (None, "relative-home"),
+        (None, ""),
+    ],
+)
+def test_the_state_folders_rule_written_out_is_platformdirs_own(
+    monkeypatch: pytest.MonkeyPatch, xdg: str | None, home: str
+) -> None:
+    """settings' default state folder, written out for the plain cases (loading platformdirs
+    costs each `ps`), is the one platformdirs' Unix rule gives, in every case."""
+    from platformdirs.unix import Unix
+
+    monkeypatch.delenv("ORCHESTRATOR_STATE_DIR", raising=False)
+    if xdg is None:
+        monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_STATE_HOME", xdg)
+    monkeypatch.setenv("HOME", home)
+    assert settings.STATE_DIR.get() == Path(Unix("orchestrator").user_state_dir)

@@ -36,6 +36,11 @@ LABEL_OWNER_START = L + "owner.start"
 LABEL_OWNER_HOST = L + "owner.host"
 LABEL_STARTED = L + "started"
 LABEL_DIR = L + "dir"
+LABEL_SNAPSHOT_RECORD = L + "snapshot.record"
+"""On a snapshot image: the path of the snapshot record that owns it."""
+LABEL_SNAPSHOT_STATE = L + "snapshot.state"
+"""On a snapshot image: the state folder of the process that made it (whose reapers alone
+may remove it)."""
 DETACHED = "0"
 """Owner pid of a project started by `orchestrator up`: it lives until `down` or `cleanup --all`."""
 

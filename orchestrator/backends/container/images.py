@@ -10,8 +10,13 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator.backends.container.ahead import taken as ahead_taken
 from orchestrator.backends.container.engine import Engine, NoSuchImage, engine_call
-from orchestrator.backends.container.identity import LABEL_MANAGED, L
+from orchestrator.backends.container.identity import (
+    LABEL_MANAGED,
+    LABEL_SNAPSHOT_RECORD,
+    LABEL_SNAPSHOT_STATE,
+)
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
 from orchestrator.paths import state_dir
 from orchestrator.sandbox.snapshot import Snapshot
@@ -19,11 +24,8 @@ from orchestrator.settings import may_reach
 
 log = logging.getLogger("orchestrator.docker")
 SNAPSHOT_REPO = "orchestrator-snapshot"
-LABEL_RECORD = L + "snapshot.record"
-"""On a snapshot image: the path of the snapshot record that owns it."""
-LABEL_STATE = L + "snapshot.state"
-"""On a snapshot image: the state folder of the process that made it (whose reapers alone
-may remove it)."""
+LABEL_RECORD = LABEL_SNAPSHOT_RECORD
+LABEL_STATE = LABEL_SNAPSHOT_STATE
 
 
 def commit(
@@ -151,7 +153,7 @@ def orphaned(engine: Engine | None = None) -> list[str]:
     engine = engine or Engine.at()
     ours = str(state_dir().resolve())
     found = []
-    for ident, labels in labelled(LABEL_RECORD, engine, state=ours):
+    for ident, labels in labelled(LABEL_RECORD, engine, state=ours, ahead=True):
         record = labels.get(LABEL_RECORD, "")
         if labels.get(LABEL_STATE) == ours and record and not Path(record).exists():
             found.append(ident)
@@ -159,14 +161,18 @@ def orphaned(engine: Engine | None = None) -> list[str]:
 
 
 def labelled(
-    label: str, engine: Engine, *, state: str | None = None
+    label: str, engine: Engine, *, state: str | None = None, ahead: bool = False
 ) -> list[tuple[str, dict[str, str]]]:
     """(id, labels) of each image carrying `label` (and, with `state`, made with that state
     folder). Each is inspected on its own: another process may remove one between the
-    listing and the look, and one gone meanwhile is simply not there."""
+    listing and the look, and one gone meanwhile is simply not there. `ahead`: the listing
+    asked ahead for these labels (ahead.py), where there is one."""
     labels = [label, *([f"{LABEL_STATE}={state}"] if state is not None else [])]
+    ids = ahead_taken(engine.address, labels) if ahead else None
+    if ids is None:
+        ids = engine.image_ids(labels=labels, action="listing snapshot images")
     found = []
-    for ident in engine.image_ids(labels=labels, action="listing snapshot images"):
+    for ident in ids:
         image = _inspected(ident, engine)
         if image is not None:
             found.append(image)

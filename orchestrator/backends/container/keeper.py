@@ -19,6 +19,9 @@ class ContainerInventory(Keeping):
 
     @classmethod
     def running(cls, *, usage: bool = False) -> tuple[list[EnvironmentStatus], list[str]]:
+        from orchestrator.backends.container import ahead
+
+        ahead.snapshot_images()  # (the engine lists them while the rest loads)
         from orchestrator.backends.container.inventory import running_environments
 
         return running_environments(usage=usage)
