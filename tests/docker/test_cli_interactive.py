@@ -180,6 +180,17 @@ class Terminal:
             os.close(self.master)
 
 
+def _ctrl_c_stops_what_runs(term: Terminal) -> None:
+    """Ctrl-C typed while `sleep` runs (a key: the sandbox's terminal makes it SIGINT)
+    stops it, and the shell at `prompt> ` goes on."""
+    term.type(b"sleep 1000\r")
+    time.sleep(1.0)  # sleep runs
+    term.type(b"\x03")
+    term.until(b"prompt> ")  # the shell is back: sleep was interrupted
+    term.type(b"echo after-$?\r")
+    assert b"after-130" in term.until(b"after-130")
+
+
 def test_exec_it_on_a_real_terminal_runs_a_shell_answers_lines_and_passes_ctrl_c(
     running: str,
 ) -> None:
@@ -189,12 +200,7 @@ def test_exec_it_on_a_real_terminal_runs_a_shell_answers_lines_and_passes_ctrl_c
         term.type(b"stty size; echo $((6 * 7))-answer\r")
         shown = term.until(b"42-answer\r\n")
         assert b"30 100" in shown
-        term.type(b"sleep 1000\r")
-        time.sleep(1.0)  # sleep runs
-        term.type(b"\x03")  # Ctrl-C, a key: the sandbox's terminal makes it SIGINT
-        term.until(b"prompt> ")  # the shell is back: sleep was interrupted
-        term.type(b"echo after-$?\r")
-        assert b"after-130" in term.until(b"after-130")
+        _ctrl_c_stops_what_runs(term)
         term.resize(120, 40)  # our terminal's size: SIGWINCH to the CLI, which passes it
         time.sleep(0.5)
         term.type(b"stty size\r")
@@ -215,12 +221,7 @@ def test_shell_on_a_real_terminal_is_exec_it_of_bash(running: str) -> None:
         term.until(b"prompt> ")
         term.type(b"echo $BASH_VERSION-$((6 * 7)); stty size\r")
         assert b"25 80" in term.until(b"25 80")
-        term.type(b"sleep 1000\r")
-        time.sleep(1.0)
-        term.type(b"\x03")
-        term.until(b"prompt> ")
-        term.type(b"echo after-$?\r")
-        assert b"after-130" in term.until(b"after-130")
+        _ctrl_c_stops_what_runs(term)
         term.type(b"exit 5\r")
     finally:
         code, restored = term.close()
@@ -387,12 +388,7 @@ def test_exec_it_on_a_real_terminal_goes_over_the_endpoint(running: str, tmp_pat
         term.until(b"prompt> ")  # (typed sooner, a line may be read before the shell runs)
         term.type(b"stty size; echo $((6 * 7))-answer\r")
         assert b"20 90" in term.until(b"42-answer\r\n")
-        term.type(b"sleep 1000\r")
-        time.sleep(1.0)
-        term.type(b"\x03")  # a key: the sandbox's terminal makes it SIGINT
-        term.until(b"prompt> ")
-        term.type(b"echo after-$?\r")
-        assert b"after-130" in term.until(b"after-130")
+        _ctrl_c_stops_what_runs(term)
         for cols, rows in ((120, 40), (70, 15)):
             term.resize(cols, rows)
             time.sleep(0.5)
