@@ -60,7 +60,7 @@ meanwhile): reported as a timeout, and the command dies with our connection."""
 class Call:
     """One `exec` call, read."""
 
-    __slots__ = ("argv", "ident", "interactive", "timeout", "tty")
+    __slots__ = ("argv", "folder", "ident", "interactive", "timeout", "tty")
 
     def __init__(
         self,
@@ -73,6 +73,8 @@ class Call:
         self.ident, self.interactive, self.timeout, self.argv = ident, interactive, timeout, argv
         self.tty = tty
         """On a terminal of its own (`-t`), our terminal's size, and each resize (SIGWINCH)."""
+        self.folder = ""
+        """The environment's project folder, once found."""
 
 
 class NotHere(Exception):
@@ -135,7 +137,7 @@ def _leave(code: int) -> None:
 
 def run(args: list[str]) -> int:
     call = parse(args)
-    folder = _project_folder(call.ident)
+    folder = call.folder = _project_folder(call.ident)
     try:
         owed = os.listdir(os.path.join(folder, "owed-kills"))
     except FileNotFoundError:
@@ -540,7 +542,7 @@ def _follow(
         except (OSError, ValueError):
             frame = None
         if frame is None:
-            return _lost("it went away while the command ran")
+            return _gone(call) or _lost("it went away while the command ran")
         kind, cid, payload = frame
         if cid != 1:
             continue
@@ -577,6 +579,20 @@ def _credit(link: Link, credit: list[int], read: int) -> object:
         return True
 
     return attempt
+
+
+def _gone(call: Call) -> int | None:
+    """3, with why, where the environment's main container is gone or stopped (its resident
+    went with it), as the full CLI says it (SandboxUnavailable); None where it runs on."""
+    from pathlib import Path
+
+    from orchestrator.backends.container.readiness import main_gone
+
+    why = main_gone(Path(call.folder), call.ident)
+    if why is None:
+        return None
+    _say(f"error: {call.ident}: {why.splitlines()[0].removesuffix('; last log lines:')}")
+    return 3
 
 
 def _lost(what: str) -> int:

@@ -464,3 +464,32 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_container_removed_under_exec_is_said_alike_on_both_paths(
+    make_env: MakeEnv, entry: str
+) -> None:
+    """The main container removed while `exec` runs: the endpoint's path (its resident went
+    with it) says the sandbox is gone and exits 3, as the full CLI does."""
+    up = cli("up", str(make_env("", name=f"gone{entry.rsplit('.', 1)[-1]}")))
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        argv = [sys.executable, "-c", f"from {entry} import main; main()"]
+        with subprocess.Popen(
+            [*argv, "exec", ident, "--", "sh", "-c", "echo up; exec sleep 60"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        ) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdout.readline() == b"up\n"
+            removed = subprocess.run(
+                ["docker", "rm", "-f", f"{ident}-main-1"], capture_output=True, timeout=60
+            )
+            assert removed.returncode == 0, removed.stderr
+            code = proc.wait(60)
+            said = proc.stderr.read().decode()
+        assert code == 3 and "its main container" in said, (code, said)
+    finally:
+        cli("down", ident)

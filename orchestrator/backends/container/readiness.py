@@ -279,3 +279,39 @@ def runs_here(got: dict[str, Any] | None) -> bool:
         return False
     cgroup = read_regular(Path(f"/proc/{pid}/cgroup"), 1 << 16) or b""
     return cid.encode() in cgroup
+
+
+def main_gone(folder: Path, ident: str, within: float = 2.0) -> str | None:
+    """Why environment `ident`'s main container cannot run commands, as `unusable` says it,
+    asked of the engine its project folder `folder` records, for up to `within` seconds
+    while it still reads as running (a container removed or killed takes its executor down
+    before the engine says so): what the endpoint's `exec` says when its resident went away
+    under a command, as the full CLI does. None when it runs, or where its engine is not on
+    this machine's socket (nothing more to say than that the executor went away)."""
+    from orchestrator.backends.container.engine import ContainerState, Engine
+    from orchestrator.backends.container.identity import folder_engine
+
+    host = folder_engine(folder)
+    if host is None:
+        return None
+    engine = Engine.at(host)
+    container, action = f"{ident}-main-1", "inspecting the sandbox"
+
+    def state() -> Any:
+        got = engine.inspected(container, action)
+        if got is None:
+            raise LookupError(container)
+        return ContainerState.of(got.get("State"))
+
+    def logs() -> str:
+        return b"".join(engine.logs(container, tail=20, follow=False)).decode(errors="replace")
+
+    deadline = time.monotonic() + within
+    try:
+        while (why := unusable("its main container", state, logs)) is None:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+    except (LookupError, OrchestratorError):  # no socket, or an engine that does not answer
+        return None
+    return why
