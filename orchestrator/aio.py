@@ -244,6 +244,8 @@ class AsyncSandbox:
         return self.sync.connection(user=user)
 
     async def start(self, *args: Any, **kwargs: Any) -> AsyncProcess:
+        if kwargs.get("tty"):  # (whether it can have one may start the executor: a thread)
+            return AsyncProcess(await in_thread(lambda: self.sync.start(*args, **kwargs)))
         return AsyncProcess(self.sync.start(*args, **kwargs))
 
     start = as_door_of(start, Sandbox.start, PROCESS_NOTE)

@@ -450,7 +450,12 @@ def _run(link: Link, call: Call, cwd: str, user: str | None) -> int:
     raw = _raw(sys.stdin) if call.interactive else None  # (Ctrl-C then goes as a key)
     _SAID.append([])  # (said once our terminal is as it was: raw, a line would not end)
     try:
-        return _follow(link, call, cwd, user, size=sent[0])
+        if raw is None:
+            return _follow(link, call, cwd, user, size=sent[0])
+        from orchestrator import leavekeys
+
+        with leavekeys.armed(True):
+            return _follow(link, call, cwd, user, size=sent[0])
     finally:
         link.wake = None
         if raw is not None:
@@ -653,10 +658,10 @@ def _feed_in_thread(link: Link, end: bytes = b"", keys: bool = False) -> Window:
     from orchestrator import leavekeys
 
     window = Window()
-    watch = leavekeys.Watch() if keys else None
+    fd = sys.stdin.fileno() if sys.stdin is not None else -1
+    watch = leavekeys.watch_for(fd) if keys else None
 
     def feed() -> None:
-        fd = sys.stdin.fileno() if sys.stdin is not None else -1
         try:
             while data := os.read(fd, PIECE):
                 left = False

@@ -5,6 +5,7 @@ the same. Standard library only: the quick path loads no Typer."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -34,10 +35,12 @@ def show_logs(
         reader.start()
     for reader in readers:
         if follow:
-            while reader.is_alive():
+            while reader.is_alive() and not printer.gone:
                 reader.join(FOLLOW_LOOK)
-        else:
+        elif not printer.gone:
             reader.run()
+    if printer.gone:  # our reader left (`logs -f | head`): as any command's broken pipe
+        raise BrokenPipeError
     return printer.error
 
 
@@ -49,6 +52,8 @@ class _Printer:
         self._prefix = {n: f"{n.ljust(width)} | ".encode() for n in prefixed}
         self._lock = threading.Lock()
         self.error: OrchestratorError | None = None
+        self.gone = False
+        """Our reader left (a broken pipe): nothing more is printed."""
 
     def copy(self, name: str, chunks: Iterator[bytes]) -> None:
         prefix, partial, wrote = self._prefix.get(name, b""), b"", False
@@ -63,8 +68,12 @@ class _Printer:
                 self._write(b"".join(prefix + line + b"\n" for line in lines))
         except OrchestratorError as exc:  # (what came before it is printed all the same)
             self.error = exc
+        except BrokenPipeError:
+            self.gone = True
+            return
         if partial:
-            self._write(prefix + partial + b"\n")
+            with contextlib.suppress(BrokenPipeError):
+                self._write(prefix + partial + b"\n")
         if not wrote and name == "main":
             echo(
                 "main: no output of its own (commands run with `orchestrator exec` print to "
@@ -73,9 +82,18 @@ class _Printer:
             )
 
     def _write(self, data: bytes) -> None:
+        out = getattr(sys.stdout, "buffer", None)  # (None: started with stdout closed)
         with self._lock:
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
+            if self.gone:
+                raise BrokenPipeError
+            if out is None:
+                return
+            try:
+                out.write(data)
+                out.flush()
+            except BrokenPipeError:
+                self.gone = True
+                raise
 
 
 def _pieces(line: bytes) -> Iterator[bytes]:

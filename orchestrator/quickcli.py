@@ -83,17 +83,18 @@ def run(args: list[str]) -> int:
     words = args[1:]
     if command == "logs":
         prepare()  # (its warnings said as the full CLI's; that one sets it up again alike)
-        return _guarded(_logs_of(words))
+        return guarded(_logs_of(words))
     if command not in FLAGS or any(w.startswith("-") and w not in FLAGS[command] for w in words):
         raise Other(command)
     if command == "ps" and not FLAGS["ps"].issuperset(words):
         raise Other("ps takes no arguments")
     prepare()
-    return _guarded(lambda: _run(command, words))
+    return guarded(lambda: _run(command, words))
 
 
-def _guarded(command: Callable[[], int]) -> int:
-    """Its exit code; a reader that left (`ps | head`): quiet, exit 1, as Click does."""
+def guarded(command: Callable[[], int]) -> int:
+    """Its exit code; a reader that left (`ps | head`): quiet, exit 1, as Click does (the
+    full CLI's `logs` runs through it too)."""
     try:
         return command()
     except BrokenPipeError:

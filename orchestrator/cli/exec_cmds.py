@@ -136,7 +136,8 @@ def _on_terminal(
         signal.signal(signal.SIGWINCH, lambda *_: resized.__setitem__(0, True))
         follow = (proc, resized, (cols, rows))
         threading.Thread(target=_follow_size, args=follow, daemon=True).start()
-        with _raw(sys.stdin if interactive else None):
+        keys = interactive and sys.stdin is not None and sys.stdin.isatty()
+        with _raw(sys.stdin if interactive else None), leavekeys.armed(keys):
             if interactive:
                 threading.Thread(target=_pass_stdin, args=(proc, True), daemon=True).start()
             return _printed(proc)
@@ -193,7 +194,7 @@ def _pass_stdin(proc: Process, keys: bool = False) -> None:
     then its end; what the process no longer takes stops it. `keys` (ours raw): Ctrl-P
     Ctrl-Q leaves (see leavekeys.py)."""
     fd = sys.stdin.fileno() if sys.stdin is not None else -1
-    watch = leavekeys.Watch() if keys else None
+    watch = leavekeys.watch_for(fd) if keys else None
     try:
         while data := os.read(fd, STDIN_PIECE):
             left = False

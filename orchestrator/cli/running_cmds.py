@@ -65,16 +65,22 @@ def logs(
     """Print what an environment's containers printed: the main sandbox's first, then each
     service's, each line after its service's name when there are several."""
     from orchestrator.logprint import show_logs
+    from orchestrator.quickcli import failed, guarded
 
     with attach_ref(ref) as rt:
         services = [service] if service else ["main", *sorted(rt.env.spec.services)]
         for name in services:
             rt.service(name)  # an unknown one fails here, naming the known ones
-        error = show_logs(
-            services, lambda name: rt.logs(name, tail=tail, follow=follow), follow=follow
-        )
-    if error is not None:
-        raise error
+
+        def show() -> int:
+            error = show_logs(
+                services, lambda name: rt.logs(name, tail=tail, follow=follow), follow=follow
+            )
+            return 0 if error is None else failed(error)
+
+        code = guarded(show)
+    if code:
+        raise typer.Exit(code)
 
 
 def cleanup(

@@ -147,7 +147,7 @@ def running_logs(
         try:
             found = keeper.hooks.running_logs(ident, service, tail=tail, follow=follow)
         except OrchestratorError as exc:
-            log.warning("backend %r cannot read logs without attaching: %s", keeper.name, exc)
+            log.debug("backend %r cannot read logs without attaching: %s", keeper.name, exc)
             continue
         if found is not None:
             return found

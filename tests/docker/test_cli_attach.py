@@ -493,3 +493,57 @@ def test_a_container_removed_under_exec_is_said_alike_on_both_paths(
         assert code == 3 and "its main container" in said, (code, said)
     finally:
         cli("down", ident)
+
+
+def test_logs_end_quietly_when_their_reader_leaves_and_never_read_a_forged_container(
+    make_env: MakeEnv,
+) -> None:
+    """`logs -f` into a reader that leaves (`| head`) ends with 1 and no traceback, on both
+    entries. ATTACK (anyone who can start a container can wear our labels): a container
+    labelled as the environment's service, its own removed, is never read: both entries
+    read the service's container by its name, and say the same."""
+    ticker = json.dumps(["sh", "-c", "while :; do echo tick; sleep 0.05; done"])
+    body = f"services:\n  web:\n    image: {BUSYBOX_IMAGE}\n    command: {ticker}\n"
+    up = cli("up", str(make_env(body, name="logsgone", image=BUSYBOX_IMAGE)))
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    forged = ""
+    try:
+        for entry in ENTRIES:
+            argv = [sys.executable, "-c", f"from {entry} import main; main()"]
+            with subprocess.Popen(
+                [*argv, "logs", "-f", ident, "web"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            ) as reader:
+                assert reader.stdout is not None and reader.stderr is not None
+                assert reader.stdout.read(5) == b"tick\n"
+                reader.stdout.close()  # the reader leaves
+                code = reader.wait(60)
+                said = reader.stderr.read()
+            assert code == 1 and b"Traceback" not in said, (entry, code, said)
+        folder = json.loads(cli("ps", "--json").stdout)
+        assert any(row["id"] == ident for row in folder)
+        gone = subprocess.run(["docker", "rm", "-f", f"{ident}-web-1"], capture_output=True)
+        assert gone.returncode == 0, gone.stderr
+        labels = subprocess.run(
+            ["docker", "inspect", "--format", "{{json .Config.Labels}}", f"{ident}-main-1"],
+            capture_output=True,
+            text=True,
+        )
+        mine = json.loads(labels.stdout)
+        forged = _foreign(
+            {**mine, "com.docker.compose.service": "web", "org.orchestrator.env": "x"},
+            start=True,
+        )
+        quick, full = (_bytes_of(e, "logs", ident, "web") for e in ENTRIES)
+        assert (quick.returncode, quick.stdout, quick.stderr) == (
+            full.returncode,
+            full.stdout,
+            full.stderr,
+        )
+        assert quick.returncode != 0 and b"tick" not in quick.stdout + quick.stderr
+    finally:
+        if forged:
+            subprocess.run(["docker", "rm", "-f", forged], capture_output=True, timeout=60)
+        cli("down", ident)

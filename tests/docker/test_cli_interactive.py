@@ -282,13 +282,18 @@ def test_exec_it_and_shell_under_tmux_answer_lines_and_pass_ctrl_c(
         term.close()
 
 
-@pytest.mark.parametrize("entry", ["endpoint", "full", "shell"])
+@pytest.mark.parametrize(
+    ("entry", "ignored"),
+    [("endpoint", False), ("full", False), ("shell", False), ("endpoint", True), ("full", True)],
+)
 def test_ctrl_p_ctrl_q_leaves_a_command_that_takes_every_other_key(
-    running: str, entry: str
+    running: str, entry: str, ignored: bool
 ) -> None:
     """A command that ignores Ctrl-C, Ctrl-\\ and Ctrl-Z (our terminal raw: they are keys
     it takes) cannot hold our terminal: Ctrl-P Ctrl-Q ends the session, the command killed
-    (130), our terminal as it was; a Ctrl-P alone is passed on with the next key."""
+    (130), our terminal as it was, also where we were started with SIGINT ignored; a
+    Ctrl-P alone is passed on with the next key. The command's terminal is an xterm, as
+    `docker exec -it` gives it."""
     seconds = str(60000 + uuid.uuid4().int % 9999)
     marker = f"sleep {seconds}"
     hostile = (
@@ -301,12 +306,16 @@ def test_ctrl_p_ctrl_q_leaves_a_command_that_takes_every_other_key(
         "full": [sys.executable, "-c", "from orchestrator.cli import main; main()"],
     }.get(entry, CLI)
     words = ["shell", running] if entry == "shell" else ["exec", "-it", running, "--", "sh"]
+    if ignored:  # (as under `nohup` or a shell's `trap '' INT`)
+        argv = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh", *argv]
     term = Terminal([*argv, *words])
     try:
         if entry == "shell":
             term.until(b"/workspace# ")
         else:
             term.until(b"# ")  # (sh's own prompt: typed sooner, a line may be lost)
+        term.type(b"echo term-$TERM\r")
+        term.until(b"term-xterm")
         term.type(hostile.encode() + b"\r")
         term.until(b"ready\r\n")
         term.type(b"a\x10b\r")  # a Ctrl-P alone: passed on
@@ -330,6 +339,28 @@ def test_ctrl_p_ctrl_q_leaves_a_command_that_takes_every_other_key(
                 break
             time.sleep(0.2)
     assert not left.strip(), left
+
+
+def test_ctrl_p_ctrl_q_in_piped_input_is_the_commands_own(running: str) -> None:
+    """The keys end a session typed on our terminal only: in a pipe's bytes they are the
+    command's input like any other, on both entries."""
+    for entry in ("orchestrator.endpoint", "orchestrator.cli"):
+        command = ["--", "sh", "-c", "read line; echo done"]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from {entry} import main; main()",
+                "exec",
+                "-it",
+                running,
+                *command,
+            ],
+            input=b"abc\x10\x11def\n",
+            capture_output=True,
+            timeout=WITHIN,
+        )
+        assert done.returncode == 0 and b"done" in done.stdout, (entry, done)
 
 
 def test_shell_in_a_service_without_python3_falls_back_to_docker_exec_it(

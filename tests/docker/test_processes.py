@@ -80,3 +80,56 @@ def test_sigstop_on_the_plain_path_stops_and_sigcont_resumes(make_env: MakeEnv) 
         assert proc.read(30) is not None
         proc.kill()
         assert proc.wait(60).exit_code == 137
+
+
+SLOW_PYTHON = '#!/bin/sh\nsleep 4\nexec /usr/bin/python3 "$@"\n'
+"""A python3 first on the sandbox's PATH that takes 4 s to start: a new executor is slow."""
+
+
+def test_a_terminal_asked_on_the_event_loop_does_not_hold_it(make_env: MakeEnv) -> None:
+    """ATTACK (a root sandbox makes its executor slow to start): whether a sandbox can give
+    a terminal may start its executor; awaited, that happens off the event loop, which
+    goes on meanwhile."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from orchestrator import aio
+
+    cli = [sys.executable, "-m", "orchestrator"]
+    up = subprocess.run(
+        [*cli, "up", str(make_env("", name="slowpy"))], capture_output=True, text=True
+    )
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.strip()
+    try:
+        plant = (
+            f"printf '{SLOW_PYTHON}' > /usr/local/bin/python3 && chmod 755 /usr/local/bin/python3"
+        )
+        done = subprocess.run([*cli, "exec", ident, "--", "sh", "-c", plant], capture_output=True)
+        assert done.returncode == 0, done.stderr
+
+        async def scenario() -> float:
+            gaps = [0.0]
+
+            async def tick() -> None:
+                last = time.monotonic()
+                while True:
+                    await asyncio.sleep(0.01)
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+
+            ticker = asyncio.ensure_future(tick())
+            try:
+                async with await aio.attach(ident) as rt:
+                    proc = await rt.start(["sh", "-c", "echo on-a-terminal"], tty=True)
+                    result = await proc.wait(60)
+                    assert "on-a-terminal" in result.stdout
+            finally:
+                ticker.cancel()
+            return max(gaps)
+
+        assert asyncio.run(scenario()) < 1.0
+    finally:
+        subprocess.run([*cli, "down", ident], capture_output=True)

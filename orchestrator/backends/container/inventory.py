@@ -228,8 +228,8 @@ def logs_of(
 ) -> RunningLogs | None:
     """The logs of our Docker environment `ident` on the process's engine, read through the
     engine's API (Keeping.running_logs), when its record and its containers are found whole:
-    one container for each of the services asked (the main sandbox and the file's services,
-    as the record names them); None otherwise (attaching says what is wrong)."""
+    the container of each of the services asked (the main sandbox and the file's services,
+    as the record names them), by its name; None otherwise (attaching says what is wrong)."""
     engine = Engine.at()
     if engine.socket is None:  # (the API on this machine's socket only)
         return None
@@ -248,14 +248,16 @@ def logs_of(
         return None
     known = [MAIN, *sorted(str(name) for name in extra)]
     services = [service] if service else known
-    found: dict[str, list[str]] = {}
-    for container, name, _ in info.containers:
-        found.setdefault(name, []).append(container)
-    if service not in (None, *known) or any(len(found.get(n, ())) != 1 for n in services):
+    if service not in (None, *known):
         return None
+    for name in services:  # each by its name, as attaching finds it (never by a label)
+        try:
+            engine.inspected(f"{ident}-{name}-1", "inspecting a service")
+        except OrchestratorError:  # gone, or the engine cannot say: attaching says it
+            return None
 
     def log_of(name: str) -> Iterator[bytes]:
-        return engine.logs(found[name][0], tail=tail, follow=follow)
+        return engine.logs(f"{ident}-{name}-1", tail=tail, follow=follow)
 
     return services, log_of
 

@@ -452,6 +452,7 @@ class Agent:
                 self.feed(cid) if cid in self.stdin else None,
             )
             if req.tty:
+                env.setdefault("TERM", "xterm")  # as `docker exec -t` gives its command
 
                 def on_tty(proc, tty):
                     self.ttys[cid] = tty
