@@ -462,6 +462,10 @@ def test_a_log_that_is_not_frames_or_ends_inside_one_is_an_error(
     for broken in (b"\x07\x00\x00\x00\x00\x00\x00\x01x", frame(1, b"cut short")[:-3]):
         with pytest.raises(DockerError, match="broke off"):
             _log(engine(_log_engine(broken)))
+    # the engine's own error, in a frame of its own (stream 3): said, never passed as output
+    said = frame(1, b"before\n") + frame(3, b"log driver failed")
+    with pytest.raises(DockerError, match="the engine said: log driver failed"):
+        _log(engine(_log_engine(said)))
     with pytest.raises(NoSuchContainer):
         _log(engine(_log_engine(b"", status=404)))
 

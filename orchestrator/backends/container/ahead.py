@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 
 _lock = threading.Lock()
-_asked: list[tuple[threading.Thread, list[tuple[str, tuple[str, ...], list[str]]]]] = []
+_asked: list[tuple[threading.Thread, list[tuple[str, tuple[str, ...], list[str]]], float]] = []
 
 
 def snapshot_images() -> None:
@@ -34,7 +35,7 @@ def snapshot_images() -> None:
 
     thread = threading.Thread(target=ask, name="orch-images-ahead", daemon=True)
     with _lock:
-        _asked[:] = [(thread, got)]
+        _asked[:] = [(thread, got, time.monotonic())]
     thread.start()
 
 
@@ -44,11 +45,17 @@ def taken(address: str, labels: Sequence[str]) -> list[str] | None:
     with _lock:
         if not _asked:
             return None
-        thread, got = _asked.pop()
+        thread, got, asked = _asked.pop()
+    if time.monotonic() - asked > FRESH:  # (a listing that failed before it took it: stale)
+        return None
     thread.join()
     if got and got[0][:2] == (address, tuple(labels)):
         return got[0][2]
     return None
+
+
+FRESH = 10.0
+"""Seconds an answer asked ahead may be taken after it was asked."""
 
 
 def snapshot_labels() -> list[str]:

@@ -312,12 +312,15 @@ def _cut(sock: socket.socket, expired: threading.Event) -> None:
 class _Frames:
     """The engine's framing of a log without a terminal taken off (each frame: a byte for
     its stream, three zero bytes, its length in four, then that many bytes), one frame's
-    bytes passed on as they come, never held whole; a terminal's log passed on as it is."""
+    bytes passed on as they come, never held whole; a terminal's log passed on as it is.
+    A frame of stream 3 is the engine's own error: said (its first 2,000 bytes), as the
+    log's end."""
 
     def __init__(self, *, raw: bool) -> None:
         self.raw = raw
         self.head = bytearray()
         self.left = 0  # bytes of the current frame still to come
+        self.said: bytearray | None = None  # an engine's own error frame (stream 3), read
 
     def feed(self, data: bytes | bytearray) -> bytes:
         if self.raw:
@@ -327,18 +330,26 @@ class _Frames:
         while view:
             if self.left:
                 piece = view[: self.left]
-                out += piece
+                if self.said is None:
+                    out += piece
+                else:
+                    self.said += piece[: max(0, 2000 - len(self.said))]
                 self.left -= len(piece)
                 view = view[len(piece) :]
+                if not self.left and self.said is not None:  # the engine's own words
+                    raise _Broken(f"the engine said: {self.said.decode(errors='replace')}")
                 continue
             take = 8 - len(self.head)
             self.head += view[:take]
             view = view[take:]
             if len(self.head) == 8:
-                if self.head[0] not in (0, 1, 2) or any(self.head[1:4]):
+                if self.head[0] not in (0, 1, 2, 3) or any(self.head[1:4]):
                     raise _Broken(f"not a log frame: {bytes(self.head)!r}")
+                self.said = bytearray() if self.head[0] == 3 else None
                 self.left = int.from_bytes(self.head[4:8], "big")
                 self.head.clear()
+                if not self.left and self.said is not None:
+                    raise _Broken("the engine said: (nothing)")
         return bytes(out)
 
 
