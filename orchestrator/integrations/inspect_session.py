@@ -55,6 +55,8 @@ ENOUGH = 4096
 """Bytes after which a call returns without waiting for more (Inspect's)."""
 OFF_LOOP = 64 * 1024
 """Output past which its cleaning runs in a thread (a 10 MiB answer takes half a second)."""
+CLOSE_WAIT = 10.0
+"""Longest a shell's close waits for it to have ended, once killed."""
 RESTARTED = "shell restarted successfully"
 EXITED = 'the shell has exited: start a new one with action "restart"'
 MARK = b"\x1b]133;B\x07"
@@ -219,9 +221,12 @@ class Shell:
         return text
 
     async def close(self) -> None:
-        """Kill the shell and its commands; its reader ends with it."""
+        """Kill the shell and its commands, and wait (at most CLOSE_WAIT s) for it to have
+        ended; its reader ends with it."""
         with contextlib.suppress(Exception):
             await self.proc.kill()
+        with contextlib.suppress(Exception):  # (the reader ends when the process does)
+            await asyncio.wait_for(asyncio.shield(self.pump), CLOSE_WAIT)
         self.pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.pump
