@@ -77,6 +77,12 @@ class NoTerminal(UsageError):
     """A terminal (`start(tty=True)`) was asked of a sandbox that cannot give one: its
     commands go by plain `docker exec` (no python3 in the image)."""
 
+    def __init__(self) -> None:
+        super().__init__(
+            "a terminal (tty=True) needs the in-container executor, which runs on the "
+            "image's python3: this sandbox runs commands by plain `docker exec`"
+        )
+
 
 class BackendUnavailable(OrchestratorError, RuntimeError):
     """The backend cannot run here (no Docker engine, no Compose plugin, ...)."""

@@ -394,10 +394,7 @@ class SandboxCore(ABC):
         cmd = self._command(command, env, None, cwd, user, timeout)
         size = terminal_size(cols, rows) if tty else None
         if tty and not self._gives_terminal():
-            raise NoTerminal(
-                "a terminal (tty=True) needs the in-container executor, which runs on the "
-                "image's python3: this sandbox runs commands by plain `docker exec`"
-            )
+            raise NoTerminal()
         live = LiveInput(end=procutil.VEOF if tty else b"") if stdin or tty else None
         if live is not None and not stdin:
             live.close()  # a terminal reads the end of its input at once, as a pipe would

@@ -228,11 +228,7 @@ def call(
     if longer:
         raise TooLong(f"{action}: the engine's answer is longer than {limit} bytes")
     if status >= 400:
-        try:
-            message = str(json.loads(raw).get("message", ""))
-        except (ValueError, AttributeError):
-            message = raw.decode("utf-8", "replace")
-        raise _failed(action, 125, f"Error response from daemon: {message}")
+        raise _refused(action, raw)
     try:
         return json.loads(raw) if raw.strip() else None
     except ValueError:
@@ -272,11 +268,7 @@ def logs(
         if status >= 400:
             while len(got) <= MAX_ANSWER and (chunk := sock.recv(1 << 16)):
                 got += chunk
-            try:
-                message = str(json.loads(bytes(got)).get("message", ""))
-            except (ValueError, AttributeError):
-                message = bytes(got[:2000]).decode("utf-8", "replace")
-            raise _failed(action, 125, f"Error response from daemon: {message}")
+            raise _refused(action, bytes(got[:MAX_ANSWER]))
         if follow:
             sock.settimeout(None)  # (a quiet log is not a dead engine)
         frames = _Frames(raw=tty)
@@ -388,6 +380,16 @@ class ContainerState:
 
 def _whole(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _refused(action: str, raw: bytes) -> OrchestratorError:
+    """The error of an answer of 400 and above, in the CLI's words (typed from the
+    engine's message)."""
+    try:
+        message = str(json.loads(raw).get("message", ""))
+    except (ValueError, AttributeError):
+        message = raw.decode("utf-8", "replace")
+    return _failed(action, 125, f"Error response from daemon: {message}")
 
 
 def _failed(action: str, status: int, stderr: str) -> OrchestratorError:
