@@ -20,7 +20,8 @@ from orchestrator.backends.docker import tether
 def test_a_slow_tether_is_waited_for_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tether, "TETHER_WAIT", 0.1)
     project = tether.Tethers()
-    slow = subprocess.Popen(["sh", "-c", "cat >/dev/null; sleep 1"], stdin=subprocess.PIPE)
+    # (sleeping well past what a loaded machine takes between the release and the look)
+    slow = subprocess.Popen(["sh", "-c", "cat >/dev/null; sleep 5"], stdin=subprocess.PIPE)
     pid = slow.pid
     project._procs.append(slow)
     del slow
@@ -29,7 +30,7 @@ def test_a_slow_tether_is_waited_for_not_dropped(monkeypatch: pytest.MonkeyPatch
         project.release()  # writes the word, closes its input; it is still sleeping
         gc.collect()
         assert os.path.exists(f"/proc/{pid}")  # not killed
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
             time.sleep(0.05)
         gc.collect()
