@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,54 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+@pytest.mark.parametrize("call", ["run", "output"])
+def test_a_signal_inside_popen_leaves_no_process_behind(
+    monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """A signal whose handler unwinds us, run inside Popen right after its fork and before
+    `self.pid` is set (CI: under load, a Ctrl-C came while the parent waited to be run
+    again, and the docker CLI lived on, nameless): it is held until the pid is known, then
+    raised, and the process goes."""
+    import signal
+    import subprocess
+
+    from orchestrator.backends.container.engine import cli
+
+    forked = subprocess._fork_exec  # type: ignore[attr-defined]
+    made: list[int] = []
+
+    def fork_then_signal(*args: object) -> int:
+        made.append(forked(*args))
+        signal.raise_signal(signal.SIGTERM)  # (its handler runs here, before `return`)
+        return made[-1]
+
+    def unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    monkeypatch.setattr(subprocess, "_fork_exec", fork_then_signal)
+    before = signal.signal(signal.SIGTERM, unwind)
+    argv = ["sleep", "300"]
+    made_by: Callable[[list[str]], object] = (
+        cli.run if call == "run" else lambda a: list(cli.output(a, None))
+    )
+    try:
+        with pytest.raises(SystemExit):
+            made_by(argv)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        monkeypatch.undo()
+    [child] = made
+    try:
+        deadline = time.monotonic() + 10
+        while _alive(child):
+            assert time.monotonic() < deadline, f"the call's process ({child}) outlived it"
+            time.sleep(0.05)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
 
 
 def test_what_holds_a_network_names_a_stale_endpoint_by_its_name(

@@ -72,11 +72,43 @@ def _completed(
 
 
 class _Held(subprocess.Popen):  # type: ignore[type-arg]
-    """A Popen that puts itself in `held` before it makes its process (see `_completed`)."""
+    """A Popen that puts itself in `held` before it makes its process, and that holds back
+    the signals that unwind us until its pid is known (see `_completed`, `_deferred`)."""
 
     def __init__(self, held: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any) -> None:
         held.append(self)
-        super().__init__(*args, **kwargs)
+        with _deferred():
+            super().__init__(*args, **kwargs)
+
+
+_UNWINDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _deferred() -> Iterator[None]:
+    """While a child process is made: the Python handlers of the signals that unwind us
+    (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM and SIGHUP exits) noted, and the first
+    one run only at the end. Run inside Popen, between its fork and `self.pid`, the handler
+    raised where no code could name the child to kill it (CI: the docker CLI, under its
+    `timeout`, lived on after a Ctrl-C). Blocking the signals instead would hand the mask
+    down to the child. Only the main thread runs Python's handlers; elsewhere, a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before: dict[int, Callable[[int, Any], Any]] = {}
+    for sig in _UNWINDING:
+        handler = signal.getsignal(sig)
+        if callable(handler):  # (not SIG_DFL, SIG_IGN, or one set outside Python)
+            before[sig] = handler
+            signal.signal(sig, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for signum, kept in before.items():
+            signal.signal(signum, kept)
+        if came:
+            before[came[0]](came[0], None)
 
 
 def run_command(action: str, argv: Sequence[str], *, bound: float, input: bytes | None) -> str:
@@ -155,12 +187,14 @@ def output(argv: list[str], limit: float | None, *, both: bool = True) -> Iterat
     64 KiB as it comes; the command is ended when the caller stops reading, and after
     `limit` seconds (None: never). Raises DockerError when it fails."""
     errors = subprocess.STDOUT if both else subprocess.DEVNULL
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors)
-    timer = None if limit is None else threading.Timer(limit, proc.kill)
-    if timer is not None:
-        timer.start()
-    assert proc.stdout is not None
+    held: list[subprocess.Popen[bytes]] = []
+    timer: threading.Timer | None = None
     try:
+        proc = _Held(held, argv, stdout=subprocess.PIPE, stderr=errors)
+        assert proc.stdout is not None
+        if limit is not None:
+            timer = threading.Timer(limit, proc.kill)
+            timer.start()
         while chunk := os.read(proc.stdout.fileno(), 64 * 1024):
             yield chunk
         if proc.wait() != 0:
@@ -168,7 +202,11 @@ def output(argv: list[str], limit: float | None, *, both: bool = True) -> Iterat
     finally:
         if timer is not None:
             timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stdout.close()
+        for started in held:
+            if getattr(started, "pid", None):  # (None: no process was made)
+                if started.poll() is None:
+                    started.kill()
+                started.wait()
+            pipe = getattr(started, "stdout", None)
+            if pipe is not None:
+                pipe.close()
