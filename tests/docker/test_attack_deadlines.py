@@ -20,31 +20,20 @@ from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 SLACK = 6.0
 """Seconds a timed-out file call may take past its deadline (kill, grace, engine calls)."""
-# A root sandbox puts a `tar` in place that stops itself at once (where the shell looks tar
-# up in PATH)...
-STOPPED_TAR = (
-    't=$(command -v tar) && rm -f "$t" && printf "#!/bin/sh\\nkill -STOP \\$\\$\\n" > "$t" '
-    '&& chmod 755 "$t"'
-)
-# ... and a sandbox process stops every `tar` as soon as it appears (busybox's shell runs its
-# own tar, whatever PATH holds, in a child that keeps the shell's command line); builtins
-# only, so it spins without forking
+# A root sandbox puts a shell in place of /bin/sh that stops itself when it is asked to run a
+# `tar` that packs or unpacks a stream (the file calls' own command lines), and passes every
+# other command line on to the real shell. Every file call starts its tar through /bin/sh, so
+# the hold takes every time, on any load (a loop that stopped each `tar` it saw in /proc lost
+# the race under load: the download was over before the loop came round).
 STOP_TAR = (
-    "sh -c ': > /tmp/.stopper; "
-    "while :; do for d in /proc/[0-9]*; do [ ${d#/proc/} = $$ ] && continue; "
-    "c=; read -r c 2>/dev/null < $d/cmdline; "
-    'case $c in *"tar -"[cx]" -"*|tar-[cx]*|*/tar-[cx]*) kill -STOP ${d#/proc/} ;; esac; '
-    "done; done' </dev/null >/dev/null 2>&1 &"
+    r'r=$(readlink -f /bin/sh) && a= && case $r in */busybox) a=" sh" ;; esac && '
+    r"""rm -f /bin/sh && printf '#!%s\ncase $2 in *"tar -"[cx]" -"*) kill -STOP $$ ;; esac\n"""
+    r"""exec %s "$@"\n' "$r$a" "$r$a" > /bin/sh && chmod 755 /bin/sh"""
 )
 
 
 def stop_tar(rt: Runtime) -> None:
-    rt.execute(STOPPED_TAR, user="root", timeout=10, check=True)
-    rt.execute(STOP_TAR, user="root", timeout=10)
-    # the stopper is in its loop before the file call starts (on a loaded machine the
-    # background shell may not have run yet, and a small upload would be over before it)
-    waiting = "while [ ! -e /tmp/.stopper ]; do sleep 0.05; done"
-    rt.execute(waiting, user="root", timeout=10, check=True)
+    rt.execute(STOP_TAR, user="root", timeout=10, check=True)
 
 
 CASES = [(PYTHON_IMAGE, "auto"), (BUSYBOX_IMAGE, "plain")]
