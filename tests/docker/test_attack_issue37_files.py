@@ -67,7 +67,8 @@ def test_a_special_file_is_refused_at_once(rt: Runtime, kind: str) -> None:
     refused(lambda: rt.write_file("special", "data", timeout=HELD))
     # another user, where it may reach (a root sandbox's workspace is its owner's alone)
     refused(lambda: rt.read_file("/tmp/special", user="1000", timeout=HELD))
-    assert rt.execute("echo on", timeout=20).stdout == "on\n"
+    after = rt.execute("echo on", timeout=20)
+    assert (after.stdout, after.exit_code) == ("on\n", 0), after
 
 
 def test_a_socket_is_refused_at_once(rt: Runtime) -> None:
@@ -106,7 +107,8 @@ def test_a_fifo_renamed_into_place_never_holds_a_call(rt: Runtime) -> None:
             )
             assert seconds < OPEN_WAIT + SLACK, seconds
             outcomes.append(type(outcome).__name__)
-    assert rt.execute("echo on", timeout=20).stdout == "on\n"
+    after = rt.execute("echo on", timeout=20)
+    assert (after.stdout, after.exit_code) == ("on\n", 0), after
     assert "SandboxPermissionError" in outcomes, outcomes  # the FIFO was met, and refused
 
 

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from orchestrator.backends.container.engine import exec_refusal
+from orchestrator.backends.container.engine import Engine, exec_refusal
+from orchestrator.backends.container.executor.plain import run_plain
+from orchestrator.sandbox.options import Command
 
 
 @pytest.mark.parametrize(
@@ -33,3 +38,35 @@ def test_the_engines_refusal_is_said_as_the_executor_says_it(
     said: bytes, expected: tuple[int, bytes]
 ) -> None:
     assert exec_refusal(said, 126) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (0, ("on\n", "", 0)),  # it ran, and its session line was lost on the way
+        (1, ("on\n", "", 1)),
+        (126, ("", "on\n", 126)),  # the engine would not start it: its reason, on stderr
+    ],
+)
+def test_stdout_before_a_session_line_is_a_refusal_only_when_the_exec_was_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, expected: tuple[str, str, int]
+) -> None:
+    """The plain path holds a command's stdout until its session line comes on stderr, since
+    until then it may be the docker CLI's reason for refusing it. An engine lost that line
+    once (gVisor, under load: `echo on` read as stdout "" and stderr "on"); a command that
+    exited with a status of its own is no refusal, so what it printed stays its stdout."""
+    fake = tmp_path / "docker"
+    fake.write_text(f"#!/bin/sh\necho on\nexit {code}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    cmd = Command(argv=["echo", "on"], env={}, cwd="/", user=None, timeout=10, stdin=None)
+    chunks = run_plain(Engine.at("unix:///run/orchestrator-test-none.sock"), "c", cmd)
+    said: dict[str, bytes] = {"stdout": b"", "stderr": b""}
+    while True:
+        try:
+            kind, data = next(chunks)
+        except StopIteration as stop:
+            outcome = stop.value
+            break
+        said[kind] += data
+    assert (said["stdout"].decode(), said["stderr"].decode(), outcome.exit_code) == expected

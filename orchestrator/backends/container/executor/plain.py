@@ -47,6 +47,9 @@ MARK = "ORCHESTRATOR_CMD"
 HOLD_LIMIT = 64 * 1024
 """Most stdout held before the command's session line: the docker CLI prints why the engine
 would not start a command there (an unknown user, a missing cwd), never more."""
+REFUSED = (125, 126, 127)
+"""How the docker CLI exits when the engine would not start a command (what it printed then
+is its reason); any other status is the command's own, whatever came before its session."""
 KILL_TIMEOUT = 30.0
 """Longest the in-container kill may take, retries included (an engine that does not
 answer, a sandbox that cannot start the killer). A busy engine takes seconds to start one
@@ -265,10 +268,12 @@ def run_plain(
                 outcome: procutil.Outcome = stop.value
                 if head:
                     yield "stderr", head  # not our line after all (the exec failed)
-                if held:  # the command never started: the docker CLI's refusal
+                if held and outcome.exit_code in REFUSED:  # it never started: the refusal
                     code, said = exec_refusal(held, outcome.exit_code)
                     outcome = outcome._replace(exit_code=code)
                     yield "stderr", said
+                elif held:  # it ran, and the engine lost its session line (CI: once, gVisor)
+                    yield "stdout", held
                 if killer.no_process:
                     raise SandboxUnavailable(
                         "the sandbox cannot start a process (its pids or memory limit is "
