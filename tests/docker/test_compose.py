@@ -18,6 +18,7 @@ from orchestrator import (
     OrchestratorError,
     Policy,
     PolicyError,
+    Runtime,
     RuntimeClosed,
     SandboxUnavailable,
     UsageError,
@@ -183,7 +184,12 @@ def test_executor_recovers_after_kill_9(make_env: MakeEnv) -> None:
 
         t = threading.Thread(target=in_flight)
         t.start()
-        time.sleep(0.5)
+        # the command runs before its executor is killed (a fixed pause was once too short
+        # on a busy machine: the kill came first, and the command then ran on)
+        deadline = time.monotonic() + 20
+        while len(sleeping(rt)) < 2:
+            assert time.monotonic() < deadline and t.is_alive(), errors
+            time.sleep(0.1)
         subprocess.run(
             [
                 "docker",
@@ -204,16 +210,19 @@ def test_executor_recovers_after_kill_9(make_env: MakeEnv) -> None:
         # the new executor killed what the dead one had left running (a SIGKILLed process
         # may take a moment to be gone on a busy machine)
         deadline = time.monotonic() + 10
-        while True:
-            left = rt.execute(
-                "for p in /proc/[0-9]*; do tr '\\000' ' ' < $p/cmdline 2>/dev/null "
-                "| grep -q 'sleep 3133[7]' && echo $p; done; true",
-                user="root",
-            )
-            if left.stdout == "" or time.monotonic() > deadline:
-                break
+        while (left := sleeping(rt)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert left.stdout == ""
+        assert left == []
+
+
+def sleeping(rt: Runtime) -> list[str]:
+    """The pids of the `sleep 31337` processes in the sandbox."""
+    found = rt.execute(
+        "for p in /proc/[0-9]*; do tr '\\000' ' ' < $p/cmdline 2>/dev/null "
+        "| grep -q 'sleep 3133[7]' && echo $p; done; true",
+        user="root",
+    )
+    return found.stdout.split()
 
 
 def test_image_without_python_falls_back_to_plain_exec(make_env: MakeEnv) -> None:
