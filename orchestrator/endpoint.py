@@ -37,6 +37,7 @@ import sys
 import time
 
 from orchestrator.backends.container.executor import wire
+from orchestrator.execflags import FLAGS
 
 # (`typing`, `threading`, `contextlib` and platformdirs are not loaded on this path: each
 # costs milliseconds of a call that takes about thirty; see bench/results/cli.md)
@@ -167,17 +168,6 @@ def run(args: list[str]) -> int:
 
 def _exit_on(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-FLAGS = {
-    "-i": ("interactive",),
-    "--interactive": ("interactive",),
-    "-t": ("tty",),
-    "--tty": ("tty",),
-    "-it": ("interactive", "tty"),
-    "-ti": ("interactive", "tty"),
-}
-"""What the full CLI's `exec` takes before the id that this path takes too."""
 
 
 def parse(args: list[str]) -> Call:

@@ -27,6 +27,7 @@ from orchestrator.cli.common import (
     say_warnings,
 )
 from orchestrator.errors import NoTerminal, OrchestratorError, UsageError
+from orchestrator.execflags import FLAGS
 
 if TYPE_CHECKING:
     from orchestrator import (
@@ -264,28 +265,18 @@ _EXEC_OPTIONS = {
 }
 
 
-_EXEC_FLAGS = {
-    "--interactive": ("interactive",),
-    "-i": ("interactive",),
-    "--tty": ("tty",),
-    "-t": ("tty",),
-    "-it": ("interactive", "tty"),
-    "-ti": ("interactive", "tty"),
-}
-
-
 def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
     """Options written after the id (`exec ID --service side -- cmd`), then the command."""
     found: dict[str, str] = {}
     i = 0
     while i < len(words):
-        if words[i] in _EXEC_FLAGS:
-            if "tty" in _EXEC_FLAGS[words[i]] and _a_number(words[i + 1 : i + 2]):
+        if words[i] in FLAGS:
+            if "tty" in FLAGS[words[i]] and _a_number(words[i + 1 : i + 2]):
                 raise UsageError(  # `-t 5`: a timeout, before -t meant a terminal
                     f"{words[i]} is a terminal (as docker exec -t); for a timeout write "
                     f"--timeout {words[i + 1]}"
                 )
-            found.update(dict.fromkeys(_EXEC_FLAGS[words[i]], "1"))
+            found.update(dict.fromkeys(FLAGS[words[i]], "1"))
             i += 1
             continue
         name, eq, value = words[i].partition("=")
@@ -299,7 +290,7 @@ def _exec_words(words: list[str]) -> tuple[dict[str, str], list[str]]:
         i += 1
     rest = words[i:]
     if rest and rest[0].startswith("-") and rest[0] != "--" and "--" in rest:
-        known = ", ".join(o for o in [*_EXEC_OPTIONS, *_EXEC_FLAGS] if o.startswith("--"))
+        known = ", ".join(o for o in [*_EXEC_OPTIONS, *FLAGS] if o.startswith("--"))
         raise UsageError(
             f"exec has no option {rest[0]} (it has {known}); the command goes after --"
         )

@@ -162,6 +162,7 @@ PUBLIC = {
     "orchestrator.quickcli",  # (itself held to public names below)
     "orchestrator.tables",
     "orchestrator.logprint",  # (printing only: what `logs` reads comes from the public API)
+    "orchestrator.execflags",  # (the flags table `exec` shares with its quick path)
 }
 
 
