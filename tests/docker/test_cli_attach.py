@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -325,12 +326,16 @@ def test_logs_load_no_parser_and_print_what_the_full_cli_prints(make_env: MakeEn
             [*CLI, "logs", ident, "web", "-f", "-n", "0"], stdout=subprocess.PIPE
         ) as follower:
             assert follower.stdout is not None
-            time.sleep(1.0)
+            # a line every 0.2 s until the follower prints one: with `-n 0` a line logged
+            # before it follows is not its to print (one line a second after its start
+            # came first once, under load, and the read waited for good)
             said = subprocess.run(
-                ["docker", "exec", f"{ident}-web-1", "sh", "-c", "echo news > /proc/1/fd/1"],
+                ["docker", "exec", "-d", f"{ident}-web-1", "sh", "-c", NEWS],
                 capture_output=True,
             )
             assert said.returncode == 0, said.stderr
+            ready, _, _ = select.select([follower.stdout], [], [], 60)
+            assert ready, "`logs -f` printed nothing in 60 s"
             assert follower.stdout.readline() == b"news\n"
             follower.terminate()
             assert follower.wait(30) == 143
@@ -339,6 +344,8 @@ def test_logs_load_no_parser_and_print_what_the_full_cli_prints(make_env: MakeEn
         assert down.returncode == 0, down.stderr
 
 
+NEWS = "while :; do echo news > /proc/1/fd/1; sleep 0.2; done"
+"""A line in a service's log every 0.2 s (the environment's removal ends it)."""
 ENTRIES = ("orchestrator.endpoint", "orchestrator.cli")
 
 
