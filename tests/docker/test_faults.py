@@ -67,16 +67,33 @@ def in_background(fn: Callable[[], object]) -> tuple[threading.Thread, list[obje
     return t, out
 
 
-def fault_during(rt: Runtime, timeout: float, fault: str, after: float) -> tuple[object, float]:
-    """Run `sleep 30` with `timeout`, `docker FAULT` the main container `after` seconds in;
-    return what the call returned or raised, and the seconds from its start to then."""
+# the processes of `sleep 30` in a container, by pid (the pattern cannot match itself)
+SLEEPING = (
+    "for p in /proc/[0-9]*; do c=$(tr '\\000' ' ' < $p/cmdline 2>/dev/null); "
+    'case $c in *"sleep 3"[0]*) echo ${p#/proc/} ;; esac; done'
+)
+
+
+def fault_during(
+    rt: Runtime, timeout: float, fault: str, after: float
+) -> tuple[object, float, float]:
+    """Run `sleep 30` with `timeout`, `docker FAULT` the main container `after` seconds after
+    it is seen running; return what the call returned or raised, and the seconds from its
+    start and from the fault to then. (A fault made a fixed time after the call's start came
+    before the command under load: the engine then refused to start it, exit 126.)"""
     started = time.monotonic()
     t, out = in_background(lambda: rt.execute("sleep 30", timeout=timeout))
+    container = main_container(rt)
+    while not docker("exec", "-u", "0", container, "sh", "-c", SLEEPING).stdout.strip():
+        assert time.monotonic() < started + 30 and t.is_alive(), ("never ran", out)
+        time.sleep(0.05)
     time.sleep(after)
-    docker(fault, main_container(rt))
+    faulted = time.monotonic()
+    docker(fault, container)
     t.join(timeout + 15)
     assert not t.is_alive(), "the call did not return"
-    return out[0], time.monotonic() - started
+    now = time.monotonic()
+    return out[0], now - started, now - faulted
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -84,10 +101,10 @@ def test_killed_container_is_sandbox_unavailable_not_a_failed_command(
     make_env: MakeEnv, mode: str
 ) -> None:
     with spawn(make_env(""), mode) as rt:
-        outcome, seconds = fault_during(rt, 60, "kill", after=1)
+        outcome, _, seconds = fault_during(rt, 60, "kill", after=0.5)
         assert isinstance(outcome, SandboxUnavailable), outcome
         assert "not running" in str(outcome) or "gone" in str(outcome)
-        assert seconds < 1 + 5
+        assert seconds < 5
         with pytest.raises(SandboxUnavailable):
             rt.execute("true", timeout=10)
 
@@ -102,7 +119,7 @@ def test_a_container_killed_with_many_processes_is_unavailable_not_a_137(
     many = "for i in $(seq 1500); do setsid sleep 1000 </dev/null >/dev/null 2>&1 & done"
     with spawn(make_env("resources: {pids: 4096}\n"), "plain") as rt:  # (over the default)
         assert rt.execute(many, timeout=120).exit_code == 0
-        outcome, _ = fault_during(rt, 60, "kill", after=1)
+        outcome, _, _ = fault_during(rt, 60, "kill", after=0.5)
         assert isinstance(outcome, SandboxUnavailable), outcome
 
 
@@ -131,7 +148,7 @@ def test_paused_container_is_a_clear_error_within_timeout_plus_two(
 ) -> None:
     with spawn(make_env(""), mode) as rt:
         try:
-            outcome, seconds = fault_during(rt, 3, "pause", after=0.5)
+            outcome, seconds, _ = fault_during(rt, 3, "pause", after=0.2)
         finally:
             docker("unpause", main_container(rt))
         assert isinstance(outcome, SandboxUnavailable) and "paused" in str(outcome), outcome
