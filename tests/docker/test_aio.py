@@ -87,8 +87,13 @@ def test_cancelling_a_call_kills_its_tree_and_the_channel_goes_on(
     async def main() -> tuple[list[str], str]:
         art = door(rt)
         task = asyncio.ensure_future(art.execute(command))
-        await asyncio.sleep(1.0)
-        assert await survivors(art, "sleep 311"), "the command never started"
+        # every sleep of the command runs before the cancel (a fixed pause was too short
+        # under load); "^" counts the sleeps alone, not the shells that hold their text
+        deadline = time.monotonic() + 30
+        while len(await survivors(art, "^sleep 311")) < command.count("sleep 311"):
+            assert time.monotonic() < deadline, "the command never started"
+            assert not task.done(), task
+            await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -160,7 +165,13 @@ def test_a_lost_executor_fails_its_call_and_the_next_call_starts_another(rt: Run
     async def main() -> tuple[BaseException | None, str, str]:
         art = door(rt)
         task = asyncio.ensure_future(art.execute("sleep 314"))
-        await asyncio.sleep(1.0)
+        # the command runs before its executor is killed (a fixed pause can be too short
+        # under load, and the kill then lands before the call is under way)
+        deadline = time.monotonic() + 30
+        while not await survivors(art, "^sleep 314"):
+            assert time.monotonic() < deadline, "the command never started"
+            assert not task.done(), task
+            await asyncio.sleep(0.1)
         subprocess.run(
             ["docker", "exec", "-u", "0", container, "sh", "-c", KILL_EXECUTOR],
             check=True,
@@ -304,7 +315,9 @@ def test_a_call_driven_by_a_thread_dies_with_its_closed_loop(make_env: MakeEnv) 
         threads = _busy_threads()
         loop = asyncio.new_event_loop()
         task = loop.create_task(door(plain).execute("sleep 663"))
-        loop.run_until_complete(asyncio.sleep(1.0))
+        deadline = time.monotonic() + 30  # a busy machine starts it late (a thread, docker exec)
+        while _count(plain, "sleep 663") == 0 and time.monotonic() < deadline:
+            loop.run_until_complete(asyncio.sleep(0.2))
         assert _count(plain, "sleep 663") == 1
         loop.close()
         del task, loop

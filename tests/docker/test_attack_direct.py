@@ -148,7 +148,17 @@ def test_an_executor_reset_under_unread_frames_fails_its_calls_and_the_next_one_
 
         t = threading.Thread(target=waiting)
         t.start()
-        time.sleep(0.5)
+        # the command runs before its executor is stopped (a fixed pause can be too short
+        # under load, and the kill then lands before the call is under way)
+        running = (
+            "for p in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $p 2>/dev/null "
+            "| grep -q '^sleep 6[0]' && echo $p; done; true"
+        )
+        deadline = time.monotonic() + 30
+        while not rt.execute(running, user="root").stdout.strip():
+            assert time.monotonic() < deadline, "the command never started"
+            assert t.is_alive(), errors
+            time.sleep(0.1)
         container = rt.project.main_container if rt.project else ""
         killed = subprocess.run(
             ["docker", "exec", container, "python3", "-c", FIND_EXECUTOR],

@@ -227,7 +227,13 @@ def test_nothing_of_the_sandboxs_image_runs_to_kill_a_paused_command(
     with spawn_runtime(env, workspace=tmp_path / "ws") as rt:
         ident = rt.info().id
         thread, out = in_background(lambda: rt.execute("sleep 30", timeout=8))
-        time.sleep(1)
+        # the command runs before the pause (a fixed pause could end first on a busy
+        # machine, and the command then start after the resume)
+        deadline = time.monotonic() + 30
+        while "sleep 30" not in rt.execute("ps -o args", timeout=20).stdout:
+            assert time.monotonic() < deadline, "the command never started"
+            assert thread.is_alive(), out
+            time.sleep(0.1)
         assert cli("pause", ident).returncode == 0
         thread.join(60)
         assert not thread.is_alive() and isinstance(out[0], SandboxPaused), out

@@ -56,8 +56,10 @@ def test_a_killer_made_to_flood_cannot_grow_our_memory_nor_outlast_its_deadline(
             "mv -f /bin/sh.new /bin/sh",
             check=True,
         )
-        proc = rt.start(["sleep", "12"], stdin=False, timeout=60)
-        time.sleep(1.0)
+        # it says when it runs (a fixed pause could end before it started on a busy machine)
+        proc = rt.start(["sh", "-c", "echo up; exec sleep 12"], stdin=False, timeout=60)
+        up = proc.read(30)
+        assert up is not None and up.text == "up\n", f"the command never started: {up}"
         before, started = _rss(), time.monotonic()
         proc.signal(signal.SIGUSR1)
         assert time.monotonic() - started < KILL_TIMEOUT + 5

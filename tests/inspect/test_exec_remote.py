@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -132,7 +133,12 @@ def test_exec_remote_both_modes_natively(tmp_path: Path) -> None:
                 ["sh", "-c", f"echo before-kill; {marker}"],
                 ExecRemoteStreamingOptions(stdin_open=True),
             )
-            await asyncio.sleep(1.0)
+            # the echo has run once the sleep after it has started (a fixed pause was too
+            # short under load: the kill came first, and nothing was printed)
+            deadline = time.monotonic() + 30
+            while not await _left(box, marker.replace("sleep", "slee[p]")):
+                assert time.monotonic() < deadline, "the command never started"
+                await asyncio.sleep(0.1)
             await proc.kill()
             assert await _rest(proc.__aiter__()) == [ExecStdout("before-kill\n")]
             with pytest.raises(RuntimeError):

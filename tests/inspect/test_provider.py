@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -162,8 +163,18 @@ def test_a_cancelled_sample_leaves_no_process_and_a_usable_sandbox(tmp_path: Pat
         box = envs["default"]
         try:
             task = asyncio.ensure_future(box.exec(["sh", "-c", "sleep 321 & setsid sleep 321"]))
-            await asyncio.sleep(1.0)
-            running = (await box.exec(["sh", "-c", alive], user="root")).stdout
+            # both sleeps run before the cancel (a fixed pause can be too short under load);
+            # "^" counts the sleeps alone, not a shell that holds their text
+            sleeps = alive.replace("'[s]leep 321'", "'^[s]leep 321'")
+            deadline = time.monotonic() + 30
+            while True:
+                running = (await box.exec(["sh", "-c", sleeps], user="root")).stdout
+                if running.count("/proc/") >= 2:
+                    break
+                assert time.monotonic() < deadline and not task.done(), (
+                    f"both sleeps never ran in 30 s: {running!r}"
+                )
+                await asyncio.sleep(0.1)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(task), 10)  # not after the 321 s

@@ -151,20 +151,29 @@ def test_a_large_request_is_not_overtaken_by_small_ones() -> None:
         order.append(name)
         assert got is not None
 
+    def tickets(count: int) -> None:
+        """Wait until the ledger holds `count` tickets: a thread started on a busy machine
+        may take its place in the queue late."""
+        deadline = time.monotonic() + 30
+        while (found := len(Ledger().snapshot())) != count:
+            assert time.monotonic() < deadline, f"{found} tickets, not {count}, after 30 s"
+            time.sleep(0.02)
+
     big = threading.Thread(target=ask, args=("big", "128m"))
     big.start()
-    time.sleep(0.3)  # the big one is at the head of the queue
+    tickets(4)  # the big one is at the head of the queue
     small = threading.Thread(target=ask, args=("small", "64m"))  # would fit now: must wait
     small.start()
-    time.sleep(0.5)
+    tickets(5)
+    time.sleep(0.5)  # time for the small one to overtake, were it let
     assert order == []
     held[0].release()  # 128 admitted: room for the big one, then none for the small
-    big.join(5)
+    big.join(30)
     assert order == ["big"]
     time.sleep(0.3)
     assert order == ["big"]
     held[1].release()
-    small.join(5)
+    small.join(30)
     assert order == ["big", "small"]
     assert sum(t.memory for t in admission.admitted()) == 256 * MiB
 

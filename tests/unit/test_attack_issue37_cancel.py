@@ -54,7 +54,7 @@ def test_a_cancel_returns_once_the_work_stopped_and_its_last_step_never_runs() -
 
 
 def test_a_last_step_begun_before_the_cancel_ends_before_it_returns() -> None:
-    inside, moved = threading.Event(), []
+    inside, waiting, moved = threading.Event(), threading.Event(), []
 
     def work() -> str:
         last_step()  # from here on, a cancel waits
@@ -64,7 +64,19 @@ def test_a_last_step_begun_before_the_cancel_ends_before_it_returns() -> None:
         return "done"
 
     def after_cancel() -> None:
-        time.sleep(0.2)  # cancelled meanwhile
+        waiting.set()
+        # until the cancel has been taken (a fixed pause could end first on a busy machine):
+        # check_stop says so
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                check_stop()
+            except Stopped:
+                break
+            if time.monotonic() > deadline:
+                moved.append("not told to stop within 30 s")
+                return
+            time.sleep(0.005)
         last_step()
         moved.append("too late")
 
@@ -75,7 +87,8 @@ def test_a_last_step_begun_before_the_cancel_ends_before_it_returns() -> None:
         await cancelled(task)
         assert moved == ["moved"]
         late = asyncio.ensure_future(stoppable(after_cancel))
-        await asyncio.sleep(0.05)
+        while not waiting.is_set():  # its thread runs: the cancel finds it under way
+            await asyncio.sleep(0.01)
         await cancelled(late)
 
     asyncio.run(main())
