@@ -265,3 +265,58 @@ def test_a_signal_as_the_call_starts_leaves_no_docker_cli_behind(
     while _alive(child):
         assert time.monotonic() < deadline, f"the call's process ({child}) outlived it"
         time.sleep(0.05)
+
+
+def test_signals_held_during_a_spawn_all_run_once_in_order_and_every_handler_comes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two signals noted while a process was made both run, once each, in the order they
+    came (the first handler may return, as asyncio's first Ctrl-C does); and a handler that
+    raises while the others are being put back leaves none of them swapped (a signal left
+    on the noting handler would never be acted on again)."""
+    import signal
+    import subprocess
+
+    from orchestrator.backends.container.engine import cli
+
+    seen: list[str] = []
+    forked = subprocess._fork_exec  # type: ignore[attr-defined]
+
+    def fork_then_signals(*args: object) -> int:
+        pid: int = forked(*args)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
+            signal.raise_signal(sig)
+        return pid
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGINT, lambda s, f: seen.append("INT"))
+        signal.signal(signal.SIGTERM, lambda s, f: seen.append("TERM"))
+        monkeypatch.setattr(subprocess, "_fork_exec", fork_then_signals)
+        cli.run(["true"])
+        monkeypatch.undo()
+        assert seen == ["TERM", "INT"]
+
+        def unwind(signum: int, frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, unwind)
+        signal.signal(signal.SIGHUP, unwind)
+        real = signal.signal
+
+        def put_back_then_signal(sig: int, handler: object) -> object:
+            was = real(sig, handler)  # type: ignore[arg-type]
+            if sig == signal.SIGINT and handler is signal.default_int_handler:
+                signal.raise_signal(signal.SIGINT)  # raises before SIGTERM is put back
+            return was
+
+        monkeypatch.setattr(signal, "signal", put_back_then_signal)
+        with pytest.raises(KeyboardInterrupt):
+            cli.run(["true"])
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGTERM) is unwind
+        assert signal.getsignal(signal.SIGHUP) is unwind
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -87,28 +88,44 @@ _UNWINDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 @contextlib.contextmanager
 def _deferred() -> Iterator[None]:
     """While a child process is made: the Python handlers of the signals that unwind us
-    (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM and SIGHUP exits) noted, and the first
-    one run only at the end. Run inside Popen, between its fork and `self.pid`, the handler
-    raised where no code could name the child to kill it (CI: the docker CLI, under its
-    `timeout`, lived on after a Ctrl-C). Blocking the signals instead would hand the mask
-    down to the child. Only the main thread runs Python's handlers; elsewhere, a no-op."""
+    (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM and SIGHUP exits) noted, and run only at
+    the end, each signal that came once, in the order they came. Run inside Popen, between
+    its fork and `self.pid`, a handler raised where no code could name the child to kill it
+    (CI: the docker CLI, under its `timeout`, lived on after a Ctrl-C). Blocking the signals
+    instead would hand the mask down to the child. Every handler swapped is put back, even
+    when a signal's own handler raises meanwhile (a signal swapped for good would be one
+    the process no longer acts on). Only the main thread runs Python's handlers; elsewhere,
+    a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     came: list[int] = []
-    before: dict[int, Callable[[int, Any], Any]] = {}
-    for sig in _UNWINDING:
-        handler = signal.getsignal(sig)
-        if callable(handler):  # (not SIG_DFL, SIG_IGN, or one set outside Python)
-            before[sig] = handler
-            signal.signal(sig, lambda signum, frame: came.append(signum))
+    kept: list[tuple[int, Callable[[int, Any], Any]]] = []
+
+    def note(signum: int, frame: object) -> None:
+        came.append(signum)
+
     try:
+        for sig in _UNWINDING:
+            handler = signal.getsignal(sig)
+            if callable(handler):  # (not SIG_DFL, SIG_IGN, or one set outside Python)
+                kept.append((sig, handler))  # (before the swap: a signal between is its own)
+                signal.signal(sig, note)
         yield
     finally:
-        for signum, kept in before.items():
-            signal.signal(signum, kept)
-        if came:
-            before[came[0]](came[0], None)
+        _put_back(kept)
+        handlers = dict(kept)
+        for signum in dict.fromkeys(came):  # (a handler that returns lets the next one run)
+            handlers[signum](signum, sys._getframe())
+
+
+def _put_back(kept: list[tuple[int, Callable[[int, Any], Any]]]) -> None:
+    """Each handler put back, whatever a handler run meanwhile raises."""
+    if kept:
+        try:
+            signal.signal(*kept[0])
+        finally:
+            _put_back(kept[1:])
 
 
 def run_command(action: str, argv: Sequence[str], *, bound: float, input: bytes | None) -> str:
