@@ -20,7 +20,8 @@ implementation is tested on both sides, and psutil would read the same /proc fil
 
 Its parts, each answering one question: `base` (constants, `Outcome`, errors), `fed` (stdin
 pipes no fork may keep open), `tree` (which processes are a command's, and ending them),
-`users` (who a command runs as), `start` (starting one as a shell would), `workers` (the
+`users` (who a command runs as), `held` (a child known before it exists, with the signals
+that unwind us held while it is made), `start` (starting one as a shell would), `workers` (the
 threads a command needs), `pump` (running it), `tty` (running it on a terminal of its own).
 This package is copied whole, beside the executor, into every container, where it is
 imported as the top-level `procutil`: its parts import one another relatively, never
@@ -48,6 +49,7 @@ from .base import (
     exit_status,
     kept_on,
 )
+from .held import Held
 from .pump import pump, run
 from .tree import (
     alive,
@@ -81,6 +83,7 @@ __all__ = [
     "VEOF",
     "Chunk",
     "Flag",
+    "Held",
     "Killer",
     "Lost",
     "NoProcess",

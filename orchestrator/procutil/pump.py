@@ -195,11 +195,15 @@ def run(
     that gave up."""
     start = time.monotonic() if started is None else started
     spares = hold_spares((timeout is not None) + (stdin is not None))
+    held: List["subprocess.Popen[bytes]"] = []
     try:
-        proc = start_command(argv, env, cwd, user, stdin is not None, stdio, spawn)
+        proc = start_command(argv, env, cwd, user, stdin is not None, stdio, spawn, held)
     except BaseException as exc:
         for spare in spares:
             spare.give(None)
+        for made in held:  # unwound as its process was made: it goes
+            if getattr(made, "pid", None):
+                _abandon(made)
         if not isinstance(exc, Refused):
             raise
         yield "stderr", (exc.message + "\n").encode()
@@ -216,11 +220,16 @@ def run(
         for spare in spares:  # pump took those it needed; the others end here
             spare.give(None)
         if proc.returncode is None:  # abandoned (pump has killed it) or never pumped
-            if proc.poll() is None:
-                kill_tree(proc.pid, signal.SIGKILL)
-            if proc.stdin is not None:
-                close_fed(proc.stdin)
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-            proc.wait()
+            _abandon(proc)
+
+
+def _abandon(proc: "subprocess.Popen[bytes]") -> None:
+    """Kill a command's whole tree, close our ends of its pipes, and reap it."""
+    if proc.poll() is None:
+        kill_tree(proc.pid, signal.SIGKILL)
+    if proc.stdin is not None:
+        close_fed(proc.stdin)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    proc.wait()

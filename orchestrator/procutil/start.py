@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Tuple
 
 from .base import NO_PROCESS, Lost, NoProcess, UnknownUser
+from .held import Held
 from .users import home_of, resolve_ids
 
 if TYPE_CHECKING:
@@ -33,11 +34,14 @@ def start_command(
     with_stdin: bool,
     stdio: Tuple[Optional[int], Optional[int]] = (None, None),
     spawn: Optional[Spawn] = None,
+    held: Optional[List["subprocess.Popen[bytes]"]] = None,
 ) -> "subprocess.Popen[bytes]":
     """Start `argv` as a new session, as `user` (switching only when it differs from ours);
     `stdio`: file descriptors to give it as stdin and stdout instead of pipes. `spawn`
     starts it instead when there is a switch to make (the executor's spawners), or returns
-    None to leave it to Popen."""
+    None to leave it to Popen. `held`: where the Popen puts itself before it makes its
+    process, made with the unwinding signals held (held.py), so the caller can end it
+    whatever unwinds it."""
     kwargs: Dict[str, Any] = {}
     if user:
         try:
@@ -71,7 +75,8 @@ def start_command(
                 kwargs = {"preexec_fn": drop}
     given = subprocess.PIPE if with_stdin else subprocess.DEVNULL
     try:
-        return subprocess.Popen(
+        return Held(
+            [] if held is None else held,
             argv,
             stdin=given if stdio[0] is None else stdio[0],
             stdout=subprocess.PIPE if stdio[1] is None else stdio[1],

@@ -19,6 +19,7 @@ from orchestrator.backends.container.engine import (
 )
 from orchestrator.backends.container.engine.bounds import bound_of, bounded
 from orchestrator.errors import BackendUnavailable, DockerError
+from orchestrator.procutil.held import Held
 
 HOST = "unix:///run/orchestrator-test-none.sock"
 
@@ -177,7 +178,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize("call", ["run", "output"])
+@pytest.mark.parametrize("call", ["run", "output", "procutil"])
 def test_a_signal_inside_popen_leaves_no_process_behind(
     monkeypatch: pytest.MonkeyPatch, call: str
 ) -> None:
@@ -188,6 +189,7 @@ def test_a_signal_inside_popen_leaves_no_process_behind(
     import signal
     import subprocess
 
+    from orchestrator import procutil
     from orchestrator.backends.container.engine import cli
 
     forked = subprocess._fork_exec  # type: ignore[attr-defined]
@@ -204,9 +206,12 @@ def test_a_signal_inside_popen_leaves_no_process_behind(
     monkeypatch.setattr(subprocess, "_fork_exec", fork_then_signal)
     before = signal.signal(signal.SIGTERM, unwind)
     argv = ["sleep", "300"]
-    made_by: Callable[[list[str]], object] = (
-        cli.run if call == "run" else lambda a: list(cli.output(a, None))
-    )
+    calls: dict[str, Callable[[list[str]], object]] = {
+        "run": cli.run,
+        "output": lambda a: list(cli.output(a, None)),
+        "procutil": lambda a: list(procutil.run(a, None, None)),  # (the plain path's exec)
+    }
+    made_by = calls[call]
     try:
         with pytest.raises(SystemExit):
             made_by(argv)
@@ -246,7 +251,7 @@ def test_a_signal_as_the_call_starts_leaves_no_docker_cli_behind(
 
     pidfile = tmp_path / "child.pid"
     script = f"echo $$ > {pidfile}; exec sleep 300"
-    made = cli._Held.__init__
+    made = Held.__init__
 
     def made_then_signalled(self: object, *args: object, **kwargs: object) -> None:
         made(self, *args, **kwargs)  # type: ignore[arg-type]
@@ -256,7 +261,7 @@ def test_a_signal_as_the_call_starts_leaves_no_docker_cli_behind(
             time.sleep(0.02)
         raise SystemExit(143)
 
-    monkeypatch.setattr(cli._Held, "__init__", made_then_signalled)
+    monkeypatch.setattr(Held, "__init__", made_then_signalled)
     argv = ["timeout", "-s", "KILL", "300", "sh", "-c", script]
     with pytest.raises(SystemExit):
         cli.run(argv)

@@ -7,12 +7,12 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from orchestrator import procutil
 from orchestrator.backends.container.engine.bounds import KILLED, TIMED_OUT, backstop
 from orchestrator.backends.container.engine.errors import CallFailed, docker_errors
 from orchestrator.errors import BackendUnavailable, DockerError
@@ -51,7 +51,9 @@ def _completed(
     # Popen returns, before any `try` here holds it, and the process must still go)
     held: list[subprocess.Popen[bytes]] = []
     try:
-        proc = _Held(held, args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = procutil.Held(
+            held, args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         out, err = proc.communicate(input, timeout=timeout)  # (its pipes closed at its end)
     except BaseException:
         for started in held:
@@ -70,62 +72,6 @@ def _completed(
                         pipe.close()
         raise
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
-
-
-class _Held(subprocess.Popen):  # type: ignore[type-arg]
-    """A Popen that puts itself in `held` before it makes its process, and that holds back
-    the signals that unwind us until its pid is known (see `_completed`, `_deferred`)."""
-
-    def __init__(self, held: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any) -> None:
-        held.append(self)
-        with _deferred():
-            super().__init__(*args, **kwargs)
-
-
-_UNWINDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def _deferred() -> Iterator[None]:
-    """While a child process is made: the Python handlers of the signals that unwind us
-    (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM and SIGHUP exits) noted, and run only at
-    the end, each signal that came once, in the order they came. Run inside Popen, between
-    its fork and `self.pid`, a handler raised where no code could name the child to kill it
-    (CI: the docker CLI, under its `timeout`, lived on after a Ctrl-C). Blocking the signals
-    instead would hand the mask down to the child. Every handler swapped is put back, even
-    when a signal's own handler raises meanwhile (a signal swapped for good would be one
-    the process no longer acts on). Only the main thread runs Python's handlers; elsewhere,
-    a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
-    kept: list[tuple[int, Callable[[int, Any], Any]]] = []
-
-    def note(signum: int, frame: object) -> None:
-        came.append(signum)
-
-    try:
-        for sig in _UNWINDING:
-            handler = signal.getsignal(sig)
-            if callable(handler):  # (not SIG_DFL, SIG_IGN, or one set outside Python)
-                kept.append((sig, handler))  # (before the swap: a signal between is its own)
-                signal.signal(sig, note)
-        yield
-    finally:
-        _put_back(kept)
-        handlers = dict(kept)
-        for signum in dict.fromkeys(came):  # (a handler that returns lets the next one run)
-            handlers[signum](signum, sys._getframe())
-
-
-def _put_back(kept: list[tuple[int, Callable[[int, Any], Any]]]) -> None:
-    """Each handler put back, whatever a handler run meanwhile raises."""
-    if kept:
-        try:
-            signal.signal(*kept[0])
-        finally:
-            _put_back(kept[1:])
 
 
 def run_command(action: str, argv: Sequence[str], *, bound: float, input: bytes | None) -> str:
@@ -207,7 +153,7 @@ def output(argv: list[str], limit: float | None, *, both: bool = True) -> Iterat
     held: list[subprocess.Popen[bytes]] = []
     timer: threading.Timer | None = None
     try:
-        proc = _Held(held, argv, stdout=subprocess.PIPE, stderr=errors)
+        proc = procutil.Held(held, argv, stdout=subprocess.PIPE, stderr=errors)
         assert proc.stdout is not None
         if limit is not None:
             timer = threading.Timer(limit, proc.kill)
