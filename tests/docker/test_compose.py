@@ -25,6 +25,7 @@ from orchestrator import (
     environments,
     spawn_runtime,
 )
+from orchestrator.backends.container.identity import LABEL_SNAPSHOT_RECORD, LABEL_SNAPSHOT_STATE
 from orchestrator.backends.container.inventory import list_projects, reap
 from orchestrator.backends.container.service import ServiceSandbox
 from orchestrator.errors import ExecutorLost
@@ -646,8 +647,8 @@ def snapshot_under_an_odd_state_folder(
         snap = first.snapshot(tmp_path / "fs.tar", filesystem=True)
     assert snap.host == engine
     labels = client.whales.image.inspect(snap.image).config.labels or {}
-    assert labels[images.LABEL_STATE] == str(state.resolve())
-    assert labels[images.LABEL_RECORD] == str(snap.record)
+    assert labels[LABEL_SNAPSHOT_STATE] == str(state.resolve())
+    assert labels[LABEL_SNAPSHOT_RECORD] == str(snap.record)
     assert images.owned(snap.image, snap.record, client)
     with spawn_runtime(path, resume=snap) as second:
         assert second.execute("cat /made").stdout == "built\n"

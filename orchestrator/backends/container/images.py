@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator.backends.container.ahead import snapshot_labels
 from orchestrator.backends.container.ahead import taken as ahead_taken
 from orchestrator.backends.container.engine import Engine, NoSuchImage, engine_call
 from orchestrator.backends.container.identity import (
@@ -24,8 +25,6 @@ from orchestrator.settings import may_reach
 
 log = logging.getLogger("orchestrator.docker")
 SNAPSHOT_REPO = "orchestrator-snapshot"
-LABEL_RECORD = LABEL_SNAPSHOT_RECORD
-LABEL_STATE = LABEL_SNAPSHOT_STATE
 
 
 def commit(
@@ -41,8 +40,8 @@ def commit(
     tag = f"{SNAPSHOT_REPO}:{uuid.uuid4().hex[:12]}"
     labels = {
         LABEL_MANAGED: "1",
-        LABEL_RECORD: str(record),
-        LABEL_STATE: str(state_dir().resolve()),
+        LABEL_SNAPSHOT_RECORD: str(record),
+        LABEL_SNAPSHOT_STATE: str(state_dir().resolve()),
     }
     if engine.kind == "podman":  # its `commit` cannot decode the CLI's empty body (4.3)
         repo, _, name = tag.partition(":")
@@ -113,8 +112,8 @@ def owned(image: str, record: Path, engine: Engine | None = None) -> bool:
     if found is None:
         return False
     labels = found[1]
-    mine = labels.get(LABEL_STATE) == str(state_dir().resolve())
-    labelled = labels.get(LABEL_RECORD, "")
+    mine = labels.get(LABEL_SNAPSHOT_STATE) == str(state_dir().resolve())
+    labelled = labels.get(LABEL_SNAPSHOT_RECORD, "")
     return mine and bool(labelled) and _real(labelled) == _real(str(record))
 
 
@@ -149,34 +148,26 @@ def orphaned(engine: Engine | None = None) -> list[str]:
     """Ids of the snapshot images made with our state folder whose record is gone. Only
     those are listed (the engine filters by the state folder's label) and looked at: the
     images of another state folder are neither touched nor inspected, so a reap (every
-    `ps` makes one) costs nothing for what other processes' snapshots leave on the engine."""
+    `ps` makes one) costs nothing for what other processes' snapshots leave on the engine.
+    The listing is the one `ps` asked ahead (ahead.py), where there is one. Each image is
+    inspected on its own: another process may remove one between the listing and the
+    look, and one gone meanwhile is simply not there."""
     engine = engine or Engine.at()
     ours = str(state_dir().resolve())
-    found = []
-    for ident, labels in labelled(LABEL_RECORD, engine, state=ours, ahead=True):
-        record = labels.get(LABEL_RECORD, "")
-        if labels.get(LABEL_STATE) == ours and record and not Path(record).exists():
-            found.append(ident)
-    return sorted(set(found))
-
-
-def labelled(
-    label: str, engine: Engine, *, state: str | None = None, ahead: bool = False
-) -> list[tuple[str, dict[str, str]]]:
-    """(id, labels) of each image carrying `label` (and, with `state`, made with that state
-    folder). Each is inspected on its own: another process may remove one between the
-    listing and the look, and one gone meanwhile is simply not there. `ahead`: the listing
-    asked ahead for these labels (ahead.py), where there is one."""
-    labels = [label, *([f"{LABEL_STATE}={state}"] if state is not None else [])]
-    ids = ahead_taken(engine.address, labels) if ahead else None
+    wanted = snapshot_labels()
+    ids = ahead_taken(engine.address, wanted)
     if ids is None:
-        ids = engine.image_ids(labels=labels, action="listing snapshot images")
+        ids = engine.image_ids(labels=wanted, action="listing snapshot images")
     found = []
     for ident in ids:
         image = _inspected(ident, engine)
-        if image is not None:
-            found.append(image)
-    return found
+        if image is None:
+            continue
+        labels = image[1]
+        record = labels.get(LABEL_SNAPSHOT_RECORD, "")
+        if labels.get(LABEL_SNAPSHOT_STATE) == ours and record and not Path(record).exists():
+            found.append(image[0])
+    return sorted(set(found))
 
 
 def _inspected(image: str, engine: Engine) -> tuple[str, dict[str, str]] | None:
