@@ -312,10 +312,13 @@ class AsyncRuntime(AsyncSandbox):
     usage = threaded(Runtime.usage, stop=False)
     set_egress = threaded(Runtime.set_egress, stop=False)
 
-    async def fork(self, n: int = 1, *, detached: bool = False) -> list[AsyncRuntime]:
+    async def fork(
+        self, n: int = 1, *, detached: bool = False, memory: bool | None = None
+    ) -> list[AsyncRuntime]:
         """As orchestrator.fork(rt, n), awaited. Cancelled meanwhile, the copies it made go."""
         made = await in_thread(
-            lambda: fork_runtime(self.sync, n, detached=detached), abandoned=_all_removed
+            lambda: fork_runtime(self.sync, n, detached=detached, memory=memory),
+            abandoned=_all_removed,
         )
         return [AsyncRuntime(rt) for rt in made]
 

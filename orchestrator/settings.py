@@ -107,6 +107,12 @@ GVISOR_RUNTIME = _c.text(
     "ORCHESTRATOR_GVISOR_RUNTIME", "a runtime's name",
     "The name gVisor's runsc is registered under in the engine.", default="runsc",
 )  # fmt: skip
+GVISOR_SEALED_RUNTIME = _c.text(
+    "ORCHESTRATOR_GVISOR_SEALED_RUNTIME", "a runtime's name",
+    "The name runsc with no network stack (--network=none) is registered under: a gVisor "
+    "sandbox with no network runs on it where the engine has it, and only such a sandbox "
+    "can be checkpointed with its memory.", default="runsc-sealed",
+)  # fmt: skip
 ROOTLESS_WITHOUT_LIMITS = _c.flag(
     "ORCHESTRATOR_ROOTLESS_WITHOUT_LIMITS", False,
     "Run on a rootless Podman on cgroup v1, which cannot hold resource limits, without them.",
@@ -222,6 +228,11 @@ SNAPSHOT_LIMIT = _c.whole(
     "ORCHESTRATOR_SNAPSHOT_LIMIT", GiB,
     "Bytes a workspace's archive (a snapshot, a reset's baseline) may hold when the call "
     "gives no `limit=`.", shown="1073741824 (1 GiB)",
+)  # fmt: skip
+CHECKPOINT_LIMIT = _c.whole(
+    "ORCHESTRATOR_CHECKPOINT_LIMIT", 4 * GiB,
+    "Bytes a checkpoint's memory image may hold (gVisor's, `checkpoint(memory=True)`).",
+    shown="4294967296 (4 GiB)",
 )  # fmt: skip
 MAX_SPEC_BYTES = _c.whole(
     "ORCHESTRATOR_MAX_SPEC_BYTES", 128 * 1024,

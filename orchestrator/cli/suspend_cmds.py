@@ -33,12 +33,19 @@ def suspend(ref: str = REF, output: str = OUTPUT) -> None:
     typer.echo(saved.name)
 
 
-def checkpoint(ref: str = REF, output: str = OUTPUT) -> None:
+MEMORY = typer.Option(
+    False,
+    "--memory",
+    help="Its running processes and memory too (a gVisor sandbox with no network; else refused).",
+)
+
+
+def checkpoint(ref: str = REF, output: str = OUTPUT, memory: bool = MEMORY) -> None:
     """Save a running environment's files (its workspace and every container's filesystem,
     services too) and leave it running; print the record's name. `wake NAME --keep-record`
-    starts copies of it. Running processes and memory are not saved."""
+    starts copies of it. Running processes and memory are saved with --memory only."""
     with attach_ref(ref) as rt:
-        saved = rt.checkpoint(output)
+        saved = rt.checkpoint(output, memory=memory)
     typer.echo(saved.name)
 
 
@@ -63,15 +70,23 @@ def fork(
     ref: str = REF,
     count: int = typer.Option(1, "--count", "-n", min=1, help="How many copies."),
     as_json: bool = JSON,
+    memory: bool | None = typer.Option(
+        None,
+        "--memory/--files-only",
+        help="--memory: carry running processes and memory, or fail; --files-only: do not. "
+        "Default: carry them where the environment can.",
+    ),
 ) -> None:
     """Copy a running environment N times, leaving it running: each copy under its own id,
     with its own networks, ports and workspace, from its workspace and every container's
-    filesystem as they are now; then setup.resume_commands in each. Running processes are
-    not carried. Prints each copy's id, one a line (as `up` does), and leaves them running."""
+    filesystem as they are now. A gVisor sandbox with no network is copied with its running
+    processes and memory, which run on in each copy; any other starts its processes anew
+    (setup.resume_commands in each, and a warning says so). Prints each copy's id, one a
+    line (as `up` does), and leaves them running."""
     from orchestrator import fork as fork_
 
     with attach_ref(ref) as rt:
-        made = fork_(rt, count, detached=True)
+        made = fork_(rt, count, detached=True, memory=memory)
     for copy in made:
         _left_running(copy, as_json)
 

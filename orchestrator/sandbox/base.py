@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -90,9 +90,12 @@ class Runtime(Lifecycle):
             usage.watch(rt._meter)
             if rt._hold is not None:
                 rt._hold.anchor(rt.lasting_folder())
-            if rt.options.resume is not None:
-                rt._restore(rt.options.resume)
-            if not rt.options.disable_setup:
+            snap = rt.options.resume
+            if snap is not None:
+                rt._restore(snap)
+                if snap.memory:  # its processes run on as they were: no setup runs
+                    rt._restore_memory(snap)
+            if not rt.options.disable_setup and not (snap is not None and snap.memory):
                 rt._run_setup()
         except BaseException:
             rt.cleanup()
@@ -173,23 +176,62 @@ class Runtime(Lifecycle):
         """Save the whole environment as `suspend` does (the workspace, and on a container
         backend every container's filesystem, each service's too, at one instant) and leave
         it running: `orchestrator.wake(record.name, keep_record=True)` starts a copy, and
-        `orchestrator.fork(rt, n)` makes copies at once. Its files only: running processes
-        and memory are neither saved nor stopped (take it while nothing writes the
-        workspace). `memory=True` is refused: no process checkpoint works here (CRIU fails
-        on this kernel; gVisor's own is not wired in yet). `keep`: as for suspend."""
+        `orchestrator.fork(rt, n)` makes copies at once. Without `memory`, its files only:
+        running processes and memory are neither saved nor stopped (take it while nothing
+        writes the workspace). With `memory`, its processes and memory too, where the
+        backend can (`memory_refusal()` says why not; UsageError then): the environment
+        stands still for that instant, and a copy's processes run on from it. `keep`: as
+        for suspend."""
         if memory:
-            raise UsageError(
-                "a checkpoint with memory is not available: no process checkpoint works on "
-                "this machine's runc (CRIU fails), and gVisor's is not wired in yet; a "
-                "checkpoint of files (memory=False) is"
-            )
-        return self._save_whole(name, keep=keep, quiet=False)
+            why = self.memory_refusal()
+            if why is not None:
+                raise UsageError(f"{self.env.name}: no checkpoint with memory: {why}")
+        return self._save_whole(name, keep=keep, quiet=False, memory=memory)
 
-    def _save_whole(self, name: str | None, *, keep: bool, quiet: bool) -> Snapshot:
+    def memory_refusal(self) -> str | None:
+        """Why `checkpoint(memory=True)` cannot save this environment's processes and
+        memory here (None: it can). The default: no process checkpoint (CRIU fails on
+        these machines' kernel; gVisor's is the Docker backend's)."""
+        return (
+            f"the {self.name} backend keeps no memory in a checkpoint (a process checkpoint "
+            "needs gVisor on Docker; CRIU fails on this kernel)"
+        )
+
+    @contextlib.contextmanager
+    def _memory_held(self, folder: Path) -> Iterator[dict[str, str]]:
+        """Save the environment's memory into `folder` and hold it still while the block
+        saves its files; the digests of the files saved. Only where memory_refusal() is
+        None."""
+        raise UsageError(f"{self.env.name}: {self.memory_refusal()}")
+        yield {}  # (a generator: never reached)
+
+    def _restore_memory(self, snap: Snapshot) -> None:
+        """Start this new environment's processes from `snap`'s memory image."""
+        raise UsageError(f"{snap.name} holds memory, which the {self.name} backend restores not")
+
+    def _save_whole(
+        self, name: str | None, *, keep: bool, quiet: bool, memory: bool = False
+    ) -> Snapshot:
         """Save the workspace and every container's filesystem in a record (see suspend);
-        `quiet`: every command is killed first."""
+        `quiet`: every command is killed first; `memory`: processes and memory too, the
+        files saved while they stand still."""
         self._check_usable()
         path = snapshot.record_path(self.env.name, name)
+        snapshot.records_folder(path)  # private, owner-checked
+        folder = path.with_suffix(snapshot.MEMORY_SUFFIX)
+        held: contextlib.AbstractContextManager[dict[str, str]] = (
+            self._memory_held(folder) if memory else contextlib.nullcontext({})
+        )
+        try:
+            with held as digests:
+                return self._save_files(path, keep=keep, quiet=quiet, memory=digests)
+        except BaseException:
+            snapshot.remove_files(folder)
+            raise
+
+    def _save_files(
+        self, path: Path, *, keep: bool, quiet: bool, memory: dict[str, str]
+    ) -> Snapshot:
         images = self._commit_all(path.with_suffix(".json"))  # all at one frozen instant
         main = images.pop(MAIN, "")
         env, host = self.env, self._engine()
@@ -206,6 +248,7 @@ class Runtime(Lifecycle):
                 source=snapshot.source_of(env),
                 suspended=True,
                 owner={} if keep else snapshot.this_process(),
+                memory=memory,
             )
         except BaseException:  # the images made go again (the environment runs on)
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is the news

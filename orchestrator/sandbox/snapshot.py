@@ -9,6 +9,7 @@ that made its images, whose class (from the registry) removes them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from orchestrator.spec.loader import Environment
 
 SUFFIX = ".tar"
+MEMORY_SUFFIX = ".memory"
+"""A checkpoint's memory image: the folder `<name>.memory` beside its record."""
 IMAGE_BACKEND_BEFORE_FIELD = "docker"
 """Who made the image of a record written before records named their backend."""
 log = logging.getLogger("orchestrator.snapshot")
@@ -80,6 +83,10 @@ class Snapshot:
     """A suspended environment made with `suspend(keep=False)`: the process that made it
     (pid, start, host); once that process is gone, the record and its images are removed.
     Empty: kept until woken or removed."""
+    memory: dict[str, str] = field(default_factory=dict)
+    """A checkpoint with memory (`checkpoint(memory=True)`): the files of its memory image,
+    in the folder `memory_folder`, each with its sha256 digest, checked before a wake uses
+    it. Empty: its files only."""
 
     @property
     def images(self) -> dict[str, str]:
@@ -99,6 +106,10 @@ class Snapshot:
     @property
     def record(self) -> Path:
         return self.path.with_suffix(".json")
+
+    @property
+    def memory_folder(self) -> Path:
+        return self.path.with_suffix(MEMORY_SUFFIX)
 
     def remove(self) -> None:
         """Remove the archive, its record and its image. The image goes through the class
@@ -123,6 +134,7 @@ class Snapshot:
                 backend.remove_snapshot_image(self)
         self.path.unlink(missing_ok=True)
         self.record.unlink(missing_ok=True)
+        remove_files(self.memory_folder)
 
     def archive(self) -> bytes:
         try:
@@ -171,7 +183,7 @@ def _load(path: Path) -> Snapshot | None:
         data = json.loads(path.with_suffix(".json").read_text())
         fields: dict[str, Any] = {k: data[k] for k in ("env", "digest", "created", "size")}
         fields |= {k: str(data.get(k, "")) for k in ("image", "host", "backend", "source")}
-        fields |= {k: _strings(data.get(k, {})) for k in ("services", "owner")}
+        fields |= {k: _strings(data.get(k, {})) for k in ("services", "owner", "memory")}
         return Snapshot(path=path, suspended=data.get("suspended") is True, **fields)
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -210,6 +222,7 @@ def save(
     source: str = "",
     suspended: bool = False,
     owner: dict[str, str] | None = None,
+    memory: dict[str, str] | None = None,
 ) -> Snapshot:
     """Write an archive (at `path`, from archive_path) and its record (`backend`: the one
     that made `image` and `services`; `source`, `owner`: see Snapshot). `archive`: its
@@ -229,15 +242,26 @@ def save(
         source,
         suspended,
         dict(owner or {}),
+        dict(memory or {}),
     )
     if isinstance(archive, Path):
         os.replace(archive, path)
     else:
         write_file(path, archive)  # 0600, as the record: the workspace may hold secrets
-    fresh = ("services", "source", "suspended", "owner")  # an older record has none
+    fresh = ("services", "source", "suspended", "owner", "memory")  # an older record: none
     record = {k: v for k, v in asdict(snap).items() if k != "path" and (v or k not in fresh)}
     write_file(snap.record, json.dumps(record, indent=1))
     return snap
+
+
+def remove_files(folder: Path) -> None:
+    """Remove a folder of plain files (a memory image); a link or a folder in it is left,
+    and then the folder too."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(folder):
+            if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                os.unlink(entry.path)
+        os.rmdir(folder)
 
 
 def list_snapshots() -> list[Snapshot]:
@@ -266,7 +290,7 @@ def record_path(env: str, name: str | None) -> Path:
             f"path, at most {NAME_LIMIT} bytes); it is saved in {snapshots_dir()}"
         )
     path = archive_path(env, name)
-    if path.exists() or path.with_suffix(".json").exists():
+    if any(path.with_suffix(x).exists() for x in (SUFFIX, ".json", MEMORY_SUFFIX)):
         raise UsageError(
             f"there is a snapshot named {path.name.removesuffix(SUFFIX)!r} already: choose "
             "another name, or remove that one (`orchestrator snapshot --rm NAME`)"

@@ -21,7 +21,7 @@ from orchestrator import settings
 from orchestrator.errors import OrchestratorError, PolicyError, UsageError
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.registry import get_runtime_class, runtime_names
-from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.sandbox.snapshot import Snapshot, remove_files
 from orchestrator.services.spawn import spawn_runtime
 from orchestrator.spec.loader import Environment, load_environment
 from orchestrator.spec.models import Mount, PortMap
@@ -74,19 +74,30 @@ FORKS = 64
 """Copies one `fork` makes at most."""
 
 
-def fork(rt: Runtime, n: int = 1, *, detached: bool = False) -> list[Runtime]:
+def fork(
+    rt: Runtime, n: int = 1, *, detached: bool = False, memory: bool | None = None
+) -> list[Runtime]:
     """`n` new environments made from the running `rt` as it is now (`rt.checkpoint()`,
     woken `n` times: see `wake`), each under its own id with its own networks, published
-    ports and workspace; each ran `setup.resume_commands`, and its services resolve to its
-    own. Running processes and memory are not carried: a process running in `rt` does not
-    in a copy. `rt` runs on untouched. The caller's mounts and variables given at its spawn
-    go to each copy; its caller-published ports do not (each publishes the file's own). Each
-    copy is admitted as any spawn is. `detached`: the copies outlive this process (as `up`'s).
-    The record goes once the copies are up (its images with the last of them); if one fails
-    to start, those made are removed and the error raised."""
+    ports and workspace, and its services resolving to its own. With memory (a gVisor
+    sandbox with no network: `rt.memory_refusal()` is None), each copy's processes run on
+    from that instant, independently, and no setup command runs; else a process running in
+    `rt` does not in a copy, which ran `setup.resume_commands`. `memory`: None (default)
+    carries it where it can, and says in each copy's warnings when it could not; True
+    refuses (UsageError) where it cannot; False copies files only. `rt` runs on (with
+    memory, it stands still for the instant it is saved). The caller's mounts and variables
+    given at its spawn go to each copy; its caller-published ports do not (each publishes
+    the file's own). Each copy is admitted as any spawn is. `detached`: the copies outlive
+    this process (as `up`'s). The record goes once the copies are up (its images with the
+    last of them); if one fails to start, those made are removed and the error raised."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= FORKS:
         raise UsageError(f"n must be a whole number from 1 to {FORKS}, not {n!r}")
-    saved = rt.checkpoint(keep=False)  # this process's: its death leaves it to the reaper
+    why = None if memory is False else rt.memory_refusal()
+    if memory and why is not None:
+        raise UsageError(f"{rt.env.name}: no fork with memory: {why}")
+    carried = memory is not False and why is None
+    # this process's: its death leaves it to the reaper
+    saved = rt.checkpoint(keep=False, memory=carried)
     made: list[Runtime] = []
     try:
         for _ in range(n):
@@ -110,6 +121,12 @@ def fork(rt: Runtime, n: int = 1, *, detached: bool = False) -> list[Runtime]:
         raise
     finally:
         consume(saved)
+    if memory is None and why is not None:
+        for copy in made:
+            copy.warnings.append(
+                f"{copy.env.name}: a copy of the files only, whose processes started anew "
+                f"(no memory carried: {why})"
+            )
     return made
 
 
@@ -161,3 +178,4 @@ def consume(snap: Snapshot) -> None:
     """The record of a woken environment goes (its images go with the environment)."""
     snap.path.unlink(missing_ok=True)
     snap.record.unlink(missing_ok=True)
+    remove_files(snap.memory_folder)

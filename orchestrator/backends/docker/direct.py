@@ -99,6 +99,19 @@ class DirectRun:
     """The seccomp profile's file, whose text `SecurityOpt` carries (Podman's API takes the
     file's path there instead: `for_podman`)."""
 
+    @property
+    def runtime(self) -> str | None:
+        got = self.body["HostConfig"].get("Runtime")
+        return got if isinstance(got, str) else None
+
+    def sealed(self, gvisor: str, sealed: str) -> DirectRun:
+        """The same container on the runtime `sealed` (runsc with no network stack at all:
+        memory.py) when it is a gVisor sandbox with no network; else this one."""
+        host = self.body["HostConfig"]
+        if host.get("Runtime") != gvisor or host.get("NetworkMode") != "none":
+            return self
+        return replace(self, body={**self.body, "HostConfig": {**host, "Runtime": sealed}})
+
     def for_podman(self) -> DirectRun:
         """The same container for Podman's Docker-compatible API, which reads a seccomp
         profile from the path `SecurityOpt` names (on its own machine: this one)."""

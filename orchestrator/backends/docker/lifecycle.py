@@ -30,7 +30,9 @@ from orchestrator.backends.container.identity import KEPT_FILE, LABEL_PROJECT
 from orchestrator.backends.container.inventory import remove_by_label
 from orchestrator.backends.container.readiness import Look
 from orchestrator.backends.docker.build import get_images
+from orchestrator.backends.docker.contexts import gvisor_runtime
 from orchestrator.backends.docker.direct import DirectRun, direct_run
+from orchestrator.backends.docker.memory import sealed_runtime
 from orchestrator.backends.docker.needs import require_runtimes
 from orchestrator.backends.docker.network import EGRESS_NETWORK_ENV, GATEWAY, PROXY_PORT
 from orchestrator.backends.docker.render import CompiledProject
@@ -145,11 +147,13 @@ class Project:
         return engine_call("inspecting a service's image", ask) or "0:0"
 
     def up(self) -> None:
-        require_runtimes(self.compiled, self.name, self.engine)
+        have = require_runtimes(self.compiled, self.name, self.engine)
         get_images(self.compiled, self.name, host=self.host)  # as compiled.build says
         # not engine_call: `up` is not idempotent; start_project removes a failed start
         self._direct_run = None  # a retry compiled it again
         run = self._direct()
+        if run is not None and sealed_runtime() in have:
+            run = self._direct_run = run.sealed(gvisor_runtime(), sealed_runtime())
         if run is not None and self._create(run):
             self._direct_run = run
         else:
@@ -243,15 +247,20 @@ class Project:
         """After `up`, before anything runs in them: each container that needs gVisor runs
         on it, as the engine itself says. An engine (or a Compose) that ignores `runtime:`
         would otherwise start the sandbox on runc while every check before passed."""
+        sealed = self._direct_run.runtime if self._direct_run is not None else None
         for service, want in self.compiled.runtime_of.items():
             got = self._runtime_of(self.container_of(service))
-            if got != want:
+            if got != want and not (service == "main" and got == sealed == sealed_runtime()):
                 raise StartupError(
                     f"{self.name}: {service} should run on the engine runtime {want!r} "
                     f"(isolation: gvisor) but the engine started it on {got or 'its default'!r}:"
                     " this engine or its Compose ignores `runtime:`; use Docker with runsc "
                     "registered (docs/isolation.md)"
                 )
+
+    def runtime_of_main(self) -> str | None:
+        """The engine runtime the main container runs on, as the engine says."""
+        return self._runtime_of(self.main_container)
 
     def _runtime_of(self, container: str) -> str | None:
         def ask() -> str | None:

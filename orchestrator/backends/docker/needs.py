@@ -17,11 +17,12 @@ from orchestrator.errors import BackendUnavailable
 NO_LIMITS_ENV = settings.ROOTLESS_WITHOUT_LIMITS.name
 
 
-def require_runtimes(compiled: CompiledProject, name: str, engine: Engine) -> None:
+def require_runtimes(compiled: CompiledProject, name: str, engine: Engine) -> set[str]:
     """Refuse, before anything is made, a project whose runtime (gVisor's) the engine
-    does not have: the engine would start no container of it, or fall back to none."""
+    does not have: the engine would start no container of it, or fall back to none. The
+    engine's runtimes (asked only for a project that names one: else none)."""
     if not compiled.runtimes:
-        return
+        return set()
     have = set(engine.runtimes())
     missing = [r for r in compiled.runtimes if r not in have]
     if missing:
@@ -32,6 +33,7 @@ def require_runtimes(compiled: CompiledProject, name: str, engine: Engine) -> No
             "in the engine's daemon.json (scripts/bootstrap does both where it may; see "
             f"docs/isolation.md), or name the registered one in {GVISOR_RUNTIME_ENV}"
         )
+    return have
 
 
 PODMAN_UNMOUNTABLE = frozenset('",\n\r')

@@ -3,12 +3,13 @@ to through the in-container executor (or plain `docker exec` where it cannot run
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,7 +31,7 @@ from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.container.readiness import ServiceWatch, runs_here
 from orchestrator.backends.container.resident import open_endpoint, reopen
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
-from orchestrator.backends.docker import egress_change, hooks
+from orchestrator.backends.docker import egress_change, hooks, memory
 from orchestrator.backends.docker.lifecycle import Project
 from orchestrator.backends.docker.network import GATEWAY
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
@@ -337,9 +338,45 @@ class ComposeRuntime(ContainerRuntime):
         containers = {s: project.container_of(s) for s in services}
         return images.commit_all(containers, record, project.engine)
 
+    # ----- memory (memory.py) -----------------------------------------------------------------
+    def memory_refusal(self) -> str | None:
+        if self.project is None:
+            return "it is not running"
+        return memory.refusal(self.project)
+
+    @contextlib.contextmanager
+    def _memory_held(self, folder: Path) -> Iterator[dict[str, str]]:
+        why = self.memory_refusal()
+        if why is not None:
+            raise UsageError(f"{self.env.name}: no checkpoint with memory: {why}")
+        self._check_usable()
+        assert self.project is not None and self._main is not None
+        self._main.close()  # its executor is started anew once the sandbox runs again
+        try:
+            with memory.held(self.project.engine, self._container, folder) as digests:
+                yield digests
+        finally:
+            self._main.start()
+
+    def _restore_memory(self, snap: Snapshot) -> None:
+        why = self.memory_refusal()
+        if why is not None:
+            raise UsageError(f"{snap.name} holds memory, which cannot be restored here: {why}")
+        assert self.project is not None and self._main is not None
+        self._main.close()
+        memory.restore(self.project.engine, self._container, snap.memory_folder, snap.memory)
+        self._main.start()
+        if self.options.detached:
+            self._reopen_endpoint()
+
     def _check_resumable(self, snap: Snapshot) -> None:
-        """Every image the record names must be there and be the record's own (images.py)."""
+        """Every image the record names must be there and be the record's own (images.py);
+        a memory image needs an engine that restores one."""
         engine = Engine.at(self.options.host or "")
+        if snap.memory:
+            why = memory.engine_refusal(engine)
+            if why is not None:
+                raise UsageError(f"{snap.name} holds memory, which cannot be restored here: {why}")
         images.check_resumable(snap, engine, on_its_engine=same_engine(snap.host, self._engine()))
         unknown = sorted(set(snap.services) - set(self.env.spec.services) - {MAIN})
         if unknown:

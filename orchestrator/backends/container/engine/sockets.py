@@ -46,8 +46,32 @@ class SocketOps(EngineCore):
             seconds=seconds,
         )
 
-    def start_container(self, name: str, *, seconds: float, action: str) -> None:
-        self.api("POST", f"/containers/{name}/start", action=action, seconds=seconds)
+    def start_container(
+        self, name: str, *, seconds: float, action: str, checkpoint: str | None = None
+    ) -> None:
+        """Start a container; from its own checkpoint `checkpoint` (memory.py) when given."""
+        query = {"checkpoint": checkpoint} if checkpoint else None
+        self.api("POST", f"/containers/{name}/start", query=query, action=action, seconds=seconds)
+
+    def checkpoint_container(
+        self, name: str, checkpoint: str, *, seconds: float, action: str
+    ) -> None:
+        """Save a running container's processes and memory as its checkpoint `checkpoint`,
+        in the engine's own folder for it, and stop it (the API of an experimental engine)."""
+        body = {"CheckpointID": checkpoint, "Exit": True}
+        self.api(
+            "POST", f"/containers/{name}/checkpoints", body=body, action=action, seconds=seconds
+        )
+
+    def delete_checkpoint(self, name: str, checkpoint: str, *, action: str) -> None:
+        """Remove a container's checkpoint (gone, or the container: fine)."""
+        with contextlib.suppress(NoSuchContainer):
+            self.api("DELETE", f"/containers/{name}/checkpoints/{checkpoint}", action=action)
+
+    def described(self, *, action: str) -> dict[str, Any]:
+        """The engine's own description (`GET /info`: its data root, experimental mode...)."""
+        got = self.api("GET", "/info", action=action)
+        return got if isinstance(got, dict) else {}
 
     def stop_container(self, name: str, *, grace: int, action: str) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds (gone or stopped already: fine)."""

@@ -1,0 +1,249 @@
+"""Checkpoints and forks with memory (backends/docker/memory.py, docs/fork.md): a gVisor
+sandbox with no network saved with its processes, memory and tmpfs; copies whose processes
+run on from that instant, independently; the original running on. And what is refused: a
+memory image changed after it was saved (or swapped for a link), a sandbox with a network,
+and a backend without gVisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import UsageError, fork, list_snapshots, spawn_runtime, wake
+from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.snapshot import Snapshot
+from tests.conftest import cannot_run, labelled_ids
+from tests.docker.conftest import MakeEnv
+
+pytestmark = pytest.mark.docker
+CLI = [sys.executable, "-m", "orchestrator"]
+
+SEALED = """\
+isolation: gvisor
+network: {egress: none}
+setup:
+  commands: ['echo setup >> setup.log']
+  resume_commands: ['echo resumed >> setup.log']
+"""
+
+# a counter, and a value only its memory holds, which it writes out on SIGUSR1
+HOLDER = r"""
+import os, signal, time
+secret = os.urandom(8).hex()
+def say(*_):
+    with open('/tmp/said.part', 'w') as fh:
+        fh.write(secret)
+    os.rename('/tmp/said.part', '/tmp/said')
+signal.signal(signal.SIGUSR1, say)
+open('/tmp/holder.pid', 'w').write(str(os.getpid()))
+i = 0
+while True:
+    i += 1
+    with open('/tmp/count.part', 'w') as fh:
+        fh.write(str(i))
+    os.rename('/tmp/count.part', '/tmp/count')
+    time.sleep(0.02)
+"""
+
+
+@pytest.fixture(scope="session")
+def sealed_engine(gvisor_engine: str) -> str:
+    """The engine runtime of gVisor with no network (scripts/bootstrap-gvisor registers it),
+    on an engine whose checkpoint API is on, as root: what a checkpoint with memory needs."""
+    name = os.environ.get("ORCHESTRATOR_GVISOR_SEALED_RUNTIME", "") or "runsc-sealed"
+    said = subprocess.run(
+        ["docker", "info", "--format", "{{json .Runtimes}} {{.ExperimentalBuild}}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout
+    if name not in said or not said.strip().endswith("true") or os.geteuid() != 0:
+        cannot_run(
+            f"memory checkpoints need the runtime {name!r}, an engine in experimental mode "
+            "and root (scripts/bootstrap gives all three)"
+        )
+    return name
+
+
+def count(rt: Runtime) -> int:
+    return int(rt.execute(["cat", "/tmp/count"], check=True).stdout)
+
+
+def remembered(rt: Runtime) -> str:
+    """The value the holder keeps in its memory, asked of it now."""
+    rt.execute("rm -f /tmp/said && kill -USR1 $(cat /tmp/holder.pid)", check=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        got = rt.execute("cat /tmp/said 2>/dev/null").stdout
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError("the holder did not answer")
+
+
+def start_holder(rt: Runtime) -> None:
+    rt.write_file("holder.py", HOLDER)
+    rt.execute("python3 holder.py >/dev/null 2>&1 &", check=True)
+    deadline = time.monotonic() + 20
+    while rt.execute("test -s /tmp/count").exit_code != 0:
+        assert time.monotonic() < deadline, "the holder did not start"
+        time.sleep(0.05)
+
+
+def test_fork_carries_processes_and_memory_into_copies_that_run_apart(
+    make_env: MakeEnv, sealed_engine: str
+) -> None:
+    before = labelled_ids()
+    snaps = {s.name for s in list_snapshots()}
+    with spawn_runtime(make_env(SEALED, name="memfork")) as rt:
+        assert rt.memory_refusal() is None
+        start_holder(rt)
+        secret = remembered(rt)
+        rt.write_file("work.txt", "mine\n")
+        copies = fork(rt, 3)
+        try:
+            saved_at = min(count(c) for c in copies)
+            for n, copy in enumerate(copies):
+                assert not copy.warnings, copy.warnings
+                assert remembered(copy) == secret  # in its memory, not in any file
+                # no setup ran: its processes run on, as they were
+                assert copy.execute("cat work.txt setup.log").stdout == "mine\nsetup\n"
+                copy.write_file("work.txt", f"copy {n}\n")
+            # each counts on from where it was saved, on its own
+            first = [count(c) for c in copies]
+            time.sleep(0.5)
+            later = [count(c) for c in copies]
+            assert all(b > a for a, b in zip(first, later, strict=True)), (first, later)
+            copies[0].execute("kill $(cat /tmp/holder.pid)", check=True)
+            time.sleep(0.3)
+            stopped = count(copies[0])
+            time.sleep(0.3)
+            assert count(copies[0]) == stopped
+            assert count(copies[1]) > later[1] and count(rt) > saved_at  # the others run on
+            assert [c.read_file("work.txt") for c in copies] == ["copy 0\n", "copy 1\n", "copy 2\n"]
+            assert rt.read_file("work.txt") == "mine\n"
+            assert remembered(rt) == secret
+            assert len({rt.info().id, *(c.info().id for c in copies)}) == 4
+        finally:
+            for copy in copies:
+                copy.cleanup()
+    assert labelled_ids() <= before
+    assert {s.name for s in list_snapshots()} == snaps
+
+
+def test_a_checkpoint_with_memory_is_private_and_refused_once_changed(
+    make_env: MakeEnv, sealed_engine: str
+) -> None:
+    before = labelled_ids()
+    with spawn_runtime(make_env(SEALED, name="memrec")) as rt:
+        start_holder(rt)
+        saved = rt.checkpoint(memory=True)
+        try:
+            assert saved.memory and rt.execute("true").ok  # the original runs on
+            folder = saved.memory_folder
+            assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+            for name in saved.memory:
+                assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600
+            record = json.loads(saved.record.read_text())
+            assert record["memory"] == saved.memory
+            # a copy wakes from it, and runs on from it
+            copy = wake(saved.name, keep_record=True)
+            try:
+                assert count(copy) > 0 and not copy.warnings
+            finally:
+                copy.cleanup()
+            # one byte changed: refused before anything starts from it
+            image = folder / sorted(saved.memory)[0]
+            data = bytearray(image.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            image.write_bytes(bytes(data))
+            with pytest.raises(UsageError, match="changed since it was saved"):
+                wake(saved.name, keep_record=True)
+            # a link in its place: refused, and what it names is never read
+            image.unlink()
+            image.symlink_to("/etc/shadow")
+            with pytest.raises(UsageError, match="cannot read the memory image"):
+                wake(saved.name, keep_record=True)
+        finally:
+            Snapshot.find(saved.name).remove()
+        assert not folder.exists()
+    assert labelled_ids() <= before
+
+
+def test_memory_is_refused_with_its_reason_where_it_cannot_be_kept(make_env: MakeEnv) -> None:
+    body = "setup:\n  resume_commands: ['true']\n"
+    with spawn_runtime(make_env(body, name="memrunc")) as rt:
+        why = rt.memory_refusal()
+        assert why is not None and "gVisor" in why
+        with pytest.raises(UsageError, match="no checkpoint with memory"):
+            rt.checkpoint(memory=True)
+        with pytest.raises(UsageError, match="no fork with memory"):
+            fork(rt, 1, memory=True)
+        (copy,) = fork(rt, 1)  # the default: its files, said so
+        try:
+            assert any("no memory carried" in w for w in copy.warnings), copy.warnings
+        finally:
+            copy.cleanup()
+
+
+def test_a_sandbox_with_a_network_is_not_saved_with_memory(
+    make_env: MakeEnv, sealed_engine: str
+) -> None:
+    body = "isolation: gvisor\nnetwork: {egress: all}\n"
+    with spawn_runtime(make_env(body, name="memnet")) as rt:
+        why = rt.memory_refusal()
+        assert why is not None and "no network" in why
+
+
+def test_cli_checkpoint_memory_and_fork(make_env: MakeEnv, sealed_engine: str) -> None:
+    before = labelled_ids()
+    env = make_env(SEALED, name="memcli")
+    up = subprocess.run([*CLI, "up", str(env)], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.split()[0]
+    made: list[str] = []
+    try:
+        start = subprocess.run(
+            [*CLI, "exec", ident, "--", "sh", "-c", "echo 41 > /tmp/kept"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert start.returncode == 0, start.stderr
+        got = subprocess.run(
+            [*CLI, "fork", ident, "-n", "2", "--memory"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert got.returncode == 0, got.stderr
+        made = [line.split()[0] for line in got.stdout.splitlines() if line.strip()]
+        assert len(made) == 2
+        for copy in made:
+            said = subprocess.run(
+                [*CLI, "exec", copy, "--", "cat", "/tmp/kept"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert said.stdout == "41\n", said.stderr  # its tmpfs, in memory, carried
+        refused = subprocess.run(
+            [*CLI, "checkpoint", ident, "--memory", "-o", "/nonexistent/../x"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    finally:
+        for one in [*made, ident]:
+            subprocess.run([*CLI, "down", one], capture_output=True, timeout=120, check=False)
+    assert labelled_ids() <= before
+    assert not any(Path(s.memory_folder).exists() for s in list_snapshots() if s.env == "memcli")
