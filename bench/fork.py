@@ -1,0 +1,137 @@
+"""`python -m bench.fork`: copies of a running gVisor sandbox with no network whose process
+holds 64 MiB of memory, side by side in interleaved rounds (each round runs every path once):
+
+- `checkpoint(memory=True)`: the sandbox saved with its memory, and started again;
+- `fork(rt, 1)` and `fork(rt, 4)` with memory: copies whose process runs on;
+- `fork(rt, 1, memory=False)`: a copy of the files, its process started anew by
+  `setup.resume_commands` (which waits until it holds its memory again);
+- a fresh spawn whose setup starts the same process;
+- raw: `docker checkpoint create` of a plain runsc-sealed container holding the same memory,
+  then `docker start --checkpoint` of it (the engine's own restore, in place: no copy,
+  no record, no checks).
+
+Writes bench/results/fork.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.measure import report, scratch
+from orchestrator import Runtime, fork, spawn_runtime
+
+IMAGE = "orchestrator-test/python:3.11"
+HOLD = (
+    'python3 -c \'import time; b = bytearray(64 << 20); b[::4096] = b"x" * len(b[::4096]); '
+    'open("/tmp/held", "w").write("1"); time.sleep(1e9)\' >/dev/null 2>&1 &'
+)
+WAIT = "while [ ! -s /tmp/held ]; do sleep 0.05; done"
+ENV = f"""version: 1
+name: forkbench
+image: {IMAGE}
+isolation: gvisor
+network: {{egress: none}}
+resources: {{memory: 512m}}
+setup:
+  commands: [{HOLD!r}, {WAIT!r}]
+  resume_commands: [{HOLD!r}, {WAIT!r}]
+"""
+
+
+def _docker(*argv: str) -> str:
+    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=True).stdout
+
+
+def _clock(fn: Callable[[], object]) -> tuple[float, object]:
+    t = time.perf_counter()
+    got = fn()
+    return time.perf_counter() - t, got
+
+
+def _raw(name: str) -> tuple[float, float]:
+    """A plain runsc-sealed container holding the memory: checkpoint, then restore, timed."""
+    _docker("run", "-d", "--name", name, "--runtime", "runsc-sealed", "--network", "none", IMAGE,
+            "sh", "-c", f"{HOLD.removesuffix(' &')}")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while _docker("exec", name, "cat", "/tmp/held").strip() != "1":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        save, _ = _clock(lambda: _docker("checkpoint", "create", name, "c1"))
+        back, _ = _clock(lambda: _docker("start", "--checkpoint", "c1", name))
+        return save, back
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+
+
+def _round(env: Path, add: Callable[[str, float], None]) -> None:
+    spawn, rt = _clock(lambda: spawn_runtime(env))
+    assert isinstance(rt, Runtime)
+    add("fresh spawn + setup", spawn)
+    try:
+        t = time.perf_counter()
+        saved = rt.checkpoint(memory=True)
+        add("checkpoint(memory=True)", time.perf_counter() - t)
+        saved.remove()
+        for label, count, memory in (
+            ("fork(1), memory", 1, True),
+            ("fork(4), memory", 4, True),
+            ("fork(1), files only", 1, False),
+        ):
+            t = time.perf_counter()
+            made = fork(rt, count, memory=memory)
+            add(label, time.perf_counter() - t)
+            for copy in made:
+                copy.cleanup()
+    finally:
+        rt.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    env = scratch("forkbench-") / "env.yaml"
+    env.write_text(ENV)
+    rows: dict[str, list[float]] = {}
+
+    def add(key: str, seconds: float) -> None:
+        rows.setdefault(key, []).append(seconds)
+
+    for n in range(args.rounds):
+        _round(env, add)
+        save, back = _raw(f"forkbench-raw-{os.getpid()}-{n}")
+        add("raw docker checkpoint create", save)
+        add("raw docker start --checkpoint", back)
+
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    load = os.getloadavg()[0]
+    lines = [
+        "# Forks with memory (gVisor, no network, 64 MiB held)",
+        "",
+        f"`python -m bench.fork --rounds {args.rounds}`: medians over interleaved rounds.",
+        "",
+        "| step | median s | per copy s |",
+        "|---|---:|---:|",
+        *(f"| {k} | {med[k]:.2f} | {med[k] / (4 if '(4)' in k else 1):.2f} |" for k in rows),
+        "",
+        "A copy with memory: the original checkpointed and started again from it, its "
+        "filesystem committed and its workspace packed while it stands still; then for each "
+        "copy a new sandbox started from that image with its workspace unpacked, stopped, and "
+        "started again from the memory image (checked against its digests). The raw rows "
+        "restore in place (no copy, no record, no checks).",
+        "",
+        f"Load average over the run: {load:.1f} on {os.cpu_count()} CPUs.",
+        "",
+    ]
+    report("fork", lines)
+
+
+if __name__ == "__main__":
+    main()
