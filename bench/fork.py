@@ -16,6 +16,7 @@ Writes bench/results/fork.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -39,8 +40,8 @@ isolation: gvisor
 network: {{egress: none}}
 resources: {{memory: 512m}}
 setup:
-  commands: [{HOLD!r}, {WAIT!r}]
-  resume_commands: [{HOLD!r}, {WAIT!r}]
+  commands: [{json.dumps(HOLD)}, {json.dumps(WAIT)}]
+  resume_commands: [{json.dumps(HOLD)}, {json.dumps(WAIT)}]
 """
 
 

@@ -225,8 +225,11 @@ class Runtime(Lifecycle):
         try:
             with held as digests:
                 return self._save_files(path, keep=keep, quiet=quiet, memory=digests)
-        except BaseException:
-            snapshot.remove_files(folder)
+        except BaseException:  # (also once saved, when the sandbox did not start again)
+            with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
+                snapshot.remove_files(folder)
+                if path.with_suffix(".json").exists():
+                    snapshot.Snapshot.find(path).remove()
             raise
 
     def _save_files(

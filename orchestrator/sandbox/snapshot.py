@@ -255,12 +255,24 @@ def save(
 
 
 def remove_files(folder: Path) -> None:
-    """Remove a folder of plain files (a memory image); a link or a folder in it is left,
-    and then the folder too."""
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(folder):
-            if entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                os.unlink(entry.path)
+    """Remove a folder of plain files (a memory image), never through a link: a link in its
+    place is removed itself; a folder in it is left, and then the folder too."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError:  # a link or a file in its place: that goes, never what it names
+        with contextlib.suppress(OSError):
+            os.unlink(folder)
+        return
+    try:
+        for entry in os.scandir(fd):
+            if not entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
         os.rmdir(folder)
 
 

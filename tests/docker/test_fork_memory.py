@@ -178,6 +178,34 @@ def test_a_checkpoint_with_memory_is_private_and_refused_once_changed(
     assert labelled_ids() <= before
 
 
+def test_a_sandbox_started_from_a_checkpoint_is_not_saved_with_memory_again(
+    make_env: MakeEnv, sealed_engine: str
+) -> None:
+    """This engine cannot checkpoint a restored sandbox again (containerd keeps its task):
+    refused with the reason, and the sandbox runs on; a fork of it copies its files."""
+    before = labelled_ids()
+    with spawn_runtime(make_env(SEALED, name="memtwice")) as rt:
+        start_holder(rt)
+        (copy,) = fork(rt, 1)
+        try:
+            for one in (rt, copy):
+                why = one.memory_refusal()
+                assert why is not None and "started from a checkpoint" in why
+                with pytest.raises(UsageError, match="started from a checkpoint"):
+                    one.checkpoint(memory=True)
+                seen = count(one)
+                time.sleep(0.2)
+                assert count(one) > seen  # it runs on
+            (files,) = fork(copy, 1)
+            try:
+                assert any("no memory carried" in w for w in files.warnings), files.warnings
+            finally:
+                files.cleanup()
+        finally:
+            copy.cleanup()
+    assert labelled_ids() <= before
+
+
 def test_memory_is_refused_with_its_reason_where_it_cannot_be_kept(make_env: MakeEnv) -> None:
     body = "setup:\n  resume_commands: ['true']\n"
     with spawn_runtime(make_env(body, name="memrunc")) as rt:

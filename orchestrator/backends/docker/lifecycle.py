@@ -152,7 +152,8 @@ class Project:
         # not engine_call: `up` is not idempotent; start_project removes a failed start
         self._direct_run = None  # a retry compiled it again
         run = self._direct()
-        if run is not None and sealed_runtime() in have:
+        # (a runtime by that name that keeps a network stack is not taken for it)
+        if run is not None and "--network=none" in have.get(sealed_runtime(), ()):
             run = self._direct_run = run.sealed(gvisor_runtime(), sealed_runtime())
         if run is not None and self._create(run):
             self._direct_run = run

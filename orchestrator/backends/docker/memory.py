@@ -45,6 +45,8 @@ SEALED_ENV = settings.GVISOR_SEALED_RUNTIME.name
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID = re.compile(r"[0-9a-f]{64}")
 MAX_FILES = 16
+RESTORED = "restored-from-checkpoint"
+"""A file in the project's folder: its sandbox was started from a checkpoint (see refusal)."""
 CHUNK = 1 << 20
 
 
@@ -70,8 +72,15 @@ def refusal(project: Project) -> str | None:
     got = project.runtime_of_main()
     if got != sealed_runtime():
         return (
-            f"its sandbox runs on the engine runtime {got!r}, not {sealed_runtime()!r} (runsc "
-            f"with --network=none, which scripts/bootstrap-gvisor registers; {SEALED_ENV})"
+            f"its sandbox runs on the engine runtime {got or 'runc'!r}, not on gVisor's "
+            f"{sealed_runtime()!r} (runsc with --network=none, which scripts/bootstrap-gvisor "
+            f"registers; {SEALED_ENV})"
+        )
+    if (project.directory / RESTORED).exists():
+        return (
+            "it was itself started from a checkpoint, and this engine cannot checkpoint such "
+            "a sandbox again (its containerd keeps the task: 'id already in use'); save a "
+            "record once (checkpoint(memory=True)) and wake it as often as needed"
         )
     return engine_refusal(engine)
 
@@ -112,11 +121,11 @@ def held(engine: Engine, container: str, folder: Path) -> Iterator[dict[str, str
     it runs on as it was."""
     name = f"orch-{uuid.uuid4().hex[:16]}"
     action = f"checkpointing {container}"
-    engine.checkpoint_container(container, name, seconds=up_timeout(), action=action)
     try:
+        engine.checkpoint_container(container, name, seconds=up_timeout(), action=action)
         yield _copy(_own_folder(engine, container) / name, folder, None)
     finally:
-        try:
+        try:  # (a checkpoint that failed, or timed out, may have stopped it all the same)
             engine.start_container(
                 container, checkpoint=name, seconds=up_timeout(), action=f"restarting {container}"
             )

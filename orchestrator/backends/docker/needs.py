@@ -17,13 +17,14 @@ from orchestrator.errors import BackendUnavailable
 NO_LIMITS_ENV = settings.ROOTLESS_WITHOUT_LIMITS.name
 
 
-def require_runtimes(compiled: CompiledProject, name: str, engine: Engine) -> set[str]:
+def require_runtimes(compiled: CompiledProject, name: str, engine: Engine) -> dict[str, list[str]]:
     """Refuse, before anything is made, a project whose runtime (gVisor's) the engine
     does not have: the engine would start no container of it, or fall back to none. The
-    engine's runtimes (asked only for a project that names one: else none)."""
+    engine's runtimes with their arguments (asked only for a project that names one: else
+    none)."""
     if not compiled.runtimes:
-        return set()
-    have = set(engine.runtimes())
+        return {}
+    have = engine.runtimes()
     missing = [r for r in compiled.runtimes if r not in have]
     if missing:
         raise BackendUnavailable(
