@@ -1,6 +1,6 @@
 """Checkpoints with memory: a gVisor sandbox's processes, memory and in-sandbox files (its
-tmpfs) saved by the engine's checkpoint API, kept with a suspend record, and restored into
-copies (`checkpoint(memory=True)`, `fork`, `wake`; docs/fork.md).
+tmpfs) saved by runsc, kept with a suspend record, and restored into copies by the engine
+(`checkpoint(memory=True)`, `fork`, `wake`; docs/fork.md).
 
 What works here, and so what this takes:
 - gVisor saves a sandbox only without the host's network (`runsc --network=host`, which a
@@ -9,16 +9,17 @@ What works here, and so what this takes:
   only a sandbox with no network at all is saved: one container with `network_mode: none`,
   on the runtime runsc with `--network=none` is registered under (`runsc-sealed`,
   scripts/bootstrap-gvisor), made through the Engine API (direct.py).
-- The engine's checkpoint API exists in its experimental mode only.
+- It is saved by `runsc checkpoint` (see `held`), and started from an image by the engine
+  (`POST /containers/{id}/start?checkpoint=`), which exists in its experimental mode only.
 - Docker starts a container from a checkpoint only from its own folder for that container
-  (`docker start --checkpoint-dir` answers "custom checkpointdir is not supported"). So a
-  copy's image is put there, under the engine's data root, which only root may write: this
-  is done only by root, for an engine on this machine's socket.
+  (`docker start --checkpoint-dir` answers "custom checkpointdir is not supported"). So an
+  image is put there, under the engine's data root, which only root may write: this is
+  done only by root, for an engine on this machine's socket.
 
 Why by hand: neither python-on-whales nor the docker CLI moves a checkpoint between
 containers. Every file read is opened without following links and must be a regular file;
 a record's image is checked against the digests its record holds before it is used, and
-its size is bounded (ORCHESTRATOR_CHECKPOINT_LIMIT)."""
+its size is bounded (ORCHESTRATOR_CHECKPOINT_LIMIT); runsc runs within a deadline."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from orchestrator import settings
+from orchestrator import procutil, settings
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.engine.bounds import up_timeout
 from orchestrator.errors import OrchestratorError, UsageError
@@ -45,9 +46,9 @@ SEALED_ENV = settings.GVISOR_SEALED_RUNTIME.name
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID = re.compile(r"[0-9a-f]{64}")
 MAX_FILES = 16
-RESTORED = "restored-from-checkpoint"
-"""A file in the project's folder: its sandbox was started from a checkpoint (see refusal)."""
 CHUNK = 1 << 20
+OUTPUT = 4096
+"""Bytes of what runsc says that an error keeps (its last)."""
 
 
 def sealed_runtime() -> str:
@@ -76,12 +77,6 @@ def refusal(project: Project) -> str | None:
             f"{sealed_runtime()!r} (runsc with --network=none, which scripts/bootstrap-gvisor "
             f"registers; {SEALED_ENV})"
         )
-    if (project.directory / RESTORED).exists():
-        return (
-            "it was itself started from a checkpoint, and this engine cannot checkpoint such "
-            "a sandbox again (its containerd keeps the task: 'id already in use'); save a "
-            "record once (checkpoint(memory=True)) and wake it as often as needed"
-        )
     return engine_refusal(engine)
 
 
@@ -103,41 +98,140 @@ def engine_refusal(engine: Engine) -> str | None:
     return None
 
 
-def _own_folder(engine: Engine, container: str) -> Path:
-    """The engine's folder of `container`'s checkpoints (its id checked: 64 hex digits)."""
-    info = engine.described(action="asking the engine for its data root")
-    got = engine.inspected(container, "inspecting the sandbox") or {}
-    cid = str(got.get("Id") or "")
-    if not _ID.fullmatch(cid):
-        raise OrchestratorError(f"the engine gave {container} an unexpected id {cid!r}")
-    return Path(str(info["DockerRootDir"]), "containers", cid, "checkpoints")
-
-
 @contextlib.contextmanager
 def held(engine: Engine, container: str, folder: Path) -> Iterator[dict[str, str]]:
     """Save `container`'s processes and memory into `folder` (made here, private) and stop
     it; yield the digest of each file saved, by name, while it stands still (what the block
-    saves of its files is of this one instant); then start it again from that checkpoint:
-    it runs on as it was."""
-    name = f"orch-{uuid.uuid4().hex[:16]}"
-    action = f"checkpointing {container}"
+    saves of its files is of this one instant); then start it again from that image: it
+    runs on as it was (also when the block failed).
+
+    runsc itself is asked (`runsc checkpoint`, at the state root its sandbox names), not the
+    engine's checkpoint API: the engine pauses the container first, and its containerd then
+    keeps the task of a sandbox that was itself started from a checkpoint ("id already in
+    use"), so a copy could not be saved again."""
+    got = engine.inspected(container, "inspecting the sandbox") or {}
+    cid = _checked_id(container, got)
+    runsc, root = _runsc_of(engine, container, got)
+    folder.mkdir(mode=0o700)
     try:
-        engine.checkpoint_container(container, name, seconds=up_timeout(), action=action)
-        yield _copy(_own_folder(engine, container) / name, folder, None)
+        _checkpoint(runsc, root, cid, folder, container)
+    except BaseException:
+        if not _running(engine, container):  # stopped all the same: back from what it saved
+            with contextlib.suppress(OrchestratorError, OSError):
+                _restart(engine, container, folder)
+        raise
+    try:
+        yield _sealed(folder, limit())
     finally:
-        try:  # (a checkpoint that failed, or timed out, may have stopped it all the same)
-            engine.start_container(
-                container, checkpoint=name, seconds=up_timeout(), action=f"restarting {container}"
+        _restart(engine, container, folder)
+
+
+def _restart(engine: Engine, container: str, folder: Path) -> None:
+    """Start the stopped original again from its own image (unbounded: its own memory)."""
+    restore(engine, container, folder, _sealed(folder, None), bounded=False)
+
+
+def _running(engine: Engine, container: str) -> bool:
+    got = engine.inspected(container, "inspecting the sandbox") or {}
+    return bool((got.get("State") or {}).get("Running"))
+
+
+def _checked_id(container: str, got: dict[str, Any]) -> str:
+    cid = str(got.get("Id") or "")
+    if not _ID.fullmatch(cid):
+        raise OrchestratorError(f"the engine gave {container} an unexpected id {cid!r}")
+    return cid
+
+
+def _runsc_of(engine: Engine, container: str, got: dict[str, Any]) -> tuple[str, str]:
+    """The runsc binary the engine registered the sealed runtime with, and the state root
+    the container's sandbox was started with (its own command line says: `--root=`), each
+    checked: an absolute path, root's, not a link, writable by root alone."""
+    info = engine.described(action="asking the engine for its runtimes")
+    binary = str(((info.get("Runtimes") or {}).get(sealed_runtime()) or {}).get("path") or "")
+    pid = int((got.get("State") or {}).get("Pid") or 0)
+    root = ""
+    with contextlib.suppress(OSError):
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid > 0 else []
+        roots = [w[len(b"--root=") :] for w in words if w.startswith(b"--root=")]
+        root = os.fsdecode(roots[0]) if len(roots) == 1 else ""
+    for path, what in ((binary, "runsc"), (root, "runsc's state root")):
+        if not _roots_own(path):
+            raise OrchestratorError(
+                f"{container}: {what} ({path or 'not found'}) is not an absolute path of "
+                "root's that only root writes: not used"
             )
-        finally:
-            with contextlib.suppress(OrchestratorError):
-                engine.delete_checkpoint(container, name, action=action)
+    return binary, root
 
 
-def restore(engine: Engine, container: str, folder: Path, digests: dict[str, str]) -> None:
+def _roots_own(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        os.path.isabs(path)
+        and not stat.S_ISLNK(st.st_mode)
+        and st.st_uid == 0
+        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _checkpoint(runsc: str, root: str, cid: str, folder: Path, container: str) -> None:
+    """`runsc checkpoint` of the sandbox into `folder`, within up_timeout() (its process
+    tree killed past it); what it said, at most OUTPUT bytes of it, in the error."""
+    argv = [runsc, f"--root={root}", "checkpoint", f"--image-path={folder}", cid]
+    said = b""
+    run = procutil.run(argv, None, None, timeout=up_timeout())
+    try:
+        while True:
+            _, data = next(run)
+            said = (said + data)[-OUTPUT:]
+    except StopIteration as stop:
+        outcome = stop.value
+    finally:
+        run.close()
+    if outcome.exit_code != 0:
+        why = "timed out" if outcome.timed_out else f"exit {outcome.exit_code}"
+        text = said.decode("utf-8", "replace").strip()
+        raise OrchestratorError(f"gVisor could not checkpoint {container} ({why}): {text}")
+
+
+def _sealed(folder: Path, bound: int | None) -> dict[str, str]:
+    """The image runsc wrote in `folder`: each file made owner-only, and its digest, by
+    name; at most `bound` bytes in all (None: unbounded). Anything but regular files with
+    plain names: OrchestratorError."""
+    done: dict[str, str] = {}
+    left = bound
+    names = sorted(os.listdir(folder))
+    if not names or len(names) > MAX_FILES or not all(map(_FILE.fullmatch, names)):
+        raise OrchestratorError(f"{folder}: not a checkpoint image ({len(names)} files)")
+    for name in names:
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OrchestratorError(f"{folder / name} is not a regular file")
+            os.fchmod(fd, 0o600)
+            digest = hashlib.sha256()
+            while chunk := fh.read(CHUNK):
+                left = _spend(left, len(chunk))
+                digest.update(chunk)
+        done[name] = digest.hexdigest()
+    return done
+
+
+def restore(
+    engine: Engine,
+    container: str,
+    folder: Path,
+    digests: dict[str, str],
+    *,
+    bounded: bool = True,
+) -> None:
     """Start `container` (stopped first) from the memory image in `folder`, each file
     checked against `digests` as it is copied into the engine's own folder: a file changed
-    since it was saved is refused (UsageError) before anything starts from it."""
+    since it was saved is refused (UsageError) before anything starts from it. `bounded`:
+    at most limit() bytes in all (a record's; an original's own restart is not)."""
     if not digests or len(digests) > MAX_FILES or not all(map(_FILE.fullmatch, digests)):
         raise UsageError(f"{folder}: the record's memory image is not one this made")
     own = _own_folder(engine, container)
@@ -146,7 +240,7 @@ def restore(engine: Engine, container: str, folder: Path, digests: dict[str, str
     engine.stop_container(container, grace=0, action=action)
     own.mkdir(mode=0o700, exist_ok=True)
     try:
-        _copy(folder, own / name, digests)
+        _copy(folder, own / name, digests, limit() if bounded else None)
         engine.start_container(container, checkpoint=name, seconds=up_timeout(), action=action)
     finally:
         with contextlib.suppress(OrchestratorError):
@@ -154,31 +248,32 @@ def restore(engine: Engine, container: str, folder: Path, digests: dict[str, str
         remove_files(own / name)
 
 
-def _copy(source: Path, dest: Path, want: dict[str, str] | None) -> dict[str, str]:
-    """Copy the regular files of `source` into the new private folder `dest` (never through
-    a link), at most limit() bytes in all; their digests. `want`: the files and digests
-    they must have (anything else, or a mismatch: UsageError)."""
-    names = sorted(want) if want is not None else sorted(os.listdir(source))
-    if len(names) > MAX_FILES or not all(map(_FILE.fullmatch, names)):
-        raise OrchestratorError(f"{source}: not a checkpoint this made ({len(names)} files)")
+def _own_folder(engine: Engine, container: str) -> Path:
+    """The engine's folder of `container`'s checkpoints."""
+    info = engine.described(action="asking the engine for its data root")
+    cid = _checked_id(container, engine.inspected(container, "inspecting the sandbox") or {})
+    return Path(str(info["DockerRootDir"]), "containers", cid, "checkpoints")
+
+
+def _copy(source: Path, dest: Path, want: dict[str, str], bound: int | None) -> None:
+    """Copy the files `want` names from `source` into the new private folder `dest` (never
+    through a link, regular files only), at most `bound` bytes in all; each must have the
+    digest `want` gives it (else UsageError, and `dest` goes)."""
     dest.mkdir(mode=0o700)
-    done: dict[str, str] = {}
-    left = limit()
+    left = bound
     try:
-        for name in names:
+        for name in sorted(want):
             digest, left = _copy_file(source / name, dest / name, left)
-            if want is not None and want[name] != digest:
+            if want[name] != digest:
                 raise UsageError(
                     f"{source}: its memory image was changed since it was saved ({name}): refused"
                 )
-            done[name] = digest
     except BaseException:
         remove_files(dest)
         raise
-    return done
 
 
-def _copy_file(source: Path, dest: Path, left: int) -> tuple[str, int]:
+def _copy_file(source: Path, dest: Path, left: int | None) -> tuple[str, int | None]:
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -190,12 +285,19 @@ def _copy_file(source: Path, dest: Path, left: int) -> tuple[str, int]:
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(out, "wb") as dst:
             while chunk := src.read(CHUNK):
-                left -= len(chunk)
-                if left < 0:
-                    raise UsageError(
-                        f"a checkpoint's memory image is over {limit()} bytes "
-                        f"({settings.CHECKPOINT_LIMIT.name}): refused"
-                    )
+                left = _spend(left, len(chunk))
                 digest.update(chunk)
                 dst.write(chunk)
     return digest.hexdigest(), left
+
+
+def _spend(left: int | None, size: int) -> int | None:
+    """What is left of a bound once `size` more bytes are read (UsageError past it)."""
+    if left is None:
+        return None
+    if left < size:
+        raise UsageError(
+            f"a checkpoint's memory image is over {limit()} bytes "
+            f"({settings.CHECKPOINT_LIMIT.name}): refused"
+        )
+    return left - size

@@ -352,7 +352,6 @@ class ComposeRuntime(ContainerRuntime):
         self._check_usable()
         assert self.project is not None and self._main is not None
         self._main.close()  # its executor is started anew once the sandbox runs again
-        (self.project.directory / memory.RESTORED).touch()  # (it will have been, after)
         try:
             with memory.held(self.project.engine, self._container, folder) as digests:
                 yield digests
@@ -365,7 +364,6 @@ class ComposeRuntime(ContainerRuntime):
             raise UsageError(f"{snap.name} holds memory, which cannot be restored here: {why}")
         assert self.project is not None and self._main is not None
         self._main.close()
-        (self.project.directory / memory.RESTORED).touch()
         memory.restore(self.project.engine, self._container, snap.memory_folder, snap.memory)
         self._main.start()
         if self.options.detached:

@@ -53,16 +53,6 @@ class SocketOps(EngineCore):
         query = {"checkpoint": checkpoint} if checkpoint else None
         self.api("POST", f"/containers/{name}/start", query=query, action=action, seconds=seconds)
 
-    def checkpoint_container(
-        self, name: str, checkpoint: str, *, seconds: float, action: str
-    ) -> None:
-        """Save a running container's processes and memory as its checkpoint `checkpoint`,
-        in the engine's own folder for it, and stop it (the API of an experimental engine)."""
-        body = {"CheckpointID": checkpoint, "Exit": True}
-        self.api(
-            "POST", f"/containers/{name}/checkpoints", body=body, action=action, seconds=seconds
-        )
-
     def delete_checkpoint(self, name: str, checkpoint: str, *, action: str) -> None:
         """Remove a container's checkpoint (gone, or the container: fine)."""
         with contextlib.suppress(NoSuchContainer):
