@@ -412,19 +412,24 @@ def swarm_cluster(swarm_manager: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return swarm_manager
 
 
-@pytest.fixture(scope="session")
-def gvisor_engine() -> str:
-    """The engine runtime name of gVisor, which `isolation: gvisor` needs (scripts/bootstrap
-    installs runsc and registers it where it may); skips without it (fails in CI)."""
-    name = os.environ.get("ORCHESTRATOR_GVISOR_RUNTIME", "") or "runsc"
-    listed = subprocess.run(
-        ["docker", "info", "--format", "{{json .Runtimes}}"],
+def engine_info(template: str) -> str:
+    """What `docker info --format TEMPLATE` says ("" when the engine does not answer)."""
+    said = subprocess.run(
+        ["docker", "info", "--format", template],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
-    if name not in listed.stdout:
+    return said.stdout
+
+
+@pytest.fixture(scope="session")
+def gvisor_engine() -> str:
+    """The engine runtime name of gVisor, which `isolation: gvisor` needs (scripts/bootstrap
+    installs runsc and registers it where it may); skips without it (fails in CI)."""
+    name = os.environ.get("ORCHESTRATOR_GVISOR_RUNTIME", "") or "runsc"
+    if f'"{name}"' not in engine_info("{{json .Runtimes}}"):
         cannot_run(
             f"gVisor tests skipped: the engine has no runtime {name!r} (run scripts/bootstrap)"
         )

@@ -19,7 +19,7 @@ import pytest
 from orchestrator import UsageError, fork, list_snapshots, spawn_runtime, wake
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.snapshot import Snapshot
-from tests.conftest import cannot_run, labelled_ids
+from tests.conftest import cannot_run, engine_info, labelled_ids
 from tests.docker.conftest import MakeEnv
 
 pytestmark = pytest.mark.docker
@@ -58,14 +58,8 @@ def sealed_engine(gvisor_engine: str) -> str:
     """The engine runtime of gVisor with no network (scripts/bootstrap-gvisor registers it),
     on an engine whose checkpoint API is on, as root: what a checkpoint with memory needs."""
     name = os.environ.get("ORCHESTRATOR_GVISOR_SEALED_RUNTIME", "") or "runsc-sealed"
-    said = subprocess.run(
-        ["docker", "info", "--format", "{{json .Runtimes}} {{.ExperimentalBuild}}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    ).stdout
-    if name not in said or not said.strip().endswith("true") or os.geteuid() != 0:
+    said = engine_info("{{json .Runtimes}} {{.ExperimentalBuild}}")
+    if f'"{name}"' not in said or not said.strip().endswith("true") or os.geteuid() != 0:
         cannot_run(
             f"memory checkpoints need the runtime {name!r}, an engine in experimental mode "
             "and root (scripts/bootstrap gives all three)"

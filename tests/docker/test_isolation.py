@@ -28,7 +28,7 @@ from orchestrator import (
 from orchestrator.backends.docker.render import GVISOR_RUNTIME_ENV, CompiledProject
 from orchestrator.backends.docker.runtime import ComposeRuntime
 from orchestrator.spec.policy import ISOLATION_ENV
-from tests.conftest import PYTHON_IMAGE, labelled_ids, main_container
+from tests.conftest import PYTHON_IMAGE, engine_info, labelled_ids, main_container
 from tests.docker.conftest import MakeEnv
 
 pytestmark = pytest.mark.usefixtures("gvisor_engine")
@@ -81,13 +81,7 @@ def test_a_gvisor_sandbox_meets_gvisors_kernel(sandbox: Runtime, gvisor_engine: 
     assert "gVisor" in boot.stdout, boot
     # a sandbox with no network runs on runsc with no network stack, where the engine has it
     sealed = os.environ.get("ORCHESTRATOR_GVISOR_SEALED_RUNTIME") or "runsc-sealed"
-    listed = subprocess.run(
-        ["docker", "info", "--format", "{{json .Runtimes}}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    want = sealed if f'"{sealed}"' in listed else gvisor_engine
+    want = sealed if f'"{sealed}"' in engine_info("{{json .Runtimes}}") else gvisor_engine
     assert engine_runtime(main_container(sandbox)) == want
 
 
