@@ -130,6 +130,8 @@ class LocalRuntime(Runtime):
         "services": "no extra containers: a file's services are ignored (with a warning)",
         "suspend-filesystem": "suspend saves the workspace only: the host's filesystem is "
         "not the sandbox's, and there are no services",
+        "fork-memory": "a fork copies the workspace only: host processes have no checkpoint, "
+        "so the copy's start anew (setup.resume_commands)",
         "static-read-only-as-root": "static assets are read-only by file mode only, which "
         "does not stop root",
         "pause-freezer": "pause stops its processes with SIGSTOP (SIGCONT on resume), not a "

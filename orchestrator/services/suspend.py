@@ -107,7 +107,7 @@ def fork(
                     env=rt.env,
                     keep_record=True,
                     backend=rt.name,
-                    host=rt.options.host,
+                    host=rt.options.host or saved.host,  # the engine it runs on
                     mounts=list(rt.options.mounts),
                     env_vars=dict(rt.options.env_vars),
                     policy=rt.options.policy,

@@ -147,6 +147,10 @@ class RuntimeDoor(SandboxDoor):
     def service(self, name: str) -> SandboxDoor:
         return SandboxDoor(self._inner.service(name), self._loop)
 
+    def fork(self, n: int = 1, **options: Any) -> list[RuntimeDoor]:
+        made = self._loop.run(self._inner.fork(n, **options))
+        return [RuntimeDoor(copy, self._loop) for copy in made]
+
     def cleanup(self) -> None:
         self._loop.run(self._inner.cleanup())
 

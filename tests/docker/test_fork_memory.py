@@ -6,6 +6,7 @@ and a backend without gVisor."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import stat
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import UsageError, fork, list_snapshots, spawn_runtime, wake
+from orchestrator import OrchestratorError, UsageError, fork, list_snapshots, spawn_runtime, wake
+from orchestrator.backends.docker import memory
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.snapshot import Snapshot
 from tests.conftest import cannot_run, engine_info, labelled_ids
@@ -200,6 +202,46 @@ def test_a_copy_is_forked_again_and_the_original_saved_again(
             for one in made:
                 one.cleanup()
     assert labelled_ids() <= before
+
+
+def test_a_save_given_up_at_its_deadline_leaves_the_sandbox_running(
+    make_env: MakeEnv, sealed_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runsc killed at its deadline while the sandbox still saves 200 MB: the sandbox stops
+    once saved, and is started again from what it saved; nothing of the record is left."""
+    before = labelled_ids()
+    snaps = {s.name for s in list_snapshots()}
+    with spawn_runtime(make_env(SEALED, name="memslow")) as rt:
+        start_holder(rt)
+        secret = remembered(rt)
+        rt.execute("head -c 200000000 /dev/urandom > /tmp/ballast", check=True)
+        monkeypatch.setattr(memory, "checkpoint_seconds", lambda: 0.2)
+        with pytest.raises(OrchestratorError, match="timed out"):
+            rt.checkpoint(memory=True)
+        monkeypatch.undo()
+        assert remembered(rt) == secret  # the same process, memory and all
+        seen = count(rt)
+        deadline = time.monotonic() + 10
+        while count(rt) <= seen:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert {s.name for s in list_snapshots()} == snaps
+    assert labelled_ids() <= before
+
+
+def test_two_saves_at_once_take_turns(make_env: MakeEnv, sealed_engine: str) -> None:
+    with spawn_runtime(make_env(SEALED, name="memtwo")) as rt:
+        start_holder(rt)
+        secret = remembered(rt)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            saves = [pool.submit(rt.checkpoint, memory=True) for _ in range(2)]
+            made = [f.result(timeout=300) for f in saves]
+        try:
+            assert len({m.name for m in made}) == 2 and all(m.memory for m in made)
+            assert remembered(rt) == secret
+        finally:
+            for m in made:
+                m.remove()
 
 
 def test_memory_is_refused_with_its_reason_where_it_cannot_be_kept(make_env: MakeEnv) -> None:

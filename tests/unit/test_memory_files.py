@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from orchestrator.backends.docker.memory import _roots_own
 from orchestrator.sandbox.snapshot import remove_files
 
 
@@ -32,3 +33,24 @@ def test_files_links_and_fifos_go_a_folder_in_it_stays_and_nothing_raises(tmp_pa
     assert sorted(p.name for p in folder.iterdir()) == ["sub"]
     assert outside.read_text() == "mine"
     remove_files(tmp_path / "absent")  # gone already: fine
+
+
+def test_a_path_runsc_is_given_is_roots_in_every_part(tmp_path: Path) -> None:
+    """(memory._roots_own) Every folder above is root's, no link, and writable by root
+    alone, or sticky (as /tmp): no one else can point it elsewhere once checked."""
+    good = tmp_path / "state" / "moby"
+    good.mkdir(parents=True, mode=0o711)
+    assert _roots_own(str(good)) is (os.geteuid() == 0 and _roots_own(str(tmp_path)))
+    if not _roots_own(str(good)):
+        return  # (the checks below need root's folders)
+    link = tmp_path / "l"
+    link.symlink_to(good.parent)
+    assert not _roots_own(str(link / "moby"))
+    os.chown(good.parent, 1000, 1000)
+    assert not _roots_own(str(good))
+    os.chown(good.parent, 0, 0)
+    good.parent.chmod(0o777)  # writable by others, not sticky
+    assert not _roots_own(str(good))
+    good.parent.chmod(0o1777)  # sticky, as /tmp: a root-owned folder in it stays put
+    assert _roots_own(str(good))
+    assert not _roots_own("/") and not _roots_own("relative") and not _roots_own("/a/../b")

@@ -24,10 +24,12 @@ its size is bounded (ORCHESTRATOR_CHECKPOINT_LIMIT); runsc runs within a deadlin
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import stat
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +39,7 @@ from orchestrator import procutil, settings
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.engine.bounds import up_timeout
 from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.paths import lock_descriptor, open_for_lock
 from orchestrator.sandbox.snapshot import remove_files
 
 if TYPE_CHECKING:
@@ -46,8 +49,13 @@ SEALED_ENV = settings.GVISOR_SEALED_RUNTIME.name
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID = re.compile(r"[0-9a-f]{64}")
 MAX_FILES = 16
+LOCK_FILE = "memory.lock"
+"""In the project folder: held while its memory is saved or restored (see `locked`)."""
 CHUNK = 1 << 20
 OUTPUT = 4096
+SETTLE = 1.0
+"""Seconds a sandbox whose checkpoint failed must run on, its image not growing, to be
+taken as running on (see _runs_on)."""
 """Bytes of what runsc says that an error keeps (its last)."""
 
 
@@ -59,16 +67,30 @@ def limit() -> int:
     return settings.CHECKPOINT_LIMIT.get()
 
 
+def checkpoint_seconds() -> float:
+    """How long runsc may take to save a sandbox (an engine call's bound)."""
+    return up_timeout()
+
+
 def refusal(project: Project) -> str | None:
     """Why this environment's memory cannot be saved here (None: it can)."""
     engine = project.engine
+    if engine.socket is None:
+        return "the engine is not on this machine's socket"
     if engine.kind != "docker":
         return f"the engine is {engine.kind}'s, and only Docker's restores a gVisor checkpoint"
-    if project._direct() is None:  # (one container, network_mode: none)
+    run = project._direct()
+    if run is None:  # (one container, network_mode: none)
         return (
             "only a gVisor sandbox with no network is saved with its memory here: one "
             "container (isolation: gvisor, network.egress: none, no service, no published "
             "port); this runsc keeps no network in a checkpoint"
+        )
+    if run.volumes:
+        return (
+            "it mounts host folders of the file's or the caller's (static assets, mounts), "
+            "which are pinned by descriptors held only while it starts (binding.py): a "
+            "sandbox started again from its memory could not mount them"
         )
     got = project.runtime_of_main()
     if got != sealed_runtime():
@@ -111,12 +133,15 @@ def held(engine: Engine, container: str, folder: Path) -> Iterator[dict[str, str
     use"), so a copy could not be saved again."""
     got = engine.inspected(container, "inspecting the sandbox") or {}
     cid = _checked_id(container, got)
-    runsc, root = _runsc_of(engine, container, got)
+    runsc, root = _runsc_of(engine, container, got, cid)
+    _room_for(engine, container, got, folder.parent)
     folder.mkdir(mode=0o700)
     try:
         _checkpoint(runsc, root, cid, folder, container)
     except BaseException:
-        if not _running(engine, container):  # stopped all the same: back from what it saved
+        # its runsc gave up (or was given up on), but the sandbox may still be saving, and
+        # stop once it has: it is started again from what it saved, if it does
+        if not _runs_on(engine, container, folder):
             with contextlib.suppress(OrchestratorError, OSError):
                 _restart(engine, container, folder)
         raise
@@ -136,6 +161,41 @@ def _running(engine: Engine, container: str) -> bool:
     return bool((got.get("State") or {}).get("Running"))
 
 
+def _runs_on(engine: Engine, container: str, folder: Path) -> bool:
+    """After a checkpoint that failed: whether the sandbox runs on (True), or stopped
+    (False). It is watched while it may still be saving (its image in `folder` grows), and
+    for SETTLE seconds after, within up_timeout() in all."""
+    deadline, last, still = time.monotonic() + up_timeout(), -1, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            if not _running(engine, container):
+                return False
+        except OrchestratorError:
+            return False
+        size = sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(folder))
+        if size != last:
+            last, still = size, time.monotonic()
+        elif time.monotonic() - still >= SETTLE:
+            return True
+        time.sleep(0.1)
+    return _running(engine, container)
+
+
+def _room_for(engine: Engine, container: str, got: dict[str, Any], records: Path) -> None:
+    """Refuse to save a sandbox whose memory may not fit: its memory limit (else the
+    checkpoint limit) must be free both where the record goes and under the engine's data
+    root (the image is written to each)."""
+    need = int((got.get("HostConfig") or {}).get("Memory") or 0) or limit()
+    info = engine.described(action="asking the engine for its data root")
+    for where in (records, Path(str(info.get("DockerRootDir") or "/"))):
+        st = os.statvfs(where)
+        if st.f_bavail * st.f_frsize < need:
+            raise UsageError(
+                f"{container}: no room to save its memory: {where} has less than the "
+                f"{need} bytes it may take free"
+            )
+
+
 def _checked_id(container: str, got: dict[str, Any]) -> str:
     cid = str(got.get("Id") or "")
     if not _ID.fullmatch(cid):
@@ -143,46 +203,60 @@ def _checked_id(container: str, got: dict[str, Any]) -> str:
     return cid
 
 
-def _runsc_of(engine: Engine, container: str, got: dict[str, Any]) -> tuple[str, str]:
+def _runsc_of(engine: Engine, container: str, got: dict[str, Any], cid: str) -> tuple[str, str]:
     """The runsc binary the engine registered the sealed runtime with, and the state root
-    the container's sandbox was started with (its own command line says: `--root=`), each
-    checked: an absolute path, root's, not a link, writable by root alone."""
+    the container's sandbox was started with: its own command line says (`--root=`), once
+    that process is seen to be this container's sandbox (`runsc-sandbox ... boot ... <id>`)
+    and the root holds this container's state. Each path is checked in every part: absolute,
+    root's, no link, writable by root alone (so no one else can point it elsewhere later)."""
     info = engine.described(action="asking the engine for its runtimes")
     binary = str(((info.get("Runtimes") or {}).get(sealed_runtime()) or {}).get("path") or "")
     pid = int((got.get("State") or {}).get("Pid") or 0)
     root = ""
-    with contextlib.suppress(OSError):
-        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid > 0 else []
+    with contextlib.suppress(OSError, ValueError):
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         roots = [w[len(b"--root=") :] for w in words if w.startswith(b"--root=")]
-        root = os.fsdecode(roots[0]) if len(roots) == 1 else ""
+        ours = pid > 0 and b"boot" in words and words[-1] == cid.encode() and len(roots) == 1
+        root = os.fsdecode(roots[0]) if ours and words[0].endswith(b"runsc-sandbox") else ""
+    # resolved first: what runsc is given is the very path checked, which only root can change
+    binary, root = (os.path.realpath(p) if p.startswith("/") else "" for p in (binary, root))
     for path, what in ((binary, "runsc"), (root, "runsc's state root")):
         if not _roots_own(path):
             raise OrchestratorError(
-                f"{container}: {what} ({path or 'not found'}) is not an absolute path of "
-                "root's that only root writes: not used"
+                f"{container}: {what} ({path or 'not found'}) is not a path of root's that "
+                "only root writes, in every part: not used"
             )
+    state = Path(root, f"{cid}_sandbox:{cid}.state")
+    if not _roots_own(str(state)):
+        raise OrchestratorError(f"{container}: runsc keeps no state for it under {root}")
     return binary, root
 
 
 def _roots_own(path: str) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
+    """`path` is absolute and normal, and it and every folder above it is root's, no link,
+    and writable by root alone."""
+    if not path.startswith("/") or os.path.normpath(path) != path or path == "/":
         return False
-    return (
-        os.path.isabs(path)
-        and not stat.S_ISLNK(st.st_mode)
-        and st.st_uid == 0
-        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
+    parts = Path(path).parts
+    for n in range(1, len(parts) + 1):
+        try:
+            st = os.lstat(Path(*parts[:n]))
+        except OSError:
+            return False
+        shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        # (a sticky folder above, as /tmp: what root has in it, no one else can move)
+        sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and n < len(parts)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != 0 or (shared and not sticky):
+            return False
+    return True
 
 
 def _checkpoint(runsc: str, root: str, cid: str, folder: Path, container: str) -> None:
-    """`runsc checkpoint` of the sandbox into `folder`, within up_timeout() (its process
-    tree killed past it); what it said, at most OUTPUT bytes of it, in the error."""
+    """`runsc checkpoint` of the sandbox into `folder`, within checkpoint_seconds() (its
+    process tree killed past it); what it said, at most OUTPUT bytes of it, in the error."""
     argv = [runsc, f"--root={root}", "checkpoint", f"--image-path={folder}", cid]
     said = b""
-    run = procutil.run(argv, None, None, timeout=up_timeout())
+    run = procutil.run(argv, None, None, timeout=checkpoint_seconds())
     try:
         while True:
             _, data = next(run)
@@ -218,6 +292,27 @@ def _sealed(folder: Path, bound: int | None) -> dict[str, str]:
                 digest.update(chunk)
         done[name] = digest.hexdigest()
     return done
+
+
+@contextlib.contextmanager
+def locked(directory: Path, name: str) -> Iterator[None]:
+    """One save or restore of an environment's memory at a time, across processes (the
+    CLI's too): a lock file in its project folder, waited for up to twice up_timeout()."""
+    within = 2 * up_timeout()
+    fd = open_for_lock(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with lock_descriptor(fd):
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OrchestratorError(
+                        f"{name}: another save of its memory has run for {within:g}s; try again"
+                    ) from None
+                time.sleep(0.05)
+        yield
 
 
 def restore(

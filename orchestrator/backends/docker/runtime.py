@@ -57,7 +57,11 @@ log = logging.getLogger("orchestrator.docker")
 
 class ComposeRuntime(ContainerRuntime):
     name: ClassVar[str] = "docker"
-    deviations: ClassVar[dict[str, str]] = {}
+    deviations: ClassVar[dict[str, str]] = {
+        "fork-memory": "only a gVisor sandbox with no network, on an engine on this machine, "
+        "is forked with its memory (no process checkpoint under runc: CRIU fails here; "
+        "docs/fork.md); any other copies its files",
+    }
     needs_image: ClassVar[bool] = True
 
     @classmethod
@@ -338,6 +342,13 @@ class ComposeRuntime(ContainerRuntime):
         containers = {s: project.container_of(s) for s in services}
         return images.commit_all(containers, record, project.engine)
 
+    def _engine(self) -> str:
+        """The engine its containers are on, as it was when it started (the process's
+        settings may say another one now)."""
+        if self.project is not None and self.project.engine.address:
+            return self.project.engine.address
+        return super()._engine()
+
     # ----- memory (memory.py) -----------------------------------------------------------------
     def memory_refusal(self) -> str | None:
         if self.project is None:
@@ -351,21 +362,23 @@ class ComposeRuntime(ContainerRuntime):
             raise UsageError(f"{self.env.name}: no checkpoint with memory: {why}")
         self._check_usable()
         assert self.project is not None and self._main is not None
-        self._main.close()  # its executor is started anew once the sandbox runs again
-        try:
-            with memory.held(self.project.engine, self._container, folder) as digests:
-                yield digests
-        finally:
-            self._main.start()
+        with memory.locked(self.project.directory, self.env.name):
+            self._main.close()  # its executor is started anew once the sandbox runs again
+            try:
+                with memory.held(self.project.engine, self._container, folder) as digests:
+                    yield digests
+            finally:
+                self._main.start()
 
     def _restore_memory(self, snap: Snapshot) -> None:
         why = self.memory_refusal()
         if why is not None:
             raise UsageError(f"{snap.name} holds memory, which cannot be restored here: {why}")
         assert self.project is not None and self._main is not None
-        self._main.close()
-        memory.restore(self.project.engine, self._container, snap.memory_folder, snap.memory)
-        self._main.start()
+        with memory.locked(self.project.directory, self.env.name):
+            self._main.close()
+            memory.restore(self.project.engine, self._container, snap.memory_folder, snap.memory)
+            self._main.start()
         if self.options.detached:
             self._reopen_endpoint()
 

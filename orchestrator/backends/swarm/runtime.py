@@ -64,6 +64,7 @@ class SwarmRuntime(ContainerRuntime):
         "static-read-only-as-root": "static assets are copied into the sandbox, read-only by "
         "mode (owned by root): root in the sandbox can change them",
         "suspend": SUSPEND_DEVIATION,
+        "fork-memory": "no fork at all (see suspend)",
         "default-pids": "Swarm services on Engine 20.10 cannot limit processes: the default "
         "process limit is not applied (memory and CPUs are), so memory alone bounds a fork bomb",
     }
