@@ -46,7 +46,10 @@ setup:
 
 
 def _docker(*argv: str) -> str:
-    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(["docker", *argv], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(argv)}: {done.stderr.strip()}")
+    return done.stdout
 
 
 def _clock(fn: Callable[[], object]) -> tuple[float, object]:
@@ -65,6 +68,8 @@ def _raw(name: str) -> tuple[float, float]:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         save, _ = _clock(lambda: _docker("checkpoint", "create", name, "c1"))
+        while _docker("inspect", "-f", "{{.State.Running}}", name).strip() != "false":
+            time.sleep(0.01)  # (the engine records the exit a moment later)
         back, _ = _clock(lambda: _docker("start", "--checkpoint", "c1", name))
         return save, back
     finally:

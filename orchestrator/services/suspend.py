@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator import settings
@@ -72,6 +73,8 @@ def wake(
 
 FORKS = 64
 """Copies one `fork` makes at most."""
+SIDE_BY_SIDE = 4
+"""Copies one `fork` starts at once."""
 
 
 def fork(
@@ -98,28 +101,36 @@ def fork(
     carried = memory is not False and why is None
     # this process's: its death leaves it to the reaper
     saved = rt.checkpoint(keep=False, memory=carried)
-    made: list[Runtime] = []
+
+    def one() -> Runtime:
+        return wake(
+            saved.path,
+            env=rt.env,
+            keep_record=True,
+            backend=rt.name,
+            host=rt.options.host or saved.host,  # the engine it runs on
+            mounts=list(rt.options.mounts),
+            env_vars=dict(rt.options.env_vars),
+            policy=rt.options.policy,
+            detached=detached,
+        )
+
+    # side by side: a copy is mostly waiting on the engine (its start, its restore)
+    pool = ThreadPoolExecutor(min(n, SIDE_BY_SIDE), thread_name_prefix="orchestrator-fork")
+    futures = [pool.submit(one) for _ in range(n)]
     try:
-        for _ in range(n):
-            made.append(
-                wake(
-                    saved.path,
-                    env=rt.env,
-                    keep_record=True,
-                    backend=rt.name,
-                    host=rt.options.host or saved.host,  # the engine it runs on
-                    mounts=list(rt.options.mounts),
-                    env_vars=dict(rt.options.env_vars),
-                    policy=rt.options.policy,
-                    detached=detached,
-                )
-            )
+        made = [f.result() for f in futures]
     except BaseException:
-        for copy in made:
-            with contextlib.suppress(OrchestratorError):
-                copy.cleanup()
+        for f in futures:
+            f.cancel()
+        pool.shutdown(wait=True)  # those started finish, and go
+        for f in futures:
+            if f.done() and not f.cancelled() and f.exception() is None:
+                with contextlib.suppress(OrchestratorError):
+                    f.result().cleanup()
         raise
     finally:
+        pool.shutdown(wait=True)
         consume(saved)
     if memory is None and why is not None:
         for copy in made:

@@ -29,6 +29,7 @@ import hashlib
 import os
 import re
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import procutil, settings
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.engine.bounds import up_timeout
-from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.errors import DockerError, OrchestratorError, UsageError
 from orchestrator.paths import lock_descriptor, open_for_lock
 from orchestrator.sandbox.snapshot import remove_files
 
@@ -49,6 +50,7 @@ SEALED_ENV = settings.GVISOR_SEALED_RUNTIME.name
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID = re.compile(r"[0-9a-f]{64}")
 MAX_FILES = 16
+_STARTING = threading.Lock()
 LOCK_FILE = "memory.lock"
 """In the project folder: held while its memory is saved or restored (see `locked`)."""
 CHUNK = 1 << 20
@@ -336,11 +338,30 @@ def restore(
     own.mkdir(mode=0o700, exist_ok=True)
     try:
         _copy(folder, own / name, digests, limit() if bounded else None)
-        engine.start_container(container, checkpoint=name, seconds=up_timeout(), action=action)
+        _start_from(engine, container, name, action)
     finally:
         with contextlib.suppress(OrchestratorError):
             engine.delete_checkpoint(container, name, action=action)
         remove_files(own / name)
+
+
+def _start_from(engine: Engine, container: str, name: str, action: str) -> None:
+    """Start `container` from its checkpoint `name`. The engine uploads the image to its
+    containerd's content store, which refuses the same bytes uploaded at the same moment
+    ("already exists"): copies of one record start one at a time in this process, and
+    another process's upload is waited out, a few tries within up_timeout()."""
+    deadline = time.monotonic() + up_timeout()
+    while True:
+        try:
+            with _STARTING:
+                engine.start_container(
+                    container, checkpoint=name, seconds=up_timeout(), action=action
+                )
+            return
+        except DockerError as exc:
+            if "already exists" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _own_folder(engine: Engine, container: str) -> Path:
