@@ -58,6 +58,20 @@ def _clock(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - t, got
 
 
+def _start_from(name: str) -> None:
+    """`docker start --checkpoint c1`, tried again while containerd still holds the same
+    bytes from an earlier upload ("already exists"), as the orchestrator does."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _docker("start", "--checkpoint", "c1", name)
+            return
+        except RuntimeError as exc:
+            if "already exists" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _raw(name: str) -> tuple[float, float]:
     """A plain runsc-sealed container holding the memory: checkpoint, then restore, timed."""
     _docker("run", "-d", "--name", name, "--runtime", "runsc-sealed", "--network", "none", IMAGE,
@@ -70,7 +84,7 @@ def _raw(name: str) -> tuple[float, float]:
         save, _ = _clock(lambda: _docker("checkpoint", "create", name, "c1"))
         while _docker("inspect", "-f", "{{.State.Running}}", name).strip() != "false":
             time.sleep(0.01)  # (the engine records the exit a moment later)
-        back, _ = _clock(lambda: _docker("start", "--checkpoint", "c1", name))
+        back, _ = _clock(lambda: _start_from(name))
         return save, back
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
