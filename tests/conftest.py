@@ -437,6 +437,20 @@ def gvisor_engine() -> str:
 
 
 @pytest.fixture(scope="session")
+def sealed_engine(gvisor_engine: str) -> str:
+    """The engine runtime of gVisor with no network (scripts/bootstrap-gvisor registers it),
+    on an engine whose checkpoint API is on, as root: what a checkpoint with memory needs."""
+    name = os.environ.get("ORCHESTRATOR_GVISOR_SEALED_RUNTIME", "") or "runsc-sealed"
+    said = engine_info("{{json .Runtimes}} {{.ExperimentalBuild}}")
+    if f'"{name}"' not in said or not said.strip().endswith("true") or os.geteuid() != 0:
+        cannot_run(
+            f"memory checkpoints need the runtime {name!r}, an engine in experimental mode "
+            "and root (scripts/bootstrap gives all three)"
+        )
+    return name
+
+
+@pytest.fixture(scope="session")
 def podman_engine() -> str:
     """Root Podman's API socket, where `--engine podman` goes (scripts/bootstrap-podman
     starts it, with the test images); skips without it (fails in CI)."""

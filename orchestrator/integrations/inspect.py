@@ -142,6 +142,9 @@ class OrchestratorSandbox(SandboxEnvironment):
     _live: dict[str, AsyncRuntime] = {}
     """Environments of samples not cleaned up yet, by id (for task_cleanup)."""
     _live_lock = threading.Lock()
+    _forks: dict[AsyncRuntime, list[AsyncRuntime]] = {}
+    """Copies made by `fork_sandboxes`, by the sample's environment they were made from:
+    removed with it."""
     _removing: list[threading.Thread] = []
     """Background removals of finished samples (task_cleanup waits for them)."""
     _pools: dict[SandboxEnvironmentConfigType | None, AsyncPool] = {}
@@ -245,6 +248,9 @@ class OrchestratorSandbox(SandboxEnvironment):
         if interrupted:
             return
         done = {e.runtime: e.pool for e in environments.values() if isinstance(e, cls)}
+        with cls._live_lock:
+            for runtime in list(done):
+                done.update(dict.fromkeys(cls._forks.pop(runtime, []), None))  # its copies too
         for runtime, pool in done.items():
             await _log_usage(runtime)
             with cls._live_lock:
@@ -267,6 +273,7 @@ class OrchestratorSandbox(SandboxEnvironment):
         waiting environments are removed either way (no sample ever ran in them)."""
         with cls._live_lock:
             left, cls._live = dict(cls._live), {}
+            cls._forks = {}  # (each copy is in _live)
             removing, cls._removing = cls._removing, []
         pool = cls._pools.pop(config, None)
         if pool is not None:
@@ -413,6 +420,37 @@ class OrchestratorSandbox(SandboxEnvironment):
             ports=inspect_config.ports(info.ports, self.service) or None,
             container=connection.container,
         )
+
+
+async def fork_sandboxes(
+    n: int = 1, *, memory: bool | None = None, name: str | None = None
+) -> list[dict[str, SandboxEnvironment]]:
+    """`n` copies of the current sample's environment, as it is now (`Runtime.fork`: its
+    files, and its running processes and memory where it can: docs/fork.md), each named as
+    Inspect names a sample's sandboxes (the main one first, then each service). They are
+    removed with the sample (at the task's end if it was interrupted; by the guardian if
+    this process dies). `name`: which of the sample's sandboxes says which environment
+    (any: they share one). TypeError when the sample's sandboxes are not ours."""
+    found = sandbox(name)
+    try:
+        ours = found.as_type(OrchestratorSandbox)
+    except TypeError:
+        raise TypeError(
+            f"fork_sandboxes forks an orchestrator sandbox; the sample's is {type(found).__name__}"
+        ) from None
+    runtime = ours.runtime
+    copies = await runtime.fork(n, memory=memory)
+    cls = OrchestratorSandbox
+    with cls._live_lock:
+        for copy in copies:
+            cls._live[copy.info().id] = copy
+        cls._forks.setdefault(runtime, []).extend(copies)
+    env = runtime.sync.env
+    main = env.compose_main or "default"
+    names = [MAIN, *env.spec.services]
+    return [
+        {main if n == MAIN else n: cls(copy, n, ours.variables) for n in names} for copy in copies
+    ]
 
 
 def _ours(found: SandboxEnvironment) -> OrchestratorSandbox | None:

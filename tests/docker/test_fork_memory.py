@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from orchestrator import OrchestratorError, UsageError, fork, list_snapshots, sp
 from orchestrator.backends.docker import memory
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.snapshot import Snapshot
-from tests.conftest import cannot_run, engine_info, labelled_ids
+from tests.conftest import labelled_ids
 from tests.docker.conftest import MakeEnv
 
 pytestmark = pytest.mark.docker
@@ -53,20 +52,6 @@ while True:
     os.rename('/tmp/count.part', '/tmp/count')
     time.sleep(0.02)
 """
-
-
-@pytest.fixture(scope="session")
-def sealed_engine(gvisor_engine: str) -> str:
-    """The engine runtime of gVisor with no network (scripts/bootstrap-gvisor registers it),
-    on an engine whose checkpoint API is on, as root: what a checkpoint with memory needs."""
-    name = os.environ.get("ORCHESTRATOR_GVISOR_SEALED_RUNTIME", "") or "runsc-sealed"
-    said = engine_info("{{json .Runtimes}} {{.ExperimentalBuild}}")
-    if f'"{name}"' not in said or not said.strip().endswith("true") or os.geteuid() != 0:
-        cannot_run(
-            f"memory checkpoints need the runtime {name!r}, an engine in experimental mode "
-            "and root (scripts/bootstrap gives all three)"
-        )
-    return name
 
 
 def count(rt: Runtime) -> int:
