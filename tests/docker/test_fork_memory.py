@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
 import stat
 import subprocess
 import sys
@@ -16,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import OrchestratorError, UsageError, fork, list_snapshots, spawn_runtime, wake
+from orchestrator import (
+    OrchestratorError,
+    UsageError,
+    fork,
+    list_snapshots,
+    reap,
+    spawn_runtime,
+    wake,
+)
 from orchestrator.backends.docker import memory
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.snapshot import Snapshot
@@ -227,6 +237,82 @@ def test_two_saves_at_once_take_turns(make_env: MakeEnv, sealed_engine: str) -> 
         finally:
             for m in made:
                 m.remove()
+
+
+def test_a_workspace_of_links_fifos_and_devices_plants_nothing_on_the_host(
+    make_env: MakeEnv, sealed_engine: str, tmp_path: Path
+) -> None:
+    """Root in the sandbox fills its workspace with a link to a host file, a link out of
+    the workspace, a FIFO and device nodes (where gVisor lets it), then is forked with its
+    memory: the host's files are untouched, and no copy's workspace on the host holds a
+    device node or a link that was followed."""
+    victim = tmp_path / "victim"
+    victim.write_text("host's own\n")
+    body = SEALED + "user: '0:0'\n"
+    with spawn_runtime(make_env(body, name="memhostile")) as rt:
+        start_holder(rt)
+        rt.execute(
+            f"ln -s {victim} to-host; ln -s ../../.. up; mkfifo pipe;"
+            " mknod null-dev c 1 3 2>/dev/null; mknod disk b 8 0 2>/dev/null; true",
+            check=True,
+        )
+        copies = fork(rt, 2)
+        try:
+            for copy in copies:
+                assert not copy.warnings, copy.warnings
+                assert copy.execute("readlink to-host").stdout.strip() == str(victim)
+                copy.execute(f"echo planted > to-host; echo planted > {victim}")
+                folder = copy._host_workspace()
+                assert folder is not None and folder.is_dir()
+                for entry in folder.rglob("*"):
+                    mode = entry.lstat().st_mode
+                    assert not (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)), entry
+                assert os.readlink(folder / "to-host") == str(victim)  # a link, not a copy
+        finally:
+            for copy in copies:
+                copy.cleanup()
+    assert victim.read_text() == "host's own\n"
+
+
+OWNER = """
+import sys, time
+from orchestrator import spawn_runtime
+rt = spawn_runtime(sys.argv[1])
+rt.execute("sleep 600 >/dev/null 2>&1 &", check=True)
+copies = rt.fork(2)
+print(" ".join(c.info().id for c in copies), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_owners_forks_are_removed(make_env: MakeEnv, sealed_engine: str) -> None:
+    before = labelled_ids()
+    path = make_env(SEALED, name="memowner")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    with proc:
+        try:
+            assert proc.stdout is not None
+            made = proc.stdout.readline().split()
+            assert len(made) == 2, "the owner did not fork"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+    deadline = time.monotonic() + 60
+    while any(f"{one}-main-1" in running_names() for one in made):
+        assert time.monotonic() < deadline, "the dead owner's forks are still there"
+        time.sleep(0.3)  # its guardians remove them within a second or so
+    reap()  # and the images they ran, once no container uses them
+    assert labelled_ids() <= before
+
+
+def running_names() -> str:
+    argv = ["docker", "ps", "-a", "--format", "{{.Names}}"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
 
 
 def test_memory_is_refused_with_its_reason_where_it_cannot_be_kept(make_env: MakeEnv) -> None:
