@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import (
+    OrchestratorError,
     PolicyError,
     Runtime,
     Snapshot,
@@ -254,3 +255,32 @@ def test_a_sigkilled_owners_suspended_environment(
     else:
         assert not record.exists(), "the dead owner's suspended environment is still there"
         assert not any(images.exists(i) for i in made)
+
+
+CRASH_ON_WAKE = (
+    "if [ -f /data/woke ]; then sleep 0.3; echo dying on wake; exit 3; fi; "
+    "mkdir -p /data && touch /data/woke && exec sleep 2147483647"
+)
+
+
+def test_a_sidecar_that_dies_as_it_wakes_fails_the_wake_and_leaves_nothing(
+    make_env: MakeEnv,
+) -> None:
+    """The settle window of a wake overlaps its workspace's restore, and still holds: a
+    service that dies just after it was first seen running fails the wake, with its exit
+    code and last lines, and nothing of the woken environment is left."""
+    body = f"""\
+services:
+  db:
+    image: {BUSYBOX_IMAGE}
+    command: [sh, -c, {json.dumps(CRASH_ON_WAKE)}]
+"""
+    before = labelled_ids()
+    with spawn_runtime(make_env(body, name="crashwake")) as rt:
+        record = rt.checkpoint()
+    try:
+        with pytest.raises(OrchestratorError, match="dying on wake"):
+            wake(record.name, keep_record=True)
+    finally:
+        Snapshot.find(record.name).remove()
+    assert labelled_ids() <= before

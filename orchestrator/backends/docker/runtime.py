@@ -171,7 +171,10 @@ class ComposeRuntime(ContainerRuntime):
         if compiled.published:
             self._ports = self.project.ports()
         self._confirm_started()
-        watch.settled()  # and none died as it started
+        if opts.resume is None:
+            watch.settled()  # and none died as it started
+        else:  # once its workspace is restored: the settle window overlaps that
+            self._unsettled = watch
         self._remember()  # for attach(): `orchestrator exec`, `up --pool`, ...
         if opts.detached and self._shared is not None:
             self._open_endpoint()
@@ -348,6 +351,14 @@ class ComposeRuntime(ContainerRuntime):
         if self.project is not None and self.project.engine.address:
             return self.project.engine.address
         return super()._engine()
+
+    _unsettled: ServiceWatch | None = None
+
+    def _restore(self, snap: Snapshot) -> None:
+        super()._restore(snap)
+        watch, self._unsettled = self._unsettled, None
+        if watch is not None:
+            watch.settled()  # none of its services died as it started
 
     # ----- memory (memory.py) -----------------------------------------------------------------
     def memory_refusal(self) -> str | None:
