@@ -62,9 +62,6 @@ TARGETS = [
             "sleeping processes stuck: pause is refused under gvisor (suspend works)",
             "tty-keys": "gVisor's runsc (2022-12) terminal does not act on the control keys "
             "typed into it (Ctrl-C, Ctrl-D): Process.signal reaches its group, kill ends it",
-            "fork-memory": "the suite's file mounts a static asset, a pinned host folder, "
-            "which a sandbox started again from its memory cannot mount: refused "
-            "(tests/docker/test_fork_memory.py forks one without)",
         },
     ),
     Target(

@@ -315,6 +315,47 @@ def running_names() -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
 
 
+def test_static_assets_come_back_in_copies_forked_by_the_process_that_started_it(
+    make_env: MakeEnv, sealed_engine: str, tmp_path: Path
+) -> None:
+    """A static asset is a pinned host folder, which only the descriptor of the process
+    that started the sandbox names: that process forks it with its memory, and each copy
+    (and the original, started again) mounts it; another process (the CLI, attached) is
+    refused with the reason, and its fork copies files."""
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "given.txt").write_text("given\n")
+    body = SEALED + "static_assets: [{name: a, path: assets, save_path: a}]\n"
+    env = make_env(body, name="memstatic")
+    with spawn_runtime(env) as rt:
+        start_holder(rt)
+        secret = remembered(rt)
+        where = rt.static_path("a")
+        copies = fork(rt, 2)
+        try:
+            for one in (rt, *copies):
+                assert not one.warnings, one.warnings
+                assert one.execute(f"cat {where}/given.txt").stdout == "given\n"
+                assert remembered(one) == secret
+        finally:
+            for copy in copies:
+                copy.cleanup()
+    up = subprocess.run([*CLI, "up", str(env)], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.split()[0]
+    made: list[str] = []
+    try:
+        refused = subprocess.run(
+            [*CLI, "fork", ident, "--memory"], capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode == 2 and "from that process" in refused.stderr, refused.stderr
+        files = subprocess.run([*CLI, "fork", ident], capture_output=True, text=True, timeout=180)
+        assert files.returncode == 0 and "no memory carried" in files.stderr, files.stderr
+        made = [line.split()[0] for line in files.stdout.splitlines() if line.strip()]
+    finally:
+        for gone in [*made, ident]:
+            subprocess.run([*CLI, "down", gone], capture_output=True, timeout=120, check=False)
+
+
 def test_memory_is_refused_with_its_reason_where_it_cannot_be_kept(make_env: MakeEnv) -> None:
     body = "setup:\n  resume_commands: ['true']\n"
     with spawn_runtime(make_env(body, name="memrunc")) as rt:

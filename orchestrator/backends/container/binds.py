@@ -165,6 +165,11 @@ class Pins:
         dest.chmod(0o444)  # a copy for reading: whoever the sandbox runs as may read it
         return dest
 
+    @property
+    def held(self) -> bool:
+        """Whether it holds a folder's descriptor (a volume's device names it)."""
+        return bool(self._fds)
+
     def close(self) -> None:
         """Let go of the descriptors (the engine holds its mounts of them now)."""
         fds, self._fds = self._fds, []

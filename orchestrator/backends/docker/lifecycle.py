@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator.backends.container.binds import Pins
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
     Engine,
@@ -81,6 +82,15 @@ class Project:
     """Its extra services' ties to this process (see tether.py)."""
     _direct_run: DirectRun | None = field(init=False, default=None)
     """How `up` made it, when through the Engine API (see direct.py)."""
+    pins: Pins | None = field(init=False, default=None)
+    """The descriptors of its pinned host folders, held while it lives in this process
+    when it may be started again (a sealed gVisor sandbox, started again from its memory:
+    memory.py); None: let go once it started (or made by another process)."""
+
+    @property
+    def sealed(self) -> bool:
+        """Made through the Engine API on the sealed runtime (memory.py)."""
+        return self._direct_run is not None and self._direct_run.runtime == sealed_runtime()
 
     def __post_init__(self) -> None:
         self.engine = Engine.at(self.host)
@@ -298,12 +308,19 @@ class Project:
         """Untie the services from this process (kept, handed over, or being removed)."""
         self.tethers.release()
 
+    def let_go(self) -> None:
+        """Close the pinned folders' descriptors it still holds (see `pins`)."""
+        pins, self.pins = self.pins, None
+        if pins is not None:
+            pins.close()
+
     def down(self, keep: bool = False) -> None:
         """Remove containers, networks and volumes (or only stop them with keep=True)."""
         self.release()
         try:
             self._down(keep)
         finally:
+            self.let_go()
             if not keep:
                 self.tethers.end_lingering()
 

@@ -88,11 +88,11 @@ def refusal(project: Project) -> str | None:
             "container (isolation: gvisor, network.egress: none, no service, no published "
             "port); this runsc keeps no network in a checkpoint"
         )
-    if run.volumes:
+    if run.volumes and project.pins is None:
         return (
             "it mounts host folders of the file's or the caller's (static assets, mounts), "
-            "which are pinned by descriptors held only while it starts (binding.py): a "
-            "sandbox started again from its memory could not mount them"
+            "pinned by descriptors that only the process that started it holds (binding.py): "
+            "save or fork it from that process"
         )
     got = project.runtime_of_main()
     if got != sealed_runtime():

@@ -128,6 +128,8 @@ def start_project(
     try:
         try:
             _retry_subnet(attempt)
+            if project.sealed and pins.held:  # it may be started again from its memory
+                project.pins, pins = pins, Pins(pins.folder)
         finally:
             pins.close()  # every container is made and started: the engine holds its mounts
         if not detached:  # its services stop when this process dies, guardian or not
