@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -256,3 +258,21 @@ def lock_descriptor(fd: int) -> Iterator[int]:
         if os.getpid() == pid:
             _LOCK_FDS.discard(fd)
             os.close(fd)
+
+
+@contextlib.contextmanager
+def locked_file(path: Path, within: float, busy: str) -> Iterator[None]:
+    """An exclusive flock on the file `path` (made owner-only, never through a link), waited
+    for `within` seconds at most (past that, OrchestratorError(`busy`)), held for the block."""
+    fd = open_for_lock(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with lock_descriptor(fd):
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OrchestratorError(busy) from None
+                time.sleep(0.05)
+        yield

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -102,3 +104,21 @@ def reaches(folder: Path, name: str, *, as_nobody: bool) -> str:
         [*nobody, *argv] if as_nobody else argv, capture_output=True, text=True, timeout=30
     )
     return done.stdout.strip()
+
+
+def killed_owner(script: str, *args: str) -> list[str]:
+    """Run a Python `script` (with `args`) as an owner process, read the first line it
+    prints, then SIGKILL it: that line's words (empty when it printed none)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    with proc:
+        try:
+            assert proc.stdout is not None
+            return proc.stdout.readline().split()
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)

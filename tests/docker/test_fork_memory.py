@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from orchestrator.backends.docker import memory
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.snapshot import Snapshot
 from tests.conftest import labelled_ids
-from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import MakeEnv, killed_owner
 
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "orchestrator"]
@@ -288,20 +287,8 @@ time.sleep(600)
 def test_a_sigkilled_owners_forks_are_removed(make_env: MakeEnv, sealed_engine: str) -> None:
     before = labelled_ids()
     path = make_env(SEALED, name="memowner")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
-    with proc:
-        try:
-            assert proc.stdout is not None
-            made = proc.stdout.readline().split()
-            assert len(made) == 2, "the owner did not fork"
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
+    made = killed_owner(OWNER, str(path))
+    assert len(made) == 2, "the owner did not fork"
     deadline = time.monotonic() + 60
     while any(f"{one}-main-1" in running_names() for one in made):
         assert time.monotonic() < deadline, "the dead owner's forks are still there"
@@ -339,9 +326,7 @@ def test_static_assets_come_back_in_copies_forked_by_the_process_that_started_it
         finally:
             for copy in copies:
                 copy.cleanup()
-    up = subprocess.run([*CLI, "up", str(env)], capture_output=True, text=True, timeout=120)
-    assert up.returncode == 0, up.stderr
-    ident = up.stdout.split()[0]
+    ident = cli_up(env)
     made: list[str] = []
     try:
         refused = subprocess.run(
@@ -354,6 +339,13 @@ def test_static_assets_come_back_in_copies_forked_by_the_process_that_started_it
     finally:
         for gone in [*made, ident]:
             subprocess.run([*CLI, "down", gone], capture_output=True, timeout=120, check=False)
+
+
+def cli_up(env: Path) -> str:
+    """`orchestrator up FILE`: the id it prints."""
+    up = subprocess.run([*CLI, "up", str(env)], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    return up.stdout.split()[0]
 
 
 def test_memory_is_refused_with_its_reason_where_it_cannot_be_kept(make_env: MakeEnv) -> None:
@@ -384,9 +376,7 @@ def test_a_sandbox_with_a_network_is_not_saved_with_memory(
 def test_cli_checkpoint_memory_and_fork(make_env: MakeEnv, sealed_engine: str) -> None:
     before = labelled_ids()
     env = make_env(SEALED, name="memcli")
-    up = subprocess.run([*CLI, "up", str(env)], capture_output=True, text=True, timeout=120)
-    assert up.returncode == 0, up.stderr
-    ident = up.stdout.split()[0]
+    ident = cli_up(env)
     made: list[str] = []
     try:
         start = subprocess.run(

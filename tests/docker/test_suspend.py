@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +29,7 @@ from orchestrator import (
 from orchestrator.backends.container import images
 from orchestrator.sandbox.snapshot import snapshots_dir
 from tests.conftest import BUSYBOX_IMAGE, labelled_ids
-from tests.docker.conftest import MakeEnv
+from tests.docker.conftest import MakeEnv, killed_owner
 
 # A sidecar whose store is a file in its own filesystem (not a mount): it appends what it is
 # sent, and serves the store on a published port.
@@ -227,20 +225,8 @@ def test_a_sigkilled_owners_suspended_environment(
     the record and its images go when the owner dies (here by SIGKILL: its guardian)."""
     path = make_env(BODY, name=f"own{int(keep)}")
     name = f"owner-{'kept' if keep else 'owned'}"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(path), name, "keep" if keep else "owned"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
-    with proc:
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline().split()
-            assert line, "the owner did not suspend"
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
+    line = killed_owner(OWNER, str(path), name, "keep" if keep else "owned")
+    assert line, "the owner did not suspend"
     made = line[1:]
     record = snapshots_dir() / f"{name}.json"
     deadline = time.monotonic() + 30

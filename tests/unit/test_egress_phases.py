@@ -225,24 +225,31 @@ def test_what_is_open_is_counted_or_said_unknown(manager: tuple[int, str], said:
     assert done.stdout.strip() == said
 
 
-def test_a_change_waits_for_another_a_bounded_time(tmp_path: Path) -> None:
-    """Two changes of one environment's egress go one after the other; one whose other
-    never ends fails, saying so, instead of waiting forever."""
+def test_a_lock_file_is_waited_for_a_bounded_time(tmp_path: Path) -> None:
+    """(paths.locked_file: egress changes, memory saves) Two holders of one lock go one
+    after the other; one whose other never lets go fails, saying so, instead of waiting
+    forever; a link in the lock file's place is refused, never followed."""
     import fcntl
     import os
     import time
 
-    from orchestrator.backends.docker.egress_change import _take
     from orchestrator.errors import OrchestratorError
+    from orchestrator.paths import locked_file
 
     path = tmp_path / ".lock"
     held = os.open(path, os.O_RDWR | os.O_CREAT)
     fcntl.flock(held, fcntl.LOCK_EX)
-    waiter = os.open(path, os.O_RDWR)
     started = time.monotonic()
-    with pytest.raises(OrchestratorError, match="another change of its egress"):
-        _take(waiter, 0.3, "orch-x-1")
+    busy = "orch-x-1: another change of its egress"
+    with pytest.raises(OrchestratorError, match=busy), locked_file(path, 0.3, busy):
+        pass
     assert time.monotonic() - started < 2
     os.close(held)  # (its lock goes with it)
-    _take(waiter, 0.3, "orch-x-1")
-    os.close(waiter)
+    with locked_file(path, 0.3, "busy"):
+        pass
+    target = tmp_path / "elsewhere"
+    link = tmp_path / "linked.lock"
+    link.symlink_to(target)
+    with pytest.raises(OSError), locked_file(link, 0.3, "busy"):
+        pass
+    assert not target.exists()

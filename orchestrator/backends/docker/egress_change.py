@@ -21,16 +21,13 @@ kept beside the rules (`gateway/egress`), one line, as `describe` writes it."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import secrets
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT, RULES_FILE, gateway_rules
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
-from orchestrator.paths import lock_descriptor, open_for_lock, read_regular, write_file
+from orchestrator.paths import locked_file, read_regular, write_file
 from orchestrator.spec import egress as rules
 from orchestrator.spec.resolve import MAIN
 
@@ -116,9 +113,9 @@ def apply(project: Project, egress: rules.Egress) -> None:
             "an allowlist, or setup.egress, for a gateway)"
         )
     directory = project.directory
-    fd = open_for_lock(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with lock_descriptor(fd):
-        _take(fd, project.engine.bound * 3, project.name)
+    within = project.engine.bound * 3  # (a change takes about one bound: its exec, a restart)
+    busy = f"{project.name}: another change of its egress has run for {within:g}s; try again"
+    with locked_file(directory / LOCK_FILE, within, busy):
         before = now(directory, compiled.egress.get(MAIN, "all"))
         # until this change is done, what holds is not known: a change after one that died
         # half-way takes it for "all", and cuts what is open
@@ -150,19 +147,3 @@ def apply(project: Project, egress: rules.Egress) -> None:
             engine.restart(gateway, grace=RESTART_GRACE, action=action)
             project.wait_gateway()
         write_file(directory / NOW_FILE, rules.describe(egress) + "\n")
-
-
-def _take(fd: int, within: float, name: str) -> None:
-    """The change lock, waited for `within` seconds at most (a change takes about one
-    engine bound at most: its exec, and a restart)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise OrchestratorError(
-                    f"{name}: another change of its egress has run for {within:g}s; try again"
-                ) from None
-            time.sleep(0.05)

@@ -24,7 +24,6 @@ its size is bounded (ORCHESTRATOR_CHECKPOINT_LIMIT); runsc runs within a deadlin
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import re
@@ -40,7 +39,7 @@ from orchestrator import procutil, settings
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.engine.bounds import up_timeout
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
-from orchestrator.paths import lock_descriptor, open_for_lock
+from orchestrator.paths import locked_file
 from orchestrator.sandbox.snapshot import remove_files
 
 if TYPE_CHECKING:
@@ -296,25 +295,12 @@ def _sealed(folder: Path, bound: int | None) -> dict[str, str]:
     return done
 
 
-@contextlib.contextmanager
-def locked(directory: Path, name: str) -> Iterator[None]:
+def locked(directory: Path, name: str) -> contextlib.AbstractContextManager[None]:
     """One save or restore of an environment's memory at a time, across processes (the
     CLI's too): a lock file in its project folder, waited for up to twice up_timeout()."""
     within = 2 * up_timeout()
-    fd = open_for_lock(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with lock_descriptor(fd):
-        deadline = time.monotonic() + within
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise OrchestratorError(
-                        f"{name}: another save of its memory has run for {within:g}s; try again"
-                    ) from None
-                time.sleep(0.05)
-        yield
+    busy = f"{name}: another save of its memory has run for {within:g}s; try again"
+    return locked_file(directory / LOCK_FILE, within, busy)
 
 
 def restore(
