@@ -188,15 +188,6 @@ class Runtime(Lifecycle):
                 raise UsageError(f"{self.env.name}: no checkpoint with memory: {why}")
         return self._save_whole(name, keep=keep, quiet=False, memory=memory)
 
-    def fork(
-        self, n: int = 1, *, detached: bool = False, memory: bool | None = None
-    ) -> list[Runtime]:
-        """`orchestrator.fork(self, n, ...)`: `n` copies of this environment as it is now,
-        with its running processes and memory where it can (see there)."""
-        from orchestrator.services.suspend import fork  # (services build on this class)
-
-        return fork(self, n, detached=detached, memory=memory)
-
     def memory_refusal(self) -> str | None:
         """Why `checkpoint(memory=True)` cannot save this environment's processes and
         memory here (None: it can). The default: no process checkpoint (CRIU fails on

@@ -14,7 +14,8 @@ or the next reaper removes the record and the images the record owns."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,17 +118,14 @@ def fork(
 
     # side by side: a copy is mostly waiting on the engine (its start, its restore)
     pool = ThreadPoolExecutor(min(n, SIDE_BY_SIDE), thread_name_prefix="orchestrator-fork")
-    futures = [pool.submit(one) for _ in range(n)]
+    given_up = _GivenUp()
+    futures = [pool.submit(given_up.kept, one) for _ in range(n)]
     try:
         made = [f.result() for f in futures]
     except BaseException:
         for f in futures:
             f.cancel()
-        pool.shutdown(wait=True)  # those started finish, and go
-        for f in futures:
-            if f.done() and not f.cancelled() and f.exception() is None:
-                with contextlib.suppress(OrchestratorError):
-                    f.result().cleanup()
+        given_up.remove_all()  # those made, and those still starting once they are up
         raise
     finally:
         pool.shutdown(wait=True)
@@ -139,6 +137,40 @@ def fork(
                 f"(no memory carried: {why})"
             )
     return made
+
+
+class _GivenUp:
+    """The copies a fork has made, which all go if it is given up: those made by then at
+    once, each in a thread of its own that a second Ctrl-C in the caller does not stop, and
+    those still starting by the thread that started them, once they are up."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: list[Runtime] = []
+        self._gone = False
+
+    def kept(self, start: Callable[[], Runtime]) -> Runtime:
+        copy = start()
+        with self._lock:
+            if not self._gone:
+                self._made.append(copy)
+                return copy
+        _remove(copy)
+        raise OrchestratorError("the fork was given up: this copy is removed")
+
+    def remove_all(self) -> None:
+        with self._lock:
+            self._gone, made = True, list(self._made)
+        removers = [threading.Thread(target=_remove, args=(c,), name="orch-fork") for c in made]
+        for remover in removers:
+            remover.start()
+        for remover in removers:
+            remover.join()
+
+
+def _remove(copy: Runtime) -> None:
+    with contextlib.suppress(Exception):  # (each goes whatever the others do)
+        copy.cleanup()
 
 
 def _wake_target(

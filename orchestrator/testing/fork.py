@@ -1,4 +1,5 @@
-"""The fork profile: `rt.fork(n)` makes `n` copies of a running environment, each under its
+"""The fork profile: `orchestrator.fork(rt, n)` (`AsyncRuntime.fork(n)` through the async
+door) makes `n` copies of a running environment, each under its
 own id, from its files as they are now, and with its running processes and memory where the
 backend can. `from orchestrator.testing.fork import *` in a test module with a
 `conformance_target` fixture runs these checks:
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from orchestrator import Runtime, UsageError
+from orchestrator import Runtime, UsageError, fork
+from orchestrator.testing.door import RuntimeDoor
 from orchestrator.testing.target import Target
 
 __all__ = [
@@ -28,17 +31,24 @@ __all__ = [
 ]
 
 COUNTER = (
-    "i=0; while :; do i=$((i+1)); echo $i > /tmp/fork.part && mv /tmp/fork.part /tmp/fork.count;"
-    " sleep 0.05; done"
+    "echo $$ > /tmp/fork.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/fork.part &&"
+    " mv /tmp/fork.part /tmp/fork.count; sleep 0.05; done"
 )
+
+
+def _fork(rt: Runtime, n: int, *, memory: bool | None = None) -> list[Runtime]:
+    """The copies, through the door the target's runtime came from."""
+    if isinstance(rt, RuntimeDoor):
+        return cast(list[Runtime], rt.fork(n, memory=memory))
+    return fork(rt, n, memory=memory)
 
 
 def _count(rt: Runtime) -> int:
     return int(rt.execute("cat /tmp/fork.count", check=True).stdout)
 
 
-def _grows(rt: Runtime) -> bool:
-    seen, deadline = _count(rt), time.monotonic() + 10
+def _grows(rt: Runtime, within: float = 10) -> bool:
+    seen, deadline = _count(rt), time.monotonic() + within
     while time.monotonic() < deadline:
         if _count(rt) > seen:
             return True
@@ -52,7 +62,7 @@ def _no_fork(target: Target, folder: Path) -> None:
         return
     with target.spawn(folder) as rt, target.environment():
         with pytest.raises(UsageError):
-            rt.fork(1)
+            _fork(rt, 1)
         assert rt.execute("true").ok  # it runs on
     pytest.skip(f"{target.id} deviates from 'suspend' (and so cannot fork): {reason}")
 
@@ -64,7 +74,7 @@ def test_fork_copies_apart_and_leaves_the_original(
     with conformance_target.spawn(tmp_path) as rt:
         rt.write_file("sub/kept.txt", "kept\n")
         with conformance_target.environment():  # (what the target's caller allows)
-            copies = rt.fork(2)
+            copies = _fork(rt, 2)
         try:
             assert len({rt.info().id, *(c.info().id for c in copies)}) == 3
             for n, copy in enumerate(copies):
@@ -87,20 +97,23 @@ def test_fork_with_memory_carries_a_running_process(
             reason = conformance_target.deviation("fork-memory")
             assert reason, f"{conformance_target.id} keeps no memory, unlisted: {why}"
             with conformance_target.environment(), pytest.raises(UsageError):
-                rt.fork(1, memory=True)
+                _fork(rt, 1, memory=True)
             pytest.skip(f"{conformance_target.id} deviates from 'fork-memory': {reason}")
         rt.execute(f"sh -c '{COUNTER}' >/dev/null 2>&1 &", check=True)
         deadline = time.monotonic() + 20
         while rt.execute("test -s /tmp/fork.count").exit_code != 0:
             assert time.monotonic() < deadline, "the counter did not start"
             time.sleep(0.05)
+        before = _count(rt)
         with conformance_target.environment():
-            copies = rt.fork(2, memory=True)
+            copies = _fork(rt, 2, memory=True)
         try:
             for copy in copies:
+                assert _count(copy) >= before  # on from where it was, not from the start
                 assert _grows(copy)  # the process runs on in it
-            copies[0].execute("pkill -f fork.part || kill $(pgrep -f fork.part)")
+            copies[0].execute("kill $(cat /tmp/fork.pid)", check=True)
             time.sleep(0.3)
+            assert not _grows(copies[0], within=1.0)  # that one is gone from it alone
             assert _grows(copies[1]) and _grows(rt)  # the others run on, apart
         finally:
             for copy in copies:

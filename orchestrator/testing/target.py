@@ -53,6 +53,9 @@ class Target:
     deviations: Mapping[str, str] = field(default_factory=dict)
     """Rules this configuration does not keep, and why, beyond its backend's own (an
     isolation level of one backend, say)."""
+    keeps: frozenset[str] = frozenset()
+    """Rules its backend deviates from that this configuration keeps all the same (gVisor
+    with no network keeps "fork-memory"): a check of one fails rather than skips."""
     front_door: Literal["blocking", "async"] = "blocking"
     """Which API the suite calls: the blocking one, or `orchestrator.aio` (through
     orchestrator.testing.door, which answers as the blocking API)."""
@@ -65,6 +68,8 @@ class Target:
         """The backend's documented reason for not keeping `rule`, if it does not."""
         if rule in self.deviations:
             return self.deviations[rule]
+        if rule in self.keeps:
+            return None
         return get_runtime_class(self.backend).deviations.get(rule)
 
     def env_text(self, setup: tuple[str, ...] | None = None) -> str:

@@ -57,6 +57,7 @@ TARGETS = [
         default_uid="1000",
         label="docker-gvisor",
         service_image=SIDECARS,
+        keeps=frozenset({"fork-memory"}),  # no network: saved with its memory (runsc-sealed)
         deviations={
             "pause": "gVisor's runsc (2022-12, ptrace) thaws a paused sandbox with its "
             "sleeping processes stuck: pause is refused under gvisor (suspend works)",

@@ -29,7 +29,7 @@ from orchestrator import (
 from orchestrator.backends.docker import memory
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.snapshot import Snapshot
-from tests.conftest import labelled_ids
+from tests.conftest import labelled_ids, main_container
 from tests.docker.conftest import MakeEnv, killed_owner
 
 pytestmark = pytest.mark.docker
@@ -209,10 +209,12 @@ def test_a_save_given_up_at_its_deadline_leaves_the_sandbox_running(
         start_holder(rt)
         secret = remembered(rt)
         rt.execute("head -c 200000000 /dev/urandom > /tmp/ballast", check=True)
+        started = started_at(rt)
         monkeypatch.setattr(memory, "checkpoint_seconds", lambda: 0.2)
         with pytest.raises(OrchestratorError, match="timed out"):
             rt.checkpoint(memory=True)
         monkeypatch.undo()
+        assert started_at(rt) != started  # it stopped once saved, and was started again
         assert remembered(rt) == secret  # the same process, memory and all
         seen = count(rt)
         deadline = time.monotonic() + 10
@@ -242,7 +244,8 @@ def test_a_workspace_of_links_fifos_and_devices_plants_nothing_on_the_host(
     make_env: MakeEnv, sealed_engine: str, tmp_path: Path
 ) -> None:
     """Root in the sandbox fills its workspace with a link to a host file, a link out of
-    the workspace, a FIFO and device nodes (where gVisor lets it), then is forked with its
+    the workspace, a FIFO and device nodes (gVisor refuses mknod in a host folder: the check
+    on the host holds whichever way that goes), then is forked with its
     memory: the host's files are untouched, and no copy's workspace on the host holds a
     device node or a link that was followed."""
     victim = tmp_path / "victim"
@@ -275,10 +278,10 @@ def test_a_workspace_of_links_fifos_and_devices_plants_nothing_on_the_host(
 
 OWNER = """
 import sys, time
-from orchestrator import spawn_runtime
+from orchestrator import fork, spawn_runtime
 rt = spawn_runtime(sys.argv[1])
 rt.execute("sleep 600 >/dev/null 2>&1 &", check=True)
-copies = rt.fork(2)
+copies = fork(rt, 2)
 print(" ".join(c.info().id for c in copies), flush=True)
 time.sleep(600)
 """
@@ -339,6 +342,12 @@ def test_static_assets_come_back_in_copies_forked_by_the_process_that_started_it
     finally:
         for gone in [*made, ident]:
             subprocess.run([*CLI, "down", gone], capture_output=True, timeout=120, check=False)
+
+
+def started_at(rt: Runtime) -> str:
+    """When the engine last started the main container."""
+    argv = ["docker", "inspect", "-f", "{{.State.StartedAt}}", main_container(rt)]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
 
 
 def cli_up(env: Path) -> str:

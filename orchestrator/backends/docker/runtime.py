@@ -293,6 +293,7 @@ class ComposeRuntime(ContainerRuntime):
             channel.close()
         if self.project is not None:
             self.project.release()  # its services' tethers too (see Project.tether)
+            self.project.let_go()  # (no call of this runtime restarts it from now on)
 
     def _kill_containers(self) -> None:
         if self.project is not None:
@@ -390,6 +391,7 @@ class ComposeRuntime(ContainerRuntime):
             self._main.close()
             memory.restore(self.project.engine, self._container, snap.memory_folder, snap.memory)
             self._main.start()
+            self._main.ready()  # it runs, started from its memory (or says why not)
         if self.options.detached:
             self._reopen_endpoint()
 
