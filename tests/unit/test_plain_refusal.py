@@ -70,3 +70,26 @@ def test_stdout_before_a_session_line_is_a_refusal_only_when_the_exec_was_refuse
             break
         said[kind] += data
     assert (said["stdout"].decode(), said["stderr"].decode(), outcome.exit_code) == expected
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 64 * 1024 + 1, 300 * 1024])
+def test_stdout_past_what_a_refusal_holds_comes_whole_and_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """Stdout before the session line is held up to HOLD_LIMIT bytes, never more: past
+    that it is the command's own, passed on as it comes, every byte in order."""
+    fake = tmp_path / "docker"
+    fake.write_text(f"#!/bin/sh\nhead -c {size} /dev/zero | tr '\\0' x\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    cmd = Command(argv=["x"], env={}, cwd="/", user=None, timeout=10, stdin=None)
+    chunks = run_plain(Engine.at("unix:///run/orchestrator-test-none.sock"), "c", cmd)
+    out = b""
+    while True:
+        try:
+            kind, data = next(chunks)
+        except StopIteration:
+            break
+        assert kind == "stdout"
+        out += data
+    assert out == b"x" * size

@@ -294,11 +294,12 @@ def run_plain(
                     held = None
                 if not data:
                     continue
-            elif held is not None and kind == "stdout" and len(held) < HOLD_LIMIT:
-                held += data
+            elif held is not None and kind == "stdout" and len(held) + len(data) <= HOLD_LIMIT:
+                held += data  # (never more than HOLD_LIMIT held)
                 continue
-            elif held:  # more than a refusal: the command's own
-                yield "stdout", held
+            elif held or (held is not None and kind == "stdout"):  # more than a refusal is
+                if held:
+                    yield "stdout", held
                 held = None
             yield kind, data
     finally:
