@@ -2,15 +2,15 @@
 thread held while it is made (`deferred`).
 
 A signal whose Python handler raises (Ctrl-C's KeyboardInterrupt, a CLI's SIGTERM and SIGHUP
-exits) is run at the next bytecode of the main thread. Inside Popen that may be right after
-the fork, before `self.pid` is set: the exception then leaves a child no code can name to
-kill (CI: the docker CLI, under its `timeout`, lived on after a Ctrl-C; under load the
-parent is often run again only after its child started). So while a child is made, those
-handlers are swapped for one that notes the signal, and each signal that came is acted on,
-once, in the order they came, when Popen returns; and `Held` puts itself in its caller's
-list before it forks, so the caller's cleanup finds it wherever the exception is raised.
-Blocking the signals instead would hand the mask down to the child. Only the main thread
-runs Python's handlers: elsewhere `deferred` does nothing."""
+exits, a harness's SIGALRM timeout) is run at the next bytecode of the main thread. Inside
+Popen that may be right after the fork, before `self.pid` is set: the exception then leaves
+a child no code can name to kill (CI: the docker CLI, under its `timeout`, lived on after a
+Ctrl-C; under load the parent is often run again only after its child started). So while a
+child is made, those handlers are swapped for one that notes the signal, and each signal
+that came is acted on, once, in the order they came, when Popen returns; and `Held` puts
+itself in its caller's list before it forks, so the caller's cleanup finds it wherever the
+exception is raised. Blocking the signals instead would hand the mask down to the child.
+Only the main thread runs Python's handlers: elsewhere `deferred` does nothing."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import sys
 import threading
 from typing import Any, Callable, Iterator, List, Tuple
 
-UNWINDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+UNWINDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)
+"""Ctrl-C, a CLI's exit signals, and the alarm a harness times a call out with."""
 Kept = List[Tuple[int, Callable[[int, Any], Any]]]
 
 

@@ -289,18 +289,20 @@ def test_signals_held_during_a_spawn_all_run_once_in_order_and_every_handler_com
 
     def fork_then_signals(*args: object) -> int:
         pid: int = forked(*args)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGTERM):
             signal.raise_signal(sig)
         return pid
 
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    every = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)
+    saved = {s: signal.getsignal(s) for s in every}
     try:
         signal.signal(signal.SIGINT, lambda s, f: seen.append("INT"))
         signal.signal(signal.SIGTERM, lambda s, f: seen.append("TERM"))
+        signal.signal(signal.SIGALRM, lambda s, f: seen.append("ALRM"))
         monkeypatch.setattr(subprocess, "_fork_exec", fork_then_signals)
         cli.run(["true"])
         monkeypatch.undo()
-        assert seen == ["TERM", "INT"]
+        assert seen == ["TERM", "INT", "ALRM"]
 
         def unwind(signum: int, frame: object) -> None:
             raise SystemExit(128 + signum)
