@@ -275,8 +275,11 @@ def release_woken(snap: Snapshot, engine: Engine) -> None:
     for image in snap.images.values():
         try:
             remove_owned(image, snap.record, engine)
-        except OrchestratorError as exc:  # another environment still runs it: the reaper
-            log.warning("snapshot image %s is left to the reaper: %s", image, exc)
+        except OrchestratorError as exc:
+            # another copy of the record still runs it (a fork's copies share it): the last
+            # of them removes it, or the reaper; anything else is news
+            said = log.debug if "is using its referenced image" in str(exc) else log.warning
+            said("snapshot image %s is left to the reaper: %s", image, exc)
 
 
 def remove_snapshot(snap: Snapshot) -> None:
