@@ -74,8 +74,8 @@ def test_two_copies_carry_files_not_processes_and_leave_the_original_alone(
     assert {s.name for s in list_snapshots()} == snaps  # its record went at once
     assert saved and not any(images.exists(i) for i in saved)  # its images with the last copy
     # (the first copy's removal leaves the images the second runs: no news, said at debug)
-    left = [r for r in caplog.records if "left to the reaper" in r.getMessage()]
-    assert not [r for r in left if r.levelno >= logging.WARNING], caplog.text
+    reaped = [r for r in caplog.records if "left to the reaper" in r.getMessage()]
+    assert not [r for r in reaped if r.levelno >= logging.WARNING], caplog.text
 
 
 def test_fork_refuses_a_bad_count_before_anything_is_saved(make_env: MakeEnv) -> None:
