@@ -182,10 +182,6 @@ class Runtime(Lifecycle):
         backend can (`memory_refusal()` says why not; UsageError then): the environment
         stands still for that instant, and a copy's processes run on from it. `keep`: as
         for suspend."""
-        if memory:
-            why = self.memory_refusal()
-            if why is not None:
-                raise UsageError(f"{self.env.name}: no checkpoint with memory: {why}")
         return self._save_whole(name, keep=keep, quiet=False, memory=memory)
 
     def memory_refusal(self) -> str | None:
@@ -200,9 +196,9 @@ class Runtime(Lifecycle):
     @contextlib.contextmanager
     def _memory_held(self, folder: Path) -> Iterator[dict[str, str]]:
         """Save the environment's memory into `folder` and hold it still while the block
-        saves its files; the digests of the files saved. Only where memory_refusal() is
-        None."""
-        raise UsageError(f"{self.env.name}: {self.memory_refusal()}")
+        saves its files; the digests of the files saved. Where memory_refusal() is not
+        None: UsageError, with it, before anything is saved."""
+        raise UsageError(f"{self.env.name}: no checkpoint with memory: {self.memory_refusal()}")
         yield {}  # (a generator: never reached)
 
     def _restore_memory(self, snap: Snapshot) -> None:

@@ -258,10 +258,9 @@ class Project:
         """After `up`, before anything runs in them: each container that needs gVisor runs
         on it, as the engine itself says. An engine (or a Compose) that ignores `runtime:`
         would otherwise start the sandbox on runc while every check before passed."""
-        sealed = self._direct_run.runtime if self._direct_run is not None else None
         for service, want in self.compiled.runtime_of.items():
             got = self._runtime_of(self.container_of(service))
-            if got != want and not (service == "main" and got == sealed == sealed_runtime()):
+            if got != want and not (service == "main" and self.sealed and got == sealed_runtime()):
                 raise StartupError(
                     f"{self.name}: {service} should run on the engine runtime {want!r} "
                     f"(isolation: gvisor) but the engine started it on {got or 'its default'!r}:"
@@ -274,6 +273,13 @@ class Project:
         return self._runtime_of(self.main_container)
 
     def _runtime_of(self, container: str) -> str | None:
+        """A container's engine runtime, as the engine says (on its local socket where it
+        has one: no CLI process)."""
+        got = self.inspected(container, "inspecting a container's runtime")
+        if got is not None:
+            runtime = (got.get("HostConfig") or {}).get("Runtime")
+            return str(runtime) if runtime else None
+
         def ask() -> str | None:
             return self.client.container.inspect(container).host_config.runtime
 

@@ -55,10 +55,10 @@ LOCK_FILE = "memory.lock"
 """In the project folder: held while its memory is saved or restored (see `locked`)."""
 CHUNK = 1 << 20
 OUTPUT = 4096
+"""Bytes of what runsc says that an error keeps (its last)."""
 SETTLE = 1.0
 """Seconds a sandbox whose checkpoint failed must run on, its image not growing, to be
 taken as running on (see _runs_on)."""
-"""Bytes of what runsc says that an error keeps (its last)."""
 
 
 def sealed_runtime() -> str:
@@ -135,8 +135,9 @@ def held(engine: Engine, container: str, folder: Path) -> Iterator[dict[str, str
     use"), so a copy could not be saved again."""
     got = engine.inspected(container, "inspecting the sandbox") or {}
     cid = _checked_id(container, got)
-    runsc, root = _runsc_of(engine, container, got, cid)
-    _room_for(engine, container, got, folder.parent)
+    info = engine.described(action="asking the engine for its runtimes and data root")
+    runsc, root = _runsc_of(info, container, got, cid)
+    _room_for(info, container, got, folder.parent)
     folder.mkdir(mode=0o700)
     try:
         _checkpoint(runsc, root, cid, folder, container)
@@ -183,12 +184,11 @@ def _runs_on(engine: Engine, container: str, folder: Path) -> bool:
     return _running(engine, container)
 
 
-def _room_for(engine: Engine, container: str, got: dict[str, Any], records: Path) -> None:
+def _room_for(info: dict[str, Any], container: str, got: dict[str, Any], records: Path) -> None:
     """Refuse to save a sandbox whose memory may not fit: its memory limit (else the
     checkpoint limit) must be free both where the record goes and under the engine's data
     root (the image is written to each)."""
     need = int((got.get("HostConfig") or {}).get("Memory") or 0) or limit()
-    info = engine.described(action="asking the engine for its data root")
     for where in (records, Path(str(info.get("DockerRootDir") or "/"))):
         st = os.statvfs(where)
         if st.f_bavail * st.f_frsize < need:
@@ -205,13 +205,15 @@ def _checked_id(container: str, got: dict[str, Any]) -> str:
     return cid
 
 
-def _runsc_of(engine: Engine, container: str, got: dict[str, Any], cid: str) -> tuple[str, str]:
+def _runsc_of(
+    info: dict[str, Any], container: str, got: dict[str, Any], cid: str
+) -> tuple[str, str]:
     """The runsc binary the engine registered the sealed runtime with, and the state root
     the container's sandbox was started with: its own command line says (`--root=`), once
     that process is seen to be this container's sandbox (`runsc-sandbox ... boot ... <id>`)
     and the root holds this container's state. Each path is checked in every part: absolute,
-    root's, no link, writable by root alone (so no one else can point it elsewhere later)."""
-    info = engine.described(action="asking the engine for its runtimes")
+    root's, no link, writable by root alone (so no one else can point it elsewhere later).
+    `info`: the engine's description (`Engine.described`)."""
     binary = str(((info.get("Runtimes") or {}).get(sealed_runtime()) or {}).get("path") or "")
     pid = int((got.get("State") or {}).get("Pid") or 0)
     root = ""
