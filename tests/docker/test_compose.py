@@ -205,8 +205,11 @@ def test_executor_recovers_after_kill_9(make_env: MakeEnv) -> None:
             ],
             check=True,
         )
-        t.join(20)
-        assert len(errors) == 1 and isinstance(errors[0], ExecutorLost)
+        # (the loss is told by asking the engine about the container, which a loaded CI
+        # machine answered past 20 s once: the call's own timeout bounds the wait instead)
+        t.join(60)
+        assert not t.is_alive(), "the call did not end once its executor was killed"
+        assert len(errors) == 1 and isinstance(errors[0], ExecutorLost), errors
         assert rt.execute("echo back").stdout == "back\n"
         # the new executor killed what the dead one had left running (a SIGKILLed process
         # may take a moment to be gone on a busy machine)
