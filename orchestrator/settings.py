@@ -289,9 +289,19 @@ EGRESS_DNS: Setting[tuple[str, ...]] = _c.add(
         _addresses,
     )
 )  # fmt: skip
+SECRETS_FILE = _c.text(
+    "ORCHESTRATOR_SECRETS_FILE", "a file of NAME=VALUE lines",
+    "The values of the secrets files name (`secrets:`), readable by its owner alone; the "
+    "sandbox sees placeholders, the egress gateway puts the values in (docs/network.md).",
+)  # fmt: skip
+GATEWAY_TRUST = _c.text(
+    "ORCHESTRATOR_GATEWAY_TRUST", "a PEM file",
+    "Certificates the egress gateway trusts, besides Debian's, for the hosts it sends "
+    "secrets to.",
+)  # fmt: skip
 GATEWAY_BASE = _c.text(
     "ORCHESTRATOR_GATEWAY_BASE", "an image",
-    "The image the egress gateway is built on; unset: orchestrator/gateway-base:bookworm "
+    "The image the egress gateway is built on; unset: orchestrator/gateway-base:bookworm-relay "
     "where the engine has it, else debian:bookworm-slim.",
 )  # fmt: skip
 

@@ -49,7 +49,7 @@ def _read_only(root: Path) -> None:
 
 def _refusals(env: Environment, policy: Policy) -> list[SpecIssue]:
     """What cannot hold on this backend, whose commands are the caller's own processes: an
-    egress allowlist, and gVisor's kernel."""
+    egress allowlist, secrets, and gVisor's kernel."""
     out = []
     got, _ = policy.egress_of(env.spec, MAIN)
     if isinstance(got, tuple):
@@ -71,6 +71,16 @@ def _refusals(env: Environment, policy: Policy) -> list[SpecIssue]:
                 message="the local backend runs commands on this host as the caller: nothing "
                 "can change what they reach while setup runs",
                 fix="drop setup.egress (or make it network.egress), or use the docker backend",
+            )
+        )
+    if env.spec.secrets:
+        out.append(
+            SpecIssue(
+                env.source,
+                field="secrets",
+                message="the local backend runs commands on this host as the caller: no "
+                "gateway stands between them and the secrets' hosts to put the values in",
+                fix="use the docker backend for secrets",
             )
         )
     if policy.isolation_of(env.spec, MAIN) == "gvisor":

@@ -40,6 +40,7 @@ from orchestrator.spec.parts import (
     Protocol,
     PublishedPort,
     Resources,
+    SecretUse,
     Setup,
     StaticAsset,
     Strict,
@@ -74,6 +75,7 @@ __all__ = [  # the schema: these models, and the pieces of spec.parts they are m
     "Protocol",
     "PublishedPort",
     "Resources",
+    "SecretUse",
     "Service",
     "Setup",
     "StaticAsset",
@@ -316,6 +318,12 @@ class EnvironmentV1(Hardening):
     """User commands run as: a name, name:group, uid or uid:gid (resolved in the sandbox's own
     passwd and group files), host (HUID/HGID or the caller's ids), root, or image (the image's
     USER, root when it names none, as Compose runs it; docker backend)."""
+    secrets: dict[EnvKey, SecretUse] = Field(default_factory=dict, max_length=32)
+    """Secrets the sandbox uses but never sees, by variable name, each with the hosts it may
+    be sent to: `OPENAI_API_KEY: {hosts: [api.openai.com]}`. The caller gives the values
+    (ORCHESTRATOR_SECRETS_FILE); the sandbox's variable holds a placeholder, which the egress
+    gateway replaces by the value in HTTPS requests to those hosts (they must be in
+    `network.egress`). See docs/network.md."""
     services: dict[Annotated[str, Field(pattern=NAME_RE)], Service] = Field(default_factory=dict)
     """Extra containers, reachable from the main one by name."""
     commands: dict[str, str] = Field(default_factory=dict)
@@ -372,6 +380,12 @@ class EnvironmentV1(Hardening):
         cycle = _cycle({n: list(svc.depends_on) for n, svc in self.services.items()})
         if cycle:
             raise ValueError(f"services wait for each other in a circle: {' -> '.join(cycle)}")
+        clash = sorted(set(self.secrets) & set(self.env))
+        if clash:
+            raise ValueError(
+                f"{', '.join(clash)} is both a secret and an `env` variable: a secret's "
+                "variable holds its placeholder; drop it from `env`"
+            )
         names = [a.name for a in self.static_assets]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -156,6 +156,25 @@ class PortMap(Strict):
     """Transport protocol."""
 
 
+SECRET_HOST_RE = (
+    r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)+$"
+)
+"""A host a secret may be sent to: a whole name, lower-case (no `*.`, no address, no port:
+each is reached over HTTPS on 443)."""
+
+
+class SecretUse(Strict):
+    """Where one secret may be sent. Its value is the caller's (`Policy.secrets`,
+    ORCHESTRATOR_SECRETS_FILE), never the file's: the sandbox gets a placeholder in the
+    variable of the secret's name, and the egress gateway puts the value in place of the
+    placeholder in the header values of HTTPS requests to these hosts alone."""
+
+    hosts: list[Annotated[str, Field(pattern=SECRET_HOST_RE, max_length=253)]] = Field(
+        min_length=1, max_length=32
+    )
+    """The hosts (names, as the allowlist writes them) this secret may go to, over HTTPS."""
+
+
 class Network(Strict):
     """Networking of the main sandbox."""
 

@@ -17,6 +17,9 @@ cannot set: whoever runs the sandbox decides, not whoever wrote the file.
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +36,13 @@ from orchestrator.spec.hostpaths import UNREADABLE_FIX as UNREADABLE_FIX
 from orchestrator.spec.hostpaths import check_host_paths as check_host_paths
 from orchestrator.spec.hostpaths import check_workspace as check_workspace
 from orchestrator.spec.hostpaths import look_up as look_up
-from orchestrator.spec.models import ISOLATION_LEVELS, EnvironmentV1, Hardening, Isolation
+from orchestrator.spec.models import (
+    ENV_KEY_RE,
+    ISOLATION_LEVELS,
+    EnvironmentV1,
+    Hardening,
+    Isolation,
+)
 
 # the variables' names, for messages (each setting is orchestrator.settings')
 CAPS_ENV = settings.ALLOW_CAPS.name
@@ -148,6 +157,15 @@ class Policy:
     ORCHESTRATOR_ALLOW_HOST_BUILD=1): `docker build` runs each RUN step on the host's
     kernel, not gVisor's. Off: such a file must name a built image."""
 
+    secrets: Mapping[str, str] | tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """The values of the secrets files name (`secrets:`), by name (ORCHESTRATOR_SECRETS_FILE:
+    a file of NAME=VALUE lines, readable by its owner alone). Each value is 16 to 4096
+    printable ASCII characters. The sandbox sees a placeholder; the egress gateway puts the
+    value in, in requests to the hosts the file names for it (docs/network.md)."""
+    gateway_trust: str = ""
+    """A PEM file of certificates the egress gateway trusts, besides Debian's, for the hosts
+    it sends secrets to (ORCHESTRATOR_GATEWAY_TRUST)."""
+
     @classmethod
     def from_env(cls) -> Policy:
         """The policy the caller's settings give (orchestrator.settings: flags, variables)."""
@@ -163,12 +181,24 @@ class Policy:
             allow_public_ports=settings.ALLOW_PUBLIC_PORTS.get(),
             egress=egress_from_env(),
             isolation=cast(Isolation, settings.ISOLATION.get()),
+            secrets=secrets_from_file(settings.SECRETS_FILE.get()),
+            gateway_trust=settings.GATEWAY_TRUST.get(),
         )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.egress, tuple) and self.egress not in ("none", "all"):
-            # a list of entries, as a caller writes it: parsed once, here
-            object.__setattr__(self, "egress", _egress.parse(self.egress))
+        pairs = tuple(self.secrets.items() if isinstance(self.secrets, Mapping) else self.secrets)
+        for name, value in pairs:
+            problem = secret_problem(name, value)
+            if problem:
+                raise UsageError(f"the secret {name!r}: {problem}")
+        object.__setattr__(self, "secrets", tuple(sorted(pairs)))
+        parsed = isinstance(self.egress, tuple) and all(
+            isinstance(r, _egress.Rule) for r in self.egress
+        )
+        if not parsed and self.egress not in ("none", "all"):
+            # a list (or tuple) of entries, as a caller writes it: parsed once, here
+            entries = [str(e) for e in cast(Sequence[object], self.egress)]
+            object.__setattr__(self, "egress", _egress.parse(entries))
 
     def isolation_of(self, spec: EnvironmentV1, name: str) -> Isolation:
         """How container `name` ("main" or a service) is isolated: its own `isolation` (a
@@ -315,3 +345,55 @@ def raise_if(issues: list[SpecIssue], others: Sequence[SpecIssue] = ()) -> None:
         raise PolicyError([*issues, *others])
     if others:
         raise SpecError(list(others))
+
+
+SECRETS_ENV = settings.SECRETS_FILE.name
+SECRET_MIN, SECRET_MAX = 16, 4096
+"""A secret's length: its placeholder has the same (so a body keeps its length), and a
+shorter one would be a guessable stand-in."""
+
+
+def secret_problem(name: str, value: str) -> str:
+    """What is wrong with a secret, never quoting its value; "" when nothing is."""
+    if not re.fullmatch(ENV_KEY_RE, name):
+        return "not a variable name (letters, digits and _, not starting with a digit)"
+    if not value.isascii() or not value.isprintable():
+        return "its value must be printable ASCII (it goes into a request header)"
+    if not SECRET_MIN <= len(value) <= SECRET_MAX:
+        return f"its value must have {SECRET_MIN} to {SECRET_MAX} characters"
+    return ""
+
+
+def secrets_from_file(path: str) -> tuple[tuple[str, str], ...]:
+    """The NAME=VALUE lines of the caller's secrets file ("" : none): blank lines and lines
+    starting with # are skipped, the value is everything after the first `=`. The file must
+    be the caller's own and readable by no one else. A UsageError names the line, never a
+    value."""
+    if not path:
+        return ()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"{SECRETS_ENV}: cannot open {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{SECRETS_ENV}: {path} is not a regular file")
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise UsageError(
+                f"{SECRETS_ENV}: {path} must be yours and readable by you alone (chmod 600 {path})"
+            )
+        raw = handle.read(1024 * 1024 + 1)
+    if len(raw) > 1024 * 1024:
+        raise UsageError(f"{SECRETS_ENV}: {path} is over 1 MiB")
+    out: dict[str, str] = {}
+    for number, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        problem = "not NAME=VALUE" if not sep else secret_problem(name, value)
+        if problem:
+            raise UsageError(f"{SECRETS_ENV}: {path}, line {number}: {problem}")
+        out[name] = value
+    return tuple(sorted(out.items()))

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from orchestrator import settings
 from orchestrator.testing import world_files
@@ -73,6 +74,8 @@ class World:
     hosts: dict[str, str]
     """Served name -> the address its server answers on (not on the network: beyond the
     hub, reached through the network's gateway address)."""
+    servers: dict[str, str] = field(default_factory=dict)
+    """Served name -> the id of its server's container."""
     certs: dict[str, str] = field(default_factory=dict, repr=False)
     """Served name -> its self-signed certificate (PEM), for clients that verify."""
     network_id: str = ""
@@ -94,6 +97,16 @@ class World:
             return []
         out = _docker(["exec", self._resolver, "cat", QUERY_LOG], timeout=DOCKER_TIMEOUT)
         return out.splitlines()[self._seen :]
+
+    def requests(self, name: str) -> list[dict[str, Any]]:
+        """What the server of served name `name` got on /echo so far, oldest first: each
+        request's method, path, headers ([name, value] pairs), body, and whether over TLS."""
+        server = self.servers[name]
+        out = _docker(
+            ["exec", server, "sh", "-c", "cat /tmp/requests.log 2>/dev/null || true"],
+            timeout=DOCKER_TIMEOUT,
+        )
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
 
     def close(self) -> None:
         """Remove every container and the network the world made, by id, and its temporary
@@ -229,6 +242,7 @@ def _build(
         argv = ["create", *common, f"{MOUNT}/server.py", name, address]
         ident = _docker(argv, timeout=left()).strip()
         world.containers.append(ident)
+        world.servers[name] = ident
         servers.append(ident)
     _docker(["start", *servers], timeout=left())
     pairs = [f"{name}={ip}" for name, ip in world.hosts.items()]

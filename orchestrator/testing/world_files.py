@@ -20,6 +20,7 @@ HOST_NAME = re.compile(
 
 SERVER = r'''
 """One served name of the test world: HTTP on 80, HTTPS on 443, a plain TCP echo on 7000."""
+import json
 import socket
 import ssl
 import sys
@@ -27,6 +28,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 NAME, ADDRESS = sys.argv[1], sys.argv[2]
+LOG_LOCK = threading.Lock()
 LIMIT = 64 * 1024 * 1024
 CHUNK = memoryview(bytes(range(256)) * 256)  # 64 KiB, streamed over and over
 
@@ -39,11 +41,25 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         self.serve(True)
 
+    def do_POST(self):
+        self.serve(True)
+
     def do_HEAD(self):
         self.serve(False)
 
     def serve(self, with_body):
         path = self.path.split("?", 1)[0]
+        if path == "/echo":  # what it got, logged (World.requests) and shown back
+            size = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(min(size, 1 << 20)).decode("latin-1")
+            seen = {"method": self.command, "path": self.path, "body": body,
+                    "headers": [[k, v] for k, v in self.headers.items()],
+                    "tls": isinstance(self.connection, ssl.SSLSocket)}
+            line = json.dumps(seen)
+            with LOG_LOCK, open("/tmp/requests.log", "a") as log:
+                log.write(line + "\n")
+            self.small(200, line.encode(), with_body)
+            return
         if path == "/":
             self.small(200, ("hello from %s\n" % NAME).encode(), with_body)
             return

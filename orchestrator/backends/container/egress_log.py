@@ -125,8 +125,8 @@ def _count(text: bytes, counts: list[int]) -> int | None:
     except ValueError:
         return None
     if fields[3].startswith(b"127."):
-        return serial  # the gateway's own readiness probe: no request of a sandbox
-    if fields[5].startswith(b"HIER_DIRECT"):  # it went out
+        return serial  # the gateway's own: its readiness probe, or the secrets relay's way out
+    if fields[5].startswith(b"HIER_DIRECT") or b"_PARENT" in fields[5]:  # out (or the relay)
         counts[0] += 1
         counts[2] += up
         counts[3] += down

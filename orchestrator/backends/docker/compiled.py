@@ -14,6 +14,7 @@ from orchestrator.backends.container.layout import SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount
 from orchestrator.backends.docker.buildplan import ImageBuild
 from orchestrator.backends.docker.network import RULES_DIR, egress_dns, egress_network
+from orchestrator.backends.docker.relay import Secrets
 from orchestrator.paths import make_folders, write_file
 from orchestrator.sandbox.options import BuildChoice
 from orchestrator.spec.limits import Limits
@@ -117,6 +118,10 @@ class CompiledProject:
     """What each container is held to, by service (the environment's own too): what
     admission counts (`Runtime.requested`)."""
 
+    secrets: Secrets | None = field(default=None, repr=False)
+    """The environment's secrets with their values (relay.py): written beside the gateway's
+    rules, never into `files` (what `render` shows)."""
+
     def write(self, directory: Path) -> Path:
         """Write the project into `directory` (created, private); return compose.yaml's path.
         Every folder is 0700 and compose.yaml 0600, whatever the umask, but what containers
@@ -132,6 +137,8 @@ class CompiledProject:
         for rel, text in self.files.items():
             make_folders((directory / rel).parent)
             write_file(directory / rel, text, 0o644)
+        if self.secrets is not None:
+            self.secrets.write(directory, self.project)
         compose = directory / "compose.yaml"
         write_file(compose, self.compose_yaml)
         return compose

@@ -26,6 +26,7 @@ from orchestrator.backends.docker.buildcheck import dockerfile_issues
 from orchestrator.backends.docker.buildplan import build_paths, host_build_issue, image_build
 from orchestrator.backends.docker.compiled import CompileOptions
 from orchestrator.backends.docker.network import GATEWAY, RULES_DIR, RULES_MOUNT, NetPlan
+from orchestrator.backends.docker.relay import SECRETS_DIR, SECRETS_MOUNT
 from orchestrator.errors import SpecIssue
 from orchestrator.spec.limits import applied
 from orchestrator.spec.loader import Environment
@@ -184,11 +185,18 @@ def attach_network(context: dict[str, Any], name: str, net: NetPlan) -> None:
         context["ports"] = []
 
 
-def infra_contexts(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
+def infra_contexts(
+    net: NetPlan, opts: CompileOptions, *, secrets: bool = False
+) -> list[dict[str, Any]]:
     """The contexts of the environment's own containers: both run the gateway image, with
-    every capability dropped but those Squid needs to drop its own root."""
+    every capability dropped but those Squid needs to drop its own root (and the secrets
+    relay to read its files as their owner). With `secrets`, the gateway mounts the
+    relay's folder too."""
     out = []
     if net.gateway is not None:
+        mounts = [(RULES_DIR, RULES_MOUNT)]
+        if secrets:
+            mounts.append((SECRETS_DIR, SECRETS_MOUNT))
         out.append(
             {
                 **net.gateway,
@@ -196,7 +204,7 @@ def infra_contexts(net: NetPlan, opts: CompileOptions) -> list[dict[str, Any]]:
                 "late": net.late.get(GATEWAY, []),
                 "caps": ["SETUID", "SETGID", "CHOWN"],
                 "healthcheck": None,  # the start waits for it once (Project.wait_gateway)
-                "mounts": [(RULES_DIR, RULES_MOUNT)],
+                "mounts": mounts,
                 "ports": [],
                 "labels": {},
             }

@@ -1,13 +1,15 @@
 """The image of an environment's egress gateway and port forwarder, built from the folder
 `templates/gateway` the package ships (Squid and socat on Debian), once per machine and
 version: its tag is a hash of that folder, so an image under it is the one this version
-needs. Built like a file's own build, with its progress, but always as "auto": `--build`
-and `--no-build` are about the file's images, not the environment's own.
+needs. mitmproxy is in it for the secrets relay, which runs only in a gateway whose
+environment has secrets (relay.py). Built like a file's own build, with its progress, but
+always as "auto": `--build` and `--no-build` are about the file's images, not the
+environment's own.
 
 The base it is built on: ORCHESTRATOR_GATEWAY_BASE when set; else LOCAL_BASE when the
 engine has it (`scripts/build-images gateway` makes it from the machine's Debian mirror,
-for machines that reach no registry: squid and socat are in it, so nothing is fetched);
-else debian:bookworm-slim, which the build installs squid and socat into."""
+for machines that reach no registry: squid, socat and mitmproxy are in it, so nothing is
+fetched); else debian:bookworm-slim, which the build installs them into."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from orchestrator import settings
 from orchestrator._resources import data_dir
 
 BASE_ENV = settings.GATEWAY_BASE.name
-LOCAL_BASE = "orchestrator/gateway-base:bookworm"
+LOCAL_BASE = "orchestrator/gateway-base:bookworm-relay"
 DEFAULT_BASE = "debian:bookworm-slim"
 REPOSITORY = "orchestrator/gateway"
 

@@ -40,6 +40,7 @@ from orchestrator.backends.docker.contexts import (
     service_context,
 )
 from orchestrator.backends.docker.network import RULES_FILE, plan_network
+from orchestrator.backends.docker.relay import BUNDLE, CA_MOUNT, plan_secrets
 from orchestrator.errors import SpecIssue
 from orchestrator.spec.egress import describe
 from orchestrator.spec.limits import Limits, pids_issues
@@ -215,6 +216,18 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     )
     warnings += net.warnings
     raise_if([], net.issues)
+    held, refused_secrets, notes = plan_secrets(
+        env, opts.policy, proxied=net.proxied, egress=net.egress.get(MAIN), remote=opts.remote
+    )
+    warnings += notes
+    raise_if([], refused_secrets)
+    if held is not None:
+        warnings += [
+            f"services.{name} goes through the egress gateway too, which ends TLS to "
+            f"{', '.join(held.hosts)} with a CA only the sandbox trusts: its requests there fail"
+            for name in net.proxied
+            if name != MAIN
+        ]
     binding = Binding(
         env,
         opts.pins,
@@ -239,7 +252,9 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     user = resolve_user(spec.user, opts.host_env)
     container_env = resolve_env(spec, opts.env_vars, opts.host_env, bind_host, policy=opts.policy)
     container_env.update(net.env.get(MAIN, {}))
-    infra = infra_contexts(net, opts)
+    if held is not None:
+        container_env.update(held.sandbox_env(container_env))
+    infra = infra_contexts(net, opts, secrets=held is not None)
     main_context: dict[str, Any] = {
         "image": opts.main_image or spec.image,
         "build": main_build,
@@ -291,7 +306,12 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     jinja = _jinja()
     rendered = jinja.get_template("compose.yaml.j2").render(context)
     compose = "".join(line for line in rendered.splitlines(keepends=True) if line.strip())
-    entry = jinja.get_template("entry.sh.j2").render(project=opts.project, keep_alive=KEEP_ALIVE)
+    entry = jinja.get_template("entry.sh.j2").render(
+        project=opts.project,
+        keep_alive=KEEP_ALIVE,
+        ca=CA_MOUNT if held is not None else "",
+        bundle=BUNDLE,
+    )
     names = [MAIN, *(s["name"] for s in services)]
     service_resources = [(n, spec.services[n].resources) for n in names[1:]]
     files = {f"{SANDBOX_DIR}/entry.sh": entry}
@@ -337,6 +357,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
         ),
         pull=opts.policy.allow_pull,
         source=env.source,
+        secrets=held,
         late_networks={name: tuple(nets) for name, nets in net.late.items()},
         limits={
             **{name: Limits.of(r) for name, r in [(MAIN, spec.resources), *service_resources]},

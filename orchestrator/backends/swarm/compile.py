@@ -179,6 +179,12 @@ def compile_stack(env: Environment, opts: StackOptions) -> CompiledStack:
             "while setup runs",
             "drop setup.egress (or make it network.egress), or use the docker backend",
         )
+    if spec.secrets:
+        refuse(
+            "secrets",
+            "the swarm backend has no egress gateway to put the secrets' values in",
+            "drop `secrets`, or use the docker backend",
+        )
     for name in [MAIN, *spec.services]:
         if opts.policy.isolation_of(spec, name) == "gvisor":
             own = name in spec.services and spec.services[name].isolation is not None

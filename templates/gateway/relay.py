@@ -1,0 +1,155 @@
+"""The secrets relay of the orchestrator egress gateway: a mitmproxy addon (see
+docs/network.md, "Secrets").
+
+Squid sends here only the CONNECT tunnels of its clients to the hosts a secret may be sent
+to; everything else never reaches this process. Here TLS is ended with a certificate of the
+environment's own CA (which its sandboxes trust), each request's header values have a
+secret's placeholder replaced by its value when the request goes to one of that secret's
+hosts, and the request leaves through Squid again (its second port, with the same rules),
+over TLS verified for that host.
+
+A value is put in only when every name the request carries agrees on the host: the TLS name
+the sandbox asked for (SNI), the request's own host (Host or :authority) and its port, and
+the request arrived over TLS. So a request cannot be steered, by a name that disagrees, to
+another site the same address serves. Only header values get a value: a body or a URL is
+what an API stores and shows again (a file upload, an echo), and a header is where keys go.
+
+Every answer has each value put back to its placeholder, in its headers and its body, so an
+API that repeats a key shows the sandbox only its placeholder. A placeholder has its value's
+length, so a body keeps its length as it streams. Nothing here logs a request or a value."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from mitmproxy import ctx, http
+
+VALUES = os.environ.get("ORCHESTRATOR_RELAY_VALUES", "/etc/orchestrator-gateway/secrets/values.json")
+
+
+class Secret:
+    def __init__(self, placeholder: str, value: str, hosts: list[str]) -> None:
+        self.placeholder = placeholder
+        self.value = value
+        self.hosts = frozenset(h.lower() for h in hosts)
+        self.placeholder_bytes = placeholder.encode()
+        self.value_bytes = value.encode()
+
+
+def _load() -> list[Secret]:
+    with open(VALUES, encoding="utf-8") as handle:
+        raw = json.load(handle)
+    out = []
+    for item in raw["secrets"]:
+        placeholder, value = item["placeholder"], item["value"]
+        if len(placeholder) != len(value) or not value.isprintable():
+            raise ValueError("a placeholder must have its value's length, and a value be printable")
+        out.append(Secret(placeholder, value, list(item["hosts"])))
+    return out
+
+
+def _agreed_host(flow: http.HTTPFlow) -> str | None:
+    """The host every name of the request agrees on, lower-case; None when any differs or is
+    missing, or the request did not come over TLS."""
+    request = flow.request
+    client = flow.client_conn
+    if request.scheme != "https" or not client.tls_established or not client.sni:
+        return None
+    sni = client.sni.lower().rstrip(".")
+    host = (request.host or "").lower().rstrip(".")
+    told = (request.host_header or "").lower()
+    if told.endswith(":443") and request.port == 443:
+        told = told[: -len(":443")]
+    told = told.rstrip(".")
+    if sni != host or host != told or request.port != 443:
+        return None
+    return host
+
+
+class Scrub:
+    """Puts each value in a streamed body back to its placeholder; it holds back, at most, a
+    value's length less one byte, which a value cut across two pieces needs."""
+
+    def __init__(self, secrets: list[Secret]) -> None:
+        self.secrets = secrets
+        self.keep = max(len(s.value_bytes) for s in secrets) - 1
+        self.held = b""
+
+    def __call__(self, data: bytes) -> bytes:
+        text = self.held + data
+        for secret in self.secrets:
+            text = text.replace(secret.value_bytes, secret.placeholder_bytes)
+        if not data:  # the end
+            self.held = b""
+            return text
+        cut = max(len(text) - self.keep, 0)
+        self.held = text[cut:]
+        return text[:cut]
+
+
+class Relay:
+    def __init__(self) -> None:
+        self.secrets = _load()
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        host = _agreed_host(flow)
+        mine = [s for s in self.secrets if host is not None and host in s.hosts]
+        headers = flow.request.headers
+        if not mine:
+            if any(s.placeholder in v for s in self.secrets for v in headers.values(multi=True)):
+                flow.response = http.Response.make(
+                    421,
+                    b"orchestrator egress gateway: a secret's placeholder goes only to its own "
+                    b"hosts, over HTTPS, where the TLS name, the Host header and port 443 agree\n",
+                    {"content-type": "text/plain"},
+                )
+            return
+        for key in list(headers.keys()):
+            values = headers.get_all(key)
+            changed = []
+            for text in values:
+                for secret in mine:
+                    text = text.replace(secret.placeholder, secret.value)
+                changed.append(text)
+            if changed != values:
+                headers.set_all(key, changed)
+        # an answer in plain bytes, where a repeated value can be found and put back
+        headers["accept-encoding"] = "identity"
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        response = flow.response
+        if response is None:
+            return
+        for key in list(response.headers.keys()):
+            values = response.headers.get_all(key)
+            changed = [_put_back(v, self.secrets) for v in values]
+            if changed != values:
+                response.headers.set_all(key, changed)
+        if response.headers.get("content-encoding", "identity").lower() in ("", "identity"):
+            response.stream = Scrub(self.secrets)
+        # else: held whole (up to body_size_limit), decoded and put back in `response`
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        response = flow.response
+        if response is None or response.stream:
+            return
+        body = response.get_content(strict=False)
+        if body is None:
+            return
+        for secret in self.secrets:
+            body = body.replace(secret.value_bytes, secret.placeholder_bytes)
+        response.set_content(body)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        if flow.error is not None:
+            flow.error.msg = _put_back(flow.error.msg, self.secrets)
+
+
+def _put_back(text: str, secrets: list[Secret]) -> str:
+    for secret in secrets:
+        text = text.replace(secret.value, secret.placeholder)
+    return text
+
+
+addons = [Relay()]
