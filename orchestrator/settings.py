@@ -290,9 +290,10 @@ EGRESS_DNS: Setting[tuple[str, ...]] = _c.add(
     )
 )  # fmt: skip
 SECRETS_FILE = _c.text(
-    "ORCHESTRATOR_SECRETS_FILE", "a file of NAME=VALUE lines",
-    "The values of the secrets files name (`secrets:`), readable by its owner alone; the "
-    "sandbox sees placeholders, the egress gateway puts the values in (docs/network.md).",
+    "ORCHESTRATOR_SECRETS_FILE", "a file of NAME@HOST,HOST=VALUE lines",
+    "The values of the secrets files name (`secrets:`) and the hosts each may go to, "
+    "readable by its owner alone; the sandbox sees placeholders, the egress gateway puts "
+    "the values in (docs/network.md).",
 )  # fmt: skip
 GATEWAY_TRUST = _c.text(
     "ORCHESTRATOR_GATEWAY_TRUST", "a PEM file",

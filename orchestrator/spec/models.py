@@ -320,8 +320,9 @@ class EnvironmentV1(Hardening):
     USER, root when it names none, as Compose runs it; docker backend)."""
     secrets: dict[EnvKey, SecretUse] = Field(default_factory=dict, max_length=32)
     """Secrets the sandbox uses but never sees, by variable name, each with the hosts it may
-    be sent to: `OPENAI_API_KEY: {hosts: [api.openai.com]}`. The caller gives the values
-    (ORCHESTRATOR_SECRETS_FILE); the sandbox's variable holds a placeholder, which the egress
+    be sent to: `OPENAI_API_KEY: {hosts: [api.openai.com]}`. The caller gives the values and
+    the hosts each may ever go to (ORCHESTRATOR_SECRETS_FILE), which these may only narrow;
+    the sandbox's variable holds a placeholder, which the egress
     gateway replaces by the value in HTTPS requests to those hosts (they must be in
     `network.egress`). See docs/network.md."""
     services: dict[Annotated[str, Field(pattern=NAME_RE)], Service] = Field(default_factory=dict)

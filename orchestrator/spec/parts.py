@@ -164,8 +164,9 @@ each is reached over HTTPS on 443)."""
 
 
 class SecretUse(Strict):
-    """Where one secret may be sent. Its value is the caller's (`Policy.secrets`,
-    ORCHESTRATOR_SECRETS_FILE), never the file's: the sandbox gets a placeholder in the
+    """Where one secret may be sent, within the hosts the caller allows it. Its value is the
+    caller's (`Policy.secrets`, ORCHESTRATOR_SECRETS_FILE), never the file's: the sandbox gets
+    a placeholder in the
     variable of the secret's name, and the egress gateway puts the value in place of the
     placeholder in the header values of HTTPS requests to these hosts alone."""
 

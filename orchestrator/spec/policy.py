@@ -43,6 +43,7 @@ from orchestrator.spec.models import (
     Hardening,
     Isolation,
 )
+from orchestrator.spec.parts import SECRET_HOST_RE
 
 # the variables' names, for messages (each setting is orchestrator.settings')
 CAPS_ENV = settings.ALLOW_CAPS.name
@@ -157,11 +158,16 @@ class Policy:
     ORCHESTRATOR_ALLOW_HOST_BUILD=1): `docker build` runs each RUN step on the host's
     kernel, not gVisor's. Off: such a file must name a built image."""
 
-    secrets: Mapping[str, str] | tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    """The values of the secrets files name (`secrets:`), by name (ORCHESTRATOR_SECRETS_FILE:
-    a file of NAME=VALUE lines, readable by its owner alone). Each value is 16 to 4096
-    printable ASCII characters. The sandbox sees a placeholder; the egress gateway puts the
-    value in, in requests to the hosts the file names for it (docs/network.md)."""
+    secrets: Mapping[str, tuple[str, Sequence[str]]] | tuple[CallerSecret, ...] = field(
+        default=(), repr=False
+    )
+    """The values of the secrets files name (`secrets:`), by name, each with the hosts it may
+    ever be sent to: {NAME: (VALUE, [HOST, ...])} (ORCHESTRATOR_SECRETS_FILE: a file of
+    NAME@HOST,HOST=VALUE lines, readable by its owner alone). A file's `secrets.NAME.hosts`
+    may only narrow the caller's hosts: the file never chooses where a value goes. A value
+    is 16 to 4096 characters of letters, digits and `-._~` (what no common encoding
+    rewrites, so an answer that repeats it is found). The sandbox sees a placeholder; the
+    egress gateway puts the value in (docs/network.md)."""
     gateway_trust: str = ""
     """A PEM file of certificates the egress gateway trusts, besides Debian's, for the hosts
     it sends secrets to (ORCHESTRATOR_GATEWAY_TRUST)."""
@@ -186,19 +192,37 @@ class Policy:
         )
 
     def __post_init__(self) -> None:
-        pairs = tuple(self.secrets.items() if isinstance(self.secrets, Mapping) else self.secrets)
-        for name, value in pairs:
-            problem = secret_problem(name, value)
+        given: list[tuple[str, str, Sequence[str]]] = (
+            [(name, value, hosts) for name, (value, hosts) in self.secrets.items()]
+            if isinstance(self.secrets, Mapping)
+            else list(self.secrets)
+        )
+        held: list[CallerSecret] = []
+        for name, value, listed in given:
+            hosts = (listed,) if isinstance(listed, str) else tuple(listed)
+            problem = secret_problem(name, value, hosts)
             if problem:
                 raise UsageError(f"the secret {name!r}: {problem}")
-        object.__setattr__(self, "secrets", tuple(sorted(pairs)))
+            held.append((name, value, tuple(sorted(set(hosts)))))
+        object.__setattr__(self, "secrets", tuple(sorted(held)))
         parsed = isinstance(self.egress, tuple) and all(
             isinstance(r, _egress.Rule) for r in self.egress
         )
         if not parsed and self.egress not in ("none", "all"):
             # a list (or tuple) of entries, as a caller writes it: parsed once, here
-            entries = [str(e) for e in cast(Sequence[object], self.egress)]
+            entries = (
+                self.egress
+                if isinstance(self.egress, str)
+                else [str(e) for e in cast(Sequence[object], self.egress)]
+            )
             object.__setattr__(self, "egress", _egress.parse(entries))
+
+    def secret(self, name: str) -> tuple[str, tuple[str, ...]] | None:
+        """The caller's value of secret `name` and the hosts it may go to, or None."""
+        for held, value, hosts in cast(tuple[CallerSecret, ...], self.secrets):
+            if held == name:
+                return value, hosts
+        return None
 
     def isolation_of(self, spec: EnvironmentV1, name: str) -> Isolation:
         """How container `name` ("main" or a service) is isolated: its own `isolation` (a
@@ -351,28 +375,42 @@ SECRETS_ENV = settings.SECRETS_FILE.name
 SECRET_MIN, SECRET_MAX = 16, 4096
 """A secret's length: its placeholder has the same (so a body keeps its length), and a
 shorter one would be a guessable stand-in."""
+SECRET_VALUE = re.compile(r"[A-Za-z0-9._~-]+")
+"""What a value may hold: characters JSON, URL, HTML and shell quoting leave as they are, so
+the relay finds a value an answer repeats (a key with `"` or `/` would come back escaped)."""
+SECRET_HOST = re.compile(SECRET_HOST_RE)
+CallerSecret = tuple[str, str, tuple[str, ...]]
+"""A secret as the caller holds it: its name, its value, the hosts it may ever go to."""
 
 
-def secret_problem(name: str, value: str) -> str:
+def secret_problem(name: str, value: str, hosts: Sequence[str]) -> str:
     """What is wrong with a secret, never quoting its value; "" when nothing is."""
     if not re.fullmatch(ENV_KEY_RE, name):
         return "not a variable name (letters, digits and _, not starting with a digit)"
-    if not value.isascii() or not value.isprintable():
-        return "its value must be printable ASCII (it goes into a request header)"
+    if not SECRET_VALUE.fullmatch(value):
+        return (
+            "its value may hold letters, digits and -._~ alone (what an answer that repeats "
+            "it cannot escape)"
+        )
     if not SECRET_MIN <= len(value) <= SECRET_MAX:
         return f"its value must have {SECRET_MIN} to {SECRET_MAX} characters"
+    if not hosts or not all(SECRET_HOST.fullmatch(h) for h in hosts):
+        return (
+            "name the hosts it may go to, as whole lower-case host names "
+            "(NAME@api.example.com,other.example.com=VALUE)"
+        )
     return ""
 
 
-def secrets_from_file(path: str) -> tuple[tuple[str, str], ...]:
-    """The NAME=VALUE lines of the caller's secrets file ("" : none): blank lines and lines
-    starting with # are skipped, the value is everything after the first `=`. The file must
-    be the caller's own and readable by no one else. A UsageError names the line, never a
-    value."""
+def secrets_from_file(path: str) -> tuple[CallerSecret, ...]:
+    """The NAME@HOST,HOST=VALUE lines of the caller's secrets file ("" : none): blank lines
+    and lines starting with # are skipped, the value is everything after the first `=`.
+    The file must be the caller's own and readable by no one else. A UsageError names the
+    line, never a value."""
     if not path:
         return ()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise UsageError(f"{SECRETS_ENV}: cannot open {path}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as handle:
@@ -386,14 +424,17 @@ def secrets_from_file(path: str) -> tuple[tuple[str, str], ...]:
         raw = handle.read(1024 * 1024 + 1)
     if len(raw) > 1024 * 1024:
         raise UsageError(f"{SECRETS_ENV}: {path} is over 1 MiB")
-    out: dict[str, str] = {}
+    out: dict[str, CallerSecret] = {}
     for number, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        name, sep, value = line.partition("=")
+        key, sep, value = line.partition("=")
+        name, at, listed = key.partition("@")
         name = name.strip()
-        problem = "not NAME=VALUE" if not sep else secret_problem(name, value)
+        hosts = tuple(h.strip() for h in listed.split(",") if h.strip())
+        problem = "not NAME@HOST,HOST=VALUE" if not sep or not at else ""
+        problem = problem or secret_problem(name, value, hosts)
         if problem:
             raise UsageError(f"{SECRETS_ENV}: {path}, line {number}: {problem}")
-        out[name] = value
-    return tuple(sorted(out.items()))
+        out[name] = (name, value, tuple(sorted(set(hosts))))
+    return tuple(sorted(out.values()))

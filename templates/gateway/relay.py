@@ -20,6 +20,7 @@ length, so a body keeps its length as it streams. Nothing here logs a request or
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 
@@ -43,7 +44,7 @@ def _load() -> list[Secret]:
     out = []
     for item in raw["secrets"]:
         placeholder, value = item["placeholder"], item["value"]
-        if len(placeholder) != len(value) or not value.isprintable():
+        if len(placeholder) != len(value) or not value.isascii() or not value.isprintable():
             raise ValueError("a placeholder must have its value's length, and a value be printable")
         out.append(Secret(placeholder, value, list(item["hosts"])))
     return out
@@ -91,8 +92,13 @@ class Scrub:
 class Relay:
     def __init__(self) -> None:
         self.secrets = _load()
+        # no other process of this user may read this one's memory, environment or files
+        # through /proc (PR_SET_DUMPABLE 0)
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        # A body is never changed here: it goes on as it comes, never held whole (so the
+        # headers are settled now, before they leave).
         host = _agreed_host(flow)
         mine = [s for s in self.secrets if host is not None and host in s.hosts]
         headers = flow.request.headers
@@ -104,6 +110,8 @@ class Relay:
                     b"hosts, over HTTPS, where the TLS name, the Host header and port 443 agree\n",
                     {"content-type": "text/plain"},
                 )
+                return
+            flow.request.stream = True
             return
         for key in list(headers.keys()):
             values = headers.get_all(key)
@@ -116,10 +124,14 @@ class Relay:
                 headers.set_all(key, changed)
         # an answer in plain bytes, where a repeated value can be found and put back
         headers["accept-encoding"] = "identity"
+        flow.request.stream = True
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
         if response is None:
+            return
+        if response.status_code == 101:  # what follows an upgrade is no longer HTTP to scrub
+            flow.response = _refusal(502, b"upgrades (websockets) to a secret's host")
             return
         for key in list(response.headers.keys()):
             values = response.headers.get_all(key)
@@ -132,9 +144,19 @@ class Relay:
 
     def response(self, flow: http.HTTPFlow) -> None:
         response = flow.response
-        if response is None or response.stream:
+        if response is None:
             return
-        body = response.get_content(strict=False)
+        if response.trailers:
+            for key in list(response.trailers.keys()):
+                values = response.trailers.get_all(key)
+                response.trailers.set_all(key, [_put_back(v, self.secrets) for v in values])
+        if response.stream:
+            return
+        try:  # an encoding this cannot undo would carry a value unseen: refused
+            body = response.get_content(strict=True)
+        except ValueError:
+            flow.response = _refusal(502, b"an answer in an encoding the gateway cannot read")
+            return
         if body is None:
             return
         for secret in self.secrets:
@@ -144,6 +166,14 @@ class Relay:
     def error(self, flow: http.HTTPFlow) -> None:
         if flow.error is not None:
             flow.error.msg = _put_back(flow.error.msg, self.secrets)
+
+
+def _refusal(status: int, why: bytes) -> http.Response:
+    return http.Response.make(
+        status,
+        b"orchestrator egress gateway: the secrets relay refuses " + why + b"\n",
+        {"content-type": "text/plain"},
+    )
 
 
 def _put_back(text: str, secrets: list[Secret]) -> str:

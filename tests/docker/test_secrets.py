@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from tests.docker.test_egress import env_file, module_dir, world
 pytestmark = pytest.mark.docker
 __all__ = ["module_dir", "world"]  # (the fixtures this module shares)
 
+RELAY_UID = 1879048193
+"""templates/gateway/start's RELAY_UID."""
 VALUE = "sk-test-" + "Zq7" * 10
 """The secret: it must reach allowed.test's server in a header, and nothing else."""
 CLI = [sys.executable, "-m", "orchestrator"]
@@ -101,7 +104,7 @@ def trust(world: World, module_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def held(world: World, module_dir: Path, trust: Path) -> Iterator[Runtime]:
-    policy = Policy(secrets={"API_KEY": VALUE}, gateway_trust=str(trust))
+    policy = Policy(secrets={"API_KEY": (VALUE, ["allowed.test"])}, gateway_trust=str(trust))
     with spawn_runtime(env_file(module_dir, "held", BODY), policy=policy) as rt:
         yield rt
 
@@ -227,7 +230,7 @@ def test_render_names_no_value_and_the_start_refuses_what_cannot_hold(
 ) -> None:
     env = env_file(module_dir, "rendered", BODY)
     secrets_file = module_dir / "secrets.env"
-    secrets_file.write_text(f"# the caller's\nAPI_KEY={VALUE}\n")
+    secrets_file.write_text(f"# the caller's\nAPI_KEY@allowed.test={VALUE}\n")
     secrets_file.chmod(0o600)
 
     def render() -> subprocess.CompletedProcess[str]:
@@ -248,7 +251,7 @@ def test_render_names_no_value_and_the_start_refuses_what_cannot_hold(
     assert VALUE not in loose.stdout + loose.stderr
     closed = env_file(module_dir, "closed-secret", "secrets:\n  API_KEY: {hosts: [allowed.test]}\n")
     with pytest.raises(SpecError, match="secrets") as refused:
-        spawn_runtime(closed, policy=Policy(secrets={"API_KEY": VALUE}))
+        spawn_runtime(closed, policy=Policy(secrets={"API_KEY": (VALUE, ["allowed.test"])}))
     assert VALUE not in str(refused.value)
 
 
@@ -258,7 +261,7 @@ def test_a_host_the_gateway_cannot_verify_never_gets_the_value(
     """Without the caller's trust for the world's certificates, the relay cannot verify the
     secret's host: the request fails, and the server sees nothing at all."""
     before = len(world.requests("allowed.test"))
-    policy = Policy(secrets={"API_KEY": VALUE})
+    policy = Policy(secrets={"API_KEY": (VALUE, ["allowed.test"])})
     with spawn_runtime(env_file(module_dir, "unverified", BODY), policy=policy) as rt:
         got = send(rt, connect="allowed.test", headers={"Authorization": "Bearer KEY"})
     assert got["status"] in (502, None), got
@@ -269,7 +272,7 @@ def test_a_host_the_gateway_cannot_verify_never_gets_the_value(
 def test_set_egress_taking_the_host_away_stops_the_value_at_once(
     world: World, module_dir: Path, trust: Path
 ) -> None:
-    policy = Policy(secrets={"API_KEY": VALUE}, gateway_trust=str(trust))
+    policy = Policy(secrets={"API_KEY": (VALUE, ["allowed.test"])}, gateway_trust=str(trust))
     with spawn_runtime(env_file(module_dir, "narrowed", BODY), policy=policy) as rt:
         header = {"Authorization": "Bearer KEY"}
         assert send(rt, connect="allowed.test", headers=header)["status"] == 200
@@ -278,3 +281,97 @@ def test_set_egress_taking_the_host_away_stops_the_value_at_once(
         got = send(rt, connect="allowed.test", headers=header)
         assert got["status"] is None and " 403 " in got["body"], got  # Squid's refusal
         assert len(world.requests("allowed.test")) == before
+
+
+def test_the_relay_runs_as_its_own_user_unreadable_and_comes_back_when_killed(
+    world: World, held: Runtime
+) -> None:
+    pid = relay_pid(held)
+    peek = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={RELAY_UID}",
+            f"--regid={RELAY_UID}",
+            "--clear-groups",
+            "cat",
+            f"/proc/{pid}/environ",
+            f"/proc/{pid}/root/run/orchestrator-gateway/relay/values.json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert peek.returncode != 0 and VALUE not in peek.stdout, peek  # not dumpable
+    subprocess.run(["kill", "-9", str(pid)], check=True)  # (what an OOM kill does)
+    header = {"Authorization": "Bearer KEY"}
+    deadline = time.monotonic() + 30
+    while True:
+        got = send(held, connect="allowed.test", headers=header)
+        if got["status"] == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert got["status"] == 200, got
+    assert relay_pid(held) != pid
+
+
+def relay_pid(rt: Runtime) -> int:
+    """The host pid of the environment's relay (checking it runs as its own user)."""
+    assert isinstance(rt, ComposeRuntime) and rt.project is not None
+    gateway = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-q",
+            "--filter",
+            f"label=com.docker.compose.project={rt.project.name}",
+            "--filter",
+            "label=com.docker.compose.service=orchestrator-egress",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(gateway) == 1, gateway
+    top = subprocess.run(
+        ["docker", "top", gateway[0], "-eo", "pid,uid,args"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    found = [line.split() for line in top if "mitmdump" in line and "setpriv" not in line]
+    assert len(found) == 1, top
+    assert found[0][1] == str(RELAY_UID), found  # its own user, not Squid's
+    return int(found[0][0])
+
+
+FLOOD = r"""
+import os, socket, ssl, threading
+def one():
+    try:
+        s = socket.create_connection(("orchestrator-egress", 3128), timeout=60)
+        s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
+        s.recv(4096)
+        c = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+        t = c.wrap_socket(s, server_hostname="allowed.test")
+        size = 48 * 1024 * 1024
+        t.sendall(b"POST /echo HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: %d\r\n\r\n" % size)
+        block = b"\0" * 65536
+        for _ in range(size // len(block)):
+            t.sendall(block)
+    except OSError:
+        pass
+threads = [threading.Thread(target=one) for _ in range(6)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("sent")
+"""
+
+
+def test_a_flood_of_large_uploads_leaves_the_relay_standing(held: Runtime) -> None:
+    """Six 48 MiB bodies at once to the secret's host (more than the gateway's memory if
+    they were held): bodies stream through, and the relay lives on to serve the next."""
+    pid = relay_pid(held)
+    ran = held.execute(["python3", "-c", FLOOD], timeout=300)
+    assert ran.stdout.strip() == "sent", (ran.stdout, ran.stderr)
+    assert relay_pid(held) == pid
+    got = send(held, connect="allowed.test", headers={"Authorization": "Bearer KEY"})
+    assert got["status"] == 200, got

@@ -45,7 +45,9 @@ def compiled(text: str, tmp_path: Path, policy: Policy, **kw: Any) -> tuple[dict
 def test_a_files_secret_becomes_a_placeholder_and_its_value_stays_out_of_render(
     tmp_path: Path,
 ) -> None:
-    policy = Policy(secrets={"API_KEY": VALUE, "UNUSED_KEY": VALUE + "x"})
+    policy = Policy(
+        secrets={"API_KEY": (VALUE, ["api.example.test"]), "UNUSED_KEY": (VALUE, ["a.test"])}
+    )
     doc, c = compiled(LISTED + SECRETS, tmp_path, policy)
     env = doc["services"]["main"]["environment"]
     placeholder = env["API_KEY"]
@@ -94,7 +96,7 @@ def test_a_secret_that_could_not_reach_its_host_through_the_gateway_is_refused(
     tmp_path: Path, text: str, field: str, words: str
 ) -> None:
     with pytest.raises(SpecError) as caught:
-        compiled(text, tmp_path, Policy(secrets={"API_KEY": VALUE}))
+        compiled(text, tmp_path, Policy(secrets={"API_KEY": (VALUE, ["api.example.test"])}))
     said = str(caught.value)
     assert field in said and words in said and VALUE not in said, said
 
@@ -102,7 +104,9 @@ def test_a_secret_that_could_not_reach_its_host_through_the_gateway_is_refused(
 def test_the_callers_policy_narrowing_the_allowlist_refuses_the_secret_too(
     tmp_path: Path,
 ) -> None:
-    policy = Policy(secrets={"API_KEY": VALUE}, egress=("other.example.test",))
+    policy = Policy(
+        secrets={"API_KEY": (VALUE, ["api.example.test"])}, egress=("other.example.test",)
+    )
     with pytest.raises(SpecError, match=r"secrets: .*after the caller's policy"):
         compiled(LISTED + SECRETS, tmp_path, policy)
     both = BASE + "network: {egress: [api.example.test, other.example.test]}\n" + SECRETS
@@ -118,7 +122,7 @@ def test_a_secret_without_a_value_is_a_warning_and_no_variable(tmp_path: Path) -
 
 
 def test_remote_engines_swarm_and_env_clashes_are_refused(tmp_path: Path) -> None:
-    policy = Policy(secrets={"API_KEY": VALUE})
+    policy = Policy(secrets={"API_KEY": (VALUE, ["api.example.test"])})
     with pytest.raises(SpecError, match="secrets"):
         compiled(LISTED + SECRETS, tmp_path, policy, remote=True)
     env = load_environment_text(LISTED + SECRETS, base_dir=tmp_path)
@@ -138,20 +142,27 @@ def write_secrets(tmp_path: Path, text: str, mode: int = 0o600) -> str:
 
 
 def test_the_secrets_file_is_read_as_name_value_lines_and_never_quoted(tmp_path: Path) -> None:
-    path = write_secrets(tmp_path, f"# mine\n\nAPI_KEY={VALUE}\nOTHER_KEY = {VALUE}=more\n")
-    assert secrets_from_file(path) == (("API_KEY", VALUE), ("OTHER_KEY", f" {VALUE}=more"))
+    text = f"# mine\n\nAPI_KEY@a.test={VALUE}\nOTHER_KEY @ b.test, a.test ={VALUE}\n"
+    assert secrets_from_file(write_secrets(tmp_path, text)) == (
+        ("API_KEY", VALUE, ("a.test",)),
+        ("OTHER_KEY", VALUE, ("a.test", "b.test")),
+    )
     assert secrets_from_file("") == ()
     for text, words in [
-        (f"API_KEY {VALUE}\n", "line 1: not NAME=VALUE"),
-        ("API_KEY=short\n", "16 to 4096"),
-        (f"1KEY={VALUE}\n", "not a variable name"),
-        (f"API_KEY={VALUE}\tx\n", "printable ASCII"),
+        (f"API_KEY@a.test {VALUE}\n", "line 1: not NAME@HOST,HOST=VALUE"),
+        (f"API_KEY={VALUE}\n", "line 1: not NAME@HOST,HOST=VALUE"),
+        ("API_KEY@a.test=short-value-1\n", "16 to 4096"),
+        (f"1KEY@a.test={VALUE}\n", "not a variable name"),
+        (f"API_KEY@a.test={VALUE}\tx\n", "letters, digits and -._~"),
+        (f'API_KEY@a.test={VALUE}"\\\n', "letters, digits and -._~"),
+        (f"API_KEY@a.test={VALUE}/+=\n", "letters, digits and -._~"),
+        (f"API_KEY@*.a.test={VALUE}\n", "name the hosts"),
     ]:
         with pytest.raises(UsageError) as caught:
             secrets_from_file(write_secrets(tmp_path, text))
         assert words in str(caught.value) and VALUE not in str(caught.value), caught.value
     with pytest.raises(UsageError, match="chmod 600"):
-        secrets_from_file(write_secrets(tmp_path, f"API_KEY={VALUE}\n", 0o640))
+        secrets_from_file(write_secrets(tmp_path, f"API_KEY@a.test={VALUE}\n", 0o640))
     link = tmp_path / "link.env"
     link.symlink_to(tmp_path / "secrets.env")
     with pytest.raises(UsageError, match="cannot open"):
@@ -163,12 +174,14 @@ def test_the_secrets_file_is_read_as_name_value_lines_and_never_quoted(tmp_path:
 def test_policy_from_env_reads_the_file_and_its_repr_shows_no_value(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ORCHESTRATOR_SECRETS_FILE", write_secrets(tmp_path, f"API_KEY={VALUE}\n"))
+    monkeypatch.setenv(
+        "ORCHESTRATOR_SECRETS_FILE", write_secrets(tmp_path, f"API_KEY@a.test={VALUE}\n")
+    )
     policy = Policy.from_env()
-    assert dict(policy.secrets) == {"API_KEY": VALUE}
+    assert policy.secret("API_KEY") == (VALUE, ("a.test",))
     assert VALUE not in repr(policy) and VALUE not in str(policy)
     with pytest.raises(UsageError) as caught:
-        Policy(secrets={"API_KEY": "x" * 15})
+        Policy(secrets={"API_KEY": ("x" * 15, ["a.test"])})
     assert "x" * 15 not in str(caught.value)
     assert os.environ["ORCHESTRATOR_SECRETS_FILE"].endswith("secrets.env")
 
@@ -178,6 +191,21 @@ def test_the_gateways_trust_must_be_a_readable_pem_file(tmp_path: Path) -> None:
         path = tmp_path / "trust.pem"
         if content is not None:
             path.write_text(content)
-        policy = Policy(secrets={"API_KEY": VALUE}, gateway_trust=str(path))
+        policy = Policy(secrets={"API_KEY": (VALUE, ["api.example.test"])}, gateway_trust=str(path))
         with pytest.raises(UsageError, match=f"ORCHESTRATOR_GATEWAY_TRUST: .*{words}"):
             compiled(LISTED + SECRETS, tmp_path, policy)
+
+
+def test_the_file_narrows_where_a_secret_goes_never_widens_it_nor_takes_a_reserved_name(
+    tmp_path: Path,
+) -> None:
+    caller = Policy(secrets={"API_KEY": (VALUE, ["other.example.test"])})
+    with pytest.raises(SpecError) as caught:
+        compiled(LISTED + SECRETS, tmp_path, caller)
+    said = str(caught.value)
+    assert "secrets.API_KEY.hosts" in said and "never widen" in said and VALUE not in said
+    for name in ("HTTPS_PROXY", "SSL_CERT_FILE", "LD_PRELOAD", "ORCHESTRATOR_X"):
+        text = LISTED + f"secrets:\n  {name}: {{hosts: [api.example.test]}}\n"
+        policy = Policy(secrets={name: (VALUE, ["api.example.test"])})
+        with pytest.raises(SpecError, match=f"secrets.{name}: .*sets itself"):
+            compiled(text, tmp_path, policy)

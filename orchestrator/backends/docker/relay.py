@@ -1,11 +1,11 @@
 """Secrets the sandbox uses but never sees (docs/network.md, "Secrets").
 
-A file names where each secret may go (`secrets: {NAME: {hosts: [...]}}`); the caller gives
-the values (`Policy.secrets`, ORCHESTRATOR_SECRETS_FILE). The sandbox's variable NAME holds
-a placeholder of the value's length; the egress gateway's relay (templates/gateway/relay.py)
-ends TLS for those hosts alone, with a CA made for this environment, puts the value in place
-of the placeholder in the header values of requests to them, and puts the placeholder back
-in their answers.
+A file names where each secret may go (`secrets: {NAME: {hosts: [...]}}`), within the
+hosts the caller gives with each value (`Policy.secrets`, ORCHESTRATOR_SECRETS_FILE). The
+sandbox's variable NAME holds a placeholder of the value's length; the egress gateway's
+relay (templates/gateway/relay.py) ends TLS for those hosts alone, with a CA made for this
+environment, puts the value in place of the placeholder in the header values of requests
+to them, and puts the placeholder back in their answers.
 
 Where the values are: in this process, and in the project folder's `gateway/secrets`
 (0711, the values 0600, mounted read-only into the gateway alone). Never in the Compose
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from orchestrator import settings
 from orchestrator.backends.container.layout import SANDBOX_DIR, SANDBOX_MOUNT
+from orchestrator.backends.docker.network import NO_PROXY_VARS, PROXY_VARS
 from orchestrator.errors import SpecIssue, UsageError
 from orchestrator.paths import make_folders, write_file
 from orchestrator.spec.egress import Egress, Rule
@@ -42,6 +43,11 @@ BUNDLE = "/etc/orchestrator/ca-bundle.pem"
 TRUST_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
 """The variables that name the bundle: Python's ssl and requests, curl, git."""
 _ALPHABET = string.ascii_letters + string.digits
+RESERVED_VARS = frozenset(
+    {*PROXY_VARS, *NO_PROXY_VARS, *TRUST_VARS, "NODE_EXTRA_CA_CERTS", "PATH", "HOME"}
+)
+"""Variables a secret may not take: the environment's own (a placeholder in HTTPS_PROXY
+would cut the sandbox off), and those every program reads."""
 
 
 @dataclass(frozen=True)
@@ -143,11 +149,31 @@ def plan_secrets(
             )
         )
         return None, issues, []
-    values = dict(policy.secrets)
     items: list[Secret] = []
     warnings: list[str] = []
     for name, use in asked.items():
+        if name in RESERVED_VARS or name.startswith(("ORCHESTRATOR_", "LD_")):
+            issues.append(
+                SpecIssue(
+                    env.source,
+                    field=f"secrets.{name}",
+                    message=f"{name} is a variable the environment sets itself (its proxy, "
+                    "the CAs it trusts, or orchestrator's own)",
+                    fix="give the secret another name",
+                )
+            )
+        held = policy.secret(name)
         for host in use.hosts:
+            if held is not None and host not in held[1]:
+                issues.append(
+                    SpecIssue(
+                        env.source,
+                        field=f"secrets.{name}.hosts",
+                        message=f"the caller lets {name} go to {', '.join(held[1])} alone, "
+                        f"not to {host}: the file may narrow where a secret goes, never widen it",
+                        fix=f"drop {host} here (or the caller adds it: NAME@HOST,...=VALUE)",
+                    )
+                )
             if not any(rule.covers(Rule("name", host, (443,))) for rule in egress):
                 issues.append(
                     SpecIssue(
@@ -158,8 +184,7 @@ def plan_secrets(
                         fix=f"add {host} to network.egress, or drop it here",
                     )
                 )
-        value = values.get(name)
-        if value is None:
+        if held is None:
             warnings.append(
                 f"secrets.{name}: the caller gives no value for it "
                 "(ORCHESTRATOR_SECRETS_FILE): the sandbox gets no {name} variable".replace(
@@ -167,7 +192,7 @@ def plan_secrets(
                 )
             )
             continue
-        items.append(Secret(name, placeholder(value), value, tuple(use.hosts)))
+        items.append(Secret(name, placeholder(held[0]), held[0], tuple(use.hosts)))
     if issues:
         return None, issues, warnings
     if not items:
