@@ -27,6 +27,10 @@ sandbox that reaches the same server directly, with one hermetic test world runn
 3. Changing a running environment's egress (`rt.set_egress`), on the gateway side: a change
    that widens, one that narrows with nothing open, and one that narrows while the sandbox
    holds a tunnel to the host it takes away (the gateway is restarted to cut it).
+4. Secrets (docs/network.md): the same HTTPS GETs from an environment whose secret goes to
+   allowed.test, so that its gateway's relay ends TLS and puts the value in each request,
+   against the plain tunnel of part 1's gateway side, interleaved; and its start-up (part
+   2's table, "allowlist + a secret (relay)").
 
 Writes bench/results/egress.md.
 """
@@ -38,6 +42,7 @@ import json
 import os
 import shlex
 import statistics
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -51,6 +56,7 @@ from orchestrator.backends.docker.network import (
     GATEWAY,
     PROXY_PORT,
 )
+from orchestrator.spec.policy import Policy
 from orchestrator.testing.world import PYTHON_IMAGE, World, start_world
 
 TARGET = 1.2
@@ -132,6 +138,22 @@ KINDS = (
 )
 Got = dict[tuple[Kind, str], list[list[float]]]
 """(kind, side) -> per round, the seconds of each request."""
+
+
+SECRET = "BENCH_KEY"
+SECRET_VALUE = "bench-" + "k" * 34
+SECRET_TEXT = f"secrets:\n  {SECRET}: {{hosts: [{HOST}]}}\n"
+"""What a file adds for one secret that goes to HOST."""
+POLICIES: dict[str, Policy] = {}
+"""The policy a start-up file is spawned with, when not the process's (main fills it)."""
+
+
+def secrets_policy(world: World, folder: str) -> Policy:
+    """The caller's value of SECRET, and the world's certificates trusted by the relay."""
+    trust = os.path.join(folder, "world-certs.pem")
+    with open(trust, "w", encoding="ascii") as handle:
+        handle.write("".join(world.certs.values()))
+    return Policy(secrets={SECRET: (SECRET_VALUE, [HOST])}, gateway_trust=trust)
 
 
 def env_text(egress: str, *, port: bool = False) -> str:
@@ -218,28 +240,30 @@ class Startup:
     cleanup: list[float] = field(default_factory=list)
 
 
-NONE, ALLOW, PORT, PHASED = (
+NONE, ALLOW, PORT, PHASED, RELAY = (
     "egress: none",
     "allowlist (gateway)",
     "egress: none + published port (forwarder)",
     "egress: none + setup.egress (a phase)",
+    "allowlist + a secret (relay)",
 )
 STARTUP_FILES = {
     NONE: env_text("none"),
     ALLOW: env_text(f"[{HOST}]"),
     PORT: env_text("none", port=True),
     PHASED: env_text("none") + f"setup: {{egress: [{HOST}], commands: ['true']}}\n",
+    RELAY: env_text(f"[{HOST}]") + SECRET_TEXT,
 }
-BASELINE = {ALLOW: NONE, PORT: NONE, PHASED: ALLOW}
+BASELINE = {ALLOW: NONE, PORT: NONE, PHASED: ALLOW, RELAY: ALLOW}
 """What each file's start-up is compared with: the gateway's cost and the forwarder's, each
 alone."""
 
 
-def up_and_down(text: str, into: Startup) -> None:
+def up_and_down(text: str, into: Startup, policy: Policy | None = None) -> None:
     """Spawn the file, time it to ready (the first execute answered), then its cleanup."""
     env = load_environment_text(text)
     start = time.perf_counter()
-    rt = spawn_runtime(env)
+    rt = spawn_runtime(env, policy=policy)
     try:
         done = rt.execute(["true"])
         into.ready.append(time.perf_counter() - start)
@@ -262,7 +286,7 @@ def measure_startup(rounds: int) -> tuple[dict[str, Startup], float]:
     for n in range(rounds):
         shift = n % len(names)
         for name in names[shift:] + names[:shift]:
-            up_and_down(STARTUP_FILES[name], out[name])
+            up_and_down(STARTUP_FILES[name], out[name], POLICIES.get(name))
     return out, first.ready[0]
 
 
@@ -364,6 +388,53 @@ def startup_lines(got: dict[str, Startup], first: float, rounds: int) -> list[st
     return lines
 
 
+RELAYED, TUNNELLED = "relay", "tunnel"
+
+
+def measure_relay(
+    tunnel: Runtime, policy: Policy, rounds: int, requests: int, downloads: int
+) -> dict[tuple[int, str], list[float]]:
+    """Part 4: HTTPS GETs of each size through the relay (an environment whose secret goes
+    to HOST) and through `tunnel` (part 1's gateway side), interleaved by round."""
+    env = load_environment_text(env_text(f"[{HOST}]") + SECRET_TEXT)
+    out: dict[tuple[int, str], list[float]] = {}
+    with spawn_runtime(env, policy=policy) as relayed:
+        sides = {RELAYED: relayed, TUNNELLED: tunnel}
+        for rt in sides.values():  # warm up
+            fetch(rt, GATEWAY_SIDE, Kind(HTTPS, SMALL), 5)
+        for n in range(rounds):
+            for size, count in ((SMALL, requests), (LARGE, downloads)):
+                order = list(sides) if n % 2 == 0 else list(sides)[::-1]
+                for side in order:
+                    got = fetch(sides[side], GATEWAY_SIDE, Kind(HTTPS, size), count)
+                    out.setdefault((size, side), []).extend(got)
+    return out
+
+
+def relay_lines(got: dict[tuple[int, str], list[float]]) -> list[str]:
+    lines = [
+        "## Secrets: HTTPS through the relay vs a plain tunnel (new connection each)",
+        "",
+        "| GET | n | relay p50 ms | tunnel p50 ms | added p50 ms | relay p99 ms | tunnel p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, label in ((SMALL, "1 KiB"), (LARGE, "10 MiB")):
+        r, t = got[(size, RELAYED)], got[(size, TUNNELLED)]
+        r50, t50 = statistics.median(r) * 1000, statistics.median(t) * 1000
+        lines.append(
+            f"| {label} | {len(r)} | {r50:.1f} | {t50:.1f} | {r50 - t50:+.1f} | "
+            f"{pct(r, 0.99) * 1000:.1f} | {pct(t, 0.99) * 1000:.1f} |"
+        )
+    lines += [
+        "",
+        "The relay ends TLS on both sides (a certificate of the environment's CA for the "
+        "sandbox, a verified connection to the server through Squid) and puts the secret "
+        "in each request; every other host's tunnel is as in the first table.",
+        "",
+    ]
+    return lines
+
+
 WIDEN, NARROW, CUT = (
     "widen (add a host)",
     "narrow, nothing open",
@@ -432,10 +503,14 @@ def main() -> None:
     if args.rounds < 3:
         parser.error("--rounds: at least 3 (the results are medians)")
     started = time.perf_counter()
-    with start_world() as world, leaving_by(world):
+    with start_world() as world, leaving_by(world), tempfile.TemporaryDirectory() as folder:
+        POLICIES[RELAY] = policy = secrets_policy(world, folder)
         with pair() as sides:
             got = measure_http(sides, args.rounds, args.requests, args.downloads)
             changes = measure_changes(sides[GATEWAY_SIDE], args.rounds)
+            relayed = measure_relay(
+                sides[GATEWAY_SIDE], policy, args.rounds, args.requests, args.downloads
+            )
         startups, first = measure_startup(args.rounds)
     http, _ = http_lines(got, args.requests, args.downloads)
     lines = [
@@ -457,6 +532,7 @@ def main() -> None:
         *http,
         *startup_lines(startups, first, args.rounds),
         *change_lines(changes),
+        *relay_lines(relayed),
     ]
     report("egress", lines)
 

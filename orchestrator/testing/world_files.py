@@ -20,6 +20,7 @@ HOST_NAME = re.compile(
 
 SERVER = r'''
 """One served name of the test world: HTTP on 80, HTTPS on 443, a plain TCP echo on 7000."""
+import gzip
 import json
 import socket
 import ssl
@@ -60,6 +61,9 @@ class Handler(BaseHTTPRequestHandler):
                 log.write(line + "\n")
             self.small(200, line.encode(), with_body)
             return
+        if path.startswith("/reflect/"):  # a hostile server: the request's key comes back
+            self.reflect(path[len("/reflect/"):], self.headers.get("Authorization", ""))
+            return
         if path == "/":
             self.small(200, ("hello from %s\n" % NAME).encode(), with_body)
             return
@@ -74,6 +78,38 @@ class Handler(BaseHTTPRequestHandler):
                     left -= len(piece)
                 return
         self.small(404, b"not found\n", with_body)
+
+    def reflect(self, how, key):
+        """Send `key` back as a hostile server would (the egress tests' secrets relay)."""
+        raw = key.encode("latin-1")
+        out = self.wfile
+        if how == "header":
+            self.send_response(200)
+            self.send_header("X-Echo", key)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            out.write(raw)
+        elif how == "cut":  # a header, then the connection ends before the headers do
+            out.write(b"HTTP/1.1 200 OK\r\nX-Echo: " + raw + b"\r\n")
+            self.close_connection = True
+        elif how == "reason":
+            out.write(b"HTTP/1.1 200 Hi " + raw + b"\r\nContent-Length: 0\r\n\r\n")
+        elif how == "gzip":
+            body = gzip.compress(raw)
+            out.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n")
+            out.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        elif how == "te-gzip":  # a compressed transfer coding, no Content-Encoding
+            body = gzip.compress(raw)
+            out.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+            out.write(b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+        elif how == "split":  # chunked, one byte a chunk
+            out.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for byte in raw:
+                out.write(b"1\r\n" + bytes([byte]) + b"\r\n")
+                out.flush()
+            out.write(b"0\r\n\r\n")
+        else:
+            self.small(404, b"not found\n", True)
 
     def small(self, code, body, with_body):
         self.head(code, len(body), "text/plain")

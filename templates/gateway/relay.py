@@ -24,8 +24,11 @@ import ctypes
 import json
 import os
 
-from mitmproxy import ctx, http
+from mitmproxy import http
+from mitmproxy.proxy.layers.http import _http1, _http2
 
+HELD_LIMIT = 1024 * 1024
+"""The largest compressed answer held whole to decode (the relay's stream_large_bodies)."""
 VALUES = os.environ.get("ORCHESTRATOR_RELAY_VALUES", "/etc/orchestrator-gateway/secrets/values.json")
 
 
@@ -77,7 +80,7 @@ class Scrub:
         self.keep = max(len(s.value_bytes) for s in secrets) - 1
         self.held = b""
 
-    def __call__(self, data: bytes) -> bytes:
+    def __call__(self, data: bytes) -> bytes | list[bytes]:
         text = self.held + data
         for secret in self.secrets:
             text = text.replace(secret.value_bytes, secret.placeholder_bytes)
@@ -86,7 +89,23 @@ class Scrub:
             return text
         cut = max(len(text) - self.keep, 0)
         self.held = text[cut:]
-        return text[:cut]
+        # never an empty piece before the end: HTTP/1 would write it as the last chunk
+        return [text[:cut]] if cut else []
+
+
+def _said_nothing(status_code: int, message: str) -> bytes:
+    """mitmproxy's error page, which would quote what the server sent (a header that echoed
+    a value, cut short): here it names nothing the server sent."""
+    del message
+    return (
+        b"orchestrator egress gateway: the secrets relay could not pass this answer on "
+        b"(%d)\n" % status_code
+    )
+
+
+# mitmproxy's pages of a server's malformed answer, for HTTP/1 and HTTP/2 alike
+_http1.format_error = _said_nothing
+_http2.format_error = _said_nothing
 
 
 class Relay:
@@ -122,8 +141,11 @@ class Relay:
                 changed.append(text)
             if changed != values:
                 headers.set_all(key, changed)
-        # an answer in plain bytes, where a repeated value can be found and put back
+        # an answer in plain bytes, where a repeated value can be found and put back (and no
+        # compressed transfer coding either: `TE: gzip`)
         headers["accept-encoding"] = "identity"
+        if "te" in headers:
+            headers["te"] = "trailers"
         flow.request.stream = True
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -131,7 +153,12 @@ class Relay:
         if response is None:
             return
         if response.status_code == 101:  # what follows an upgrade is no longer HTTP to scrub
-            flow.response = _refusal(502, b"upgrades (websockets) to a secret's host")
+            flow.kill()
+            return
+        coding = response.headers.get("transfer-encoding", "chunked").replace(" ", "").lower()
+        named = [response.reason, *response.headers.keys()]
+        if coding != "chunked" or any(s.value in text for s in self.secrets for text in named):
+            flow.kill()  # a compressed transfer, or a value where nothing is put back: cut
             return
         for key in list(response.headers.keys()):
             values = response.headers.get_all(key)
@@ -140,7 +167,12 @@ class Relay:
                 response.headers.set_all(key, changed)
         if response.headers.get("content-encoding", "identity").lower() in ("", "identity"):
             response.stream = Scrub(self.secrets)
-        # else: held whole (up to body_size_limit), decoded and put back in `response`
+            return
+        # Compressed (though asked for plain bytes): held whole, decoded and put back in
+        # `response`, when it says it is small; else cut, as a value in it would pass unseen.
+        length = response.headers.get("content-length", "")
+        if response.stream or not length.isdigit() or int(length) > HELD_LIMIT:
+            flow.kill()
 
     def response(self, flow: http.HTTPFlow) -> None:
         response = flow.response

@@ -375,3 +375,62 @@ def test_a_flood_of_large_uploads_leaves_the_relay_standing(held: Runtime) -> No
     assert relay_pid(held) == pid
     got = send(held, connect="allowed.test", headers={"Authorization": "Bearer KEY"})
     assert got["status"] == 200, got
+
+
+RAW = r"""
+import gzip, json, os, socket, ssl, sys, zlib
+how = sys.argv[1]
+key = os.environ["API_KEY"]
+s = socket.create_connection(("orchestrator-egress", 3128), timeout=30)
+s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
+s.recv(4096)
+c = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+t = c.wrap_socket(s, server_hostname="allowed.test")
+t.sendall(("GET /reflect/%s HTTP/1.1\r\nHost: allowed.test\r\nTE: gzip\r\n"
+           "Authorization: Bearer %s\r\nConnection: close\r\n\r\n" % (how, key)).encode())
+raw = b""
+try:
+    while True:
+        part = t.recv(65536)
+        if not part:
+            break
+        raw += part
+except (OSError, ssl.SSLError):
+    pass
+opened = []
+at = raw.find(b"\x1f\x8b")
+if at >= 0:
+    try:
+        opened.append(zlib.decompressobj(31).decompress(raw[at:]).decode("latin-1"))
+    except zlib.error:
+        pass
+print(json.dumps({"raw": raw.decode("latin-1"), "opened": opened}))
+"""
+
+
+@pytest.mark.parametrize("how", ["header", "cut", "reason", "gzip", "te-gzip", "split"])
+def test_a_server_that_sends_the_value_back_shows_the_sandbox_no_value(
+    held: Runtime, how: str
+) -> None:
+    """A hostile (or careless) secret's host repeats the key it got: in a header, in a
+    header of an answer it cuts short (mitmproxy's own error page would quote it), in the
+    status line, in a gzip body, under a gzip transfer coding, one byte a chunk. The sandbox
+    sees its placeholder or an error, never the value."""
+    placeholder = held.execute('printf %s "$API_KEY"').stdout
+    ran = held.execute(["python3", "-c", RAW, how], timeout=90)
+    assert ran.exit_code == 0, (ran.stdout, ran.stderr)
+    got = json.loads(ran.stdout)
+    seen = got["raw"] + "".join(got["opened"])
+    assert VALUE not in seen, seen
+    if how in ("header", "gzip"):  # the positive control: the placeholder came back
+        assert placeholder in seen, seen
+    if how == "split":  # a body held back piece by piece still arrives whole
+        body = seen.split("\r\n\r\n", 1)[1]
+        pieces, rest = [], body
+        while rest:
+            size, _, rest = rest.partition("\r\n")
+            if int(size, 16) == 0:
+                break
+            pieces.append(rest[: int(size, 16)])
+            rest = rest[int(size, 16) + 2 :]
+        assert "".join(pieces) == f"Bearer {placeholder}", body
