@@ -5,17 +5,30 @@ is not asserted."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from bench import egress
 from orchestrator.testing.world import start_world
 
 
-def test_bench_egress_measures_both_sides_and_every_startup() -> None:
+def test_bench_egress_measures_both_sides_and_every_startup(tmp_path: Path) -> None:
     with start_world() as world, egress.leaving_by(world):
-        with egress.pair() as sides:
-            got = egress.measure_http(sides, rounds=1, requests=3, downloads=1)
-            changes = egress.measure_changes(sides[egress.GATEWAY_SIDE], 1)
-        startups, first = egress.measure_startup(1)
+        policy = egress.POLICIES[egress.RELAY] = egress.secrets_policy(world, str(tmp_path))
+        try:
+            with egress.pair() as sides:
+                got = egress.measure_http(sides, rounds=1, requests=3, downloads=1)
+                changes = egress.measure_changes(sides[egress.GATEWAY_SIDE], 1)
+                relayed = egress.measure_relay(sides[egress.GATEWAY_SIDE], policy, 1, 3, 1)
+            startups, first = egress.measure_startup(1)
+        finally:
+            egress.POLICIES.clear()
+    assert {k: len(v) for k, v in relayed.items()} == {
+        (egress.SMALL, egress.RELAYED): 3,
+        (egress.SMALL, egress.TUNNELLED): 3,
+        (egress.LARGE, egress.RELAYED): 1,
+        (egress.LARGE, egress.TUNNELLED): 1,
+    }
+    assert "| 10 MiB | 1 |" in "\n".join(egress.relay_lines(relayed))
     assert {k: len(v) for k, v in changes.items()} == {
         egress.WIDEN: 1,
         egress.NARROW: 1,
