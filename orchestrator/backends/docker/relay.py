@@ -187,9 +187,7 @@ def plan_secrets(
         if held is None:
             warnings.append(
                 f"secrets.{name}: the caller gives no value for it "
-                "(ORCHESTRATOR_SECRETS_FILE): the sandbox gets no {name} variable".replace(
-                    "{name}", name
-                )
+                f"({settings.SECRETS_FILE.name}): the sandbox gets no {name} variable"
             )
             continue
         items.append(Secret(name, placeholder(held[0]), held[0], tuple(use.hosts)))
