@@ -14,9 +14,12 @@ the request arrived over TLS. So a request cannot be steered, by a name that dis
 another site the same address serves. Only header values get a value: a body or a URL is
 what an API stores and shows again (a file upload, an echo), and a header is where keys go.
 
-Every answer has each value put back to its placeholder, in its headers and its body, so an
-API that repeats a key shows the sandbox only its placeholder. A placeholder has its value's
-length, so a body keeps its length as it streams. Nothing here logs a request or a value."""
+Every answer has each value put back to its placeholder, in its headers, body and trailers,
+so an API that repeats a key shows the sandbox only its placeholder; what cannot be searched
+so is cut (a compressed answer too large to hold, a transfer coding, an upgrade, a value in
+a status line or a header's name), and mitmproxy's own error pages name nothing a server
+sent. A placeholder has its value's length, so a body keeps its length as it streams.
+Nothing here logs a request or a value, and no head may pass HEAD_LIMIT."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import json
 import os
 
 from mitmproxy import http
+from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.layers.http import _http1, _http2
 
 HELD_LIMIT = 1024 * 1024
@@ -106,6 +110,28 @@ def _said_nothing(status_code: int, message: str) -> bytes:
 # mitmproxy's pages of a server's malformed answer, for HTTP/1 and HTTP/2 alike
 _http1.format_error = _said_nothing
 _http2.format_error = _said_nothing
+
+HEAD_LIMIT = 64 * 1024
+"""The most a request's or an answer's head may take (mitmproxy 8.1 sets no bound: a head of
+hundreds of MiB took the gateway's memory)."""
+
+
+def _bounded(read_headers):
+    """HTTP/1 head reading that closes a connection whose head runs past HEAD_LIMIT."""
+
+    def bounded(self, event):
+        if isinstance(event, events.DataReceived) and len(self.buf) > HEAD_LIMIT:
+            if b"\r\n\r\n" not in bytes(self.buf)[: HEAD_LIMIT + 4]:
+                yield commands.CloseConnection(self.conn)
+                self.state = self.done
+                return
+        yield from read_headers(self, event)
+
+    return bounded
+
+
+_http1.Http1Server.read_headers = _bounded(_http1.Http1Server.read_headers)
+_http1.Http1Client.read_headers = _bounded(_http1.Http1Client.read_headers)
 
 
 class Relay:

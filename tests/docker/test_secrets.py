@@ -448,3 +448,35 @@ def test_a_server_that_sends_the_value_back_shows_the_sandbox_no_value(
             pieces.append(rest[: int(size, 16)])
             rest = rest[int(size, 16) + 2 :]
         assert "".join(pieces) == f"Bearer {placeholder}", body
+
+
+BIG_HEAD = r"""
+import os, socket, ssl, time
+s = socket.create_connection(("orchestrator-egress", 3128), timeout=20)
+s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
+s.recv(4096)
+t = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"]).wrap_socket(
+    s, server_hostname="allowed.test")
+t.settimeout(10)
+said = "open"
+try:
+    t.sendall(b"GET /echo HTTP/1.1\r\nHost: allowed.test\r\nX-Big: ")
+    for _ in range(64):  # 4 MiB of one header, never ended
+        t.sendall(b"a" * 65536)
+    said = "closed" if t.recv(4096) == b"" else "answered"
+except socket.timeout:
+    said = "open"
+except (OSError, ssl.SSLError):
+    said = "closed"
+print(said)
+"""
+
+
+def test_a_head_past_its_bound_is_cut_and_the_relay_stands(held: Runtime) -> None:
+    """A request head that never ends (mitmproxy 8.1 would hold it all, to the gateway's
+    memory): the relay closes it past 64 KiB and serves the next request."""
+    pid = relay_pid(held)
+    ran = held.execute(["python3", "-c", BIG_HEAD], timeout=120)
+    assert ran.stdout.strip() == "closed", (ran.stdout, ran.stderr)
+    assert relay_pid(held) == pid
+    assert send(held, connect="allowed.test", headers={"X": "KEY"})["status"] == 200
