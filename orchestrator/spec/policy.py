@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import cast
 
 from orchestrator import settings
 from orchestrator.errors import PolicyError, SpecError, SpecIssue, UsageError
+from orchestrator.paths import open_regular
 from orchestrator.spec import egress as _egress
 from orchestrator.spec.egress import Egress
 from orchestrator.spec.hostpaths import ROOTS_ENV, MountRoots, state_paths, too_broad
@@ -410,13 +410,13 @@ def secrets_from_file(path: str) -> tuple[CallerSecret, ...]:
     if not path:
         return ()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(Path(path))
     except OSError as exc:
         raise UsageError(f"{SECRETS_ENV}: cannot open {path}: {exc.strerror}") from None
+    if fd < 0:  # (a link, a FIFO, a device: never opened to read)
+        raise UsageError(f"{SECRETS_ENV}: cannot open {path}: not a regular file")
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"{SECRETS_ENV}: {path} is not a regular file")
         if info.st_uid != os.geteuid() or info.st_mode & 0o077:
             raise UsageError(
                 f"{SECRETS_ENV}: {path} must be yours and readable by you alone (chmod 600 {path})"

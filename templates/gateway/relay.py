@@ -149,11 +149,10 @@ class Relay:
         headers = flow.request.headers
         if not mine:
             if any(s.placeholder in v for s in self.secrets for v in headers.values(multi=True)):
-                flow.response = http.Response.make(
+                flow.response = _refusal(
                     421,
-                    b"orchestrator egress gateway: a secret's placeholder goes only to its own "
-                    b"hosts, over HTTPS, where the TLS name, the Host header and port 443 agree\n",
-                    {"content-type": "text/plain"},
+                    b"a secret's placeholder sent anywhere but to its own hosts, over HTTPS, "
+                    b"where the TLS name, the Host header and port 443 agree",
                 )
                 return
             flow.request.stream = True
@@ -220,10 +219,6 @@ class Relay:
         for secret in self.secrets:
             body = body.replace(secret.value_bytes, secret.placeholder_bytes)
         response.set_content(body)
-
-    def error(self, flow: http.HTTPFlow) -> None:
-        if flow.error is not None:
-            flow.error.msg = _put_back(flow.error.msg, self.secrets)
 
 
 def _refusal(status: int, why: bytes) -> http.Response:

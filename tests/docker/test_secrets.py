@@ -357,15 +357,27 @@ def relay_pid(rt: Runtime) -> int:
     return int(found[0][0])
 
 
-FLOOD = r"""
-import os, socket, ssl, threading
+TUNNEL = r"""
+import os, socket, ssl
+
+
+def tunnel(timeout):  # TLS to allowed.test through the gateway, as the sandbox trusts it
+    s = socket.create_connection(("orchestrator-egress", 3128), timeout=timeout)
+    s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
+    s.recv(4096)
+    context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    return context.wrap_socket(s, server_hostname="allowed.test")
+"""
+"""What the sandbox scripts below start with: `tunnel(timeout)`."""
+
+
+FLOOD = (
+    TUNNEL
+    + r"""
+import threading
 def one():
     try:
-        s = socket.create_connection(("orchestrator-egress", 3128), timeout=20)
-        s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
-        s.recv(4096)
-        c = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
-        t = c.wrap_socket(s, server_hostname="allowed.test")
+        t = tunnel(20)
         size = 48 * 1024 * 1024
         t.sendall(b"POST /echo HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: %d\r\n\r\n" % size)
         block = b"\0" * 65536
@@ -378,6 +390,7 @@ threads = [threading.Thread(target=one) for _ in range(6)]
 [t.join() for t in threads]
 print("sent")
 """
+)
 
 
 def test_a_flood_of_large_uploads_leaves_the_relay_standing(held: Runtime) -> None:
@@ -391,15 +404,13 @@ def test_a_flood_of_large_uploads_leaves_the_relay_standing(held: Runtime) -> No
     assert got["status"] == 200, got
 
 
-RAW = r"""
-import gzip, json, os, socket, ssl, sys, zlib
+RAW = (
+    TUNNEL
+    + r"""
+import json, sys, zlib
 how = sys.argv[1]
 key = os.environ["API_KEY"]
-s = socket.create_connection(("orchestrator-egress", 3128), timeout=30)
-s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
-s.recv(4096)
-c = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
-t = c.wrap_socket(s, server_hostname="allowed.test")
+t = tunnel(30)
 t.sendall(("GET /reflect/%s HTTP/1.1\r\nHost: allowed.test\r\nTE: gzip\r\n"
            "Authorization: Bearer %s\r\nConnection: close\r\n\r\n" % (how, key)).encode())
 raw = b""
@@ -420,6 +431,7 @@ if at >= 0:
         pass
 print(json.dumps({"raw": raw.decode("latin-1"), "opened": opened}))
 """
+)
 
 
 @pytest.mark.parametrize("how", ["header", "cut", "reason", "gzip", "te-gzip", "split"])
@@ -450,13 +462,10 @@ def test_a_server_that_sends_the_value_back_shows_the_sandbox_no_value(
         assert "".join(pieces) == f"Bearer {placeholder}", body
 
 
-BIG_HEAD = r"""
-import os, socket, ssl, time
-s = socket.create_connection(("orchestrator-egress", 3128), timeout=20)
-s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
-s.recv(4096)
-t = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"]).wrap_socket(
-    s, server_hostname="allowed.test")
+BIG_HEAD = (
+    TUNNEL
+    + r"""
+t = tunnel(20)
 t.settimeout(10)
 said = "open"
 try:
@@ -470,6 +479,7 @@ except (OSError, ssl.SSLError):
     said = "closed"
 print(said)
 """
+)
 
 
 def test_a_head_past_its_bound_is_cut_and_the_relay_stands(held: Runtime) -> None:

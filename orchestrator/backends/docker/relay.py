@@ -27,10 +27,11 @@ from orchestrator import settings
 from orchestrator.backends.container.layout import SANDBOX_DIR, SANDBOX_MOUNT
 from orchestrator.backends.docker.network import NO_PROXY_VARS, PROXY_VARS
 from orchestrator.errors import SpecIssue, UsageError
-from orchestrator.paths import make_folders, write_file
+from orchestrator.paths import make_folders, read_regular, write_file
 from orchestrator.spec.egress import Egress, Rule
 from orchestrator.spec.loader import Environment
 from orchestrator.spec.policy import Policy
+from orchestrator.spec.resolve import MAIN
 
 SECRETS_DIR = "gateway/secrets"
 """The relay's files, relative to the project folder (mounted into the gateway alone)."""
@@ -136,8 +137,7 @@ def plan_secrets(
             )
         )
         return None, issues, []
-    main = "main"
-    if main not in proxied or not isinstance(egress, tuple):
+    if MAIN not in proxied or not isinstance(egress, tuple):
         issues.append(
             SpecIssue(
                 env.source,
@@ -208,11 +208,9 @@ def _trust(path: str) -> str:
     if not path:
         return ""
     name = settings.GATEWAY_TRUST.name
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(TRUST_LIMIT + 1)
-    except OSError as exc:
-        raise UsageError(f"{name}: cannot read {path}: {exc.strerror}") from None
+    raw = read_regular(Path(path), TRUST_LIMIT, follow=True)
+    if raw is None:
+        raise UsageError(f"{name}: cannot read {path} (a regular file of certificates)")
     if len(raw) > TRUST_LIMIT or not raw.isascii() or b"-----BEGIN CERTIFICATE-----" not in raw:
         raise UsageError(f"{name}: {path} is not a PEM file of certificates (at most 1 MiB)")
     return raw.decode("ascii")
