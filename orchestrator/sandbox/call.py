@@ -178,13 +178,14 @@ def file_deadline(timeout: float | None) -> float:
 
 
 # What a shell says when it cannot start a process (busybox ash, dash, bash), and what the
-# engine's runtime says when `docker exec` itself cannot start a thread in the container (the
-# plain path): our helper could not run, which is the sandbox failing, not the file being
-# missing or locked (Go's abort exits 2, the helper's "not found")
+# engine's runtime says when `docker exec` itself cannot start a thread or a process in the
+# container (the plain path): our helper could not run, which is the sandbox failing, not the
+# file being missing or locked (Go's abort exits 2, the helper's "not found")
 _NO_FORK = re.compile(
     r"^(?:[^:\n]+: )*(?:\d+: )?(?:can't fork|cannot fork|fork: (?:retry: )?"
     r"(?:resource temporarily unavailable|cannot allocate memory)"
-    r"|pthread_create failed: resource temporarily unavailable)",
+    r"|pthread_create failed: resource temporarily unavailable"
+    r"|read init-p: connection reset by peer)",
     re.IGNORECASE | re.MULTILINE,
 )
 

@@ -55,7 +55,16 @@ def test_a_helper_that_cannot_fork_is_sandbox_unavailable() -> None:
         "runtime/cgo: pthread_create failed: Resource temporarily unavailable\n"
         "SIGABRT: abort\nPC=0x7f1d56551eec m=2 sigcode=1\n"
     )
-    for said in ("sh: can't fork: Resource temporarily unavailable", "sh: 1: Cannot fork", runc):
+    init = (  # runc, when the process it cloned for the exec died at once (a full pids limit)
+        "OCI runtime exec failed: exec failed: unable to start container process: "
+        "read init-p: connection reset by peer: unknown\n"
+    )
+    for said in (
+        "sh: can't fork: Resource temporarily unavailable",
+        "sh: 1: Cannot fork",
+        runc,
+        init,
+    ):
         with pytest.raises(SandboxUnavailable, match="cannot start a process"):
             raise_held(Outcome(2, False, 0.1), said, "/w/f", "read", 5.0)
     raise_held(Outcome(2, False, 0.1), "tar: ./can't fork: Cannot open", "/w/f", "read", 5.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.container.engine import Engine, exec_refusal
+from orchestrator.backends.container.engine import Engine, exec_impossible, exec_refusal
 from orchestrator.backends.container.executor.plain import run_plain
 from orchestrator.sandbox.options import Command
 
@@ -93,3 +93,32 @@ def test_stdout_past_what_a_refusal_holds_comes_whole_and_in_order(
         assert kind == "stdout"
         out += data
     assert out == b"x" * size
+
+
+@pytest.mark.parametrize(
+    ("said", "impossible"),
+    [
+        (
+            b"Error response from daemon: Container 3f2a is paused, unpause the container first",
+            True,
+        ),
+        (b"Error response from daemon: Container 3f2a is not running", True),
+        (b"Error response from daemon: No such container: 3f2a", True),
+        (b"Cannot connect to the Docker daemon at unix:///var/run/docker.sock.", True),
+        # a full pids limit: each may pass on the next try, so the killer tries again
+        (
+            b"OCI runtime exec failed: exec failed: unable to start container process: "
+            b"read init-p: connection reset by peer: unknown",
+            False,
+        ),
+        (b"sh: can't fork: Resource temporarily unavailable", False),
+        (b"", False),  # no answer (its shell was killed, or it ran out of time)
+    ],
+    ids=["paused", "stopped", "gone", "engine-down", "runc-init", "shell-fork", "silent"],
+)
+def test_the_killer_retries_every_failed_pass_but_where_no_exec_can_run(
+    said: bytes, impossible: bool
+) -> None:
+    # (CI: runc's words for a full pids limit were taken as the end of the kill, and a fork
+    # loop's processes lived on past the timeout)
+    assert exec_impossible(said) is impossible

@@ -179,7 +179,10 @@ def exec_refusal(said: bytes, code: int) -> tuple[int, bytes]:
 
 
 _NO_PROCESS = re.compile(
-    rb"can't fork|cannot fork|resource temporarily unavailable|cannot allocate memory",
+    rb"can't fork|cannot fork|resource temporarily unavailable|cannot allocate memory"
+    # runc, when the process it clones for an exec dies at once (a full pids limit: one
+    # exec in about twenty, the rest get the shell's "can't fork")
+    rb"|read init-p: connection reset by peer",
     re.IGNORECASE,
 )
 
@@ -188,6 +191,19 @@ def no_process(said: bytes) -> bool:
     """Whether an exec's output (the engine's or the shell's words) says the sandbox could
     not start a process (its pids or memory limit is reached)."""
     return _NO_PROCESS.search(said) is not None
+
+
+_NO_EXEC = (NoSuchContainer, ContainerPaused, ContainerNotRunning, RemovalInProgress)
+
+
+def exec_impossible(said: bytes) -> bool:
+    """Whether an exec's output says no exec can run in the container now, however often it
+    is tried: it is gone, paused or stopped, or the engine is not reachable. (Other failures,
+    such as runc's "read init-p: connection reset by peer" when the pids limit is reached as
+    it starts the process, may pass on a retry.)"""
+    text = said.decode(errors="replace")
+    lowered = text.lower()
+    return any(sign in lowered for sign in DAEMON_DOWN) or classify(text) in _NO_EXEC
 
 
 def unknown_user(stderr: str) -> str | None:

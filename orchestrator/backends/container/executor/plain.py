@@ -32,7 +32,11 @@ import time
 
 from orchestrator import procutil
 from orchestrator.backends.container import freeze
-from orchestrator.backends.container.engine import Engine, exec_refusal, no_process
+from orchestrator.backends.container.engine import (
+    Engine,
+    exec_impossible,
+    exec_refusal,
+)
 from orchestrator.backends.container.layout import STAT_FIELDS
 from orchestrator.errors import (
     BackendUnavailable,
@@ -190,8 +194,9 @@ class Killer:
             pause = min(pause * 2, 0.5)
 
     def _once(self, name: str, deadline: float) -> bytes | None:
-        """One pass: the words of a sandbox that could not start a process (retry), else
-        None: it ran, or failed otherwise (paused, gone: the caller's probe says so)."""
+        """One pass: None when it ran to its end, or when no exec can run in the container
+        (paused, stopped, gone: the caller's probe says which); else what it said (the
+        caller retries until KILL_TIMEOUT)."""
         # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
         # cannot read another uid's environ; the same uid can, and may signal it
         target = self._engine.exec_target(self._container)
@@ -222,7 +227,12 @@ class Killer:
                 self.ran = True
                 return None
         said = out + err
-        return (said.strip()[-HOLD_LIMIT:] or b"no answer") if no_process(said) else None
+        if exec_impossible(said):  # paused, stopped or gone: the caller's probe says which
+            return None
+        # the pass did not finish, and may on a retry: the sandbox could not start it (a
+        # shell's "can't fork", or runc's "read init-p: connection reset by peer" when the
+        # pids limit is reached as it starts the process), or its shell was killed
+        return said.strip()[-HOLD_LIMIT:] or b"no answer"
 
 
 def run_plain(
@@ -277,8 +287,8 @@ def run_plain(
                 if killer.no_process:
                     raise SandboxUnavailable(
                         "the sandbox cannot start a process (its pids or memory limit is "
-                        "reached), so the processes of a command that timed out could not "
-                        "be killed and may still run: "
+                        "reached, or it fails otherwise), so the processes of a command that "
+                        "timed out could not be killed and may still run: "
                         + killer.no_process.decode(errors="replace")[-300:]
                     ) from None
                 return outcome
