@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.container.engine import Engine, exec_impossible, exec_refusal
+from orchestrator.backends.container.engine import (
+    Engine,
+    exec_impossible,
+    exec_refusal,
+    exec_refused_as_it_died,
+    no_process,
+)
 from orchestrator.backends.container.executor.plain import run_plain
 from orchestrator.sandbox.options import Command
 
@@ -105,20 +111,51 @@ def test_stdout_past_what_a_refusal_holds_comes_whole_and_in_order(
         (b"Error response from daemon: Container 3f2a is not running", True),
         (b"Error response from daemon: No such container: 3f2a", True),
         (b"Cannot connect to the Docker daemon at unix:///var/run/docker.sock.", True),
-        # a full pids limit: each may pass on the next try, so the killer tries again
+        # a full pids limit: runc refuses one exec in about twenty so (126), and the
+        # killer tries again (CI: taken as the kill's end, a fork loop lived on)
         (
             b"OCI runtime exec failed: exec failed: unable to start container process: "
             b"read init-p: connection reset by peer: unknown",
             False,
         ),
-        (b"sh: can't fork: Resource temporarily unavailable", False),
-        (b"", False),  # no answer (its shell was killed, or it ran out of time)
     ],
-    ids=["paused", "stopped", "gone", "engine-down", "runc-init", "shell-fork", "silent"],
+    ids=["paused", "stopped", "gone", "engine-down", "runc-init"],
 )
-def test_the_killer_retries_every_failed_pass_but_where_no_exec_can_run(
+def test_no_exec_can_run_in_a_paused_stopped_or_gone_container_and_else_a_retry_may(
     said: bytes, impossible: bool
 ) -> None:
-    # (CI: runc's words for a full pids limit were taken as the end of the kill, and a fork
-    # loop's processes lived on past the timeout)
     assert exec_impossible(said) is impossible
+    assert no_process(said) is not impossible  # (runc's words are a process not started)
+
+
+@pytest.mark.parametrize(
+    ("said", "dying"),
+    [  # runc's words, exit 126, as a container was killed when `docker exec` started
+        (
+            b"OCI runtime exec failed: exec failed: cannot exec in a stopped container: unknown",
+            True,
+        ),
+        (b"cannot exec in a deleted state: unknown", True),
+        (b"cannot exec in a stopped state: unknown", True),
+        (
+            b"OCI runtime exec failed: exec failed: unable to start container process: error "
+            b"executing setns process: exit status 1: unknown",
+            True,
+        ),
+        (
+            b"OCI runtime exec failed: exec failed: unable to start container process: error "
+            b"writing config to pipe: write init-p: broken pipe: unknown",
+            True,
+        ),
+        (b"unable to find user x: no matching entries in passwd file", False),
+        (
+            b"OCI runtime exec failed: exec failed: unable to start container process: "
+            b'exec: "nope": executable file not found in $PATH: unknown',
+            False,
+        ),
+    ],
+)
+def test_an_exec_refused_as_its_container_stopped_is_told_from_a_refused_command(
+    said: bytes, dying: bool
+) -> None:
+    assert exec_refused_as_it_died(said) is dying

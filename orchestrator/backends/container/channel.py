@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator import procutil
-from orchestrator.backends.container.engine import Engine
+from orchestrator.backends.container.engine import Engine, exec_refused_as_it_died
 from orchestrator.backends.container.executor import wire
 from orchestrator.backends.container.executor.client import ExecutorClient
 from orchestrator.backends.container.executor.fifo import SharedFifo
@@ -336,7 +336,9 @@ class Channel:
             killed = outcome.exit_code == KILLED_EXIT and not outcome.timed_out
             if killed and self._running():
                 return outcome
-            lost = self._lost_soon(PLAIN_LOST_WITHIN) if killed else self._lost()
+            # so with an exec refused as the container stopped under it (runc's words, 126)
+            dying = killed or exec_refused_as_it_died(killer.refusal)
+            lost = self._lost_soon(PLAIN_LOST_WITHIN) if dying else self._lost()
             if isinstance(lost, SandboxPaused):  # the engine refused the killer too
                 self._owe_kill(killer)
             if lost is not None:

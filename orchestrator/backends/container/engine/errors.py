@@ -193,6 +193,19 @@ def no_process(said: bytes) -> bool:
     return _NO_PROCESS.search(said) is not None
 
 
+_DYING = re.compile(
+    rb"cannot exec in a (?:stopped|deleted) (?:container|state)"
+    rb"|error executing setns process|write init-p: broken pipe",
+    re.IGNORECASE,
+)
+
+
+def exec_refused_as_it_died(said: bytes) -> bool:
+    """Whether the engine's refusal of an exec (runc's words, exit 126) is what it says of
+    a container stopping as the exec starts: the engine may still read it as running."""
+    return _DYING.search(said) is not None
+
+
 _NO_EXEC = (NoSuchContainer, ContainerPaused, ContainerNotRunning, RemovalInProgress)
 
 

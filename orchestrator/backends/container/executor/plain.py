@@ -36,6 +36,7 @@ from orchestrator.backends.container.engine import (
     Engine,
     exec_impossible,
     exec_refusal,
+    no_process,
 )
 from orchestrator.backends.container.layout import STAT_FIELDS
 from orchestrator.errors import (
@@ -45,13 +46,16 @@ from orchestrator.errors import (
     SandboxUnavailable,
 )
 from orchestrator.sandbox.options import Chunks, Command, stdin_chunks
+from orchestrator.tables import printable
 
 log = logging.getLogger("orchestrator.docker")
 MARK = "ORCHESTRATOR_CMD"
 HOLD_LIMIT = 64 * 1024
 """Most stdout held before the command's session line: the docker CLI prints why the engine
 would not start a command there (an unknown user, a missing cwd), never more."""
-REFUSED = (125, 126, 127)
+RUNTIME_REFUSED = 126
+"""How the docker CLI exits when the engine's runtime would not start a process."""
+REFUSED = (125, RUNTIME_REFUSED, 127)
 """How the docker CLI exits when the engine would not start a command (what it printed then
 is its reason); any other status is the command's own, whatever came before its session."""
 KILL_TIMEOUT = 30.0
@@ -148,6 +152,8 @@ class Killer:
         self.cancels = False
         """Whether its kill leaves the command's mark (TOMB) while no session of the
         command is known: set by the plain path, whose command reads the mark."""
+        self.refusal = b""
+        """What the engine said when it would not start the command (set by run_plain)."""
         self.ran = False
         """Whether a pass ran to its end (False: the engine refused it, e.g. while the
         sandbox was paused: the command's processes may still be there)."""
@@ -194,9 +200,9 @@ class Killer:
             pause = min(pause * 2, 0.5)
 
     def _once(self, name: str, deadline: float) -> bytes | None:
-        """One pass: None when it ran to its end, or when no exec can run in the container
-        (paused, stopped, gone: the caller's probe says which); else what it said (the
-        caller retries until KILL_TIMEOUT)."""
+        """One pass: what it said when the sandbox or the engine could not start it (the
+        caller retries until KILL_TIMEOUT); else None: it ran, or failed otherwise (paused,
+        stopped, gone: the caller's probe says so)."""
         # as the command's own user: root in a container has no CAP_SYS_PTRACE, so it
         # cannot read another uid's environ; the same uid can, and may signal it
         target = self._engine.exec_target(self._container)
@@ -207,14 +213,15 @@ class Killer:
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
         # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
         chunks = procutil.run(argv, None, None, timeout=max(0.1, deadline - time.monotonic()))
+        code = 0
         try:
             with procutil.kept_on():  # (the kill of a command its caller gave up on)
                 while True:
                     kind, data = next(chunks)
                     kept[kind] += data
                     del kept[kind][:-KILLER_TAIL]
-        except StopIteration:
-            pass
+        except StopIteration as stop:
+            code = stop.value.exit_code
         except (OSError, procutil.NoProcess):
             return None
         finally:
@@ -227,12 +234,14 @@ class Killer:
                 self.ran = True
                 return None
         said = out + err
-        if exec_impossible(said):  # paused, stopped or gone: the caller's probe says which
-            return None
-        # the pass did not finish, and may on a retry: the sandbox could not start it (a
-        # shell's "can't fork", or runc's "read init-p: connection reset by peer" when the
-        # pids limit is reached as it starts the process), or its shell was killed
-        return said.strip()[-HOLD_LIMIT:] or b"no answer"
+        # the sandbox could not start a process (the shell's words, or runc's), or the
+        # engine would not start the pass (runc's refusal, 126) for a reason other than the
+        # container being paused, stopped or gone (the caller's probe says which): a retry
+        # may pass. Anything else (its shell ran and said no more: a root sandbox may
+        # replace it) is the pass's end.
+        if no_process(said) or (code == RUNTIME_REFUSED and not exec_impossible(said)):
+            return said.strip()[-HOLD_LIMIT:] or b"no answer"
+        return None
 
 
 def run_plain(
@@ -280,6 +289,7 @@ def run_plain(
                     yield "stderr", head  # not our line after all (the exec failed)
                 if held and outcome.exit_code in REFUSED:  # it never started: the refusal
                     code, said = exec_refusal(held, outcome.exit_code)
+                    killer.refusal = held
                     outcome = outcome._replace(exit_code=code)
                     yield "stderr", said
                 elif held:  # it ran, and the engine lost its session line (CI: once, gVisor)
@@ -287,9 +297,9 @@ def run_plain(
                 if killer.no_process:
                     raise SandboxUnavailable(
                         "the sandbox cannot start a process (its pids or memory limit is "
-                        "reached, or it fails otherwise), so the processes of a command that "
-                        "timed out could not be killed and may still run: "
-                        + killer.no_process.decode(errors="replace")[-300:]
+                        "reached), so the processes of a command that timed out could not "
+                        "be killed and may still run: "
+                        + printable(killer.no_process.decode(errors="replace")[-300:])
                     ) from None
                 return outcome
             except procutil.NoProcess as exc:  # this host, not the sandbox, is out of processes
