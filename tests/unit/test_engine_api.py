@@ -140,6 +140,71 @@ def test_no_engine_there_is_backend_unavailable(tmp_path: Path) -> None:
         engine_api.call("starting", str(tmp_path / "none.sock"), "GET", "/x", timeout=2)
 
 
+def _full_queue(path: str) -> tuple[socket.socket, list[socket.socket]]:
+    """A listening socket at `path` whose queue of connections not yet taken is full."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    waiting: list[socket.socket] = []
+    while True:
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.setblocking(False)
+        try:
+            client.connect(path)
+        except BlockingIOError:
+            client.close()
+            return server, waiting
+        waiting.append(client)
+
+
+def test_an_engine_whose_socket_queue_is_full_for_a_moment_is_waited_for(tmp_path: Path) -> None:
+    """CI: `ps` under load listed nothing and exited 0. The engine's socket refused the
+    connection at once (EAGAIN: its queue was full), which was taken for no engine there,
+    and a backend whose engine is not there is left out of a listing silently."""
+    path = str(tmp_path / "busy.sock")
+    server, waiting = _full_queue(path)
+
+    def take_them_late() -> None:
+        time.sleep(0.3)
+        for client in waiting:  # (each then taken, and found saying nothing)
+            client.close()
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                if _request(conn).startswith(b"GET"):
+                    reply(200, b'{"ok": true}')(conn, b"")
+
+    threading.Thread(target=take_them_late, daemon=True).start()
+    try:
+        assert engine_api.call("listing", path, "GET", "/containers/json", timeout=5) == {
+            "ok": True
+        }
+    finally:
+        server.close()
+        for client in waiting:
+            client.close()
+
+
+def test_an_engine_whose_socket_queue_stays_full_times_out_and_is_not_missing(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "stuck.sock")
+    server, waiting = _full_queue(path)
+    began = time.monotonic()
+    try:
+        with pytest.raises(DockerError) as caught:
+            engine_api.call("listing", path, "GET", "/containers/json", timeout=0.5)
+    finally:
+        server.close()
+        for client in waiting:
+            client.close()
+    assert not isinstance(caught.value, BackendUnavailable), caught.value
+    assert caught.value.returncode == TIMED_OUT and time.monotonic() - began < 3
+
+
 def test_an_answer_broken_off_is_an_engine_error_not_a_missing_engine(
     engine: Callable[[Answer], str],
 ) -> None:

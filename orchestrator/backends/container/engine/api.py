@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,14 +61,23 @@ HEAD_LIMIT = 64 * 1024
 
 
 def _connect(path: str, timeout: float) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)  # (each read's; the call's own deadline is its watchdog's)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        sock.close()
-        raise _NoEngine(exc.errno, str(exc)) from exc
-    return sock
+    """A connection to the engine's socket, within `timeout`. A Unix socket whose queue of
+    connections not yet taken is full refuses at once (EAGAIN), however well its engine
+    runs: an engine busy for a moment (many callers at once). That is tried again until
+    `timeout`, never taken for an engine that is not there."""
+    deadline, pause = time.monotonic() + timeout, 0.005
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)  # (each read's; the call's own deadline is its watchdog's)
+        try:
+            sock.connect(path)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if exc.errno != errno.EAGAIN or time.monotonic() + pause >= deadline:
+                raise _NoEngine(exc.errno, str(exc)) from exc
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def _exchange(
@@ -211,6 +221,8 @@ def call(
     except TimeoutError:
         raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None
     except _NoEngine as exc:
+        if exc.errno == errno.EAGAIN:  # its queue stayed full: there, and too busy to answer
+            raise _failed(action, TIMED_OUT, "the engine did not take the call in time") from None
         if exc.errno in (errno.EACCES, errno.EPERM):  # (in the CLI's words: not "not running")
             said = "permission denied while trying to connect to the Docker daemon socket at"
             raise _failed(action, 1, f"{said} unix://{path}: {exc.strerror}") from None
