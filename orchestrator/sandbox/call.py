@@ -37,6 +37,7 @@ from orchestrator.sandbox.results import (
 )
 from orchestrator.settings import FILE_TIMEOUT
 from orchestrator.spec.models import USER_RE
+from orchestrator.tables import printable
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -210,7 +211,8 @@ def raise_held(
     found = _NO_FORK.search(stderr) if outcome.exit_code != 0 else None
     if found is not None:
         raise SandboxUnavailable(
-            f"cannot {verb} {target}: the sandbox cannot start a process ({found.group(0)}): "
+            f"cannot {verb} {target}: the sandbox cannot start a process "
+            f"({printable(found.group(0))}): "
             "its pids or memory limit is reached; the file was not touched"
         ) from cause
 

@@ -68,3 +68,8 @@ def test_a_helper_that_cannot_fork_is_sandbox_unavailable() -> None:
         with pytest.raises(SandboxUnavailable, match="cannot start a process"):
             raise_held(Outcome(2, False, 0.1), said, "/w/f", "read", 5.0)
     raise_held(Outcome(2, False, 0.1), "tar: ./can't fork: Cannot open", "/w/f", "read", 5.0)
+    # (review: what a sandbox printed before the words went into the message as it was)
+    hostile = "\x1b]0;pwned\x07\x1b[2J: read init-p: connection reset by peer"
+    with pytest.raises(SandboxUnavailable) as caught:
+        raise_held(Outcome(126, False, 0.1), hostile, "/w/f", "read", 5.0)
+    assert "\x1b" not in str(caught.value) and "\x07" not in str(caught.value)

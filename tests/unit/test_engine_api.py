@@ -205,6 +205,36 @@ def test_an_engine_whose_socket_queue_stays_full_times_out_and_is_not_missing(
     assert caught.value.returncode == TIMED_OUT and time.monotonic() - began < 3
 
 
+def test_a_full_queue_counts_against_the_calls_deadline(tmp_path: Path) -> None:
+    """(review: the call's deadline began once connected, so a call could take twice it)"""
+    path = str(tmp_path / "slow.sock")
+    server, waiting = _full_queue(path)
+
+    def take_them_late_and_answer_later() -> None:
+        time.sleep(0.7)
+        for client in waiting:
+            client.close()
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                if _request(conn).startswith(b"GET"):
+                    time.sleep(0.7)
+                    reply(200, b"{}")(conn, b"")
+
+    threading.Thread(target=take_them_late_and_answer_later, daemon=True).start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(DockerError) as caught:
+            engine_api.call("listing", path, "GET", "/containers/json", timeout=1.0)
+    finally:
+        server.close()
+    assert caught.value.returncode == TIMED_OUT
+    assert time.monotonic() - began < 1.3
+
+
 def test_an_answer_broken_off_is_an_engine_error_not_a_missing_engine(
     engine: Callable[[Answer], str],
 ) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,10 @@ def test_stdout_past_what_a_refusal_holds_comes_whole_and_in_order(
         (b"Error response from daemon: Container 3f2a is not running", True),
         (b"Error response from daemon: No such container: 3f2a", True),
         (b"Cannot connect to the Docker daemon at unix:///var/run/docker.sock.", True),
+        # runc, when a pause came as it started the exec (review: taken for a full pids
+        # limit, the kill owed at the thaw was never made, and the command lived on)
+        (b"OCI runtime exec failed: exec failed: cannot exec in a paused state: unknown", True),
+        (b"cannot exec in a paused container (use --ignore-paused to override): unknown", True),
         # a full pids limit: runc refuses one exec in about twenty so (126), and the
         # killer tries again (CI: taken as the kill's end, a fork loop lived on)
         (
@@ -119,7 +124,7 @@ def test_stdout_past_what_a_refusal_holds_comes_whole_and_in_order(
             False,
         ),
     ],
-    ids=["paused", "stopped", "gone", "engine-down", "runc-init"],
+    ids=["paused", "stopped", "gone", "engine-down", "runc-paused", "runc-paused-2", "runc-init"],
 )
 def test_no_exec_can_run_in_a_paused_stopped_or_gone_container_and_else_a_retry_may(
     said: bytes, impossible: bool
@@ -159,3 +164,60 @@ def test_an_exec_refused_as_its_container_stopped_is_told_from_a_refused_command
     said: bytes, dying: bool
 ) -> None:
     assert exec_refused_as_it_died(said) is dying
+
+
+class _Target:
+    """A stand-in for the engine's exec target: each pass of the killer runs `script`."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+
+    def argv(self, argv: list[str], **_: object) -> list[str]:
+        return ["/bin/sh", "-c", self.script]
+
+
+class _Engine:
+    def __init__(self, script: str) -> None:
+        self.target = _Target(script)
+
+    def exec_target(self, container: str) -> _Target:
+        return self.target
+
+
+def _passes(tmp_path: Path, then: str) -> str:
+    """Three passes that could not start ("can't fork"), then `then`."""
+    count = tmp_path / "count"
+    count.write_text("0")
+    return (
+        f'n=$(cat {count}); echo $((n + 1)) > {count}; if [ "$n" -lt 3 ]; then '
+        'echo "sh: can\'t fork: Resource temporarily unavailable" >&2; exit 2; fi; ' + then
+    )
+
+
+@pytest.mark.parametrize(
+    ("then", "kept"),
+    [
+        ("exec sleep 30", True),  # cut at the kill's deadline: the kill never ran
+        ("echo 'Error response from daemon: Container c is paused, unpause it' >&2; exit 1", False),
+        ("echo 'cannot exec in a paused state: unknown'; exit 126", False),
+    ],
+    ids=["cut-at-the-deadline", "paused", "runc-paused"],
+)
+def test_what_a_kill_that_could_not_start_said_stays_until_a_pass_says_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str, kept: bool
+) -> None:
+    """Passes that could not start are tried again; what they said is why the command's
+    processes may still run (SandboxUnavailable), unless a later pass finds the container
+    paused, stopped or gone (review: a pause that came as the killer started was taken for
+    a full pids limit, and the kill owed at the thaw was never made)."""
+    import signal
+
+    from orchestrator.backends.container.executor import plain
+
+    monkeypatch.setattr(plain, "KILL_TIMEOUT", 3.0)
+    killer = plain.Killer(_Engine(_passes(tmp_path, then)), "c", None)  # type: ignore[arg-type]
+    began = time.monotonic()
+    killer.signal(signal.SIGKILL)
+    assert time.monotonic() - began < 3.0 + 2
+    assert not killer.ran
+    assert (b"can't fork" in killer.no_process) is kept, killer.no_process

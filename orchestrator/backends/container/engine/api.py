@@ -60,6 +60,16 @@ HEAD_LIMIT = 64 * 1024
 """Bytes of an answer's status line and headers read at most."""
 
 
+def _unreached(action: str, path: str, exc: _NoEngine) -> OrchestratorError:
+    """What a connection the engine's socket would not take stands for."""
+    if exc.errno == errno.EAGAIN:  # its queue stayed full: there, and too busy to answer
+        return _failed(action, TIMED_OUT, "the engine did not take the call in time")
+    if exc.errno in (errno.EACCES, errno.EPERM):  # (in the CLI's words: not "not running")
+        said = "permission denied while trying to connect to the Docker daemon socket at"
+        return _failed(action, 1, f"{said} unix://{path}: {exc.strerror}")
+    return _failed(action, 1, f"Cannot connect to the Docker daemon at {path}: {exc}")
+
+
 def _connect(path: str, timeout: float) -> socket.socket:
     """A connection to the engine's socket, within `timeout`. A Unix socket whose queue of
     connections not yet taken is full refuses at once (EAGAIN), however well its engine
@@ -212,27 +222,26 @@ def call(
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
-    watchdog = threading.Timer(timeout, expire)
-    watchdog.daemon = True
+    began = time.monotonic()
+    watchdog: threading.Timer | None = None
     try:
         sock = _connect(path, timeout)
+        # the rest of the call's deadline (a full queue may have taken some of it)
+        watchdog = threading.Timer(max(0.0, timeout - (time.monotonic() - began)), expire)
+        watchdog.daemon = True
         watchdog.start()
         status, raw, longer = _exchange(sock, method, target, data, limit)
     except TimeoutError:
         raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None
     except _NoEngine as exc:
-        if exc.errno == errno.EAGAIN:  # its queue stayed full: there, and too busy to answer
-            raise _failed(action, TIMED_OUT, "the engine did not take the call in time") from None
-        if exc.errno in (errno.EACCES, errno.EPERM):  # (in the CLI's words: not "not running")
-            said = "permission denied while trying to connect to the Docker daemon socket at"
-            raise _failed(action, 1, f"{said} unix://{path}: {exc.strerror}") from None
-        raise _failed(action, 1, f"Cannot connect to the Docker daemon at {path}: {exc}") from None
+        raise _unreached(action, path, exc) from None
     except OSError as exc:
         if expired.is_set():
             raise _failed(action, TIMED_OUT, "the engine did not answer in time") from None
         raise _failed(action, 1, f"the engine's answer broke off: {exc!r}") from None
     finally:
-        watchdog.cancel()
+        if watchdog is not None:
+            watchdog.cancel()
         if sock is not None:
             sock.close()
     if expired.is_set():
@@ -266,7 +275,10 @@ def logs(
         ("follow", "1" if follow else "0"),
     ]
     target = f"/containers/{quote(container)}/logs?{urlencode(query)}"
-    sock = _connect(path, bound)
+    try:
+        sock = _connect(path, bound)
+    except _NoEngine as exc:  # (the inspection just answered: a full queue, in all likelihood)
+        raise _unreached(action, path, exc) from None
     expired = threading.Event()
     watchdog = None
     if within is not None:  # the whole read's deadline (the socket's own is per read)

@@ -216,6 +216,8 @@ def exec_impossible(said: bytes) -> bool:
     it starts the process, may pass on a retry.)"""
     text = said.decode(errors="replace")
     lowered = text.lower()
+    if "cannot exec in a paused" in lowered:  # runc's, when the pause came as it started
+        return True
     return any(sign in lowered for sign in DAEMON_DOWN) or classify(text) in _NO_EXEC
 
 

@@ -239,8 +239,11 @@ class Killer:
         # container being paused, stopped or gone (the caller's probe says which): a retry
         # may pass. Anything else (its shell ran and said no more: a root sandbox may
         # replace it) is the pass's end.
-        if no_process(said) or (code == RUNTIME_REFUSED and not exec_impossible(said)):
+        impossible = exec_impossible(said)
+        if no_process(said) or (code == RUNTIME_REFUSED and not impossible):
             return said.strip()[-HOLD_LIMIT:] or b"no answer"
+        if impossible:  # paused, stopped or removed meanwhile: what an earlier pass said
+            self.no_process = b""  # holds no more (a paused one's kill is owed: owed.py)
         return None
 
 
