@@ -53,6 +53,7 @@ from orchestrator.backends.docker.buildcheck import (
 from orchestrator.backends.docker.buildplan import ImageBuild
 from orchestrator.backends.docker.render import CompiledProject
 from orchestrator.errors import (
+    DockerError,
     OrchestratorError,
     SpecError,
     SpecIssue,
@@ -270,9 +271,28 @@ def _build(plan: ImageBuild, name: str, host: str) -> None:
             context=context,
         )
         log.info("building %s for %s", plan.tag, name)
-        _run_build(argv, plan, name)
+        try:
+            _run_build(argv, plan, name)
+        except DockerError as exc:
+            if not store_race(str(exc)):
+                raise
+            log.info("%s: an image its build used was removed meanwhile; building again", plan.tag)
+            _run_build(argv, plan, name)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_STORE_RACE = re.compile(
+    r"/image/\S+/imagedb/content/sha256/[0-9a-f]{64}: no such file or directory"
+)
+
+
+def store_race(said: str) -> bool:
+    """Whether a build failed because an image it used (the classic builder's cache of a
+    step another build made alike) was removed as it went: the engine's own race, which
+    another process removing its images on a shared engine brings about (seen in CI once);
+    built again, the build takes no such image."""
+    return _STORE_RACE.search(said) is not None
 
 
 def _private_folder() -> Path:
