@@ -140,8 +140,13 @@ def test_no_engine_there_is_backend_unavailable(tmp_path: Path) -> None:
         engine_api.call("starting", str(tmp_path / "none.sock"), "GET", "/x", timeout=2)
 
 
-def _full_queue(path: str) -> tuple[socket.socket, list[socket.socket]]:
-    """A listening socket at `path` whose queue of connections not yet taken is full."""
+@contextlib.contextmanager
+def _full_queue(
+    path: str, *, taken_after: float | None = None, answered_after: float = 0.0
+) -> Iterator[None]:
+    """A listening socket at `path` whose queue of connections not yet taken is full; with
+    `taken_after`, the queue is emptied after that many seconds and each GET then taken is
+    answered `{}` after `answered_after` seconds."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
@@ -153,19 +158,12 @@ def _full_queue(path: str) -> tuple[socket.socket, list[socket.socket]]:
             client.connect(path)
         except BlockingIOError:
             client.close()
-            return server, waiting
+            break
         waiting.append(client)
 
-
-def test_an_engine_whose_socket_queue_is_full_for_a_moment_is_waited_for(tmp_path: Path) -> None:
-    """CI: `ps` under load listed nothing and exited 0. The engine's socket refused the
-    connection at once (EAGAIN: its queue was full), which was taken for no engine there,
-    and a backend whose engine is not there is left out of a listing silently."""
-    path = str(tmp_path / "busy.sock")
-    server, waiting = _full_queue(path)
-
     def take_them_late() -> None:
-        time.sleep(0.3)
+        assert taken_after is not None
+        time.sleep(taken_after)
         for client in waiting:  # (each then taken, and found saying nothing)
             client.close()
         while True:
@@ -175,32 +173,35 @@ def test_an_engine_whose_socket_queue_is_full_for_a_moment_is_waited_for(tmp_pat
                 return
             with conn, contextlib.suppress(OSError):
                 if _request(conn).startswith(b"GET"):
-                    reply(200, b'{"ok": true}')(conn, b"")
+                    time.sleep(answered_after)
+                    reply(200, b"{}")(conn, b"")
 
-    threading.Thread(target=take_them_late, daemon=True).start()
+    if taken_after is not None:
+        threading.Thread(target=take_them_late, daemon=True).start()
     try:
-        assert engine_api.call("listing", path, "GET", "/containers/json", timeout=5) == {
-            "ok": True
-        }
+        yield
     finally:
         server.close()
         for client in waiting:
             client.close()
+
+
+def test_an_engine_whose_socket_queue_is_full_for_a_moment_is_waited_for(tmp_path: Path) -> None:
+    """CI: `ps` under load listed nothing and exited 0. The engine's socket refused the
+    connection at once (EAGAIN: its queue was full), which was taken for no engine there,
+    and a backend whose engine is not there is left out of a listing silently."""
+    path = str(tmp_path / "busy.sock")
+    with _full_queue(path, taken_after=0.3):
+        assert engine_api.call("listing", path, "GET", "/containers/json", timeout=5) == {}
 
 
 def test_an_engine_whose_socket_queue_stays_full_times_out_and_is_not_missing(
     tmp_path: Path,
 ) -> None:
     path = str(tmp_path / "stuck.sock")
-    server, waiting = _full_queue(path)
     began = time.monotonic()
-    try:
-        with pytest.raises(DockerError) as caught:
-            engine_api.call("listing", path, "GET", "/containers/json", timeout=0.5)
-    finally:
-        server.close()
-        for client in waiting:
-            client.close()
+    with _full_queue(path), pytest.raises(DockerError) as caught:
+        engine_api.call("listing", path, "GET", "/containers/json", timeout=0.5)
     assert not isinstance(caught.value, BackendUnavailable), caught.value
     assert caught.value.returncode == TIMED_OUT and time.monotonic() - began < 3
 
@@ -208,29 +209,12 @@ def test_an_engine_whose_socket_queue_stays_full_times_out_and_is_not_missing(
 def test_a_full_queue_counts_against_the_calls_deadline(tmp_path: Path) -> None:
     """(review: the call's deadline began once connected, so a call could take twice it)"""
     path = str(tmp_path / "slow.sock")
-    server, waiting = _full_queue(path)
-
-    def take_them_late_and_answer_later() -> None:
-        time.sleep(0.7)
-        for client in waiting:
-            client.close()
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):
-                if _request(conn).startswith(b"GET"):
-                    time.sleep(0.7)
-                    reply(200, b"{}")(conn, b"")
-
-    threading.Thread(target=take_them_late_and_answer_later, daemon=True).start()
     began = time.monotonic()
-    try:
-        with pytest.raises(DockerError) as caught:
-            engine_api.call("listing", path, "GET", "/containers/json", timeout=1.0)
-    finally:
-        server.close()
+    with (
+        _full_queue(path, taken_after=0.7, answered_after=0.7),
+        pytest.raises(DockerError) as caught,
+    ):
+        engine_api.call("listing", path, "GET", "/containers/json", timeout=1.0)
     assert caught.value.returncode == TIMED_OUT
     assert time.monotonic() - began < 1.3
 
