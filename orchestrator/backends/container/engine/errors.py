@@ -120,7 +120,7 @@ class FreezerBusy(DockerError):
 # first kind whose words are found wins. This is the one place engine text is read.
 KINDS: tuple[tuple[type[DockerError], tuple[str, ...]], ...] = (
     (NoSuchContainer, ("no such container", "no such object")),
-    (ContainerPaused, ("is paused, unpause",)),
+    (ContainerPaused, ("is paused, unpause", "cannot exec in a paused")),  # (then runc's)
     (ContainerNotRunning, ("is not running",)),
     (NoSuchImage, ("no such image", "image not known")),  # (the second: Podman's)
     (RemovalInProgress, ("removal of container",)),  # "... X is already in progress"
@@ -216,8 +216,6 @@ def exec_impossible(said: bytes) -> bool:
     it starts the process, may pass on a retry.)"""
     text = said.decode(errors="replace")
     lowered = text.lower()
-    if "cannot exec in a paused" in lowered:  # runc's, when the pause came as it started
-        return True
     return any(sign in lowered for sign in DAEMON_DOWN) or classify(text) in _NO_EXEC
 
 
