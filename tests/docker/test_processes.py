@@ -50,7 +50,8 @@ def test_a_killer_made_to_flood_cannot_grow_our_memory_nor_outlast_its_deadline(
     """A root sandbox makes the plain path's killer print without end: a signal (and the
     kill after it) keeps at most the killer's tail and ends within its deadline (shortened
     here from KILL_TIMEOUT: the flood runs the whole of it, twice, and a deadline is one
-    whatever its length)."""
+    whatever its length), and a timed-out command's whole kill within it (review: a
+    `timeout=1` call took twice KILL_TIMEOUT)."""
     deadline = 10.0
     monkeypatch.setattr(plain, "KILL_TIMEOUT", deadline)
     with spawn_in_mode("plain", make_env("user: root\n", name="flood")) as rt:
@@ -70,6 +71,11 @@ def test_a_killer_made_to_flood_cannot_grow_our_memory_nor_outlast_its_deadline(
         assert _rss() - before < 64 * 1024 * 1024
         proc.kill()
         proc.wait(60)  # (its killer is the sandbox's: it may only end at its own end)
+        # a timed-out command's kill (SIGTERM, then SIGKILL) shares one deadline too
+        started = time.monotonic()
+        done = rt.execute(["sleep", "60"], timeout=1)
+        assert done.timed_out
+        assert time.monotonic() - started < 1 + deadline + 5
 
 
 def test_sigstop_on_the_plain_path_stops_and_sigcont_resumes(make_env: MakeEnv) -> None:

@@ -221,3 +221,31 @@ def test_what_a_kill_that_could_not_start_said_stays_until_a_pass_says_otherwise
     assert time.monotonic() - began < 3.0 + 2
     assert not killer.ran
     assert (b"can't fork" in killer.no_process) is kept, killer.no_process
+
+
+def test_a_timed_out_commands_whole_kill_shares_one_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ATTACK (a root sandbox replaces /bin/sh with one that never ends): the kill of a
+    timed-out command (its SIGTERM, its SIGKILL, then the SIGKILL of a caller that gave up)
+    takes KILL_TIMEOUT in all, not once per signal (review: a `timeout=1` call took 61 s);
+    the SIGTERM takes at most half, and the docker client is killed with each SIGKILL."""
+    import signal
+    import subprocess
+
+    from orchestrator.backends.container.executor import plain
+
+    monkeypatch.setattr(plain, "KILL_TIMEOUT", 4.0)
+    killer = plain.Killer(_Engine("exec sleep 30"), "c", None)  # type: ignore[arg-type]
+    with subprocess.Popen(["sleep", "60"]) as client:
+        began = time.monotonic()
+        killer(client, signal.SIGTERM)
+        termed = time.monotonic() - began
+        assert client.poll() is None, "a SIGTERM killed the docker client"
+        killer(client, signal.SIGKILL)
+        killer(client, signal.SIGKILL)  # (the caller gave up meanwhile)
+        took = time.monotonic() - began
+        assert client.wait(5) == -signal.SIGKILL
+    assert 1.5 < termed < 2.0 + 1, termed
+    assert 3.5 < took < 4.0 + 1.5, took
+    assert not killer.ran

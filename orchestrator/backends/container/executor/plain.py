@@ -62,7 +62,10 @@ KILL_TIMEOUT = 30.0
 """Longest the in-container kill may take, retries included (an engine that does not
 answer, a sandbox that cannot start the killer). A busy engine takes seconds to start one
 `docker exec` (5 s was seen to cut the killer before its first pass: the command's
-processes lived on)."""
+processes lived on). A timed-out command's whole kill (SIGTERM, then SIGKILL, then the
+SIGKILL of a caller that gave up) shares it: its SIGTERM passes take at most half, so the
+SIGKILL has the rest (a root sandbox whose /bin/sh never ends made a `timeout=1` call take
+twice this, and more)."""
 TOMB = "/dev/shm/.orchestrator-cancelled-"
 """+ the command's mark: left by the plain path's kill of a command not yet seen to start
 (a busy engine may start a `docker exec` seconds after its client asked, and after the
@@ -157,6 +160,8 @@ class Killer:
         self.ran = False
         """Whether a pass ran to its end (False: the engine refused it, e.g. while the
         sandbox was paused: the command's processes may still be there)."""
+        self._spent = 0.0
+        """Seconds the passes of the command's kill took so far (see KILL_TIMEOUT)."""
 
     def finish(self) -> bool:
         """Kill what is left of the command now (once the sandbox can run the killer again:
@@ -182,13 +187,22 @@ class Killer:
         return self.ran
 
     def __call__(self, client: subprocess.Popen[bytes], sig: int) -> None:
-        self._passes(sig)
-        if sig == signal.SIGKILL:
-            client.kill()  # and the local docker client, which a paused sandbox would hold
+        """The kill of a command that timed out or whose caller gave up (procutil's
+        `killer`): all its passes share one KILL_TIMEOUT, the SIGKILL's at least half."""
+        share = KILL_TIMEOUT if sig == signal.SIGKILL else KILL_TIMEOUT / 2
+        began = time.monotonic()
+        try:
+            if self._spent < share:
+                self._passes(sig, share - self._spent)
+        finally:
+            self._spent += time.monotonic() - began
+            if sig == signal.SIGKILL:
+                client.kill()  # and the local docker client, which a paused sandbox would hold
 
-    def _passes(self, sig: int) -> None:
+    def _passes(self, sig: int, within: float | None = None) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")
-        deadline, pause = time.monotonic() + KILL_TIMEOUT, 0.05
+        deadline = time.monotonic() + (KILL_TIMEOUT if within is None else within)
+        pause = 0.05
         while True:
             said = self._once(name, deadline)
             if said is None:  # done, or the engine does not answer
