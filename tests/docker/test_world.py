@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,48 @@ def test_world_refuses_bad_names() -> None:
         start_world(["bad_name.test"])
     with pytest.raises(ValueError, match="twice"):
         start_world(["a.test", "A.test"])
+
+
+NO_LOOKUP = r"""
+import runpy, socket, sys
+
+def refuse(*args):
+    raise SystemExit("the server looked up a name: %r" % (args,))
+
+socket.gethostbyaddr = socket.getfqdn = socket.getaddrinfo = refuse
+sys.argv[1:] = ["allowed.test", "127.0.0.1"]
+runpy.run_path("/world/server.py", run_name="__main__")
+"""
+"""The world's server with every name lookup refused (it ends saying so)."""
+
+
+def test_a_world_server_starts_without_looking_up_a_name(tmp_path: Path) -> None:
+    """Its HTTP server is named without asking a resolver: HTTPServer's own bind looks up
+    its address (a reverse query that left the world through the engine's resolver, and
+    took 10 s per server, 20 s per world start)."""
+    world_files.write_files(tmp_path, ["allowed.test"], "openssl", lambda: 60.0)
+    argv = ["docker", "run", "-d", "--label", LABEL, "--network", "none", "--pull", "never"]
+    argv += ["-v", f"{tmp_path}:/world:ro", PYTHON_IMAGE, "python3", "-c", NO_LOOKUP]
+    ident = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        probe = "import socket; socket.create_connection(('127.0.0.1', 7000), 1).close()"
+        for _ in range(300):  # its last listener (the echo server) answers: it started
+            said = subprocess.run(
+                ["docker", "exec", ident, "python3", "-c", probe], capture_output=True, text=True
+            )
+            if said.returncode == 0:
+                break
+            state = subprocess.run(
+                ["docker", "inspect", "--format", "{{.State.Running}}", ident],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            if state != "true":
+                logs = subprocess.run(["docker", "logs", ident], capture_output=True, text=True)
+                pytest.fail(f"the server ended: {logs.stdout}{logs.stderr}")
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the server did not answer within 30 s: {said.stderr}")
+    finally:
+        subprocess.run(["docker", "rm", "-f", ident], capture_output=True, check=False)
