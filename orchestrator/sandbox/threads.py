@@ -33,6 +33,8 @@ STOP_WITHIN = 30.0
 """Longest a cancelled call waits for its work to stop (a command killed in a sandbox that
 answers slowly, a partial download removed) before the cancel goes on; then a warning is
 logged (the work is told to stop all the same, and its last step is refused)."""
+DONE_EVERY = 0.1
+"""Seconds between the looks of a cancelled call for its thread's end (see _done)."""
 log = logging.getLogger("orchestrator")
 _here = threading.local()
 
@@ -282,9 +284,20 @@ def _pump(
 
 
 async def _done(items: asyncio.Queue[tuple[str, Any]]) -> None:
-    """Until thread_chunks' thread says it is done (what else it sent goes unread)."""
-    while (await items.get())[0] != "done":
-        pass
+    """Until thread_chunks' thread says it is done (what else it sent goes unread). Looked
+    at every DONE_EVERY s too, not only when the thread wakes the loop: a child forked
+    during the call that ends through asyncio.run's cleanup takes the loop's wakeup out of
+    the epoll set it shares with this process, and the cancel would wait out STOP_WITHIN."""
+    while True:
+        try:
+            while True:
+                if items.get_nowait()[0] == "done":
+                    return
+        except asyncio.QueueEmpty:
+            pass
+        with contextlib.suppress(TimeoutError):
+            if (await asyncio.wait_for(items.get(), DONE_EVERY))[0] == "done":
+                return
 
 
 class _Owner:

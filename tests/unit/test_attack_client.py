@@ -150,7 +150,7 @@ from orchestrator.sandbox.threads import thread_chunks
 
 def chunks():
     yield ("stdout", b"one")
-    time.sleep(60)
+    time.sleep(3)  # running at the fork (which holds no lock of its own: aclose waits)
     yield ("stdout", b"two")
 
 async def main():
@@ -164,7 +164,10 @@ async def main():
         if isinstance(arg, threading.Event)
     ]
     fork_and_wait(stop._cond)
-    await calls.aclose()
+    began = time.monotonic()
+    await calls.aclose()  # (the child's exit took the loop's wakeup out of their shared epoll)
+    if time.monotonic() - began > 15:
+        sys.exit("the cancel waited for its whole STOP_WITHIN, not for the command's end")
 
 asyncio.run(main())
 """
