@@ -45,6 +45,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.definition import require_agent_environment_definition
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import NetworkMode, NetworkPolicy
+from pydantic import Field
 from ruamel.yaml import YAML
 
 from orchestrator import (
@@ -70,6 +71,12 @@ HARBOR_MAIN = "main"
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$", re.IGNORECASE)
 
 
+CANCEL_GRACE = 30.0
+"""Seconds a start cancelled by Harbor (its build_timeout_sec) waits, by default, for the
+environment it was making, to remove it before Harbor goes on: a Harbor that exits at once
+(a container's first process) would take the guardian that removes it with it."""
+
+
 class OrchestratorOptions(EnvironmentOptions):
     """What `--ek` may set for this environment (anything else is refused by Harbor)."""
 
@@ -78,6 +85,9 @@ class OrchestratorOptions(EnvironmentOptions):
     caller's ORCHESTRATOR_ISOLATION still raises it, never lowers it). None: the file's."""
     build: Literal["auto", "always", "never"] = "auto"
     """How the images a task builds are got (`--force-build`: always)."""
+    cancel_grace: float = Field(default=CANCEL_GRACE, ge=0, le=600)
+    """Seconds a start Harbor cancelled waits for the environment it was making, to remove
+    it before Harbor goes on (see CANCEL_GRACE)."""
 
 
 def egress_of(policy: NetworkPolicy) -> str | list[str]:
@@ -231,7 +241,7 @@ class OrchestratorEnvironment(BaseEnvironment):
         try:
             self._rt = await asyncio.shield(spawn)
         except asyncio.CancelledError:
-            await _removed_after(spawn)
+            await _removed_after(spawn, self.options.cancel_grace)
             raise
         for warning in self._rt.sync.warnings:
             self.logger.warning("orchestrator: %s", warning)
@@ -427,16 +437,10 @@ def _absolute(path: str) -> str:
     return os.path.normpath(str(p))
 
 
-CANCEL_GRACE = 30.0
-"""Seconds a start cancelled by Harbor (its build_timeout_sec) waits for the environment it
-was making, to remove it before Harbor goes on: a Harbor that exits at once (a container's
-first process) would take the guardian that removes it with it."""
-
-
-async def _removed_after(spawn: asyncio.Future[AsyncRuntime]) -> None:
-    """The environment a cancelled start was making, removed: waited for CANCEL_GRACE at
+async def _removed_after(spawn: asyncio.Future[AsyncRuntime], grace: float) -> None:
+    """The environment a cancelled start was making, removed: waited for `grace` seconds at
     most, then left to aio's own removal in the background (and the guardian)."""
-    done, _ = await asyncio.wait({spawn}, timeout=CANCEL_GRACE)
+    done, _ = await asyncio.wait({spawn}, timeout=grace)
     if not done:
         spawn.cancel()  # aio removes what it makes once it is up
         return

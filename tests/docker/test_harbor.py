@@ -321,16 +321,17 @@ def test_a_start_harbor_gives_up_on_leaves_nothing(harbor_image: str, tmp_path: 
     """A task whose start never ends (a service that never turns healthy) past its
     build_timeout_sec: Harbor cancels the start, the trial fails with its timeout, and
     nothing is left: the environment it was making is removed by the start itself when it
-    comes up within 30 s of the cancel, else by its guardian, or (Harbor being its
-    container's first process here, which takes the guardians with it) by the cleanup after
-    Harbor, which says whether it removed anything."""
+    comes up within `cancel_grace` of the cancel (2 s here, not the default 30: it never
+    comes up), else by its guardian, or (Harbor being its container's first process here,
+    which takes the guardians with it) by the cleanup after Harbor, which says whether it
+    removed anything."""
     before = labelled_ids()
     tasks = copy_tasks(TASKS, tmp_path, ["hello-dockerfile"])
     folder = tasks / "hello-dockerfile"
     (folder / "environment" / "docker-compose.yaml").write_text(NEVER_HEALTHY)
     toml = (folder / "task.toml").read_text().replace("600.0", "8.0")
     (folder / "task.toml").write_text(toml)
-    results = harbor_run(tmp_path, tasks, OURS, "stuck")
+    results = harbor_run(tmp_path, tasks, OURS, "stuck", extra=("--ek", "cancel_grace=2"))
     failed = results["hello-dockerfile"].exception
     assert failed is not None and "Timeout" in failed["exception_type"], failed
     assert (tmp_path / "cleanup-stuck.txt").read_text().strip().endswith("removed")
