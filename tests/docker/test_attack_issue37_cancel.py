@@ -189,8 +189,30 @@ def test_where_the_engine_cannot_kill_in_a_paused_sandbox_the_cli_resume_does(
             os.close(gate)
         assert cli("resume", ident).returncode == 0
         assert not list((folder / "owed-kills").glob("*.json"))  # run, and gone
-        time.sleep(12)
+        # seen from the host, not by a command (this process owes the kill too, and would
+        # run it before its next command): nothing of it runs once `resume` has returned
+        deadline = time.monotonic() + 3  # (a SIGKILLed process takes a moment to go)
+        while (alive := _gated(f"{ident}-main-1")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive, f"the command ran on: {alive}"
         assert not (tmp_path / "ws" / ".late").exists(), "the command ran on"
+
+
+def _gated(container: str) -> list[str]:
+    """The live processes of the gated command in `container` (docker top, from the host)."""
+    top = subprocess.run(
+        ["docker", "top", container, "-o", "pid,stat,args"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.splitlines()[1:]
+    rows = [[*line.split(None, 2), ""] for line in top]
+    return [
+        args
+        for _, stat, args, *_ in rows
+        if not stat.startswith("Z") and ("echo late" in args or args.strip() == "sleep 10")
+    ]
 
 
 WRAPPED_SH = (
