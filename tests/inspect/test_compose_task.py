@@ -27,7 +27,7 @@ services:
     command: {WEB_COMMAND}
     healthcheck:
       test: [CMD, wget, -q, -O-, "http://127.0.0.1:8080/"]
-      interval: 1s
+      interval: 200ms
   box:
     image: {PYTHON_IMAGE}
     x-default: true

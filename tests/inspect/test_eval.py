@@ -27,7 +27,7 @@ services:
     image: {BUSYBOX_IMAGE}
     command: {WEB_COMMAND}
     user: nobody
-    healthcheck: {{test: [CMD, wget, -q, -O-, "http://127.0.0.1:8080/"], interval: 1s}}
+    healthcheck: {{test: [CMD, wget, -q, -O-, "http://127.0.0.1:8080/"], interval: 200ms}}
 """
 
 TASK = """\
