@@ -223,13 +223,14 @@ def test_what_a_kill_that_could_not_start_said_stays_until_a_pass_says_otherwise
     assert (b"can't fork" in killer.no_process) is kept, killer.no_process
 
 
-def test_a_timed_out_commands_whole_kill_shares_one_deadline(
+def test_a_timed_out_commands_kill_is_bounded_as_a_whole_and_a_cut_one_is_said(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """ATTACK (a root sandbox replaces /bin/sh with one that never ends): the kill of a
-    timed-out command (its SIGTERM, its SIGKILL, then the SIGKILL of a caller that gave up)
-    takes KILL_TIMEOUT in all, not once per signal (review: a `timeout=1` call took 61 s);
-    the SIGTERM takes at most half, and the docker client is killed with each SIGKILL."""
+    timed-out command is bounded as a whole, not once per signal (review: a `timeout=1` call
+    took 61 s): its SIGTERM passes take KILL_TIMEOUT / 2, its SIGKILL passes (the timeout's,
+    then a caller's that gave up) KILL_TIMEOUT in all; the docker client is killed with each
+    SIGKILL, and a kill cut at its deadline is unfinished (the call says so)."""
     import signal
     import subprocess
 
@@ -247,5 +248,32 @@ def test_a_timed_out_commands_whole_kill_shares_one_deadline(
         took = time.monotonic() - began
         assert client.wait(5) == -signal.SIGKILL
     assert 1.5 < termed < 2.0 + 1, termed
-    assert 3.5 < took < 4.0 + 1.5, took
-    assert not killer.ran
+    assert 5.5 < took < 6.0 + 1.5, took
+    assert not killer.ran and killer.unfinished
+
+
+def test_a_kill_pass_ends_an_earlier_pass_of_the_same_kill_cut_at_its_deadline() -> None:
+    """ATTACK (review: a uid-1000 sandbox made each pass slow with processes of huge
+    environments): a pass cut at its deadline runs on in the sandbox, and its end (SIGTERM,
+    then SIGCONT) would resume what the next pass froze; each pass SIGKILLs earlier passes
+    of the same kill (their token), and nothing else."""
+    import subprocess
+
+    from orchestrator.backends.container.executor import plain
+
+    token, other = "ab" * 16, "cd" * 16
+    env = {"PATH": os.environ["PATH"]}
+    stale = subprocess.Popen(["sleep", "60"], env={**env, plain.KILL_TOKEN: token})
+    unrelated = subprocess.Popen(["sleep", "60"], env={**env, plain.KILL_TOKEN: other})
+    try:
+        argv = ["sh", "-c", plain.KILL_TREE, "sh", "TERM", "0"]
+        done = subprocess.run(
+            argv, env={**env, plain.KILL_TOKEN: token}, capture_output=True, text=True, timeout=60
+        )
+        assert plain.DONE in done.stdout, done
+        assert stale.wait(5) == -9
+        assert unrelated.poll() is None, "a pass killed another command's killer"
+    finally:
+        for proc in (stale, unrelated):
+            proc.kill()
+            proc.wait()

@@ -62,10 +62,11 @@ KILL_TIMEOUT = 30.0
 """Longest the in-container kill may take, retries included (an engine that does not
 answer, a sandbox that cannot start the killer). A busy engine takes seconds to start one
 `docker exec` (5 s was seen to cut the killer before its first pass: the command's
-processes lived on). A timed-out command's whole kill (SIGTERM, then SIGKILL, then the
-SIGKILL of a caller that gave up) shares it: its SIGTERM passes take at most half, so the
-SIGKILL has the rest (a root sandbox whose /bin/sh never ends made a `timeout=1` call take
-twice this, and more)."""
+processes lived on). A timed-out command's kill is bounded as a whole: its SIGTERM passes
+take at most half of this, and its SIGKILL passes (the timeout's, then a caller's that gave
+up) this in all, 1.5 times this at most (a root sandbox whose /bin/sh never ends made a
+`timeout=1` call take twice this, and more). A SIGKILL that did not end in time is said
+(SandboxUnavailable: the command may still run), never taken for a kill."""
 TOMB = "/dev/shm/.orchestrator-cancelled-"
 """+ the command's mark: left by the plain path's kill of a command not yet seen to start
 (a busy engine may start a `docker exec` seconds after its client asked, and after the
@@ -96,8 +97,9 @@ KILL_TREE = (
     STAT_FIELDS
     + r"""
 t=$ORCHESTRATOR_KILL; m="ORCHESTRATOR_CMD=$t"; sig=$1; cancel=$2; shift 2; me=$$; sids=" "
-if [ $# = 0 ] && [ "$sig" = KILL ] && [ "$cancel" = 1 ]; then
-  case $t in ""|*[!0-9a-f]*) ;; *) { : <> "@TOMB@$t"; } 2>/dev/null ;; esac
+k=; case $t in ""|*[!0-9a-f]*) ;; *) k="ORCHESTRATOR_KILL=$t" ;; esac
+if [ $# = 0 ] && [ "$sig" = KILL ] && [ "$cancel" = 1 ] && [ -n "$k" ]; then
+  { : <> "@TOMB@$t"; } 2>/dev/null
 fi
 for s in "$@"; do [ "$s" -gt 1 ] 2>/dev/null && sids="$sids$s "; done
 hit=" "; quiet=0; n=0
@@ -117,6 +119,11 @@ while [ $quiet -lt 2 ] && [ $n -lt 300 ]; do
       e=; l=
       { while IFS= read -r l || [ -n "$l" ]; do e="$e$l"; l=; done; } 2>/dev/null < "$d/environ"
       case $e in *"$m"*) take=1 ;; esac
+      # an earlier pass of this kill, cut at its deadline, runs on: it would SIGCONT what
+      # this one stops
+      if [ -z "$take" ] && [ -n "$k" ]; then
+        case $e in *"$k"*) kill -KILL "$p" 2>/dev/null; continue ;; esac
+      fi
     fi
     [ -n "$take" ] || continue
     kill -STOP "$p" 2>/dev/null || continue
@@ -160,8 +167,11 @@ class Killer:
         self.ran = False
         """Whether a pass ran to its end (False: the engine refused it, e.g. while the
         sandbox was paused: the command's processes may still be there)."""
-        self._spent = 0.0
-        """Seconds the passes of the command's kill took so far (see KILL_TIMEOUT)."""
+        self._spent = {signal.SIGTERM: 0.0, signal.SIGKILL: 0.0}
+        """Seconds the SIGTERM and the SIGKILL passes of its kill took so far (KILL_TIMEOUT)."""
+        self.unfinished = False
+        """Whether its last pass was cut at its deadline before it was done (its processes
+        may still run)."""
 
     def finish(self) -> bool:
         """Kill what is left of the command now (once the sandbox can run the killer again:
@@ -188,14 +198,16 @@ class Killer:
 
     def __call__(self, client: subprocess.Popen[bytes], sig: int) -> None:
         """The kill of a command that timed out or whose caller gave up (procutil's
-        `killer`): all its passes share one KILL_TIMEOUT, the SIGKILL's at least half."""
-        share = KILL_TIMEOUT if sig == signal.SIGKILL else KILL_TIMEOUT / 2
+        `killer`): its SIGTERM passes take KILL_TIMEOUT / 2 in all, its SIGKILL passes
+        KILL_TIMEOUT in all."""
+        kind = signal.SIGKILL if sig == signal.SIGKILL else signal.SIGTERM
+        share = KILL_TIMEOUT if kind == signal.SIGKILL else KILL_TIMEOUT / 2
         began = time.monotonic()
         try:
-            if self._spent < share:
-                self._passes(sig, share - self._spent)
+            if self._spent[kind] < share:
+                self._passes(sig, share - self._spent[kind])
         finally:
-            self._spent += time.monotonic() - began
+            self._spent[kind] += time.monotonic() - began
             if sig == signal.SIGKILL:
                 client.kill()  # and the local docker client, which a paused sandbox would hold
 
@@ -227,7 +239,7 @@ class Killer:
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
         # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
         chunks = procutil.run(argv, None, None, timeout=max(0.1, deadline - time.monotonic()))
-        code = 0
+        code, cut = 0, False
         try:
             with procutil.kept_on():  # (the kill of a command its caller gave up on)
                 while True:
@@ -235,7 +247,7 @@ class Killer:
                     kept[kind] += data
                     del kept[kind][:-KILLER_TAIL]
         except StopIteration as stop:
-            code = stop.value.exit_code
+            code, cut = stop.value.exit_code, stop.value.timed_out
         except (OSError, procutil.NoProcess):
             return None
         finally:
@@ -245,8 +257,9 @@ class Killer:
             if line.startswith(DONE):
                 self.sessions = line.removeprefix(DONE).split()[:MAX_SESSIONS]
                 self.no_process = b""
-                self.ran = True
+                self.ran, self.unfinished = True, False
                 return None
+        self.unfinished = cut
         said = out + err
         # the sandbox could not start a process (the shell's words, or runc's), or the
         # engine would not start the pass (runc's refusal, 126) for a reason other than the
@@ -317,6 +330,12 @@ def run_plain(
                         "reached), so the processes of a command that timed out could not "
                         "be killed and may still run: "
                         + printable(killer.no_process.decode(errors="replace")[-300:])
+                    ) from None
+                if outcome.timed_out and killer.unfinished:
+                    raise SandboxUnavailable(
+                        "the command timed out, and its kill did not end within "
+                        f"{KILL_TIMEOUT:g} s (the sandbox's processes or its /bin/sh hold "
+                        "it back): its processes may still run"
                     ) from None
                 return outcome
             except procutil.NoProcess as exc:  # this host, not the sandbox, is out of processes
