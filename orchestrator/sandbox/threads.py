@@ -34,7 +34,10 @@ STOP_WITHIN = 30.0
 answers slowly, a partial download removed) before the cancel goes on; then a warning is
 logged (the work is told to stop all the same, and its last step is refused)."""
 DONE_EVERY = 0.1
-"""Seconds between the looks of a cancelled call for its thread's end (see _done)."""
+"""Seconds between the looks of a cancelled call for its thread's end (see _done): a
+child forked during the call that ends through asyncio.run's cleanup takes the loop's
+wakeup out of the epoll set it shares with this process (asyncio's own hazard: other waits
+of this process's loop then wake only at its timers)."""
 log = logging.getLogger("orchestrator")
 _here = threading.local()
 
@@ -164,12 +167,17 @@ async def stoppable(fn: Callable[[], T], *, within: float = STOP_WITHIN) -> T:
             loop.call_soon_threadsafe(_hand, future, value, error)
 
     threading.Thread(target=work, name="orch-aio-stoppable", daemon=True).start()
+    pid = os.getpid()
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        if os.getpid() != pid:  # a child forked meanwhile, at its exit: the thread is not in it
+            raise
         leave.leave()
-        done, _ = await asyncio.wait({future}, timeout=within)
-        if not done:
+        end = loop.time() + within
+        while not future.done() and loop.time() < end:  # (looked at often: see _done)
+            await asyncio.wait({future}, timeout=min(DONE_EVERY, end - loop.time()))
+        if not future.done():
             log.warning("a cancelled call did not stop within %g s; it was told to", within)
         elif not future.cancelled():
             future.exception()  # (retrieved: its caller left, nobody else will)
@@ -258,8 +266,12 @@ async def thread_chunks(make: Callable[[], Chunks]) -> AChunks:
     finally:
         _stop_in(pid, stop)
         if not over and os.getpid() == pid:  # left early: the command is dead before we go on
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(_done(items), STOP_WITHIN)
+            except TimeoutError:
+                log.warning(
+                    "a cancelled call did not stop within %g s; it was told to", STOP_WITHIN
+                )
 
 
 def _pump(

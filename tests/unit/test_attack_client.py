@@ -173,7 +173,35 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("call", [_EXECUTOR_CALL, _ASYNC_CALL], ids=["executor", "async"])
+_STOPPABLE_CALL = """
+import asyncio
+from orchestrator.sandbox.threads import check_stop, stoppable
+
+def work():
+    for _ in range(600):
+        time.sleep(0.05)
+        check_stop()
+
+async def main():
+    task = asyncio.ensure_future(stoppable(work))
+    await asyncio.sleep(0.2)
+    fork_and_wait(threading.Lock())  # (the child's exit cancels its copy of the call)
+    began = time.monotonic()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    if time.monotonic() - began > 15:
+        sys.exit("the cancel waited for its whole STOP_WITHIN, not for the call's end")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(
+    "call", [_EXECUTOR_CALL, _ASYNC_CALL, _STOPPABLE_CALL], ids=["executor", "async", "stoppable"]
+)
 def test_a_child_forked_while_a_call_runs_exits_without_touching_it(call: str) -> None:
     """A call's finalizer ends its command (through the executor, or the thread that runs
     an async call). In a forked child it must do nothing: the command is the parent's, and
