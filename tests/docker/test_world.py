@@ -245,13 +245,10 @@ def test_a_world_server_starts_without_looking_up_a_name(tmp_path: Path) -> None
             )
             if said.returncode == 0:
                 break
-            state = subprocess.run(
-                ["docker", "inspect", "--format", "{{.State.Running}}", ident],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-            if state != "true":
+            running = world_module._docker(
+                ["inspect", "-f", "{{.State.Running}}", ident], timeout=60
+            )
+            if running.strip() != "true":
                 logs = subprocess.run(["docker", "logs", ident], capture_output=True, text=True)
                 pytest.fail(f"the server ended: {logs.stdout}{logs.stderr}")
             time.sleep(0.1)
