@@ -80,6 +80,28 @@ def test_a_killer_made_to_flood_cannot_grow_our_memory_nor_outlast_its_deadline(
         assert time.monotonic() - started < 1 + 1.5 * deadline + 5
 
 
+# The sandbox's /bin/sh, replaced by a root sandbox: the killer ends at once, doing nothing
+QUITTING_SH = r"""#!/bin/dash.real
+case "$2" in *orchestrator-killed*) exit 0 ;; esac
+exec /bin/dash.real "$@"
+"""
+
+
+def test_a_killer_made_to_quit_is_said_not_taken_for_a_kill(make_env: MakeEnv) -> None:
+    """ATTACK (review: a root sandbox's /bin/sh that exits at once for the killer made a
+    timed-out call return as killed while its command ran on): the call raises
+    SandboxUnavailable, and says its processes may still run."""
+    with spawn_in_mode("plain", make_env("user: root\n", name="quits")) as rt:
+        rt.write_file("/tmp/sh", QUITTING_SH)
+        rt.execute(
+            "cp /bin/dash /bin/dash.real && install -m 755 /tmp/sh /bin/sh.new && "
+            "mv -f /bin/sh.new /bin/sh",
+            check=True,
+        )
+        with pytest.raises(SandboxUnavailable, match="its processes may still run"):
+            rt.execute(["sleep", "77"], timeout=1)
+
+
 def test_sigstop_on_the_plain_path_stops_and_sigcont_resumes(make_env: MakeEnv) -> None:
     """The killer freezes what it signals while it looks: a stop signal must leave it
     stopped (as the executor and the local backend do), and a later one resume it."""

@@ -277,3 +277,49 @@ def test_a_kill_pass_ends_an_earlier_pass_of_the_same_kill_cut_at_its_deadline()
         for proc in (stale, unrelated):
             proc.kill()
             proc.wait()
+
+
+def test_a_sigkill_pass_that_ends_undone_is_unfinished(tmp_path: Path) -> None:
+    """ATTACK (review: a root sandbox's /bin/sh that exits at once for the killer, or a
+    uid-1000 process that kills every pass): a SIGKILL pass that ended without being done,
+    in a sandbox not paused, stopped or gone, leaves the kill unfinished (the call says so)
+    rather than taken for done."""
+    import signal
+    import subprocess
+
+    from orchestrator.backends.container.executor import plain
+
+    killer = plain.Killer(_Engine("exit 0"), "c", None)  # type: ignore[arg-type]
+    with subprocess.Popen(["sleep", "60"]) as client:
+        killer(client, signal.SIGKILL)
+    assert killer.unfinished and not killer.ran
+
+
+def test_the_passes_of_one_kill_never_run_at_once(tmp_path: Path) -> None:
+    """ATTACK (review: a caller's signal during the timeout's kill ran a second pass beside
+    it, and each pass kills the other passes of its token): a kill's passes, whoever asks
+    for them, run one at a time."""
+    import signal
+    import subprocess
+    import threading
+
+    from orchestrator.backends.container.executor import plain
+
+    held, log = tmp_path / "held", tmp_path / "log"
+    script = (
+        f"if mkdir {held} 2>/dev/null; then sleep 0.5; rmdir {held}; "
+        f"else echo overlap >> {log}; fi; echo {plain.DONE}"
+    )
+    killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
+    with subprocess.Popen(["sleep", "60"]) as client:
+        others = [
+            threading.Thread(target=killer.signal, args=(signal.SIGUSR1,)),
+            threading.Thread(target=killer, args=(client, signal.SIGKILL)),
+            threading.Thread(target=killer.finish),
+        ]
+        for thread in others:
+            thread.start()
+        for thread in others:
+            thread.join(30)
+    assert not log.exists(), log.read_text()
+    assert killer.ran and not killer.unfinished

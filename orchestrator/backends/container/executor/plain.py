@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 
 from orchestrator import procutil
@@ -170,18 +171,23 @@ class Killer:
         self._spent = {signal.SIGTERM: 0.0, signal.SIGKILL: 0.0}
         """Seconds the SIGTERM and the SIGKILL passes of its kill took so far (KILL_TIMEOUT)."""
         self.unfinished = False
-        """Whether its last pass was cut at its deadline before it was done (its processes
-        may still run)."""
+        """Whether its last SIGKILL pass ended without being done (cut at its deadline, or
+        ended or killed in a sandbox not paused, stopped or gone): its processes may run."""
+        self._one = threading.Lock()
+        """One pass at a time (the timeout's kill, a caller's signal, an owed kill): each
+        pass kills the passes of its token still running."""
 
     def finish(self) -> bool:
         """Kill what is left of the command now (once the sandbox can run the killer again:
         see backends/container/owed.py); whether the killer ran."""
-        self._passes(signal.SIGKILL)
+        with self._one:
+            self._passes(signal.SIGKILL)
         return self.ran
 
     def signal(self, sig: int) -> None:
         """Send `sig` to every process of the command (a started process's `signal`)."""
-        self._passes(sig)
+        with self._one:
+            self._passes(sig)
 
     def frozen(self) -> bool:
         """Kill what is left of the command while its sandbox is paused, from this host (see
@@ -204,8 +210,9 @@ class Killer:
         share = KILL_TIMEOUT if kind == signal.SIGKILL else KILL_TIMEOUT / 2
         began = time.monotonic()
         try:
-            if self._spent[kind] < share:
-                self._passes(sig, share - self._spent[kind])
+            with self._one:
+                if self._spent[kind] < share:
+                    self._passes(sig, share - self._spent[kind])
         finally:
             self._spent[kind] += time.monotonic() - began
             if sig == signal.SIGKILL:
@@ -257,9 +264,10 @@ class Killer:
             if line.startswith(DONE):
                 self.sessions = line.removeprefix(DONE).split()[:MAX_SESSIONS]
                 self.no_process = b""
-                self.ran, self.unfinished = True, False
+                self.ran = True
+                if name == "KILL":
+                    self.unfinished = False
                 return None
-        self.unfinished = cut
         said = out + err
         # the sandbox could not start a process (the shell's words, or runc's), or the
         # engine would not start the pass (runc's refusal, 126) for a reason other than the
@@ -267,6 +275,8 @@ class Killer:
         # may pass. Anything else (its shell ran and said no more: a root sandbox may
         # replace it) is the pass's end.
         impossible = exec_impossible(said)
+        if name == "KILL":  # not done: cut, or ended (a root sandbox's shell) or killed early
+            self.unfinished = cut or not impossible
         if no_process(said) or (code == RUNTIME_REFUSED and not impossible):
             return said.strip()[-HOLD_LIMIT:] or b"no answer"
         if impossible:  # paused, stopped or removed meanwhile: what an earlier pass said
@@ -333,9 +343,9 @@ def run_plain(
                     ) from None
                 if outcome.timed_out and killer.unfinished:
                     raise SandboxUnavailable(
-                        "the command timed out, and its kill did not end within "
-                        f"{KILL_TIMEOUT:g} s (the sandbox's processes or its /bin/sh hold "
-                        "it back): its processes may still run"
+                        "the command timed out, and its kill did not end as it should "
+                        f"(within {KILL_TIMEOUT:g} s; the sandbox's processes or its /bin/sh "
+                        "held it back or stopped it): its processes may still run"
                     ) from None
                 return outcome
             except procutil.NoProcess as exc:  # this host, not the sandbox, is out of processes
