@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from orchestrator import UsageError
+from orchestrator import Runtime, UsageError
 from orchestrator.backends.container.executor import plain
 from orchestrator.errors import NoTerminal, SandboxUnavailable
 from tests.docker.conftest import MakeEnv, spawn_in_mode
@@ -39,6 +39,16 @@ exec /bin/dash.real "$@"
 """
 
 
+def _replace_sh(rt: Runtime, script: str) -> None:
+    """The sandbox's /bin/sh replaced by `script` (which runs dash, kept as /bin/dash.real)."""
+    rt.write_file("/tmp/sh", script)
+    rt.execute(
+        "cp /bin/dash /bin/dash.real && install -m 755 /tmp/sh /bin/sh.new && "
+        "mv -f /bin/sh.new /bin/sh",
+        check=True,
+    )
+
+
 def _rss() -> int:
     with open("/proc/self/status") as fh:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
@@ -56,12 +66,7 @@ def test_a_killer_made_to_flood_cannot_grow_our_memory_nor_outlast_its_deadline(
     deadline = 10.0
     monkeypatch.setattr(plain, "KILL_TIMEOUT", deadline)
     with spawn_in_mode("plain", make_env("user: root\n", name="flood")) as rt:
-        rt.write_file("/tmp/sh", FLOODING_SH)
-        rt.execute(
-            "cp /bin/dash /bin/dash.real && install -m 755 /tmp/sh /bin/sh.new && "
-            "mv -f /bin/sh.new /bin/sh",
-            check=True,
-        )
+        _replace_sh(rt, FLOODING_SH)
         # it says when it runs (a fixed pause could end before it started on a busy machine)
         proc = rt.start(["sh", "-c", "echo up; exec sleep 12"], stdin=False, timeout=60)
         up = proc.read(30)
@@ -92,12 +97,7 @@ def test_a_killer_made_to_quit_is_said_not_taken_for_a_kill(make_env: MakeEnv) -
     timed-out call return as killed while its command ran on): the call raises
     SandboxUnavailable, and says its processes may still run."""
     with spawn_in_mode("plain", make_env("user: root\n", name="quits")) as rt:
-        rt.write_file("/tmp/sh", QUITTING_SH)
-        rt.execute(
-            "cp /bin/dash /bin/dash.real && install -m 755 /tmp/sh /bin/sh.new && "
-            "mv -f /bin/sh.new /bin/sh",
-            check=True,
-        )
+        _replace_sh(rt, QUITTING_SH)
         with pytest.raises(SandboxUnavailable, match="its processes may still run"):
             rt.execute(["sleep", "77"], timeout=1)
 
