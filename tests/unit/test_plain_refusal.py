@@ -323,3 +323,21 @@ def test_the_passes_of_one_kill_never_run_at_once(tmp_path: Path) -> None:
             thread.join(30)
     assert not log.exists(), log.read_text()
     assert killer.ran and not killer.unfinished
+
+
+def test_an_owed_kill_is_done_only_when_its_own_pass_ran() -> None:
+    """ATTACK (review: `finish` said whether any pass of the killer had ever run, so a kill
+    owed by a command that was signalled before was dropped when the sandbox, paused again,
+    refused it): `finish` says whether its own pass ran."""
+    import signal
+
+    from orchestrator.backends.container.executor import plain
+
+    engine = _Engine(f"echo {plain.DONE}")
+    killer = plain.Killer(engine, "c", None)  # type: ignore[arg-type]
+    killer.signal(signal.SIGUSR1)
+    assert killer.ran
+    engine.target.script = "echo 'Error response from daemon: Container c is paused' >&2; exit 1"
+    assert not killer.finish()
+    engine.target.script = f"echo {plain.DONE}"
+    assert killer.finish()

@@ -179,8 +179,10 @@ class Killer:
 
     def finish(self) -> bool:
         """Kill what is left of the command now (once the sandbox can run the killer again:
-        see backends/container/owed.py); whether the killer ran."""
+        see backends/container/owed.py); whether this kill's pass ran (not an earlier one:
+        a kill owed is kept until one does)."""
         with self._one:
+            self.ran = False
             self._passes(signal.SIGKILL)
         return self.ran
 
