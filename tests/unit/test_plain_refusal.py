@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from orchestrator.backends.container.engine import (
     exec_refused_as_it_died,
     no_process,
 )
+from orchestrator.backends.container.executor import plain
 from orchestrator.backends.container.executor.plain import run_plain
 from orchestrator.sandbox.options import Command
 
@@ -210,9 +214,6 @@ def test_what_a_kill_that_could_not_start_said_stays_until_a_pass_says_otherwise
     processes may still run (SandboxUnavailable), unless a later pass finds the container
     paused, stopped or gone (review: a pause that came as the killer started was taken for
     a full pids limit, and the kill owed at the thaw was never made)."""
-    import signal
-
-    from orchestrator.backends.container.executor import plain
 
     monkeypatch.setattr(plain, "KILL_TIMEOUT", 3.0)
     killer = plain.Killer(_Engine(_passes(tmp_path, then)), "c", None)  # type: ignore[arg-type]
@@ -231,10 +232,6 @@ def test_a_timed_out_commands_kill_is_bounded_as_a_whole_and_a_cut_one_is_said(
     took 61 s): its SIGTERM passes take KILL_TIMEOUT / 2, its SIGKILL passes (the timeout's,
     then a caller's that gave up) KILL_TIMEOUT in all; the docker client is killed with each
     SIGKILL, and a kill cut at its deadline is unfinished (the call says so)."""
-    import signal
-    import subprocess
-
-    from orchestrator.backends.container.executor import plain
 
     monkeypatch.setattr(plain, "KILL_TIMEOUT", 4.0)
     killer = plain.Killer(_Engine("exec sleep 30"), "c", None)  # type: ignore[arg-type]
@@ -257,9 +254,6 @@ def test_a_kill_pass_ends_an_earlier_pass_of_the_same_kill_cut_at_its_deadline()
     environments): a pass cut at its deadline runs on in the sandbox, and its end (SIGTERM,
     then SIGCONT) would resume what the next pass froze; each pass SIGKILLs earlier passes
     of the same kill (their token), and nothing else."""
-    import subprocess
-
-    from orchestrator.backends.container.executor import plain
 
     token, other = "ab" * 16, "cd" * 16
     env = {"PATH": os.environ["PATH"]}
@@ -284,10 +278,6 @@ def test_a_sigkill_pass_that_ends_undone_is_unfinished(tmp_path: Path) -> None:
     uid-1000 process that kills every pass): a SIGKILL pass that ended without being done,
     in a sandbox not paused, stopped or gone, leaves the kill unfinished (the call says so)
     rather than taken for done."""
-    import signal
-    import subprocess
-
-    from orchestrator.backends.container.executor import plain
 
     killer = plain.Killer(_Engine("exit 0"), "c", None)  # type: ignore[arg-type]
     with subprocess.Popen(["sleep", "60"]) as client:
@@ -299,11 +289,6 @@ def test_the_passes_of_one_kill_never_run_at_once(tmp_path: Path) -> None:
     """ATTACK (review: a caller's signal during the timeout's kill ran a second pass beside
     it, and each pass kills the other passes of its token): a kill's passes, whoever asks
     for them, run one at a time."""
-    import signal
-    import subprocess
-    import threading
-
-    from orchestrator.backends.container.executor import plain
 
     held, log = tmp_path / "held", tmp_path / "log"
     script = (
@@ -329,9 +314,6 @@ def test_an_owed_kill_is_done_only_when_its_own_pass_ran() -> None:
     """ATTACK (review: `finish` said whether any pass of the killer had ever run, so a kill
     owed by a command that was signalled before was dropped when the sandbox, paused again,
     refused it): `finish` says whether its own pass ran."""
-    import signal
-
-    from orchestrator.backends.container.executor import plain
 
     engine = _Engine(f"echo {plain.DONE}")
     killer = plain.Killer(engine, "c", None)  # type: ignore[arg-type]
