@@ -24,6 +24,7 @@ import pytest
 
 from orchestrator import HealthcheckFailed, Runtime, Sandbox, load_environment, spawn_runtime
 from orchestrator.errors import SandboxFileNotFound
+from orchestrator.testing.conformance.kit import unique_sleep
 from orchestrator.testing.target import (
     SIDE_UID,
     SIDE_WORKDIR,
@@ -133,7 +134,7 @@ def test_service_files_and_folders(services_rt: Runtime, tmp_path: Path) -> None
 
 def test_service_timeout_kills_the_whole_tree(services_rt: Runtime) -> None:
     side = services_rt.service("side")
-    s = str(40000 + uuid.uuid4().int % 9999)
+    s = unique_sleep()
     r = side.execute(f"sh -c 'sleep {s} & sleep {s}' & setsid sleep {s} & sleep {s}", timeout=1)
     assert r.timed_out and r.elapsed < 10
     time.sleep(0.3)

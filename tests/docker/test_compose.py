@@ -30,6 +30,7 @@ from orchestrator.backends.container.identity import LABEL_SNAPSHOT_RECORD, LABE
 from orchestrator.backends.container.inventory import list_projects, reap
 from orchestrator.backends.container.service import ServiceSandbox
 from orchestrator.errors import ExecutorLost
+from orchestrator.testing.conformance.kit import unique_sleep
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
 from tests.docker.conftest import MakeEnv
 
@@ -514,7 +515,7 @@ def test_every_service_is_a_sandbox(tmp_path: Path) -> None:
         assert web.download("/tmp/folder", tmp_path / "back") == ["hello.txt"]
         assert (tmp_path / "back" / "hello.txt").read_text() == "static hello\n"
         assert web.execute("id -u", user="nobody").stdout == "65534\n"
-        s = str(40000 + int(time.time()) % 9999)
+        s = unique_sleep()
         timed = web.execute(f"sleep {s} & sleep {s}; wait", timeout=1)
         assert timed.timed_out and timed.elapsed < 5
         left = web.execute(f"grep -l '[s]leep.{s}' /proc/[0-9]*/cmdline 2>/dev/null; true")
@@ -608,7 +609,7 @@ def test_cli_exec_timeout_kills_the_tree_and_exits_124(make_env: MakeEnv) -> Non
     )
     ident = up.stdout.strip()
     try:
-        s = str(40000 + int(time.time()) % 9999)
+        s = unique_sleep()
         r = subprocess.run(
             [*cli, "exec", "--timeout", "1", ident, "--", f"echo early; sleep {s} & sleep {s}"],
             capture_output=True,

@@ -305,4 +305,4 @@ def test_stream_break_kills_the_command(rt: Runtime) -> None:
     for _ in gen:
         break
     gen.close()
-    assert survivors_within(rt, s, 5.0) == ""  # killed, not left to sleep for 11 hours
+    assert survivors_within(rt, s, 5.0) == ""  # killed, not left to sleep for years

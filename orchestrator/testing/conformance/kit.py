@@ -63,4 +63,7 @@ def survivors_within(rt: Runtime, marker: str, seconds: float) -> str:
 
 
 def unique_sleep() -> str:
-    return str(40000 + uuid.uuid4().int % 9999)
+    """A `sleep` duration (years) that no other process of this host names: a local
+    backend's check sees the whole host, where five digits were found in other command
+    lines (a port, `sleep 2147483647`), and a survivor was reported where none was."""
+    return str(100_000_000 + uuid.uuid4().int % 899_999_999)
