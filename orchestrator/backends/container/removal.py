@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from orchestrator.backends.container.engine import (
     Engine,
@@ -19,6 +20,61 @@ from orchestrator.backends.container.identity import LABEL_PROJECT
 from orchestrator.errors import DockerError
 
 log = logging.getLogger("orchestrator.docker")
+
+
+LEAVE_WITHIN = 10.0
+"""Seconds `leave_networks` takes at most, in all: past them, the rest go down together."""
+UNJOINABLE = frozenset({"none", "host"})
+"""Networks a container is on by its mode, which no disconnect takes it off."""
+
+
+def leave_networks(
+    engine: Engine, containers: Iterable[dict[str, Any]], action: str, seconds: float = LEAVE_WITHIN
+) -> None:
+    """Take each running container of `containers` (as the API lists them: `Id`, `State`,
+    `NetworkSettings`) off its networks, one network and one container at a time, before
+    they are stopped or killed together.
+
+    Why: Docker 20.10 engines (20.10.24, the one Debian 12 ships, among them) can deadlock
+    when two endpoints of one network go at once: the engine's cleanup of one endpoint
+    takes its network lock, then its controller's, while its watcher of another endpoint's
+    removal takes them the other way round. From then on every network call of the engine
+    hangs (`docker network ls`, starts, stops), until the engine is restarted. Containers
+    of one project that exit together (a `down`, a kill) take their endpoints on the
+    project's networks away together: taken off them one by one first, each container
+    leaves with its endpoints gone already. Only on an engine on this machine's socket
+    that is Docker's (Podman has no such lock); a failure here is logged and the stop goes
+    on (its containers then leave their networks as before)."""
+    if engine.socket is None or engine.kind != "docker":
+        return
+    deadline = time.monotonic() + seconds
+    for container in containers:
+        ident = str(container.get("Id", ""))
+        settings = container.get("NetworkSettings")
+        networks = settings.get("Networks") if isinstance(settings, dict) else None
+        if container.get("State") != "running" or not ident or not isinstance(networks, dict):
+            continue
+        for name, joined in sorted(networks.items()):
+            network = joined.get("NetworkID") if isinstance(joined, dict) else None
+            left = deadline - time.monotonic()
+            if name in UNJOINABLE or not network or left <= 0:
+                continue
+            try:
+                engine.leave(str(network), ident, action=action, seconds=max(1.0, left))
+            except DockerError as exc:
+                log.info("%s: a container did not leave a network first: %s", action, exc)
+
+
+def leave_project_networks(engine: Engine, name: str, action: str) -> None:
+    """`leave_networks` for every container of project `name` (listed here)."""
+    if engine.socket is None or engine.kind != "docker":
+        return
+    try:
+        found = engine.labelled(f"{LABEL_PROJECT}={name}", action=action)
+    except DockerError as exc:
+        log.info("%s: its containers were not listed to leave their networks: %s", action, exc)
+        return
+    leave_networks(engine, found["containers"], action)
 
 
 def listed(engine: Engine, name: str) -> tuple[list[str], list[str]]:
@@ -55,6 +111,8 @@ def remove(engine: Engine, name: str, containers: list[str], networks: list[str]
     someone else's container holds, say; or, after REMOVE_WAIT, a removal of someone else's
     that does not end)."""
     count = 0
+    if containers:
+        leave_project_networks(engine, name, f"removing project {name}")
     deadline = time.monotonic() + REMOVE_WAIT
     attempt = 0
     while True:

@@ -89,6 +89,10 @@ class ContainerRuntime(ContainerInventory, Runtime):
     def _kill_containers(self) -> None:
         """Kill every container of the environment."""
 
+    def _leave_networks(self) -> None:
+        """Before its containers go down together: take them off their networks one at a
+        time where the engine needs it (the Docker backend: see removal.leave_networks)."""
+
     @abstractmethod
     def _state(self, service: str = MAIN) -> Any:
         """The engine's state of a service's container (running, paused, exit_code, ...)."""
@@ -201,6 +205,8 @@ class ContainerRuntime(ContainerInventory, Runtime):
     # ----- lifecycle -----------------------------------------------------------------------
     def _close(self) -> None:
         self._thaw_to_end()
+        if not self.env.spec.keep_after_cleanup:  # (kept: stopped on its networks, to start)
+            self._leave_networks()  # (an executor told to stop ends its container's life too)
         channels = self._channels()
         for channel in channels:
             channel.shutdown()  # they exit while the containers go down; reaped below
@@ -213,6 +219,7 @@ class ContainerRuntime(ContainerInventory, Runtime):
 
     def _kill(self) -> None:
         self._thaw_to_end()
+        self._leave_networks()
         for channel in self._channels():
             channel.close()
         self._kill_containers()

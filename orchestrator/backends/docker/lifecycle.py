@@ -30,6 +30,11 @@ from orchestrator.backends.container.engine.containers import COMPOSE_SERVICE
 from orchestrator.backends.container.identity import KEPT_FILE, LABEL_PROJECT
 from orchestrator.backends.container.inventory import remove_by_label
 from orchestrator.backends.container.readiness import Look
+from orchestrator.backends.container.removal import (
+    LEAVE_WITHIN,
+    leave_networks,
+    leave_project_networks,
+)
 from orchestrator.backends.docker.build import get_images
 from orchestrator.backends.docker.contexts import gvisor_runtime
 from orchestrator.backends.docker.direct import DirectRun, direct_run
@@ -337,6 +342,9 @@ class Project:
             return
         if keep:
             write_file(self.directory / KEPT_FILE, b"")  # reapers and guardians leave it alone
+            if self.engine.socket is not None and self.engine.kind == "docker":
+                self._stop_one_by_one()  # on its networks, to start again (removal.py)
+                return
             engine_call(
                 f"stopping project {self.name}",
                 lambda: self.client.compose.stop(timeout=STOP_TIMEOUT),
@@ -402,6 +410,8 @@ class Project:
 
         found = engine().labelled(f"{LABEL_PROJECT}={self.name}", action=removing)
         own = set(self.compiled.infra)
+        left = deadline - time.monotonic()
+        leave_networks(self.engine, found["containers"], removing, min(LEAVE_WITHIN, left / 2))
 
         def end(container: dict[str, Any]) -> None:
             ident, labels = str(container.get("Id", "")), container.get("Labels")
@@ -420,6 +430,17 @@ class Project:
             found["networks"],
         )
 
+    def _stop_one_by_one(self) -> None:
+        """Stop its containers as `compose stop` does, but one after the other: each leaves
+        its networks as it stops, never beside another (see removal.leave_networks)."""
+        stopping = f"stopping project {self.name}"
+        found = self.engine.labelled(f"{LABEL_PROJECT}={self.name}", action=stopping)
+        for container in found["containers"]:
+            if container.get("State") in ("running", "paused", "restarting"):
+                self.engine.stop_container(
+                    str(container.get("Id", "")), grace=STOP_TIMEOUT, action=stopping
+                )
+
     def _left(self) -> bool | None:
         """Whether anything with this project's label is left on its engine, asked through
         the API on a local socket (None without one: `remove_by_label` lists and finds)."""
@@ -430,6 +451,13 @@ class Project:
     def kill(self) -> None:
         self.release()
         engine_call(f"killing project {self.name}", self.client.compose.kill)
+
+    def leave_networks(self) -> None:
+        """Take its containers off their networks one at a time, before they go down
+        together (see removal.leave_networks); nothing to do for a container made with
+        networking disabled (direct.py)."""
+        if self._direct_run is None:
+            leave_project_networks(self.engine, self.name, f"stopping project {self.name}")
 
     def keep(self) -> None:
         """Mark the project kept: reapers and guardians leave it (running) for `down`."""

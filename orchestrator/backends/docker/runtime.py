@@ -299,6 +299,10 @@ class ComposeRuntime(ContainerRuntime):
         if self.project is not None:
             self.project.kill()
 
+    def _leave_networks(self) -> None:
+        if self.project is not None:
+            self.project.leave_networks()
+
     def _pack_workdir(self, user: str | None, limit: int) -> bytes:
         """Where the workdir is the workspace's bind mount, the host packs that folder
         itself (packing writes nothing, so the content being untrusted does no harm); else,

@@ -94,6 +94,17 @@ class SocketOps(EngineCore):
             action=action,
         )
 
+    def leave(self, network: str, container: str, *, action: str, seconds: float) -> None:
+        """Take `container` off `network` (local socket only; gone or not joined: fine)."""
+        with contextlib.suppress(NoSuchContainer, NoSuchNetwork):
+            self.api(
+                "POST",
+                f"/networks/{network}/disconnect",
+                body={"Container": container, "Force": True},
+                action=action,
+                seconds=seconds,
+            )
+
     def require_network(self, network: str, *, action: str) -> None:
         """A DockerError when the engine has no network `network`."""
         if self.socket is None:
