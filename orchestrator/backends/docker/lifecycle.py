@@ -432,14 +432,21 @@ class Project:
 
     def _stop_one_by_one(self) -> None:
         """Stop its containers as `compose stop` does, but one after the other: each leaves
-        its networks as it stops, never beside another (see removal.leave_networks)."""
+        its networks as it stops, never beside another (see removal.leave_networks); those
+        still running after LEAVE_WITHIN (a file's many services, each using its grace)
+        together."""
         stopping = f"stopping project {self.name}"
         found = self.engine.labelled(f"{LABEL_PROJECT}={self.name}", action=stopping)
-        for container in found["containers"]:
-            if container.get("State") in ("running", "paused", "restarting"):
-                self.engine.stop_container(
-                    str(container.get("Id", "")), grace=STOP_TIMEOUT, action=stopping
-                )
+        up = [c for c in found["containers"] if c.get("State") in ("running", "paused")]
+        deadline = time.monotonic() + LEAVE_WITHIN
+
+        def stop(container: dict[str, Any]) -> None:
+            ident = str(container.get("Id", ""))
+            self.engine.stop_container(ident, grace=STOP_TIMEOUT, action=stopping)
+
+        while up and time.monotonic() < deadline:
+            stop(up.pop(0))
+        side_by_side(stop, up)  # (past LEAVE_WITHIN, a file's many services: the rest at once)
 
     def _left(self) -> bool | None:
         """Whether anything with this project's label is left on its engine, asked through
