@@ -35,3 +35,28 @@ def test_a_slow_tether_is_waited_for_not_dropped(monkeypatch: pytest.MonkeyPatch
             time.sleep(0.05)
         gc.collect()
     assert not os.path.exists(f"/proc/{pid}")  # ended and reaped: no zombie left
+
+
+class _Target:
+    """An exec target whose tether is a local `cat` (the script is never run here: it
+    signals PID 1)."""
+
+    def __init__(self, seen: list[list[str]]) -> None:
+        self.seen = seen
+
+    def argv(self, command: list[str], *, stdin: bool) -> list[str]:
+        self.seen.append(command)
+        return ["sh", "-c", "cat >/dev/null"]
+
+
+def test_the_services_of_a_dead_owner_stop_in_turns() -> None:
+    """Each tether waits its turn before it stops its service: endpoints of one network going
+    at the same moment can deadlock the engine (removal.leave_networks)."""
+    seen: list[list[str]] = []
+    project = tether.Tethers()
+    project.tie([_Target(seen) for _ in range(3)])  # type: ignore[misc]
+    project.release()
+    assert [c[:3] for c in seen] == [["/bin/sh", "-c", tether.TETHER]] * 3
+    delays = [float(c[4]) for c in seen]
+    assert delays == [tether.TURN, 2 * tether.TURN, 3 * tether.TURN]
+    assert 'sleep "$1"' in tether.TETHER.split("kill -TERM 1")[0]

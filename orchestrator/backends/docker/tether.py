@@ -18,14 +18,20 @@ from orchestrator.backends.container.engine import ExecTarget
 TETHER = r"""
 read -r word
 [ "$word" = release ] && exit 0
+sleep "$1" 2>/dev/null
 kill -TERM 1 2>/dev/null
 sleep 2 2>/dev/null
 kill -KILL -1 2>/dev/null
 exit 0
 """
 """Wait for the end of input; unless it brought the word `release`, stop this container
-from inside: SIGTERM to its init (which passes it on), then SIGKILL to whatever else runs
-as its user (the init then exits with its child: the container stops)."""
+from inside, after its turn's delay ($1 seconds): SIGTERM to its init (which passes it on),
+then SIGKILL to whatever else runs as its user (the init then exits with its child: the
+container stops)."""
+TURN = 0.25
+"""Seconds between the stops of a project's services when its owner dies: each takes its
+endpoints away as it stops, and a Docker 20.10 engine can deadlock when endpoints of one
+network go at the same moment (see removal.leave_networks). The main sandbox stops at once."""
 RELEASE = b"release\n"
 TETHER_WAIT = 5.0
 """Longest `release` waits for the tethers to take their word and exit."""
@@ -53,8 +59,9 @@ class Tethers:
     def tie(self, targets: Iterable[ExecTarget]) -> None:
         """Start a tether in each service (`targets`: their exec targets). A service without
         /bin/sh is not tied: the next reaper (`ps`, any spawn) removes it."""
-        for target in targets:
-            argv = target.argv(["/bin/sh", "-c", TETHER], stdin=True)
+        for turn, target in enumerate(targets, start=1):
+            delay = f"{TURN * turn:.2f}"
+            argv = target.argv(["/bin/sh", "-c", TETHER, "tether", delay], stdin=True)
             try:
                 proc = subprocess.Popen(
                     argv,
