@@ -144,7 +144,8 @@ def test_a_project_kept_after_cleanup_stops_one_container_at_a_time(tmp_path: Pa
         assert len(dies) == 3, order
         for n, i in enumerate(dies):  # its endpoints went before the next container ended
             ident, end = order[i][1], (dies[n + 1] if n + 1 < len(dies) else len(order))
-            assert {net for _, who, net in order[i:end] if who == ident} - {""} == joined[ident]
+            left = {net for _, who, net in order[i:end] if who == ident} - {""}
+            assert left == joined[ident], order
             assert {who for _, who, _ in order[i:end]} == {ident}, order
     finally:
         remove_by_label(name)

@@ -89,9 +89,11 @@ class ContainerRuntime(ContainerInventory, Runtime):
     def _kill_containers(self) -> None:
         """Kill every container of the environment."""
 
-    def _leave_networks(self) -> None:
-        """Before its containers go down together: take them off their networks one at a
-        time where the engine needs it (the Docker backend: see removal.leave_networks)."""
+    def _before_down(self, keep: bool) -> None:
+        """Before its containers go down together (removed; with `keep`, stopped and kept):
+        what the engine needs first (the Docker backend: each leaves its networks, or, kept,
+        is stopped, one at a time; see removal.leave_networks). Before its executors are
+        told to stop too, as an executor ends its own container's life then."""
 
     @abstractmethod
     def _state(self, service: str = MAIN) -> Any:
@@ -205,8 +207,7 @@ class ContainerRuntime(ContainerInventory, Runtime):
     # ----- lifecycle -----------------------------------------------------------------------
     def _close(self) -> None:
         self._thaw_to_end()
-        if not self.env.spec.keep_after_cleanup:  # (kept: stopped on its networks, to start)
-            self._leave_networks()  # (an executor told to stop ends its container's life too)
+        self._before_down(self.env.spec.keep_after_cleanup)
         channels = self._channels()
         for channel in channels:
             channel.shutdown()  # they exit while the containers go down; reaped below
@@ -219,7 +220,7 @@ class ContainerRuntime(ContainerInventory, Runtime):
 
     def _kill(self) -> None:
         self._thaw_to_end()
-        self._leave_networks()
+        self._before_down(keep=False)
         for channel in self._channels():
             channel.close()
         self._kill_containers()

@@ -342,13 +342,11 @@ class Project:
             return
         if keep:
             write_file(self.directory / KEPT_FILE, b"")  # reapers and guardians leave it alone
-            if self.engine.socket is not None and self.engine.kind == "docker":
-                self._stop_one_by_one()  # on its networks, to start again (removal.py)
-                return
-            engine_call(
-                f"stopping project {self.name}",
-                lambda: self.client.compose.stop(timeout=STOP_TIMEOUT),
-            )
+            if not self.stop_one_by_one():  # (on its networks, to start again: removal.py)
+                engine_call(
+                    f"stopping project {self.name}",
+                    lambda: self.client.compose.stop(timeout=STOP_TIMEOUT),
+                )
             return
         run = self._direct_or_none()  # its one container, and nothing else
         try:
@@ -430,11 +428,14 @@ class Project:
             found["networks"],
         )
 
-    def _stop_one_by_one(self) -> None:
+    def stop_one_by_one(self) -> bool:
         """Stop its containers as `compose stop` does, but one after the other: each leaves
         its networks as it stops, never beside another (see removal.leave_networks); those
         still running after LEAVE_WITHIN (a file's many services, each using its grace)
-        together."""
+        together. False, having done nothing, on an engine not on this machine's socket or
+        not Docker's (`compose stop` then)."""
+        if self.engine.socket is None or self.engine.kind != "docker":
+            return False
         stopping = f"stopping project {self.name}"
         found = self.engine.labelled(f"{LABEL_PROJECT}={self.name}", action=stopping)
         up = [c for c in found["containers"] if c.get("State") in ("running", "paused")]
@@ -447,6 +448,7 @@ class Project:
         while up and time.monotonic() < deadline:
             stop(up.pop(0))
         side_by_side(stop, up)  # (past LEAVE_WITHIN, a file's many services: the rest at once)
+        return True
 
     def _left(self) -> bool | None:
         """Whether anything with this project's label is left on its engine, asked through

@@ -299,8 +299,12 @@ class ComposeRuntime(ContainerRuntime):
         if self.project is not None:
             self.project.kill()
 
-    def _leave_networks(self) -> None:
-        if self.project is not None:
+    def _before_down(self, keep: bool) -> None:
+        if self.project is None:
+            return
+        if keep:
+            self.project.stop_one_by_one()
+        else:
             self.project.leave_networks()
 
     def _pack_workdir(self, user: str | None, limit: int) -> bytes:
