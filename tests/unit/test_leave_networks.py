@@ -1,6 +1,7 @@
-"""`removal.leave_networks`, against a stand-in engine: which containers leave which networks,
-in what order, and what is left alone (a remote or Podman engine, a container not running,
-the networks a mode puts it on, a spent deadline); a failure never stops the removal."""
+"""`removal.leave_networks`, against a stand-in engine: which containers leave which networks
+(on each network two or more are on, all but the last), in what order, and what is left
+alone (a remote or Podman engine, a container not running, the networks a mode puts it on,
+a spent deadline); a failure never stops the removal."""
 
 from __future__ import annotations
 
@@ -41,7 +42,18 @@ def test_each_running_container_leaves_each_of_its_networks_in_turn() -> None:
         _container("hosted", host="nh"),
     ]
     removal.leave_networks(engine, containers, "removing")  # type: ignore[arg-type]
-    assert engine.left == [("main", "n1"), ("gateway", "n1"), ("gateway", "n2")]
+    assert engine.left == [("main", "n1")]  # the gateway ends alone on both
+
+
+def test_all_but_one_leave_each_network_one_container_after_another() -> None:
+    engine = StandIn()
+    containers = [
+        _container("a", default="n1", egress="n2"),
+        _container("b", default="n1", egress="n2", third="n3"),
+        _container("c", default="n1", third="n3"),
+    ]
+    removal.leave_networks(engine, containers, "removing")  # type: ignore[arg-type]
+    assert engine.left == [("a", "n1"), ("a", "n2"), ("b", "n1"), ("b", "n3")]
 
 
 @pytest.mark.parametrize(("kind", "socket"), [("podman", "/run/podman.sock"), ("docker", None)])
@@ -49,23 +61,25 @@ def test_an_engine_without_the_deadlock_or_a_local_socket_is_left_alone(
     kind: str, socket: str | None
 ) -> None:
     engine = StandIn(kind, socket)
-    removal.leave_networks(engine, [_container("main", default="n1")], "removing")  # type: ignore[arg-type]
+    two = [_container("main", default="n1"), _container("side", default="n1")]
+    removal.leave_networks(engine, two, "removing")  # type: ignore[arg-type]
     assert engine.left == []
 
 
 def test_a_failure_is_logged_and_the_others_still_leave(caplog: pytest.LogCaptureFixture) -> None:
     engine = StandIn()
     engine.fail = True
-    containers = [_container("a", default="n1"), _container("b", default="n1")]
+    containers = [_container("a", default="n1", egress="n2"), _container("b", n1="n1", n2="n2")]
     with caplog.at_level(logging.INFO, logger=removal.log.name):
         removal.leave_networks(engine, containers, "removing")  # type: ignore[arg-type]
-    assert engine.left == [("a", "n1"), ("b", "n1")]
+    assert engine.left == [("a", "n1"), ("a", "n2")]
     assert "did not leave a network first" in caplog.text
 
 
 def test_past_its_deadline_nothing_more_is_asked() -> None:
     engine = StandIn()
-    removal.leave_networks(engine, [_container("a", default="n1")], "removing", seconds=0)  # type: ignore[arg-type]
+    two = [_container("a", default="n1"), _container("b", default="n1")]
+    removal.leave_networks(engine, two, "removing", seconds=0)  # type: ignore[arg-type]
     assert engine.left == []
 
 
@@ -74,12 +88,19 @@ def test_past_its_deadline_nothing_more_is_asked() -> None:
     [
         {"Id": "a", "State": "running"},
         {"Id": "a", "State": "running", "NetworkSettings": None},
-        {"Id": "a", "State": "running", "NetworkSettings": {"Networks": ["n1"]}},
+        {"Id": "a", "State": "running", "NetworkSettings": {"Networks": ["n"]}},
+        {"Id": "a", "State": "exited", "NetworkSettings": {"Networks": {"d": {"NetworkID": "n"}}}},
+        {
+            "Id": "a",
+            "State": "running",
+            "NetworkSettings": {"Networks": {"host": {"NetworkID": "n"}}},
+        },
         {"Id": "a", "State": "running", "NetworkSettings": {"Networks": {"default": None}}},
         {"Id": "", "State": "running", "NetworkSettings": {"Networks": {"d": {"NetworkID": "n"}}}},
     ],
 )
 def test_an_answer_of_another_shape_is_skipped(odd: dict[str, Any]) -> None:
     engine = StandIn()
-    removal.leave_networks(engine, [odd], "removing")  # type: ignore[arg-type]
+    with_it = [odd, _container("b", d="n")]  # (counted, it would make b leave n)
+    removal.leave_networks(engine, with_it, "removing")  # type: ignore[arg-type]
     assert engine.left == []

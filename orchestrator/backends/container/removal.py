@@ -31,23 +31,23 @@ UNJOINABLE = frozenset({"none", "host"})
 def leave_networks(
     engine: Engine, containers: Iterable[dict[str, Any]], action: str, seconds: float = LEAVE_WITHIN
 ) -> None:
-    """Take each running container of `containers` (as the API lists them: `Id`, `State`,
-    `NetworkSettings`) off its networks, one network and one container at a time, before
-    they are stopped or killed together.
+    """Before the running containers of `containers` (as the API lists them: `Id`, `State`,
+    `NetworkSettings`) are stopped or killed together: on each network two or more of them
+    are on, take all of them but the last off it, one at a time, so that each network
+    loses at most one of their endpoints as they go.
 
     Why: Docker 20.10 engines (20.10.24, the one Debian 12 ships, among them) can deadlock
     when two endpoints of one network go at once: the engine's cleanup of one endpoint
     takes its network lock, then its controller's, while its watcher of another endpoint's
     removal takes them the other way round. From then on every network call of the engine
     hangs (`docker network ls`, starts, stops), until the engine is restarted. Containers
-    of one project that exit together (a `down`, a kill) take their endpoints on the
-    project's networks away together: taken off them one by one first, each container
-    leaves with its endpoints gone already. Only on an engine on this machine's socket
-    that is Docker's (Podman has no such lock); a failure here is logged and the stop goes
-    on (its containers then leave their networks as before)."""
+    of one project that exit together (a `down`, a kill) would take their endpoints on the
+    project's networks away together. Only on an engine on this machine's socket that is
+    Docker's (Podman has no such lock); a failure is logged and the stop goes on (those
+    containers then leave as before); past `seconds`, nothing more is asked."""
     if engine.socket is None or engine.kind != "docker":
         return
-    deadline = time.monotonic() + seconds
+    members: dict[str, list[str]] = {}  # network id -> the running containers on it
     for container in containers:
         ident = str(container.get("Id", ""))
         settings = container.get("NetworkSettings")
@@ -56,13 +56,20 @@ def leave_networks(
             continue
         for name, joined in sorted(networks.items()):
             network = joined.get("NetworkID") if isinstance(joined, dict) else None
-            left = deadline - time.monotonic()
-            if name in UNJOINABLE or not network or left <= 0:
-                continue
-            try:
-                engine.leave(str(network), ident, action=action, seconds=max(1.0, left))
-            except DockerError as exc:
-                log.info("%s: a container did not leave a network first: %s", action, exc)
+            if name not in UNJOINABLE and network:
+                members.setdefault(str(network), []).append(ident)
+    leaving = sorted(
+        {(ident, network) for network, idents in members.items() for ident in idents[:-1]}
+    )
+    deadline = time.monotonic() + seconds
+    for ident, network in leaving:  # (one container's networks after another's)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            engine.leave(network, ident, action=action, seconds=max(1.0, left))
+        except DockerError as exc:
+            log.info("%s: a container did not leave a network first: %s", action, exc)
 
 
 def leave_project_networks(engine: Engine, name: str, action: str) -> None:

@@ -91,9 +91,10 @@ class ContainerRuntime(ContainerInventory, Runtime):
 
     def _before_down(self, keep: bool) -> None:
         """Before its containers go down together (removed; with `keep`, stopped and kept):
-        what the engine needs first (the Docker backend: each leaves its networks, or, kept,
-        is stopped, one at a time; see removal.leave_networks). Before its executors are
-        told to stop too, as an executor ends its own container's life then."""
+        what the engine needs first (the Docker backend: all but one leave each network they
+        share, or, kept, each is stopped, one at a time; see removal.leave_networks). Before
+        its executors are told to stop too, as an executor ends its own container's life
+        then."""
 
     @abstractmethod
     def _state(self, service: str = MAIN) -> Any:

@@ -462,9 +462,9 @@ class Project:
         engine_call(f"killing project {self.name}", self.client.compose.kill)
 
     def leave_networks(self) -> None:
-        """Take its containers off their networks one at a time, before they go down
-        together (see removal.leave_networks); nothing to do for a container made with
-        networking disabled (direct.py)."""
+        """Take all but one of its containers off each network they share, one at a time,
+        before they go down together (see removal.leave_networks); nothing to do for a
+        container made with networking disabled (direct.py)."""
         if self._direct_run is None:
             leave_project_networks(self.engine, self.name, f"stopping project {self.name}")
 
