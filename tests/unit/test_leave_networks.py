@@ -104,3 +104,11 @@ def test_an_answer_of_another_shape_is_skipped(odd: dict[str, Any]) -> None:
     with_it = [odd, _container("b", d="n")]  # (counted, it would make b leave n)
     removal.leave_networks(engine, with_it, "removing")  # type: ignore[arg-type]
     assert engine.left == []
+
+
+def test_a_paused_container_leaves_too() -> None:
+    """One paused by another process (`orchestrator pause`) goes with the rest."""
+    engine = StandIn()
+    containers = [_container("a", state="paused", d="n1"), _container("b", d="n1")]
+    removal.leave_networks(engine, containers, "removing")  # type: ignore[arg-type]
+    assert engine.left == [("a", "n1")]

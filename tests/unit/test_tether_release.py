@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 
+from orchestrator.backends.container import removal
 from orchestrator.backends.docker import tether
 
 
@@ -58,5 +59,5 @@ def test_the_services_of_a_dead_owner_stop_in_turns() -> None:
     project.release()
     assert [c[:3] for c in seen] == [["/bin/sh", "-c", tether.TETHER]] * 3
     delays = [float(c[4]) for c in seen]
-    assert delays == [tether.TURN, 2 * tether.TURN, 3 * tether.TURN]
+    assert delays == [removal.TURN, 2 * removal.TURN, 3 * removal.TURN]
     assert 'sleep "$1"' in tether.TETHER.split("kill -TERM 1")[0]

@@ -5,6 +5,7 @@ no engine command of its own (the backend class's `doctor()` answers)."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import shutil
 from pathlib import Path
 
@@ -62,8 +63,31 @@ def engine_checks(engine: Engine) -> list[Check]:
             )
         )
     else:
-        checks.append(("pass", f"Docker engine {server}{where}"))
+        checks.append(deadlock_check(server, where))
     return [*checks, _compose(engine), _headroom(engine)]
+
+
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+FIXED = (20, 10, 27)
+"""The first Docker engine whose network controller cannot deadlock when two endpoints of
+one network go at once (moby/moby#46693 in 20.10.27; 23.0 and later have it from 2021)."""
+
+
+def deadlock_check(server: str, where: str = "") -> Check:
+    """The engine's own line: a warning for a Docker engine older than FIXED, with what it
+    means here (removal.leave_networks narrows it; a file's services that end together on
+    purpose can still wedge the engine for everyone on it)."""
+    found = _VERSION.match(server or "")
+    version = tuple(int(n) for n in found.groups()) if found else None
+    if version is None or version >= FIXED:
+        return "pass", f"Docker engine {server}{where}"
+    return (
+        "warn",
+        f"Docker engine {server}{where} can deadlock when two endpoints of one network go at "
+        "once (fixed in 20.10.27 and 23.0): every network call then hangs until the engine "
+        "is restarted. Environments leave their networks one at a time (docs/network.md), "
+        "but a file's services that end together can still set it off: upgrade the engine",
+    )
 
 
 def _compose(engine: Engine) -> Check:

@@ -18,6 +18,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from orchestrator import procutil, settings
 from orchestrator.backends.container.identity import (
@@ -29,6 +32,9 @@ from orchestrator.backends.container.identity import (
     process_start,
 )
 from orchestrator.errors import OrchestratorError
+
+if TYPE_CHECKING:
+    from orchestrator.backends.container.projects import ProjectInfo
 
 GUARDIAN_ENV = settings.GUARDIAN.name
 LOG_ENV = settings.GUARDIAN_LOG.name
@@ -88,15 +94,45 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
 
     removed = []
     keys = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)
-    for info in list_projects():
-        if all(info.labels.get(k) == labels[k] for k in keys) and not info.kept:
-            with contextlib.suppress(OrchestratorError):
-                remove_project(info)
-                removed.append(info.name)
+    owned = [
+        info
+        for info in list_projects()
+        if all(info.labels.get(k) == labels[k] for k in keys) and not info.kept
+    ]
+    _let_them_stop(owned, list_projects)
+    for info in owned:
+        with contextlib.suppress(OrchestratorError):
+            remove_project(info)
+            removed.append(info.name)
     removed += orphan_folders_of(labels)
     owner = {"pid": labels[LABEL_OWNER_PID], "start": labels[LABEL_OWNER_START]}
     removed += reap_suspended({**owner, "host": labels[LABEL_OWNER_HOST]})  # suspend(keep=False)
     return removed
+
+
+def _let_them_stop(owned: list[ProjectInfo], listing: Callable[[], list[ProjectInfo]]) -> None:
+    """Give a dead owner's projects the time to stop themselves before they are removed:
+    each sandbox's executor stops it at once, each service's tether in its turn (TURN
+    apart). Removing them meanwhile would take endpoints of their networks away beside
+    theirs, which a Docker 20.10 engine can deadlock on (removal.leave_networks). Only
+    projects of two or more containers on a network wait, each at most as long as its
+    services' turns and their stops take; what still runs then is removed all the same."""
+    from orchestrator.backends.container.removal import STOP_AFTER_TURNS, TURN
+
+    waiting = {p.name: len(p.containers) for p in owned if p.networks and len(p.containers) > 1}
+    if not waiting:
+        return
+    deadline = time.monotonic() + TURN * max(waiting.values()) + STOP_AFTER_TURNS
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OrchestratorError):
+            running = {
+                p.name
+                for p in listing()
+                if p.name in waiting and any(state == "running" for _, _, state in p.containers)
+            }
+            if not running:
+                return
+        time.sleep(0.2)
 
 
 def main(argv: list[str]) -> int:

@@ -24,6 +24,16 @@ log = logging.getLogger("orchestrator.docker")
 
 LEAVE_WITHIN = 10.0
 """Seconds `leave_networks` takes at most, in all: past them, the rest go down together."""
+TURN = 0.25
+"""Seconds between the stops of a project's services when its owner process dies (their
+tethers: backends/docker/tether.py), so that they do not take endpoints of one network away
+at the same moment (see `leave_networks`). The main sandbox stops at once."""
+STOP_AFTER_TURNS = 3.0
+"""Seconds a dead owner's service takes at most to stop once its turn came: its tether's
+SIGTERM, then its SIGKILL 2 s later (and the engine's time to see it)."""
+UP = frozenset({"running", "paused"})
+"""The states of a container whose endpoints go when it ends (a paused one can leave a
+network; one paused by another process goes with the rest)."""
 UNJOINABLE = frozenset({"none", "host"})
 """Networks a container is on by its mode, which no disconnect takes it off."""
 
@@ -31,10 +41,10 @@ UNJOINABLE = frozenset({"none", "host"})
 def leave_networks(
     engine: Engine, containers: Iterable[dict[str, Any]], action: str, seconds: float = LEAVE_WITHIN
 ) -> None:
-    """Before the running containers of `containers` (as the API lists them: `Id`, `State`,
-    `NetworkSettings`) are stopped or killed together: on each network two or more of them
-    are on, take all of them but the last off it, one at a time, so that each network
-    loses at most one of their endpoints as they go.
+    """Before the running (or paused) containers of `containers` (as the API lists them:
+    `Id`, `State`, `NetworkSettings`) are stopped or killed together: on each network two
+    or more of them are on, take all of them but the last off it, one at a time, so that
+    each network loses at most one of their endpoints as they go.
 
     Why: Docker 20.10 engines (20.10.24, the one Debian 12 ships, among them) can deadlock
     when two endpoints of one network go at once: the engine's cleanup of one endpoint
@@ -52,7 +62,7 @@ def leave_networks(
         ident = str(container.get("Id", ""))
         settings = container.get("NetworkSettings")
         networks = settings.get("Networks") if isinstance(settings, dict) else None
-        if container.get("State") != "running" or not ident or not isinstance(networks, dict):
+        if container.get("State") not in UP or not ident or not isinstance(networks, dict):
             continue
         for name, joined in sorted(networks.items()):
             network = joined.get("NetworkID") if isinstance(joined, dict) else None

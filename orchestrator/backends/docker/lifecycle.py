@@ -26,12 +26,13 @@ from orchestrator.backends.container.engine import (
     service_of,
     up_timeout,
 )
-from orchestrator.backends.container.engine.containers import COMPOSE_SERVICE
+from orchestrator.backends.container.engine.containers import COMPOSE_PROJECT, COMPOSE_SERVICE
 from orchestrator.backends.container.identity import KEPT_FILE, LABEL_PROJECT
 from orchestrator.backends.container.inventory import remove_by_label
 from orchestrator.backends.container.readiness import Look
 from orchestrator.backends.container.removal import (
     LEAVE_WITHIN,
+    UP,
     leave_networks,
     leave_project_networks,
 )
@@ -56,6 +57,12 @@ T = TypeVar("T")
 SIDE_BY_SIDE = 8
 """Threads one removal takes at most (its containers, its networks)."""
 log = logging.getLogger("orchestrator.docker")
+
+
+def _labels(container: dict[str, Any]) -> dict[str, Any]:
+    """A container's labels, as the API lists it ({} when it says none)."""
+    labels = container.get("Labels")
+    return labels if isinstance(labels, dict) else {}
 
 
 def side_by_side(do: Callable[[T], None], items: Sequence[T]) -> None:
@@ -412,8 +419,7 @@ class Project:
         leave_networks(self.engine, found["containers"], removing, min(LEAVE_WITHIN, left / 2))
 
         def end(container: dict[str, Any]) -> None:
-            ident, labels = str(container.get("Id", "")), container.get("Labels")
-            service = labels.get(COMPOSE_SERVICE) if isinstance(labels, dict) else None
+            ident, service = str(container.get("Id", "")), _labels(container).get(COMPOSE_SERVICE)
             if service not in own:
                 engine().stop_container(ident, grace=STOP_TIMEOUT, action=removing)
             engine().delete_container(ident, action=removing)
@@ -438,7 +444,11 @@ class Project:
             return False
         stopping = f"stopping project {self.name}"
         found = self.engine.labelled(f"{LABEL_PROJECT}={self.name}", action=stopping)
-        up = [c for c in found["containers"] if c.get("State") in ("running", "paused")]
+        up = [  # (what `compose stop` would stop: not a container that wears our label alone)
+            c
+            for c in found["containers"]
+            if c.get("State") in UP and _labels(c).get(COMPOSE_PROJECT) == self.name
+        ]
         deadline = time.monotonic() + LEAVE_WITHIN
 
         def stop(container: dict[str, Any]) -> None:

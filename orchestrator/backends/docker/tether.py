@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 
 from orchestrator.backends.container.engine import ExecTarget
+from orchestrator.backends.container.removal import TURN
 
 # `sh -c TETHER`, in each extra service of a project with an owner process
 TETHER = r"""
@@ -28,10 +29,7 @@ exit 0
 from inside, after its turn's delay ($1 seconds): SIGTERM to its init (which passes it on),
 then SIGKILL to whatever else runs as its user (the init then exits with its child: the
 container stops)."""
-TURN = 0.25
-"""Seconds between the stops of a project's services when its owner dies: each takes its
-endpoints away as it stops, and a Docker 20.10 engine can deadlock when endpoints of one
-network go at the same moment (see removal.leave_networks). The main sandbox stops at once."""
+
 RELEASE = b"release\n"
 TETHER_WAIT = 5.0
 """Longest `release` waits for the tethers to take their word and exit."""

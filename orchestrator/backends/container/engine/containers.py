@@ -400,6 +400,7 @@ def context_address(name: str) -> str:
 
 
 COMPOSE_SERVICE = "com.docker.compose.service"
+COMPOSE_PROJECT = "com.docker.compose.project"
 
 
 def service_of(labels: Mapping[str, str] | None, default: str = "") -> str:
