@@ -7,9 +7,7 @@ the project died, so no two went as their containers exited together."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 
 from orchestrator import Runtime, load_environment, spawn_runtime
 from orchestrator.backends.container.inventory import remove_by_label
-from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
+from tests.conftest import PYTHON_IMAGE, labelled_ids
 
 
 def _events(since: float, until: float) -> list[dict[str, object]]:
@@ -160,51 +158,5 @@ def test_a_project_kept_after_cleanup_stops_one_container_at_a_time(tmp_path: Pa
             assert left == joined[ident], order
             assert {who for _, who, _ in order[i:end]} == {ident}, order
     finally:
-        remove_by_label(name)
-    assert labelled_ids() <= before
-
-
-OWNER = """
-import sys, time
-from orchestrator import load_environment, spawn_runtime
-rt = spawn_runtime(load_environment(sys.argv[1]))
-print(rt.project.name, flush=True)
-time.sleep(600)
-"""
-
-
-def test_a_dead_owners_guardian_lets_its_containers_stop_themselves_first(tmp_path: Path) -> None:
-    """The sandbox stops at once (its executor), the service and the gateway in their
-    tethers' turns; the guardian takes none of them off a network while it runs."""
-    path = tmp_path / "env.yaml"
-    side = f"{{image: {BUSYBOX_IMAGE}, command: [sleep, '3600']}}"
-    sides = "".join(f"  s{n}: {side}\n" for n in range(6))
-    path.write_text(FILE + sides)  # (their turns outlast the guardian's start)
-    before = labelled_ids()
-    env = {**os.environ, "ORCHESTRATOR_GUARDIAN": "1"}
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(path)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert owner.stdout is not None
-    name = owner.stdout.readline().strip()
-    try:
-        joined = _joined(name)
-        assert len(joined) == 9, joined
-        since = time.time()
-        owner.kill()
-        owner.wait(10)
-        deadline = time.monotonic() + 60
-        while _joined(name) and time.monotonic() < deadline:
-            time.sleep(0.25)
-        order = _order(_events(since - 0.5, time.time() + 1), set(joined))
-        for ident, networks in joined.items():  # each ended first, its endpoints then
-            mine = [(kind, network) for kind, who, network in order if who == ident]
-            assert mine and mine[0][0] == "die", order
-            assert {network for kind, network in mine if kind == "leave"} == networks, order
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
-        owner.stdout.close()
         remove_by_label(name)
     assert labelled_ids() <= before

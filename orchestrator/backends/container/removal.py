@@ -28,9 +28,10 @@ TURN = 0.25
 """Seconds between the stops of a project's services when its owner process dies (their
 tethers: backends/docker/tether.py), so that they do not take endpoints of one network away
 at the same moment (see `leave_networks`). The main sandbox stops at once."""
-STOP_AFTER_TURNS = 3.0
-"""Seconds a dead owner's service takes at most to stop once its turn came: its tether's
-SIGTERM, then its SIGKILL 2 s later (and the engine's time to see it)."""
+STOP_AFTER_TURNS = 10.0
+"""Seconds a dead owner's service is given to stop once its turn came: its tether's SIGTERM,
+its SIGKILL 2 s later, and the engine's time to see it (3 s were too few for a service of
+nine on a loaded machine: its guardian took it off its networks while it still ran)."""
 UP = frozenset({"running", "paused"})
 """The states of a container whose endpoints go when it ends (a paused one can leave a
 network; one paused by another process goes with the rest)."""
