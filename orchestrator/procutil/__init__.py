@@ -52,6 +52,7 @@ from .base import (
 from .held import Held
 from .pump import pump, run
 from .tree import (
+    SPAWNED_BY,
     alive,
     descendants,
     guard_marked,
@@ -59,8 +60,10 @@ from .tree import (
     kill_marked,
     kill_tree,
     marked,
+    marked_environ,
     process_start,
     remove_tree,
+    spawn_mark,
     stat_fields,
 )
 from .tty import LARGEST, VEOF, Tty, run_tty
@@ -80,6 +83,7 @@ __all__ = [
     "LARGEST",
     "MAX_ID",
     "NO_PROCESS",
+    "SPAWNED_BY",
     "VEOF",
     "Chunk",
     "Flag",
@@ -106,6 +110,7 @@ __all__ = [
     "kill_marked",
     "kill_tree",
     "marked",
+    "marked_environ",
     "numeric_ids",
     "process_start",
     "pump",
@@ -113,5 +118,6 @@ __all__ = [
     "resolve_ids",
     "run",
     "run_tty",
+    "spawn_mark",
     "stat_fields",
 ]

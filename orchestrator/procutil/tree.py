@@ -55,12 +55,39 @@ def descendants(pid: int) -> List[int]:
     return out
 
 
+SPAWNED_BY = "ORCHESTRATOR_SPAWNED_BY"
+"""The variable that marks the engine clients a process starts for its sandboxes (an
+executor's or a tether's `docker exec`, a plain command's): PID:START of that process. When
+it dies, its guardian (or a reaper) ends what still carries its mark: a `docker exec` into
+a gVisor container that was removed never returns, and would outlive it for good."""
+
+
+def spawn_mark(pid: int, start: str) -> bytes:
+    """The environment entry of the clients process `pid` (started at `start`) starts."""
+    return ("%s=%d:%s" % (SPAWNED_BY, pid, start)).encode()
+
+
+_own_mark: List[str] = []  # [pid, start] of this process, once read
+
+
+def marked_environ() -> Dict[str, str]:
+    """This process's environment with its own spawn mark (see SPAWNED_BY), for a client
+    it starts for a sandbox (a forked child marks its own with its own pid)."""
+    pid = os.getpid()
+    if not _own_mark or _own_mark[0] != str(pid):
+        _own_mark[:] = [str(pid), process_start(pid)]
+    return dict(os.environ, **{SPAWNED_BY: "%s:%s" % tuple(_own_mark)})
+
+
 def marked(entry: bytes) -> List[int]:
     """Pids whose environment holds `entry` (b"NAME=value"): processes that left a command's
     tree (a `setsid` daemon) still inherit its environment. Only processes whose environ we
-    may read are found (our own uid, or any as a privileged user)."""
+    may read are found (our own uid, or any as a privileged user); never this process."""
     found = []
+    own = os.getpid()
     for pid in _pids():
+        if pid == own:
+            continue
         try:
             with open("/proc/%d/environ" % pid, "rb") as fh:
                 if entry in fh.read().split(b"\0"):

@@ -22,6 +22,7 @@ from orchestrator import (
     UsageError,
     fork,
     list_snapshots,
+    procutil,
     reap,
     spawn_runtime,
     wake,
@@ -277,27 +278,49 @@ def test_a_workspace_of_links_fifos_and_devices_plants_nothing_on_the_host(
 
 
 OWNER = """
-import sys, time
-from orchestrator import fork, spawn_runtime
+import os, sys, time
+from orchestrator import fork, procutil, spawn_runtime
 rt = spawn_runtime(sys.argv[1])
 rt.execute("sleep 600 >/dev/null 2>&1 &", check=True)
 copies = fork(rt, 2)
-print(" ".join(c.info().id for c in copies), flush=True)
+mark = procutil.spawn_mark(os.getpid(), procutil.process_start(os.getpid())).decode()
+assert procutil.marked(mark.encode()), "the executors' engine clients carry no mark"
+print(rt.info().id, " ".join(c.info().id for c in copies), mark, flush=True)
 time.sleep(600)
 """
 
 
 def test_a_sigkilled_owners_forks_are_removed(make_env: MakeEnv, sealed_engine: str) -> None:
+    """...and so are the engine clients it ran them through: its executors' `docker exec`
+    into a gVisor sandbox that was removed never returned, orphans for good."""
     before = labelled_ids()
     path = make_env(SEALED, name="memowner")
-    made = killed_owner(OWNER, str(path))
+    original, *made, mark = killed_owner(OWNER, str(path))
     assert len(made) == 2, "the owner did not fork"
     deadline = time.monotonic() + 60
     while any(f"{one}-main-1" in running_names() for one in made):
         assert time.monotonic() < deadline, "the dead owner's forks are still there"
         time.sleep(0.3)  # its guardians remove them within a second or so
+    while left := clients_of([original, *made]):
+        assert time.monotonic() < deadline, f"the dead owner's engine clients run on: {left}"
+        time.sleep(0.3)
+    assert not procutil.marked(mark.encode())
     reap()  # and the images they ran, once no container uses them
     assert labelled_ids() <= before
+
+
+def clients_of(projects: list[str]) -> list[str]:
+    """The command lines of our processes that name one of `projects` (engine clients)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                words = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if any(name in word for word in words for name in projects):
+                found.append(" ".join(words))
+    return found
 
 
 def running_names() -> str:

@@ -30,6 +30,7 @@ MODEL = {PACKAGE / "settings.py", PACKAGE / "setting.py"}
 NOT_SETTINGS = {
     "ORCHESTRATOR_RUNTIME": "the local backend's mark in its commands' environment",
     "ORCHESTRATOR_BIND_HOST": "a variable the rendered Compose file interpolates",
+    "ORCHESTRATOR_SPAWNED_BY": "the mark of the engine clients a process starts for sandboxes",
 }
 EARLY_READS = {
     (PACKAGE / "endpoint.py", "ORCHESTRATOR_STATE_DIR"): "the `orchestrator` command's first "

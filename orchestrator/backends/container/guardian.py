@@ -27,6 +27,7 @@ from orchestrator.backends.container.identity import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
     LABEL_OWNER_START,
+    end_spawns,
     owner_alive,
     owner_labels,
     process_start,
@@ -107,6 +108,7 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
     removed += orphan_folders_of(labels)
     owner = {"pid": labels[LABEL_OWNER_PID], "start": labels[LABEL_OWNER_START]}
     removed += reap_suspended({**owner, "host": labels[LABEL_OWNER_HOST]})  # suspend(keep=False)
+    end_spawns(labels)
     return removed
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator import settings
+from orchestrator import procutil, settings
 from orchestrator.paths import (
     private_folder,
     projects_dir,
@@ -61,6 +61,22 @@ def owner_alive(labels: dict[str, str]) -> bool:
         return True
     start = labels.get(LABEL_OWNER_START, "")
     return not start or process_start(int(pid)) in ("", start)
+
+
+def end_spawns(labels: dict[str, str]) -> None:
+    """SIGKILL what a dead owner started for its sandboxes and still runs (its marked engine
+    clients: procutil.SPAWNED_BY), once its projects are removed: an exec into a gVisor
+    container that was removed never returns. Only for an owner of this machine that is
+    gone; only processes whose environment we may read carry a mark we see."""
+    if owner_alive(labels):  # (detached, of another machine, or alive)
+        return
+    try:
+        pid = int(labels.get(LABEL_OWNER_PID, ""))
+    except ValueError:
+        return
+    start = labels.get(LABEL_OWNER_START, "")
+    if pid > 1 and start.isdigit():
+        procutil.kill_marked(procutil.spawn_mark(pid, start), within=1.0)
 
 
 OWNER_FILE = "owner"

@@ -18,6 +18,7 @@ from orchestrator.backends.container.engine import (
     resolved_host,
 )
 from orchestrator.backends.container.identity import (
+    end_spawns,
     folder_backend,
     folder_engine,
     folder_owner,
@@ -62,6 +63,7 @@ def reap(
                 failed.append(exc)
                 continue
             removed.append(info.name)
+            end_spawns(info.labels)  # (an owner that is gone: its engine clients too)
     try:
         images.reap_orphans(engine)  # snapshot images whose snapshot was removed by hand
     except OrchestratorError as exc:

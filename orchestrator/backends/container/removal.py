@@ -88,11 +88,11 @@ def leave_project_networks(engine: Engine, name: str, action: str) -> None:
     if engine.socket is None or engine.kind != "docker":
         return
     try:
-        found = engine.labelled(f"{LABEL_PROJECT}={name}", action=action)
+        found = engine.labelled_containers(f"{LABEL_PROJECT}={name}", action=action)
     except DockerError as exc:
         log.info("%s: its containers were not listed to leave their networks: %s", action, exc)
         return
-    leave_networks(engine, found["containers"], action)
+    leave_networks(engine, found, action)
 
 
 def listed(engine: Engine, name: str) -> tuple[list[str], list[str]]:

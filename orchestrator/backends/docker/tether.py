@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from orchestrator import procutil
 from orchestrator.backends.container.engine import ExecTarget
 from orchestrator.backends.container.removal import TURN
 
@@ -67,6 +68,7 @@ class Tethers:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,  # a terminal's Ctrl-C to us is not our death
+                    env=procutil.marked_environ(),  # ended by our guardian if we die first
                 )
             except OSError:  # no process slot left: the guardian and the reapers remain
                 continue

@@ -113,17 +113,25 @@ class SocketOps(EngineCore):
             self.api("GET", f"/networks/{network}", action=action)
 
     # ----- listings --------------------------------------------------------------------------
+    def labelled_containers(self, label: str, *, action: str) -> list[dict[str, Any]]:
+        """The containers, running or not, that carry `label`, as the API lists them (each
+        with its `Id`, `State`, `Labels` and `NetworkSettings`). Only on a local socket."""
+        gone = (NoSuchContainer, NoSuchNetwork)
+        query = {"all": "1"}
+        return self.listed(
+            "/containers/json", label, action=action, gone=gone, retry=False, query=query
+        )
+
     def labelled(self, label: str, *, action: str) -> dict[str, list[dict[str, Any]]]:
         """What carries `label`, as the API lists it: "containers" (running or not: each with
         its `Id` and `Labels`), "networks" and "volumes". Only on a local socket."""
         gone = (NoSuchContainer, NoSuchNetwork)
         return {
-            kind: self.listed(url, label, action=action, gone=gone, retry=False, query=query)
-            for kind, url, query in (
-                ("containers", "/containers/json", {"all": "1"}),
-                ("networks", "/networks", None),
-                ("volumes", "/volumes", None),
-            )
+            "containers": self.labelled_containers(label, action=action),
+            **{
+                kind: self.listed(url, label, action=action, gone=gone, retry=False)
+                for kind, url in (("networks", "/networks"), ("volumes", "/volumes"))
+            },
         }
 
     def delete_network(self, network: str, *, action: str) -> None:

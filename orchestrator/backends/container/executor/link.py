@@ -191,6 +191,7 @@ class Link:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             bufsize=0,
+            env=procutil.marked_environ(),  # ended by our guardian if we die first
         )
         self._threads = [
             threading.Thread(target=self._read, daemon=True),

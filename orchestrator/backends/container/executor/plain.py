@@ -316,8 +316,14 @@ def run_plain(
     )
 
     stdin = stdin_chunks(cmd.stdin) if cmd.stdin is not None else None
-    chunks = procutil.run(
-        argv, None, None, stdin=stdin, timeout=cmd.timeout, killer=killer, out=out
+    chunks = procutil.run(  # (marked: ended by our guardian if we die first)
+        argv,
+        procutil.marked_environ(),
+        None,
+        stdin=stdin,
+        timeout=cmd.timeout,
+        killer=killer,
+        out=out,
     )
     try:
         head: bytes | None = b""  # stderr until the session's line is complete
