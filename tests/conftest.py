@@ -87,8 +87,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if getattr(target, "id", "") == "docker-podman" or "podman" in path.stem:
             item.add_marker(pytest.mark.podman)
             item.add_marker(pytest.mark.usefixtures("podman_engine"))
+    # the Swarm's tests last: its cluster starts in the background meanwhile (see below)
+    items[:] = sorted(items, key=lambda item: "swarm" in item.keywords)
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
     if problem is None:
+        _prepare_in_background(items)
         return
     for item in items:
         if "docker" in item.keywords:
@@ -96,6 +99,62 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.usefixtures("_docker_required_in_ci"))
             else:
                 item.add_marker(pytest.mark.skip(reason=f"Docker test skipped: {problem}"))
+
+
+PREPARED = "prepare.started"
+_PREPARING: list[subprocess.Popen[bytes]] = []
+"""The background starts of this worker (held: they run on past the collection)."""
+PREPARE_DEADLINE = 900
+"""Seconds the background start of the test Swarm may take (its node image and cluster)."""
+
+
+def _prepare_in_background(items: list[pytest.Item]) -> None:
+    """Start, once per run (the first worker to collect), what the collected tests would
+    otherwise wait for when they come to it, in the background: Harbor's image (under
+    build-images' own lock, which `build_test_image` waits on) and the test Swarm's node
+    image and cluster (under the run's swarm lock, which `swarm_manager` waits on; its
+    tests come last). A worker blocked on those took a minute or more of the run. What
+    fails here is met again, and reported, by the fixture that needs it."""
+    run_dir = Path(os.environ.get(RUN_DIR_ENV, ""))
+    if RUN_DIR_ENV not in os.environ or not run_dir.is_dir():
+        return
+    try:
+        os.close(os.open(run_dir / PREPARED, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return
+    build = ["bash", str(ROOT / "scripts" / "build-images")]
+    with open(run_dir / "prepare.log", "ab") as log:
+        if any("harbor_image" in getattr(i, "fixturenames", ()) for i in items):
+            _PREPARING.append(
+                subprocess.Popen(
+                    ["timeout", f"{BUILD_DEADLINE:g}", *build, "harbor"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                )
+            )
+        if not any("swarm" in i.keywords for i in items):
+            return
+        with open(run_dir / "swarm.lock", "w") as lock:
+            try:  # held by the background start until it ends (its processes hold the fd)
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # a worker is starting it already
+            if _ok(["docker", "network", "inspect", "orch-cluster"]):
+                return
+            script = " ".join(build) + " swarm >/dev/null && " + CLUSTER + " up"
+            _PREPARING.append(
+                subprocess.Popen(
+                    ["timeout", str(PREPARE_DEADLINE), "bash", "-c", script],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(lock.fileno(),),
+                    start_new_session=True,
+                )
+            )
+            (run_dir / SWARM_STARTED).touch()  # removed when the whole run ends
 
 
 @pytest.fixture
@@ -491,7 +550,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run_dir = Path(_MADE_RUN_DIR.pop())
     os.environ.pop(RUN_DIR_ENV, None)
     if (run_dir / SWARM_STARTED).exists():
-        subprocess.run([CLUSTER, "down"], capture_output=True, check=False)
+        with open(run_dir / "swarm.lock", "w") as lock:  # a start in the background ended
+            deadline = time.monotonic() + PREPARE_DEADLINE
+            while time.monotonic() < deadline:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.5)
+            subprocess.run([CLUSTER, "down"], capture_output=True, check=False)
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
