@@ -7,8 +7,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import subprocess
+import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, Tuple
+
+if sys.version_info >= (3, 8):
+    from typing import Protocol
+else:  # pragma: no cover - Python 3.7 inside containers: only annotations name it
+    Protocol = object
 
 GRACE = 0.5
 """Seconds between SIGTERM and SIGKILL on timeout."""

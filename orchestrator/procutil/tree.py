@@ -4,6 +4,7 @@ outlive their owner to clean up after it. Standard library only, Python 3.7+."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 
 def stat_fields(pid: int | str) -> List[bytes]:
@@ -72,29 +73,88 @@ _own_mark: List[str] = []  # [pid, start] of this process, once read
 
 def marked_environ() -> Dict[str, str]:
     """This process's environment with its own spawn mark (see SPAWNED_BY), for a client
-    it starts for a sandbox (a forked child marks its own with its own pid)."""
+    it starts for a sandbox (a forked child marks its own with its own pid). The mark comes
+    first: a reaper reads only the head of each process's environment (`marked`)."""
     pid = os.getpid()
     if not _own_mark or _own_mark[0] != str(pid):
         _own_mark[:] = [str(pid), process_start(pid)]
-    return dict(os.environ, **{SPAWNED_BY: "%s:%s" % tuple(_own_mark)})
+    env = {SPAWNED_BY: "%s:%s" % tuple(_own_mark)}
+    env.update((k, v) for k, v in os.environ.items() if k != SPAWNED_BY)
+    return env
 
 
-def marked(entry: bytes) -> List[int]:
-    """Pids whose environment holds `entry` (b"NAME=value"): processes that left a command's
-    tree (a `setsid` daemon) still inherit its environment. Only processes whose environ we
-    may read are found (our own uid, or any as a privileged user); never this process."""
-    found = []
-    own = os.getpid()
+def _environ_of(pid: int, head: int) -> Optional[Tuple[bytes, str]]:
+    """The environment of `pid` (its first `head` bytes; 0: all of it) and its start time,
+    both of one process: the start is read before and after (None: gone, or another)."""
+    start = process_start(pid)
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as fh:
+            data = fh.read(head) if head else fh.read()
+    except OSError:
+        return None
+    if not start or process_start(pid) != start:
+        return None
+    return data, start
+
+
+def _marked(
+    entries: Tuple[bytes, ...], first: bool, deadline: Optional[float]
+) -> List[Tuple[int, str]]:
+    """(pid, start) of each process `marked` finds; the pass stops at `deadline`."""
+    found: List[Tuple[int, str]] = []
+    if not entries:
+        return found
+    own, wanted = os.getpid(), set(entries)
+    heads = tuple(entry + b"\0" for entry in entries)
+    head = max(len(entry) for entry in heads) if first else 0
     for pid in _pids():
-        if pid == own:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        got = None if pid == own else _environ_of(pid, head)
+        if got is None:
             continue
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as fh:
-                if entry in fh.read().split(b"\0"):
-                    found.append(pid)
-        except OSError:
-            continue
+        data, start = got
+        if data.startswith(heads) if first else not wanted.isdisjoint(data.split(b"\0")):
+            found.append((pid, start))
     return found
+
+
+def marked(*entries: bytes, first: bool = False) -> List[int]:
+    """Pids whose environment holds one of `entries` (b"NAME=value"): processes that left a
+    command's tree (a `setsid` daemon) still inherit its environment. Only processes whose
+    environ we may read are found (our own uid, or any as a privileged user); never this
+    process. `first`: only where it is the first variable (as `marked_environ` puts its
+    mark), so that only a few bytes of each process's environment are read, however large
+    others make theirs."""
+    return [pid for pid, _ in _marked(entries, first, None)]
+
+
+def _kill_same(pid: int, start: str) -> None:
+    """SIGKILL `pid` if it is still the process that started at `start`: through a pidfd
+    where there is one (the process is pinned once its start is checked again), else by
+    pid right after that check."""
+    opener = getattr(os, "pidfd_open", None)
+    sender = getattr(signal, "pidfd_send_signal", None)
+    if opener is not None and sender is not None:
+        try:
+            fd = opener(pid)
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                return  # gone
+        else:
+            try:
+                if process_start(pid) == start:
+                    sender(fd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            return
+    if process_start(pid) == start:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def guardian(
@@ -125,20 +185,18 @@ def guardian(
         )
 
 
-def kill_marked(entry: bytes, within: float = 1.0) -> None:
-    """SIGKILL every process whose environment holds `entry` (see `marked`), in passes until
-    three in a row find none: a process forking while a pass read /proc has a child that pass
-    never saw, and one in the middle of exec() has no environment to read for an instant
-    (after `within` seconds, give up)."""
+def kill_marked(*entries: bytes, within: float = 1.0, first: bool = False) -> None:
+    """SIGKILL every process whose environment holds one of `entries` (see `marked`), in
+    passes until three in a row find none: a process forking while a pass read /proc has a
+    child that pass never saw, and one in the middle of exec() has no environment to read
+    for an instant. After `within` seconds, give up, in the middle of a pass too. Each is
+    killed only if it is still the process whose environment was read (its start time)."""
     deadline, quiet = time.monotonic() + within, 0
     while quiet < 3 and time.monotonic() < deadline:
-        found = marked(entry)
+        found = _marked(entries, first, deadline)
         quiet = 0 if found else quiet + 1
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        for pid, start in found:
+            _kill_same(pid, start)
         time.sleep(0.02)
 
 

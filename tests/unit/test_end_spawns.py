@@ -6,18 +6,28 @@ called by the owner's guardian and by any reaper of its projects)."""
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from orchestrator import procutil
+from orchestrator.backends.container import guardian, inventory
 from orchestrator.backends.container.identity import end_spawns, owner_labels
+from orchestrator.errors import DockerError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _marked_sleep(pid: int, start: str) -> subprocess.Popen[bytes]:
     mark = procutil.spawn_mark(pid, start).decode()
     name, value = mark.split("=", 1)
-    proc = subprocess.Popen(["sleep", "600"], env={**os.environ, name: value})
+    proc = subprocess.Popen(["sleep", "600"], env={name: value, **os.environ})  # first
     deadline = time.monotonic() + 5
     while not procutil.marked(mark.encode()):  # (its environment is read once it exec'd)
         assert time.monotonic() < deadline
@@ -64,3 +74,104 @@ def test_our_clients_carry_our_mark() -> None:
     env = procutil.marked_environ()
     assert env[procutil.SPAWNED_BY] == f"{os.getpid()}:{procutil.process_start(os.getpid())}"
     assert {k: v for k, v in env.items() if k != procutil.SPAWNED_BY} == dict(os.environ)
+
+
+def test_the_mark_comes_first_so_a_pass_reads_a_few_bytes_of_each() -> None:
+    assert next(iter(procutil.marked_environ())) == procutil.SPAWNED_BY
+
+
+@pytest.mark.parametrize("where", ["list_projects", "orphan_folders_of"])
+def test_a_guardian_ends_the_clients_even_when_its_removal_fails(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The engine failing the guardian's listing (or its look at the owner's folders) must
+    not leave the dead owner's clients running: no reaper names that owner again."""
+    pid, start = _dead_owner()
+    client = _marked_sleep(pid, start)
+
+    def fails(*_: Any, **__: Any) -> None:
+        raise DockerError("the engine did not answer")
+
+    if where == "list_projects":
+        monkeypatch.setattr(inventory, "list_projects", fails)
+    else:
+        monkeypatch.setattr(inventory, "list_projects", lambda *a, **k: [])
+        monkeypatch.setattr(inventory, "orphan_folders_of", fails)
+    try:
+        with pytest.raises(DockerError):
+            guardian.remove_owned(owner_labels(str(pid), start, socket.gethostname()))
+        assert client.wait(3) == -9
+    finally:
+        client.kill()
+        client.wait()
+
+
+def _big_stack() -> None:
+    resource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY,) * 2)
+
+
+BIG = {f"V{i}": "x" * (128 * 1024 - 16) for i in range(46)}
+"""About 6 MiB of variables, as exec allows: what anyone's process may carry."""
+
+
+def test_a_pass_reads_only_the_head_of_each_environment_and_keeps_its_deadline() -> None:
+    """A reaper (root, here) reads every process's environment: twenty processes of 6 MiB
+    each made one pass take half a second, and the deadline held only between passes."""
+    heavy = [subprocess.Popen(["sleep", "60"], env=BIG, preexec_fn=_big_stack) for _ in range(20)]
+    try:
+        mark = procutil.spawn_mark(4242, "777")
+        began = time.monotonic()
+        procutil.kill_marked(mark, within=0.05)  # every variable read: the deadline holds
+        assert time.monotonic() - began < 0.3
+        began = time.monotonic()
+        procutil.kill_marked(mark, within=5.0, first=True)  # three quiet passes, of heads
+        assert time.monotonic() - began < 1.0
+    finally:
+        for proc in heavy:
+            proc.kill()
+            proc.wait()
+
+
+REUSE = """
+import os, resource, subprocess, sys, threading, time
+from orchestrator.procutil import tree
+resource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY,) * 2)
+def last_pid(n):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+        fh.write(str(n))
+last_pid(999)  # slow processes, read after the client
+big = {"V%d" % i: "x" * (128 * 1024 - 16) for i in range(46)}
+slow = [subprocess.Popen(["sleep", "60"], env=big) for _ in range(15)]
+last_pid(99)  # the marked client: read first in a pass
+client = subprocess.Popen(["sleep", "60"], env={"ORCHESTRATOR_SPAWNED_BY": "4242:777"})
+killer = threading.Thread(
+    target=tree.kill_marked, args=(b"ORCHESTRATOR_SPAWNED_BY=4242:777",), kwargs={"within": 2.0}
+)
+killer.start()
+time.sleep(0.05)  # the pass has read the client's environment
+client.kill()
+client.wait()  # it ends by itself...
+last_pid(client.pid - 1)  # ...and its pid is taken again (elsewhere: by wrap-around)
+victim = subprocess.Popen(["sleep", "60"])
+assert victim.pid == client.pid, (victim.pid, client.pid)
+killer.join()
+print("victim:", victim.poll())
+for proc in slow:
+    proc.kill()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace of its own needs root")
+def test_a_pid_taken_again_between_the_read_and_the_kill_is_spared() -> None:
+    """The marked client exits while a pass runs and an unmarked process takes its pid
+    (forced in a pid namespace of its own): the kill checks the start time again first."""
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REUSE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "victim: None" in done.stdout, done.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -54,6 +55,7 @@ def test_poll_reports_what_is_not_what_was_asked(
         rt.execute(f"setsid sleep {seconds} >/dev/null 2>&1 < /dev/null &", timeout=10)
         with monkeypatch.context() as m:  # a kill that misses: the daemon lives on
             m.setattr(os, "kill", lambda pid, sig: None)
+            m.setattr(signal, "pidfd_send_signal", lambda fd, sig, *rest: None)
             m.setattr(procutil, "kill_tree", lambda pid, sig, known=None: [])
             rt.kill()
         time.sleep(0.3)

@@ -95,20 +95,22 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
 
     removed = []
     keys = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)
-    owned = [
-        info
-        for info in list_projects()
-        if all(info.labels.get(k) == labels[k] for k in keys) and not info.kept
-    ]
-    _let_them_stop(owned, list_projects)
-    for info in owned:
-        with contextlib.suppress(OrchestratorError):
-            remove_project(info)
-            removed.append(info.name)
-    removed += orphan_folders_of(labels)
-    owner = {"pid": labels[LABEL_OWNER_PID], "start": labels[LABEL_OWNER_START]}
-    removed += reap_suspended({**owner, "host": labels[LABEL_OWNER_HOST]})  # suspend(keep=False)
-    end_spawns(labels)
+    try:
+        owned = [
+            info
+            for info in list_projects()
+            if all(info.labels.get(k) == labels[k] for k in keys) and not info.kept
+        ]
+        _let_them_stop(owned, list_projects)
+        for info in owned:
+            with contextlib.suppress(OrchestratorError):
+                remove_project(info)
+                removed.append(info.name)
+        removed += orphan_folders_of(labels)
+        owner = {"pid": labels[LABEL_OWNER_PID], "start": labels[LABEL_OWNER_START]}
+        removed += reap_suspended({**owner, "host": labels[LABEL_OWNER_HOST]})  # keep=False
+    finally:  # whatever failed above: no reaper may name this owner again
+        end_spawns(labels)
     return removed
 
 

@@ -57,26 +57,29 @@ def owner_alive(labels: dict[str, str]) -> bool:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError):
+    except (PermissionError, ValueError, OverflowError):  # (a label anyone may set)
         return True
     start = labels.get(LABEL_OWNER_START, "")
     return not start or process_start(int(pid)) in ("", start)
 
 
-def end_spawns(labels: dict[str, str]) -> None:
-    """SIGKILL what a dead owner started for its sandboxes and still runs (its marked engine
-    clients: procutil.SPAWNED_BY), once its projects are removed: an exec into a gVisor
-    container that was removed never returns. Only for an owner of this machine that is
-    gone; only processes whose environment we may read carry a mark we see."""
-    if owner_alive(labels):  # (detached, of another machine, or alive)
-        return
-    try:
-        pid = int(labels.get(LABEL_OWNER_PID, ""))
-    except ValueError:
-        return
-    start = labels.get(LABEL_OWNER_START, "")
-    if pid > 1 and start.isdigit():
-        procutil.kill_marked(procutil.spawn_mark(pid, start), within=1.0)
+def end_spawns(*owners: dict[str, str]) -> None:
+    """SIGKILL what dead owners started for their sandboxes and still runs (their marked
+    engine clients: procutil.SPAWNED_BY), once their projects are removed: an exec into a
+    gVisor container that was removed never returns. Only for owners of this machine that
+    are gone (`owners`: their labels); only processes whose environment we may read carry a
+    mark we see."""
+    marks = set()
+    for labels in owners:
+        start = labels.get(LABEL_OWNER_START, "")
+        try:
+            pid = int(labels.get(LABEL_OWNER_PID, ""))
+        except ValueError:
+            continue
+        if pid > 1 and start.isdigit() and not owner_alive(labels):
+            marks.add(procutil.spawn_mark(pid, start))
+    if marks:
+        procutil.kill_marked(*sorted(marks), within=1.0, first=True)
 
 
 OWNER_FILE = "owner"

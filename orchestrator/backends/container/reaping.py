@@ -54,6 +54,7 @@ def reap(
     removed: list[str] = []
     failed: list[OrchestratorError] = []
     projects = list_projects(engine) if projects is None else projects
+    gone: list[dict[str, str]] = []  # the owners of what was removed
     for info in projects:
         spared = info.alive or (info.kept and not include_kept)
         if all_projects or not spared:
@@ -63,7 +64,8 @@ def reap(
                 failed.append(exc)
                 continue
             removed.append(info.name)
-            end_spawns(info.labels)  # (an owner that is gone: its engine clients too)
+            gone += [*info.owners.values(), info.labels]  # (anyone may have labelled one)
+    end_spawns(*gone)  # (of owners that are gone: their engine clients, once)
     try:
         images.reap_orphans(engine)  # snapshot images whose snapshot was removed by hand
     except OrchestratorError as exc:

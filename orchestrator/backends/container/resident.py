@@ -98,6 +98,7 @@ def _start(engine: Engine, container: str, project: Path, shared: Path) -> bytes
                 stderr=subprocess.DEVNULL,
                 timeout=START_WITHIN,
                 check=False,
+                env=procutil.marked_environ(),  # ended by our guardian if we die first
             )
             if done.returncode != 0:
                 raise OSError(f"the resident did not start (exit {done.returncode})")

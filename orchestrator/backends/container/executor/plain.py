@@ -247,7 +247,8 @@ class Killer:
         kept = {"stdout": bytearray(), "stderr": bytearray()}
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
         # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
-        chunks = procutil.run(argv, None, None, timeout=max(0.1, deadline - time.monotonic()))
+        left = max(0.1, deadline - time.monotonic())
+        chunks = procutil.run(argv, procutil.marked_environ(), None, timeout=left)  # (marked)
         code, cut = 0, False
         try:
             with procutil.kept_on():  # (the kill of a command its caller gave up on)
