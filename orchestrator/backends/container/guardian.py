@@ -86,6 +86,7 @@ def watch(pid: str, start: str, host: str) -> None:
 
 def remove_owned(labels: dict[str, str]) -> list[str]:
     """Remove every project (and orphan folder) carrying exactly these owner labels."""
+    from orchestrator.backends.container import images
     from orchestrator.backends.container.inventory import (
         list_projects,
         orphan_folders_of,
@@ -109,6 +110,9 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
         removed += orphan_folders_of(labels)
         owner = {"pid": labels[LABEL_OWNER_PID], "start": labels[LABEL_OWNER_START]}
         removed += reap_suspended({**owner, "host": labels[LABEL_OWNER_HOST]})  # keep=False
+        if owned:  # the images its forks ran, now that no container of theirs uses them
+            with contextlib.suppress(OrchestratorError):
+                images.reap_orphans()
     finally:  # whatever failed above: no reaper may name this owner again
         end_spawns(labels)
     return removed
