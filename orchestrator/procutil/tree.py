@@ -139,8 +139,9 @@ def _kill_same(pid: int, start: str) -> None:
         try:
             fd = opener(pid)
         except OSError as exc:
-            if exc.errno != errno.ENOSYS:
+            if exc.errno == errno.ESRCH:
                 return  # gone
+            # (no pidfd here: a seccomp profile, no descriptor left) the check, then the pid
         else:
             try:
                 if process_start(pid) == start:
@@ -189,11 +190,13 @@ def kill_marked(*entries: bytes, within: float = 1.0, first: bool = False) -> No
     """SIGKILL every process whose environment holds one of `entries` (see `marked`), in
     passes until three in a row find none: a process forking while a pass read /proc has a
     child that pass never saw, and one in the middle of exec() has no environment to read
-    for an instant. After `within` seconds, give up, in the middle of a pass too. Each is
-    killed only if it is still the process whose environment was read (its start time)."""
-    deadline, quiet = time.monotonic() + within, 0
-    while quiet < 3 and time.monotonic() < deadline:
-        found = _marked(entries, first, deadline)
+    for an instant. The first pass reads every process; after `within` seconds, give up,
+    in the middle of a later pass too. Each is killed only if it is still the process whose
+    environment was read (its start time)."""
+    deadline, quiet, passes = time.monotonic() + within, 0, 0
+    while passes == 0 or (quiet < 3 and time.monotonic() < deadline):
+        found = _marked(entries, first, deadline if passes else None)
+        passes += 1
         quiet = 0 if found else quiet + 1
         for pid, start in found:
             _kill_same(pid, start)

@@ -125,9 +125,10 @@ class Runtime(Lifecycle):
         archive = self._pack_workdir_file(path.parent, None, limit, timeout)
         image, env, host = "", self.env, self._engine()
         try:
-            image = self._commit(path.with_suffix(".json")) if filesystem else ""
-            threads.last_step()  # (an async caller that was cancelled gets no snapshot)
-            return snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
+            with snapshot.saving(path.with_suffix(".json")):  # (its image: no orphan meanwhile)
+                image = self._commit(path.with_suffix(".json")) if filesystem else ""
+                threads.last_step()  # (an async caller that was cancelled gets no snapshot)
+                return snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
         except BaseException:
             if image:  # made for a snapshot that is not: it goes (what is at `path` stays)
                 made = snapshot.Snapshot(path, "", "", "", 0, image, host, self.name)
@@ -229,6 +230,12 @@ class Runtime(Lifecycle):
             raise
 
     def _save_files(
+        self, path: Path, *, keep: bool, quiet: bool, memory: dict[str, str]
+    ) -> Snapshot:
+        with snapshot.saving(path.with_suffix(".json")):  # (its images: no orphans meanwhile)
+            return self._save_saving(path, keep=keep, quiet=quiet, memory=memory)
+
+    def _save_saving(
         self, path: Path, *, keep: bool, quiet: bool, memory: dict[str, str]
     ) -> Snapshot:
         images = self._commit_all(path.with_suffix(".json"))  # all at one frozen instant

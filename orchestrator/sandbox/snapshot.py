@@ -16,13 +16,13 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError, UsageError
-from orchestrator.paths import make_folders, state_dir, state_folder, write_file
+from orchestrator.paths import make_folders, read_regular, state_dir, state_folder, write_file
 from orchestrator.procutil import process_start
 
 if TYPE_CHECKING:
@@ -319,6 +319,39 @@ def source_of(env: Environment) -> str:
     return str(path.absolute())
 
 
+PENDING_SUFFIX = ".pending"
+"""Beside a record being saved: the process saving it (see `saving`)."""
+
+
+@contextlib.contextmanager
+def saving(record: Path) -> Iterator[None]:
+    """While this process saves `record` (`<name>.json`, in a folder made already): a file
+    beside it naming this process. A save commits its images first and writes the record
+    last, once the workspace is packed (minutes, for a large one): meanwhile a reap (any
+    `ps`, a guardian's) took those images, whose record is missing, for orphans and removed
+    them, and the record then named images that were gone (`being_saved`)."""
+    pending = record.with_suffix(PENDING_SUFFIX)
+    me = this_process()
+    write_file(pending, f"{me['pid']} {me['start']} {me['host']}\n")
+    try:
+        yield
+    finally:
+        pending.unlink(missing_ok=True)
+
+
+def being_saved(record: str | Path) -> bool:
+    """Whether a process that still runs saves `record` now (`saving`): the images made for
+    it are not orphans yet. Read as a regular file only, 512 bytes at most."""
+    data = read_regular(Path(record).with_suffix(PENDING_SUFFIX), 512)
+    if data is None or len(data) > 512:
+        return False
+    try:
+        pid, start, host = data.decode().split()
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return owner_alive({"pid": pid, "start": start, "host": host})
+
+
 def this_process() -> dict[str, str]:
     """The owner a `suspend(keep=False)` record names: this process."""
     pid = os.getpid()
@@ -337,7 +370,7 @@ def owner_alive(owner: Mapping[str, str]) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError):
+    except (PermissionError, ValueError, OverflowError):
         return True
     start = owner.get("start", "")
     return not start or process_start(pid) in ("", start)
@@ -359,4 +392,7 @@ def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
                 suspend_log.warning("suspended %s is left for the next reap: %s", snap.name, exc)
                 continue
             gone.append(f"{snap.name} (suspended; its owner is gone)")
+    for pending in snapshots_dir().glob("*" + PENDING_SUFFIX):  # a save cut short by a crash
+        if not being_saved(pending):
+            pending.unlink(missing_ok=True)
     return gone

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from orchestrator import (
     wake,
 )
 from orchestrator.backends.container import images
-from orchestrator.sandbox.snapshot import snapshots_dir
+from orchestrator.sandbox.snapshot import records_folder, saving, snapshots_dir
 from tests.conftest import BUSYBOX_IMAGE, labelled_ids
 from tests.docker.conftest import MakeEnv, killed_owner
 
@@ -270,3 +271,37 @@ services:
     finally:
         Snapshot.find(record.name).remove()
     assert labelled_ids() <= before
+
+
+def test_an_image_whose_record_is_not_written_yet_is_no_orphan() -> None:
+    """A save commits its images first and writes its record once the workspace is packed
+    (minutes, for a large one): meanwhile every reap (any `ps`, a dead owner's guardian)
+    took the images for orphans and removed them, and the record then named images that
+    were gone. While a live process saves the record, they stay; after, they are orphans."""
+    argv = ["docker", "run", "-d", "--label", "org.orchestrator.managed=1"]
+    made = subprocess.run(
+        [*argv, BUSYBOX_IMAGE, "sleep", "60"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    record = snapshots_dir() / "not-written-yet.json"
+    records_folder(record)
+    tag = ""
+    try:
+        with saving(record):
+            tag = images.commit(made, record)
+            assert images.reap_orphans() == [] and images.exists(tag)  # we save it still
+        assert images.reap_orphans() and not images.exists(tag)  # we gave up: an orphan
+        record.with_suffix(".pending").write_text("1 1 another-machine\n")  # (not judged)
+        dead = f"{os.getpid()} 1 {socket.gethostname()}\n"  # (our pid, another start)
+        record.with_name("crashed.pending").write_text(dead)
+        images.reap_orphans()
+        assert record.with_suffix(".pending").exists()
+        assert not record.with_name("crashed.pending").exists()  # its saver is gone
+    finally:
+        record.with_suffix(".pending").unlink(missing_ok=True)
+        subprocess.run(["docker", "rm", "-f", made], capture_output=True, timeout=60)
+        if tag:
+            subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=60)

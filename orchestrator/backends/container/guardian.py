@@ -96,6 +96,7 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
 
     removed = []
     keys = (LABEL_OWNER_PID, LABEL_OWNER_START, LABEL_OWNER_HOST)
+    ended = False
     try:
         owned = [
             info
@@ -107,6 +108,8 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
             with contextlib.suppress(OrchestratorError):
                 remove_project(info)
                 removed.append(info.name)
+        end_spawns(labels)  # (before the engine calls below, which may each take long)
+        ended = True
         removed += orphan_folders_of(labels)
         owner = {"pid": labels[LABEL_OWNER_PID], "start": labels[LABEL_OWNER_START]}
         removed += reap_suspended({**owner, "host": labels[LABEL_OWNER_HOST]})  # keep=False
@@ -114,7 +117,8 @@ def remove_owned(labels: dict[str, str]) -> list[str]:
             with contextlib.suppress(OrchestratorError):
                 images.reap_orphans()
     finally:  # whatever failed above: no reaper may name this owner again
-        end_spawns(labels)
+        if not ended:
+            end_spawns(labels)
     return removed
 
 

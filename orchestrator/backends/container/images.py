@@ -20,7 +20,7 @@ from orchestrator.backends.container.identity import (
 )
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
 from orchestrator.paths import state_dir
-from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.sandbox.snapshot import Snapshot, being_saved
 from orchestrator.settings import may_reach
 
 log = logging.getLogger("orchestrator.docker")
@@ -165,7 +165,8 @@ def orphaned(engine: Engine | None = None) -> list[str]:
             continue
         labels = image[1]
         record = labels.get(LABEL_SNAPSHOT_RECORD, "")
-        if labels.get(LABEL_SNAPSHOT_STATE) == ours and record and not Path(record).exists():
+        mine = labels.get(LABEL_SNAPSHOT_STATE) == ours
+        if mine and record and not Path(record).exists() and not being_saved(record):
             found.append(image[0])
     return sorted(set(found))
 
