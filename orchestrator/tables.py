@@ -41,12 +41,20 @@ def printable_lines(text: str) -> str:
 
 
 def cell_len(text: str) -> int:
-    """Columns `text` takes on a terminal."""
+    """Columns `text` takes on a terminal: by the standard library's Unicode tables (two for
+    a wide or full-width character, none for a combining mark or a format character, one
+    for any other), so that `ps` in a pipe loads no Rich whatever names it lists (Rich's
+    own count, from the same tables, was loaded for any text not in ASCII)."""
     if text.isascii():
         return len(text)
-    from rich.cells import cell_len as cells
+    import unicodedata
 
-    return cells(text)
+    width = 0
+    for char in text:
+        if unicodedata.combining(char) or unicodedata.category(char) in ("Me", "Mn", "Cf"):
+            continue
+        width += 2 if unicodedata.east_asian_width(char) in ("F", "W") else 1
+    return width
 
 
 def _piped() -> bool:

@@ -70,8 +70,11 @@ from .tty import LARGEST, VEOF, Tty, run_tty
 from .users import MAX_ID, home_of, in_range, numeric_ids, resolve_ids
 from .workers import IDLE_WORKERS, in_thread
 
-if TYPE_CHECKING:
-    from .base import Chunk, Killer, Spawn, StreamKind
+if TYPE_CHECKING:  # (types only: not in __all__, so that `import *` finds every name)
+    from .base import Chunk as Chunk
+    from .base import Killer as Killer
+    from .base import Spawn as Spawn
+    from .base import StreamKind as StreamKind
 
 __all__ = [
     "CHUNK",
@@ -85,15 +88,11 @@ __all__ = [
     "NO_PROCESS",
     "SPAWNED_BY",
     "VEOF",
-    "Chunk",
     "Flag",
     "Held",
-    "Killer",
     "Lost",
     "NoProcess",
     "Outcome",
-    "Spawn",
-    "StreamKind",
     "Tty",
     "UnknownUser",
     "abandon_when",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator import procutil
-from orchestrator.backends.container import guardian, inventory
+from orchestrator.backends.container import guardian, images, inventory
 from orchestrator.backends.container.identity import end_spawns, owner_labels
 from orchestrator.errors import DockerError
 
@@ -232,6 +232,31 @@ def test_a_guardian_ends_the_clients_before_its_slower_engine_calls(
     try:
         guardian.remove_owned(owner_labels(str(pid), start, socket.gethostname()))
         assert seen == [-9]
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_a_down_of_a_dead_owners_project_ends_its_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`down ID` of a project whose owner was SIGKILLed (no guardian: ORCHESTRATOR_GUARDIAN=0)
+    left that owner's clients running: no reaper names the owner once its project is gone."""
+    from orchestrator.backends.container.identity import LABEL_PROJECT
+    from orchestrator.backends.container.projects import ProjectInfo
+
+    pid, start = _dead_owner()
+    client = _marked_sleep(pid, start)
+    labels = {**owner_labels(str(pid), start, socket.gethostname()), LABEL_PROJECT: "orch-t-1"}
+    info = ProjectInfo("orch-t-12345678", labels, [], [])
+    removed: list[str] = []
+    monkeypatch.setattr(inventory, "elsewhere", lambda: {})
+    monkeypatch.setattr(inventory, "list_projects", lambda *a, **k: [info])
+    monkeypatch.setattr(inventory, "remove_project", lambda p, e=None: removed.append(p.name))
+    monkeypatch.setattr(images, "reap_orphans", lambda *a, **k: [])
+    try:
+        assert inventory.remove_by_id("orch-t-12345678") == "orch-t-12345678"
+        assert removed == ["orch-t-12345678"] and client.wait(3) == -9
     finally:
         client.kill()
         client.wait()

@@ -15,6 +15,7 @@ from orchestrator.backends.container.engine import (
 )
 from orchestrator.backends.container.identity import (
     LABEL_STARTED,
+    end_spawns,
     folder_backend,
     folder_engine,
     project_folders,
@@ -218,6 +219,7 @@ def remove_by_id(ident: str, *, force: bool = False) -> str | None:
             "pass force=True (--force) to take it down anyway"
         )
     remove_project(info, engine)
+    end_spawns(*info.owners.values(), info.labels)  # (of an owner that is gone: its clients)
     with contextlib.suppress(OrchestratorError):  # a woken environment's images: now orphans
         images.reap_orphans(engine)
     return info.name
