@@ -80,10 +80,14 @@ services:
 
 
 def test_gvisor_environments_are_measured_too(make_env: MakeEnv, gvisor_engine: str) -> None:
+    """The engine's count of a gVisor sandbox's CPU, where the loop in it ran two seconds by
+    gVisor's own clock: under ptrace, on a loaded machine, that clock runs ahead of the CPU
+    the sandbox got (one second of it was measured as 0.87 s in a full run), so the bound
+    is half of it, far above what starting the sandbox's executor costs."""
     with spawn_runtime(make_env("isolation: gvisor\n", name="usagegv")) as rt:
-        rt.execute(["python3", "-c", BUSY.replace("< 2", "< 1")], check=True)  # (gVisor: more)
+        rt.execute(["python3", "-c", BUSY], check=True)
         got = rt.usage()
-    assert got.measured and got.total.cpu_seconds >= 0.9 and got.total.memory_peak_bytes > 0
+    assert got.measured and got.total.cpu_seconds >= 1.0 and got.total.memory_peak_bytes > 0
 
 
 def test_the_awaited_door_reads_the_same(make_env: MakeEnv) -> None:
