@@ -12,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import socket
 import stat
 import threading
 import time
@@ -175,6 +176,28 @@ def read_regular(path: Path, limit: int, *, follow: bool = False) -> bytes | Non
         return None
     finally:
         os.close(fd)
+
+
+def write_owner(path: Path) -> None:
+    """Write `path` (0600) naming this process: "pid start host" (see `read_owner`)."""
+    from orchestrator.procutil import process_start  # (not loaded by what only reads paths)
+
+    pid = os.getpid()
+    write_file(path, f"{pid} {process_start(pid)} {socket.gethostname()}\n")
+
+
+def read_owner(path: Path) -> tuple[str, str, str] | None:
+    """(pid, start, host) of the process a file `write_owner` wrote names; None when it is
+    missing, not a regular file (read as `read_regular` reads), over 512 bytes, or not of
+    that form."""
+    data = read_regular(path, 512)
+    if data is None or len(data) > 512:
+        return None
+    try:
+        pid, start, host = data.decode().split()
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return pid, start, host
 
 
 def open_regular(path: Path) -> int:

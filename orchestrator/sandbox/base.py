@@ -219,8 +219,8 @@ class Runtime(Lifecycle):
         held: contextlib.AbstractContextManager[dict[str, str]] = (
             self._memory_held(folder) if memory else contextlib.nullcontext({})
         )
-        try:
-            with held as digests:
+        try:  # (while it is saved, its images are no orphans: snapshot.saving)
+            with held as digests, snapshot.saving(path.with_suffix(".json")):
                 return self._save_files(path, keep=keep, quiet=quiet, memory=digests)
         except BaseException:  # (also once saved, when the sandbox did not start again)
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
@@ -230,12 +230,6 @@ class Runtime(Lifecycle):
             raise
 
     def _save_files(
-        self, path: Path, *, keep: bool, quiet: bool, memory: dict[str, str]
-    ) -> Snapshot:
-        with snapshot.saving(path.with_suffix(".json")):  # (its images: no orphans meanwhile)
-            return self._save_saving(path, keep=keep, quiet=quiet, memory=memory)
-
-    def _save_saving(
         self, path: Path, *, keep: bool, quiet: bool, memory: dict[str, str]
     ) -> Snapshot:
         images = self._commit_all(path.with_suffix(".json"))  # all at one frozen instant

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError, UsageError
-from orchestrator.paths import make_folders, read_regular, state_dir, state_folder, write_file
+from orchestrator.paths import (
+    make_folders,
+    read_owner,
+    state_dir,
+    state_folder,
+    write_file,
+    write_owner,
+)
 from orchestrator.procutil import process_start
 
 if TYPE_CHECKING:
@@ -331,8 +338,7 @@ def saving(record: Path) -> Iterator[None]:
     `ps`, a guardian's) took those images, whose record is missing, for orphans and removed
     them, and the record then named images that were gone (`being_saved`)."""
     pending = record.with_suffix(PENDING_SUFFIX)
-    me = this_process()
-    write_file(pending, f"{me['pid']} {me['start']} {me['host']}\n")
+    write_owner(pending)
     try:
         yield
     finally:
@@ -341,14 +347,11 @@ def saving(record: Path) -> Iterator[None]:
 
 def being_saved(record: str | Path) -> bool:
     """Whether a process that still runs saves `record` now (`saving`): the images made for
-    it are not orphans yet. Read as a regular file only, 512 bytes at most."""
-    data = read_regular(Path(record).with_suffix(PENDING_SUFFIX), 512)
-    if data is None or len(data) > 512:
+    it are not orphans yet."""
+    found = read_owner(Path(record).with_suffix(PENDING_SUFFIX))
+    if found is None:
         return False
-    try:
-        pid, start, host = data.decode().split()
-    except (UnicodeDecodeError, ValueError):
-        return False
+    pid, start, host = found
     return owner_alive({"pid": pid, "start": start, "host": host})
 
 

@@ -17,9 +17,11 @@ from orchestrator import procutil, settings
 from orchestrator.paths import (
     private_folder,
     projects_dir,
+    read_owner,
     read_regular,
     state_folder,
     write_file,
+    write_owner,
 )
 from orchestrator.procutil import process_start as process_start
 
@@ -106,10 +108,9 @@ def claim_folder(directory: Path, *, backend: str | None = None) -> None:
     if directory.parent == projects_dir():
         state_folder(directory.parent.name)  # private, ours, in folders only we may change
     private_folder(directory)
-    pid = os.getpid()
     if backend is not None:
         write_file(directory / BACKEND_FILE, backend + "\n")
-    write_file(directory / OWNER_FILE, f"{pid} {process_start(pid)} {socket.gethostname()}\n")
+    write_owner(directory / OWNER_FILE)
 
 
 def folder_backend(folder: Path) -> str | None:
@@ -142,14 +143,8 @@ def folder_owner(folder: Path) -> dict[str, str] | None:
     """The owner labels recorded in a project folder (None without a readable owner file).
     The folder may be one a label names (another state folder's): the file is read only when
     it is a regular file, never through a link or from a FIFO, and at most 512 bytes of it."""
-    data = read_regular(folder / OWNER_FILE, 512)
-    if data is None or len(data) > 512:
-        return None
-    try:
-        pid, start, host = data.decode().split()
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return owner_labels(pid, start, host)
+    found = read_owner(folder / OWNER_FILE)
+    return None if found is None else owner_labels(*found)
 
 
 def project_folders() -> list[Path]:
