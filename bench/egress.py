@@ -5,9 +5,10 @@ sandbox that reaches the same server directly, with one hermetic test world runn
 1. GETs through the gateway against direct, over HTTP and over HTTPS, side by side in
    interleaved rounds (each round runs both sides, in turn, the first side alternating):
    - gateway: an environment with `network: {egress: [allowed.test]}`; the sandbox talks to
-     the proxy (orchestrator-egress:3128, as its proxy variables say): HTTP as an
-     absolute-URI GET, HTTPS as a CONNECT tunnel to allowed.test:443 with TLS inside it;
-     the gateway checks each against the allowlist and passes it on;
+     the proxy its proxy variables name: HTTP as an absolute-URI GET to the plain-HTTP
+     front (orchestrator-egress:3080), HTTPS as a CONNECT tunnel to allowed.test:443 with
+     TLS inside it, through Squid (orchestrator-egress:3128); the gateway checks each
+     against the allowlist and passes it on;
    - direct: the same file with `egress: all`, whose container joins the world's network
      (the environment's way out: ORCHESTRATOR_EGRESS_NETWORK); the same GETs to
      allowed.test:80 and :443, no proxy.
@@ -53,6 +54,7 @@ from orchestrator import Runtime, load_environment_text, spawn_runtime
 from orchestrator.backends.docker.network import (
     EGRESS_DNS_ENV,
     EGRESS_NETWORK_ENV,
+    FRONT_PORT,
     GATEWAY,
     PROXY_PORT,
 )
@@ -204,7 +206,7 @@ def fetch(rt: Runtime, side: str, kind: Kind, count: int) -> list[float]:
     elif tls:
         spec |= {"host": GATEWAY, "port": PROXY_PORT, "tunnel": HOST}
     else:
-        spec |= {"host": GATEWAY, "port": PROXY_PORT, "target": f"http://{HOST}{path}"}
+        spec |= {"host": GATEWAY, "port": FRONT_PORT, "target": f"http://{HOST}{path}"}
     spec |= {"count": count, "size": kind.size, "keepalive": kind.keepalive}
     done = rt.execute(["python3", "-c", CLIENT, json.dumps(spec)], timeout=600)
     if done.exit_code != 0:
@@ -522,9 +524,10 @@ def main() -> None:
         f"{HOST} (Python's threading HTTP server, TLS by Python's ssl, on a Docker network "
         "of this machine).",
         "",
-        "Gateway: `egress: [allowed.test]`; HTTP: the GET sent to the proxy "
-        "(orchestrator-egress:3128) as an absolute URI; HTTPS: a CONNECT tunnel through the "
-        "proxy to allowed.test:443, TLS end to end inside it. Direct: `egress: all`, main on "
+        "Gateway: `egress: [allowed.test]`; HTTP: the GET sent to the plain-HTTP front "
+        "(orchestrator-egress:3080, HTTP_PROXY) as an absolute URI; HTTPS: a CONNECT tunnel "
+        "through Squid (orchestrator-egress:3128, HTTPS_PROXY) to allowed.test:443, TLS end "
+        "to end inside it. Direct: `egress: all`, main on "
         "the world's network, the same GETs to allowed.test:80 and :443. Times are taken in "
         "the sandbox around each request (connect, TLS handshake, request, whole body), so "
         "the exec does not count.",

@@ -27,7 +27,7 @@ CLI = [sys.executable, "-m", "orchestrator"]
 GiB = 1024**3
 DEFAULT = (GiB, 10**9, 1024)
 """Memory (bytes), NanoCpus and PidsLimit of a container whose file names none of them."""
-INFRA = (256 * 1024**2, 5 * 10**8, 256)
+INFRA = (256 * 1024**2, 5 * 10**8, 1024)
 """Those of the environment's own gateway and forwarder."""
 
 

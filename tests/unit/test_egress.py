@@ -12,7 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-from orchestrator.backends.docker.network import GATEWAY, PROXY_URL, RULES_FILE, squid_rules
+from orchestrator.backends.docker.network import (
+    FRONT_URL,
+    GATEWAY,
+    PROXY_URL,
+    RULES_FILE,
+    gateway_rules,
+    squid_rules,
+)
 from orchestrator.backends.docker.render import CompileOptions, compile_project
 from orchestrator.backends.swarm.compile import StackOptions, compile_stack
 from orchestrator.errors import SpecError
@@ -158,6 +165,7 @@ def test_allowlist_puts_a_gateway_between_the_sandbox_and_the_outside(tmp_path: 
     assert main.get("networks", ["default"]) == ["default"]  # never on the way out itself
     assert main["dns"] == ["127.0.0.1"]
     assert main["environment"]["HTTPS_PROXY"] == PROXY_URL
+    assert main["environment"]["HTTP_PROXY"] == main["environment"]["http_proxy"] == FRONT_URL
     assert gw["networks"] == ["default", "egress"]
     assert doc["networks"]["egress"]["internal"] is False
     assert doc["networks"]["default"]["internal"] is True
@@ -237,6 +245,10 @@ def test_rules_match_names_without_lookups_and_never_the_host() -> None:
             assert line.endswith("!orch_never !orch_host !orch_local")
         elif line.startswith("http_access allow orch_ipliteral"):  # a range: as asked
             assert line.endswith("!orch_never !orch_host")
+    # the plain-HTTP front's copy: names and suffixes with their ports, never a range
+    fronts = [line.split()[1:] for line in rules.splitlines() if line.startswith("#@front")]
+    assert fronts == [["name", "allowed.test", "80", "443"], ["suffix", "pypi.example", "443"]]
+    assert "#@front any" in gateway_rules("all") and "#@front" not in gateway_rules("none")
 
 
 def test_reserved_service_names_are_refused(tmp_path: Path) -> None:

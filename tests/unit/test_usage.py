@@ -308,3 +308,32 @@ def test_a_read_the_engine_cuts_short_keeps_what_it_counted() -> None:
     first = count.read(engine, "gw")
     assert 0 < first.allowed < 10 and not first.complete, first
     assert count.read(engine, "gw") == Egress(10, 0, 10, 100)  # and nothing twice
+
+
+def test_the_fronts_lines_count_beside_squids_each_with_its_own_serial() -> None:
+    """The plain-HTTP front (templates/gateway/front.py) writes `ORCF` lines into the same
+    log, numbered from 0 on their own: interleaved with Squid's, no line is taken for lost;
+    a gap in either numbering is."""
+    from orchestrator.backends.container import egress_log
+
+    squid = _line("10.0.0.2", "TCP_DENIED/403", "HIER_NONE/-", 80, 600)
+    lines = [
+        ("2026-01-01T00:00:01Z", squid),
+        (
+            "2026-01-01T00:00:02Z",
+            "ORCF 0 1795930462.266 10.0.0.2 TCP_MISS/200 HIER_DIRECT 100 5000",
+        ),
+        ("2026-01-01T00:00:03Z", squid),
+        ("2026-01-01T00:00:04Z", "ORCF 1 1795930462.266 10.0.0.2 TCP_MISS/200 HIER_DIRECT 50 7"),
+        ("2026-01-01T00:00:05Z", "ORCF 0 1795930462.266 127.0.0.1 TCP_MISS/200 HIER_DIRECT 1 1"),
+    ]
+    count = egress_log.EgressCount()
+    got = count.read(_Log(lines), "gw")
+    assert got == Egress(2, 2, 150, 5007), got  # (the front began again: a restart, no loss)
+    gap = [("2026-01-01T00:00:06Z", "ORCF 5 1795930462.266 10.0.0.2 TCP_MISS/200 HIER_DIRECT 1 1")]
+    got = count.read(_Log(lines + gap), "gw")
+    assert got.allowed == 3 and not got.complete, got
+    forged = [
+        ("2026-01-01T00:00:07Z", "ORCX 6 1795930462.266 10.0.0.2 TCP_MISS/200 HIER_DIRECT 9 9")
+    ]
+    assert count.read(_Log(lines + gap + forged), "gw").allowed == 3

@@ -28,6 +28,8 @@ READ_WITHIN = 5.0
 LINE_LIMIT = 4096
 """A line longer than this is not one of the gateway's (its lines are about 80 bytes)."""
 MARK = b"ORCH"
+FRONT_MARK = b"ORCF"
+"""The plain-HTTP front's lines (templates/gateway/front.py): the same fields, its own serial."""
 STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z")
 """The engine's timestamp before each line (RFC 3339, UTC), which `--since` takes back."""
 
@@ -40,7 +42,7 @@ class EgressCount:
         self._since: str | None = None
         self._at_since = 0  # lines at exactly `_since` counted already
         self._lost = False  # lines were gone from the log before they were read
-        self._serial = -1  # the serial of the last `ORCH` line read (Squid's count from 0)
+        self._serials = {MARK: -1, FRONT_MARK: -1}  # each writer's last serial read (from 0)
         self._got = Egress()
 
     def read(self, engine: Any, container: str) -> Egress:
@@ -83,13 +85,14 @@ class EgressCount:
                         self._lost, skip = True, 0
                     at_last = at_last + 1 if when == last else 1
                     last = when
-                    serial = _count(text, counts)
-                    if serial is not None:
+                    mark, serial = _count(text, counts)
+                    if mark is not None:
                         # a line between was never read (0: Squid counts from 0 again
-                        # each time it reads its rules anew or restarts: a change of them)
-                        if serial not in (self._serial + 1, 0):
+                        # each time it reads its rules anew or restarts: a change of them;
+                        # the front, each time it starts)
+                        if serial not in (self._serials[mark] + 1, 0):
                             self._lost = True
-                        self._serial = serial
+                        self._serials[mark] = serial
                     taken += len(line) + 1
                 if len(rest) > LINE_LIMIT:
                     rest, dropping = b"", True
@@ -114,22 +117,23 @@ class EgressCount:
         )
 
 
-def _count(text: bytes, counts: list[int]) -> int | None:
+def _count(text: bytes, counts: list[int]) -> tuple[bytes | None, int]:
     """Add one line's request to `counts` (allowed, denied, bytes sent, bytes received);
-    its serial, None for a line that is not one of the access log's."""
+    its writer's mark and its serial, (None, 0) for a line that is not a request's."""
     fields = text.split()
-    if len(fields) != 8 or fields[0] != MARK:
-        return None  # (a line of the gateway's own, not a request's)
+    if len(fields) != 8 or fields[0] not in (MARK, FRONT_MARK):
+        return None, 0  # (a line of the gateway's own, not a request's)
+    mark = bytes(fields[0])
     try:
         serial, up, down = int(fields[1]), max(int(fields[6]), 0), max(int(fields[7]), 0)
     except ValueError:
-        return None
+        return None, 0
     if fields[3].startswith(b"127."):
-        return serial  # the gateway's own: its readiness probe, or the secrets relay's way out
+        return mark, serial  # the gateway's own: its probes, or the secrets relay's way out
     if fields[5].startswith(b"HIER_DIRECT") or b"_PARENT" in fields[5]:  # out (or the relay)
         counts[0] += 1
         counts[2] += up
         counts[3] += down
     else:
         counts[1] += 1
-    return serial
+    return mark, serial

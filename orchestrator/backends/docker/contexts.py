@@ -52,9 +52,11 @@ def compose_ports(ports: Sequence[PortMap]) -> list[str]:
     return out
 
 
-INFRA_LIMITS = Resources(memory="256m", cpus=0.5, pids=256)
+INFRA_LIMITS = Resources(memory="256m", cpus=0.5, pids=1024)
 """What each of the environment's own containers (the egress gateway, the port forwarder)
-is held to: counted by admission with the file's containers (`CompiledProject.limits`)."""
+is held to: counted by admission with the file's containers (`CompiledProject.limits`).
+The gateway's plain-HTTP front runs a thread per connection (two while Squid serves one),
+400 connections at most (templates/gateway/front.py)."""
 
 
 def compose_limits(r: Resources) -> dict[str, Any]:

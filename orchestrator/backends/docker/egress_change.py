@@ -25,7 +25,13 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.backends.docker.network import GATEWAY, PROXY_PORT, RULES_FILE, gateway_rules
+from orchestrator.backends.docker.network import (
+    FRONT_PORT,
+    GATEWAY,
+    PROXY_PORT,
+    RULES_FILE,
+    gateway_rules,
+)
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
 from orchestrator.paths import locked_file, read_regular, write_file
 from orchestrator.spec import egress as rules
@@ -61,9 +67,17 @@ PROBE = (
         '[ "${#answer}" -lt {limit} ] || { echo unknown; exit 0; }\n'
         "printf '%s\\n' \"$answer\" | grep -q '^[[:space:]]*remote: 127\\.'"
         " || { echo unknown; exit 0; }\n"
-        "printf '%s\\n' \"$answer\" | grep -E '^[[:space:]]+remote: ' | grep -vc 'remote: 127\\.'"
-        " || true\n"
+        "squid=$(printf '%s\\n' \"$answer\" | grep -E '^[[:space:]]+remote: '"
+        " | grep -vc 'remote: 127\\.' || true)\n"
+        # the plain-HTTP front's connections from its clients: /proc/net/tcp's on its port,
+        # from anywhere but the gateway's own loopback, in any state but listening (0A) and
+        # TIME_WAIT (06): half-closed ones (CLOSE_WAIT, FIN_WAIT2) still move bytes one way
+        'front=$(awk \'$4 != "0A" && $4 != "06" && $2 ~ /:{front}$/ && $3 !~ /^0100007F:/\''
+        " /proc/net/tcp"
+        " | wc -l)\n"
+        'echo "$((squid + front))"\n'
     )
+    .replace("{front}", f"{FRONT_PORT:04X}")
     .replace("{port}", str(PROXY_PORT))
     .replace("{host}", GATEWAY)
     .replace("{limit}", str(4 << 20))
@@ -72,7 +86,8 @@ PROBE = (
 apart); exit 3 when the new rules never answered. With $3 = open, prints how many requests
 of its clients are open: the cache manager's `remote:` lines that are not its own, asked
 by its own name (answered by Squid itself, never forwarded); "unknown" unless the answer is
-whole and lists the asking request itself (then everything is cut)."""
+whole and lists the asking request itself (then everything is cut); and the plain-HTTP
+front's connections from its clients, open or kept alive."""
 
 
 def marked(egress: rules.Egress, token: str) -> str:

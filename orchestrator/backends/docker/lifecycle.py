@@ -41,7 +41,12 @@ from orchestrator.backends.docker.contexts import gvisor_runtime
 from orchestrator.backends.docker.direct import DirectRun, direct_run
 from orchestrator.backends.docker.memory import sealed_runtime
 from orchestrator.backends.docker.needs import require_runtimes
-from orchestrator.backends.docker.network import EGRESS_NETWORK_ENV, GATEWAY, PROXY_PORT
+from orchestrator.backends.docker.network import (
+    EGRESS_NETWORK_ENV,
+    FRONT_PORT,
+    GATEWAY,
+    PROXY_PORT,
+)
 from orchestrator.backends.docker.render import CompiledProject
 from orchestrator.backends.docker.tether import Tethers
 from orchestrator.errors import DockerError, OrchestratorError, StartupError, UsageError
@@ -506,7 +511,8 @@ class Project:
 
 GATEWAY_READY = (
     'for _ in $(seq "$1"); do (exec 3<>/dev/tcp/127.0.0.1/' + str(PROXY_PORT) + ") 2>/dev/null"
+    " && (exec 3<>/dev/tcp/127.0.0.1/" + str(FRONT_PORT) + ") 2>/dev/null"
     " && exit 0; sleep 0.1; done; exit 1"
 )
-"""Run in the gateway: exit 0 once its proxy port takes a connection (tenths of a second
-to wait given as $1)."""
+"""Run in the gateway: exit 0 once its proxy port and its plain-HTTP front take a
+connection (tenths of a second to wait given as $1)."""

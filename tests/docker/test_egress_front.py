@@ -1,0 +1,333 @@
+"""The egress gateway's plain-HTTP front (templates/gateway/front.py, issue 41 item 3), against
+the real engine and the hermetic test world: HTTP_PROXY names it, it serves what the
+allowlist lets through whole and in any framing, judges every request of a kept-alive
+connection anew, hands everything else to Squid (which refuses as it always did, and counts),
+answers a client that holds too many connections with a clear 503, and a narrowing of egress
+cuts what it has open."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import Runtime, spawn_runtime
+from orchestrator.backends.docker.network import (
+    EGRESS_DNS_ENV,
+    EGRESS_NETWORK_ENV,
+    FRONT_PORT,
+    FRONT_URL,
+    GATEWAY,
+    PROXY_URL,
+)
+from orchestrator.testing.world import World, start_world
+from tests.docker.test_egress import DENIED_BODY, env_file, hello, probe
+
+pytestmark = pytest.mark.docker
+
+BIG = 5_000_000
+PATTERN = bytes(range(256)) * 256
+"""What the world's /bytes/N sends, over and over (orchestrator/testing/world_files.py)."""
+
+SESSION = r'''
+"""Run in a sandbox: python3 -c SESSION JSON: send each of `sends` on one connection to the
+front (each after the answers to the one before were read whole), then read the answers
+of the last until the connection ends; prints what came back, per answer."""
+import json, socket, sys, time
+a = json.loads(sys.argv[1])
+
+
+def answers(sock, buffer, n, heads):
+    """Read n answers (by their framing, as a client would); (answers, rest)."""
+    out = []
+    while len(out) < n:
+        while b"\r\n\r\n" not in buffer:
+            got = sock.recv(65536)
+            if not got:
+                out.append({"status": 0, "body": "", "closed": True})
+                return out, b""
+            buffer += got
+        head, _, buffer = buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        fields = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            fields[k.strip().lower()] = v.strip()
+        body = b""
+        if heads[len(out)] or status in (204, 304):
+            pass
+        elif fields.get("transfer-encoding", "").endswith("chunked"):
+            while True:
+                while b"\r\n" not in buffer:
+                    buffer += sock.recv(65536)
+                size_line, _, buffer = buffer.partition(b"\r\n")
+                size = int(size_line.split(b";")[0], 16)
+                while len(buffer) < size + 2:
+                    buffer += sock.recv(65536)
+                body += buffer[:size]
+                buffer = buffer[size + 2:]
+                if size == 0:
+                    break
+        elif "content-length" in fields:
+            want = int(fields["content-length"])
+            while len(buffer) < want:
+                got = sock.recv(1 << 20)
+                if not got:
+                    break
+                buffer += got
+            body, buffer = buffer[:want], buffer[want:]
+        else:
+            while True:
+                got = sock.recv(1 << 20)
+                if not got:
+                    break
+                buffer += got
+            body, buffer = buffer, b""
+        out.append({"status": status, "connection": fields.get("connection", ""),
+                    "body": body.decode("latin-1") if len(body) < 100000 else "",
+                    "size": len(body), "sha": __import__("hashlib").sha256(body).hexdigest()})
+    return out, buffer
+
+
+with socket.create_connection((a["host"], a["port"]), timeout=30) as s:
+    rest, got = b"", []
+    for send in a["sends"]:
+        s.sendall(send["bytes"].encode("latin-1"))
+        more, rest = answers(s, rest, len(send["heads"]), send["heads"])
+        got += more
+    print(json.dumps(got))
+'''
+
+
+def session(
+    box: Any, *sends: tuple[str, list[bool]], port: int = FRONT_PORT
+) -> list[dict[str, Any]]:
+    """Each send: (bytes, one flag per answer it brings: True for the answer to a HEAD)."""
+    spec = {"host": GATEWAY, "port": port, "sends": [{"bytes": b, "heads": h} for b, h in sends]}
+    done = box.execute(["python3", "-c", SESSION, json.dumps(spec)], timeout=120)
+    assert done.exit_code == 0, (done.stdout, done.stderr)
+    got: list[dict[str, Any]] = json.loads(done.stdout)
+    return got
+
+
+def get(url: str, *more: str) -> str:
+    host = url.split("/")[2]
+    return "".join([f"GET {url} HTTP/1.1\r\nHost: {host}\r\n", *more, "\r\n"])
+
+
+def front_lines(rt: Runtime) -> list[str]:
+    gateway = f"{rt.info().id}-{GATEWAY}-1"
+    logs = subprocess.run(["docker", "logs", gateway], capture_output=True, text=True, timeout=60)
+    return [line for line in logs.stdout.splitlines() if line.startswith("ORCF ")]
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    """The outside world; the module's environments leave by its network and resolver."""
+    with start_world() as started, pytest.MonkeyPatch.context() as patch:
+        patch.setenv(EGRESS_NETWORK_ENV, started.network)
+        patch.setenv(EGRESS_DNS_ENV, started.resolver_ip)
+        patch.delenv("ORCHESTRATOR_EGRESS", raising=False)
+        yield started
+
+
+@pytest.fixture(scope="module")
+def listed(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """An allowlist; a service `hog` behind the same gateway."""
+    folder = tmp_path_factory.mktemp("front")
+    body = "network: {egress: [allowed.test, 'denied.test:7000']}\nservices:\n"
+    body += "  hog:\n    image: orchestrator-test/python:3.11\n    command: [sleep, '3600']\n"
+    with spawn_runtime(env_file(folder, "front", body)) as rt:
+        yield rt
+
+
+def test_http_proxy_names_the_front_and_a_large_body_comes_whole(listed: Runtime) -> None:
+    said = listed.execute("echo $http_proxy $HTTP_PROXY $https_proxy $HTTPS_PROXY", timeout=30)
+    assert said.stdout.split() == [FRONT_URL, FRONT_URL, PROXY_URL, PROXY_URL], said
+    before = listed.usage().egress
+    served = len(front_lines(listed))
+    fetch = (
+        "import hashlib, urllib.request\n"
+        f"body = urllib.request.urlopen('http://allowed.test/bytes/{BIG}', timeout=30).read()\n"
+        "print(len(body), hashlib.sha256(body).hexdigest())\n"
+    )
+    done = listed.execute(["python3", "-c", fetch], timeout=120)
+    want = (PATTERN * (BIG // len(PATTERN) + 1))[:BIG]
+    assert done.stdout.split() == [str(BIG), hashlib.sha256(want).hexdigest()], done
+    assert len(front_lines(listed)) == served + 1  # the front served it, not Squid
+    after = listed.usage().egress
+    assert before is not None and after is not None and after.complete, after
+    assert after.allowed == before.allowed + 1, (before, after)
+    assert after.bytes_received - before.bytes_received >= BIG, (before, after)
+
+
+def test_each_request_of_a_connection_is_judged_anew(listed: Runtime) -> None:
+    """Kept alive: an allowed host, then one the allowlist does not name (Squid refuses it,
+    on the same connection), then an allowed one again (served by Squid from there on)."""
+    first, denied, again = session(
+        listed,
+        (get("http://allowed.test/"), [False]),
+        (get("http://denied.test/"), [False]),
+        (get("http://allowed.test/", "Connection: close\r\n"), [False]),
+    )
+    assert (first["status"], first["body"]) == (200, hello("allowed.test")), first
+    assert denied["status"] == 403 and DENIED_BODY in denied["body"], denied
+    assert (again["status"], again["body"]) == (200, hello("allowed.test")), again
+    # a port the entry does not name, pipelined behind an allowed request
+    served, port, gone = session(
+        listed,
+        (
+            get("http://allowed.test/")
+            + get("http://denied.test:8080/")
+            + get("http://allowed.test/", "Connection: close\r\n"),
+            [False, False, False],
+        ),
+    )
+    assert served["status"] == 200 and gone["status"] == 200, (served, gone)
+    assert port["status"] == 403 and DENIED_BODY in port["body"], port
+    # an allowed port whose server speaks no HTTP (the world's echo): a clear 502
+    [echoed] = session(listed, (get("http://denied.test:7000/"), [False]))
+    assert echoed["status"] == 502 and "no valid HTTP answer" in echoed["body"], echoed
+
+
+def test_bodies_in_every_framing_pass_whole(world: World, listed: Runtime) -> None:
+    payload = "x=" + "ab" * 40000
+    post = (
+        f"POST http://allowed.test/echo HTTP/1.1\r\nHost: allowed.test\r\n"
+        f"Content-Length: {len(payload)}\r\nContent-Type: text/plain\r\n\r\n{payload}"
+    )
+    chunked = (
+        "POST http://allowed.test/echo HTTP/1.1\r\nHost: allowed.test\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    )
+    head = "HEAD http://allowed.test/bytes/100 HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+    split = get("http://allowed.test/reflect/split", "Authorization: key-123\r\n")
+    echoed, headed, chunks, after, by_squid = session(
+        listed,
+        (post, [False]),
+        (head, [True]),
+        (split, [False]),
+        (get(f"http://allowed.test/bytes/{BIG}"), [False]),
+        (chunked, [False]),  # a chunked request: Squid's to frame
+    )
+    assert echoed["status"] == 200 and json.loads(echoed["body"])["body"] == payload, echoed
+    assert headed["status"] == 200 and headed["size"] == 0, headed
+    assert chunks["status"] == 200 and chunks["body"] == "key-123", chunks
+    want = (PATTERN * (BIG // len(PATTERN) + 1))[:BIG]
+    assert after["size"] == BIG and after["sha"] == hashlib.sha256(want).hexdigest(), after
+    assert by_squid["status"] == 200 and json.loads(by_squid["body"])["body"] == "hello"
+    # what the server got: the origin form, its own Host, nothing of the proxy's
+    seen = [r for r in world.requests("allowed.test") if r["method"] == "POST"][-2:]
+    assert seen[0]["path"] == "/echo", seen
+    names = {k.lower() for k, _ in seen[0]["headers"]}
+    assert not names & {"proxy-connection", "via", "x-forwarded-for"}, seen
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["0x7f.1", "2130706433", "127.1", "0177.0.0.1", "localhost", GATEWAY, "main", "hog"],
+)
+def test_a_name_that_is_an_address_or_leads_inside_is_refused(listed: Runtime, host: str) -> None:
+    [answer] = session(listed, (get(f"http://{host}/", "Connection: close\r\n"), [False]))
+    assert answer["status"] == 403 and DENIED_BODY in answer["body"], answer
+
+
+def test_odd_requests_go_to_squid_and_are_refused_or_served_as_before(listed: Runtime) -> None:
+    sends = [
+        "GET http://allowed.test@denied.test/ HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+        "GET http://denied.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        "CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\n\r\n",
+        "GET https://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        "GET http://[::1]/ HTTP/1.1\r\nHost: [::1]\r\n\r\n",
+    ]
+    for send in sends:
+        [answer] = session(listed, (send, [False]))
+        assert answer["status"] in (400, 403), (send, answer)
+    # the URI's host is the one reached, whatever Host says
+    [answer] = session(
+        listed, (get("http://allowed.test/", "Host: denied.test\r\nConnection: close\r\n"), [False])
+    )
+    assert (answer["status"], answer["body"]) == (200, hello("allowed.test")), answer
+
+
+def test_a_client_holding_too_many_connections_gets_a_clear_503(listed: Runtime) -> None:
+    hold = r"""
+import socket, sys, time
+held = [socket.create_connection(("orchestrator-egress", 3080), timeout=10) for _ in range(270)]
+time.sleep(1)
+busy, served = 0, None
+for s in held:
+    s.settimeout(0.05)
+    try:
+        got = s.recv(4096)
+    except TimeoutError:  # admitted: it waits for a request
+        served = served or s
+        continue
+    busy += b" 503 " in got and b"too many connections" in got
+print(busy)
+served.settimeout(10)
+served.sendall(b"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+print(b" 200 " in served.recv(4096))
+"""
+    done = listed.execute(["python3", "-c", hold], timeout=120)
+    busy, served = done.stdout.split()
+    # 256 at most held (fewer while the front still counts the test's earlier connections)
+    assert 14 <= int(busy) <= 24 and served == "True", done
+    # the same client, once it let go, and another client meanwhile are served
+    [answer] = session(listed, (get("http://allowed.test/", "Connection: close\r\n"), [False]))
+    assert answer["status"] == 200, answer
+    [other] = session(
+        listed.service("hog"), (get("http://allowed.test/", "Connection: close\r\n"), [False])
+    )
+    assert other["status"] == 200, other
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["open", "half-closed"])
+def test_narrowing_cuts_a_download_the_front_has_open(
+    world: World, tmp_path: Path, half: bool
+) -> None:
+    """A download under way through the front when its host is taken away ends there (the
+    gateway is restarted), also when the client has closed its sending side (the front's
+    socket is then in CLOSE_WAIT); a request after it is refused."""
+    body = "network: {egress: [allowed.test]}\n"
+    size = 64 * 1024 * 1024
+    with spawn_runtime(env_file(tmp_path, "narrowed", body)) as rt:
+        keep = r"""
+import os, socket, sys, time
+s = socket.create_connection(("orchestrator-egress", 3080), timeout=20)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+ask = b"GET http://allowed.test/bytes/%d HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+s.sendall(ask % int(sys.argv[1]))
+if sys.argv[2] == "half":
+    s.shutdown(socket.SHUT_WR)
+got = len(s.recv(1 << 20))
+print(got > 0, flush=True)
+open("/tmp/ready", "w").close()
+while not os.path.exists("/tmp/go"):
+    time.sleep(0.05)
+try:
+    while True:
+        part = s.recv(1 << 20)
+        if not part:
+            break
+        got += len(part)
+except OSError:
+    pass
+print(got)
+"""
+        held = rt.start(["python3", "-c", keep, str(size), "half" if half else "open"])
+        rt.execute("while [ ! -e /tmp/ready ]; do sleep 0.05; done", timeout=60)
+        rt.set_egress("none")
+        rt.execute("touch /tmp/go", timeout=30)
+        out = held.wait(timeout=120)
+        first, count = [*out.stdout.split(), "", ""][:2]
+        assert first == "True", out
+        assert int(count) < size, out  # cut: the head and part of the body, never all
+        [after] = probe(rt, {"op": "get", "url": "http://allowed.test/", "timeout": 5})
+        assert after.get("status") == 403, after
