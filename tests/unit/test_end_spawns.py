@@ -260,3 +260,27 @@ def test_a_down_of_a_dead_owners_project_ends_its_clients(
     finally:
         client.kill()
         client.wait()
+
+
+def test_a_reap_of_a_dead_owners_folder_ends_its_clients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder whose project the engine no longer lists (a Swarm stack's, say) is reaped
+    without any project of it: its dead creator's clients go with it."""
+    from orchestrator.backends.container import reaping
+
+    pid, start = _dead_owner()
+    client = _marked_sleep(pid, start)
+    folder = tmp_path / "orch-t-87654321"
+    folder.mkdir()
+    (folder / "owner").write_text(f"{pid} {start} {socket.gethostname()}\n")
+    reaped: list[Path] = []
+    monkeypatch.setattr(reaping, "orphan_folders", lambda live: [folder])
+    monkeypatch.setattr(reaping, "folder_backend", lambda f: "swarm")
+    monkeypatch.setattr(reaping, "reap_folder", reaped.append)
+    try:
+        assert reaping._reap_folders(set(), None, {}, []) == [folder.name]
+        assert reaped == [folder] and client.wait(3) == -9
+    finally:
+        client.kill()
+        client.wait()

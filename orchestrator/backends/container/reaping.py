@@ -86,9 +86,30 @@ def _reap_folders(
     failed: list[OrchestratorError],
 ) -> list[str]:
     """Remove the project folders of ours that no project in `live` accounts for and whose
-    creator is gone (see `reap`): their names. What fails is added to `failed`."""
-    removed = []
+    creator is gone (see `reap`): their names; then end what their creators still ran
+    (their marked engine clients: an exec into a removed Swarm task, say). What fails is
+    added to `failed`."""
+    removed: list[str] = []
+    owners: list[dict[str, str]] = []
+    try:
+        _reap_orphans(live, engine, asked, failed, removed, owners)
+    finally:
+        end_spawns(*owners)
+    return removed
+
+
+def _reap_orphans(
+    live: set[str],
+    engine: Engine | None,
+    asked: dict[str, Listing | None],
+    failed: list[OrchestratorError],
+    removed: list[str],
+    owners: list[dict[str, str]],
+) -> None:
     for folder in orphan_folders(live):
+        owner = folder_owner(folder)
+        if owner is not None:
+            owners.append(owner)
         if folder_backend(folder) is not None:  # another backend's (a stack on a Swarm)
             with contextlib.suppress(OrchestratorError):  # its engine is away: next reap
                 reap_folder(folder)
@@ -105,7 +126,6 @@ def _reap_folders(
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder.name)
-    return removed
 
 
 def orphan_folders_of(owner: dict[str, str]) -> list[str]:

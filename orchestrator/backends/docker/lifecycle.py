@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator import procutil
 from orchestrator.backends.container.binds import Pins
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
@@ -311,7 +312,12 @@ class Project:
         )
         try:
             done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=deadline + 10, check=False
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=deadline + 10,
+                check=False,
+                env=procutil.marked_environ(),  # ended by our guardian if we die first
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise StartupError(f"{self.name}: the egress gateway did not start: {exc}") from None
