@@ -47,6 +47,9 @@ SQUID = ("127.0.0.1", 3127)
 """Squid's port for the connections handed to it, each led by a PROXY-protocol line."""
 PORT = 3080
 HEAD_LIMIT = 64 * 1024
+HEADERS = 100
+"""Headers in a head this parses at most (beyond, Squid's: a request's goes to it whole, and
+an answer is one this does not pass on)."""
 KEEP_IDLE = 120.0
 IDLE = 900.0
 CONNECT_WITHIN = 10.0
@@ -91,7 +94,17 @@ class BadAnswer(Closed):
 
 class NoAnswer(BadAnswer):
     """The server's connection ended before it sent a byte: on a connection kept from an
-    earlier request, the server may have closed it meanwhile (it is asked again once)."""
+    earlier request, the server may have closed it meanwhile (a request that may be sent
+    twice, GET, HEAD or OPTIONS with no body, is sent again once, on a new connection)."""
+
+
+class TimedOut(Closed):
+    """A bound passed with nothing read: never taken for a connection the server closed."""
+
+
+AGAIN = {b"GET", b"HEAD", b"OPTIONS"}
+"""Methods whose request is sent again on a new connection when a kept one was found closed
+(Squid retries the same)."""
 
 
 BAD_TEXT = b"orchestrator egress gateway: the server sent no valid HTTP answer\n"
@@ -192,7 +205,7 @@ def wait(sock: socket.socket | int, flag: int, within: float) -> None:
     poller = select.poll()
     poller.register(sock, flag | select.POLLERR | select.POLLHUP)
     if not poller.poll(within * 1000):
-        raise Closed()
+        raise TimedOut()
 
 
 def send(sock: socket.socket, data: bytes) -> None:
@@ -296,7 +309,11 @@ class Head:
 
 
 def parse(raw: bytes) -> Head | None:
-    """A head (ending in CRLF CRLF), or None for anything not cleanly HTTP/1.x."""
+    """A head (ending in CRLF CRLF), or None for anything not cleanly HTTP/1.x or with more
+    than HEADERS headers (a head of thousands of tiny headers parses into twenty times its
+    size: 256 such connections would take the gateway's memory)."""
+    if raw.count(b"\n") > HEADERS + 2:
+        return None
     lines = raw[:-4].split(b"\r\n")
     if any(b"\n" in line or b"\r" in line or b"\0" in line for line in lines):
         return None
@@ -338,7 +355,7 @@ class Conn:
                 return got, False
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Closed()
+                raise TimedOut()
             try:
                 got = self.sock.recv(65536)
             except BlockingIOError:
@@ -493,6 +510,36 @@ class Handover(Exception):
     """Squid is to answer this request (nothing of it was answered here)."""
 
 
+class Plan:
+    """A request this serves itself, as it goes on to its server: what is kept of its head
+    (its parsed headers are not: a connection holds no more than it must while it waits)."""
+
+    def __init__(
+        self, method: bytes, host: bytes, port: int, head: bytes, body: int, closing: bool
+    ) -> None:
+        self.method, self.host, self.port, self.head = method, host, port, head
+        self.body, self.closing = body, closing
+
+
+def plan(raw: bytes, whole: bool) -> Plan | None:
+    """What to send for the request head `raw`; None when it is Squid's to answer."""
+    request = parse(raw) if whole else None
+    aim = target(request) if request else None
+    body = length(request) if request else None
+    if (
+        request is None
+        or aim is None
+        or body is None
+        or request.tokens(b"connection") & FRAMING
+        or any(request.get(n) for n in REFUSED)
+        or not RULESET.allows(aim[1], aim[2])
+    ):
+        return None
+    method, host, port, path = aim
+    closing = b"close" in request.tokens(b"connection")
+    return Plan(method, host, port, request_head(method, host, port, path, request), body, closing)
+
+
 def serve(client: Conn) -> None:
     """Serve the client's requests while they are ones this serves; then hand the rest of
     the connection to Squid. One line per request served (see `note`)."""
@@ -502,25 +549,16 @@ def serve(client: Conn) -> None:
     try:
         while True:
             raw, whole = client.head(KEEP_IDLE)
-            request = parse(raw) if whole else None
-            aim = target(request) if request else None
-            body = length(request) if request else None
             try:
-                if (
-                    request is None
-                    or aim is None
-                    or body is None
-                    or request.tokens(b"connection") & FRAMING
-                    or any(request.get(n) for n in REFUSED)
-                    or not RULESET.allows(aim[1], aim[2])
-                ):
+                planned = plan(raw, whole)
+                if planned is None:
                     raise Handover()
-                status, up, keep = exchange(client, request, aim, body, up, pipe)
+                status, up, keep = exchange(client, planned, up, pipe)
             except Handover:
                 if up is not None:  # (a kept one: Squid makes its own)
                     up.sock.close()
                     up = None
-                client.buffer = raw + client.buffer
+                client.buffer, raw = raw + client.buffer, b""
                 hand_over(client, pipe)
                 return
             except Closed:
@@ -539,22 +577,18 @@ def serve(client: Conn) -> None:
 
 
 def exchange(
-    client: Conn,
-    request: Head,
-    aim: tuple[bytes, bytes, int, bytes],
-    body: int,
-    up: Upstream | None,
-    pipe: Pipe,
+    client: Conn, planned: Plan, up: Upstream | None, pipe: Pipe
 ) -> tuple[int, Upstream | None, bool]:
     """One request sent to its server, and its answer to the client: (its status, the
     server's connection if it may serve the next one, whether the client's stays open).
     Handover when it is Squid's to answer; Closed when either side ends or fails (every
     server connection it holds is closed then)."""
-    method, host, port, path = aim
+    host, port, body = planned.host, planned.port, planned.body
     if up is not None and ((up.host, up.port) != (host, port) or not up.idle()):
         up.sock.close()
         up = None
-    for again in (up is not None and body == 0, False):  # a kept one may be asked twice
+    twice = up is not None and body == 0 and planned.method in AGAIN  # (a kept one: maybe closed)
+    for again in (twice, False):
         if up is None:
             found = addresses(host)
             up = open_upstream(host, port, found) if found is not None else None
@@ -563,11 +597,11 @@ def exchange(
         current = up
         try:
             try:
-                send(current.sock, request_head(method, host, port, path, request))
+                send(current.sock, planned.head)
             except Closed:  # (the server closed it: as if it never answered)
                 raise NoAnswer() from None
             client.forward(current.sock, body, pipe)
-            status, keep_up = answer(current, client, method, pipe)
+            status, keep_up = answer(current, client, planned.method, pipe)
         except NoAnswer:
             current.sock.close()
             up = None
@@ -585,7 +619,7 @@ def exchange(
         if not keep_up:
             current.sock.close()
         kept = current if keep_up else None
-        return status, kept, keep_up is not None and b"close" not in request.tokens(b"connection")
+        return status, kept, keep_up is not None and not planned.closing
     raise AssertionError("unreachable")  # (the second try never continues)
 
 
@@ -628,6 +662,10 @@ def answer(up: Upstream, client: Conn, method: bytes, pipe: Pipe) -> tuple[int, 
     while True:
         try:
             raw, whole = server.head(IDLE)
+        except TimedOut:
+            if interim:
+                raise
+            raise BadAnswer() from None
         except Closed:
             if interim:
                 raise
@@ -668,6 +706,8 @@ def answer(up: Upstream, client: Conn, method: bytes, pipe: Pipe) -> tuple[int, 
     lines = [head.first]
     drop = {b"connection", b"keep-alive", b"proxy-connection"} | head.tokens(b"connection")
     drop -= FRAMING  # (as framed here, so passed on)
+    if head.get(b"transfer-encoding"):  # (framed by it alone: a length beside it is a lie)
+        drop.add(b"content-length")
     lines += [n + b": " + v for n, v in head.headers if n.lower() not in drop]
     if closes or status == 101:
         lines.append(b"Connection: close")
@@ -687,29 +727,32 @@ def answer(up: Upstream, client: Conn, method: bytes, pipe: Pipe) -> tuple[int, 
 
 
 def chunks(server: Conn, dst: socket.socket, pipe: Pipe) -> None:
-    """Pass a chunked body on as it comes, each chunk's size line and CRLF checked."""
+    """Pass a chunked body on as it comes: each chunk's size line written anew (no
+    extension, nothing a lenient client could read otherwise), its data's CRLF checked, and
+    no trailer (a proxy may drop them; each would be one more head to check)."""
     while True:
         line, whole = server.line()
-        size_text = line.split(b";", 1)[0].strip()
+        size_text = line[:-2].split(b";", 1)[0].strip(b" \t")
         if (
             not whole
             or not size_text
             or len(size_text) > 16
             or not all(c in b"0123456789abcdefABCDEF" for c in size_text)
+            or any(c in line[:-2] for c in b"\r\n\0")
         ):
             raise Closed()
         size = int(size_text, 16)
-        send(dst, line)
+        send(dst, b"%x\r\n" % size)
         if size == 0:
-            end = b""
-            while True:  # trailers, up to the empty line
+            seen = 0
+            while True:  # trailers, read up to the empty line, not passed on
                 trailer, whole = server.line()
-                if not whole or len(end) > HEAD_LIMIT:
+                seen += len(trailer)
+                if not whole or seen > HEAD_LIMIT:
                     raise Closed()
-                end += trailer
                 if trailer == b"\r\n":
                     break
-            send(dst, end)
+            send(dst, b"\r\n")
             return
         server.forward(dst, size, pipe)
         end_line, whole = server.line()

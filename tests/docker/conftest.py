@@ -5,18 +5,32 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator import Runtime, spawn_runtime
+from orchestrator.backends.docker.network import EGRESS_DNS_ENV, EGRESS_NETWORK_ENV
 from orchestrator.backends.docker.runtime import ComposeRuntime
+from orchestrator.testing.world import World, start_world
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
 
 MakeEnv = Callable[..., Path]
 """make_env(body, name="t", image=PYTHON_IMAGE) -> the file's path."""
+
+
+@contextmanager
+def leaving_by_world() -> Iterator[World]:
+    """A test world whose network and resolver the environments started meanwhile leave by
+    (the caller's shared egress network), with no caller egress policy of the machine's."""
+    with start_world() as started, pytest.MonkeyPatch.context() as patch:
+        patch.setenv(EGRESS_NETWORK_ENV, started.network)
+        patch.setenv(EGRESS_DNS_ENV, started.resolver_ip)
+        patch.delenv("ORCHESTRATOR_EGRESS", raising=False)
+        yield started
 
 
 @pytest.fixture

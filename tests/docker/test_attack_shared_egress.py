@@ -28,14 +28,14 @@ import pytest
 
 from orchestrator import Runtime, UsageError, spawn_runtime
 from orchestrator.backends.docker.network import (
-    EGRESS_DNS_ENV,
     EGRESS_NETWORK_ENV,
     FRONT_PORT,
     GATEWAY,
     PROXY_PORT,
 )
-from orchestrator.testing.world import LABEL, World, start_world
+from orchestrator.testing.world import LABEL, World
 from tests.conftest import PYTHON_IMAGE, labelled_ids
+from tests.docker.conftest import leaving_by_world
 from tests.docker.test_egress import (
     DENIED_BODY,
     env_file,
@@ -109,10 +109,7 @@ CLOSE = "HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n"
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
     """The shared network (the world's), its resolver, and its servers beyond it."""
-    with start_world() as started, pytest.MonkeyPatch.context() as patch:
-        patch.setenv(EGRESS_NETWORK_ENV, started.network)
-        patch.setenv(EGRESS_DNS_ENV, started.resolver_ip)
-        patch.delenv("ORCHESTRATOR_EGRESS", raising=False)
+    with leaving_by_world() as started:
         yield started
 
 

@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from orchestrator import Runtime, SpecError, spawn_runtime
-from orchestrator.backends.docker.network import EGRESS_DNS_ENV, EGRESS_NETWORK_ENV, GATEWAY
+from orchestrator.backends.docker.network import GATEWAY
 from orchestrator.sandbox.calls import Sandbox
-from orchestrator.testing.world import World, start_world
+from orchestrator.testing.world import World
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids
+from tests.docker.conftest import leaving_by_world
 
 Result = dict[str, Any]
 """What the probe said about one action."""
@@ -254,10 +255,7 @@ def service_file(folder: Path, name: str, main: str, web: str) -> Path:
 def world() -> Iterator[World]:
     """The outside world; every environment of the module leaves by its network and its
     resolver (environments come down before it does: their fixtures depend on this one)."""
-    with start_world() as started, pytest.MonkeyPatch.context() as patch:
-        patch.setenv(EGRESS_NETWORK_ENV, started.network)
-        patch.setenv(EGRESS_DNS_ENV, started.resolver_ip)
-        patch.delenv("ORCHESTRATOR_EGRESS", raising=False)
+    with leaving_by_world() as started:
         yield started
 
 

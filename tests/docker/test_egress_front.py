@@ -18,14 +18,13 @@ import pytest
 
 from orchestrator import Runtime, spawn_runtime
 from orchestrator.backends.docker.network import (
-    EGRESS_DNS_ENV,
-    EGRESS_NETWORK_ENV,
     FRONT_PORT,
     FRONT_URL,
     GATEWAY,
     PROXY_URL,
 )
-from orchestrator.testing.world import World, start_world
+from orchestrator.testing.world import World
+from tests.docker.conftest import leaving_by_world
 from tests.docker.test_egress import DENIED_BODY, env_file, hello, probe
 
 pytestmark = pytest.mark.docker
@@ -130,10 +129,7 @@ def front_lines(rt: Runtime) -> list[str]:
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
     """The outside world; the module's environments leave by its network and resolver."""
-    with start_world() as started, pytest.MonkeyPatch.context() as patch:
-        patch.setenv(EGRESS_NETWORK_ENV, started.network)
-        patch.setenv(EGRESS_DNS_ENV, started.resolver_ip)
-        patch.delenv("ORCHESTRATOR_EGRESS", raising=False)
+    with leaving_by_world() as started:
         yield started
 
 

@@ -5,7 +5,9 @@ something away (and so cut what is open), and the rules a change writes."""
 from __future__ import annotations
 
 import http.server
+import os
 import shutil
+import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 
 from orchestrator.backends.docker.egress_change import CHANGING, PROBE, marked, now
 from orchestrator.backends.docker.network import (
+    FRONT_UID_FILE,
     GATEWAY,
     PROXY_PORT,
     PROXY_URL,
@@ -198,20 +201,43 @@ def _self(port: int) -> str:
         ((200, "Connection: 0x2\n\tremote: 10.0.0.2:5\n"), "unknown"),  # not the whole list
     ],
 )
-def test_what_is_open_is_counted_or_said_unknown(manager: tuple[int, str], said: str) -> None:
+def test_what_is_open_is_counted_or_said_unknown(
+    manager: tuple[int, str], said: str, tmp_path: Path
+) -> None:
     """The probe a change runs in the gateway (bash), against a stand-in on this machine's
     loopback: it counts the clients' open requests only from a whole answer that lists the
     asking request itself; anything else is "unknown", which cuts."""
+    assert _probe(manager, tmp_path, uid=4_000_000_000) == said  # (a user with no socket)
+
+
+def test_every_socket_of_the_fronts_user_counts_as_open(tmp_path: Path) -> None:
+    """The plain-HTTP front's connections are counted by its user's TCP sockets, whatever
+    their state: here this process's user, which holds at least the two ends of one."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener, socket.create_connection(listener.getsockname()) as held:
+        accepted, _ = listener.accept()
+        with accepted:
+            said = _probe((200, _self(1)), tmp_path, uid=os.getuid())
+        assert held.fileno() >= 0
+    assert said.isdigit() and int(said) >= 2, said
+    missing = tmp_path / "gone"  # no user file: not known, which cuts
+    assert _probe((200, _self(1)), missing, uid=None) == "unknown"
+
+
+def _probe(manager: tuple[int, str], folder: Path, uid: int | None) -> str:
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("no bash here")
+    uid_file = folder / "front.uid"
+    if uid is not None:
+        uid_file.write_text(f"{uid}\n")
     FakeGateway.manager = manager
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeGateway)
     port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        script = PROBE.replace(f"/{PROXY_PORT}", f"/{port}")
+        script = PROBE.replace(f"/{PROXY_PORT}", f"/{port}").replace(FRONT_UID_FILE, str(uid_file))
         done = subprocess.run(
             [bash, "-c", script, "probe", "00ff", "20", "open"],
             capture_output=True,
@@ -222,7 +248,7 @@ def test_what_is_open_is_counted_or_said_unknown(manager: tuple[int, str], said:
         server.shutdown()
         server.server_close()
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == said
+    return done.stdout.strip()
 
 
 def test_a_lock_file_is_waited_for_a_bounded_time(tmp_path: Path) -> None:

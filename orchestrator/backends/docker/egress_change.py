@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.backends.docker.network import (
-    FRONT_PORT,
+    FRONT_UID_FILE,
     GATEWAY,
     PROXY_PORT,
     RULES_FILE,
@@ -69,15 +69,16 @@ PROBE = (
         " || { echo unknown; exit 0; }\n"
         "squid=$(printf '%s\\n' \"$answer\" | grep -E '^[[:space:]]+remote: '"
         " | grep -vc 'remote: 127\\.' || true)\n"
-        # the plain-HTTP front's connections from its clients: /proc/net/tcp's on its port,
-        # from anywhere but the gateway's own loopback, in any state but listening (0A) and
-        # TIME_WAIT (06): half-closed ones (CLOSE_WAIT, FIN_WAIT2) still move bytes one way
-        'front=$(awk \'$4 != "0A" && $4 != "06" && $2 ~ /:{front}$/ && $3 !~ /^0100007F:/\''
-        " /proc/net/tcp"
-        " | wc -l)\n"
+        # the plain-HTTP front's connections: every TCP socket of its user (its own, the
+        # gateway's: templates/gateway/start) in any state but listening (0A) and TIME_WAIT
+        # (06): a client's, half-closed or kept alive, and a server's, which goes on moving
+        # what a client sent even once that client's socket was reset and is gone
+        "uid=$(cat {front_uid} 2>/dev/null) || { echo unknown; exit 0; }\n"
+        'front=$(awk -v uid="$uid" \'NR > 1 && $8 == uid && $4 != "0A" && $4 != "06"\''
+        " /proc/net/tcp | wc -l)\n"
         'echo "$((squid + front))"\n'
     )
-    .replace("{front}", f"{FRONT_PORT:04X}")
+    .replace("{front_uid}", FRONT_UID_FILE)
     .replace("{port}", str(PROXY_PORT))
     .replace("{host}", GATEWAY)
     .replace("{limit}", str(4 << 20))
@@ -87,7 +88,7 @@ apart); exit 3 when the new rules never answered. With $3 = open, prints how man
 of its clients are open: the cache manager's `remote:` lines that are not its own, asked
 by its own name (answered by Squid itself, never forwarded); "unknown" unless the answer is
 whole and lists the asking request itself (then everything is cut); and the plain-HTTP
-front's connections from its clients, open or kept alive."""
+front's connections (every TCP socket of its user: open, half-closed or kept alive)."""
 
 
 def marked(egress: rules.Egress, token: str) -> str:

@@ -49,6 +49,8 @@ PROXY_URL = f"http://{GATEWAY}:{PROXY_PORT}"
 FRONT_PORT = 3080
 FRONT_URL = f"http://{GATEWAY}:{FRONT_PORT}"
 """The plain-HTTP front (templates/gateway/front.py): HTTP_PROXY."""
+FRONT_UID_FILE = "/run/orchestrator-gateway/front.uid"
+"""In the gateway: the user its front runs as, one of its own (templates/gateway/start)."""
 RULES_DIR = "gateway/rules"
 """The folder of the gateway's rules, relative to the project folder: mounted read-only into
 the gateway whole (not its one file), so a change renames a new file into it, which Squid
