@@ -48,8 +48,8 @@ SQUID = ("127.0.0.1", 3127)
 PORT = 3080
 HEAD_LIMIT = 64 * 1024
 HEADERS = 100
-"""Headers in a head this parses at most (beyond, Squid's: a request's goes to it whole, and
-an answer is one this does not pass on)."""
+"""Headers in a head at most: a request with more gets a 431 here (Squid would parse them
+too, into twenty times their bytes), an answer with more is not passed on."""
 KEEP_IDLE = 120.0
 IDLE = 900.0
 CONNECT_WITHIN = 10.0
@@ -107,6 +107,11 @@ AGAIN = {b"GET", b"HEAD", b"OPTIONS"}
 (Squid retries the same)."""
 
 
+MANY_TEXT = b"orchestrator egress gateway: a request has at most 100 headers\n"
+MANY_ANSWER = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(MANY_TEXT), MANY_TEXT)
+)
 BAD_TEXT = b"orchestrator egress gateway: the server sent no valid HTTP answer\n"
 BAD_ANSWER = (
     b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Type: text/plain\r\n"
@@ -191,11 +196,13 @@ SERIAL = [0]
 LOG_LOCK = threading.Lock()
 
 
-def log(client: str, status: int, up: int, down: int) -> None:
-    """One line of the access log (the fields of Squid's, see the module)."""
+def log(client: str, status: int, up: int, down: int, *, out: bool = True) -> None:
+    """One line of the access log (the fields of Squid's, see the module): a request that
+    went out, or (`out` False) one refused here."""
     with LOG_LOCK:
         when = f"{time.time():.3f}"
-        line = f"ORCF {SERIAL[0]} {when} {client} TCP_MISS/{status:03d} HIER_DIRECT {up} {down}\n"
+        result, hier = ("TCP_MISS", "HIER_DIRECT") if out else ("TCP_DENIED", "HIER_NONE")
+        line = f"ORCF {SERIAL[0]} {when} {client} {result}/{status:03d} {hier} {up} {down}\n"
         SERIAL[0] += 1
         with contextlib.suppress(OSError):
             os.write(1, line.encode())
@@ -549,6 +556,10 @@ def serve(client: Conn) -> None:
     try:
         while True:
             raw, whole = client.head(KEEP_IDLE)
+            if raw.count(b"\n") > HEADERS + 2:  # (neither parsed here nor by Squid)
+                send(client.sock, MANY_ANSWER)
+                log(client.address[0], 431, len(raw), len(MANY_ANSWER), out=False)
+                return
             try:
                 planned = plan(raw, whole)
                 if planned is None:
