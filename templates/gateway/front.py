@@ -47,9 +47,11 @@ SQUID = ("127.0.0.1", 3127)
 """Squid's port for the connections handed to it, each led by a PROXY-protocol line."""
 PORT = 3080
 HEAD_LIMIT = 64 * 1024
+ANSWER_HEADERS = 500
+"""Headers in an answer at most (a server's: allowed, but bounded all the same)."""
 HEADERS = 100
-"""Headers in a head at most: a request with more gets a 431 here (Squid would parse them
-too, into twenty times their bytes), an answer with more is not passed on."""
+"""Headers in a request's head at most: one with more gets a 431 here (Squid would parse
+them too, into twenty times their bytes)."""
 KEEP_IDLE = 120.0
 IDLE = 900.0
 CONNECT_WITHIN = 10.0
@@ -315,11 +317,11 @@ class Head:
         return {t.strip().lower() for v in self.get(name) for t in v.split(b",")}
 
 
-def parse(raw: bytes) -> Head | None:
+def parse(raw: bytes, most: int = 0) -> Head | None:
     """A head (ending in CRLF CRLF), or None for anything not cleanly HTTP/1.x or with more
     than HEADERS headers (a head of thousands of tiny headers parses into twenty times its
     size: 256 such connections would take the gateway's memory)."""
-    if raw.count(b"\n") > HEADERS + 2:
+    if raw.count(b"\n") > (most or HEADERS) + 2:
         return None
     lines = raw[:-4].split(b"\r\n")
     if any(b"\n" in line or b"\r" in line or b"\0" in line for line in lines):
@@ -599,6 +601,9 @@ def exchange(
         up.sock.close()
         up = None
     twice = up is not None and body == 0 and planned.method in AGAIN  # (a kept one: maybe closed)
+    if up is not None and not twice:  # one that may not be sent twice goes on a new one
+        up.sock.close()
+        up = None
     for again in (twice, False):
         if up is None:
             found = addresses(host)
@@ -609,6 +614,8 @@ def exchange(
         try:
             try:
                 send(current.sock, planned.head)
+            except TimedOut:  # (it takes nothing: no answer to wait for, nor to ask again)
+                raise BadAnswer() from None
             except Closed:  # (the server closed it: as if it never answered)
                 raise NoAnswer() from None
             client.forward(current.sock, body, pipe)
@@ -681,7 +688,7 @@ def answer(up: Upstream, client: Conn, method: bytes, pipe: Pipe) -> tuple[int, 
             if interim:
                 raise
             raise (BadAnswer() if server.buffer else NoAnswer()) from None
-        head = parse(raw) if whole else None
+        head = parse(raw, ANSWER_HEADERS) if whole else None
         first = head.first.split(b" ", 2) if head else []
         if (
             head is None
@@ -702,11 +709,18 @@ def answer(up: Upstream, client: Conn, method: bytes, pipe: Pipe) -> tuple[int, 
     chunked = False
     count: int | None = 0
     if not bodiless:
-        if head.tokens(b"transfer-encoding"):
-            chunked = head.get(b"transfer-encoding")[-1].strip().lower().endswith(b"chunked")
+        codings = b",".join(head.get(b"transfer-encoding"))
+        if codings:  # chunked last, in HTTP/1.1, or an answer clients read in different ways
+            chunked = codings.split(b",")[-1].strip().lower() == b"chunked"
+            if not chunked or first[0] != b"HTTP/1.1":
+                raise BadAnswer()
             count = None
+        elif head.get(b"content-length"):
+            count = length(head)
+            if count is None:  # several lengths, or a bad one: the same
+                raise BadAnswer()
         else:
-            count = length(head) if head.get(b"content-length") else None
+            count = None
     closes = count is None and not chunked  # framed by the server's close alone
     keep = (
         not closes
@@ -717,8 +731,8 @@ def answer(up: Upstream, client: Conn, method: bytes, pipe: Pipe) -> tuple[int, 
     lines = [head.first]
     drop = {b"connection", b"keep-alive", b"proxy-connection"} | head.tokens(b"connection")
     drop -= FRAMING  # (as framed here, so passed on)
-    if head.get(b"transfer-encoding"):  # (framed by it alone: a length beside it is a lie)
-        drop.add(b"content-length")
+    if chunked:  # (framed by it alone: a length beside it is a lie; no trailer is passed)
+        drop |= {b"content-length", b"trailer"}
     lines += [n + b": " + v for n, v in head.headers if n.lower() not in drop]
     if closes or status == 101:
         lines.append(b"Connection: close")

@@ -222,6 +222,8 @@ def test_every_socket_of_the_fronts_user_counts_as_open(tmp_path: Path) -> None:
     assert said.isdigit() and int(said) >= 2, said
     missing = tmp_path / "gone"  # no user file: not known, which cuts
     assert _probe((200, _self(1)), missing, uid=None) == "unknown"
+    (tmp_path / "front.uid").write_text("\n")  # nor one that names no user
+    assert _probe((200, _self(1)), tmp_path, uid=None) == "unknown"
 
 
 def _probe(manager: tuple[int, str], folder: Path, uid: int | None) -> str:

@@ -74,6 +74,7 @@ PROBE = (
         # (06): a client's, half-closed or kept alive, and a server's, which goes on moving
         # what a client sent even once that client's socket was reset and is gone
         "uid=$(cat {front_uid} 2>/dev/null) || { echo unknown; exit 0; }\n"
+        "[[ $uid =~ ^[0-9]+$ ]] || { echo unknown; exit 0; }\n"
         'front=$(awk -v uid="$uid" \'NR > 1 && $8 == uid && $4 != "0A" && $4 != "06"\''
         " /proc/net/tcp | wc -l)\n"
         'echo "$((squid + front))"\n'
