@@ -37,9 +37,9 @@ import select
 import socket
 import struct
 import sys
-import termios
 import threading
 import time
+import weakref
 
 RULES = "/etc/orchestrator-gateway/rules/rules.conf"
 HOSTS = "/run/orchestrator-gateway/host.conf"
@@ -217,6 +217,16 @@ def wait(sock: socket.socket | int, flag: int, within: float) -> None:
         raise TimedOut()
 
 
+WRITTEN: weakref.WeakKeyDictionary[socket.socket, int] = weakref.WeakKeyDictionary()
+"""Bytes written to each socket so far (by send or splice), for the usage lines."""
+WRITTEN_LOCK = threading.Lock()
+
+
+def wrote(sock: socket.socket, n: int) -> None:
+    with WRITTEN_LOCK:
+        WRITTEN[sock] = WRITTEN.get(sock, 0) + n
+
+
 def send(sock: socket.socket, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -227,6 +237,7 @@ def send(sock: socket.socket, data: bytes) -> None:
             continue
         except OSError:
             raise Closed() from None
+        wrote(sock, n)
         view = view[n:]
 
 
@@ -301,6 +312,7 @@ class Pipe:
                     raise Closed() from None
                 got -= out
                 moved += out
+                wrote(dst, out)
         return moved
 
 
@@ -642,16 +654,17 @@ def exchange(
 
 
 def traffic(sock: socket.socket) -> tuple[int, int]:
-    """Bytes the client sent on this connection, and bytes written to it, from the kernel's
-    count (TCP_INFO's bytes_received; bytes_acked and what is not acked yet): whatever
-    moved, by splice or not, a request cut short included."""
+    """Bytes the client sent on this connection (the kernel's count, TCP_INFO's
+    bytes_received: whatever arrived, a request cut short included), and bytes written to
+    it (WRITTEN: by send and by splice)."""
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-        acked, received = struct.unpack_from("QQ", info, 120)
-        queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        (received,) = struct.unpack_from("Q", info, 128)
     except (OSError, struct.error):
-        return 0, 0
-    return int(received), int(acked) + int(queued)
+        received = 0
+    with WRITTEN_LOCK:
+        written = WRITTEN.get(sock, 0)
+    return int(received), written
 
 
 def note(client: Conn, status: int, counted: tuple[int, int]) -> tuple[int, int]:
