@@ -241,10 +241,12 @@ def answers(
         if i in heads or b" 204 " in head.split(b"\r\n")[0] + b" ":
             out.append((head, b""))
         elif fields.get(b"transfer-encoding") == b"chunked":
-            while not buffer.endswith(b"\r\n0\r\n\r\n"):
+            end = b"\r\n0\r\n\r\n"  # (the bodies here hold no such line; later answers
+            while end not in buffer:  # may have come in the same read: they are kept)
                 buffer += more(sock, out, buffer)
-            out.append((head, buffer))
-            buffer = b""
+            at = buffer.index(end) + len(end)
+            out.append((head, buffer[:at]))
+            buffer = buffer[at:]
         elif b"content-length" in fields:
             size = int(fields[b"content-length"])
             while len(buffer) < size:
