@@ -58,7 +58,7 @@ CONNECT_WITHIN = 10.0
 PER_CLIENT = 256
 TOTAL = 400
 """Connections at once: each holds at most two threads (the gateway's pids limit is 1024)
-and six descriptors (two sockets, two pipes)."""
+and six descriptors (two sockets, two pipes while bodies move)."""
 LINGER = 5.0
 """Seconds one direction of a passed-on connection may go on once the other has ended."""
 CHUNK = 1 << 20
@@ -241,79 +241,62 @@ def send(sock: socket.socket, data: bytes) -> None:
         view = view[n:]
 
 
-class Pipe:
-    """A pipe for splice(2) of 1 MiB (a smaller one moves a 10 MiB body 1.5 times slower),
-    made only while a body moves: the kernel counts a user's pipes together (one past its
-    share gets pipes of one page), so no idle connection holds one. Each gateway's front
-    runs as a user of its own (templates/gateway/start), so they count apart."""
+def splice(src: socket.socket, dst: socket.socket, count: int | None) -> int:
+    """Move `count` bytes (None: until src ends) from src to dst through a pipe, by
+    splice(2); how many moved. Closed when src ends short of `count`, or either side fails
+    or idles past IDLE. The pipe (1 MiB: a smaller one moves a 10 MiB body 1.5 times
+    slower) lives only while the body moves: the kernel counts a user's pipes together (one
+    past its share gets pipes of one page), so no idle connection holds one. Each gateway's
+    front runs as a user of its own (templates/gateway/start), so they count apart."""
+    try:
+        r, w = os.pipe2(os.O_CLOEXEC)
+    except OSError:
+        raise Closed() from None
+    with contextlib.suppress(OSError):  # (else the size it has)
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, CHUNK)
+    # blocking calls (bounded by each socket's SO_RCVTIMEO and SO_SNDTIMEO: IDLE) move the
+    # most for the fewest calls; a side made non-blocking meanwhile (by the other
+    # direction's end) is waited for instead. The pipe is always emptied before the next
+    # read, so no call waits on it.
+    src.setblocking(True)
+    dst.setblocking(True)
+    try:
+        return _spliced(src, dst, count, r, w)
+    finally:
+        src.setblocking(False)
+        dst.setblocking(False)
+        os.close(r)
+        os.close(w)
 
-    def __init__(self) -> None:
-        self.fds: tuple[int, int] | None = None
 
-    def close(self) -> None:
-        if self.fds is not None:
-            os.close(self.fds[0])
-            os.close(self.fds[1])
-            self.fds = None
-
-    def move(self, src: socket.socket, dst: socket.socket, count: int | None) -> int:
-        """Move `count` bytes (None: until src ends) from src to dst; how many moved.
-        Closed when src ends short of `count`, or either side fails or idles past IDLE."""
-        if self.fds is None:
-            try:
-                self.fds = os.pipe2(os.O_CLOEXEC)
-            except OSError:
-                raise Closed() from None
-            with contextlib.suppress(OSError):  # (else the size it has)
-                fcntl.fcntl(self.fds[1], fcntl.F_SETPIPE_SZ, CHUNK)
+def _spliced(src: socket.socket, dst: socket.socket, count: int | None, r: int, w: int) -> int:
+    flags = os.SPLICE_F_MOVE
+    moved = 0
+    while count is None or moved < count:
+        want = CHUNK if count is None else min(CHUNK, count - moved)
         try:
-            return self._blocking(src, dst, count)
-        finally:
-            self.close()
-
-    def _blocking(self, src: socket.socket, dst: socket.socket, count: int | None) -> int:
-        flags = os.SPLICE_F_MOVE
-        # blocking calls (bounded by each socket's SO_RCVTIMEO and SO_SNDTIMEO: IDLE) move
-        # the most for the fewest calls; a side made non-blocking meanwhile (by the other
-        # direction's end) is waited for instead. The pipe is always emptied before the
-        # next read, so no call waits on it.
-        src.setblocking(True)
-        dst.setblocking(True)
-        try:
-            return self._move(src, dst, count, flags)
-        finally:
-            src.setblocking(False)
-            dst.setblocking(False)
-
-    def _move(self, src: socket.socket, dst: socket.socket, count: int | None, flags: int) -> int:
-        assert self.fds is not None
-        r, w = self.fds
-        moved = 0
-        while count is None or moved < count:
-            want = CHUNK if count is None else min(CHUNK, count - moved)
+            got = os.splice(src.fileno(), w, want, flags=flags)
+        except BlockingIOError:
+            wait(src, select.POLLIN, IDLE)
+            continue
+        except OSError:
+            raise Closed() from None
+        if got == 0:
+            if count is None:
+                return moved
+            raise Closed()
+        while got:
             try:
-                got = os.splice(src.fileno(), w, want, flags=flags)
+                out = os.splice(r, dst.fileno(), got, flags=flags)
             except BlockingIOError:
-                wait(src, select.POLLIN, IDLE)
+                wait(dst, select.POLLOUT, IDLE)
                 continue
             except OSError:
                 raise Closed() from None
-            if got == 0:
-                if count is None:
-                    return moved
-                raise Closed()
-            while got:
-                try:
-                    out = os.splice(r, dst.fileno(), got, flags=flags)
-                except BlockingIOError:
-                    wait(dst, select.POLLOUT, IDLE)
-                    continue
-                except OSError:
-                    raise Closed() from None
-                got -= out
-                moved += out
-                wrote(dst, out)
-        return moved
+            got -= out
+            moved += out
+            wrote(dst, out)
+    return moved
 
 
 class Head:
@@ -388,7 +371,7 @@ class Conn:
                 raise Closed()
             self.buffer += got
 
-    def forward(self, dst: socket.socket, count: int | None, pipe: Pipe) -> int:
+    def forward(self, dst: socket.socket, count: int | None) -> int:
         """Move `count` bytes of this connection (None: all until it ends) to dst: first
         what was read already, then by splice."""
         take = self.buffer if count is None else self.buffer[:count]
@@ -397,11 +380,11 @@ class Conn:
         rest = None if count is None else count - len(take)
         if rest == 0:
             return len(take)
-        return len(take) + pipe.move(self.sock, dst, rest)
+        return len(take) + splice(self.sock, dst, rest)
 
 
 def bounded(sock: socket.socket) -> None:
-    """No blocking call on `sock` waits longer than IDLE (see Pipe.move)."""
+    """No blocking call on `sock` waits longer than IDLE (see `splice`)."""
     idle = struct.pack("ll", int(IDLE), 0)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, idle)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, idle)
@@ -564,7 +547,6 @@ def plan(raw: bytes, whole: bool) -> Plan | None:
 def serve(client: Conn) -> None:
     """Serve the client's requests while they are ones this serves; then hand the rest of
     the connection to Squid. One line per request served (see `note`)."""
-    pipe = Pipe()
     up: Upstream | None = None
     counted = (0, 0)
     try:
@@ -578,13 +560,13 @@ def serve(client: Conn) -> None:
                 planned = plan(raw, whole)
                 if planned is None:
                     raise Handover()
-                status, up, keep = exchange(client, planned, up, pipe)
+                status, up, keep = exchange(client, planned, up)
             except Handover:
                 if up is not None:  # (a kept one: Squid makes its own)
                     up.sock.close()
                     up = None
                 client.buffer, raw = raw + client.buffer, b""
-                hand_over(client, pipe)
+                hand_over(client)
                 return
             except Closed:
                 up = None
@@ -598,12 +580,9 @@ def serve(client: Conn) -> None:
     finally:
         if up is not None:
             up.sock.close()
-        pipe.close()
 
 
-def exchange(
-    client: Conn, planned: Plan, up: Upstream | None, pipe: Pipe
-) -> tuple[int, Upstream | None, bool]:
+def exchange(client: Conn, planned: Plan, up: Upstream | None) -> tuple[int, Upstream | None, bool]:
     """One request sent to its server, and its answer to the client: (its status, the
     server's connection if it may serve the next one, whether the client's stays open).
     Handover when it is Squid's to answer; Closed when either side ends or fails (every
@@ -630,8 +609,8 @@ def exchange(
                 raise BadAnswer() from None
             except Closed:  # (the server closed it: as if it never answered)
                 raise NoAnswer() from None
-            client.forward(current.sock, body, pipe)
-            status, keep_up = answer(current, client, planned.method, pipe)
+            client.forward(current.sock, body)
+            status, keep_up = answer(current, client, planned.method)
         except NoAnswer:
             current.sock.close()
             up = None
@@ -684,7 +663,7 @@ def open_upstream(host: bytes, port: int, found: list[str]) -> Upstream | None:
     return None
 
 
-def answer(up: Upstream, client: Conn, method: bytes, pipe: Pipe) -> tuple[int, bool | None]:
+def answer(up: Upstream, client: Conn, method: bytes) -> tuple[int, bool | None]:
     """Pass the server's answer to the client: (its status, whether the server's connection
     may serve another request; None when the client's must close too)."""
     server = Conn(up.sock, ("", 0))
@@ -751,20 +730,20 @@ def answer(up: Upstream, client: Conn, method: bytes, pipe: Pipe) -> tuple[int, 
         lines.append(b"Connection: close")
     send(client.sock, b"\r\n".join(lines) + b"\r\n\r\n")
     if status == 101:
-        both_ways(client, server, pipe)
+        both_ways(client, server)
         return status, None
     if chunked:
-        chunks(server, client.sock, pipe)
+        chunks(server, client.sock)
     elif count is None:
-        server.forward(client.sock, None, pipe)
+        server.forward(client.sock, None)
         return status, None
     elif count:
-        server.forward(client.sock, count, pipe)
+        server.forward(client.sock, count)
     up.buffer = server.buffer
     return status, keep
 
 
-def chunks(server: Conn, dst: socket.socket, pipe: Pipe) -> None:
+def chunks(server: Conn, dst: socket.socket) -> None:
     """Pass a chunked body on as it comes: each chunk's size line written anew (no
     extension, nothing a lenient client could read otherwise), its data's CRLF checked, and
     no trailer (a proxy may drop them; each would be one more head to check)."""
@@ -792,52 +771,51 @@ def chunks(server: Conn, dst: socket.socket, pipe: Pipe) -> None:
                     break
             send(dst, b"\r\n")
             return
-        server.forward(dst, size, pipe)
+        server.forward(dst, size)
         end_line, whole = server.line()
         if end_line != b"\r\n":  # a chunk's data ends with CRLF, or this is no chunked body
             raise Closed()
         send(dst, end_line)
 
 
-def both_ways(a: Conn, b: Conn, pipe: Pipe) -> None:
+def one_way(src: Conn, dst: socket.socket) -> None:
+    """Pass what src sends on to dst until src ends (or fails); then dst hears the end."""
+    try:
+        with contextlib.suppress(Closed):
+            src.forward(dst, None)
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def both_ways(a: Conn, b: Conn) -> None:
     """Pass everything each side sends to the other until both end."""
-    other = Pipe()
     done = threading.Event()
 
     def a_to_b() -> None:
         try:
-            a.forward(b.sock, None, other)
-        except Closed:
-            pass
+            one_way(a, b.sock)
         finally:
-            with contextlib.suppress(OSError):
-                b.sock.shutdown(socket.SHUT_WR)
             done.set()
 
     try:
         threading.Thread(target=a_to_b, daemon=True).start()
     except RuntimeError:
-        other.close()
         raise Closed() from None
     try:
-        b.forward(a.sock, None, pipe)
-    except Closed:
-        pass
+        one_way(b, a.sock)
     finally:
-        # b is done: a hears so; what a still sends b gets for a few seconds, then both
+        # b is done: a heard so; what a still sends b gets for a few seconds, then both
         # end (never a thread held the whole idle time by a side that does not close)
-        with contextlib.suppress(OSError):
-            a.sock.shutdown(socket.SHUT_WR)
         if not done.wait(LINGER):
             for sock in (a.sock, b.sock):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
             done.wait(IDLE)
         b.sock.close()
-        other.close()
 
 
-def hand_over(client: Conn, pipe: Pipe) -> None:
+def hand_over(client: Conn) -> None:
     """Give the rest of the connection (what was read of it first) to Squid, with a
     PROXY-protocol line that names the client."""
     try:
@@ -848,7 +826,7 @@ def hand_over(client: Conn, pipe: Pipe) -> None:
     ip, port = client.address[0], client.address[1]
     line = f"PROXY TCP4 {ip} {mine[0]} {port} {mine[1]}\r\n".encode()
     send(squid, line)
-    both_ways(client, Conn(squid, SQUID), pipe)
+    both_ways(client, Conn(squid, SQUID))
 
 
 BUSY = (

@@ -261,6 +261,15 @@ def answers(
     return out
 
 
+def to_the_end(sock: socket.socket) -> bytes:
+    """All the front sends until it ends the connection (each read bounded by the client
+    socket's timeout)."""
+    got = b""
+    while part := sock.recv(65536):
+        got += part
+    return got
+
+
 def get(port: int, path: str, *more: str, host: str = "localhost") -> bytes:
     lines = [f"GET http://{host}:{port}{path} HTTP/1.1", f"Host: {host}", *more]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
@@ -481,9 +490,7 @@ def test_framing_is_never_taken_from_a_message_by_its_connection_header(front: R
 def test_a_chunk_not_ended_by_crlf_ends_the_answer(front: Rig) -> None:
     with front.client() as sock:
         sock.sendall(get(front.up.port, "/badchunk"))
-        got = b""
-        while part := sock.recv(65536):
-            got += part
+        got = to_the_end(sock)
     assert got.endswith(b"\r\n\r\n3\r\nabc"), got  # the chunk, and nothing of the rest
 
 
@@ -515,9 +522,7 @@ def test_only_a_request_that_may_be_sent_twice_is_sent_again(front: Rig) -> None
 def test_chunk_lines_are_written_anew_and_a_length_beside_a_coding_dropped(front: Rig) -> None:
     with front.client() as sock:
         sock.sendall(get(front.up.port, "/lfchunk"))
-        got = b""
-        while part := sock.recv(65536):
-            got += part
+        got = to_the_end(sock)
     assert b"fake" not in got and b"0;a" not in got, got  # the size line ends the answer
     with front.client() as sock:
         sock.sendall(get(front.up.port, "/both", "Connection: close"))
@@ -529,7 +534,5 @@ def test_chunk_lines_are_written_anew_and_a_length_beside_a_coding_dropped(front
 def test_an_answer_clients_would_frame_in_different_ways_is_a_502(front: Rig, path: str) -> None:
     with front.client() as sock:
         sock.sendall(get(front.up.port, path))
-        got = b""
-        while part := sock.recv(65536):
-            got += part
+        got = to_the_end(sock)
     assert got.startswith(b"HTTP/1.1 502 ") and b"fake" not in got, got
