@@ -354,11 +354,63 @@ print(len(held))
     assert done.stdout.split() == ["250"], done
     gateway = f"{listed.info().id}-{GATEWAY}-1"
     state = subprocess.run(
-        ["docker", "inspect", "-f", "{{.State.Running}} {{.State.OOMKilled}}", gateway],
+        [
+            "docker",
+            "inspect",
+            "-f",
+            "{{.State.Running}} {{.State.OOMKilled}} {{.RestartCount}}",
+            gateway,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert state.stdout.split() == ["true", "false"], state
+    assert state.stdout.split() == ["true", "false", "0"], state  # (not killed, then restarted)
     [answer] = session(listed, (get("http://allowed.test/", "Connection: close\r\n"), [False]))
     assert answer["status"] == 200, answer
+
+
+def test_a_gateway_whose_squid_dies_starts_again_with_the_rules_of_then(
+    world: World, tmp_path: Path
+) -> None:
+    """Squid killed (as the memory limit's killer would): the gateway ended, and the sandbox
+    had no way out for good. It starts again now, with the rules a change made last: a
+    narrowing before the crash still holds after it."""
+    body = "network: {egress: [allowed.test, denied.test]}\n"
+    with spawn_runtime(env_file(tmp_path, "reborn", body)) as rt:
+        assert rt.set_egress(["allowed.test"]) == "allowed.test"
+        gateway = f"{rt.info().id}-{GATEWAY}-1"
+        kill = 'for p in /proc/[0-9]*; do [ "$(cat $p/comm)" = squid ] && kill -9 ${p#/proc/}; done'
+        # (as Squid's own user: the gateway's root holds no CAP_KILL)
+        done = subprocess.run(
+            ["docker", "exec", "-u", "13", gateway, "bash", "-c", kill + "; true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode in (0, 137), done  # (the exec may end with its container)
+        until_up = r"""
+import socket, sys, time
+deadline = time.monotonic() + 60
+while True:
+    try:
+        with socket.create_connection(("orchestrator-egress", int(sys.argv[1])), timeout=2):
+            break
+    except OSError:
+        assert time.monotonic() < deadline, "the gateway did not come back"
+        time.sleep(0.2)
+"""
+        for port in (FRONT_PORT, PROXY_PORT):
+            up = rt.execute(["python3", "-c", until_up, str(port)], timeout=120)
+            assert up.exit_code == 0, up
+        state = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Running}} {{.RestartCount}}", gateway],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert state.stdout.split()[0] == "true" and int(state.stdout.split()[1]) >= 1, state
+        [allowed] = session(rt, (get("http://allowed.test/", "Connection: close\r\n"), [False]))
+        assert allowed["status"] == 200 and allowed["body"] == hello("allowed.test"), allowed
+        [denied] = session(rt, (get("http://denied.test/", "Connection: close\r\n"), [False]))
+        assert denied["status"] == 403, denied

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
 from orchestrator.backends.docker.network import (
+    FORWARDER,
     FRONT_URL,
     GATEWAY,
     PROXY_URL,
@@ -383,3 +384,13 @@ def test_a_bad_resolver_setting_is_a_usage_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("ORCHESTRATOR_EGRESS_DNS", "10.0.0.1, resolver.example")
     with pytest.raises(UsageError, match="ORCHESTRATOR_EGRESS_DNS"):
         egress_dns()
+
+
+def test_the_gateway_starts_again_when_it_ends_and_the_forwarder_never(tmp_path: Path) -> None:
+    """A gateway that dies (Squid killed for memory) would leave its sandbox with no way out
+    for good; a forwarder started again would publish on other host ports than reported."""
+    text = BASE + "network: {egress: [example.com], ports: [{container: 80}]}\n"
+    doc, _ = compiled(text, tmp_path)
+    assert doc["services"][GATEWAY]["restart"] == "on-failure"
+    assert "restart" not in doc["services"][FORWARDER]
+    assert "restart" not in doc["services"]["main"]
