@@ -90,15 +90,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the Swarm's tests last: its cluster starts in the background meanwhile (see below)
     items[:] = sorted(items, key=lambda item: "swarm" in item.keywords)
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
+    _DOCKER_OK[:] = [problem is None]
     if problem is None:
-        _prepare_in_background(items)
-        return
+        return  # (what the run needs is prepared once the selection is known: below)
     for item in items:
         if "docker" in item.keywords:
             if in_ci():
                 item.add_marker(pytest.mark.usefixtures("_docker_required_in_ci"))
             else:
                 item.add_marker(pytest.mark.skip(reason=f"Docker test skipped: {problem}"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Prepare what the selected tests need, once `-k` and `-m` have deselected the rest
+    (they do so after the hook above): a run of one test started the test Swarm."""
+    if _DOCKER_OK == [True] and any("docker" in i.keywords for i in session.items):
+        _prepare_in_background(session.items)
+
+
+_DOCKER_OK: list[bool] = []
+"""Whether the collection found Docker tests could run here (docker_problem: asked once)."""
 
 
 PREPARED = "prepare.started"
