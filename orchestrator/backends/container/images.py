@@ -192,8 +192,8 @@ def commit_all(
     commit never holds a volume, and its files would be silently lost. Returns the tags by
     service; on any failure the images made are removed and the error raised."""
     engine = engine or Engine.at()
-    for service, container in containers.items():
-        volumes = _volumes(container, engine)
+    seen = {s: _looked_at(c, engine) for s, c in containers.items()}
+    for service, (volumes, _) in seen.items():
         if volumes:
             raise UsageError(
                 f"cannot suspend: service {service!r} keeps {', '.join(volumes)} in a volume "
@@ -201,7 +201,7 @@ def commit_all(
                 "so its files would be lost; snapshot the workspace instead, or use an image "
                 "that keeps its data in its own filesystem"
             )
-    states = {s: _state(c, engine) for s, c in containers.items()}
+    states = {s: state for s, (_, state) in seen.items()}
     made: dict[str, str] = {}
     from concurrent.futures import ThreadPoolExecutor  # (here: `ps` makes no image)
 
@@ -227,25 +227,30 @@ def commit_all(
     return made
 
 
-def _volumes(container: str, engine: Engine) -> list[str]:
-    """Where a container has a volume (named or anonymous) mounted: not a pinned host
-    folder's (binds.py), which is a host folder, as a bind is."""
+def _looked_at(container: str, engine: Engine) -> tuple[list[str], str]:
+    """Where a container has a volume (named or anonymous) mounted, not a pinned host
+    folder's (binds.py: a host folder, as a bind is); and its state (running, paused,
+    exited...: a paused container is also running to the engine). One inspection, through
+    the API on a local socket (no CLI process, python-on-whales not loaded)."""
     from orchestrator.backends.container.binds import is_pinned_volume
 
-    whales = engine.whales
-    found = engine_call("inspecting a container", lambda: whales.container.inspect(container))
-    return sorted(
-        str(m.destination)
-        for m in found.mounts or []
-        if str(m.type) == "volume" and not is_pinned_volume(str(m.name or ""))
-    )
-
-
-def _state(container: str, engine: Engine) -> str:
-    """running, paused, exited, ... (a paused container is also running to the engine)."""
-    whales = engine.whales
-    state = engine_call("inspecting a container", lambda: whales.container.inspect(container).state)
-    return "paused" if state.paused else str(state.status)
+    action = "inspecting a container"
+    got = engine.inspected(container, action)
+    if got is None:  # (no local socket)
+        whales = engine.whales
+        found = engine_call(action, lambda: whales.container.inspect(container))
+        mounts = [(str(m.type), str(m.name or ""), str(m.destination)) for m in found.mounts or []]
+        state = "paused" if found.state.paused else str(found.state.status)
+    else:
+        mounts = [
+            (str(m.get("Type")), str(m.get("Name") or ""), str(m.get("Destination")))
+            for m in got.get("Mounts") or []
+            if isinstance(m, dict)
+        ]
+        status = got.get("State") or {}
+        state = "paused" if status.get("Paused") else str(status.get("Status", ""))
+    volumes = sorted(d for t, n, d in mounts if t == "volume" and not is_pinned_volume(n))
+    return volumes, state
 
 
 # ----- a snapshot's images, for the backends that made them -------------------------------
