@@ -28,9 +28,11 @@ def _marked_sleep(pid: int, start: str) -> subprocess.Popen[bytes]:
     mark = procutil.spawn_mark(pid, start).decode()
     name, value = mark.split("=", 1)
     proc = subprocess.Popen(["sleep", "600"], env={name: value, **os.environ})  # first
-    deadline = time.monotonic() + 5
-    while not procutil.marked(mark.encode()):  # (its environment is read once it exec'd)
-        assert time.monotonic() < deadline
+    # (its environment is read once it exec'd; a bound, not a timing: a loaded run's
+    # passes over every process take long)
+    deadline = time.monotonic() + 30
+    while not procutil.marked(mark.encode(), first=True):
+        assert time.monotonic() < deadline, "the marked sleep was never seen"
         time.sleep(0.01)
     return proc
 
