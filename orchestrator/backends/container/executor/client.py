@@ -46,8 +46,8 @@ class ExecutorClient(Link):
     ) -> Chunks:
         """Run one command through the executor. `fifo`: its output (or input) goes through
         that FIFO instead (see Fifo). Output read from it comes as "stdout" chunks, as it
-        arrives, and after the command exits until the FIFO's end of file, DRAIN seconds of
-        quiet or DRAIN_MAX seconds in all (time the caller holds a chunk not counted), even
+        arrives, and after the command exits until the FIFO's end of file, until it is found
+        empty, or DRAIN_MAX seconds in all (time the caller holds a chunk not counted), even
         if bytes keep trickling in: a sandbox process may hold it open and write."""
         call = _Call(self, cmd, grace)
         try:

@@ -41,50 +41,55 @@ class Fifo(NamedTuple):
 
 class FifoReader:
     """The FIFO a command writes its output into, read beside the executor's frames. After
-    the command's exit, reading goes on until the end of file or, as in `procutil.pump`,
-    DRAIN seconds of quiet (a process it left, or the sandbox, may hold the FIFO open),
-    and at most DRAIN_MAX seconds of our own time: the time the caller holds a chunk is
-    neither quiet nor counted, so a slow caller loses nothing the packer wrote, while
-    bytes trickling in cannot hold the call."""
+    the command's exit, reading goes on until the end of file, or until the FIFO is found
+    empty: what the command wrote was in it before it exited (a write to a pipe is done
+    once it returns), so nothing it wrote is lost, while a process it left behind (or the
+    sandbox: gVisor holds a FIFO's host end a while after the last close) cannot hold the
+    call; and at most DRAIN_MAX seconds of our own time (the time the caller holds a chunk
+    not counted), however fast bytes keep trickling in."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.ended = fd, False
         self._exited_at: float | None = None
-        self._last = time.monotonic()
+        self._dry = False  # found empty since the exit
         self._held = 0.0  # seconds the caller held chunks since the exit
 
     def read(self, busy: bool) -> bytes:
-        """A chunk, or b"" (none now); waits a little unless frames are waiting (`busy`)."""
-        wait = 0.0 if busy else 0.05 if self._exited_at is not None else 0.01
-        if not select.select([self.fd], [], [], wait)[0]:
-            return b""
+        """A chunk, or b"" (none now); waits a little unless frames are waiting (`busy`) or
+        the command has exited (then what is in the FIFO is all it wrote)."""
+        exited = self._exited_at is not None
+        wait = 0.0 if busy or exited else 0.01
         try:
-            data = os.read(self.fd, procutil.CHUNK)
+            data = (
+                os.read(self.fd, procutil.CHUNK)
+                if select.select([self.fd], [], [], wait)[0]
+                else None
+            )
         except BlockingIOError:
+            data = None
+        if data is None:
+            self._dry = self._dry or exited
             return b""
         if not data:
             self.ended = True
         return data
 
     def handed_back(self, since: float) -> None:
-        """The caller is done with the chunk handed to it at `since`: quiet counts from now."""
-        self._last = now = time.monotonic()
+        """The caller is done with the chunk handed to it at `since`: not our time."""
         if self._exited_at is not None:
-            self._held += now - max(since, self._exited_at)
+            self._held += time.monotonic() - max(since, self._exited_at)
 
     def exited(self) -> None:
-        self._exited_at = self._last = time.monotonic()
+        self._exited_at = time.monotonic()
 
     def finished(self) -> bool:
-        """Whether to stop reading: the end of file, or after the exit, quiet long enough or
-        reading long enough."""
+        """Whether to stop reading: the end of file, or after the exit, the FIFO found
+        empty or read long enough."""
         if self.ended:
             return True
         if self._exited_at is None:
             return False
-        now = time.monotonic()
-        quiet, spent = now - self._last, now - self._exited_at - self._held
-        return quiet >= procutil.DRAIN or spent > procutil.DRAIN_MAX
+        return self._dry or time.monotonic() - self._exited_at - self._held > procutil.DRAIN_MAX
 
 
 class SharedFifo:
