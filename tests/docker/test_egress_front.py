@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 
 from orchestrator import Runtime, spawn_runtime
 from orchestrator.backends.docker.network import (
+    FORWARDER,
     FRONT_PORT,
     FRONT_URL,
     GATEWAY,
@@ -370,47 +373,94 @@ print(len(held))
     assert answer["status"] == 200, answer
 
 
-def test_a_gateway_whose_squid_dies_starts_again_with_the_rules_of_then(
+def test_a_gateway_whose_squid_dies_starts_it_again_with_the_rules_of_then(
     world: World, tmp_path: Path
 ) -> None:
     """Squid killed (as the memory limit's killer would): the gateway ended, and the sandbox
-    had no way out for good. It starts again now, with the rules a change made last: a
-    narrowing before the crash still holds after it."""
+    had no way out for good. Squid starts again in the same container now (not by the
+    engine's restart policy, which would also start a stopped gateway of ours once its
+    daemon starts again), with the rules a change made last: a narrowing before the crash
+    holds after it. What it had open then was never logged: the count says it is short."""
     body = "network: {egress: [allowed.test, denied.test]}\n"
     with spawn_runtime(env_file(tmp_path, "reborn", body)) as rt:
         assert rt.set_egress(["allowed.test"]) == "allowed.test"
+        [first] = session(rt, (get("http://allowed.test/", "Connection: close\r\n"), [False]))
+        assert first["status"] == 200, first
         gateway = f"{rt.info().id}-{GATEWAY}-1"
-        kill = 'for p in /proc/[0-9]*; do [ "$(cat $p/comm)" = squid ] && kill -9 ${p#/proc/}; done'
+        started = _inspect(gateway, "{{.State.StartedAt}} {{.RestartCount}}")
         # (as Squid's own user: the gateway's root holds no CAP_KILL)
-        done = subprocess.run(
-            ["docker", "exec", "-u", "13", gateway, "bash", "-c", kill + "; true"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode in (0, 137), done  # (the exec may end with its container)
-        until_up = r"""
-import socket, sys, time
-deadline = time.monotonic() + 60
-while True:
-    try:
-        with socket.create_connection(("orchestrator-egress", int(sys.argv[1])), timeout=2):
-            break
-    except OSError:
-        assert time.monotonic() < deadline, "the gateway did not come back"
-        time.sleep(0.2)
-"""
-        for port in (FRONT_PORT, PROXY_PORT):
-            up = rt.execute(["python3", "-c", until_up, str(port)], timeout=120)
+        _kill_in(gateway, "squid", user="13")
+        for port in (PROXY_PORT, FRONT_PORT):
+            up = rt.execute(["python3", "-c", UNTIL_UP, GATEWAY, str(port)], timeout=120)
             assert up.exit_code == 0, up
-        state = subprocess.run(
-            ["docker", "inspect", "-f", "{{.State.Running}} {{.RestartCount}}", gateway],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert state.stdout.split()[0] == "true" and int(state.stdout.split()[1]) >= 1, state
+        assert _inspect(gateway, "{{.State.StartedAt}} {{.RestartCount}}") == started
         [allowed] = session(rt, (get("http://allowed.test/", "Connection: close\r\n"), [False]))
         assert allowed["status"] == 200 and allowed["body"] == hello("allowed.test"), allowed
         [denied] = session(rt, (get("http://denied.test/", "Connection: close\r\n"), [False]))
         assert denied["status"] == 403, denied
+        counted = rt.usage().egress
+        assert counted is not None and not counted.complete, counted
+
+
+def test_a_forwarder_whose_relay_dies_starts_it_again_on_the_same_host_port(
+    world: World, tmp_path: Path
+) -> None:
+    """A published port's socat killed: it starts again in its container, so the host port
+    the environment reports still leads to the sandbox (a new container would be given
+    another one by the engine)."""
+    body = "network: {ports: [{container: 8000}]}\n"
+    with spawn_runtime(env_file(tmp_path, "reported", body)) as rt:
+        serve = "setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 </dev/null &"
+        assert rt.execute(serve, timeout=20).exit_code == 0
+        [port] = rt.info().ports
+        _until_answered(port.host)
+        forwarder = f"{rt.info().id}-{FORWARDER}-1"
+        _kill_in(forwarder, "socat", user="0")
+        _until_answered(port.host)
+        assert list(rt.info().ports) == [port]
+
+
+UNTIL_UP = r"""
+import socket, sys, time
+deadline = time.monotonic() + 60
+while True:
+    try:
+        with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2):
+            break
+    except OSError:
+        assert time.monotonic() < deadline, "nothing came back on that port"
+        time.sleep(0.2)
+"""
+
+
+def _inspect(container: str, fmt: str) -> str:
+    done = subprocess.run(
+        ["docker", "inspect", "-f", fmt, container], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done
+    return done.stdout.strip()
+
+
+def _kill_in(container: str, comm: str, *, user: str) -> None:
+    """SIGKILL every process of `container` whose name is `comm`, as `user` there."""
+    kill = f'for p in /proc/[0-9]*; do [ "$(cat $p/comm)" = {comm} ] && kill -9 ${{p#/proc/}}; done'
+    done = subprocess.run(
+        ["docker", "exec", "-u", user, container, "bash", "-c", kill + "; true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done
+
+
+def _until_answered(port: int) -> None:
+    """Until GET / on the host's 127.0.0.1:`port` answers 200 (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
+                assert answer.status == 200
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"127.0.0.1:{port} never answered"
+            time.sleep(0.2)

@@ -337,3 +337,19 @@ def test_the_fronts_lines_count_beside_squids_each_with_its_own_serial() -> None
         ("2026-01-01T00:00:07Z", "ORCX 6 1795930462.266 10.0.0.2 TCP_MISS/200 HIER_DIRECT 9 9")
     ]
     assert count.read(_Log(lines + gap + forged), "gw").allowed == 3
+
+
+def test_a_restart_of_squid_or_the_front_makes_the_count_short() -> None:
+    """(Found by a hostile review) Squid logs a tunnel only once it ends; killed (for
+    memory), or the gateway restarted by a narrowing, what it had open is never logged and
+    its serials begin again at 0, which reads as a plain reload. The start script prints
+    ORCS at each start but the first: from then on the count says it is short."""
+    from orchestrator.backends.container import egress_log
+
+    out = _line("10.0.0.2", "TCP_TUNNEL/200", "HIER_DIRECT/1.2.3.4", 10, 20)
+    lines = [("2026-01-01T00:00:01Z", out)]
+    count = egress_log.EgressCount()
+    assert count.read(_Log(lines), "gw").complete
+    lines += [("2026-01-01T00:00:02Z", "ORCS restarted"), ("2026-01-01T00:00:03Z", out)]
+    got = count.read(_Log(lines), "gw")
+    assert got.allowed == 2 and not got.complete, got

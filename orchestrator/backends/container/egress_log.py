@@ -30,6 +30,10 @@ LINE_LIMIT = 4096
 MARK = b"ORCH"
 FRONT_MARK = b"ORCF"
 """The plain-HTTP front's lines (templates/gateway/front.py): the same fields, its own serial."""
+RESTART_MARK = b"ORCS"
+"""Printed by the gateway's start script each time Squid or the front starts again (killed
+for memory, or the container restarted by a change of egress that cut what was open): what
+either had open then was never logged, so the count is short from then on."""
 STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z")
 """The engine's timestamp before each line (RFC 3339, UTC), which `--since` takes back."""
 
@@ -85,6 +89,8 @@ class EgressCount:
                         self._lost, skip = True, 0
                     at_last = at_last + 1 if when == last else 1
                     last = when
+                    if text.split(b" ", 1)[0] == RESTART_MARK:
+                        self._lost = True
                     mark, serial = _count(text, counts)
                     if mark is not None:
                         # a line between was never read (0: Squid counts from 0 again

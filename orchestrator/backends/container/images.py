@@ -242,6 +242,8 @@ def _looked_at(container: str, engine: Engine) -> tuple[list[str], str]:
         mounts = [(str(m.type), str(m.name or ""), str(m.destination)) for m in found.mounts or []]
         state = "paused" if found.state.paused else str(found.state.status)
     else:
+        if not isinstance(got.get("State"), dict):  # never taken for "no volume, not paused"
+            raise DockerError(f"{action} {container}: the engine's answer holds no state")
         mounts = [
             (str(m.get("Type")), str(m.get("Name") or ""), str(m.get("Destination")))
             for m in got.get("Mounts") or []

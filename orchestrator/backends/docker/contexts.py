@@ -209,9 +209,6 @@ def infra_contexts(
                 "mounts": mounts,
                 "ports": [],
                 "labels": {},
-                # one that ends (Squid killed for memory) starts again, with the rules as the
-                # last change left them: else its sandbox has no way out for good
-                "restart": "on-failure",
             }
         )
     if net.forwarder is not None:
@@ -222,9 +219,6 @@ def infra_contexts(
                 "caps": ["NET_BIND_SERVICE"],
                 "healthcheck": None,
                 "mounts": [],
-                # never started again by the engine: it would publish on other host ports
-                # than those the environment read at its start and reports
-                "restart": None,
             }
         )
     for context in out:
