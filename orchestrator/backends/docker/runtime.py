@@ -167,7 +167,14 @@ class ComposeRuntime(ContainerRuntime):
         watch = ServiceWatch(self._id, services, self._state, self._logs, timeout=up_timeout())
         watch.started()  # every service runs, is healthy, or (a job) exited 0
         self._main = self._channel(MAIN, self.project.main_container)
-        self._main.start()  # greets while the ports are read
+        # a copy with memory is stopped once its workspace is in, and started again from
+        # its memory (_restore_memory): that one command goes by plain `docker exec`, and
+        # the executor (a third of a second under gVisor) starts only for the restored one
+        memory = opts.resume is not None and bool(opts.resume.memory)
+        if memory:
+            self._main.mode = "plain"
+        else:
+            self._main.start()  # greets while the ports are read
         if compiled.published:
             self._ports = self.project.ports()
         self._confirm_started()
@@ -176,7 +183,7 @@ class ComposeRuntime(ContainerRuntime):
         else:  # once its workspace is restored: the settle window overlaps that
             self._unsettled = watch
         self._remember()  # for attach(): `orchestrator exec`, `up --pool`, ...
-        if opts.detached and self._shared is not None:
+        if opts.detached and self._shared is not None and not memory:
             self._open_endpoint()
 
     def _open_endpoint(self) -> bool:
@@ -397,6 +404,7 @@ class ComposeRuntime(ContainerRuntime):
         assert self.project is not None and self._main is not None
         with memory.locked(self.project.directory, self.env.name):
             self._main.close()
+            self._main.mode = self._mode  # (plain until now: see _start)
             memory.restore(self.project.engine, self._container, snap.memory_folder, snap.memory)
             self._main.start()
             self._main.ready()  # it runs, started from its memory (or says why not)
