@@ -50,7 +50,9 @@ class Lifecycle(Sandbox, Backend):
         self._pid = os.getpid()
         """The process this runtime belongs to: a child forked from it holds a copy it must
         neither use nor clean up (`_in_child`)."""
-        self._meter = Meter(self._read_usage, self._count_egress, self._host_workspace)
+        self._meter = Meter(
+            self._read_usage, self._count_egress, self._host_workspace, self._egress_held
+        )
 
     # ----- what a backend provides -------------------------------------------------------
     @abstractmethod
@@ -82,6 +84,11 @@ class Lifecycle(Sandbox, Backend):
         """What went through the environment's egress gateway so far; None where it has
         none, or the backend counts none (the default)."""
         return None
+
+    def _egress_held(self) -> bool:
+        """Whether the egress gateway holds requests open now, or cannot say (the default:
+        none)."""
+        return False
 
     def _host_workspace(self) -> Path | None:
         """The workspace's folder on this machine, for `usage()` (None: it has none)."""

@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchestratorError
@@ -156,6 +156,9 @@ class Meter:
     """The egress counts now (a read of the gateway's log: on demand, never sampled)."""
     workspace: Callable[[], Path | None] = lambda: None
     """The workspace's folder on this machine (added up on demand, never sampled)."""
+    held: Callable[[], bool] = lambda: False
+    """Whether the gateway holds requests open now (or cannot say): asked at the last
+    reading only, as it goes, when what it holds will never be counted."""
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
     _tracks: dict[str, _Track] = field(default_factory=dict)
@@ -191,16 +194,20 @@ class Meter:
         try:
             self.sample()
             if self._asked:
-                self.counted()
+                self.counted(last=True)
         except Exception as exc:  # (the environment may be half gone: what was read stands)
             log.debug("the last usage reading failed: %s", exc)
         with self._lock:
             self._final = self._final or self.clock()
 
-    def counted(self) -> None:
-        """Read the egress counts now (nothing once the last reading was taken)."""
+    def counted(self, *, last: bool = False) -> None:
+        """Read the egress counts now (nothing once the last reading was taken). `last`: the
+        last reading, as the environment goes: a request still open then is never logged,
+        so a count that was whole says it is short if the gateway holds any."""
         if self._final is None:
             got = self.count()
+            if last and got is not None and got.complete and self.held():
+                got = replace(got, complete=False)
             folder = self.workspace()
             size = folder_bytes(folder) if folder is not None else None
             with self._lock:

@@ -291,3 +291,24 @@ def test_set_egress_works_on_a_paused_environment_and_names_what_it_cannot_chang
         [closed] = probe(rt, get("http://allowed.test/"))
         refused(closed)
         assert any(w.startswith("set_egress: services relay reach outside") for w in rt.warnings)
+
+
+def test_the_last_count_says_it_is_short_when_a_tunnel_was_still_open(
+    world: World, tmp_path: Path
+) -> None:
+    """(Found by a hostile review) Squid logs a tunnel once it ends, and cleanup kills the
+    gateway: a tunnel open then was never counted, while the last count said it was whole.
+    Asked as it goes, the gateway says what it holds open: then the count says it is short;
+    with nothing open, it stays whole."""
+    body = 'network: {egress: [allowed.test, "allowed.test:7000"]}\n'
+    for hold in (False, True):
+        with spawn_runtime(env_file(tmp_path, f"held{int(hold)}", body)) as rt:
+            [reached] = probe(rt, get("http://allowed.test/"))
+            ok(reached, hello("allowed.test"))
+            if hold:
+                assert rt.execute(start_holder("allowed.test:7000")).stdout == "open"
+            during = rt.usage().egress  # (asked: the last reading reads the log too)
+            assert during is not None and during.complete, during
+        last = rt.usage()
+        assert last.final and last.egress is not None, last
+        assert last.egress.complete is not hold, (hold, last.egress)

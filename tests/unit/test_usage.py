@@ -77,6 +77,28 @@ def test_after_the_last_reading_nothing_changes() -> None:
     assert meter.usage({}) == first and first.final
 
 
+def test_the_last_count_is_short_while_the_gateway_holds_requests_open() -> None:
+    """What the gateway holds open as the environment goes is never logged: the last count
+    says so. Asked only then, and only of a count someone reads (a cleanup nobody reads
+    the usage of stays as cheap)."""
+    for held in (False, True):
+        asked: list[int] = []
+        meter = Meter(
+            read=dict,
+            count=lambda: Egress(1, 0, 2, 3),
+            held=lambda held=held, asked=asked: asked.append(1) or held,  # type: ignore[misc]
+        )
+        assert meter.usage({}).egress is None  # (asked: the last reading counts)
+        meter.counted()
+        assert meter.usage({}).egress == Egress(1, 0, 2, 3) and not asked  # (not the last)
+        meter.finish()
+        assert meter.usage({}).egress == Egress(1, 0, 2, 3, complete=not held)
+        assert asked == [1]
+    unread = Meter(read=dict, count=lambda: Egress(), held=lambda: 1 / 0 > 0)
+    unread.finish()  # nobody asked: neither counted nor asked what is open
+    assert unread.usage({}).egress is None
+
+
 def test_a_failing_last_reading_keeps_what_was_read() -> None:
     calls = []
 

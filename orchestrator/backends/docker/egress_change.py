@@ -48,18 +48,8 @@ CHANGING = "(changing)\n"
 RESTART_GRACE = 1
 """Seconds Squid has to end before it is killed (it ends at once: shutdown_lifetime 0)."""
 
-PROBE = (
+OPEN = (
     (
-        'probe() { (exec 3<>/dev/tcp/127.0.0.1/{port} && printf "HEAD http://orch-phase-%s.invalid/'
-        ' HTTP/1.0\\r\\n\\r\\n" "$1" >&3 && read -r -t 2 _ code _ <&3 && echo "$code")'
-        " 2>/dev/null; }\n"
-        "ok=\n"
-        'for _ in $(seq "$2"); do\n'
-        '  if [ "$(probe "$1")" = 404 ]; then ok=1; break; fi\n'
-        "  sleep 0.05\n"
-        "done\n"
-        '[ -n "$ok" ] || exit 3\n'
-        '[ "${3:-}" = open ] || exit 0\n'
         "answer=$( (exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET http://{host}:{port}/squid-"
         "internal-mgr/active_requests HTTP/1.0\\r\\n\\r\\n' >&3 && head -c {limit} <&3)"
         " 2>/dev/null ) || true\n"
@@ -84,12 +74,40 @@ PROBE = (
     .replace("{host}", GATEWAY)
     .replace("{limit}", str(4 << 20))
 )
+"""Run in the gateway (bash): how many requests of its clients are open: the cache
+manager's `remote:` lines that are not its own, asked by its own name (answered by Squid
+itself, never forwarded); "unknown" unless the answer is whole and lists the asking request
+itself; and the plain-HTTP front's connections (every TCP socket of its user: open,
+half-closed or kept alive)."""
+
+PROBE = (
+    'probe() { (exec 3<>/dev/tcp/127.0.0.1/{port} && printf "HEAD http://orch-phase-%s.invalid/'
+    ' HTTP/1.0\\r\\n\\r\\n" "$1" >&3 && read -r -t 2 _ code _ <&3 && echo "$code")'
+    " 2>/dev/null; }\n"
+    "ok=\n"
+    'for _ in $(seq "$2"); do\n'
+    '  if [ "$(probe "$1")" = 404 ]; then ok=1; break; fi\n'
+    "  sleep 0.05\n"
+    "done\n"
+    '[ -n "$ok" ] || exit 3\n'
+    '[ "${3:-}" = open ] || exit 0\n'
+).replace("{port}", str(PROXY_PORT)) + OPEN
 """Run in the gateway (bash): $1 the change's token, $2 the tries (a twentieth of a second
-apart); exit 3 when the new rules never answered. With $3 = open, prints how many requests
-of its clients are open: the cache manager's `remote:` lines that are not its own, asked
-by its own name (answered by Squid itself, never forwarded); "unknown" unless the answer is
-whole and lists the asking request itself (then everything is cut); and the plain-HTTP
-front's connections (every TCP socket of its user: open, half-closed or kept alive)."""
+apart); exit 3 when the new rules never answered. With $3 = open, then prints what OPEN
+prints (anything but "0": everything is cut)."""
+
+
+def open_requests(project: Project) -> int | None:
+    """How many requests of its clients the environment's gateway holds open now (OPEN);
+    None when that is not known (its answer, or the gateway, failed)."""
+    action = f"{project.name}: asking the egress gateway what it holds open"
+    try:
+        said = project.engine.exec(
+            project.container_of(GATEWAY), ["/bin/bash", "-c", OPEN], action=action
+        )
+    except OrchestratorError:
+        return None
+    return int(said.strip()) if said.strip().isdigit() else None
 
 
 def marked(egress: rules.Egress, token: str) -> str:

@@ -476,6 +476,12 @@ class ComposeRuntime(ContainerRuntime):
             return None  # (no gateway: nothing goes out, or everything does, uncounted)
         return self._egress.read(project.engine, project.container_of(GATEWAY))
 
+    def _egress_held(self) -> bool:
+        project = self.project
+        if project is None or GATEWAY not in project.compiled.infra:
+            return False
+        return egress_change.open_requests(project) != 0  # (None: not known)
+
     def _apply_egress(self, egress: egress_rules.Egress) -> list[str]:
         assert self.project is not None
         egress_change.apply(self.project, egress)
