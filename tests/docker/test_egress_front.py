@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
+import socket
 import subprocess
 import time
 import urllib.request
@@ -464,3 +466,29 @@ def _until_answered(port: int) -> None:
         except OSError:
             assert time.monotonic() < deadline, f"127.0.0.1:{port} never answered"
             time.sleep(0.2)
+
+
+def test_a_published_udp_port_answers_through_the_forwarder(world: World, tmp_path: Path) -> None:
+    """A datagram to the reported host port reaches the sandbox's server, and its answer
+    comes back (each datagram is a forwarder's child of its own, bounded in time)."""
+    body = "network: {ports: [{container: 9000, protocol: udp}]}\n"
+    echo = (
+        "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+        "s.bind(('0.0.0.0', 9000))\n"
+        "while True:\n  data, peer = s.recvfrom(2048); s.sendto(b'echo ' + data, peer)"
+    )
+    with spawn_runtime(env_file(tmp_path, "datagrams", body)) as rt:
+        serve = f"setsid python3 -c {shlex.quote(echo)} >/dev/null 2>&1 </dev/null &"
+        assert rt.execute(serve, timeout=20).exit_code == 0
+        [port] = rt.info().ports
+        assert port.protocol == "udp", port
+        deadline = time.monotonic() + 60
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+            client.settimeout(1)
+            while True:
+                client.sendto(b"ping", ("127.0.0.1", port.host))
+                try:
+                    assert client.recvfrom(2048)[0] == b"echo ping"
+                    break
+                except TimeoutError:
+                    assert time.monotonic() < deadline, "no answer through the forwarder"
