@@ -87,7 +87,7 @@ def test_a_narrowing_that_failed_still_cuts_what_was_open(tmp_path: Path, where:
     (tmp_path / "gateway" / "rules").mkdir(parents=True)
     (tmp_path / "gateway" / "rules" / "rules.conf").write_text("")
     engine = FakeEngine({where: DockerError("timed out", returncode=124)})
-    with pytest.raises(OrchestratorError, match="did not take its new rules"):
+    with pytest.raises(OrchestratorError, match="did not confirm its new rules"):
         egress_change.apply(FakeProject(tmp_path, engine), parse(["a.test"]))  # type: ignore[arg-type]
     assert "restart" in engine.asked
     # a widening that failed cuts nothing (nothing it had open is taken away)

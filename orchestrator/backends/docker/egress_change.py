@@ -174,9 +174,11 @@ def apply(project: Project, egress: rules.Egress) -> None:
             last = ""
             with contextlib.suppress(Exception):
                 last = f"; its last lines:\n{project.logs(GATEWAY, tail=20)}"
+            then = "; it was restarted, which cut what it held open" if cut else ""
             raise OrchestratorError(
-                f"{project.name}: the egress gateway did not take its new rules within "
-                f"{engine.bound:g}s ({exc}){last}"
+                f"{project.name}: the egress gateway did not confirm its new rules ({exc}); "
+                f"they are in its rules file, which it reads when it starts again if not "
+                f"before{then}{last}"
             ) from None
         if cut and said.strip() != "0":  # open requests, or not known: cut them all
             engine.restart(gateway, grace=RESTART_GRACE, action=action)
