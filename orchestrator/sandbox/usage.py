@@ -214,6 +214,22 @@ class Meter:
                 if self._final is None:
                     self._egress, self._workspace_bytes = got, size
 
+    @property
+    def asked(self) -> bool:
+        """Whether anyone read the usage (then the last reading counts egress)."""
+        return self._asked
+
+    def recount(self, held: bool) -> None:
+        """The egress counts read again after the last reading, once nothing of the
+        environment but its gateway is left (nothing can begin after it, and what ended
+        before is logged by then): they replace the last reading's. `held`: the gateway
+        still holds requests open (or cannot say): then they say they are short."""
+        got = self.count()
+        if got is not None and got.complete and held:
+            got = replace(got, complete=False)
+        with self._lock:
+            self._egress = got
+
     def usage(self, tallies: Mapping[str, Tally]) -> Usage:
         """What was read so far, with the commands of each place in `tallies`."""
         self._asked = True

@@ -99,6 +99,21 @@ def test_the_last_count_is_short_while_the_gateway_holds_requests_open() -> None
     assert unread.usage({}).egress is None
 
 
+def test_a_recount_after_the_last_reading_replaces_its_egress() -> None:
+    """The docker backend reads the egress again once the sandbox is gone and before its
+    gateway goes (a request begun after the last reading was never in it)."""
+    counts = [Egress(1, 0, 2, 3), Egress(5, 1, 9, 9)]
+    meter = Meter(read=dict, count=lambda: counts.pop(0))
+    assert not meter.asked
+    meter.usage({})
+    assert meter.asked
+    meter.finish()
+    assert meter.usage({}).egress == Egress(1, 0, 2, 3)
+    meter.recount(held=True)  # the gateway still held something: short
+    got = meter.usage({})
+    assert got.final and got.egress == Egress(5, 1, 9, 9, complete=False)
+
+
 def test_a_failing_last_reading_keeps_what_was_read() -> None:
     calls = []
 

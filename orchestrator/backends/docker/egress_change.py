@@ -97,14 +97,14 @@ apart); exit 3 when the new rules never answered. With $3 = open, then prints wh
 prints (anything but "0": everything is cut)."""
 
 
-def open_requests(project: Project) -> int | None:
+def open_requests(project: Project, within: float | None = None) -> int | None:
     """How many requests of its clients the environment's gateway holds open now (OPEN);
-    None when that is not known (its answer, or the gateway, failed)."""
+    None when that is not known (its answer, or the gateway, failed, or took more than
+    `within` seconds: default, the engine's bound)."""
     action = f"{project.name}: asking the egress gateway what it holds open"
+    engine = project.engine if within is None else project.engine.within(max(1, int(within)))
     try:
-        said = project.engine.exec(
-            project.container_of(GATEWAY), ["/bin/bash", "-c", OPEN], action=action
-        )
+        said = engine.exec(project.container_of(GATEWAY), ["/bin/bash", "-c", OPEN], action=action)
     except OrchestratorError:
         return None
     return int(said.strip()) if said.strip().isdigit() else None

@@ -343,17 +343,20 @@ class Project:
         if pins is not None:
             pins.close()
 
-    def down(self, keep: bool = False) -> None:
-        """Remove containers, networks and volumes (or only stop them with keep=True)."""
+    def down(self, keep: bool = False, before_gateway: Callable[[], None] | None = None) -> None:
+        """Remove containers, networks and volumes (or only stop them with keep=True).
+        `before_gateway`: called once every other container is gone and before the
+        environment's own go (its egress counted at last: nothing can begin after it), where
+        the removal goes through the engine's API; its failure is logged, never raised."""
         self.release()
         try:
-            self._down(keep)
+            self._down(keep, before_gateway)
         finally:
             self.let_go()
             if not keep:
                 self.tethers.end_lingering()
 
-    def _down(self, keep: bool) -> None:
+    def _down(self, keep: bool, before_gateway: Callable[[], None] | None = None) -> None:
         if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
             remove_by_label(self.name, self.engine)
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -368,7 +371,7 @@ class Project:
             return
         run = self._direct_or_none()  # its one container, and nothing else
         try:
-            self._remove(run)
+            self._remove(run, before_gateway)
             # Compose leaves a network or volume that another's container holds, saying so
             # only as "Resource is still in use", and exits 0
             left = run is None and self._left() is not False  # None: not known
@@ -385,7 +388,7 @@ class Project:
             remove_by_label(self.name, self.engine)  # a volume in use stays (said), for later
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def _remove(self, run: DirectRun | None) -> None:
+    def _remove(self, run: DirectRun | None, before_gateway: Callable[[], None] | None) -> None:
         """One removal of the whole project: its one container directly, its containers
         through the engine's API on this machine's socket, or `compose down`."""
         if run is not None:
@@ -393,7 +396,7 @@ class Project:
             return
         if self.engine.socket is not None and self.engine.kind == "docker":
             try:
-                self._remove_by_api()
+                self._remove_by_api(before_gateway)
             except DockerError:
                 raise
             except Exception as exc:  # (no thread to be had, an answer of an odd shape)
@@ -406,7 +409,7 @@ class Project:
             ),
         )
 
-    def _remove_by_api(self) -> None:
+    def _remove_by_api(self, before_gateway: Callable[[], None] | None = None) -> None:
         """What `compose down` does, through the API, without a Compose process (about a
         second of its own, more on a busy machine): every container of the project stopped
         side by side, the sandbox and the file's services with their grace (a command may
@@ -435,7 +438,16 @@ class Project:
                 engine().stop_container(ident, grace=STOP_TIMEOUT, action=removing)
             engine().delete_container(ident, action=removing)
 
-        side_by_side(end, found["containers"])
+        containers = found["containers"]
+        if before_gateway is None:
+            side_by_side(end, containers)
+        else:  # the environment's own last, `before_gateway` between
+            side_by_side(end, [c for c in containers if _labels(c).get(COMPOSE_SERVICE) not in own])
+            try:
+                before_gateway()
+            except Exception as exc:  # (what it reads is the caller's; the removal goes on)
+                log.info("%s: before its gateway went: %s", self.name, exc)
+            side_by_side(end, [c for c in containers if _labels(c).get(COMPOSE_SERVICE) in own])
         side_by_side(
             lambda v: engine().delete_volume(str(v.get("Name", "")), action=removing),
             found["volumes"],

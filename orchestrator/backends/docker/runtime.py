@@ -54,6 +54,10 @@ from orchestrator.spec.resolve import IMAGE_USER, MAIN
 __all__ = ["EXEC_MODE_ENV", "KILL_OTHERS", "ComposeRuntime"]
 log = logging.getLogger("orchestrator.docker")
 
+RECOUNT_WITHIN = 5.0
+"""Seconds the last egress count waits at most, at removal, for the gateway to let go of
+what a gone sandbox held open (see ComposeRuntime._recount_egress)."""
+
 
 class ComposeRuntime(ContainerRuntime):
     name: ClassVar[str] = "docker"
@@ -280,7 +284,23 @@ class ComposeRuntime(ContainerRuntime):
 
     def _remove(self) -> None:
         if self.project is not None:
-            self.project.down(keep=self.env.spec.keep_after_cleanup)
+            counted = self._meter.asked and GATEWAY in self.project.compiled.infra
+            recount = self._recount_egress if counted else None
+            self.project.down(keep=self.env.spec.keep_after_cleanup, before_gateway=recount)
+
+    def _recount_egress(self) -> None:
+        """The last egress count again, once the sandbox and its services are gone and the
+        gateway is not yet (Project.down): the last reading was taken while they still ran,
+        and a request begun after it was never in it. Squid logs a tunnel whose client went
+        a moment after: what it still holds is asked again for at most RECOUNT_WITHIN s."""
+        assert self.project is not None
+        deadline = time.monotonic() + RECOUNT_WITHIN
+        while True:
+            held = egress_change.open_requests(self.project, within=RECOUNT_WITHIN) != 0
+            if not held or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        self._meter.recount(held)
 
     def _removed(self) -> None:
         self._release_images()
