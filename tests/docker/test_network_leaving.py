@@ -6,10 +6,11 @@ the project died, so no two went as their containers exited together."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,29 +20,26 @@ from orchestrator.backends.container.inventory import remove_by_label
 from tests.conftest import PYTHON_IMAGE, labelled_ids
 
 
-def _events(since: float, until: float) -> list[dict[str, object]]:
-    done = subprocess.run(
-        [
-            "docker",
-            "events",
-            "--since",
-            f"{since:.3f}",
-            "--until",
-            f"{until:.3f}",
-            "--filter",
-            "event=die",
-            "--filter",
-            "event=disconnect",
-            "--format",
-            "{{json .}}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+@contextlib.contextmanager
+def _events() -> Iterator[list[dict[str, object]]]:
+    """The engine's die and disconnect events from the block's start to a second after its
+    end, as they came (filled in once it ends). Watched as they happen, never asked of the
+    engine's history afterwards: it keeps only its last 256 events, which a loaded run's
+    other workers overran once (the test then saw none)."""
+    argv = ["docker", "events", "--filter", "event=die", "--filter", "event=disconnect"]
+    got: list[dict[str, object]] = []
+    with subprocess.Popen(
+        [*argv, "--format", "{{json .}}"], stdout=subprocess.PIPE, text=True
+    ) as watch:
+        try:
+            time.sleep(0.5)  # (it has subscribed by then)
+            yield got
+            time.sleep(1)
+        finally:
+            watch.terminate()
+            out, _ = watch.communicate(timeout=60)
     # (lines end at "\n" only: another test's label may hold U+0085 or U+2028 unescaped)
-    return [json.loads(line) for line in done.stdout.split("\n") if line.strip()]
+    got += [json.loads(line) for line in out.split("\n") if line.strip()]
 
 
 def _name(rt: Runtime) -> str:
@@ -120,10 +118,9 @@ def test_no_two_endpoints_of_one_network_go_as_a_projects_containers_end(
         joined = _joined(rt)
         assert len(joined) == 3, joined  # main, its service, the egress gateway
         assert sorted(len(n) for n in joined.values()) == [1, 1, 2], joined  # (the way out)
-        since = time.time()
-        _ending(rt)[how]()
-        until = time.time() + 1
-        order = _order(_events(since - 0.5, until), set(joined))
+        with _events() as events:
+            _ending(rt)[how]()
+        order = _order(events, set(joined))
         left_first: dict[str, set[str]] = {}  # container -> the networks it left before it ended
         for ident, networks in joined.items():
             mine = [(kind, network) for kind, who, network in order if who == ident]
@@ -152,9 +149,9 @@ def test_a_project_kept_after_cleanup_stops_one_container_at_a_time(tmp_path: Pa
     try:
         joined = _joined(rt)
         assert len(joined) == 3, joined
-        since = time.time()
-        rt.cleanup()
-        order = _order(_events(since - 0.5, time.time() + 1), set(joined))
+        with _events() as events:
+            rt.cleanup()
+        order = _order(events, set(joined))
         dies = [i for i, (kind, _, _) in enumerate(order) if kind == "die"]
         assert len(dies) == 3, order
         for n, i in enumerate(dies):  # its endpoints went before the next container ended
