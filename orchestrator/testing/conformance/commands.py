@@ -232,8 +232,21 @@ def test_timeout_sets_flag_and_keeps_partial_output(rt: Runtime) -> None:
         # deaf to SIGTERM, holding the pipes: the engine may take seconds to answer the
         # plain path's in-container kill while the command's own exec winds down
         ("sh -c \"trap '' TERM; sleep {s}; :\" & sleep {s}; wait", "", 10),
+        # starts another process when SIGTERM comes: the SIGKILL that follows the grace
+        # looks again (the plain path sends both from one exec)
+        (
+            "sh -c \"trap 'sleep {s} &' TERM; while :; do sleep 0.05; done\" & sleep {s}; wait",
+            "",
+            10,
+        ),
     ],
-    ids=["grandchildren", "left-the-group", "pipe-held-open", "ignores-sigterm"],
+    ids=[
+        "grandchildren",
+        "left-the-group",
+        "pipe-held-open",
+        "ignores-sigterm",
+        "forks-at-sigterm",
+    ],
 )
 def test_timeout_kills_the_whole_tree(rt: Runtime, script: str, stdout: str, within: float) -> None:
     s = unique_sleep()

@@ -14,7 +14,9 @@ The killer uses shell builtins only (read, kill, case, echo: no `tr`, `grep` or 
 needs one process, the exec itself, however many the command took: a fork loop that filled
 the pids limit cannot stop it (the engine moves an exec into a full cgroup). It freezes what
 it finds (SIGSTOP) until a whole pass finds nothing new, so nothing forks or is reparented
-away while it looks, then sends the signal (and SIGCONT, so a SIGTERM is acted on). Where
+away while it looks, then sends the signal (and SIGCONT, so a SIGTERM is acted on). A
+timeout's SIGTERM waits out its grace in the same exec (reading the sandbox's clock in
+/proc/uptime; no `sleep`), which then looks again and sends SIGKILL: one exec, not two. Where
 even the exec cannot start (an engine that charges it to the full pids limit), it is retried
 until KILL_TIMEOUT; if it never ran, the command raises SandboxUnavailable: its processes
 may still run, and the sandbox cannot start a process anyway.
@@ -91,50 +93,81 @@ MAX_SESSIONS = 4096
 """Most sessions a pass may name for the next (each a word of the next pass's argv)."""
 DONE = "orchestrator-killed:"
 """The killer's last line, then the sessions it found (passed to the next pass)."""
-# `ORCHESTRATOR_KILL=TOKEN sh -c KILL_TREE sh SIGNAL CANCEL [SESSION...]`: builtins only
-# (see the module docstring); CANCEL 1: leave the command's mark (TOMB) when no session is
-# known yet
+# `ORCHESTRATOR_KILL=TOKEN sh -c KILL_TREE sh SIGNAL CANCEL THEN [SESSION...]`: builtins
+# only (see the module docstring); CANCEL 1: a SIGKILL leaves the command's mark (TOMB) when
+# no session is known yet; THEN > 0: after SIGNAL, wait up to THEN hundredths of a second
+# for what it hit to end, then look again and SIGKILL what is found (a timeout's SIGTERM,
+# grace and SIGKILL in one exec: a busy engine takes seconds to start each)
 KILL_TREE = (
     STAT_FIELDS
     + r"""
-t=$ORCHESTRATOR_KILL; m="ORCHESTRATOR_CMD=$t"; sig=$1; cancel=$2; shift 2; me=$$; sids=" "
-k=; case $t in ""|*[!0-9a-f]*) ;; *) k="ORCHESTRATOR_KILL=$t" ;; esac
-if [ $# = 0 ] && [ "$sig" = KILL ] && [ "$cancel" = 1 ] && [ -n "$k" ]; then
-  { : <> "@TOMB@$t"; } 2>/dev/null
-fi
+t=$ORCHESTRATOR_KILL; m="ORCHESTRATOR_CMD=$t"; sig=$1; cancel=$2; then=$3; shift 3; me=$$
+sids=" "; k=; case $t in ""|*[!0-9a-f]*) ;; *) k="ORCHESTRATOR_KILL=$t" ;; esac
 for s in "$@"; do [ "$s" -gt 1 ] 2>/dev/null && sids="$sids$s "; done
-hit=" "; quiet=0; n=0
-while [ $quiet -lt 2 ] && [ $n -lt 300 ]; do
-  n=$((n + 1)); new=0
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    case $hit in *" $p "*) continue ;; esac
-    if [ "$p" = "$me" ] || [ "$p" = 1 ]; then continue; fi
-    fields $d 2>/dev/null || continue
-    set -- $s
-    [ "$1" = Z ] && continue
-    take=
-    case $sids in *" $4 "*) take=1 ;; esac
-    case $hit in *" $2 "*) take=1 ;; esac
-    if [ -z "$take" ]; then
-      e=; l=
-      { while IFS= read -r l || [ -n "$l" ]; do e="$e$l"; l=; done; } 2>/dev/null < "$d/environ"
-      case $e in *"$m"*) take=1 ;; esac
-      # an earlier pass of this kill, cut at its deadline, runs on: it would SIGCONT what
-      # this one stops
-      if [ -z "$take" ] && [ -n "$k" ]; then
-        case $e in *"$k"*) kill -KILL "$p" 2>/dev/null; continue ;; esac
+tomb() {
+  if [ "$sids" = " " ] && [ "$cancel" = 1 ] && [ -n "$k" ]; then
+    { : <> "@TOMB@$t"; } 2>/dev/null
+  fi
+}
+sweep() {  # stop every process of the command, until a whole look finds nothing new
+  hit=" "; quiet=0; n=0
+  while [ $quiet -lt 2 ] && [ $n -lt 300 ]; do
+    n=$((n + 1)); new=0
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      case $hit in *" $p "*) continue ;; esac
+      if [ "$p" = "$me" ] || [ "$p" = 1 ]; then continue; fi
+      fields $d 2>/dev/null || continue
+      set -- $s
+      [ "$1" = Z ] && continue
+      take=
+      case $sids in *" $4 "*) take=1 ;; esac
+      case $hit in *" $2 "*) take=1 ;; esac
+      if [ -z "$take" ]; then
+        e=; l=
+        { while IFS= read -r l || [ -n "$l" ]; do e="$e$l"; l=; done; } 2>/dev/null < "$d/environ"
+        case $e in *"$m"*) take=1 ;; esac
+        # an earlier pass of this kill, cut at its deadline, runs on: it would SIGCONT what
+        # this one stops
+        if [ -z "$take" ] && [ -n "$k" ]; then
+          case $e in *"$k"*) kill -KILL "$p" 2>/dev/null; continue ;; esac
+        fi
       fi
-    fi
-    [ -n "$take" ] || continue
-    kill -STOP "$p" 2>/dev/null || continue
-    hit="$hit$p "; new=1
-    if [ "$4" -gt 1 ]; then case $sids in *" $4 "*) ;; *) sids="$sids$4 " ;; esac; fi
+      [ -n "$take" ] || continue
+      kill -STOP "$p" 2>/dev/null || continue
+      hit="$hit$p "; new=1
+      if [ "$4" -gt 1 ]; then case $sids in *" $4 "*) ;; *) sids="$sids$4 " ;; esac; fi
+    done
+    if [ $new = 1 ]; then quiet=0; else quiet=$((quiet + 1)); fi
   done
-  if [ $new = 1 ]; then quiet=0; else quiet=$((quiet + 1)); fi
-done
-case $sig in STOP|TSTP|TTIN|TTOU) cont= ;; *) cont=1 ;; esac
-for p in $hit; do kill -"$sig" "$p" 2>/dev/null; [ -z "$cont" ] || kill -CONT "$p" 2>/dev/null; done
+}
+send() {  # $1 to every process hit, and SIGCONT (so that a SIGTERM is acted on) unless $2
+  for p in $hit; do kill -"$1" "$p" 2>/dev/null; [ -n "$2" ] || kill -CONT "$p" 2>/dev/null; done
+}
+now() {  # u: this sandbox's uptime in hundredths of a second ("" where it cannot be read)
+  u=; read -r u _ < /proc/uptime 2>/dev/null
+  case $u in [0-9]*.[0-9][0-9]) u=${u%.*}${u#*.} ;; *) u=; return ;; esac
+  while :; do case $u in 0?*) u=${u#0} ;; *) break ;; esac; done
+}
+alive() {  # whether a process hit is there and not a zombie
+  for p in $hit; do
+    fields /proc/$p 2>/dev/null || continue
+    set -- $s
+    [ "$1" = Z ] || return 0
+  done
+  return 1
+}
+[ "$sig" = KILL ] && tomb
+sweep
+case $sig in STOP|TSTP|TTIN|TTOU) send "$sig" 1 ;; *) send "$sig" ;; esac
+if [ "$then" -gt 0 ] 2>/dev/null && [ "$sig" != KILL ]; then
+  now; end=; [ -z "$u" ] || end=$((u + then)); i=0
+  while alive && [ $i -lt 5000 ]; do  # (a count bounds it where there is no clock)
+    i=$((i + 1)); now
+    [ -n "$end" ] && [ -n "$u" ] && [ "$u" -ge "$end" ] && break
+  done
+  tomb; sweep; send KILL 1
+fi
 echo "orchestrator-killed:$sids"
 """.replace("@TOMB@", TOMB)
 )
@@ -176,6 +209,9 @@ class Killer:
         self._one = threading.Lock()
         """One pass at a time (the timeout's kill, a caller's signal, an owed kill): each
         pass kills the passes of its token still running."""
+        self._killed_after_term = False
+        """Whether the timeout's SIGTERM pass went on to its SIGKILL and ran to its end: the
+        SIGKILL that follows it needs no pass of its own."""
 
     def finish(self) -> bool:
         """Kill what is left of the command now (once the sandbox can run the killer again:
@@ -206,26 +242,35 @@ class Killer:
 
     def __call__(self, client: subprocess.Popen[bytes], sig: int) -> None:
         """The kill of a command that timed out or whose caller gave up (procutil's
-        `killer`): its SIGTERM passes take KILL_TIMEOUT / 2 in all, its SIGKILL passes
-        KILL_TIMEOUT in all."""
+        `killer`, whose SIGTERM is followed by a SIGKILL after procutil.GRACE): its SIGTERM
+        passes take KILL_TIMEOUT / 2 in all, its SIGKILL passes KILL_TIMEOUT in all. The
+        SIGTERM pass waits the grace in the container and sends the SIGKILL itself, so a
+        timeout costs one exec, not two; the SIGKILL's own pass runs only if that one did
+        not end."""
         kind = signal.SIGKILL if sig == signal.SIGKILL else signal.SIGTERM
         share = KILL_TIMEOUT if kind == signal.SIGKILL else KILL_TIMEOUT / 2
         began = time.monotonic()
         try:
             with self._one:
-                if self._spent[kind] < share:
-                    self._passes(sig, share - self._spent[kind])
+                if kind == signal.SIGKILL and self._killed_after_term:
+                    pass  # done by the SIGTERM's pass, which looked again before its SIGKILL
+                elif self._spent[kind] < share:
+                    then = procutil.GRACE if kind == signal.SIGTERM else 0.0
+                    self._passes(sig, share - self._spent[kind], then)
         finally:
             self._spent[kind] += time.monotonic() - began
             if sig == signal.SIGKILL:
                 client.kill()  # and the local docker client, which a paused sandbox would hold
 
-    def _passes(self, sig: int, within: float | None = None) -> None:
+    def _passes(self, sig: int, within: float | None = None, then: float = 0.0) -> None:
+        """Passes sending `sig` until one runs (or KILL_TIMEOUT, else `within`, is over);
+        `then` > 0: each waits up to that many seconds for what it hit to end, then sends
+        SIGKILL to what it finds (see KILL_TREE)."""
         name = signal.Signals(sig).name.removeprefix("SIG")
         deadline = time.monotonic() + (KILL_TIMEOUT if within is None else within)
         pause = 0.05
         while True:
-            said = self._once(name, deadline)
+            said = self._once(name, deadline, then)
             if said is None:  # done, or the engine does not answer
                 break
             self.no_process = said
@@ -234,7 +279,7 @@ class Killer:
             time.sleep(pause)  # a fork loop may free a slot (a shell dies at its failure)
             pause = min(pause * 2, 0.5)
 
-    def _once(self, name: str, deadline: float) -> bytes | None:
+    def _once(self, name: str, deadline: float, then: float = 0.0) -> bytes | None:
         """One pass: what it said when the sandbox or the engine could not start it (the
         caller retries until KILL_TIMEOUT); else None: it ran, or failed otherwise (paused,
         stopped, gone: the caller's probe says so)."""
@@ -243,7 +288,7 @@ class Killer:
         target = self._engine.exec_target(self._container)
         env = {KILL_TOKEN: self.token}
         argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=self.user, env=env)
-        argv += [name, "1" if self.cancels else "0", *self.sessions]
+        argv += [name, "1" if self.cancels else "0", str(round(then * 100)), *self.sessions]
         kept = {"stdout": bytearray(), "stderr": bytearray()}
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
         # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
@@ -268,8 +313,9 @@ class Killer:
                 self.sessions = line.removeprefix(DONE).split()[:MAX_SESSIONS]
                 self.no_process = b""
                 self.ran = True
-                if name == "KILL":
+                if name == "KILL" or then > 0:
                     self.unfinished = False
+                    self._killed_after_term = then > 0
                 return None
         said = out + err
         # the sandbox could not start a process (the shell's words, or runc's), or the
@@ -278,8 +324,8 @@ class Killer:
         # may pass. Anything else (its shell ran and said no more: a root sandbox may
         # replace it) is the pass's end.
         impossible = exec_impossible(said)
-        if name == "KILL":  # not done: cut, or ended (a root sandbox's shell) or killed early
-            self.unfinished = cut or not impossible
+        if name == "KILL" or then > 0:  # not done: cut, or ended (a root sandbox's shell)
+            self.unfinished = cut or not impossible  # or killed early
         if no_process(said) or (code == RUNTIME_REFUSED and not impossible):
             return said.strip()[-HOLD_LIMIT:] or b"no answer"
         if impossible:  # paused, stopped or removed meanwhile: what an earlier pass said
