@@ -217,11 +217,12 @@ def _gated(container: str) -> list[str]:
 
 WRAPPED_SH = (
     "#!/bin/busybox sh\n"
-    'case " $* " in *" KILL "*) for r in /scratch /proc/1/root/scratch; do '
+    'case "$*" in *orchestrator-killed*) for r in /scratch /proc/1/root/scratch; do '
     "touch $r/setid && chmod 4755 $r/setid; done;; esac\n"
     'exec /bin/busybox sh "$@"\n'
 )
-"""An image's /bin/sh that, run to kill (KILL_TREE's arguments), plants a set-id program."""
+"""An image's /bin/sh that, run to kill (KILL_TREE, whatever the signal), plants a set-id
+program."""
 
 
 def test_nothing_of_the_sandboxs_image_runs_to_kill_a_paused_command(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -260,7 +261,7 @@ def test_a_kill_pass_ends_an_earlier_pass_of_the_same_kill_cut_at_its_deadline()
     stale = subprocess.Popen(["sleep", "60"], env={**env, plain.KILL_TOKEN: token})
     unrelated = subprocess.Popen(["sleep", "60"], env={**env, plain.KILL_TOKEN: other})
     try:
-        argv = ["sh", "-c", plain.KILL_TREE, "sh", "TERM", "0"]
+        argv = ["sh", "-c", plain.KILL_TREE, "sh", "TERM", "0", "0"]
         done = subprocess.run(
             argv, env={**env, plain.KILL_TOKEN: token}, capture_output=True, text=True, timeout=60
         )
@@ -323,3 +324,39 @@ def test_an_owed_kill_is_done_only_when_its_own_pass_ran() -> None:
     assert not killer.finish()
     engine.target.script = f"echo {plain.DONE}"
     assert killer.finish()
+
+
+def test_a_timeouts_pass_kills_what_outlived_its_sigterm_after_the_grace() -> None:
+    """A timeout's pass (THEN > 0) sends SIGTERM, waits the grace on the clock of
+    /proc/uptime, looks again and SIGKILLs what is left, in one exec: what heeds SIGTERM
+    dies of it; what ignores it, and what it started meanwhile, die of the SIGKILL. (Each
+    in a session of its own: the pass kills every process of a session it finds.)"""
+    token = os.urandom(16).hex()
+    child = f"sleep {10_000_000 + int(token[:6], 16)}"  # (a command line no other has)
+    path = {"PATH": os.environ["PATH"]}
+    marked = {**path, plain.MARK: token}
+    polite = subprocess.Popen(["sleep", "60"], env=marked, start_new_session=True)
+    deaf = subprocess.Popen(
+        ["sh", "-c", f"trap '' TERM; {child} & wait; sleep 60"],
+        env=marked,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["pgrep", "-f", child], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, "its child did not start"
+            time.sleep(0.05)
+        argv = ["sh", "-c", plain.KILL_TREE, "sh", "TERM", "0", "50"]
+        done = subprocess.run(
+            argv, env={**path, plain.KILL_TOKEN: token}, capture_output=True, text=True, timeout=60
+        )
+        assert plain.DONE in done.stdout, done
+        assert polite.wait(5) == -signal.SIGTERM
+        assert deaf.wait(5) == -signal.SIGKILL
+        left = subprocess.run(["pgrep", "-f", child], capture_output=True)
+        assert left.stdout == b"", left
+    finally:
+        for proc in (polite, deaf):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # (its group: a child left by a failure)
+            proc.wait()
