@@ -90,6 +90,11 @@ class Lifecycle(Sandbox, Backend):
         none)."""
         return False
 
+    def _recounts_egress(self) -> bool:
+        """Whether the removal counts the egress again (Meter.recount), once only the gateway
+        is left: then the last reading need not ask what it holds (the default: no)."""
+        return False
+
     def _host_workspace(self) -> Path | None:
         """The workspace's folder on this machine, for `usage()` (None: it has none)."""
         return None
@@ -191,7 +196,7 @@ class Lifecycle(Sandbox, Backend):
             self._removal = "running"
         if self._in_child():
             return
-        self._meter.finish()
+        self._meter.finish(recounted=self._recounts_egress())
         try:
             self._close()
         except BaseException:

@@ -187,14 +187,16 @@ class Meter:
                 else:
                     track.take(reading, now)
 
-    def finish(self) -> None:
-        """The last reading, as the environment goes: later calls change nothing."""
+    def finish(self, recounted: bool = False) -> None:
+        """The last reading, as the environment goes: later calls change nothing.
+        `recounted`: its egress is counted again as it goes (`recount`), which asks what
+        the gateway holds then: not asked here too."""
         if self._final is not None:
             return
         try:
             self.sample()
             if self._asked:
-                self.counted(last=True)
+                self.counted(last=not recounted)
         except Exception as exc:  # (the environment may be half gone: what was read stands)
             log.debug("the last usage reading failed: %s", exc)
         with self._lock:

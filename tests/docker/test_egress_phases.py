@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -306,7 +307,7 @@ while True:
 
 @pytest.mark.parametrize("tunnel", [False, True], ids=["gets", "gets-and-a-tunnel"])
 def test_the_last_count_holds_what_the_sandbox_did_until_it_went(
-    world: World, tmp_path: Path, tunnel: bool
+    world: World, tmp_path: Path, tunnel: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """(Found by two hostile reviews) Squid logs a tunnel once it ends, and the last count
     was read while the sandbox still ran: a tunnel open then, and requests begun after it,
@@ -314,6 +315,15 @@ def test_the_last_count_holds_what_the_sandbox_did_until_it_went(
     sandbox is gone and before its gateway goes: whole, it holds every request the world's
     server saw (a loop of GETs until the last moment; a tunnel held open to the end, which
     the gateway may still hold then: the count then says it is short)."""
+    from orchestrator.backends.docker.runtime import ComposeRuntime
+
+    asked_early: list[int] = []  # the last reading's own question, which the recount makes
+
+    def held(_: ComposeRuntime) -> bool:
+        asked_early.append(1)
+        return True
+
+    monkeypatch.setattr(ComposeRuntime, "_egress_held", held)
     body = 'network: {egress: [allowed.test, "allowed.test:7000"]}\n'
     with spawn_runtime(env_file(tmp_path, f"counted{int(tunnel)}", body)) as rt:
         echoed = len(world.requests("allowed.test"))
@@ -331,3 +341,31 @@ def test_the_last_count_holds_what_the_sandbox_did_until_it_went(
     # sandbox went may be held open by the gateway a while: then it says it is short)
     counted = last.egress.allowed - before.allowed
     assert not last.egress.complete or counted == seen + tunnel, (before, last.egress, seen)
+    assert not asked_early  # (asked once, by the recount: one exec in the gateway, not two)
+
+
+def test_the_last_count_of_a_gateway_gone_already_says_it_is_short_at_once(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that cannot say what it holds (gone before the removal: killed here) is
+    asked once, and the count says it is short: the recount asked again until its 5 s were
+    out, for an answer that could not come."""
+    from orchestrator.backends.docker import egress_change
+    from orchestrator.backends.docker.network import GATEWAY
+
+    asked: list[object] = []
+    real = egress_change.open_requests
+
+    def spied(*args: Any, **kwargs: Any) -> int | None:
+        said = real(*args, **kwargs)
+        asked.append(said)
+        return said
+
+    monkeypatch.setattr(egress_change, "open_requests", spied)
+    with spawn_runtime(env_file(tmp_path, "gone", "network: {egress: [allowed.test]}\n")) as rt:
+        assert rt.usage().egress is not None  # (asked: the removal counts again)
+        gateway = rt.project.container_of(GATEWAY)  # type: ignore[attr-defined]
+        subprocess.run(["docker", "kill", gateway], check=True, capture_output=True, timeout=60)
+    last = rt.usage()
+    assert last.final and last.egress is not None and not last.egress.complete, last
+    assert asked == [None]

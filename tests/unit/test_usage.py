@@ -97,6 +97,13 @@ def test_the_last_count_is_short_while_the_gateway_holds_requests_open() -> None
     unread = Meter(read=dict, count=lambda: Egress(), held=lambda: 1 / 0 > 0)
     unread.finish()  # nobody asked: neither counted nor asked what is open
     assert unread.usage({}).egress is None
+    # counted again at removal (recount asks what is held then): not asked twice
+    again = Meter(read=dict, count=lambda: Egress(1, 0, 2, 3), held=lambda: 1 / 0 > 0)
+    again.usage({})
+    again.finish(recounted=True)
+    assert again.usage({}).egress == Egress(1, 0, 2, 3)
+    again.recount(held=True)
+    assert again.usage({}).egress == Egress(1, 0, 2, 3, complete=False)
 
 
 def test_a_recount_after_the_last_reading_replaces_its_egress() -> None:

@@ -347,7 +347,8 @@ class Project:
         """Remove containers, networks and volumes (or only stop them with keep=True).
         `before_gateway`: called once every other container is gone and before the
         environment's own go (its egress counted at last: nothing can begin after it), where
-        the removal goes through the engine's API; its failure is logged, never raised."""
+        the removal goes through the engine's API; first, where it goes otherwise (Compose
+        takes every container at once); its failure is logged, never raised."""
         self.release()
         try:
             self._down(keep, before_gateway)
@@ -358,11 +359,13 @@ class Project:
 
     def _down(self, keep: bool, before_gateway: Callable[[], None] | None = None) -> None:
         if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
+            self._before_gateway(before_gateway)
             remove_by_label(self.name, self.engine)
             shutil.rmtree(self.directory, ignore_errors=True)
             return
         if keep:
             write_file(self.directory / KEPT_FILE, b"")  # reapers and guardians leave it alone
+            self._before_gateway(before_gateway)
             if not self.stop_one_by_one():  # (on its networks, to start again: removal.py)
                 engine_call(
                     f"stopping project {self.name}",
@@ -402,6 +405,7 @@ class Project:
             except Exception as exc:  # (no thread to be had, an answer of an odd shape)
                 raise DockerError(f"removing project {self.name} failed: {exc!r}") from exc
             return
+        self._before_gateway(before_gateway)
         engine_call(
             f"removing project {self.name}",
             lambda: self.client.compose.down(
@@ -443,10 +447,7 @@ class Project:
             side_by_side(end, containers)
         else:  # the environment's own last, `before_gateway` between
             side_by_side(end, [c for c in containers if _labels(c).get(COMPOSE_SERVICE) not in own])
-            try:
-                before_gateway()
-            except Exception as exc:  # (what it reads is the caller's; the removal goes on)
-                log.info("%s: before its gateway went: %s", self.name, exc)
+            self._before_gateway(before_gateway)
             side_by_side(end, [c for c in containers if _labels(c).get(COMPOSE_SERVICE) in own])
         side_by_side(
             lambda v: engine().delete_volume(str(v.get("Name", "")), action=removing),
@@ -456,6 +457,15 @@ class Project:
             lambda n: engine().delete_network(str(n.get("Id", "")), action=removing),
             found["networks"],
         )
+
+    def _before_gateway(self, before_gateway: Callable[[], None] | None) -> None:
+        """Call `down`'s `before_gateway` (if any); its failure is logged, never raised."""
+        if before_gateway is None:
+            return
+        try:
+            before_gateway()
+        except Exception as exc:  # (what it reads is the caller's; the removal goes on)
+            log.info("%s: before its gateway went: %s", self.name, exc)
 
     def stop_one_by_one(self) -> bool:
         """Stop its containers as `compose stop` does, but one after the other: each leaves

@@ -282,25 +282,32 @@ class ComposeRuntime(ContainerRuntime):
             rt._ports = rt.project.ports()
         return rt
 
+    def _recounts_egress(self) -> bool:
+        """Whether the removal counts the egress again (Project.down's `before_gateway`):
+        when someone read the usage and a gateway counts it."""
+        project = self.project
+        return project is not None and self._meter.asked and GATEWAY in project.compiled.infra
+
     def _remove(self) -> None:
         if self.project is not None:
-            counted = self._meter.asked and GATEWAY in self.project.compiled.infra
-            recount = self._recount_egress if counted else None
+            recount = self._recount_egress if self._recounts_egress() else None
             self.project.down(keep=self.env.spec.keep_after_cleanup, before_gateway=recount)
 
     def _recount_egress(self) -> None:
         """The last egress count again, once the sandbox and its services are gone and the
         gateway is not yet (Project.down): the last reading was taken while they still ran,
         and a request begun after it was never in it. Squid logs a tunnel whose client went
-        a moment after: what it still holds is asked again for at most RECOUNT_WITHIN s."""
+        a moment after: what it still holds is asked again for at most RECOUNT_WITHIN s in
+        all (a gateway that cannot say is not asked again: the count says it is short)."""
         assert self.project is not None
         deadline = time.monotonic() + RECOUNT_WITHIN
         while True:
-            held = egress_change.open_requests(self.project, within=RECOUNT_WITHIN) != 0
-            if not held or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            held = egress_change.open_requests(self.project, within=max(1.0, left))
+            if held is None or held == 0 or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
-        self._meter.recount(held)
+        self._meter.recount(held != 0)
 
     def _removed(self) -> None:
         self._release_images()
