@@ -422,6 +422,43 @@ def test_a_forwarder_whose_relay_dies_starts_it_again_on_the_same_host_port(
         assert list(rt.info().ports) == [port]
 
 
+# every socat of the forwarder SIGKILLed as soon as it is seen, for 4 s: how many there were
+KILL_EACH_RELAY = r"""
+end=$((SECONDS + 4)); seen=" "
+while [ $SECONDS -lt $end ]; do
+  for p in /proc/[0-9]*; do
+    [ "$(cat $p/comm 2>/dev/null)" = socat ] || continue
+    case $seen in *" ${p#/proc/} "*) ;; *) seen="$seen${p#/proc/} " ;; esac
+    kill -9 ${p#/proc/} 2>/dev/null
+  done
+  sleep 0.05
+done
+echo $seen | wc -w
+"""
+
+
+def test_a_relay_that_keeps_dying_is_started_again_once_a_second_at_most(
+    world: World, tmp_path: Path
+) -> None:
+    """A relay that cannot run (killed as soon as it starts here) is started again after a
+    second, not five times a second for good; and once it is let be, it serves again."""
+    body = "network: {ports: [{container: 8000}]}\n"
+    with spawn_runtime(env_file(tmp_path, "relentless", body)) as rt:
+        serve = "setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 </dev/null &"
+        assert rt.execute(serve, timeout=20).exit_code == 0
+        [port] = rt.info().ports
+        forwarder = f"{rt.info().id}-{FORWARDER}-1"
+        done = subprocess.run(
+            ["docker", "exec", "-u", "0", forwarder, "bash", "-c", KILL_EACH_RELAY],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done
+        assert 2 <= int(done.stdout) <= 7, done.stdout  # (0.2 s apart: about 16)
+        _until_answered(port.host)
+
+
 UNTIL_UP = r"""
 import socket, sys, time
 deadline = time.monotonic() + 60
