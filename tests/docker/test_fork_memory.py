@@ -225,6 +225,36 @@ def test_a_save_given_up_at_its_deadline_leaves_the_sandbox_running(
     assert labelled_ids() <= before
 
 
+def test_a_save_gvisor_cannot_make_says_why_and_that_the_sandbox_stopped(
+    make_env: MakeEnv, sealed_engine: str
+) -> None:
+    """A program replaced while a process runs it (an upgrade of a running server's binary;
+    or a root sandbox on purpose): this runsc cannot save the deleted file it still holds,
+    stops the sandbox, and leaves no image to start it again from. The error said the last
+    4 KiB of a Go stack trace, and nothing of the sandbox being gone (docs/fork.md said the
+    original runs on). It says why, on one line, and that the sandbox stopped. (A runsc that
+    saves it: the original runs on.)"""
+    before = labelled_ids()
+    snaps = {s.name for s in list_snapshots()}
+    with spawn_runtime(make_env(SEALED + "user: root\n", name="memgone")) as rt:
+        rt.execute("setsid sh -c 'while :; do sleep 1; done' >/dev/null 2>&1 </dev/null &")
+        replace = "r=$(readlink -f /bin/sh) && cp $r /tmp/sh && rm -f $r && cp /tmp/sh $r"
+        rt.execute(replace, check=True)
+        try:
+            saved = rt.checkpoint(memory=True)
+        except OrchestratorError as exc:
+            said = str(exc)
+            assert "deleted while in use" in said and "sandbox stopped" in said, said
+            assert "\n" not in said and len(said) < 2000 and "goroutine" not in said, said
+            with pytest.raises(OrchestratorError, match="not running"):
+                rt.execute("true")
+        else:
+            saved.remove()
+            assert rt.execute("echo on").stdout == "on\n"
+    assert {s.name for s in list_snapshots()} == snaps
+    assert labelled_ids() <= before
+
+
 def test_two_saves_at_once_take_turns(make_env: MakeEnv, sealed_engine: str) -> None:
     with spawn_runtime(make_env(SEALED, name="memtwo")) as rt:
         start_holder(rt)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.backends.docker.memory import _roots_own
+from orchestrator.backends.docker.memory import _roots_own, _short, _told
 from orchestrator.sandbox.snapshot import remove_files
 
 
@@ -54,3 +54,28 @@ def test_a_path_runsc_is_given_is_roots_in_every_part(tmp_path: Path) -> None:
     good.parent.chmod(0o1777)  # sticky, as /tmp: a root-owned folder in it stays put
     assert _roots_own(str(good))
     assert not _roots_own("/") and not _roots_own("relative") and not _roots_own("/a/../b")
+
+
+DUMP = (
+    'checkpoint failed: checkpointing container "c0ffee": encoding error at object '
+    "gofer.dentry{vfsd:vfs.Dentry{mu:sync.Mutex{}}, refs:atomicbitops.Int64{value:2}, "
+    'name:"da\\x1b[2Jsh", inoKey:gofer.inoKey{ino:0x1}, '
+    "deleted:atomicbitops.Uint32{_:sync.NoCopy{}, value:0x1}, cached:false}\n"
+    "goroutine 27 [running]:\ngvisor.dev/gvisor/pkg/state.safely.func1()\n"
+)
+
+
+def test_what_runsc_said_is_told_in_a_line_without_its_dump_or_stack() -> None:
+    """runsc's failure to save prints its whole object dump, then a Go stack trace: the
+    error kept the last 4 KiB of the trace. It keeps runsc's first line, the object's type
+    and, for a file deleted while in use, its name (the sandbox's to choose: printable)."""
+    told = _short(_told(DUMP.encode(), b"tail"))
+    assert told == (
+        'checkpoint failed: checkpointing container "c0ffee": encoding error at object '
+        "gofer.dentry (a file deleted while in use: 'da\\\\x1b[2Jsh')"
+    ), told
+    assert _told(b"starting\npanic: boom\ngoroutine 1 [running]:\n", b"") == "runsc panicked: boom"
+    assert _told(b"other words", b" the end \n") == "the end"
+    said = _short("restoring failed: header error: EOF: goroutine 14 [running]: a.b() x.go:1")
+    assert said == "restoring failed: header error: EOF"
+    assert _short("\x1b[2J" + "y" * 700) == "\\x1b[2J" + "y" * 593 + "..."

@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import procutil, settings
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.engine.bounds import up_timeout
-from orchestrator.errors import DockerError, OrchestratorError, UsageError
+from orchestrator.errors import DockerError, OrchestratorError, SandboxUnavailable, UsageError
 from orchestrator.paths import locked_file
 from orchestrator.sandbox.snapshot import remove_files
+from orchestrator.tables import printable
 
 if TYPE_CHECKING:
     from orchestrator.backends.docker.lifecycle import Project
@@ -141,12 +142,18 @@ def held(engine: Engine, container: str, folder: Path) -> Iterator[dict[str, str
     folder.mkdir(mode=0o700)
     try:
         _checkpoint(runsc, root, cid, folder, container)
-    except BaseException:
+    except BaseException as exc:
         # its runsc gave up (or was given up on), but the sandbox may still be saving, and
         # stop once it has: it is started again from what it saved, if it does
         if not _runs_on(engine, container, folder):
-            with contextlib.suppress(OrchestratorError, OSError):
+            try:
                 _restart(engine, container, folder)
+            except (OrchestratorError, OSError) as lost:
+                if isinstance(exc, Exception):  # (an interrupt stays one)
+                    raise SandboxUnavailable(
+                        f"{exc}; and the sandbox stopped, and could not be started again "
+                        f"from what was saved ({_short(str(lost))}): its processes are gone"
+                    ) from exc
         raise
     try:
         yield _sealed(folder, limit())
@@ -259,11 +266,12 @@ def _checkpoint(runsc: str, root: str, cid: str, folder: Path, container: str) -
     """`runsc checkpoint` of the sandbox into `folder`, within checkpoint_seconds() (its
     process tree killed past it); what it said, at most OUTPUT bytes of it, in the error."""
     argv = [runsc, f"--root={root}", "checkpoint", f"--image-path={folder}", cid]
-    said = b""
+    head, said = b"", b""
     run = procutil.run(argv, None, None, timeout=checkpoint_seconds())
     try:
         while True:
             _, data = next(run)
+            head += data[: max(0, OUTPUT - len(head))]
             said = (said + data)[-OUTPUT:]
     except StopIteration as stop:
         outcome = stop.value
@@ -271,8 +279,49 @@ def _checkpoint(runsc: str, root: str, cid: str, folder: Path, container: str) -
         run.close()
     if outcome.exit_code != 0:
         why = "timed out" if outcome.timed_out else f"exit {outcome.exit_code}"
-        text = said.decode("utf-8", "replace").strip()
-        raise OrchestratorError(f"gVisor could not checkpoint {container} ({why}): {text}")
+        raise OrchestratorError(
+            f"gVisor could not checkpoint {container} ({why}): {_short(_told(head, said))}"
+        )
+
+
+def _told(head: bytes, tail: bytes) -> str:
+    """What runsc said of why it failed, in a line a caller can read: its first line, with
+    the dump of the object it could not save cut to that object's type (and a file's name,
+    where it is one deleted while in use, which this runsc cannot save: a sandbox's own root
+    makes that by replacing a program a process of it runs); else the line its panic began
+    with; else the last of what it printed."""
+    text = head.decode("utf-8", "replace")
+    first = text.split("\n", 1)[0]
+    dump = _DUMP.search(first)
+    if dump is not None:
+        said = first[: dump.end("kind")]
+        gone = _DELETED.search(first)
+        if gone is not None:
+            said += f" (a file deleted while in use: {gone.group('name')!r})"
+        return said
+    for line in text.splitlines():
+        if line.startswith("panic: "):
+            return "runsc panicked: " + line.removeprefix("panic: ")
+    return tail.decode("utf-8", "replace").strip()
+
+
+_DUMP = re.compile(r"encoding error at object (?P<kind>[\w.*()]+)\{")
+"""runsc's words when an object of the sandbox cannot be saved, before its whole dump."""
+_DELETED = re.compile(
+    r'name:"(?P<name>[^"]{1,255})".*?deleted:atomicbitops\.Uint32\{[^}]*\}, value:0x1\}'
+)
+"""A dentry's name, then its `deleted` flag set (a gofer dentry's dump, in that order)."""
+
+
+def _short(text: str) -> str:
+    """At most its first 600 characters, on one line, printable (a file's name in it is
+    the sandbox's to choose), without a Go stack trace (runsc's panics print one)."""
+    line = printable(" ".join(_TRACE.split(text, 1)[0].split()))
+    return line if len(line) <= 600 else line[:600] + "..."
+
+
+_TRACE = re.compile(r":?\s*goroutine \d+ \[")
+"""Where a Go program's stack trace begins."""
 
 
 def _sealed(folder: Path, bound: int | None) -> dict[str, str]:
