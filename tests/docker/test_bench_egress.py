@@ -52,5 +52,6 @@ def test_bench_egress_measures_both_sides_and_every_startup(tmp_path: Path) -> N
         assert one.ready[0] > 0 and one.cleanup[0] > 0, name
     text = "\n".join(lines + egress.startup_lines(startups, first, 1))
     assert "goal <= 1.2x" in text and "+" in text
+    assert "start-up <= +0.2 s: " in text and "cleanup <= +0.3 s: " in text
     for protocol in (egress.HTTP, egress.HTTPS):
         assert f"| {protocol} |" in text, protocol
