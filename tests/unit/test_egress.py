@@ -396,3 +396,36 @@ def test_no_container_of_ours_is_started_again_by_the_engine(tmp_path: Path) -> 
     doc, _ = compiled(text, tmp_path)
     assert {GATEWAY, FORWARDER, "main", "db"} <= set(doc["services"])
     assert not [name for name, svc in doc["services"].items() if "restart" in svc]
+
+
+def test_ports_read_from_the_engines_listing_are_those_compose_reads() -> None:
+    """Project.ports() reads the engine's API listing (one call, no Compose process): the
+    forwarder's ports are reported as the container ports they stand for, unpublished and
+    malformed entries are skipped, and both address families are kept, as before."""
+    from orchestrator.backends.container.engine.containers import api_published_ports
+    from orchestrator.backends.container.layout import FORWARDS_LABEL
+    from orchestrator.spec.published import PublishedPort
+
+    items: list[dict[str, Any]] = [
+        {
+            "Names": ["/p-orchestrator-ports-1"],
+            "Labels": {
+                "com.docker.compose.service": "orchestrator-ports",
+                FORWARDS_LABEL: "20000/tcp=main:8000,20001/udp=db:53",
+            },
+            "Ports": [
+                {"IP": "127.0.0.1", "PrivatePort": 20000, "PublicPort": 49153, "Type": "tcp"},
+                {"IP": "::1", "PrivatePort": 20000, "PublicPort": 49153, "Type": "tcp"},
+                {"IP": "127.0.0.1", "PrivatePort": 20001, "PublicPort": 49154, "Type": "udp"},
+                {"PrivatePort": 9999, "Type": "tcp"},  # exposed, not published
+                {"IP": "127.0.0.1", "PrivatePort": "x", "PublicPort": 1, "Type": "tcp"},
+                "junk",
+            ],
+        },
+        {"Names": ["/p-main-1"], "Labels": None, "Ports": None},
+    ]
+    assert api_published_ports(items) == [
+        PublishedPort("main", 8000, "tcp", "127.0.0.1", 49153),
+        PublishedPort("main", 8000, "tcp", "::1", 49153),
+        PublishedPort("db", 53, "udp", "127.0.0.1", 49154),
+    ]

@@ -27,7 +27,11 @@ from orchestrator.backends.container.engine import (
     service_of,
     up_timeout,
 )
-from orchestrator.backends.container.engine.containers import COMPOSE_PROJECT, COMPOSE_SERVICE
+from orchestrator.backends.container.engine.containers import (
+    COMPOSE_PROJECT,
+    COMPOSE_SERVICE,
+    api_published_ports,
+)
 from orchestrator.backends.container.identity import KEPT_FILE, LABEL_PROJECT
 from orchestrator.backends.container.inventory import remove_by_label
 from orchestrator.backends.container.readiness import Look
@@ -517,8 +521,14 @@ class Project:
         self.release()
 
     def ports(self) -> list[PublishedPort]:
-        """Published ports of every service (ephemeral ones resolved)."""
-        return published_ports(engine_call("reading published ports", self.client.compose.ps))
+        """Published ports of every service (ephemeral ones resolved): in one listing through
+        the engine's API where it is on this machine's socket (`compose ps` is a Compose
+        process and an inspection of each container: about 0.1 s), else by Compose."""
+        action = "reading published ports"
+        if self.engine.socket is not None and self.engine.kind == "docker":
+            label = f"{LABEL_PROJECT}={self.name}"
+            return api_published_ports(self.engine.labelled_containers(label, action=action))
+        return published_ports(engine_call(action, self.client.compose.ps))
 
     def service_states(self) -> list[tuple[str, Look]]:
         """(service, its state) for every container of the project."""

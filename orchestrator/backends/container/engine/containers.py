@@ -412,12 +412,43 @@ def published_ports(containers: Iterable[Container]) -> list[PublishedPort]:
     """Published ports of containers (python-on-whales' objects), with ephemeral host ports
     resolved; a port the environment's forwarder publishes is reported as the container
     port it stands for."""
+    return _published(
+        (c.config.labels or {}, c.name, c.network_settings.ports or {}) for c in containers
+    )
+
+
+def api_published_ports(items: Iterable[dict[str, Any]]) -> list[PublishedPort]:
+    """`published_ports` of containers as the API lists them (/containers/json: their
+    `Labels`, `Names` and `Ports`), read in the one listing call."""
+    seen: list[tuple[Mapping[str, str], str, Mapping[str, Any]]] = []
+    for item in sorted(items, key=lambda i: str(i.get("Names") or "")):
+        got_labels, names, ports = item.get("Labels"), item.get("Names"), item.get("Ports")
+        labels = got_labels if isinstance(got_labels, dict) else {}
+        name = str(names[0]).lstrip("/") if isinstance(names, list) and names else ""
+        binds: dict[str, list[dict[str, str]]] = {}
+        for port in ports if isinstance(ports, list) else []:
+            if not isinstance(port, dict):
+                continue
+            ip, host, inside, proto = (
+                port.get(k) for k in ("IP", "PublicPort", "PrivatePort", "Type")
+            )
+            if isinstance(host, int) and isinstance(inside, int) and proto in ("tcp", "udp"):
+                key = f"{inside}/{proto}"
+                binds.setdefault(key, []).append({"HostIp": str(ip or ""), "HostPort": str(host)})
+        seen.append((labels, name, binds))
+    return _published(seen)
+
+
+def _published(
+    containers: Iterable[tuple[Mapping[str, str], str, Mapping[str, Any]]],
+) -> list[PublishedPort]:
+    """(labels, name, {"PORT/PROTO": [{"HostIp", "HostPort"}...]}) of each container: its
+    published ports, the forwarder's reported as the container port each stands for."""
     out = []
-    for c in containers:
-        labels = c.config.labels or {}
-        service = service_of(labels, c.name)
+    for labels, name, ports in containers:
+        service = service_of(labels, name)
         forwards = parse_forwards(labels.get(FORWARDS_LABEL, ""))
-        for key, binds in sorted((c.network_settings.ports or {}).items()):
+        for key, binds in sorted(ports.items()):
             port, _, proto = key.partition("/")
             owner, target = forwards.get((int(port), proto), (service, int(port)))
             out += [
