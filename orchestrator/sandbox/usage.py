@@ -165,6 +165,9 @@ class Meter:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _final: float | None = None
     _egress: Egress | None = None
+    _recount_owed = False
+    """Whether the last reading left what the gateway holds to a recount that has not come
+    (yet, or ever: a removal that failed first): its count says it is short until then."""
     _workspace_bytes: int | None = None
     _asked = False
     """Whether anyone asked (`usage()`): only then does the last reading read the egress log
@@ -190,13 +193,15 @@ class Meter:
     def finish(self, recounted: bool = False) -> None:
         """The last reading, as the environment goes: later calls change nothing.
         `recounted`: its egress is counted again as it goes (`recount`), which asks what
-        the gateway holds then: not asked here too."""
+        the gateway holds then: not asked here too, and the count says it is short until
+        that recount comes (a removal that fails before it never brings it)."""
         if self._final is not None:
             return
         try:
             self.sample()
             if self._asked:
                 self.counted(last=not recounted)
+                self._recount_owed = recounted
         except Exception as exc:  # (the environment may be half gone: what was read stands)
             log.debug("the last usage reading failed: %s", exc)
         with self._lock:
@@ -230,7 +235,14 @@ class Meter:
         if got is not None and got.complete and held:
             got = replace(got, complete=False)
         with self._lock:
-            self._egress = got
+            self._egress, self._recount_owed = got, False
+
+    def _short_while_owed(self) -> Egress | None:
+        """The egress counts, said short while a recount is owed (see `finish`)."""
+        got = self._egress
+        if got is not None and got.complete and self._recount_owed:
+            return replace(got, complete=False)
+        return got
 
     def usage(self, tallies: Mapping[str, Tally]) -> Usage:
         """What was read so far, with the commands of each place in `tallies`."""
@@ -241,13 +253,14 @@ class Meter:
             services = {name: _service(self._tracks.get(name), tallies.get(name)) for name in names}
             measured = bool(self._tracks)
             final = self._final is not None
+            egress = self._short_while_owed()
         return Usage(
             services=services,
             total=_sum(list(services.values())),
             seconds=max(0.0, end - self.started),
             measured=measured,
             final=final,
-            egress=self._egress,
+            egress=egress,
             workspace_bytes=self._workspace_bytes,
         )
 

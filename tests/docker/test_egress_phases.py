@@ -369,3 +369,22 @@ def test_the_last_count_of_a_gateway_gone_already_says_it_is_short_at_once(
     last = rt.usage()
     assert last.final and last.egress is not None and not last.egress.complete, last
     assert asked == [None]
+
+
+def test_a_removal_that_fails_before_its_recount_leaves_the_count_short(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Found by a hostile review) The last reading leaves what the gateway holds to the
+    recount at removal; a removal that failed before it (the engine's own race under load,
+    "unable to remove filesystem") never brought it, and the count said it was whole."""
+    from orchestrator.backends.docker import lifecycle
+    from orchestrator.errors import DockerError
+
+    def racy(self: lifecycle.Project, before_gateway: object = None) -> None:
+        raise DockerError(f"removing project {self.name}: unable to remove filesystem")
+
+    monkeypatch.setattr(lifecycle.Project, "_remove_by_api", racy)
+    with spawn_runtime(env_file(tmp_path, "rmfail", "network: {egress: [allowed.test]}\n")) as rt:
+        assert rt.usage().egress is not None  # (asked: the removal counts again)
+    last = rt.usage()
+    assert last.final and last.egress is not None and not last.egress.complete, last
