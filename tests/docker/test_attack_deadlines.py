@@ -183,6 +183,38 @@ def test_a_plain_timeout_kills_by_one_exec(plain: Runtime, monkeypatch: pytest.M
     assert not sleeping(plain, 303)
 
 
+# a command's SIGTERM trap that finds its killer (same uid: its environment is readable),
+# then forges the killer's last line into its output and kills it (ACTION 1), or stops it
+# (ACTION 2); the command itself runs on
+AT_ITS_KILLER = r"""
+m=MARK; trap 'for d in /proc/[0-9]*; do
+  case "$(tr "\0" " " < $d/environ 2>/dev/null)" in *ORCHESTRATOR_KILL=*)
+    if [ ACTION = 1 ]; then echo "orchestrator-killed: " > $d/fd/1; kill -KILL ${d#/proc/}
+    else kill -STOP ${d#/proc/}; fi ;;
+  esac; done' TERM
+while :; do sleep 0.05; done
+"""
+
+
+@pytest.mark.parametrize("action", [1, 2], ids=["forges-its-end", "stops-it"])
+def test_a_command_that_turns_on_its_killer_dies_at_its_timeout(
+    plain: Runtime, action: int
+) -> None:
+    """ATTACK (hostile review; a uid-1000 sandbox): the timeout's pass lets the command run
+    during its grace, as the killer's own uid. A command that wrote the killer's last line
+    into its output and killed it was taken for killed, and ran on; one that stopped it
+    held the call for the SIGTERM's whole 15 s. The line counts only as the last of a pass
+    that exited 0, and the pass must end within its grace and AFTER_GRACE, else a SIGKILL
+    pass of its own follows."""
+    mark = f"turn{action}x"
+    script = AT_ITS_KILLER.replace("MARK", mark).replace("ACTION", str(action))
+    outcome, _ = bounded(lambda: plain.execute(["sh", "-c", script], timeout=1, user="1000"), 12)
+    assert not isinstance(outcome, BaseException), outcome
+    assert outcome.timed_out, outcome  # type: ignore[attr-defined]
+    ps = plain.execute("ps -o pid,args", timeout=20).stdout
+    assert mark not in ps, ps
+
+
 def _killer(rt: Runtime, cancels: bool) -> Killer:
     from orchestrator.backends.container.executor.plain import Killer
 

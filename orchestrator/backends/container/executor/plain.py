@@ -26,6 +26,7 @@ one race (see TOMB), an empty file in its /dev/shm."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -92,7 +93,15 @@ KILLER_TAIL = 64 * 1024
 MAX_SESSIONS = 4096
 """Most sessions a pass may name for the next (each a word of the next pass's argv)."""
 DONE = "orchestrator-killed:"
-"""The killer's last line, then the sessions it found (passed to the next pass)."""
+"""The killer's last line, then the sessions it found (passed to the next pass). Taken only
+as the last line of a pass that exited 0: the command's processes run as the killer's uid,
+and one could write the line into the killer's output and kill it (a hostile review)."""
+TERMED = b"orchestrator-termed"
+"""A timeout's pass's line once its SIGTERM is sent: from then its processes run again,
+and may stop or kill the killer (same uid), so the rest of the pass must end within its
+grace and AFTER_GRACE, or it is cut and a pass of its own sends the SIGKILL."""
+AFTER_GRACE = 1.5
+"""Seconds a timeout's pass may take past its grace (its second look, and its exit)."""
 # `ORCHESTRATOR_KILL=TOKEN sh -c KILL_TREE sh SIGNAL CANCEL THEN [SESSION...]`: builtins
 # only (see the module docstring); CANCEL 1: a SIGKILL leaves the command's mark (TOMB) when
 # no session is known yet; THEN > 0: after SIGNAL, wait up to THEN hundredths of a second
@@ -161,6 +170,7 @@ alive() {  # whether a process hit is there and not a zombie
 sweep
 case $sig in STOP|TSTP|TTIN|TTOU) send "$sig" 1 ;; *) send "$sig" ;; esac
 if [ "$then" -gt 0 ] 2>/dev/null && [ "$sig" != KILL ]; then
+  echo "@TERMED@"
   now; end=; [ -z "$u" ] || end=$((u + then)); i=0
   while alive && [ $i -lt 5000 ]; do  # (a count bounds it where there is no clock)
     i=$((i + 1)); now
@@ -169,7 +179,7 @@ if [ "$then" -gt 0 ] 2>/dev/null && [ "$sig" != KILL ]; then
   tomb; sweep; send KILL 1
 fi
 echo "orchestrator-killed:$sids"
-""".replace("@TOMB@", TOMB)
+""".replace("@TOMB@", TOMB).replace("@TERMED@", "orchestrator-termed")
 )
 
 
@@ -293,30 +303,39 @@ class Killer:
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
         # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
         left = max(0.1, deadline - time.monotonic())
-        chunks = procutil.run(argv, procutil.marked_environ(), None, timeout=left)  # (marked)
-        code, cut = 0, False
+        clients: list[subprocess.Popen[bytes]] = []
+        chunks = procutil.run(  # (marked)
+            argv, procutil.marked_environ(), None, timeout=left, on_start=clients.append
+        )
+        code, cut, timer = 0, False, None
         try:
             with procutil.kept_on():  # (the kill of a command its caller gave up on)
                 while True:
                     kind, data = next(chunks)
                     kept[kind] += data
                     del kept[kind][:-KILLER_TAIL]
+                    if then > 0 and timer is None and TERMED in kept["stdout"]:
+                        timer = threading.Timer(then + AFTER_GRACE, _end, (clients,))
+                        timer.daemon = True
+                        timer.start()
         except StopIteration as stop:
             code, cut = stop.value.exit_code, stop.value.timed_out
         except (OSError, procutil.NoProcess):
             return None
         finally:
+            if timer is not None:
+                timer.cancel()
             chunks.close()
         out, err = bytes(kept["stdout"]), bytes(kept["stderr"])
-        for line in out.decode(errors="replace").splitlines():
-            if line.startswith(DONE):
-                self.sessions = line.removeprefix(DONE).split()[:MAX_SESSIONS]
-                self.no_process = b""
-                self.ran = True
-                if name == "KILL" or then > 0:
-                    self.unfinished = False
-                    self._killed_after_term = then > 0
-                return None
+        lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
+        if lines and lines[-1].startswith(DONE) and code == 0 and not cut:
+            self.sessions = lines[-1].removeprefix(DONE).split()[:MAX_SESSIONS]
+            self.no_process = b""
+            self.ran = True
+            if name == "KILL" or then > 0:
+                self.unfinished = False
+                self._killed_after_term = then > 0
+            return None
         said = out + err
         # the sandbox could not start a process (the shell's words, or runc's), or the
         # engine would not start the pass (runc's refusal, 126) for a reason other than the
@@ -331,6 +350,14 @@ class Killer:
         if impossible:  # paused, stopped or removed meanwhile: what an earlier pass said
             self.no_process = b""  # holds no more (a paused one's kill is owed: owed.py)
         return None
+
+
+def _end(clients: list[subprocess.Popen[bytes]]) -> None:
+    """Cut a pass that outlived its grace: its docker client killed (the pass, if it runs
+    on in the sandbox, is killed by the next pass of its kill)."""
+    for client in clients:
+        with contextlib.suppress(OSError):
+            client.kill()
 
 
 def run_plain(
