@@ -215,6 +215,59 @@ def test_a_command_that_turns_on_its_killer_dies_at_its_timeout(
     assert mark not in ps, ps
 
 
+# processes deaf to SIGTERM that look for the killer (same uid), write the engine's refusal
+# ("is paused") into its output and kill it, before its look stops them, again and again
+FAKES_A_REFUSAL = r"""
+import os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+said = b"Error response from daemon: Container 0123 is paused, unpause the container before exec\n"
+for _ in range(7):
+    if os.fork() == 0:
+        break
+me = str(os.getpid())
+while True:
+    for p in os.listdir("/proc"):
+        try:
+            if not p.isdigit() or p == me:
+                continue
+            with open(f"/proc/{p}/environ", "rb") as fh:
+                if b"ORCHESTRATOR_KILL=" not in fh.read():
+                    continue
+            for k in (1, 2):
+                fd = os.open(f"/proc/{p}/fd/{k}", os.O_WRONLY)
+                os.write(fd, said)
+                os.close(fd)
+            os.kill(int(p), signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+def test_a_command_that_fakes_the_engines_refusal_is_never_taken_for_killed(
+    make_env: MakeEnv,
+) -> None:
+    """ATTACK (second hostile review; a uid-1000 sandbox): the passes' output was read for
+    the engine's refusals, and the command writes into it as the killer's uid: a fake "is
+    paused" made a pass it had killed count as one that could not run, and the call
+    returned its timeout while the command ran on. A pass killed by a signal is never read
+    so: the kill is made, or the call says it may not have been (SandboxUnavailable)."""
+    with spawn_in_mode("plain", make_env("", image=PYTHON_IMAGE)) as rt:
+        rt.write_file("/tmp/fakes.py", FAKES_A_REFUSAL)
+        outcome, _ = bounded(
+            lambda: rt.execute(["python3", "/tmp/fakes.py"], timeout=3, user="1000"), 90
+        )
+        listed = rt.execute(
+            "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline 2>/dev/null; echo; done",
+            user="root",
+            timeout=20,
+        ).stdout
+        if "fakes.py" in listed:  # it ran on: the call must say so
+            assert isinstance(outcome, SandboxUnavailable), (outcome, listed)
+        else:
+            assert not isinstance(outcome, BaseException), outcome
+            assert outcome.timed_out  # type: ignore[attr-defined]
+
+
 def _killer(rt: Runtime, cancels: bool) -> Killer:
     from orchestrator.backends.container.executor.plain import Killer
 

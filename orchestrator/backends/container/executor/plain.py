@@ -341,11 +341,15 @@ class Killer:
         # engine would not start the pass (runc's refusal, 126) for a reason other than the
         # container being paused, stopped or gone (the caller's probe says which): a retry
         # may pass. Anything else (its shell ran and said no more: a root sandbox may
-        # replace it) is the pass's end.
-        impossible = exec_impossible(said)
+        # replace it) is the pass's end. Only a pass that exited with a status of its own
+        # (the engine's refusals: 1, 125, 126) is read for such words: one killed by a
+        # signal had started, and what it printed may be the command's (its uid may write
+        # into the killer's output: a hostile review forged "is paused", then killed it)
+        engine_said = 0 < code < 128
+        impossible = engine_said and exec_impossible(said)
         if name == "KILL" or then > 0:  # not done: cut, or ended (a root sandbox's shell)
             self.unfinished = cut or not impossible  # or killed early
-        if no_process(said) or (code == RUNTIME_REFUSED and not impossible):
+        if engine_said and (no_process(said) or (code == RUNTIME_REFUSED and not impossible)):
             return said.strip()[-HOLD_LIMIT:] or b"no answer"
         if impossible:  # paused, stopped or removed meanwhile: what an earlier pass said
             self.no_process = b""  # holds no more (a paused one's kill is owed: owed.py)
