@@ -200,8 +200,8 @@ class Meter:
         try:
             self.sample()
             if self._asked:
+                self._recount_owed = recounted  # (first: a reading meanwhile says short)
                 self.counted(last=not recounted)
-                self._recount_owed = recounted
         except Exception as exc:  # (the environment may be half gone: what was read stands)
             log.debug("the last usage reading failed: %s", exc)
         with self._lock:

@@ -351,8 +351,9 @@ class Project:
         """Remove containers, networks and volumes (or only stop them with keep=True).
         `before_gateway`: called once every other container is gone and before the
         environment's own go (its egress counted at last: nothing can begin after it), where
-        the removal goes through the engine's API; first, where it goes otherwise (Compose
-        takes every container at once); its failure is logged, never raised."""
+        the removal goes through the engine's API; never where it goes otherwise (Compose
+        takes every container at once; a kept one is stopped whole), where no such moment
+        is had; its failure is logged, never raised."""
         self.release()
         try:
             self._down(keep, before_gateway)
@@ -363,13 +364,11 @@ class Project:
 
     def _down(self, keep: bool, before_gateway: Callable[[], None] | None = None) -> None:
         if not (self.directory / "compose.yaml").exists():  # removed from outside (`down`)
-            self._before_gateway(before_gateway)
             remove_by_label(self.name, self.engine)
             shutil.rmtree(self.directory, ignore_errors=True)
             return
         if keep:
             write_file(self.directory / KEPT_FILE, b"")  # reapers and guardians leave it alone
-            self._before_gateway(before_gateway)
             if not self.stop_one_by_one():  # (on its networks, to start again: removal.py)
                 engine_call(
                     f"stopping project {self.name}",
@@ -409,7 +408,6 @@ class Project:
             except Exception as exc:  # (no thread to be had, an answer of an odd shape)
                 raise DockerError(f"removing project {self.name} failed: {exc!r}") from exc
             return
-        self._before_gateway(before_gateway)
         engine_call(
             f"removing project {self.name}",
             lambda: self.client.compose.down(
