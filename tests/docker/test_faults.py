@@ -115,23 +115,29 @@ def test_a_container_killed_as_a_plain_command_starts_is_unavailable_not_a_126(
     """The kill lands as `docker exec` starts the command: runc refuses it ("cannot exec in
     a stopped container", "error executing setns process", ..., exit 126) a moment before
     the engine records the stop. Each call either ran (before the kill) or is the sandbox
-    lost, never a command that failed with 126."""
+    lost, never a command that failed with 126. Calls follow each other until one meets
+    the kill (a loaded machine lands the kill after a first call is done: a CI run once saw
+    eight calls that all ran), so the kill lands at every point of a call's start."""
     seen = []
     for delay in (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08):  # (across the window)
         with spawn(make_env("", name="killstart"), "plain") as rt:
             container = main_container(rt)
             killer = threading.Timer(delay, lambda c=container: docker("kill", c))
             killer.start()
+            deadline = time.monotonic() + 60
             try:
-                result = rt.execute("true", timeout=30)
-            except SandboxUnavailable as exc:
-                seen.append(type(exc).__name__)
-            else:
-                assert result.exit_code == 0, (delay, result.exit_code, result.stderr)
-                seen.append("ran")
+                while True:
+                    try:
+                        result = rt.execute("true", timeout=30)
+                    except SandboxUnavailable as exc:
+                        seen.append(type(exc).__name__)
+                        break
+                    assert result.exit_code == 0, (delay, result.exit_code, result.stderr)
+                    seen.append("ran")
+                    assert time.monotonic() < deadline, "the killed container ran on"
             finally:
                 killer.join()
-    assert "SandboxUnavailable" in seen, seen  # (else the kill never met a call)
+    assert seen.count("SandboxUnavailable") == 8, seen  # (each kill met a call)
 
 
 def test_a_container_killed_with_many_processes_is_unavailable_not_a_137(
