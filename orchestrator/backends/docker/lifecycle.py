@@ -400,7 +400,7 @@ class Project:
         if run is not None:
             self._delete(run)
             return
-        if self.engine.socket is not None and self.engine.kind == "docker":
+        if self._by_api:
             try:
                 self._remove_by_api(before_gateway)
             except DockerError:
@@ -449,7 +449,10 @@ class Project:
             side_by_side(end, containers)
         else:  # the environment's own last, `before_gateway` between
             side_by_side(end, [c for c in containers if _labels(c).get(COMPOSE_SERVICE) not in own])
-            self._before_gateway(before_gateway)
+            try:
+                before_gateway()
+            except Exception as exc:  # (what it reads is the caller's; the removal goes on)
+                log.info("%s: before its gateway went: %s", self.name, exc)
             side_by_side(end, [c for c in containers if _labels(c).get(COMPOSE_SERVICE) in own])
         side_by_side(
             lambda v: engine().delete_volume(str(v.get("Name", "")), action=removing),
@@ -459,15 +462,6 @@ class Project:
             lambda n: engine().delete_network(str(n.get("Id", "")), action=removing),
             found["networks"],
         )
-
-    def _before_gateway(self, before_gateway: Callable[[], None] | None) -> None:
-        """Call `down`'s `before_gateway` (if any); its failure is logged, never raised."""
-        if before_gateway is None:
-            return
-        try:
-            before_gateway()
-        except Exception as exc:  # (what it reads is the caller's; the removal goes on)
-            log.info("%s: before its gateway went: %s", self.name, exc)
 
     def stop_one_by_one(self) -> bool:
         """Stop its containers as `compose stop` does, but one after the other: each leaves
@@ -518,12 +512,18 @@ class Project:
         write_file(self.directory / KEPT_FILE, b"")
         self.release()
 
+    @property
+    def _by_api(self) -> bool:
+        """Whether its engine is Docker on this machine's socket: its API is asked directly
+        (no Compose process) for what Compose would do or tell."""
+        return self.engine.socket is not None and self.engine.kind == "docker"
+
     def ports(self) -> list[PublishedPort]:
         """Published ports of every service (ephemeral ones resolved): in one listing through
         the engine's API where it is on this machine's socket (`compose ps` is a Compose
         process and an inspection of each container: about 0.1 s), else by Compose."""
         action = "reading published ports"
-        if self.engine.socket is not None and self.engine.kind == "docker":
+        if self._by_api:
             label = f"{LABEL_PROJECT}={self.name}"
             return api_published_ports(self.engine.labelled_containers(label, action=action))
         return published_ports(engine_call(action, self.client.compose.ps))
