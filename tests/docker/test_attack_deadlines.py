@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,6 +116,36 @@ def test_a_child_that_clears_its_environment_dies_at_the_timeout(
     result = plain.execute(command, timeout=1)
     assert result.timed_out
     assert not sleeping(plain, 301)
+
+
+def test_a_command_whose_session_came_after_the_timeouts_pass_dies_at_the_timeout(
+    plain: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy engine starts a command late: its session line came after the timeout's pass
+    had run, and the command, which cleared its environment at once, was found by nothing
+    else (CI, once: its two processes ran on). Here the line is held until that pass ends."""
+    from orchestrator.backends.container.executor import plain as path
+
+    termed = threading.Event()
+    once, session = Killer._once, path._session
+
+    def pass_then_tell(self: Killer, name: str, deadline: float, then: float = 0.0) -> bytes | None:
+        try:
+            return once(self, name, deadline, then)
+        finally:
+            termed.set()
+
+    def held(head: bytes, killer: Killer) -> tuple[bytes | None, bytes]:
+        if b"\n" in head:
+            termed.wait(20)
+        return session(head, killer)
+
+    monkeypatch.setattr(Killer, "_once", pass_then_tell)
+    monkeypatch.setattr(path, "_session", held)
+    result = plain.execute("exec env -i sh -c 'sleep 304 & sleep 304'", timeout=1)
+    assert result.timed_out
+    assert termed.is_set()
+    assert not sleeping(plain, 304)
 
 
 def test_a_fork_loop_that_fills_the_pids_limit_dies_at_the_timeout(plain: Runtime) -> None:

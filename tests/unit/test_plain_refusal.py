@@ -360,3 +360,48 @@ def test_a_timeouts_pass_kills_what_outlived_its_sigterm_after_the_grace() -> No
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # (its group: a child left by a failure)
             proc.wait()
+
+
+@pytest.mark.parametrize("when", ["during", "after"])
+def test_a_session_learned_as_the_timeouts_pass_runs_is_killed_by_a_pass_of_its_own(
+    tmp_path: Path, when: str
+) -> None:
+    """A busy engine starts a command late: its session line may come while the timeout's
+    pass runs, or after it, and a command that cleared its environment at once (`exec env
+    -i`) is found by nothing else (CI, once: two of its processes ran on). That pass's end
+    neither drops the session nor stands for its SIGKILL: a pass of its own follows."""
+    log, go = tmp_path / "log", tmp_path / "go"
+    script = (
+        f'echo "$0 $*" >> {log}; echo orchestrator-termed; '
+        f"while [ ! -e {go} ]; do sleep 0.01; done; echo {plain.DONE} 11"
+    )
+    killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
+    with subprocess.Popen(["sleep", "60"]) as client:
+        term = threading.Thread(target=killer, args=(client, signal.SIGTERM))
+        term.start()
+        deadline = time.monotonic() + 10
+        while not log.exists():
+            assert time.monotonic() < deadline, "no pass began"
+            time.sleep(0.01)
+        if when == "during":
+            killer.sessions.append("22")
+        go.touch()
+        term.join(30)
+        if when == "after":
+            killer.sessions.append("22")
+        assert killer.sessions == ["11", "22"]
+        killer(client, signal.SIGKILL)
+    passes = log.read_text().splitlines()
+    assert passes == ["TERM 0 50", "KILL 0 0 11 22"], passes
+
+
+def test_a_timeouts_pass_that_found_every_session_known_stands_for_its_sigkill(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "log"
+    script = f'echo "$0 $*" >> {log}; echo orchestrator-termed; echo {plain.DONE} 11'
+    killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
+    with subprocess.Popen(["sleep", "60"]) as client:
+        killer(client, signal.SIGTERM)
+        killer(client, signal.SIGKILL)
+    assert log.read_text().splitlines() == ["TERM 0 50"]

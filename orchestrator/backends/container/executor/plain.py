@@ -219,9 +219,12 @@ class Killer:
         self._one = threading.Lock()
         """One pass at a time (the timeout's kill, a caller's signal, an owed kill): each
         pass kills the passes of its token still running."""
-        self._killed_after_term = False
-        """Whether the timeout's SIGTERM pass went on to its SIGKILL and ran to its end: the
-        SIGKILL that follows it needs no pass of its own."""
+        self._killed_after_term: set[str] | None = None
+        """The sessions the timeout's SIGTERM pass SIGKILLed after its grace, once it ran to
+        its end: the SIGKILL that follows it needs no pass of its own, unless a session was
+        learned since (a busy engine starts a command late: its session line may come while
+        that pass runs, or after it, and a command that cleared its environment at once,
+        `exec env -i`, is found by nothing else; CI, once)."""
 
     def finish(self) -> bool:
         """Kill what is left of the command now (once the sandbox can run the killer again:
@@ -262,7 +265,8 @@ class Killer:
         began = time.monotonic()
         try:
             with self._one:
-                if kind == signal.SIGKILL and self._killed_after_term:
+                done = self._killed_after_term  # (empty: no session seen, a line may come)
+                if kind == signal.SIGKILL and done and done.issuperset(self.sessions):
                     pass  # done by the SIGTERM's pass, which looked again before its SIGKILL
                 elif self._spent[kind] < share:
                     then = procutil.GRACE if kind == signal.SIGTERM else 0.0
@@ -298,7 +302,8 @@ class Killer:
         target = self._engine.exec_target(self._container)
         env = {KILL_TOKEN: self.token}
         argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=self.user, env=env)
-        argv += [name, "1" if self.cancels else "0", str(round(then * 100)), *self.sessions]
+        known = list(self.sessions)  # (the command's session line may add one meanwhile)
+        argv += [name, "1" if self.cancels else "0", str(round(then * 100)), *known]
         kept = {"stdout": bytearray(), "stderr": bytearray()}
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
         # without end, or never end; only the last KILLER_TAIL bytes of each stream are kept
@@ -329,12 +334,14 @@ class Killer:
         out, err = bytes(kept["stdout"]), bytes(kept["stderr"])
         lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
         if lines and lines[-1].startswith(DONE) and code == 0 and not cut:
-            self.sessions = lines[-1].removeprefix(DONE).split()[:MAX_SESSIONS]
+            found = lines[-1].removeprefix(DONE).split()[:MAX_SESSIONS]
+            late = [sid for sid in self.sessions if sid not in known]  # learned meanwhile
+            self.sessions = list(dict.fromkeys(found + late))[:MAX_SESSIONS]
             self.no_process = b""
             self.ran = True
             if name == "KILL" or then > 0:
                 self.unfinished = False
-                self._killed_after_term = then > 0
+                self._killed_after_term = {*known, *found} if then > 0 else None
             return None
         said = out + err
         # the sandbox could not start a process (the shell's words, or runc's), or the
