@@ -61,7 +61,8 @@ def attach_ref(ref: str) -> Runtime:
 
 
 COMPLETE_WITHIN = 2.0
-"""Seconds shell completion may spend listing environment ids (then it offers none)."""
+"""Seconds shell completion may spend reading the state folder for environment ids (then it
+offers none: a folder on a filesystem that hangs)."""
 ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -71,11 +72,13 @@ def complete_ids(incomplete: str) -> list[str]:
     never raises (a completion that fails spoils the user's command line); a folder name
     that is not id-like is never offered to the shell."""
     found: list[str] = []
+    try:  # (before the clock starts: a loaded machine took more than the bound to import it)
+        from orchestrator.services.attach import attachable
+    except Exception:  # (never spoil the command line)
+        return []
 
     def look() -> None:
         with contextlib.suppress(Exception):
-            from orchestrator import attachable
-
             found.extend(attachable())
 
     reader = threading.Thread(target=look, daemon=True)

@@ -7,6 +7,7 @@ and a backend without gVisor."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import os
 import stat
@@ -202,25 +203,32 @@ def test_a_save_given_up_at_its_deadline_leaves_the_sandbox_running(
     make_env: MakeEnv, sealed_engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """runsc killed at its deadline while the sandbox still saves 200 MB: the sandbox stops
-    once saved, and is started again from what it saved; nothing of the record is left."""
+    once saved, and is started again from what it saved; nothing of the record is left. (A
+    runsc killed before it began, as a loaded machine starts it late, leaves the sandbox
+    running as it was: the deadline grows until one save began.)"""
     before = labelled_ids()
     snaps = {s.name for s in list_snapshots()}
     with spawn_runtime(make_env(SEALED, name="memslow")) as rt:
         start_holder(rt)
         secret = remembered(rt)
         rt.execute("head -c 200000000 /dev/urandom > /tmp/ballast", check=True)
-        started = started_at(rt)
-        monkeypatch.setattr(memory, "checkpoint_seconds", lambda: 0.2)
-        with pytest.raises(OrchestratorError, match="timed out"):
-            rt.checkpoint(memory=True)
-        monkeypatch.undo()
-        assert started_at(rt) != started  # it stopped once saved, and was started again
-        assert remembered(rt) == secret  # the same process, memory and all
-        seen = count(rt)
-        deadline = time.monotonic() + 10
-        while count(rt) <= seen:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        restarted = False
+        for seconds in (0.2, 0.4, 0.8):
+            started = started_at(rt)
+            monkeypatch.setattr(memory, "checkpoint_seconds", functools.partial(float, seconds))
+            with pytest.raises(OrchestratorError, match="timed out"):
+                rt.checkpoint(memory=True)
+            monkeypatch.undo()
+            restarted = started_at(rt) != started  # it stopped once saved, and started again
+            assert remembered(rt) == secret  # the same process, memory and all
+            seen = count(rt)
+            deadline = time.monotonic() + 10
+            while count(rt) <= seen:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            if restarted:
+                break
+        assert restarted, "no save began within 0.8 s"
     assert {s.name for s in list_snapshots()} == snaps
     assert labelled_ids() <= before
 
