@@ -9,7 +9,7 @@ setup:
 
 # Run the whole test suite (Docker tests included)
 test *ARGS: setup
-    {{py}} -m pytest -n 8 --durations=15 {{ARGS}}
+    {{py}} -m pytest -n 8 --dist loadgroup --durations=15 {{ARGS}}
 
 # Lint with ruff
 lint:

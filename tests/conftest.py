@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator import Runtime
 from orchestrator.backends.docker import gateway
+from tests import grouping
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_IMAGE = os.environ.get("ORCHESTRATOR_PYTHON_IMAGE", "orchestrator-test/python:3.11")
@@ -87,8 +88,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if getattr(target, "id", "") == "docker-podman" or "podman" in path.stem:
             item.add_marker(pytest.mark.podman)
             item.add_marker(pytest.mark.usefixtures("podman_engine"))
-    # the Swarm's tests last: its cluster starts in the background meanwhile (see below)
-    items[:] = sorted(items, key=lambda item: "swarm" in item.keywords)
+    # the Swarm's tests last: its cluster starts in the background meanwhile (see below);
+    # within each part, the tests that share a module's environment first (each group goes
+    # whole to one worker, in the order the groups first come: tests/grouping.py)
+    items[:] = sorted(
+        items, key=lambda item: ("swarm" in item.keywords, grouping.shared_group(item) is None)
+    )
+    if os.environ.get("PYTEST_XDIST_WORKER") and RUN_DIR_ENV in os.environ:
+        grouping.write(items, Path(os.environ[RUN_DIR_ENV]))
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
     _DOCKER_OK[:] = [problem is None]
     if problem is None:
@@ -551,6 +558,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if RUN_DIR_ENV not in os.environ:  # the controller (or a run without workers)
         _MADE_RUN_DIR.append(tempfile.mkdtemp(prefix="orch-test-run-"))
         os.environ[RUN_DIR_ENV] = _MADE_RUN_DIR[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadgroup`: our groups (tests/grouping.py); any other: xdist's own."""
+    if config.getvalue("dist") != "loadgroup" or RUN_DIR_ENV not in os.environ:
+        return None
+    return grouping.SharedScheduling(config, Path(os.environ[RUN_DIR_ENV]), log)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -73,7 +73,7 @@ def complete_ids(incomplete: str) -> list[str]:
     that is not id-like is never offered to the shell."""
     found: list[str] = []
     try:  # (before the clock starts: a loaded machine took more than the bound to import it)
-        from orchestrator.services.attach import attachable
+        from orchestrator import attachable
     except Exception:  # (never spoil the command line)
         return []
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import orchestrator
 from orchestrator.cli import common
-from orchestrator.services import attach
 
 CLI = [sys.executable, "-m", "orchestrator"]
 
@@ -118,7 +118,7 @@ def test_id_completion_is_bounded_and_never_raises(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(common, "COMPLETE_WITHIN", 0.5)
     for lister in (slow, broken):
-        monkeypatch.setattr(attach, "attachable", lister)
+        monkeypatch.setattr(orchestrator, "attachable", lister)
         started = time.monotonic()
         assert common.complete_ids("orch-") == []
         assert time.monotonic() - started < 5
