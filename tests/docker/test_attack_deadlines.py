@@ -148,6 +148,37 @@ def test_a_command_whose_session_came_after_the_timeouts_pass_dies_at_the_timeou
     assert not sleeping(plain, 304)
 
 
+def test_a_command_whose_session_came_after_its_kill_dies_at_the_call_s_end(
+    plain: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ATTACK (hostile review): as above, with the line held until the timeout's SIGKILL
+    was done (a busy engine; a caller slow to read): nothing killed the command, and
+    nothing said so. The call's end kills it."""
+    from orchestrator.backends.container.executor import plain as path
+
+    killed = threading.Event()
+    call, session = Killer.__call__, path._session
+
+    def call_then_tell(self: Killer, client: subprocess.Popen[bytes], sig: int) -> None:
+        try:
+            call(self, client, sig)
+        finally:
+            if sig == signal.SIGKILL:
+                killed.set()
+
+    def held(head: bytes, killer: Killer) -> tuple[bytes | None, bytes]:
+        if b"\n" in head:
+            killed.wait(40)
+        return session(head, killer)
+
+    monkeypatch.setattr(Killer, "__call__", call_then_tell)
+    monkeypatch.setattr(path, "_session", held)
+    result = plain.execute("exec env -i sh -c 'sleep 305 & sleep 305'", timeout=1)
+    assert result.timed_out
+    assert killed.is_set()
+    assert not sleeping(plain, 305)
+
+
 def test_a_fork_loop_that_fills_the_pids_limit_dies_at_the_timeout(plain: Runtime) -> None:
     # one loop dies at its first failed fork; what it started holds every slot
     command = "sleep 302 & (while :; do sleep 302 & done) 2>/dev/null; wait"

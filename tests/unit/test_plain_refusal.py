@@ -7,9 +7,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -389,10 +391,10 @@ def test_a_session_learned_as_the_timeouts_pass_runs_is_killed_by_a_pass_of_its_
         term.join(30)
         if when == "after":
             killer.sessions.append("22")
-        assert killer.sessions == ["11", "22"]
+        assert sorted(killer.sessions) == ["11", "22"]
         killer(client, signal.SIGKILL)
     passes = log.read_text().splitlines()
-    assert passes == ["TERM 0 50", "KILL 0 0 11 22"], passes
+    assert passes[0] == "TERM 0 50" and sorted(passes[1].split()) == ["0", "0", "11", "22", "KILL"]
 
 
 def test_a_timeouts_pass_that_found_every_session_known_stands_for_its_sigkill(
@@ -405,3 +407,99 @@ def test_a_timeouts_pass_that_found_every_session_known_stands_for_its_sigkill(
         killer(client, signal.SIGTERM)
         killer(client, signal.SIGKILL)
     assert log.read_text().splitlines() == ["TERM 0 50"]
+
+
+def test_a_session_learned_as_the_pass_finds_a_full_list_is_kept_first(tmp_path: Path) -> None:
+    """ATTACK (hostile review): a timeout's pass that found MAX_SESSIONS sessions (marked
+    `setsid` children) cut the one learned meanwhile, the command's own, off the list, and
+    stood for its SIGKILL: what is learned meanwhile comes first."""
+    log, go = tmp_path / "log", tmp_path / "go"
+    many = " ".join(str(1000 + i) for i in range(plain.MAX_SESSIONS))
+    script = (
+        f'echo "$0 $*" >> {log}; echo orchestrator-termed; '
+        f"while [ ! -e {go} ]; do sleep 0.01; done; echo {plain.DONE} {many}"
+    )
+    killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
+    with subprocess.Popen(["sleep", "60"]) as client:
+        term = threading.Thread(target=killer, args=(client, signal.SIGTERM))
+        term.start()
+        deadline = time.monotonic() + 10
+        while not log.exists():
+            assert time.monotonic() < deadline, "no pass began"
+            time.sleep(0.01)
+        killer.learn("77")
+        go.touch()
+        term.join(30)
+        assert killer.sessions[0] == "77" and len(killer.sessions) == plain.MAX_SESSIONS
+        killer(client, signal.SIGKILL)
+    passes = log.read_text().splitlines()
+    assert len(passes) == 2 and passes[1].split()[3] == "77", [p[:40] for p in passes]
+
+
+def test_a_session_learned_as_the_pass_merges_what_it_found_is_not_lost(tmp_path: Path) -> None:
+    """ATTACK (hostile review): the reader thread learned the command's session between the
+    pass's reading of the list and its replacing it: the session went into the old list,
+    lost, and the SIGKILL was skipped. The two hold one lock (the reader is held here, at
+    that very line, by a trace of the pass's frame, until the pass has gone on)."""
+    log = tmp_path / "log"
+    script = f'echo "$0 $*" >> {log}; echo orchestrator-termed; echo {plain.DONE} 11'
+    killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
+    code = plain.Killer._once.__code__
+    source = Path(code.co_filename).read_text().splitlines()
+    line = next(i + 1 for i, text in enumerate(source) if "self.sessions = list(dict" in text)
+    at_line, learned = threading.Event(), threading.Event()
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        if frame.f_code is not code:
+            return None
+
+        def local(frame: Any, event: str, arg: object) -> Any:
+            if event == "line" and frame.f_lineno == line:
+                at_line.set()
+                learned.wait(1)  # (the reader runs here: held by the lock, it cannot)
+            return local
+
+        return local
+
+    def reader() -> None:
+        at_line.wait(30)
+        plain._session(b"orchestrator-session:22\n", killer)
+        learned.set()
+
+    def term(client: subprocess.Popen[bytes]) -> None:
+        sys.settrace(tracer)
+        killer(client, signal.SIGTERM)
+
+    with subprocess.Popen(["sleep", "60"]) as client:
+        threads = [threading.Thread(target=reader), threading.Thread(target=term, args=(client,))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert at_line.is_set() and killer.sessions == ["11", "22"], killer.sessions
+        killer(client, signal.SIGKILL)
+    assert log.read_text().splitlines() == ["TERM 0 50", "KILL 0 0 11 22"]
+
+
+def test_a_session_learned_once_the_kill_was_done_gets_a_pass_of_its_own(tmp_path: Path) -> None:
+    """ATTACK (hostile review): a session line read only after the timeout's SIGKILL (a
+    busy engine; a caller slow to read) was killed by nothing, and nothing said so. The
+    call's end kills it (`finish_late`), within what is left of the SIGKILL's share; a
+    kill that cannot be made is said (False: the call raises SandboxUnavailable)."""
+    log = tmp_path / "log"
+    script = f'echo "$0 $*" >> {log}; echo orchestrator-termed; shift 2; echo {plain.DONE} "$@"'
+    killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
+    killer.cancels = True
+    with subprocess.Popen(["sleep", "60"]) as client:
+        killer(client, signal.SIGTERM)
+        killer(client, signal.SIGKILL)
+    assert killer.finish_late()  # no session known: nothing to do
+    plain._session(b"orchestrator-session:33\n", killer)
+    assert killer.finish_late()
+    # (the SIGKILL's own pass ran: no session was known, one may have been on its way)
+    assert log.read_text().splitlines() == ["TERM 1 50", "KILL 1 0", "KILL 1 0 33"]
+    assert killer.finish_late()  # done: no other pass
+    assert len(log.read_text().splitlines()) == 3
+    killer.learn("44")
+    killer._engine.exec_target("c").script = "exit 0"  # type: ignore[attr-defined]  # undone
+    assert not killer.finish_late()

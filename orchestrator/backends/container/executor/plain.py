@@ -219,12 +219,17 @@ class Killer:
         self._one = threading.Lock()
         """One pass at a time (the timeout's kill, a caller's signal, an owed kill): each
         pass kills the passes of its token still running."""
-        self._killed_after_term: set[str] | None = None
-        """The sessions the timeout's SIGTERM pass SIGKILLed after its grace, once it ran to
-        its end: the SIGKILL that follows it needs no pass of its own, unless a session was
-        learned since (a busy engine starts a command late: its session line may come while
-        that pass runs, or after it, and a command that cleared its environment at once,
-        `exec env -i`, is found by nothing else; CI, once)."""
+        self._swept: set[str] | None = None
+        """The sessions the last pass SIGKILLed, once it ran to its end (a SIGKILL's pass, or
+        a timeout's that sent its SIGKILL after the grace); None while none did. A SIGKILL
+        needs no pass of its own while it covers every session known, and one learned since
+        gets one (a busy engine starts a command late: its session line may come while that
+        pass runs, or after it, and a command that cleared its environment at once, `exec
+        env -i`, is found by nothing else; CI, once)."""
+        self._learning = threading.Lock()
+        """Held to add to `sessions` or replace it: the reader thread learns the command's
+        session while the watchdog's pass merges what it found (a hostile review lost one
+        between the two)."""
 
     def finish(self) -> bool:
         """Kill what is left of the command now (once the sandbox can run the killer again:
@@ -265,8 +270,7 @@ class Killer:
         began = time.monotonic()
         try:
             with self._one:
-                done = self._killed_after_term  # (empty: no session seen, a line may come)
-                if kind == signal.SIGKILL and done and done.issuperset(self.sessions):
+                if kind == signal.SIGKILL and self._covered():
                     pass  # done by the SIGTERM's pass, which looked again before its SIGKILL
                 elif self._spent[kind] < share:
                     then = procutil.GRACE if kind == signal.SIGTERM else 0.0
@@ -275,6 +279,36 @@ class Killer:
             self._spent[kind] += time.monotonic() - began
             if sig == signal.SIGKILL:
                 client.kill()  # and the local docker client, which a paused sandbox would hold
+
+    def learn(self, session: str) -> None:
+        """The command's session, from its first line (read as the command runs)."""
+        with self._learning:
+            self.sessions.append(session)
+
+    def _covered(self) -> bool:
+        """Whether the last pass SIGKILLed every session known, and knew one (none known: the
+        command's line may still be on its way)."""
+        with self._learning:
+            swept = self._swept
+            return bool(swept) and swept is not None and swept.issuperset(self.sessions)
+
+    def finish_late(self) -> bool:
+        """After a timeout's kill: a SIGKILL pass for the sessions learned since its last
+        pass (a session line read only once the kill was done), within what is left of its
+        SIGKILL share; whether none is left unkilled."""
+        with self._one:
+            if self._covered() or not self.sessions:
+                return True
+            left = KILL_TIMEOUT - self._spent[signal.SIGKILL]
+            if left <= 0:
+                return False
+            began = time.monotonic()
+            try:
+                self.ran = False
+                self._passes(signal.SIGKILL, left)
+            finally:
+                self._spent[signal.SIGKILL] += time.monotonic() - began
+            return self.ran and self._covered()
 
     def _passes(self, sig: int, within: float | None = None, then: float = 0.0) -> None:
         """Passes sending `sig` until one runs (or KILL_TIMEOUT, else `within`, is over);
@@ -302,7 +336,9 @@ class Killer:
         target = self._engine.exec_target(self._container)
         env = {KILL_TOKEN: self.token}
         argv = target.argv(["/bin/sh", "-c", KILL_TREE, "sh"], user=self.user, env=env)
-        known = list(self.sessions)  # (the command's session line may add one meanwhile)
+        with self._learning:  # (the command's session line may add one meanwhile)
+            known = list(self.sessions)
+            self._swept = None
         argv += [name, "1" if self.cancels else "0", str(round(then * 100)), *known]
         kept = {"stdout": bytearray(), "stderr": bytearray()}
         # bounded both ways: the sandbox's /bin/sh (a root sandbox may replace it) may print
@@ -335,13 +371,15 @@ class Killer:
         lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
         if lines and lines[-1].startswith(DONE) and code == 0 and not cut:
             found = lines[-1].removeprefix(DONE).split()[:MAX_SESSIONS]
-            late = [sid for sid in self.sessions if sid not in known]  # learned meanwhile
-            self.sessions = list(dict.fromkeys(found + late))[:MAX_SESSIONS]
+            with self._learning:  # (learned meanwhile first: never cut by a full list)
+                late = [sid for sid in self.sessions if sid not in known]
+                self.sessions = list(dict.fromkeys(late + known + found))[:MAX_SESSIONS]
+                if name == "KILL" or then > 0:
+                    self._swept = {*known, *found}
             self.no_process = b""
             self.ran = True
             if name == "KILL" or then > 0:
                 self.unfinished = False
-                self._killed_after_term = {*known, *found} if then > 0 else None
             return None
         said = out + err
         # the sandbox could not start a process (the shell's words, or runc's), or the
@@ -434,6 +472,8 @@ def run_plain(
                         "be killed and may still run: "
                         + printable(killer.no_process.decode(errors="replace")[-300:])
                     ) from None
+                if outcome.timed_out and not killer.finish_late():  # (its line came late)
+                    killer.unfinished = True
                 if outcome.timed_out and killer.unfinished:
                     raise SandboxUnavailable(
                         "the command timed out, and its kill did not end as it should "
@@ -476,6 +516,6 @@ def _session(head: bytes, killer: Killer) -> tuple[bytes | None, bytes]:
         return head, b""
     line, newline, rest = head.partition(b"\n")
     if head.startswith(SESSION) and newline and line[len(SESSION) :].isdigit():
-        killer.sessions.append(line[len(SESSION) :].decode())
+        killer.learn(line[len(SESSION) :].decode())
         return None, rest
     return None, head
