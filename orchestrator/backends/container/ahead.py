@@ -34,9 +34,9 @@ def snapshot_images() -> None:
             got.append((engine.address, labels, ids))
 
     thread = threading.Thread(target=ask, name="orch-images-ahead", daemon=True)
+    thread.start()  # (before it is published: the reaper's thread may take it at once)
     with _lock:
         _asked[:] = [(thread, got, time.monotonic())]
-    thread.start()
 
 
 def taken(address: str, labels: Sequence[str]) -> list[str] | None:
