@@ -503,3 +503,19 @@ def test_a_session_learned_once_the_kill_was_done_gets_a_pass_of_its_own(tmp_pat
     killer.learn("44")
     killer._engine.exec_target("c").script = "exit 0"  # type: ignore[attr-defined]  # undone
     assert not killer.finish_late()
+
+
+def test_a_kill_that_did_not_run_is_left_to_what_says_so_not_made_late(tmp_path: Path) -> None:
+    """A timeout's kill the engine refused (a paused sandbox: the kill is owed until the
+    thaw, owed.py) makes no late pass at the call's end, which would be refused as well and
+    turn the paused sandbox's answer into SandboxUnavailable (CI: five pause tests)."""
+    log = tmp_path / "log"
+    paused = "echo 'Error response from daemon: Container c is paused' >&2; exit 1"
+    script = f'echo "$0" >> {log}; {paused}'
+    killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
+    with subprocess.Popen(["sleep", "60"]) as client:
+        killer(client, signal.SIGTERM)
+        killer(client, signal.SIGKILL)
+    killer.learn("55")
+    assert killer.finish_late()
+    assert log.read_text().splitlines() == ["TERM", "KILL"]

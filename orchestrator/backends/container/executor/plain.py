@@ -293,11 +293,12 @@ class Killer:
             return bool(swept) and swept is not None and swept.issuperset(self.sessions)
 
     def finish_late(self) -> bool:
-        """After a timeout's kill: a SIGKILL pass for the sessions learned since its last
-        pass (a session line read only once the kill was done), within what is left of its
-        SIGKILL share; whether none is left unkilled."""
+        """After a timeout's kill that ran to its end: a SIGKILL pass for the sessions learned
+        since (a session line read only once the kill was done), within what is left of its
+        SIGKILL share; whether none is left unkilled. A kill that did not run to its end is
+        said otherwise (`unfinished`, `no_process`; a paused sandbox's kill is owed)."""
         with self._one:
-            if self._covered() or not self.sessions:
+            if self._swept is None or self._covered() or not self.sessions:
                 return True
             left = KILL_TIMEOUT - self._spent[signal.SIGKILL]
             if left <= 0:
