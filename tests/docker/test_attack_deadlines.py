@@ -118,65 +118,39 @@ def test_a_child_that_clears_its_environment_dies_at_the_timeout(
     assert not sleeping(plain, 301)
 
 
-def test_a_command_whose_session_came_after_the_timeouts_pass_dies_at_the_timeout(
-    plain: Runtime, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("until", [signal.SIGTERM, signal.SIGKILL], ids=["its-pass", "its-kill"])
+def test_a_command_whose_session_came_late_dies_at_the_timeout(
+    plain: Runtime, monkeypatch: pytest.MonkeyPatch, until: int
 ) -> None:
     """A busy engine starts a command late: its session line came after the timeout's pass
     had run, and the command, which cleared its environment at once, was found by nothing
-    else (CI, once: its two processes ran on). Here the line is held until that pass ends."""
+    else (CI, once: its two processes ran on). ATTACK (hostile review): a line that came
+    after the timeout's SIGKILL too (a caller slow to read) was killed by nothing, and
+    nothing said so: the call's end kills it. Here the line is held until the timeout's
+    SIGTERM (its pass), or its SIGKILL, is done."""
     from orchestrator.backends.container.executor import plain as path
 
-    termed = threading.Event()
-    once, session = Killer._once, path._session
-
-    def pass_then_tell(self: Killer, name: str, deadline: float, then: float = 0.0) -> bytes | None:
-        try:
-            return once(self, name, deadline, then)
-        finally:
-            termed.set()
-
-    def held(head: bytes, killer: Killer) -> tuple[bytes | None, bytes]:
-        if b"\n" in head:
-            termed.wait(20)
-        return session(head, killer)
-
-    monkeypatch.setattr(Killer, "_once", pass_then_tell)
-    monkeypatch.setattr(path, "_session", held)
-    result = plain.execute("exec env -i sh -c 'sleep 304 & sleep 304'", timeout=1)
-    assert result.timed_out
-    assert termed.is_set()
-    assert not sleeping(plain, 304)
-
-
-def test_a_command_whose_session_came_after_its_kill_dies_at_the_call_s_end(
-    plain: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """ATTACK (hostile review): as above, with the line held until the timeout's SIGKILL
-    was done (a busy engine; a caller slow to read): nothing killed the command, and
-    nothing said so. The call's end kills it."""
-    from orchestrator.backends.container.executor import plain as path
-
-    killed = threading.Event()
+    done = threading.Event()
     call, session = Killer.__call__, path._session
 
     def call_then_tell(self: Killer, client: subprocess.Popen[bytes], sig: int) -> None:
         try:
             call(self, client, sig)
         finally:
-            if sig == signal.SIGKILL:
-                killed.set()
+            if sig == until:
+                done.set()
 
     def held(head: bytes, killer: Killer) -> tuple[bytes | None, bytes]:
         if b"\n" in head:
-            killed.wait(40)
+            done.wait(40)
         return session(head, killer)
 
     monkeypatch.setattr(Killer, "__call__", call_then_tell)
     monkeypatch.setattr(path, "_session", held)
-    result = plain.execute("exec env -i sh -c 'sleep 305 & sleep 305'", timeout=1)
+    result = plain.execute("exec env -i sh -c 'sleep 304 & sleep 304'", timeout=1)
     assert result.timed_out
-    assert killed.is_set()
-    assert not sleeping(plain, 305)
+    assert done.is_set()
+    assert not sleeping(plain, 304)
 
 
 def test_a_fork_loop_that_fills_the_pids_limit_dies_at_the_timeout(plain: Runtime) -> None:

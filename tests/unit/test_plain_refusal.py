@@ -364,18 +364,13 @@ def test_a_timeouts_pass_kills_what_outlived_its_sigterm_after_the_grace() -> No
             proc.wait()
 
 
-@pytest.mark.parametrize("when", ["during", "after"])
-def test_a_session_learned_as_the_timeouts_pass_runs_is_killed_by_a_pass_of_its_own(
-    tmp_path: Path, when: str
-) -> None:
-    """A busy engine starts a command late: its session line may come while the timeout's
-    pass runs, or after it, and a command that cleared its environment at once (`exec env
-    -i`) is found by nothing else (CI, once: two of its processes ran on). That pass's end
-    neither drops the session nor stands for its SIGKILL: a pass of its own follows."""
+def _late_session(tmp_path: Path, found: str, session: str, during: bool) -> list[str]:
+    """A timeout's pass that finds `found` while `session` is learned during it (or after
+    it), then the timeout's SIGKILL: each pass's name and arguments, and the sessions."""
     log, go = tmp_path / "log", tmp_path / "go"
     script = (
         f'echo "$0 $*" >> {log}; echo orchestrator-termed; '
-        f"while [ ! -e {go} ]; do sleep 0.01; done; echo {plain.DONE} 11"
+        f"while [ ! -e {go} ]; do sleep 0.01; done; echo {plain.DONE} {found}"
     )
     killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
     with subprocess.Popen(["sleep", "60"]) as client:
@@ -385,15 +380,26 @@ def test_a_session_learned_as_the_timeouts_pass_runs_is_killed_by_a_pass_of_its_
         while not log.exists():
             assert time.monotonic() < deadline, "no pass began"
             time.sleep(0.01)
-        if when == "during":
-            killer.sessions.append("22")
+        if during:
+            killer.learn(session)
         go.touch()
         term.join(30)
-        if when == "after":
-            killer.sessions.append("22")
-        assert sorted(killer.sessions) == ["11", "22"]
+        if not during:
+            killer.learn(session)
+        assert session in killer.sessions[:1] + killer.sessions[-1:], killer.sessions[:3]
         killer(client, signal.SIGKILL)
-    passes = log.read_text().splitlines()
+    return log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("during", [True, False], ids=["during", "after"])
+def test_a_session_learned_as_the_timeouts_pass_runs_is_killed_by_a_pass_of_its_own(
+    tmp_path: Path, during: bool
+) -> None:
+    """A busy engine starts a command late: its session line may come while the timeout's
+    pass runs, or after it, and a command that cleared its environment at once (`exec env
+    -i`) is found by nothing else (CI, once: two of its processes ran on). That pass's end
+    neither drops the session nor stands for its SIGKILL: a pass of its own follows."""
+    passes = _late_session(tmp_path, "11", "22", during)
     assert passes[0] == "TERM 0 50" and sorted(passes[1].split()) == ["0", "0", "11", "22", "KILL"]
 
 
@@ -413,26 +419,8 @@ def test_a_session_learned_as_the_pass_finds_a_full_list_is_kept_first(tmp_path:
     """ATTACK (hostile review): a timeout's pass that found MAX_SESSIONS sessions (marked
     `setsid` children) cut the one learned meanwhile, the command's own, off the list, and
     stood for its SIGKILL: what is learned meanwhile comes first."""
-    log, go = tmp_path / "log", tmp_path / "go"
     many = " ".join(str(1000 + i) for i in range(plain.MAX_SESSIONS))
-    script = (
-        f'echo "$0 $*" >> {log}; echo orchestrator-termed; '
-        f"while [ ! -e {go} ]; do sleep 0.01; done; echo {plain.DONE} {many}"
-    )
-    killer = plain.Killer(_Engine(script), "c", None)  # type: ignore[arg-type]
-    with subprocess.Popen(["sleep", "60"]) as client:
-        term = threading.Thread(target=killer, args=(client, signal.SIGTERM))
-        term.start()
-        deadline = time.monotonic() + 10
-        while not log.exists():
-            assert time.monotonic() < deadline, "no pass began"
-            time.sleep(0.01)
-        killer.learn("77")
-        go.touch()
-        term.join(30)
-        assert killer.sessions[0] == "77" and len(killer.sessions) == plain.MAX_SESSIONS
-        killer(client, signal.SIGKILL)
-    passes = log.read_text().splitlines()
+    passes = _late_session(tmp_path, many, "77", during=True)
     assert len(passes) == 2 and passes[1].split()[3] == "77", [p[:40] for p in passes]
 
 
