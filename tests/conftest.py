@@ -91,11 +91,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the Swarm's tests last: its cluster starts in the background meanwhile (see below);
     # within each part, the tests that share a module's environment first (each group goes
     # whole to one worker, in the order the groups first come: tests/grouping.py)
-    items[:] = sorted(
-        items, key=lambda item: ("swarm" in item.keywords, grouping.shared_group(item) is None)
-    )
+    groups = grouping.groups_of(items)
+    items[:] = sorted(items, key=lambda item: ("swarm" in item.keywords, item.nodeid not in groups))
     if os.environ.get("PYTEST_XDIST_WORKER") and RUN_DIR_ENV in os.environ:
-        grouping.write(items, Path(os.environ[RUN_DIR_ENV]))
+        grouping.write(groups, Path(os.environ[RUN_DIR_ENV]))
     problem = docker_problem() if any("docker" in i.keywords for i in items) else None
     _DOCKER_OK[:] = [problem is None]
     if problem is None:

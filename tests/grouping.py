@@ -45,10 +45,14 @@ def shared_group(item: pytest.Item) -> str | None:
     return "::".join([item.nodeid.split("::")[0], *picked])
 
 
-def write(items: list[pytest.Item], run_dir: Path) -> None:
-    """Write the groups of `items` to the run's folder (each worker writes the same ones:
-    the last rename wins, whole)."""
-    groups = {item.nodeid: g for item in items if (g := shared_group(item)) is not None}
+def groups_of(items: list[pytest.Item]) -> dict[str, str]:
+    """{test id: group} of the `items` that have one (shared_group)."""
+    return {item.nodeid: g for item in items if (g := shared_group(item)) is not None}
+
+
+def write(groups: dict[str, str], run_dir: Path) -> None:
+    """Write the groups to the run's folder (each worker writes the same ones: the last
+    rename wins, whole)."""
     part = run_dir / f"{GROUPS}.{os.getpid()}"
     part.write_text(json.dumps(groups))
     part.replace(run_dir / GROUPS)

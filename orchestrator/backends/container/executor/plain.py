@@ -290,7 +290,9 @@ class Killer:
         command's line may still be on its way)."""
         with self._learning:
             swept = self._swept
-            return bool(swept) and swept is not None and swept.issuperset(self.sessions)
+            if not swept:
+                return False
+            return swept.issuperset(self.sessions)
 
     def finish_late(self) -> bool:
         """After a timeout's kill that ran to its end: a SIGKILL pass for the sessions learned
