@@ -141,11 +141,17 @@ class Channel:
             self.mode = "executor"
             return ex
         ex.close()  # also collects what it printed before dying
-        reason = ex.stderr_tail or "no answer"
+        said = ex.stderr_tail
+        reason = said or "no answer"
         with self._lock:
             if self._executor is ex:
                 self._executor = None
-        lost = self._lost()
+        # an executor killed with its container says nothing (or runc's words for an exec
+        # into a stopping container), and a loaded engine records the stop a moment later:
+        # asked again for a while, unless the container visibly runs on, so a sandbox that
+        # died as it started is never taken for an image without the executor's Python
+        dying = not said or exec_refused_as_it_died(said.encode())
+        lost = self._lost_soon() if dying and not self._running() else self._lost()
         if lost is not None:
             raise lost
         if self.mode == "executor":

@@ -1,0 +1,97 @@
+"""How a container's channel (backends/container/channel.py) reads an executor that never
+greeted: an image without the executor's Python (plain `docker exec` from then on), or a
+container that died as it started (the start fails), which a loaded engine records as
+stopped only a moment after the executor went down with it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from orchestrator.backends.container import channel as channel_mod
+from orchestrator.errors import SandboxUnavailable
+
+
+class Target:
+    """An exec target whose "executor" is a local process that exits at once, printing
+    `said` on stderr (nothing: as one killed with its container)."""
+
+    def __init__(self, said: str) -> None:
+        self.said = said
+
+    def argv(self, command: list[str], **_: Any) -> list[str]:
+        code = (
+            f"import sys; sys.stderr.write({self.said!r}); sys.exit(126 if {self.said!r} else 137)"
+        )
+        return [sys.executable, "-c", code]
+
+
+class Engine:
+    def __init__(self, said: str) -> None:
+        self.target = Target(said)
+
+    def exec_target(self, container: str) -> Target:
+        return self.target
+
+
+def make(
+    said: str, *, stops_after: int, running: bool
+) -> tuple[channel_mod.Channel, list[int], list[str]]:
+    """A channel whose container the engine reads as running for `stops_after` looks, and
+    then as stopped; `running`: whether it visibly runs on. Also the looks made, and the
+    warnings given."""
+    looks: list[int] = []
+    warned: list[str] = []
+
+    def lost() -> SandboxUnavailable | None:
+        looks.append(1)
+        if len(looks) > stops_after:
+            return SandboxUnavailable("main is not running (exited, exit code 1)")
+        return None
+
+    ch = channel_mod.Channel(
+        label="t",
+        engine=Engine(said),  # type: ignore[arg-type]
+        container="t-main-1",
+        mode="auto",
+        owned=False,
+        lost=lost,
+        killed=lambda: False,
+        running=lambda: running,
+        warn=warned.append,
+    )
+    return ch, looks, warned
+
+
+def test_a_container_the_engine_records_as_stopped_late_fails_the_start() -> None:
+    """CI, once: the sandbox's first process exited at once, the executor went down with it
+    saying nothing, and the engine still read the container as running at its one look:
+    the start went on to plain `docker exec` and returned an environment that was dead."""
+    ch, looks, warned = make("", stops_after=3, running=False)
+    with pytest.raises(SandboxUnavailable, match="not running"):
+        ch.ready()
+    assert len(looks) == 4 and warned == []
+
+
+@pytest.mark.parametrize(
+    "said",
+    ["", 'exec: "python3": executable file not found in $PATH: unknown'],
+    ids=["silent-but-visibly-running", "no-python"],
+)
+def test_an_image_without_the_executor_goes_plain_at_once(said: str) -> None:
+    """A container that visibly runs on, or an exec refused for a reason of the image's, is
+    looked at once: no wait on every start of an image without Python."""
+    ch, looks, warned = make(said, stops_after=10, running=not said)
+    assert ch.ready() is None
+    assert ch.mode == "plain" and len(looks) == 1
+    assert len(warned) == 1 and "falling back to plain" in warned[0]
+
+
+def test_an_exec_refused_as_its_container_stopped_is_asked_again() -> None:
+    said = "OCI runtime exec failed: exec failed: cannot exec in a stopped container: unknown"
+    ch, looks, _ = make(said, stops_after=2, running=False)
+    with pytest.raises(SandboxUnavailable):
+        ch.ready()
+    assert len(looks) == 3
