@@ -33,13 +33,29 @@ CASES = {
 }
 
 
-@pytest.fixture(params=list(CASES))
-def rt(request: pytest.FixtureRequest, make_env: MakeEnv) -> Iterator[Runtime]:
+def _spawn(request: pytest.FixtureRequest, folder: Path) -> Runtime:
     image, mode, extra = CASES[request.param]
     if extra:
         request.getfixturevalue("gvisor_engine")
-    runtime = spawn_in_mode(mode, make_env(extra, image=image))
-    with runtime:
+    path = folder / f"{request.param}.yaml"
+    path.write_text(f"version: 1\nname: t\nimage: {image}\n{extra}")
+    return spawn_in_mode(mode, path)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def rt(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Runtime]:
+    """One sandbox of each kind for the tests that make a file and call on it (each makes
+    its own anew)."""
+    with _spawn(request, tmp_path_factory.mktemp("files")) as runtime:
+        yield runtime
+
+
+@pytest.fixture(params=list(CASES))
+def rt_alone(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
+    """One for a test that leaves a process running in it."""
+    with _spawn(request, tmp_path) as runtime:
         yield runtime
 
 
@@ -92,7 +108,8 @@ SWAPPER = (
 )
 
 
-def test_a_fifo_renamed_into_place_never_holds_a_call(rt: Runtime) -> None:
+def test_a_fifo_renamed_into_place_never_holds_a_call(rt_alone: Runtime) -> None:
+    rt = rt_alone
     rt.execute(SWAPPER, user="root", timeout=20, check=True)
     outcomes: list[str] = []
     for _ in range(6):

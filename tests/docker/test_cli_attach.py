@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Runtime, SandboxUnavailable, attach
-from tests.docker.conftest import BUSYBOX_IMAGE, MakeEnv, loaded_by
+from tests.docker.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, MakeEnv, loaded_by
 
 CLI = [sys.executable, "-m", "orchestrator"]
 TWO = f"""services:
@@ -35,10 +35,11 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def running(make_env: MakeEnv) -> Iterator[str]:
+def _up_two(folder: Path) -> Iterator[str]:
     """An environment left running by `orchestrator up` (a python main, a busybox side)."""
-    up = cli("up", str(make_env(TWO, name="attached")))
+    path = folder / "attached.yaml"
+    path.write_text(f"version: 1\nname: attached\nimage: {PYTHON_IMAGE}\n{TWO}")
+    up = cli("up", str(path))
     assert up.returncode == 0, up.stderr
     ident = up.stdout.strip()
     try:
@@ -46,6 +47,18 @@ def running(make_env: MakeEnv) -> Iterator[str]:
     finally:
         down = cli("down", ident)
         assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One such environment for the tests that only run commands in it and read it."""
+    yield from _up_two(tmp_path_factory.mktemp("attached"))
+
+
+@pytest.fixture
+def running_alone(tmp_path: Path) -> Iterator[str]:
+    """One for a test that kills its sandbox."""
+    yield from _up_two(tmp_path)
 
 
 CASES = [
@@ -131,7 +144,8 @@ def test_logs_names_the_services_and_shows_the_main_sandbox(running: str) -> Non
     assert shown.returncode == 0 and "main" in shown.stderr
 
 
-def test_killed_sandbox_is_one_line_and_the_unavailable_code(running: str) -> None:
+def test_killed_sandbox_is_one_line_and_the_unavailable_code(running_alone: str) -> None:
+    running = running_alone
     with attach(running) as rt:
         container = rt.info().container
         assert container is not None
