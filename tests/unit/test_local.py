@@ -317,3 +317,40 @@ def test_an_owner_killed_outright_leaves_no_process_and_no_folder(how: str, tmp_
     assert running(f"sleep\0{seconds}") == [], "a command of the dead owner still runs"
     assert not workdir.exists(), "the dead owner's folder is still there"
     assert not ran.exists(), "the guardian imported a module planted in the owner's folder"
+
+
+CALLER_IGNORING = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a script's background job starts
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+from orchestrator import load_environment_text, spawn_runtime
+env = load_environment_text(
+    "version: 1\\nname: l\\nbackend: local\\n", source="l.yaml", base_dir=sys.argv[1]
+)
+with spawn_runtime(env) as rt:
+    print(rt.execute("grep SigIgn /proc/self/status", timeout=10).stdout.split()[1])
+    proc = rt.start(["sleep", "30"], stdin=False, timeout=20)
+    proc.signal(signal.SIGINT)
+    print(proc.wait(20).exit_code)
+"""
+
+
+def test_commands_start_with_the_signals_their_caller_ignores_at_their_default(
+    tmp_path: Path,
+) -> None:
+    """A harness started in a script's background ignores SIGINT (under nohup, SIGHUP), and
+    its commands inherited that across their exec: Process.signal(SIGINT) reached a command
+    that could not be interrupted."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", CALLER_IGNORING, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    mask, code = done.stdout.split()
+    assert int(mask, 16) & ((1 << (signal.SIGINT - 1)) | (1 << (signal.SIGHUP - 1))) == 0, mask
+    assert code == str(128 + signal.SIGINT)
