@@ -379,21 +379,22 @@ def dial(folder: str, token: bytes | None = None) -> socket.socket:
     return sock
 
 
-def answers(folder: str) -> bool:
-    """Whether the resident of the project folder `folder` greets a client of its record."""
+def answers(folder: str, within: float = READY_WITHIN) -> bool:
+    """Whether the resident of the project folder `folder` greets a client of its record
+    (within `within` seconds, once connected)."""
     try:
         token = bytes.fromhex(str(_record(folder)["token"]))
-        _connect(folder, token).close()
+        _connect(folder, token, within).close()
     except (NotHere, ValueError):
         return False
     return True
 
 
-def _connect(folder: str, token: bytes) -> Link:
-    """A connection to the resident, its token shown and its greeting read; NotHere when
-    there is none (gone, paused, not ours)."""
+def _connect(folder: str, token: bytes, within: float = READY_WITHIN) -> Link:
+    """A connection to the resident, its token shown and its greeting read (within
+    `within` seconds); NotHere when there is none (gone, paused, not ours)."""
     link = Link(dial(folder, token))
-    link.deadline = time.monotonic() + READY_WITHIN
+    link.deadline = time.monotonic() + within
     try:
         frame = link.frame(4096)
         if frame is None or frame[0] != wire.READY:

@@ -194,6 +194,9 @@ def run_kept(
         link.close()
 
 
+SLOW_READY = 15.0
+"""Seconds more a resident that did not greet within READY_WITHIN may take, when it did not
+go away and its sandbox runs (not paused): as long as an executor's first greeting may."""
 REOPEN_AFTER = 30.0
 """Seconds after a failed start of a resident before `reopen` tries again (a sandbox that
 kills each one, or breaks its python3, costs a docker exec at most that often)."""
@@ -219,7 +222,7 @@ def reopen(project: Path, start: Callable[[], bool]) -> bool:
 
 def _reopen_held(project: Path, key: str, start: Callable[[], bool]) -> bool:
     """`reopen`'s work, its locks held."""
-    if answers(str(project)):
+    if answers(str(project), SLOW_READY):  # (another caller's, started just now)
         return True
     failed = _failed_at.get(key)
     if failed is not None and time.monotonic() - failed < REOPEN_AFTER:
@@ -259,10 +262,15 @@ def _connected(project: Path | None, probe: Probe, reopen: Callable[[], bool]) -
         link.start()
         if link.wait_ready(READY_WITHIN):
             return link
-        gone = link.dead.is_set()  # (not merely slow: paused, or busy)
+        # slow, not gone: paused (said at once), or a loaded machine's resident, which
+        # greets late (CI: four callers met a new one at once, on a machine at load 15)
+        why = None if link.dead.is_set() else probe()
+        if why is None and not link.dead.is_set() and link.wait_ready(SLOW_READY):
+            return link
+        gone = link.dead.is_set()
         link.close()
         if not gone:
-            raise probe() or SandboxUnavailable("the environment's endpoint does not answer")
+            raise why or probe() or SandboxUnavailable("the environment's endpoint does not answer")
         if again or not reopen():
             raise SandboxUnavailable("the environment's endpoint closed at once")
     raise AssertionError("unreachable")
