@@ -73,9 +73,6 @@ def start_command(
                     os.setuid(uid)
 
                 kwargs = {"preexec_fn": drop}
-    ignored = _ignored_here()
-    if ignored and "preexec_fn" not in kwargs:
-        kwargs["preexec_fn"] = lambda: _default(ignored)
     given = subprocess.PIPE if with_stdin else subprocess.DEVNULL
     try:
         return Held(
@@ -94,32 +91,6 @@ def start_command(
         _raise_as_shell(exc, argv, cwd)
     except (ValueError, TypeError) as exc:  # NUL bytes, bad env keys, ...
         raise Refused(125, "cannot start the command: %s" % exc) from None
-
-
-def _ignored_here() -> List[int]:
-    """The signals this process ignores (beyond those Popen gives back their default:
-    SIGPIPE and SIGXFSZ). A caller started in the background of a script, or under
-    `nohup`, ignores SIGINT or SIGHUP, and a command would inherit that across its exec:
-    `Process.signal(SIGINT)` would then reach a command that cannot be interrupted."""
-    found = []
-    every = signal.valid_signals() if hasattr(signal, "valid_signals") else range(1, signal.NSIG)
-    for sig in every:
-        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, signal.SIGXFSZ):
-            continue
-        try:
-            if signal.getsignal(sig) == signal.SIG_IGN:
-                found.append(int(sig))
-        except (OSError, ValueError):  # (real-time signals Python does not handle)
-            continue
-    return found
-
-
-def _default(signals: List[int]) -> None:
-    """In the child, before its exec: each of `signals` to its default action. Only where
-    the caller ignores some (a function run between fork and exec is the rare path; it
-    calls nothing but the C library's sigaction through Python's signal module)."""
-    for sig in signals:
-        signal.signal(sig, signal.SIG_DFL)
 
 
 def _raise_as_shell(exc: OSError, argv: List[str], cwd: Optional[str]) -> NoReturn:
