@@ -336,6 +336,20 @@ class SingleFlight:
         value: T = await asyncio.wrap_future(future)
         return value
 
+    def blocking(self, fn: Callable[[], T]) -> T:
+        """The same for threads: the first caller runs `fn`, those that ask meanwhile wait
+        for its value (or its error)."""
+        with self._lock:
+            future = self._running
+            mine = future is None or future.done()
+            if mine:
+                future = self._running = concurrent.futures.Future()
+        assert future is not None
+        if mine:
+            _settle(future, fn)
+        value: T = future.result()
+        return value
+
 
 def _settle(future: concurrent.futures.Future[Any], fn: Callable[[], Any]) -> None:
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -50,6 +51,9 @@ PLAIN_LOST_WITHIN = 1.0
 """How long a plain command's container, after the command ended by SIGKILL, may still read
 as running before we believe it, where this machine cannot see that it runs on (an engine in
 a VM): a command killed in a running sandbox there waits this long."""
+NO_PYTHON = re.compile(r"executable file .{0,80}not found|not found in \$PATH", re.IGNORECASE)
+"""What the engine says of an image with no python3 for the executor (Docker's and Podman's
+words): plain `docker exec` from then on, at once."""
 PROBE_TIMEOUT = 5.0
 """Longest the one-time FIFO check may take (an engine in a VM: its bind mounts copy files,
 not FIFOs)."""
@@ -87,6 +91,8 @@ class Channel:
         # there reaches this process (None: not yet tried)
         self._shared = shared
         self._fifo_ok: bool | None = None if shared is not None else False
+        self._verdict = SingleFlight()
+        """Whether a container whose executor never greeted is gone, asked once for all."""
         self._asked = SingleFlight()
         """Why the executor was lost, asked once for all the async calls that lost it."""
         self._owed = owed
@@ -146,12 +152,16 @@ class Channel:
         with self._lock:
             if self._executor is ex:
                 self._executor = None
-        # an executor killed with its container says nothing (or runc's words for an exec
-        # into a stopping container), and a loaded engine records the stop a moment later:
-        # asked again for a while, unless the container visibly runs on, so a sandbox that
-        # died as it started is never taken for an image without the executor's Python
-        dying = not said or exec_refused_as_it_died(said.encode())
-        lost = self._lost_soon() if dying and not self._running() else self._lost()
+        # an executor killed with its container says nothing, or anything (runc's words for
+        # an exec into a stopping container, a python3's warning), and a loaded engine
+        # records the stop a moment later: unless the image cannot run the executor (its
+        # words) or the container visibly runs on, it is asked again for a while, once for
+        # every caller waiting here, so a sandbox that died as it started is never taken
+        # for an image without the executor's Python
+        if NO_PYTHON.search(said) is not None or self._running():
+            lost = self._lost()
+        else:
+            lost = self._verdict.blocking(self._lost_soon)
         if lost is not None:
             raise lost
         if self.mode == "executor":
