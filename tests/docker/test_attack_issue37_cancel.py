@@ -23,6 +23,9 @@ from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, in_background
 from tests.docker.conftest import MakeEnv, spawn_in_mode
 
 CASES = {"executor": (PYTHON_IMAGE, "auto"), "plain": (BUSYBOX_IMAGE, "plain")}
+IN_FLIGHT = 30.0
+"""The timeout of a command that the CLI pauses under it: the pause (another process, which
+took over 8 s on a machine at load 15) must land before it; plain exec's call ends at it."""
 QUIET = 3.0
 """Seconds the test watches, after a cancel returned, for anything landing late."""
 
@@ -147,7 +150,7 @@ def test_a_command_failed_as_paused_does_not_run_on_after_a_resume_by_the_cli(
     with runtime as rt:
         ident = rt.info().id
         gated = "mkfifo .gate; read x < .gate; echo late > .late"
-        thread, out = in_background(lambda: rt.execute(gated, timeout=8))
+        thread, out = in_background(lambda: rt.execute(gated, timeout=IN_FLIGHT))
         gate = writer_of(tmp_path / "ws" / ".gate")
         try:
             paused = cli("pause", ident)
@@ -176,7 +179,7 @@ def test_where_the_engine_cannot_kill_in_a_paused_sandbox_the_cli_resume_does(
     with runtime as rt:
         ident = rt.info().id
         waits = "mkfifo .gate; read x < .gate; sleep 10; echo late > .late"
-        thread, out = in_background(lambda: rt.execute(waits, timeout=8))
+        thread, out = in_background(lambda: rt.execute(waits, timeout=IN_FLIGHT))
         gate = writer_of(tmp_path / "ws" / ".gate")
         try:
             assert cli("pause", ident).returncode == 0
@@ -249,11 +252,11 @@ def test_nothing_of_the_sandboxs_image_runs_to_kill_a_paused_command(
     env = load_environment(project / "env.yaml")
     with spawn_runtime(env, workspace=tmp_path / "ws") as rt:
         ident = rt.info().id
-        thread, out = in_background(lambda: rt.execute("sleep 30", timeout=8))
+        thread, out = in_background(lambda: rt.execute("sleep 100", timeout=IN_FLIGHT))
         # the command runs before the pause (a fixed pause could end first on a busy
         # machine, and the command then start after the resume)
         deadline = time.monotonic() + 30
-        while "sleep 30" not in rt.execute("ps -o args", timeout=20).stdout:
+        while "sleep 100" not in rt.execute("ps -o args", timeout=20).stdout:
             assert time.monotonic() < deadline, "the command never started"
             assert thread.is_alive(), out
             time.sleep(0.1)
@@ -261,7 +264,7 @@ def test_nothing_of_the_sandboxs_image_runs_to_kill_a_paused_command(
         thread.join(60)
         assert not thread.is_alive() and isinstance(out[0], SandboxPaused), out
         assert cli("resume", ident).returncode == 0
-        assert "sleep 30" not in rt.execute("ps -o args", timeout=20).stdout
+        assert "sleep 100" not in rt.execute("ps -o args", timeout=20).stdout
     setid = project / "scratch" / "setid"
     assert not setid.exists() or not setid.stat().st_mode & 0o6000
     for tag in build_tags(env):
