@@ -338,7 +338,8 @@ class SingleFlight:
 
     def blocking(self, fn: Callable[[], T]) -> T:
         """The same for threads: the first caller runs `fn`, those that ask meanwhile wait
-        for its value (or its error)."""
+        for its value (or its error). A first caller interrupted (Ctrl-C) raises that alone:
+        the others then ask on their own."""
         with self._lock:
             future = self._running
             mine = future is None or future.done()
@@ -346,9 +347,20 @@ class SingleFlight:
                 future = self._running = concurrent.futures.Future()
         assert future is not None
         if mine:
-            _settle(future, fn)
-        value: T = future.result()
-        return value
+            try:
+                value: T = fn()
+            except BaseException as exc:
+                future.set_exception(exc)
+                raise
+            future.set_result(value)
+            return value
+        try:
+            got: T = future.result()
+        except Exception:
+            raise
+        except BaseException:  # (the first caller's interruption is not theirs)
+            return fn()
+        return got
 
 
 def _settle(future: concurrent.futures.Future[Any], fn: Callable[[], Any]) -> None:

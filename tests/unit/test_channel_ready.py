@@ -6,6 +6,7 @@ stopped only a moment after the executor went down with it."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -128,3 +129,38 @@ def test_callers_waiting_together_ask_the_engine_once_for_all() -> None:
         t.join(30)
     assert len(got) == 20
     assert len(looks) <= 4 * 3, len(looks)  # (a few rounds at most, as callers come in turns)
+
+
+def test_a_first_caller_interrupted_leaves_the_others_to_ask_on_their_own() -> None:
+    """A Ctrl-C in the thread that asks for the verdict went to every thread waiting on it
+    (a review: a KeyboardInterrupt in an asyncio worker stops the loop)."""
+    import threading
+
+    from orchestrator.sandbox.threads import SingleFlight
+
+    flight = SingleFlight()
+    entered, release = threading.Event(), threading.Event()
+
+    def interrupted() -> int:
+        entered.set()
+        release.wait(10)
+        raise KeyboardInterrupt
+
+    got: list[object] = []
+
+    def first() -> None:
+        try:
+            flight.blocking(interrupted)
+        except KeyboardInterrupt:
+            got.append("interrupted")
+
+    one = threading.Thread(target=first)
+    one.start()
+    entered.wait(10)
+    two = threading.Thread(target=lambda: got.append(flight.blocking(lambda: 7)))
+    two.start()
+    time.sleep(0.3)  # (it waits on the first's verdict)
+    release.set()
+    one.join(10)
+    two.join(10)
+    assert sorted(map(str, got)) == ["7", "interrupted"]

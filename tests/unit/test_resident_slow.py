@@ -93,3 +93,45 @@ def test_a_resident_that_never_greets_is_said_within_the_bound(
     with pytest.raises(SandboxUnavailable, match="does not answer"):
         resident._connected(project, lambda: None, never_reopened)
     assert time.monotonic() - started < READY_WITHIN + 0.5 + 2
+
+
+def test_a_sandbox_paused_during_the_wait_is_said_within_a_second_or_two(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe is asked again each second of the wait (a review: asked once, a pause
+    by another process just after it held the call the whole 15 s)."""
+    greeting_after(None, monkeypatch)
+    looks: list[int] = []
+
+    def probe() -> SandboxPaused | None:
+        looks.append(1)
+        return SandboxPaused("paused") if len(looks) > 1 else None
+
+    started = time.monotonic()
+    with pytest.raises(SandboxPaused):
+        resident._connected(project, probe, never_reopened)
+    assert time.monotonic() - started < READY_WITHIN + 4
+
+
+def test_a_probe_that_raises_leaves_no_connection_open(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that does not answer the probe (its DockerError) closed nothing: the
+    connection and its two threads stayed (a review: 5 calls, 10 threads)."""
+    import threading as th
+
+    from orchestrator.errors import DockerError
+
+    greeting_after(None, monkeypatch)
+    before = th.active_count()
+
+    def probe() -> None:
+        raise DockerError("inspecting the sandbox timed out")
+
+    for _ in range(3):
+        with pytest.raises(DockerError):
+            resident._connected(project, probe, never_reopened)
+    deadline = time.monotonic() + 5
+    while th.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert th.active_count() <= before

@@ -222,12 +222,14 @@ def reopen(project: Path, start: Callable[[], bool]) -> bool:
 
 def _reopen_held(project: Path, key: str, start: Callable[[], bool]) -> bool:
     """`reopen`'s work, its locks held."""
-    if answers(str(project), SLOW_READY):  # (another caller's, started just now)
+    if answers(str(project)):  # (another caller's, started meanwhile)
         return True
     failed = _failed_at.get(key)
     if failed is not None and time.monotonic() - failed < REOPEN_AFTER:
         return False
-    if start() and answers(str(project)):
+    # the one this caller starts may greet late on a loaded machine (waited for here
+    # alone: those waiting on the locks then find it answering at once)
+    if start() and answers(str(project), SLOW_READY):
         _failed_at.pop(key, None)
         return True
     _failed_at[key] = time.monotonic()
@@ -245,6 +247,27 @@ def _held(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _greeted(link: ResidentLink, probe: Probe) -> SandboxUnavailable | None:
+    """None once the resident greeted `link`; else why not (it went away: "does not
+    answer", which the caller tells from a refusal by `link.dead`). One slow but not gone
+    is paused (said at once), or a loaded machine's, which greets late (CI: four callers
+    met a new one at once, at load 15): waited for up to SLOW_READY more while its sandbox
+    runs, asked again each second."""
+    if link.wait_ready(READY_WITHIN):
+        return None
+    deadline = time.monotonic() + SLOW_READY
+    while not link.dead.is_set():
+        why = probe()
+        if why is not None:
+            return why
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if link.wait_ready(min(1.0, left)):
+            return None
+    return SandboxUnavailable("the environment's endpoint does not answer")
+
+
 def _connected(project: Path | None, probe: Probe, reopen: Callable[[], bool]) -> ResidentLink:
     """A greeted connection to the resident of `project`. One that is gone (killed in the
     sandbox: the next one kills the kept processes it left, whose timeouts nobody enforces
@@ -259,18 +282,18 @@ def _connected(project: Path | None, probe: Probe, reopen: Callable[[], bool]) -
                     f"the environment's endpoint does not answer ({exc})"
                 ) from None
             continue
-        link.start()
-        if link.wait_ready(READY_WITHIN):
-            return link
-        # slow, not gone: paused (said at once), or a loaded machine's resident, which
-        # greets late (CI: four callers met a new one at once, on a machine at load 15)
-        why = None if link.dead.is_set() else probe()
-        if why is None and not link.dead.is_set() and link.wait_ready(SLOW_READY):
+        try:
+            link.start()
+            why = _greeted(link, probe)
+        except BaseException:  # (an engine that does not answer the probe; a Ctrl-C)
+            link.close()
+            raise
+        if why is None:
             return link
         gone = link.dead.is_set()
         link.close()
         if not gone:
-            raise why or probe() or SandboxUnavailable("the environment's endpoint does not answer")
+            raise why
         if again or not reopen():
             raise SandboxUnavailable("the environment's endpoint closed at once")
     raise AssertionError("unreachable")
