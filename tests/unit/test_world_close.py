@@ -25,7 +25,7 @@ def test_a_network_removal_that_outlived_its_call_is_asked_again(
         gone = "No such network" if argv[1:3] == ["network", "rm"] else "No such container"
         return subprocess.CompletedProcess(argv, 1 if len(calls) > 2 else 0, "", gone)
 
-    monkeypatch.setattr(world_mod.subprocess, "run", run)
+    monkeypatch.setattr("orchestrator.testing.world.subprocess.run", run)
     monkeypatch.setattr(world_mod, "LATE_PAUSES", (0.0, 0.0, 0.0))
     world = world_mod.World(
         network="w", subnet="", resolver_ip="", hosts={}, network_id="n1", containers=["c1"]
@@ -40,7 +40,7 @@ def test_what_is_still_there_after_every_look_is_said(monkeypatch: pytest.Monkey
             return subprocess.CompletedProcess(argv, 1, "", "has active endpoints")
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(world_mod.subprocess, "run", run)
+    monkeypatch.setattr("orchestrator.testing.world.subprocess.run", run)
     monkeypatch.setattr(world_mod, "LATE_PAUSES", (0.0, 0.0))
     world = world_mod.World(network="w", subnet="", resolver_ip="", hosts={}, network_id="n1")
     with pytest.raises(RuntimeError, match="has active endpoints") as raised:
