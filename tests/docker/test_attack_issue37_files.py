@@ -16,7 +16,6 @@ import pytest
 
 from orchestrator import SandboxPermissionError, SandboxUnsafeArchive, spawn_runtime
 from orchestrator.sandbox.base import Runtime
-from orchestrator.sandbox.files import OPEN_WAIT
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, bounded
 from tests.docker.conftest import MakeEnv, spawn_in_mode
 
@@ -122,7 +121,10 @@ def test_a_fifo_renamed_into_place_never_holds_a_call(rt_alone: Runtime) -> None
             assert outcome in ("regular\n", None) or isinstance(outcome, SandboxPermissionError), (
                 outcome
             )
-            assert seconds < OPEN_WAIT + SLACK, seconds
+            # (held by the FIFO, the call would end at HELD with a timeout, which the
+            # outcome above refuses; a loaded machine's plain execs under gVisor, beside
+            # the swapping loop, took 18 s in CI)
+            assert seconds < HELD, seconds
             outcomes.append(type(outcome).__name__)
     after = rt.execute("echo on", timeout=20)
     assert (after.stdout, after.exit_code) == ("on\n", 0), after
