@@ -97,15 +97,17 @@ def test_up_n_over_the_budget_fails_at_once(make_env: MakeEnv) -> None:
         **os.environ,
         "ORCHESTRATOR_MAX_MEMORY": "1g",
         "ORCHESTRATOR_DEFAULT_MEMORY": "512m",
-        "ORCHESTRATOR_ADMISSION_TIMEOUT": "20",
+        # far past the bound below: a batch waiting on itself is told from a slow start
+        # (a loaded machine's CLI has taken 19 s to start and say no)
+        "ORCHESTRATOR_ADMISSION_TIMEOUT": "600",
     }
     started = time.monotonic()
-    done = _cli("up", "-n", "3", str(path), env=env)
+    done = _cli("up", "-n", "3", str(path), env=env, timeout=300)
     took = time.monotonic() - started
     for ident in done.stdout.split():
         _cli("down", ident, env=env)
     assert done.returncode == 2, (done.returncode, done.stderr)
-    assert took < 12, f"waited {took:.0f} s on its own batch"
+    assert took < 60, f"waited {took:.0f} s on its own batch"
     assert "Traceback" not in done.stderr
 
 

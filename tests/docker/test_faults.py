@@ -24,6 +24,7 @@ from orchestrator import (
     StartupError,
     spawn_runtime,
 )
+from orchestrator.backends.container.executor import wire
 from orchestrator.sandbox.base import Runtime
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, labelled_ids, main_container
 from tests.docker.conftest import MakeEnv, spawn_in_mode
@@ -309,6 +310,39 @@ def test_without_a_guardian_the_sandbox_stops_itself_and_ps_removes_it(make_env:
     assert ps.returncode == 0, ps.stderr
     assert name not in [row["id"] for row in json.loads(ps.stdout)]
     assert project_objects(name) == []
+
+
+AGENT = ["python3", "-u", "-I", "-S", "/.orchestrator/agent.py", "--owned"]
+
+
+def test_an_owned_executor_stops_the_sandbox_only_once_the_host_took_its_greeting(
+    make_env: MakeEnv,
+) -> None:
+    """An executor the host gave up on before its greeting came (later than the host waits,
+    on a loaded machine) had its input end when the host's `docker exec` was killed, the
+    RELEASE sent before lost with it: it took that for its owner's death and stopped the
+    sandbox the host had just fallen back to plain exec in ("exited, exit code 0"). Its
+    input ending before OWN stops nothing; after OWN it stops the sandbox, as before."""
+    with spawn_runtime(make_env("")) as rt:
+        container = main_container(rt)
+        given_up = subprocess.run(  # greets, reads the end of its input at once
+            ["docker", "exec", "-i", "-u", "0", container, *AGENT],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+        assert given_up.stdout[:1] == bytes([wire.READY]), given_up
+        time.sleep(2)  # (a stop from inside ends the container within a moment)
+        assert project_state(rt.info().id) == ["running"]
+        assert rt.execute("echo still").stdout == "still\n"
+        owned = subprocess.run(  # told OWN, then its input ends: its owner's death
+            ["docker", "exec", "-i", "-u", "0", container, *AGENT],
+            input=wire.pack(wire.OWN, 0, b""),
+            capture_output=True,
+            timeout=60,
+        )
+        assert owned.stdout[:1] == bytes([wire.READY]), owned
+        assert wait_until(lambda: "running" not in project_state(rt.info().id), 10)
 
 
 def test_down_refuses_a_live_owners_environment_without_force(make_env: MakeEnv) -> None:

@@ -118,7 +118,9 @@ class Channel:
         ]
         target = self._engine.exec_target(self._container)
         shared = None if self._shared is None else (self._shared, IO_MOUNT)
-        client = ExecutorClient(target.argv(command, user="0", stdin=True), direct=shared)
+        client = ExecutorClient(
+            target.argv(command, user="0", stdin=True), direct=shared, owned=self._owned
+        )
         client.start()
         return client
 
@@ -148,7 +150,7 @@ class Channel:
             return ex
         ex.close()  # also collects what it printed before dying
         said = ex.stderr_tail
-        reason = said or "no answer"
+        reason = said or f"no answer within {READY_TIMEOUT:.0f} s"
         with self._lock:
             if self._executor is ex:
                 self._executor = None

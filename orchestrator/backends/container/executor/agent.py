@@ -5,8 +5,10 @@ process tree can be killed. Standard library only, Python 3.7+.
 
 It never leaves a request unanswered: whatever it cannot do (an unknown user, an argument it
 cannot pass, no process slot left) comes back as an error frame and an exit status. With
-`--owned`, the end of its input means its owner is gone (by any signal): it kills every
-command and stops the container.
+`--owned`, once the host has said OWN (on seeing its greeting), the end of its input means
+its owner is gone (by any signal): it kills every command and stops the container. Before
+OWN the host may have given up on it (a greeting later than the host waits, on a loaded
+machine): the end of its input then stops nothing, whatever the host's `docker exec` lost.
 """
 
 import errno
@@ -170,7 +172,9 @@ class Unpaced(Flow):
 
 class Agent:
     def __init__(self, inp, out, owned, session=None, spawners=None):
-        self.inp, self.out, self.owned = inp, out, owned
+        self.inp, self.out = inp, out
+        self.ownable = owned  # --owned: the host may make it owned (OWN), until RELEASE
+        self.owned = False
         self.lock = threading.Lock()
         self.stdin = {}
         self.procs = {}
@@ -270,8 +274,10 @@ class Agent:
             self.attach(payload)
         elif kind == wire.PING:
             self.send_here(wire.PONG, cid)
+        elif kind == wire.OWN:
+            self.owned = self.ownable
         elif kind == wire.RELEASE:
-            self.owned = False
+            self.owned = self.ownable = False
         elif kind == wire.DIRECT and not self.asked_direct and not self.flows:
             self.go_direct(payload)
         else:

@@ -149,8 +149,14 @@ class Waker:
 class Link:
     """One executor process and the threads that carry its frames (see the module)."""
 
-    def __init__(self, argv: list[str], direct: tuple[Path, str] | None = None) -> None:
+    def __init__(
+        self, argv: list[str], direct: tuple[Path, str] | None = None, *, owned: bool = False
+    ) -> None:
         self.argv = argv
+        self._owned = owned
+        """An executor started with --owned: told OWN as soon as it greets, so that from then
+        on the end of its input stops the sandbox; one the host gave up on before (closed
+        while its greeting was late) stops nothing, whatever the close lost of its input."""
         self._direct = direct
         """The host folder the container alone sees, and its path there: where the frames
         may move onto a socket once the executor greeted (see direct.py)."""
@@ -275,6 +281,8 @@ class Link:
             except OSError:  # a connection reset before any frame (a dying resident)
                 greeted = False
             if greeted:
+                if self._owned and not self._closing:
+                    self.send(wire.OWN, 0)  # (before DIRECT: on the pipes, read first)
                 stream = self._meet(stream)
                 self._met.set()
                 if stream is not None:

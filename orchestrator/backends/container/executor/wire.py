@@ -2,8 +2,10 @@
 
 A frame is a 9-byte header (kind, command id, payload length; big-endian) and the payload.
 Host -> executor: RUN (JSON request), STDIN (bytes), STDIN_EOF, KILL, CREDIT (4-byte count:
-that many more output frames of this command may be sent), PING, RELEASE (the host closes
-this executor on purpose: its end of input does not mean the owner died), SIGNAL (4-byte
+that many more output frames of this command may be sent), PING, OWN (the host took the
+greeting of an executor started with --owned: from now on the end of its input means the
+owner died), RELEASE (the host closes this executor on purpose: its end of input does not
+mean the owner died, and a later OWN does not change that), SIGNAL (4-byte
 signal number, for the command's process group: a started process's `signal`), RESIZE
 (two 2-byte numbers, columns and rows: the command's terminal's new size), DIRECT (JSON:
 the path of a socket the host listens on and the token to show it; only before the first
@@ -91,6 +93,7 @@ RUN, STDIN, STDIN_EOF, KILL, CREDIT, PING, RELEASE, SIGNAL, RESIZE = 1, 2, 3, 4,
 READY, OUT, ERR, EXIT, PONG, TAKEN = 10, 11, 12, 13, 14, 15
 DIRECT, SWITCHED, NOT_SWITCHED = 16, 17, 18
 ATTACH, LOST, GONE, AT = 19, 20, 21, 22
+OWN = 23
 MAX_PAYLOAD = 64 * 1024 * 1024
 WINDOW = 64
 """Output frames (of at most procutil.CHUNK bytes each) in flight per command before credit
