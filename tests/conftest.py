@@ -66,6 +66,12 @@ def cannot_run(why: str) -> NoReturn:
     pytest.skip(why)
 
 
+def marked(item: pytest.Item, name: str) -> bool:
+    """Whether `item` carries the marker `name` (not merely the word among its keywords,
+    where a parameter's id puts it too: a unit test's `[swarm]` started the test Swarm)."""
+    return item.get_closest_marker(name) is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath))
@@ -92,15 +98,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # within each part, the tests that share a module's environment first (each group goes
     # whole to one worker, in the order the groups first come: tests/grouping.py)
     groups = grouping.groups_of(items)
-    items[:] = sorted(items, key=lambda item: ("swarm" in item.keywords, item.nodeid not in groups))
+    items[:] = sorted(items, key=lambda item: (marked(item, "swarm"), item.nodeid not in groups))
     if os.environ.get("PYTEST_XDIST_WORKER") and RUN_DIR_ENV in os.environ:
         grouping.write(groups, Path(os.environ[RUN_DIR_ENV]))
-    problem = docker_problem() if any("docker" in i.keywords for i in items) else None
+    problem = docker_problem() if any(marked(i, "docker") for i in items) else None
     _DOCKER_OK[:] = [problem is None]
     if problem is None:
         return  # (what the run needs is prepared once the selection is known: below)
     for item in items:
-        if "docker" in item.keywords:
+        if marked(item, "docker"):
             if in_ci():
                 item.add_marker(pytest.mark.usefixtures("_docker_required_in_ci"))
             else:
@@ -110,7 +116,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Prepare what the selected tests need, once `-k` and `-m` have deselected the rest
     (they do so after the hook above): a run of one test started the test Swarm."""
-    if _DOCKER_OK == [True] and any("docker" in i.keywords for i in session.items):
+    if _DOCKER_OK == [True] and any(marked(i, "docker") for i in session.items):
         _prepare_in_background(session.items)
 
 
@@ -151,7 +157,7 @@ def _prepare_in_background(items: list[pytest.Item]) -> None:
                     start_new_session=True,
                 )
             )
-        if not any("swarm" in i.keywords for i in items):
+        if not any(marked(i, "swarm") for i in items):
             return
         with open(run_dir / "swarm.lock", "w") as lock:
             try:  # held by the background start until it ends (its processes hold the fd)
@@ -160,7 +166,7 @@ def _prepare_in_background(items: list[pytest.Item]) -> None:
                 return  # a worker is starting it already
             if _ok(["docker", "network", "inspect", "orch-cluster"]):
                 return
-            script = " ".join(build) + " swarm >/dev/null && " + CLUSTER + " up"
+            script = " ".join(build) + f" swarm >/dev/null && {CLUSTER} up {SWARM_NODES}"
             _PREPARING.append(
                 subprocess.Popen(
                     ["timeout", str(PREPARE_DEADLINE), "bash", "-c", script],
@@ -246,33 +252,102 @@ def labelled_ids(host: str = "") -> set[str]:
     """Ids of every container, network, volume and snapshot image this session made: our
     label, and a project (or state) folder under the session's temporary root. Another
     run's on the same machine are not ours to count or to remove. `host`: another engine
-    (Podman's), whose ids come prefixed with it."""
+    (Podman's), whose ids come prefixed with it. Asked of the engine's API on its socket
+    where it has one here (a listing each, in this process: twice per module, a docker
+    CLI per listing cost the run half a minute of CPU), else through the docker CLI."""
     root = _SESSION_ROOT[0] if _SESSION_ROOT else ""
+    sock = _local_socket(host)
+    listed = _listed_by_api(sock, root) if sock else _listed_by_cli(host, root)
+    ids = {f"{host}|{i}" if host else i for i in listed}
+    return ids if host else ids | _snapshot_images(root, sock)
+
+
+def _local_socket(host: str) -> str | None:
+    """The unix socket of `host` (or of the engine the docker CLI uses by default), if it
+    is one on this machine; None for another kind of address (asked through the CLI)."""
+    address = host or os.environ.get("DOCKER_HOST", "") or "unix:///var/run/docker.sock"
+    path = address.removeprefix("unix://")
+    return path if address.startswith("unix://") and os.path.exists(path) else None
+
+
+def _api_get(sock: str, path: str, labels: list[str]) -> object:
+    """GET `path` of the engine's API on `sock`, filtered by `labels` (bounded: 60 s)."""
+    import http.client
+    import json
+    import socket
+    import urllib.parse
+
+    class Connection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(60)
+            self.sock.connect(sock)
+
+    query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": labels})})
+    conn = Connection("localhost", timeout=60)
+    try:
+        conn.request("GET", f"{path}?{query}")
+        answer = conn.getresponse()
+        body = answer.read()
+    finally:
+        conn.close()
+    if answer.status != 200:
+        raise RuntimeError(f"the engine answered {answer.status} to {path}: {body[:200]!r}")
+    return json.loads(body)
+
+
+def _listed_by_api(sock: str, root: str) -> set[str]:
+    folder = "org.orchestrator.dir"
+    out: set[str] = set()
+    for kind, path, key, short in (
+        ("ps", "/containers/json", "Id", True),
+        ("network", "/networks", "Id", True),
+        ("volume", "/volumes", "Name", False),
+    ):
+        got = _api_get(sock, path, [LABEL])
+        rows = got.get("Volumes") or [] if isinstance(got, dict) else got
+        assert isinstance(rows, list), got
+        for row in rows:
+            ident = str(row[key])[:12] if short else str(row[key])
+            if ident and str((row.get("Labels") or {}).get(folder, "")).startswith(root):
+                out.add(f"{kind}:{ident}")
+    return out
+
+
+def _listed_by_cli(host: str, root: str) -> set[str]:
     folder = '{{.Label "org.orchestrator.dir"}}'
     docker = ["docker", "--host", host] if host else ["docker"]
-    ids: set[str] = set()
+    out: set[str] = set()
     for kind, ident in (
         (["ps", "-a"], "{{.ID}}"),
         (["network", "ls"], "{{.ID}}"),
         (["volume", "ls"], "{{.Name}}"),
     ):
-        out = subprocess.run(
+        listing = subprocess.run(
             [*docker, *kind, "--filter", f"label={LABEL}", "--format", f"{ident} {folder}"],
             capture_output=True,
             text=True,
             check=False,
         )
-        for line in out.stdout.splitlines():
+        for line in listing.stdout.splitlines():
             name, _, where = line.partition(" ")
             if name and where.startswith(root):
-                ids.add(f"{host}|{kind[0]}:{name}" if host else f"{kind[0]}:{name}")
-    return ids if host else ids | _snapshot_images(root)
+                out.add(f"{kind[0]}:{name}")
+    return out
 
 
-def _snapshot_images(root: str) -> set[str]:
+def _snapshot_images(root: str, sock: str | None) -> set[str]:
     """Snapshot images made with a state folder under `root` (`image ls` cannot print
-    labels, so they are inspected)."""
+    labels: through the CLI, they are inspected)."""
     state = "org.orchestrator.snapshot.state"
+    if sock is not None:
+        got = _api_get(sock, "/images/json", [state])
+        assert isinstance(got, list), got
+        return {
+            f"image:{row['Id']}"
+            for row in got
+            if str((row.get("Labels") or {}).get(state, "")).startswith(root)
+        }
     listed = subprocess.run(
         ["docker", "image", "ls", "-q", "--no-trunc", "--filter", f"label={state}"],
         capture_output=True,
@@ -297,7 +372,7 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a module of Docker tests that leaves labelled containers, networks, volumes or
     snapshot images."""
     uses_docker = any(
-        "docker" in item.keywords
+        marked(item, "docker")
         for item in request.session.items
         if getattr(item, "module", None) is request.module
     )
@@ -305,7 +380,7 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     uses_podman = any(
-        "podman" in item.keywords
+        marked(item, "podman")
         for item in request.session.items
         if getattr(item, "module", None) is request.module
     ) and os.path.exists(PODMAN.removeprefix("unix://"))
@@ -457,7 +532,9 @@ def swarm_manager() -> Iterator[str]:
     with open(run_dir / "swarm.lock", "w") as lock:  # the run's workers start it once
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _ok(["docker", "network", "inspect", "orch-cluster"]):
-            up = subprocess.run([CLUSTER, "up"], capture_output=True, text=True, check=False)
+            up = subprocess.run(
+                [CLUSTER, "up", str(SWARM_NODES)], capture_output=True, text=True, check=False
+            )
             if up.returncode != 0:
                 pytest.fail(f"could not start the test Swarm: {up.stderr.strip()}")
             (run_dir / SWARM_STARTED).touch()  # removed when the whole run ends
@@ -545,6 +622,10 @@ def podman_engine() -> str:
 
 
 CLUSTER = str(ROOT / "scripts" / "cluster")
+SWARM_NODES = 2
+"""Nodes of the test Swarm: node-1 (the manager) and node-2, enough for placement across
+machines and another machine's engine (`remote_engine`); a third cost the run about 40
+CPU-seconds (its engine, its copy of the test images) and tested nothing more."""
 RUN_DIR_ENV = "ORCHESTRATOR_TEST_RUN_DIR"
 """A folder of this test run that its xdist workers share (they inherit the environment)."""
 SWARM_STARTED = "swarm.started"

@@ -102,7 +102,7 @@ def test_up_n_over_the_budget_fails_at_once(make_env: MakeEnv) -> None:
         "ORCHESTRATOR_ADMISSION_TIMEOUT": "600",
     }
     started = time.monotonic()
-    done = _cli("up", "-n", "3", str(path), env=env, timeout=300)
+    done = _cli("up", "-n", "3", str(path), env=env, timeout=90)
     took = time.monotonic() - started
     for ident in done.stdout.split():
         _cli("down", ident, env=env)

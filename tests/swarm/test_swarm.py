@@ -53,19 +53,19 @@ def _env(tmp_path: Path, body: str) -> Path:
 def test_placement_and_a_service_on_another_node(swarm_cluster: str, tmp_path: Path) -> None:
     path = _env(
         tmp_path,
-        "placement: ['node.hostname==node-2']\n"
+        "placement: ['node.hostname==node-1']\n"
         "services:\n"
         "  web:\n"
         f"    image: {BUSYBOX_IMAGE}\n"
-        "    placement: ['node.hostname==node-3']\n"
+        "    placement: ['node.hostname==node-2']\n"
         "    command: ['sh', '-c', 'mkdir -p /tmp/w && echo up > /tmp/w/index.html && "
         "sleep 2 && httpd -f -p 8080 -h /tmp/w']\n"
         "    healthcheck: {test: ['CMD', 'wget', '-qO-', 'http://127.0.0.1:8080/']}\n",
     )
     with spawn_runtime(path) as rt:
-        assert _node_of(swarm_cluster, rt.info().container or "") == "node-2"
+        assert _node_of(swarm_cluster, rt.info().container or "") == "node-1"
         web = rt.service("web")
-        assert _node_of(swarm_cluster, web.connection().container or "") == "node-3"
+        assert _node_of(swarm_cluster, web.connection().container or "") == "node-2"
         # the spawn waited for web's health (it sleeps 2 s before serving): no retry here
         got = rt.execute(
             "python3 -c \"import urllib.request as u; print(u.urlopen('http://web:8080/').read())\""
@@ -269,14 +269,14 @@ def test_an_image_reaches_the_nodes_through_a_local_registry(
     path = tmp_path / "env.yaml"
     path.write_text(
         f"version: 1\nname: reg\nbackend: swarm\nimage: {image}\n"
-        "placement: ['node.hostname==node-3']\n"
+        "placement: ['node.hostname==node-2']\n"
     )
     with spawn_runtime(path) as rt:
         assert rt.execute("python3 -c 'print(6 * 7)'").stdout == "42\n"
-        node3 = _node_engine(swarm_cluster, "node-3")
-    pulled = subprocess.run(["docker", "-H", node3, "image", "inspect", image], capture_output=True)
-    assert pulled.returncode == 0  # node-3 had only the test images before: it pulled this one
-    subprocess.run(["docker", "-H", node3, "rmi", image], check=True, capture_output=True)
+        node2 = _node_engine(swarm_cluster, "node-2")
+    pulled = subprocess.run(["docker", "-H", node2, "image", "inspect", image], capture_output=True)
+    assert pulled.returncode == 0  # node-2 had only the test images before: it pulled this one
+    subprocess.run(["docker", "-H", node2, "rmi", image], check=True, capture_output=True)
 
 
 def _node_engine(manager: str, hostname: str) -> str:

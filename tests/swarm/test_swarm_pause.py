@@ -13,11 +13,11 @@ from pathlib import Path
 from tests.conftest import BUSYBOX_IMAGE, PYTHON_IMAGE, swarm_ids
 
 BODY = (
-    "placement: ['node.hostname==node-2']\n"
+    "placement: ['node.hostname==node-1']\n"
     "services:\n"
     "  side:\n"
     f"    image: {BUSYBOX_IMAGE}\n"
-    "    placement: ['node.hostname==node-3']\n"
+    "    placement: ['node.hostname==node-2']\n"
     "    command: [sleep, '86400']\n"
 )
 OWNER = """

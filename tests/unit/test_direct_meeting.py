@@ -145,16 +145,23 @@ def test_an_executor_that_says_it_switched_before_it_was_told_is_broken(
     impostor.close()
 
 
-def test_an_executor_told_that_never_switches_is_broken_in_time(
+def test_an_executor_told_that_never_switches_is_broken_in_time_and_released(
     meeting: direct.Meeting, monkeypatch: pytest.MonkeyPatch, pipe: Pipe
 ) -> None:
+    """Told, it has its own bound (SWITCH_WITHIN); given up on, it finds RELEASE where it
+    reads from then on, so an owned executor that switched late does not take the end of
+    that connection for its owner's death and stop the sandbox."""
     monkeypatch.setattr(direct, "MEET_WITHIN", 0.5)
+    monkeypatch.setattr(direct, "SWITCH_WITHIN", 0.5)
     out, _ = pipe()
     right = _connect(meeting, meeting.token)
     started = time.monotonic()
     with pytest.raises(direct.Broken, match="did not switch"):
         meeting.meet(out)
+    meeting.close()
     assert time.monotonic() - started < 3 and right.recv(1) == b"\1"
+    right.settimeout(5)
+    assert wire.read_frame(right.makefile("rb")) == (wire.RELEASE, 0, b"")
     right.close()
 
 

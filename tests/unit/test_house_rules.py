@@ -4,6 +4,7 @@ import which. A backend lives in one room; code outside it asks through the prot
 from __future__ import annotations
 
 import ast
+import functools
 import warnings
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def _room(module: str) -> str:
     return parts[0] if len(parts) > 1 or parts[0] in rooms else "leaf"
 
 
+@functools.cache  # (the package's files, read and parsed once for every rule)
 def _sources() -> list[tuple[str, set[str]]]:
     return [(_module(p), _imports(p)) for p in sorted(PACKAGE.rglob("*.py"))]
 

@@ -145,7 +145,7 @@ class Channel:
                     log.warning("%s: executor died (%s); starting a new one", self.label, why)
                     ex.close()
                 ex = self._executor = self._new_executor()
-        if ex.wait_ready(READY_TIMEOUT):
+        if ex.wait_ready(READY_TIMEOUT) or ex.greeted_late():
             self.mode = "executor"
             return ex
         ex.close()  # also collects what it printed before dying

@@ -12,7 +12,8 @@ Who else could connect: on the host, only the owner and root (the folder is the 
 in the container, the socket is mode 0, so only a process holding CAP_DAC_OVERRIDE (the
 executor, as root; or a root sandbox, which can replace the executor anyway) connects at all,
 and it must show a token only the executor was told. Any other connection is closed; at most
-PENDING wait at once, and the meeting ends within MEET_WITHIN. A planted socket cannot stand in
+PENDING wait at once, and the meeting ends within MEET_WITHIN (SWITCH_WITHIN more once the
+connection with the token was told it was taken). A planted socket cannot stand in
 for ours: the host listens, the folder is read-only inside, and no path in it is followed.
 
 Where the executor cannot connect (gVisor keeps host sockets out; an engine that maps root to
@@ -38,6 +39,11 @@ TOKEN_BYTES = 32
 MEET_WITHIN = 3.0
 """Seconds from DIRECT to the executor's answer and its connection (it tries to connect for
 1.5 s: fds.CONNECT_WITHIN)."""
+SWITCH_WITHIN = 15.0
+"""Seconds from telling the connection with the token it was taken to the executor's
+SWITCHED: it has answered and connected, so only a starved machine (or a hostile executor)
+is slower; given up on, it is sent RELEASE over that connection first, where it reads
+from then on (its end of input must not read as its owner's death)."""
 PENDING = 8
 """Silent connections held at once while the meeting waits for the one with the token."""
 
@@ -93,7 +99,7 @@ class Meeting:
         time: a sandbox paused or slow; the executor, once it goes on, finds no socket
         and stays on its pipes too), or None when its output ended. The connection with
         the token is told so (one byte) before the executor says SWITCHED: once told,
-        SWITCHED must follow within another MEET_WITHIN. Raises Broken for any other
+        SWITCHED must follow within SWITCH_WITHIN. Raises Broken for any other
         answer. Without a pipe (the resident's meeting), the connection alone is waited
         for, and Broken when none came."""
         deadline = time.monotonic() + MEET_WITHIN
@@ -103,9 +109,13 @@ class Meeting:
             if self._found is not None and not told:
                 self._found.setblocking(True)
                 self._found.sendall(b"\1")  # taken: now it may say SWITCHED
-                told, deadline = True, time.monotonic() + MEET_WITHIN
+                told, deadline = True, time.monotonic() + SWITCH_WITHIN
             left = deadline - time.monotonic()
             if left <= 0:
+                if told and self._found is not None:
+                    self._found.settimeout(0.5)
+                    with contextlib.suppress(OSError):
+                        self._found.sendall(wire.pack(wire.RELEASE, 0))
                 if told or pipe is None:
                     raise Broken("it was told its connection was taken, but did not switch"
                                  if told else "no connection showed its token")  # fmt: skip

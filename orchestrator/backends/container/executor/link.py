@@ -154,9 +154,15 @@ class Link:
     ) -> None:
         self.argv = argv
         self._owned = owned
-        """An executor started with --owned: told OWN as soon as it greets, so that from then
-        on the end of its input stops the sandbox; one the host gave up on before (closed
-        while its greeting was late) stops nothing, whatever the close lost of its input."""
+        """An executor started with --owned: told OWN as soon as its greeting is taken, so
+        that from then on the end of its input stops the sandbox; one the host gave up on
+        before (closed while its greeting was late) stops nothing, whatever the close lost
+        of its input."""
+        self._greet_lock = threading.Lock()
+        self._taken = False
+        """Its greeting was taken (and OWN sent, where owned): from then on the host never
+        gives up on it for lateness (`greeted_late` waits out its meeting), one decision
+        under `_greet_lock` with the give-up."""
         self._direct = direct
         """The host folder the container alone sees, and its path there: where the frames
         may move onto a socket once the executor greeted (see direct.py)."""
@@ -217,6 +223,18 @@ class Link:
                 return False
         return self._ready.is_set()
 
+    def greeted_late(self) -> bool:
+        """After `wait_ready` said no: True when the greeting was taken meanwhile and its
+        meeting ended on a working link (waited for, bounded); else the host gives up on
+        it now, and a greeting that comes later is never taken (no OWN: its end of input,
+        when the close has killed its `docker exec` with RELEASE unsent, stops nothing)."""
+        with self._greet_lock:
+            if not self._taken:
+                self._closing = True
+                return False
+        self._met.wait(direct.MEET_WITHIN + direct.SWITCH_WITHIN + 1)
+        return self._ready.is_set()
+
     @property
     def alive(self) -> bool:
         return self._proc is not None and not self.dead.is_set()
@@ -239,8 +257,8 @@ class Link:
         self._closing = True  # no meeting starts from now on
         if release and not self.dead.is_set():
             # RELEASE must go the way the executor reads: after a meeting under way (each
-            # of its two steps bounded by MEET_WITHIN)
-            self._met.wait(2 * direct.MEET_WITHIN + 1)
+            # of its two steps bounded: MEET_WITHIN, SWITCH_WITHIN)
+            self._met.wait(direct.MEET_WITHIN + direct.SWITCH_WITHIN + 1)
             self.send(wire.RELEASE, 0)
         self.shutdown()
         try:
@@ -281,8 +299,11 @@ class Link:
             except OSError:  # a connection reset before any frame (a dying resident)
                 greeted = False
             if greeted:
-                if self._owned and not self._closing:
-                    self.send(wire.OWN, 0)  # (before DIRECT: on the pipes, read first)
+                with self._greet_lock:
+                    if not self._closing:
+                        self._taken = True
+                        if self._owned:
+                            self.send(wire.OWN, 0)  # (before DIRECT: on the pipes, read first)
                 stream = self._meet(stream)
                 self._met.set()
                 if stream is not None:
