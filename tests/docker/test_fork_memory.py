@@ -99,7 +99,7 @@ def test_fork_carries_processes_and_memory_into_copies_that_run_apart(
         start_holder(rt)
         secret = remembered(rt)
         rt.write_file("work.txt", "mine\n")
-        copies = fork(rt, 3)
+        copies = fork(rt, 2)  # (two show copies apart from each other and the original)
         try:
             saved_at = min(count(c) for c in copies)
             for n, copy in enumerate(copies):
@@ -119,10 +119,10 @@ def test_fork_carries_processes_and_memory_into_copies_that_run_apart(
             time.sleep(0.3)
             assert count(copies[0]) == stopped
             assert count(copies[1]) > later[1] and count(rt) > saved_at  # the others run on
-            assert [c.read_file("work.txt") for c in copies] == ["copy 0\n", "copy 1\n", "copy 2\n"]
+            assert [c.read_file("work.txt") for c in copies] == ["copy 0\n", "copy 1\n"]
             assert rt.read_file("work.txt") == "mine\n"
             assert remembered(rt) == secret
-            assert len({rt.info().id, *(c.info().id for c in copies)}) == 4
+            assert len({rt.info().id, *(c.info().id for c in copies)}) == 3
         finally:
             for copy in copies:
                 copy.cleanup()
@@ -296,7 +296,7 @@ def test_a_workspace_of_links_fifos_and_devices_plants_nothing_on_the_host(
             " mknod null-dev c 1 3 2>/dev/null; mknod disk b 8 0 2>/dev/null; true",
             check=True,
         )
-        copies = fork(rt, 2)
+        copies = fork(rt, 1)  # (what a copy plants on the host, one copy shows)
         try:
             for copy in copies:
                 assert not copy.warnings, copy.warnings
@@ -381,7 +381,7 @@ def test_static_assets_come_back_in_copies_forked_by_the_process_that_started_it
         start_holder(rt)
         secret = remembered(rt)
         where = rt.static_path("a")
-        copies = fork(rt, 2)
+        copies = fork(rt, 1)  # (a copy, and the original started again)
         try:
             for one in (rt, *copies):
                 assert not one.warnings, one.warnings
