@@ -169,8 +169,12 @@ def builtin(name: str) -> str | None:
 def get_runtime_class(name: str) -> type[Runtime]:
     if name in _registered:
         return _registered[name]
-    target = _BUILTIN.get(name) or _entry_points().get(name)
-    if target is None:  # a plugin installed since the scan kept, in a way no mtime showed
+    # a plugin's import path comes from a scan of this process's own, never from the one
+    # kept in the state folder, which someone else may have filled (a CI project's
+    # ./.orch-state from a repository, a restored cache) with a module to import; the kept
+    # scan only names the backends (`runtime_names`). One scan per process, ~20 ms.
+    target = _BUILTIN.get(name)
+    if target is None:
         target = _scan(tuple((p, _mtime(p)) for p in sys.path), fresh=True).get(name)
     if target is None:
         raise UsageError(f"unknown backend {name!r}; known backends: {', '.join(runtime_names())}")

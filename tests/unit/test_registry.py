@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import SpecError, UsageError, runtime_names, spawn_runtime
+from orchestrator import SpecError, UsageError, get_runtime_class, runtime_names, spawn_runtime
 from orchestrator.sandbox import registry
 from orchestrator.services.spawn import backend_class, prepare
 from orchestrator.spec.loader import Environment, load_environment
@@ -275,3 +275,33 @@ def test_a_plugin_installed_while_the_process_runs_is_found(
     finally:
         registry._registered.pop(PLUGIN, None)
         sys.modules.pop("orch_test_plugin_0", None)
+
+
+def test_a_planted_scan_in_the_state_folder_imports_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept scan (state folder, `cache/entry-points.json`) may come from someone else (a
+    repository's ./.orch-state, a restored CI cache): a backend it names, for a file that
+    asks for it, imports nothing; only a scan of this process's own names what is imported.
+    """
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / "state"))
+    site = tmp_path / "site"
+    site.mkdir()
+    marker = tmp_path / "imported"
+    (site / "planted_mod_0.py").write_text(f"open({str(marker)!r}, 'w').close()\nX = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    key = [[p, registry._mtime(p)] for p in sys.path]
+    cache = tmp_path / "state" / "cache"
+    cache.mkdir(parents=True, mode=0o700)
+    (tmp_path / "state").chmod(0o700)
+    scan = [{"key": key, "found": {"planted": "planted_mod_0:X"}, "files": []}]
+    (cache / "entry-points.json").write_text(json.dumps(scan))
+    registry._scan.cache_clear()
+    try:
+        assert "planted" in runtime_names()  # (the kept scan is read: a name, nothing more)
+        with pytest.raises(UsageError, match="unknown backend 'planted'"):
+            get_runtime_class("planted")
+        assert not marker.exists() and "planted_mod_0" not in sys.modules
+    finally:
+        registry._scan.cache_clear()
+        sys.modules.pop("planted_mod_0", None)
