@@ -254,11 +254,15 @@ class Link:
         proc = self._proc
         if proc is None:
             return
-        self._closing = True  # no meeting starts from now on
+        with self._greet_lock:  # no greeting is taken, and no meeting starts, from now on
+            self._closing = True
+            taken = self._taken
         if release and not self.dead.is_set():
             # RELEASE must go the way the executor reads: after a meeting under way (each
-            # of its two steps bounded: MEET_WITHIN, SWITCH_WITHIN)
-            self._met.wait(direct.MEET_WITHIN + direct.SWITCH_WITHIN + 1)
+            # of its two steps bounded: MEET_WITHIN, SWITCH_WITHIN); none is, where no
+            # greeting was taken (an executor that never greeted is not waited for)
+            if taken:
+                self._met.wait(direct.MEET_WITHIN + direct.SWITCH_WITHIN + 1)
             self.send(wire.RELEASE, 0)
         self.shutdown()
         try:
