@@ -89,7 +89,7 @@ def test_closing_an_executor_that_never_greeted_waits_for_no_meeting(tmp_path: P
     """No greeting taken, no meeting under way: the close sends RELEASE at once and ends
     the executor within its own 2 s, rather than waiting out a meeting that cannot come
     (19 s, on top of the 15 s the host already waited for the greeting)."""
-    client, log = _client(tmp_path, greet=60.0, answer=0.0)
+    client, _ = _client(tmp_path, greet=60.0, answer=0.0)
     assert not client.wait_ready(0.2)
     assert not client.greeted_late()
     started = time.monotonic()
