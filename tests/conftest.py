@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import json
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from typing import NoReturn
 import pytest
 
 from orchestrator import Runtime
+from orchestrator.backends.container.engine import api
 from orchestrator.backends.docker import gateway
 from tests import grouping
 
@@ -263,37 +265,16 @@ def labelled_ids(host: str = "") -> set[str]:
 
 
 def _local_socket(host: str) -> str | None:
-    """The unix socket of `host` (or of the engine the docker CLI uses by default), if it
-    is one on this machine; None for another kind of address (asked through the CLI)."""
-    address = host or os.environ.get("DOCKER_HOST", "") or "unix:///var/run/docker.sock"
-    path = address.removeprefix("unix://")
-    return path if address.startswith("unix://") and os.path.exists(path) else None
+    """The unix socket of `host` (or of the process's engine), if it is one on this
+    machine; None for another kind of address (asked through the CLI)."""
+    path = api.local_socket(host)
+    return path if path is not None and os.path.exists(path) else None
 
 
 def _api_get(sock: str, path: str, labels: list[str]) -> object:
     """GET `path` of the engine's API on `sock`, filtered by `labels` (bounded: 60 s)."""
-    import http.client
-    import json
-    import socket
-    import urllib.parse
-
-    class Connection(http.client.HTTPConnection):
-        def connect(self) -> None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(60)
-            self.sock.connect(sock)
-
-    query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": labels})})
-    conn = Connection("localhost", timeout=60)
-    try:
-        conn.request("GET", f"{path}?{query}")
-        answer = conn.getresponse()
-        body = answer.read()
-    finally:
-        conn.close()
-    if answer.status != 200:
-        raise RuntimeError(f"the engine answered {answer.status} to {path}: {body[:200]!r}")
-    return json.loads(body)
+    query = {"all": "1", "filters": json.dumps({"label": labels})}
+    return api.call(f"listing {path}", sock, "GET", path, query=query, timeout=60)
 
 
 def _listed_by_api(sock: str, root: str) -> set[str]:

@@ -37,6 +37,9 @@ OUT_BUDGET = 8 * 1024 * 1024
 """Bytes of frames queued for the executor before a caller sending stdin waits."""
 STDERR_TAIL = 16
 """Chunks (of at most 4 KiB) of the executor's own stderr kept for error messages."""
+MEETING = direct.MEET_WITHIN + direct.SWITCH_WITHIN + 1
+"""Seconds a socket meeting under way may take, both its steps (waited out before a
+greeted executor is given up on, or sent RELEASE)."""
 Probe = Callable[[], "SandboxUnavailable | None"]
 
 
@@ -232,7 +235,7 @@ class Link:
             if not self._taken:
                 self._closing = True
                 return False
-        self._met.wait(direct.MEET_WITHIN + direct.SWITCH_WITHIN + 1)
+        self._met.wait(MEETING)
         return self._ready.is_set()
 
     @property
@@ -262,7 +265,7 @@ class Link:
             # of its two steps bounded: MEET_WITHIN, SWITCH_WITHIN); none is, where no
             # greeting was taken (an executor that never greeted is not waited for)
             if taken:
-                self._met.wait(direct.MEET_WITHIN + direct.SWITCH_WITHIN + 1)
+                self._met.wait(MEETING)
             self.send(wire.RELEASE, 0)
         self.shutdown()
         try:
