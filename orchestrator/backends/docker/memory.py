@@ -27,8 +27,8 @@ import contextlib
 import hashlib
 import os
 import re
+import secrets
 import stat
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -50,8 +50,6 @@ SEALED_ENV = settings.GVISOR_SEALED_RUNTIME.name
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID = re.compile(r"[0-9a-f]{64}")
 MAX_FILES = 16
-_STARTING = tuple(threading.Lock() for _ in range(16))
-"""Locks of starts from one image, by its digests' hash (a fixed few: never growing)."""
 LOCK_FILE = "memory.lock"
 """In the project folder: held while its memory is saved or restored (see `locked`)."""
 CHUNK = 1 << 20
@@ -376,35 +374,40 @@ def restore(
     own.mkdir(mode=0o700, exist_ok=True)
     try:
         _copy(folder, own / name, digests, limit() if bounded else None)
-        _start_from(engine, container, name, action, " ".join(sorted(digests.values())))
+        _distinct(own / name)
+        _start_from(engine, container, name, action)
     finally:
         with contextlib.suppress(OrchestratorError):
             engine.delete_checkpoint(container, name, action=action)
         remove_files(own / name)
 
 
-def _start_from(engine: Engine, container: str, name: str, action: str, image: str) -> None:
-    """Start `container` from its checkpoint `name`. The engine uploads the image to its
-    containerd's content store, which refuses the same bytes uploaded at the same moment
-    ("already exists"): copies of one record start one at a time in this process, and
-    another process's upload is waited out, a few tries within up_timeout()."""
-    with _starting(image):
-        deadline = time.monotonic() + up_timeout()
-        while True:
-            try:
-                engine.start_container(
-                    container, checkpoint=name, seconds=up_timeout(), action=action
-                )
-                return
-            except DockerError as exc:
-                if "already exists" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+def _start_from(engine: Engine, container: str, name: str, action: str) -> None:
+    """Start `container` from its checkpoint `name`. The engine uploads the image (as a tar
+    of its folder) to its containerd's content store, which refuses bytes it is being sent
+    already ("already exists"); `_distinct` makes each upload's bytes its own, and what
+    still clashes (another upload drew the same time) is tried again, within up_timeout()."""
+    deadline = time.monotonic() + up_timeout()
+    while True:
+        try:
+            engine.start_container(container, checkpoint=name, seconds=up_timeout(), action=action)
+            return
+        except DockerError as exc:
+            if "already exists" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
-def _starting(image: str) -> threading.Lock:
-    """The lock of starts from one image (by its files' digests)."""
-    return _STARTING[hash(image) % len(_STARTING)]
+def _distinct(folder: Path) -> None:
+    """Give the files of a checkpoint folder a modification time drawn at random (whole
+    seconds, which the engine's tar keeps): the tar the engine makes of the folder is then
+    not another start's, so copies of one image start side by side instead of one at a
+    time (the content store refuses one of two equal uploads at once). Nothing reads these
+    times: runsc restores from the files' content, which the digests checked."""
+    stamp = 1_000_000_000 + secrets.randbelow(1 << 30)
+    for entry in os.scandir(folder):  # (files this process made: `_copy`)
+        os.utime(entry.path, (stamp, stamp), follow_symlinks=False)
+    os.utime(folder, (stamp, stamp), follow_symlinks=False)
 
 
 def _own_folder(engine: Engine, container: str) -> Path:
