@@ -3,6 +3,7 @@ markers, and the leak check that fails any Docker test leaving our labelled obje
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import json
@@ -22,6 +23,8 @@ import pytest
 from orchestrator import Runtime
 from orchestrator.backends.container.engine import api
 from orchestrator.backends.docker import gateway
+from orchestrator.backends.docker.build import CONTEXT_LABEL
+from orchestrator.errors import OrchestratorError
 from tests import grouping
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -433,10 +436,35 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     _SESSION_ROOT[:] = [str(tmp_path_factory.getbasetemp())]
     os.environ["ORCHESTRATOR_STATE_DIR"] = str(tmp_path_factory.getbasetemp() / "state")
     yield
+    _remove_builds(_SESSION_ROOT[0])
     if old is None:
         os.environ.pop("ORCHESTRATOR_STATE_DIR", None)
     else:
         os.environ["ORCHESTRATOR_STATE_DIR"] = old
+
+
+def _remove_builds(root: str) -> None:
+    """Remove the images this session built from contexts under its root, by id (never
+    forced: one a container still uses stays, and the module that left that container
+    fails). The engine keeps a build as a cache for the next spawn of its file; a test's
+    file lives in a temporary folder no later run sees again."""
+    for host in ("", PODMAN):
+        sock = _local_socket(host)
+        if sock is None or docker_problem() is not None:
+            continue
+        with contextlib.suppress(OrchestratorError):
+            rows = _api_get(sock, "/images/json", [CONTEXT_LABEL])
+            for row in rows if isinstance(rows, list) else []:
+                context = str((row.get("Labels") or {}).get(CONTEXT_LABEL, ""))
+                if context == root or context.startswith(root.rstrip("/") + "/"):
+                    with contextlib.suppress(OrchestratorError):
+                        api.call(
+                            "removing a test build",
+                            sock,
+                            "DELETE",
+                            f"/images/{row['Id']}",
+                            timeout=60,
+                        )
 
 
 NODE_IMAGE = os.environ.get("ORCHESTRATOR_NODE_IMAGE", "orchestrator-test/node:1")

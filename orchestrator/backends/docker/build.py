@@ -79,6 +79,9 @@ TAIL_LINES = 30
 SOURCE_LABEL = "org.orchestrator.build-source"
 """On each image built: which context and Dockerfile it was built from (a hash of them), so
 that a new version replaces the older ones of the same build, and only those."""
+CONTEXT_LABEL = "org.orchestrator.build-context"
+"""On each image built: the folder of its context, which tells whose build it is (`docker
+image ls --filter label=...`; a test run removes those of its own folders)."""
 _ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -263,7 +266,7 @@ def _build(plan: ImageBuild, name: str, host: str) -> None:
         context, dockerfile = _checked_copy(plan, folder, host)
         argv = Engine.at(host).build_argv(
             plan.tag,
-            labels={SOURCE_LABEL: _source(plan)},
+            labels={SOURCE_LABEL: _source(plan), CONTEXT_LABEL: str(plan.context)},
             dockerfile=dockerfile,
             network=plan.network,
             limits=dict(plan.limits),
