@@ -564,3 +564,35 @@ def test_a_log_comes_as_it_comes_and_is_cut_at_its_deadline_never_silently(
         for _ in chunks:
             pass
     assert caught.value.returncode == TIMED_OUT and time.monotonic() - began < 6
+
+
+def test_an_upload_sends_the_file_whole_as_a_tar_body(
+    engine: Callable[[Answer], str], tmp_path: Path
+) -> None:
+    seen: list[bytes] = []
+
+    def answer(conn: socket.socket, request: bytes) -> None:
+        seen.append(request)
+        reply(200, b"")(conn, request)
+
+    data = os.urandom(300_000)
+    (tmp_path / "a.tar").write_bytes(data)
+    with open(tmp_path / "a.tar", "rb") as tar:
+        tar.read(10)  # (sent from its start, wherever it was read to)
+        got = engine_api.call("x", engine(answer), "PUT", "/a", upload=tar, timeout=10)
+    assert got is None
+    head, _, body = seen[0].partition(b"\r\n\r\n")
+    assert b"Content-Type: application/x-tar" in head
+    assert f"Content-Length: {len(data)}".encode() in head and body == data
+
+
+def test_an_upload_the_engine_never_reads_is_given_up_on_at_the_deadline(tmp_path: Path) -> None:
+    (tmp_path / "a.tar").write_bytes(b"x" * (64 << 20))  # more than a socket's buffers hold
+    path = str(tmp_path / "engine.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(1)  # takes the connection, never reads from it
+        began = time.monotonic()
+        with open(tmp_path / "a.tar", "rb") as tar, pytest.raises(DockerError) as caught:
+            engine_api.call("putting", path, "PUT", "/a", upload=tar, timeout=1)
+    assert caught.value.returncode == TIMED_OUT and time.monotonic() - began < 5

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote, urlencode
 
 from orchestrator.backends.container.engine.bounds import TIMED_OUT
@@ -90,15 +90,29 @@ def _connect(path: str, timeout: float) -> socket.socket:
         pause = min(pause * 2, 0.1)
 
 
+class _Upload:
+    """A file sent as a request's body: its length as it is now, then its bytes."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.size = file, os.fstat(file.fileno()).st_size
+
+
 def _exchange(
-    sock: socket.socket, method: str, target: str, data: bytes | None, limit: int
+    sock: socket.socket, method: str, target: str, data: bytes | _Upload | None, limit: int
 ) -> tuple[int, bytes, bool]:
     """Send one request, read its whole answer: (status, body of at most `limit` bytes,
     whether the body was longer)."""
     head = f"{method} {target} HTTP/1.0\r\nHost: docker\r\nConnection: close\r\n"
-    if data is not None:
-        head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-    sock.sendall(head.encode() + b"\r\n" + (data or b""))
+    if isinstance(data, _Upload):
+        head += f"Content-Type: application/x-tar\r\nContent-Length: {data.size}\r\n"
+        sock.sendall(head.encode() + b"\r\n")
+        data.file.seek(0)
+        if sock.sendfile(data.file, 0, data.size) != data.size:
+            raise _Broken("the file to send ended short of its length")
+    else:
+        if data is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+        sock.sendall(head.encode() + b"\r\n" + (data or b""))
     status, length, got = _answer_head(sock)
     while len(got) <= limit and not 0 <= length <= len(got):
         # (all of it, by its length: one that keeps the line open too)
@@ -206,13 +220,17 @@ def call(
     query: dict[str, str] | list[tuple[str, str]] | None = None,
     timeout: float,
     limit: int = MAX_ANSWER,
+    upload: BinaryIO | None = None,
 ) -> Any:
     """One API call: the answer's JSON (None when empty; one over `limit` bytes fails as
     broken off, never cut short silently). An answer of 400 and above raises
     the error the CLI's would (classified from the engine's message); no answer within
-    `timeout` raises one with the CLI's timed-out status."""
+    `timeout` raises one with the CLI's timed-out status. `upload`: a regular file sent
+    whole as the body (a tar), by sendfile(2), within the same deadline."""
     target = quote(url) + (f"?{urlencode(query)}" if query else "")
-    data = None if body is None else json.dumps(body).encode()
+    data: bytes | _Upload | None = None if body is None else json.dumps(body).encode()
+    if upload is not None:
+        data = _Upload(upload)
     expired = threading.Event()
     sock: socket.socket | None = None
 

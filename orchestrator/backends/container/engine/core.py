@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from orchestrator.backends.container.engine import api, cli
 from orchestrator.backends.container.engine.api import EngineFacts
@@ -155,10 +155,11 @@ class EngineCore:
         query: dict[str, str] | list[tuple[str, str]] | None = None,
         seconds: float | None = None,
         limit: int = api.MAX_ANSWER,
+        upload: BinaryIO | None = None,
     ) -> Any:
         """One Engine API call on the engine's local socket, bounded: its JSON answer (None
         when empty; `limit`: its most bytes); failures typed as the CLI's are. Only for an
-        engine with a `socket`."""
+        engine with a `socket`. `upload`: a file sent as the body (api.call)."""
         if self.socket is None:
             raise BackendUnavailable(
                 f"the engine at {self.address or 'the default address'} is not on this "
@@ -173,6 +174,7 @@ class EngineCore:
             query=query,
             timeout=seconds or self.bound,
             limit=limit,
+            upload=upload,
         )
 
     def listed(

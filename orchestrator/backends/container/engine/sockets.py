@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from orchestrator.backends.container.engine.cli import engine_call
 from orchestrator.backends.container.engine.core import EngineCore
@@ -52,6 +52,16 @@ class SocketOps(EngineCore):
         """Start a container; from its own checkpoint `checkpoint` (memory.py) when given."""
         query = {"checkpoint": checkpoint} if checkpoint else None
         self.api("POST", f"/containers/{name}/start", query=query, action=action, seconds=seconds)
+
+    def put_archive(
+        self, container: str, path: str, tar: BinaryIO, *, seconds: float, action: str
+    ) -> None:
+        """Unpack the tar file `tar` at `path` in `container` (one not started too: the
+        engine unpacks it into the container's own view of its files and mounts, chrooted
+        there, as for `docker cp`)."""
+        query = {"path": path}
+        url = f"/containers/{container}/archive"
+        self.api("PUT", url, query=query, upload=tar, action=action, seconds=seconds)
 
     def delete_checkpoint(self, name: str, checkpoint: str, *, action: str) -> None:
         """Remove a container's checkpoint (gone, or the container: fine)."""
