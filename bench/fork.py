@@ -147,8 +147,8 @@ def main() -> None:
         "",
         "A copy with memory: the original checkpointed and started again from it, its "
         "filesystem committed and its workspace packed while it stands still; then for each "
-        "copy a new sandbox started from that image with its workspace unpacked, stopped, and "
-        "started again from the memory image (checked against its digests). The raw rows "
+        "copy a new sandbox made from that image, its workspace put in by the engine, and "
+        "started from the memory image (checked against its digests). The raw rows "
         "restore in place (no copy, no record, no checks).",
         "",
         f"Load average over the run: {load:.1f} on {os.cpu_count()} CPUs.",

@@ -264,11 +264,15 @@ class Runtime(Lifecycle):
         `record`, at one instant; the default (no container filesystem): none."""
         return {}
 
-    def _restore(self, snap: Snapshot) -> None:
+    def _other_file(self, snap: Snapshot) -> None:
+        """Say so when `snap` was taken from another version of the file."""
         if snap.digest != self.env.digest:
             self.warnings.append(
                 f"snapshot {snap.name} was taken from {snap.env!r} as another file; resumed anyway"
             )
+
+    def _restore(self, snap: Snapshot) -> None:
+        self._other_file(snap)
         with ArchiveFile(snap.path) as archive:  # read as it is sent, never whole
             try:
                 self._unpack_here(archive, self.workdir, None)

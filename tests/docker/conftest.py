@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -118,6 +119,28 @@ def reaches(folder: Path, name: str, *, as_nobody: bool) -> str:
         [*nobody, *argv] if as_nobody else argv, capture_output=True, text=True, timeout=30
     )
     return done.stdout.strip()
+
+
+@contextmanager
+def engine_events(*kinds: str) -> Iterator[list[dict[str, object]]]:
+    """The engine's events of these kinds (die, start, disconnect...) from the block's start
+    to a second after its end, as they came (filled in once it ends). Watched as they
+    happen, never asked of the engine's history afterwards: it keeps only its last 256
+    events, which a loaded run's other workers overran once (the test then saw none)."""
+    argv = ["docker", "events", *(a for kind in kinds for a in ("--filter", f"event={kind}"))]
+    got: list[dict[str, object]] = []
+    with subprocess.Popen(
+        [*argv, "--format", "{{json .}}"], stdout=subprocess.PIPE, text=True
+    ) as watch:
+        try:
+            time.sleep(0.5)  # (it has subscribed by then)
+            yield got
+            time.sleep(1)
+        finally:
+            watch.terminate()
+            out, _ = watch.communicate(timeout=60)
+    # (lines end at "\n" only: another test's label may hold U+0085 or U+2028 unescaped)
+    got += [json.loads(line) for line in out.split("\n") if line.strip()]
 
 
 def killed_owner(script: str, *args: str) -> list[str]:

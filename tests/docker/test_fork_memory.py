@@ -31,7 +31,7 @@ from orchestrator.backends.docker import memory
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.snapshot import Snapshot
 from tests.conftest import labelled_ids, main_container
-from tests.docker.conftest import MakeEnv, killed_owner
+from tests.docker.conftest import MakeEnv, engine_events, killed_owner
 
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "orchestrator"]
@@ -278,28 +278,99 @@ def test_two_saves_at_once_take_turns(make_env: MakeEnv, sealed_engine: str) -> 
                 m.remove()
 
 
-def test_a_workspace_of_links_fifos_and_devices_plants_nothing_on_the_host(
-    make_env: MakeEnv, sealed_engine: str, tmp_path: Path
+def starts(events: list[dict[str, object]], rt: Runtime) -> list[str]:
+    """What the engine's events said of `rt`'s main container, in order."""
+    name, out = main_container(rt), []
+    for event in events:
+        actor = event.get("Actor")
+        attributes = actor.get("Attributes") if isinstance(actor, dict) else None
+        if isinstance(attributes, dict) and attributes.get("name") == name:
+            out.append(str(event["Action"]))
+    return out
+
+
+OWNERS = """
+import os, stat, sys
+for name in sys.argv[1:]:
+    st = os.lstat(name)
+    kind = [k for k in ("REG", "FIFO", "LNK", "DIR") if getattr(stat, "S_IS" + k)(st.st_mode)]
+    print(st.st_uid, *kind, name)
+"""
+"""Each named file's owner and kind, as the sandbox sees them (this runsc has no statx)."""
+
+
+def test_a_copy_starts_once_from_its_memory_with_its_workspace_as_it_was(
+    make_env: MakeEnv, sealed_engine: str
 ) -> None:
-    """Root in the sandbox fills its workspace with a link to a host file, a link out of
-    the workspace, a FIFO and device nodes (gVisor refuses mknod in a host folder: the check
-    on the host holds whichever way that goes), then is forked with its
-    memory: the host's files are untouched, and no copy's workspace on the host holds a
-    device node or a link that was followed."""
+    """A copy with memory is started once, from its memory, its workspace put in by the
+    engine before (memory.first_start): never booted first only for its workspace, then
+    stopped. The workspace is the original's: each file's owner, a FIFO, a link to a path
+    only the sandbox resolves, a folder root made."""
+    with spawn_runtime(make_env(SEALED + "user: '1000:1000'\n", name="memonce")) as rt:
+        start_holder(rt)
+        rt.write_file("mine.txt", "mine\n")
+        rt.execute(
+            "echo root > roots.txt; mkfifo pipe; ln -s /etc/hostname far; mkdir -p d/e;"
+            " echo deep > d/e/f",
+            user="root",
+            check=True,
+        )
+        with engine_events("start", "die") as events:
+            copies = fork(rt, 1)
+        try:
+            (copy,) = copies
+            assert not copy.warnings, copy.warnings
+            assert starts(events, copy) == ["start"]
+            said = copy.execute(
+                ["python3", "-c", OWNERS, "mine.txt", "roots.txt", "pipe", "far", "d/e/f"]
+            )
+            assert said.stdout.splitlines() == [
+                "1000 REG mine.txt",
+                "0 REG roots.txt",
+                "0 FIFO pipe",
+                "0 LNK far",
+                "0 REG d/e/f",
+            ], said
+            copy.write_file("mine.txt", "the copy's\n")  # its user writes its own files
+            assert copy.read_file("mine.txt") == "the copy's\n"
+            assert rt.read_file("mine.txt") == "mine\n"
+            before = count(copy)
+            time.sleep(0.3)
+            assert count(copy) > before  # the holder runs on in it
+        finally:
+            for copy in copies:
+                copy.cleanup()
+
+
+@pytest.mark.parametrize("climbing", [False, True], ids=["engine-unpacks", "sandbox-unpacks"])
+def test_a_workspace_of_links_fifos_and_devices_plants_nothing_on_the_host(
+    make_env: MakeEnv, sealed_engine: str, tmp_path: Path, climbing: bool
+) -> None:
+    """Root in the sandbox fills its workspace with a link to a host file, a FIFO and
+    device nodes (gVisor refuses mknod in a host folder: the check on the host holds
+    whichever way that goes), and maybe a link that climbs out of the workspace, then is
+    forked with its memory: the host's files are untouched, and no copy's workspace on the
+    host holds a device node or a link that was followed. Without the climbing link the
+    engine unpacks the copy's workspace before it starts (one start); with it, the copy
+    starts first and its own tar unpacks it (memory.first_start says no)."""
     victim = tmp_path / "victim"
     victim.write_text("host's own\n")
     body = SEALED + "user: '0:0'\n"
     with spawn_runtime(make_env(body, name="memhostile")) as rt:
         start_holder(rt)
         rt.execute(
-            f"ln -s {victim} to-host; ln -s ../../.. up; mkfifo pipe;"
+            f"ln -s {victim} to-host; mkfifo pipe;"
             " mknod null-dev c 1 3 2>/dev/null; mknod disk b 8 0 2>/dev/null; true",
             check=True,
         )
-        copies = fork(rt, 1)  # (what a copy plants on the host, one copy shows)
+        if climbing:
+            rt.execute("ln -s ../../.. up", check=True)
+        with engine_events("start", "die") as events:
+            copies = fork(rt, 1)  # (what a copy plants on the host, one copy shows)
         try:
             for copy in copies:
                 assert not copy.warnings, copy.warnings
+                assert len(starts(events, copy)) == (3 if climbing else 1), starts(events, copy)
                 assert copy.execute("readlink to-host").stdout.strip() == str(victim)
                 copy.execute(f"echo planted > to-host; echo planted > {victim}")
                 folder = copy._host_workspace()

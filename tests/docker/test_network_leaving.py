@@ -6,11 +6,8 @@ the project died, so no two went as their containers exited together."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,28 +15,7 @@ import pytest
 from orchestrator import Runtime, load_environment, spawn_runtime
 from orchestrator.backends.container.inventory import remove_by_label
 from tests.conftest import PYTHON_IMAGE, labelled_ids
-
-
-@contextlib.contextmanager
-def _events() -> Iterator[list[dict[str, object]]]:
-    """The engine's die and disconnect events from the block's start to a second after its
-    end, as they came (filled in once it ends). Watched as they happen, never asked of the
-    engine's history afterwards: it keeps only its last 256 events, which a loaded run's
-    other workers overran once (the test then saw none)."""
-    argv = ["docker", "events", "--filter", "event=die", "--filter", "event=disconnect"]
-    got: list[dict[str, object]] = []
-    with subprocess.Popen(
-        [*argv, "--format", "{{json .}}"], stdout=subprocess.PIPE, text=True
-    ) as watch:
-        try:
-            time.sleep(0.5)  # (it has subscribed by then)
-            yield got
-            time.sleep(1)
-        finally:
-            watch.terminate()
-            out, _ = watch.communicate(timeout=60)
-    # (lines end at "\n" only: another test's label may hold U+0085 or U+2028 unescaped)
-    got += [json.loads(line) for line in out.split("\n") if line.strip()]
+from tests.docker.conftest import engine_events
 
 
 def _name(rt: Runtime) -> str:
@@ -118,7 +94,7 @@ def test_no_two_endpoints_of_one_network_go_as_a_projects_containers_end(
         joined = _joined(rt)
         assert len(joined) == 3, joined  # main, its service, the egress gateway
         assert sorted(len(n) for n in joined.values()) == [1, 1, 2], joined  # (the way out)
-        with _events() as events:
+        with engine_events("die", "disconnect") as events:
             _ending(rt)[how]()
         order = _order(events, set(joined))
         left_first: dict[str, set[str]] = {}  # container -> the networks it left before it ended
@@ -149,7 +125,7 @@ def test_a_project_kept_after_cleanup_stops_one_container_at_a_time(tmp_path: Pa
     try:
         joined = _joined(rt)
         assert len(joined) == 3, joined
-        with _events() as events:
+        with engine_events("die", "disconnect") as events:
             rt.cleanup()
         order = _order(events, set(joined))
         dies = [i for i, (kind, _, _) in enumerate(order) if kind == "die"]

@@ -3,10 +3,15 @@ never failing on what a folder of plain files should not hold."""
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
+import time
 from pathlib import Path
 
-from orchestrator.backends.docker.memory import _roots_own, _short, _told
+import pytest
+
+from orchestrator.backends.docker.memory import _canonical, _roots_own, _short, _told
 from orchestrator.sandbox.snapshot import remove_files
 
 
@@ -79,3 +84,117 @@ def test_what_runsc_said_is_told_in_a_line_without_its_dump_or_stack() -> None:
     said = _short("restoring failed: header error: EOF: goroutine 14 [running]: a.b() x.go:1")
     assert said == "restoring failed: header error: EOF"
     assert _short("\x1b[2J" + "y" * 700) == "\\x1b[2J" + "y" * 593 + "..."
+
+
+def _tar(tmp_path: Path, *members: tarfile.TarInfo) -> Path:
+    path = tmp_path / "ws.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for member in members:
+            data = b"x" * member.size if member.isreg() else None
+            tar.addfile(member, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _entry(
+    name: str, kind: bytes = tarfile.REGTYPE, link: str = "", **attrs: object
+) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, 3 if kind == tarfile.REGTYPE else 0
+    for key, value in attrs.items():
+        setattr(info, key, value)
+    return info
+
+
+def _canon(path: Path, within: float = 60) -> list[tarfile.TarInfo] | None:
+    """What the engine would be sent of the archive at `path` (None: nothing)."""
+    out = io.BytesIO()
+    with open(path, "rb") as record:
+        if not _canonical(record, out, time.monotonic() + within):
+            return None
+    out.seek(0)
+    with tarfile.open(fileobj=out, mode="r:") as tar:
+        return tar.getmembers()
+
+
+def test_the_engine_is_sent_folders_files_links_and_fifos_as_the_sandboxs_tar_makes_them(
+    tmp_path: Path,
+) -> None:
+    members = [
+        _entry("./", tarfile.DIRTYPE),
+        _entry("./a/b", tarfile.DIRTYPE, mode=0o2775),
+        _entry("./a/b/file", mode=0o4755, uid=0, gid=0),
+        _entry("./mine", mode=0o640, uid=1000, gid=1000),
+        _entry("./pipe", tarfile.FIFOTYPE),
+        _entry("./far", tarfile.SYMTYPE, "/etc/hostname"),  # resolved in the sandbox only
+        _entry("./a/b/up", tarfile.SYMTYPE, "../../pipe"),
+        _entry("./again", tarfile.LNKTYPE, "./a/b/file"),
+    ]
+    members[3].pax_headers = {"SCHILY.xattr.security.capability": "\x01", "uname": "x"}
+    got = _canon(_tar(tmp_path, *members))
+    assert got is not None
+    assert [(m.name, m.type, m.linkname, m.mode, m.uid) for m in got] == [
+        ("a/b", tarfile.DIRTYPE, "", 0o775, 0),
+        ("a/b/file", tarfile.REGTYPE, "", 0o755, 0),  # no setuid
+        ("mine", tarfile.REGTYPE, "", 0o640, 1000),
+        ("pipe", tarfile.FIFOTYPE, "", 0o644, 0),
+        ("far", tarfile.SYMTYPE, "/etc/hostname", 0o644, 0),
+        ("a/b/up", tarfile.SYMTYPE, "../../pipe", 0o644, 0),
+        ("again", tarfile.LNKTYPE, "a/b/file", 0o644, 0),
+    ]
+    assert all(not m.pax_headers for m in got)  # no attributes, no owners' names
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [_entry("./dev", tarfile.CHRTYPE)],
+        [_entry("./disk", tarfile.BLKTYPE)],
+        [_entry("./x", b"Z")],  # (a kind no tar of ours writes)
+        [_entry("./x", tarfile.CONTTYPE)],  # (one the engine refuses midway)
+        [_entry("/abs")],
+        [_entry("../out")],
+        [_entry("./a/../../out")],
+        [_entry("./ok")],  # (twice: below)
+        [_entry("./up", tarfile.SYMTYPE, "../..")],
+        [_entry("./a/up", tarfile.SYMTYPE, "../../x")],
+        [_entry("./out", tarfile.SYMTYPE, "/data"), _entry("./out/rootsh", uid=0)],
+        [_entry("./root", tarfile.SYMTYPE, "/"), _entry("./root/etc/motd")],
+        [_entry("./f"), _entry("./f/x")],
+        [_entry("./hard", tarfile.LNKTYPE, "../outside")],
+        [_entry("./hard", tarfile.LNKTYPE, "/etc/shadow")],
+        [_entry("./hard", tarfile.LNKTYPE, "./later"), _entry("./later")],
+        [_entry("./l", tarfile.SYMTYPE, "x"), _entry("./hard", tarfile.LNKTYPE, "./l")],
+    ],
+    ids=lambda ms: " ".join(f"{m.name}:{m.type.decode()}:{m.linkname}" for m in ms),
+)
+def test_a_workspace_the_engine_would_unpack_otherwise_is_left_to_the_sandbox(
+    tmp_path: Path, members: list[tarfile.TarInfo]
+) -> None:
+    """A device node (the engine, as root, would make it), a name or a link out of the
+    folder, an entry through a link an earlier one made (the engine follows it): nothing
+    is sent, and the copy's own tar unpacks its workspace (memory.first_start)."""
+    assert _canon(_tar(tmp_path, _entry("./ok"), *members)) is None
+
+
+def test_an_archive_that_cannot_be_read_is_left_to_the_sandbox(tmp_path: Path) -> None:
+    (tmp_path / "ws.tar").write_bytes(b"\xff" * 1024 + b"not a tar" * 100)
+    assert _canon(tmp_path / "ws.tar") is None
+
+
+def test_a_pax_size_the_engine_reads_otherwise_sends_only_what_was_checked(tmp_path: Path) -> None:
+    """A pax header whose GNU.sparse.size tarfile takes as the file's size and Go's reader
+    does not: tarfile skips a device node's header as data, which the engine would read as
+    an entry. The engine gets the tar written anew, which holds only what tarfile saw."""
+    hidden = _entry("./null", tarfile.CHRTYPE, mode=0o666, devmajor=1, devminor=3)
+    block = hidden.tobuf(tarfile.USTAR_FORMAT)
+    trick = _entry("./f", size=0)
+    trick.pax_headers = {"GNU.sparse.size": str(len(block))}
+    path = tmp_path / "ws.tar"
+    head = trick.tobuf(tarfile.PAX_FORMAT)
+    path.write_bytes(head + block + b"\0" * 1024)
+    got = _canon(path)
+    assert got is None or all(m.type in (tarfile.REGTYPE, tarfile.DIRTYPE) for m in got)
+
+
+def test_an_archive_read_past_its_deadline_is_left_to_the_sandbox(tmp_path: Path) -> None:
+    assert _canon(_tar(tmp_path, _entry("./a"), _entry("./b")), within=-1) is None

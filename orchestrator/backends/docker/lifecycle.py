@@ -108,6 +108,10 @@ class Project:
     """The descriptors of its pinned host folders, held while it lives in this process
     when it may be started again (a sealed gVisor sandbox, started again from its memory:
     memory.py); None: let go once it started (or made by another process)."""
+    first_start: Callable[[Project, DirectRun], bool] | None = field(init=False, default=None)
+    """Starts the one container `up` makes through the Engine API in place of a plain start
+    (a copy with memory, from its image: ComposeRuntime._from_memory); False when it did
+    not, and the container is started plainly."""
 
     @property
     def sealed(self) -> bool:
@@ -264,7 +268,8 @@ class Project:
             return False
         for warning in (made or {}).get("Warnings") or []:  # e.g. a limit this kernel lacks
             log.warning("%s: the engine warns: %s", self.name, warning)
-        engine.start_container(run.name, seconds=bound, action=action)
+        if self.first_start is None or not self.first_start(self, run):
+            engine.start_container(run.name, seconds=bound, action=action)
         return True
 
     def _delete(self, run: DirectRun) -> None:

@@ -26,25 +26,29 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import posixpath
 import re
 import secrets
 import stat
+import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator import procutil, settings
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.engine.bounds import up_timeout
 from orchestrator.errors import DockerError, OrchestratorError, SandboxUnavailable, UsageError
 from orchestrator.paths import locked_file
-from orchestrator.sandbox.snapshot import remove_files
+from orchestrator.sandbox.snapshot import Snapshot, remove_files
 from orchestrator.tables import printable
 
 if TYPE_CHECKING:
     from orchestrator.backends.docker.lifecycle import Project
+
 
 SEALED_ENV = settings.GVISOR_SEALED_RUNTIME.name
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -380,6 +384,126 @@ def restore(
         with contextlib.suppress(OrchestratorError):
             engine.delete_checkpoint(container, name, action=action)
         remove_files(own / name)
+
+
+def first_start(
+    engine: Engine,
+    container: str,
+    workdir: str,
+    snap: Snapshot,
+    *,
+    seconds: float,
+    scratch: Path,
+) -> bool:
+    """Start a copy's container, made and never started, from the record `snap` at once:
+    the engine unpacks the record's workspace into it (as for `docker cp`, chrooted in the
+    container's own view of its files and mounts), then it starts from the memory image.
+    Without this, a copy was started plainly only for its own tar to unpack the workspace,
+    then stopped: a gVisor boot and a stop (0.6 s a copy here).
+
+    The engine unpacks as root, keeping what a tar says (owners, modes, extended
+    attributes, devices) and following links an earlier entry made; and a record may come
+    from anywhere (a path), its workspace packed by a sandbox's own tar where it has no host
+    folder. So the engine is never sent the record's tar: `_canonical` writes a new one
+    into a private file in `scratch` (unlinked at once), of only what the sandbox's own tar
+    would make. False, with nothing sent, when the archive holds anything else (the copy
+    then starts as before, its own tar unpacking the workspace inside it); a failure once
+    sent fails the copy (the engine may have made part of it)."""
+    deadline = time.monotonic() + seconds
+    try:
+        fd = os.open(snap.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"cannot read snapshot {snap.path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as record, tempfile.TemporaryFile(dir=scratch) as tar:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _canonical(record, tar, deadline):
+            return False
+        tar.flush()
+        action = f"putting the workspace into {container}"
+        left = max(1.0, deadline - time.monotonic())
+        engine.put_archive(container, workdir, tar, seconds=left, action=action)
+    restore(engine, container, snap.memory_folder, snap.memory)
+    return True
+
+
+MAX_ENTRIES = 1_000_000
+"""Entries of a workspace archive the engine is given at most (more: the sandbox unpacks)."""
+
+
+def _canonical(record: IO[bytes], out: IO[bytes], deadline: float) -> bool:
+    """Write into `out` the workspace archive `record` as a new tar of only what the
+    sandbox's own tar (as its user) would make of it: folders, regular files, symbolic and
+    hard links, FIFOs; each with its owner's ids and its permissions (no setuid, setgid or
+    sticky bit), its name and link target, its time; nothing else of the record's headers
+    (no extended attributes, no sparse maps, no names of owners). False when the record
+    holds any other kind of entry (a device node: the engine, as root, would make it), a
+    name out of the folder or twice, an entry below one that is not a folder (a link the
+    engine would follow: `out -> /data`, then `out/x`), a symbolic link that climbs out of
+    the folder (the engine refuses it midway), a hard link to anything but a file before
+    it, more than MAX_ENTRIES entries, or cannot be read whole by `deadline`."""
+    kinds: dict[str, bytes] = {}
+    try:
+        with (
+            tarfile.open(fileobj=record, mode="r|") as archive,
+            tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as canon,
+        ):
+            for member in archive:
+                archive.members.clear()  # type: ignore[attr-defined]  # (it keeps each entry)
+                if len(kinds) >= MAX_ENTRIES or time.monotonic() > deadline:
+                    return False
+                name = _entry_name(member.name, kinds)
+                if name is None or member.type not in _KINDS:
+                    return False
+                copy = tarfile.TarInfo(name)
+                copy.type, copy.mode = member.type, member.mode & 0o777
+                copy.uid, copy.gid, copy.mtime = member.uid, member.gid, int(member.mtime)
+                if member.issym():
+                    if not _inside(posixpath.join(posixpath.dirname(name), member.linkname)):
+                        return False
+                    copy.linkname = member.linkname
+                elif member.islnk():
+                    target = _entry_name(member.linkname, {})
+                    if target is None or kinds.get(target) not in _FILES:
+                        return False
+                    copy.linkname = target
+                kinds[name] = member.type
+                if name == ".":
+                    continue  # (the folder itself: the engine keeps it as it is)
+                if member.type in _FILES:
+                    copy.size = member.size
+                    canon.addfile(copy, archive.extractfile(member))
+                else:
+                    canon.addfile(copy)
+    except (tarfile.TarError, OSError, UnicodeError, ValueError):
+        return False
+    return True
+
+
+_FILES = (tarfile.REGTYPE, tarfile.AREGTYPE)
+_KINDS = (*_FILES, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE)
+
+
+def _entry_name(name: str, kinds: dict[str, bytes]) -> str | None:
+    """An entry's name below the folder ("." for the folder itself), or None when it is
+    absolute, climbs, was named before, or lies below an entry that is not a folder."""
+    if name.startswith("/"):
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        return None
+    clean = "/".join(parts) or "."
+    if clean in kinds:
+        return None
+    for end in range(1, len(parts)):
+        if kinds.get("/".join(parts[:end]), tarfile.DIRTYPE) != tarfile.DIRTYPE:
+            return None
+    return clean
+
+
+def _inside(path: str) -> bool:
+    """A link's target, joined to where it stands, that stays inside the folder (an
+    absolute one is resolved only inside the sandbox: nothing of the archive goes
+    through a link)."""
+    return not posixpath.normpath("./" + path.lstrip("/")).startswith("..")
 
 
 def _start_from(engine: Engine, container: str, name: str, action: str) -> None:

@@ -32,6 +32,7 @@ from orchestrator.backends.container.readiness import ServiceWatch, runs_here
 from orchestrator.backends.container.resident import open_endpoint, reopen
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
 from orchestrator.backends.docker import egress_change, hooks, memory
+from orchestrator.backends.docker.direct import DirectRun
 from orchestrator.backends.docker.lifecycle import Project
 from orchestrator.backends.docker.network import GATEWAY
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions
@@ -41,6 +42,7 @@ from orchestrator.paths import make_folders
 from orchestrator.sandbox import hostfs, hostpack, record
 from orchestrator.sandbox.backend import Amounts
 from orchestrator.sandbox.base import Runtime
+from orchestrator.sandbox.call import file_deadline
 from orchestrator.sandbox.options import BuildChoice, SpawnOptions
 from orchestrator.sandbox.snapshot import Snapshot
 from orchestrator.sandbox.usage import Egress
@@ -146,12 +148,14 @@ class ComposeRuntime(ContainerRuntime):
                 build=opts.build,
             )
 
+        with_memory = opts.resume is not None and bool(opts.resume.memory)
         self.project = start_project(
             self.env,
             make_options,
             extra_files=_executor_files(),
             detached=opts.detached,
             host=opts.host or "",
+            first_start=self._from_memory if with_memory and not remote else None,
         )
         compiled = self.project.compiled
         if compiled.user == IMAGE_USER:  # the image says, as Compose runs it
@@ -171,11 +175,11 @@ class ComposeRuntime(ContainerRuntime):
         watch = ServiceWatch(self._id, services, self._state, self._logs, timeout=up_timeout())
         watch.started()  # every service runs, is healthy, or (a job) exited 0
         self._main = self._channel(MAIN, self.project.main_container)
-        # a copy with memory is stopped once its workspace is in, and started again from
-        # its memory (_restore_memory): that one command goes by plain `docker exec`, and
-        # the executor (a third of a second under gVisor) starts only for the restored one
-        memory = opts.resume is not None and bool(opts.resume.memory)
-        if memory:
+        # a copy with memory runs from it already (_from_memory), or is stopped once its
+        # workspace is in and started again from it (_restore_memory): until then commands
+        # go by plain `docker exec`, and the executor (a third of a second under gVisor)
+        # starts only for the restored one
+        if with_memory:
             self._main.mode = "plain"
         else:
             self._main.start()  # greets while the ports are read
@@ -187,7 +191,7 @@ class ComposeRuntime(ContainerRuntime):
         else:  # once its workspace is restored: the settle window overlaps that
             self._unsettled = watch
         self._remember()  # for attach(): `orchestrator exec`, `up --pool`, ...
-        if opts.detached and self._shared is not None and not memory:
+        if opts.detached and self._shared is not None and not with_memory:
             self._open_endpoint()
 
     def _open_endpoint(self) -> bool:
@@ -396,9 +400,37 @@ class ComposeRuntime(ContainerRuntime):
         return super()._engine()
 
     _unsettled: ServiceWatch | None = None
+    _started_from_memory = False
+    """A copy whose container was started from its memory image at once (_from_memory)."""
+
+    def _from_memory(self, project: Project, run: DirectRun) -> bool:
+        """Start a copy with memory from its record at once (memory.first_start), where
+        nothing stands in the way: its own private workspace, the sealed runtime, an engine
+        that restores; else False, and it starts as any wake."""
+        snap = self.options.resume
+        assert snap is not None and snap.memory
+        if self.options.workspace is not None or run.runtime != memory.sealed_runtime():
+            return False
+        if memory.engine_refusal(project.engine) is not None:
+            return False  # (_restore_memory says why)
+        with memory.locked(project.directory, self.env.name):
+            seconds = file_deadline(None)
+            done = memory.first_start(
+                project.engine,
+                run.name,
+                self.workdir,
+                snap,
+                seconds=seconds,
+                scratch=project.directory,
+            )
+        self._started_from_memory = done
+        return done
 
     def _restore(self, snap: Snapshot) -> None:
-        super()._restore(snap)
+        if self._started_from_memory:
+            self._other_file(snap)  # its workspace is in already
+        else:
+            super()._restore(snap)
         watch, self._unsettled = self._unsettled, None
         if watch is not None:
             watch.settled()  # none of its services died as it started
@@ -432,7 +464,9 @@ class ComposeRuntime(ContainerRuntime):
         with memory.locked(self.project.directory, self.env.name):
             self._main.close()
             self._main.mode = self._mode  # (plain until now: see _start)
-            memory.restore(self.project.engine, self._container, snap.memory_folder, snap.memory)
+            if not self._started_from_memory:
+                engine, container = self.project.engine, self._container
+                memory.restore(engine, container, snap.memory_folder, snap.memory)
             self._main.start()
             self._main.ready()  # it runs, started from its memory (or says why not)
         if self.options.detached:

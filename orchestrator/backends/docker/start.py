@@ -32,6 +32,7 @@ from orchestrator.backends.container.inventory import reap_soon, remove_by_label
 from orchestrator.backends.container.readiness import LOG_LINES, failure, late, not_ready
 from orchestrator.backends.docker.binding import pin_options
 from orchestrator.backends.docker.build import get_images, missing_images
+from orchestrator.backends.docker.direct import DirectRun
 from orchestrator.backends.docker.lifecycle import Project
 from orchestrator.backends.docker.needs import require_engine
 from orchestrator.backends.docker.render import CompiledProject, CompileOptions, compile_project
@@ -75,9 +76,10 @@ def start_project(
     detached: bool = False,
     extra_files: dict[str, bytes] | None = None,
     host: str = "",
+    first_start: Callable[[Project, DirectRun], bool] | None = None,
 ) -> Project:
     """Compile, write and bring up a project (on engine `host`, else the process's); on any
-    failure remove everything it created."""
+    failure remove everything it created. `first_start`: see Project.first_start."""
     name = project_name(env.name)
     directory = projects_dir() / name
     engine = resolved_host(host)
@@ -93,6 +95,7 @@ def start_project(
     try:
         compiled = compile_project(env, options(pick_subnet()))
         project = Project(name, directory, compiled, host)
+        project.first_start = first_start
         # (a retry changes no network and no folder)
         require_engine(compiled, name, project.engine, directory)
         raise_if([], missing_images(compiled, host=host))  # nothing is pulled, or made
