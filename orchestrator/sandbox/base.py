@@ -207,11 +207,20 @@ class Runtime(Lifecycle):
         raise UsageError(f"{snap.name} holds memory, which the {self.name} backend restores not")
 
     def _save_whole(
-        self, name: str | None, *, keep: bool, quiet: bool, memory: bool = False
+        self,
+        name: str | None,
+        *,
+        keep: bool,
+        quiet: bool,
+        memory: bool = False,
+        meanwhile: Callable[[Snapshot], object] | None = None,
     ) -> Snapshot:
         """Save the workspace and every container's filesystem in a record (see suspend);
         `quiet`: every command is killed first; `memory`: processes and memory too, the
-        files saved while they stand still."""
+        files saved while they stand still. `meanwhile(record)`, once the record is whole
+        and before the environment runs on (with memory: is started again from it), begins
+        what may go on meanwhile (a fork's copies) and returns at once; an error after it
+        raises as before, and the record is gone then."""
         self._check_usable()
         path = snapshot.record_path(self.env.name, name)
         snapshot.records_folder(path)  # private, owner-checked
@@ -221,7 +230,10 @@ class Runtime(Lifecycle):
         )
         try:  # (while it is saved, its images are no orphans: snapshot.saving)
             with held as digests, snapshot.saving(path.with_suffix(".json")):
-                return self._save_files(path, keep=keep, quiet=quiet, memory=digests)
+                saved = self._save_files(path, keep=keep, quiet=quiet, memory=digests)
+                if meanwhile is not None:
+                    meanwhile(saved)
+                return saved
         except BaseException:  # (also once saved, when the sandbox did not start again)
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
                 snapshot.remove_files(folder)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator import settings
@@ -100,10 +100,8 @@ def fork(
     if memory and why is not None:
         raise UsageError(f"{rt.env.name}: no fork with memory: {why}")
     carried = memory is not False and why is None
-    # this process's: its death leaves it to the reaper
-    saved = rt.checkpoint(keep=False, memory=carried)
 
-    def one() -> Runtime:
+    def one(saved: Snapshot) -> Runtime:
         return wake(
             saved.path,
             env=rt.env,
@@ -116,11 +114,20 @@ def fork(
             detached=detached,
         )
 
-    # side by side: a copy is mostly waiting on the engine (its start, its restore)
+    # side by side: a copy is mostly waiting on the engine (its start, its restore); they
+    # begin as soon as the record is whole, while the original starts again from it
     pool = ThreadPoolExecutor(min(n, SIDE_BY_SIDE), thread_name_prefix="orchestrator-fork")
     given_up = _GivenUp()
-    futures = [pool.submit(given_up.kept, one) for _ in range(n)]
+    futures: list[Future[Runtime]] = []
+    records: list[Snapshot] = []
+
+    def begin(saved: Snapshot) -> None:
+        records.append(saved)
+        futures.extend(pool.submit(given_up.kept, lambda: one(saved)) for _ in range(n))
+
     try:
+        # this process's: its death leaves it to the reaper
+        rt._save_whole(None, keep=False, quiet=False, memory=carried, meanwhile=begin)
         made = [f.result() for f in futures]
     except BaseException:
         for f in futures:
@@ -129,7 +136,8 @@ def fork(
         raise
     finally:
         pool.shutdown(wait=True)
-        consume(saved)
+        for saved in records:
+            consume(saved)
     if memory is None and why is not None:
         for copy in made:
             copy.warnings.append(

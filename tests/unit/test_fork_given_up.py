@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
 from orchestrator import Runtime
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, SandboxUnavailable
+from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.services import suspend
 from orchestrator.services.suspend import _GivenUp
 
 
@@ -51,3 +57,41 @@ def test_a_fork_not_given_up_keeps_its_copies() -> None:
     copy, runtime = made(Copy)
     assert given_up.kept(lambda: runtime) is runtime
     assert not copy.removed.is_set()
+
+
+class Original:
+    """A stand-in environment whose save hands its record on, then fails to start again."""
+
+    name, env = "docker", object()
+    options = SimpleNamespace(host="", mounts=[], env_vars={}, policy=None)
+
+    def __init__(self, record: Snapshot) -> None:
+        self.record = record
+
+    def memory_refusal(self) -> None:
+        return None
+
+    def _save_whole(
+        self, *_: object, meanwhile: Callable[[Snapshot], object], **__: object
+    ) -> None:
+        meanwhile(self.record)  # the copies begin while it starts again
+        time.sleep(0.2)
+        raise SandboxUnavailable("the original could not be started again")
+
+
+def test_copies_begun_while_the_original_fails_to_start_again_all_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copies: list[Copy] = []
+
+    def woken(*_: object, **__: object) -> Runtime:
+        copies.append(Copy())
+        return cast(Runtime, copies[-1])
+
+    monkeypatch.setattr(suspend, "wake", woken)
+    record = Snapshot(tmp_path / "r.tar", "", "", "", 0, "", "", "docker", {})
+    (tmp_path / "r.tar").write_bytes(b"")
+    with pytest.raises(SandboxUnavailable, match="started again"):
+        suspend.fork(cast(Runtime, Original(record)), 3)
+    assert len(copies) == 3 and all(c.removed.is_set() for c in copies)
+    assert not (tmp_path / "r.tar").exists()  # the record went with them
