@@ -121,6 +121,7 @@ def test_the_engine_is_sent_folders_files_links_and_fifos_as_the_sandboxs_tar_ma
 ) -> None:
     members = [
         _entry("./", tarfile.DIRTYPE),
+        _entry("./a", tarfile.DIRTYPE, mode=0o755),
         _entry("./a/b", tarfile.DIRTYPE, mode=0o2775),
         _entry("./a/b/file", mode=0o4755, uid=0, gid=0),
         _entry("./mine", mode=0o640, uid=1000, gid=1000),
@@ -133,6 +134,7 @@ def test_the_engine_is_sent_folders_files_links_and_fifos_as_the_sandboxs_tar_ma
     got = _canon(_tar(tmp_path, *members))
     assert got is not None
     assert [(m.name, m.type, m.linkname, m.mode, m.uid) for m in got] == [
+        ("a", tarfile.DIRTYPE, "", 0o755, 0),
         ("a/b", tarfile.DIRTYPE, "", 0o775, 0),
         ("a/b/file", tarfile.REGTYPE, "", 0o755, 0),  # no setuid
         ("mine", tarfile.REGTYPE, "", 0o640, 1000),
@@ -198,3 +200,76 @@ def test_a_pax_size_the_engine_reads_otherwise_sends_only_what_was_checked(tmp_p
 
 def test_an_archive_read_past_its_deadline_is_left_to_the_sandbox(tmp_path: Path) -> None:
     assert _canon(_tar(tmp_path, _entry("./a"), _entry("./b")), within=-1) is None
+
+
+def _pax(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", **pax: str) -> tarfile.TarInfo:
+    """An entry whose pax header says more than its own fields (how tar readers differ)."""
+    info = _entry(name, kind, link)
+    info.pax_headers = dict(pax)
+    return info
+
+
+DIR_A = _entry("./a", tarfile.DIRTYPE)
+
+
+def _sparse(name: str) -> tarfile.TarInfo:
+    info = _entry(name)
+    info.pax_headers = {"GNU.sparse.size": "3"}
+    return info
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        # a NUL ends Go's names, not Python's: `a` a link to /data, then a/x written through it
+        [_pax("./n", tarfile.SYMTYPE, "/data", path="a\0z"), _entry("./a/x")],
+        [_pax("./n", path="..\0")],  # Go reads `..`: the workdir's parent
+        [_pax("./n", tarfile.DIRTYPE, path="..\0")],
+        [_pax("./n", tarfile.SYMTYPE, "x", linkpath="x\0/../..")],
+        [_pax("./n", path="a\nb")],  # (a control character: no reader is trusted with it)
+        # a folder the archive did not make (an image's link, or one replaced later)
+        [_entry("./b/x")],
+        [DIR_A, _entry("./a/passwd"), _entry("./a", tarfile.SYMTYPE, "/etc")],
+        [
+            DIR_A,
+            _entry("./a/passwd"),
+            _entry("./d", tarfile.SYMTYPE, "/etc"),
+            _entry("./h", tarfile.LNKTYPE, "./d/passwd"),
+        ],
+        [_entry("./root", tarfile.DIRTYPE), _entry(".", tarfile.SYMTYPE, "/")],
+        [_sparse("./s")],  # sparse: its size is read otherwise
+        [_pax("./t", mtime="1e400")],
+        [_pax("./t", mtime="-5")],
+        [_pax("./u", uid=str(1 << 32))],  # (Go's chown would wrap it to root)
+        [_pax("./c", comment="x" * (2 << 20))],  # a header of megabytes: never read whole
+        [_entry("./" + "d/" * 300 + "f")],
+        [_entry("./" + "n" * 256)],
+    ],
+    ids=[
+        "nul-link",
+        "dotdot-nul-file",
+        "dotdot-nul-dir",
+        "nul-target",
+        "newline",
+        "no-folder",
+        "folder-replaced",
+        "hard-link-through",
+        "root-as-link",
+        "sparse",
+        "time-inf",
+        "time-negative",
+        "uid-wraps",
+        "huge-header",
+        "deep",
+        "long-part",
+    ],
+)
+def test_what_tar_readers_read_otherwise_is_left_to_the_sandbox(
+    tmp_path: Path, members: list[tarfile.TarInfo]
+) -> None:
+    """Each a way the engine's reader (Go's) would make something else of the record than
+    Python's does, or write through a link, found by a hostile review: nothing is sent,
+    quickly, and nothing raises."""
+    began = time.monotonic()
+    assert _canon(_tar(tmp_path, _entry("./ok"), *members)) is None
+    assert time.monotonic() - began < 5

@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from orchestrator import procutil, settings
 from orchestrator.backends.container.engine import Engine
@@ -427,53 +427,72 @@ def first_start(
 
 MAX_ENTRIES = 1_000_000
 """Entries of a workspace archive the engine is given at most (more: the sandbox unpacks)."""
+MAX_HEADER = 1 << 20
+"""Bytes tarfile may read at once from a record: a block, a file's chunk (16 KiB), a long
+name; a longer read is a header nothing of ours writes (a pax header of gigabytes)."""
+MAX_ID, MAX_TIME = (1 << 31) - 1, 1 << 33
+"""Owners' ids and times the engine's tar reader takes as they are."""
+_NAME_MAX, _PATH_MAX, _DEPTH_MAX = 255, 4095, 256
+_CONTROL = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+"""In a name: what tar readers disagree on (a NUL ends Go's names, not Python's) or that
+is not UTF-8 (surrogate escapes)."""
+
+
+class _Bounded:
+    """A record read for tarfile: every read within the deadline and at most MAX_HEADER
+    bytes (an OSError past either, which refuses the record)."""
+
+    def __init__(self, raw: IO[bytes], deadline: float) -> None:
+        self.raw, self.deadline = raw, deadline
+
+    def read(self, size: int = -1) -> bytes:
+        if not 0 <= size <= MAX_HEADER or time.monotonic() > self.deadline:
+            raise OSError("a read of the record past its bounds")
+        return self.raw.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
 
 
 def _canonical(record: IO[bytes], out: IO[bytes], deadline: float) -> bool:
-    """Write into `out` the workspace archive `record` as a new tar of only what the
-    sandbox's own tar (as its user) would make of it: folders, regular files, symbolic and
-    hard links, FIFOs; each with its owner's ids and its permissions (no setuid, setgid or
-    sticky bit), its name and link target, its time; nothing else of the record's headers
-    (no extended attributes, no sparse maps, no names of owners). False when the record
-    holds any other kind of entry (a device node: the engine, as root, would make it), a
-    name out of the folder or twice, an entry below one that is not a folder (a link the
-    engine would follow: `out -> /data`, then `out/x`), a symbolic link that climbs out of
-    the folder (the engine refuses it midway), a hard link to anything but a file before
-    it, more than MAX_ENTRIES entries, or cannot be read whole by `deadline`."""
-    kinds: dict[str, bytes] = {}
+    """Write into `out` the workspace archive `record` as a new tar of what the sandbox's
+    own tar would make of it, written here field by field: folders, regular files,
+    symbolic and hard links, FIFOs; each with its owner's ids (kept: the copy's files are
+    the original's) and its permissions (no setuid, setgid or sticky bit), its name, link
+    target and time; nothing else of the record's headers (no extended attributes, no
+    sparse maps, no owners' names). False when the record holds anything else: another kind
+    of entry (a device node: the engine, as root, would make it); a name or link with a NUL
+    (Go's reader ends the name there, Python's does not), a control character or bytes that
+    are not UTF-8, too long, absolute, climbing or given twice; an entry whose folder is not
+    an entry before it (then nothing is ever written through a link: `out -> /data`, then
+    `out/x`); a symbolic link that climbs out of the folder (the engine refuses it
+    midway); a hard link to anything but a file before it; a sparse file; ids or times out
+    of range; more than MAX_ENTRIES entries; or what cannot be read within its bounds by
+    `deadline`. Reads are bounded (_Bounded) and file data goes in 16 KiB chunks."""
+    kinds: dict[str, bytes] = {".": tarfile.DIRTYPE}
     try:
         with (
-            tarfile.open(fileobj=record, mode="r|") as archive,
+            tarfile.open(fileobj=cast(IO[bytes], _Bounded(record, deadline)), mode="r:") as archive,
             tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as canon,
         ):
             for member in archive:
                 archive.members.clear()  # type: ignore[attr-defined]  # (it keeps each entry)
-                if len(kinds) >= MAX_ENTRIES or time.monotonic() > deadline:
+                if len(kinds) > MAX_ENTRIES or time.monotonic() > deadline:
                     return False
-                name = _entry_name(member.name, kinds)
-                if name is None or member.type not in _KINDS:
+                copy = _entry(member, kinds)
+                if copy is None:
                     return False
-                copy = tarfile.TarInfo(name)
-                copy.type, copy.mode = member.type, member.mode & 0o777
-                copy.uid, copy.gid, copy.mtime = member.uid, member.gid, int(member.mtime)
-                if member.issym():
-                    if not _inside(posixpath.join(posixpath.dirname(name), member.linkname)):
-                        return False
-                    copy.linkname = member.linkname
-                elif member.islnk():
-                    target = _entry_name(member.linkname, {})
-                    if target is None or kinds.get(target) not in _FILES:
-                        return False
-                    copy.linkname = target
-                kinds[name] = member.type
-                if name == ".":
+                if copy.name == ".":
                     continue  # (the folder itself: the engine keeps it as it is)
-                if member.type in _FILES:
-                    copy.size = member.size
+                kinds[copy.name] = copy.type
+                if copy.type in _FILES:
                     canon.addfile(copy, archive.extractfile(member))
                 else:
                     canon.addfile(copy)
-    except (tarfile.TarError, OSError, UnicodeError, ValueError):
+    except (tarfile.TarError, OSError, UnicodeError, ValueError, ArithmeticError):
         return False
     return True
 
@@ -482,21 +501,62 @@ _FILES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 _KINDS = (*_FILES, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE)
 
 
-def _entry_name(name: str, kinds: dict[str, bytes]) -> str | None:
+def _entry(member: tarfile.TarInfo, kinds: dict[str, bytes]) -> tarfile.TarInfo | None:
+    """The entry to write for `member`, or None (see _canonical)."""
+    if member.type not in _KINDS or member.sparse is not None:
+        return None
+    if any(key.startswith("GNU.sparse") for key in member.pax_headers):
+        return None
+    name = _entry_name(member.name, kinds)
+    mtime = float(member.mtime)
+    if name is None or not 0 <= mtime < MAX_TIME:
+        return None
+    if not (0 <= member.uid <= MAX_ID and 0 <= member.gid <= MAX_ID):
+        return None
+    copy = tarfile.TarInfo(name)
+    copy.type, copy.mode = member.type, member.mode & 0o777
+    copy.uid, copy.gid, copy.mtime = member.uid, member.gid, int(mtime)
+    if name == ".":
+        return copy if member.isdir() else None
+    if member.issym():
+        link = member.linkname
+        if not _plain(link) or not _inside(posixpath.join(posixpath.dirname(name), link)):
+            return None
+        copy.linkname = link
+    elif member.islnk():
+        target = _entry_name(member.linkname, kinds, new=False)
+        if target is None or kinds.get(target) not in _FILES:
+            return None
+        copy.linkname = target
+    elif member.type in _FILES:
+        copy.size = member.size
+    return copy
+
+
+def _plain(text: str) -> bool:
+    """A name or link target every tar reader reads alike, of a length file systems take."""
+    return 0 < len(text.encode()) <= _PATH_MAX and not _CONTROL.search(text)
+
+
+def _entry_name(name: str, kinds: dict[str, bytes], *, new: bool = True) -> str | None:
     """An entry's name below the folder ("." for the folder itself), or None when it is
-    absolute, climbs, was named before, or lies below an entry that is not a folder."""
-    if name.startswith("/"):
+    not plain, absolute, climbs, is too deep, or (`new`) was named before or lies in a
+    folder that no entry before it made (its parent must be a folder entry, so nothing is
+    written through a link, nor into a folder the archive did not make)."""
+    if not _plain(name) or name.startswith("/"):
         return None
     parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
+    if ".." in parts or len(parts) > _DEPTH_MAX:
+        return None
+    if any(len(p.encode()) > _NAME_MAX for p in parts):
         return None
     clean = "/".join(parts) or "."
-    if clean in kinds:
+    if not new:
+        return clean
+    if clean in kinds and clean != ".":
         return None
-    for end in range(1, len(parts)):
-        if kinds.get("/".join(parts[:end]), tarfile.DIRTYPE) != tarfile.DIRTYPE:
-            return None
-    return clean
+    parent = "/".join(parts[:-1]) or "."
+    return clean if kinds.get(parent) == tarfile.DIRTYPE else None
 
 
 def _inside(path: str) -> bool:

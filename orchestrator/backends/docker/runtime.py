@@ -409,8 +409,10 @@ class ComposeRuntime(ContainerRuntime):
         that restores; else False, and it starts as any wake."""
         snap = self.options.resume
         assert snap is not None and snap.memory
-        if self.options.workspace is not None or run.runtime != memory.sealed_runtime():
+        if run.runtime != memory.sealed_runtime():
             return False
+        if self.options.workspace is not None or not self.env.spec.workspace.mount:
+            return False  # (only into its own new, empty folder: nothing there to follow)
         if memory.engine_refusal(project.engine) is not None:
             return False  # (_restore_memory says why)
         with memory.locked(project.directory, self.env.name):
