@@ -289,6 +289,14 @@ def starts(events: list[dict[str, object]], rt: Runtime) -> list[str]:
     return out
 
 
+TICKS = """
+import time
+while True:
+    with open("ticks", "a") as fh:
+        fh.write("x")
+    time.sleep(0.005)
+"""
+"""A process writing into the workspace (its working folder) all the time."""
 OWNERS = """
 import os, stat, sys
 for name in sys.argv[1:]:
@@ -309,6 +317,8 @@ def test_a_copy_starts_once_from_its_memory_with_its_workspace_as_it_was(
     with spawn_runtime(make_env(SEALED + "user: '1000:1000'\n", name="memonce")) as rt:
         start_holder(rt)
         rt.write_file("mine.txt", "mine\n")
+        rt.write_file("tick.py", TICKS)  # (its processes run on in the workspace at once)
+        rt.execute("python3 tick.py >/dev/null 2>&1 &", check=True)
         rt.execute(
             "echo root > roots.txt; mkfifo pipe; ln -s /etc/hostname far; mkdir -p d/e;"
             " echo deep > d/e/f",
@@ -334,9 +344,10 @@ def test_a_copy_starts_once_from_its_memory_with_its_workspace_as_it_was(
             copy.write_file("mine.txt", "the copy's\n")  # its user writes its own files
             assert copy.read_file("mine.txt") == "the copy's\n"
             assert rt.read_file("mine.txt") == "mine\n"
-            before = count(copy)
+            before = count(copy), len(copy.read_file("ticks"))
             time.sleep(0.3)
-            assert count(copy) > before  # the holder runs on in it
+            assert count(copy) > before[0]  # the holder runs on in it
+            assert len(copy.read_file("ticks")) > before[1]  # and the workspace was its own
         finally:
             for copy in copies:
                 copy.cleanup()

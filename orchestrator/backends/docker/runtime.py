@@ -415,6 +415,9 @@ class ComposeRuntime(ContainerRuntime):
             return False  # (only into its own new, empty folder: nothing there to follow)
         if memory.engine_refusal(project.engine) is not None:
             return False  # (_restore_memory says why)
+        if self._temp_workspace is not None:  # its processes run on at once, in it
+            user = project.compiled.user
+            _give(self._temp_workspace, project.image_user(MAIN) if user == IMAGE_USER else user)
         with memory.locked(project.directory, self.env.name):
             seconds = file_deadline(None)
             done = memory.first_start(
