@@ -7,11 +7,14 @@ import io
 import os
 import tarfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.docker.memory import _canonical, _roots_own, _short, _told
+from orchestrator.backends.docker.direct import DirectRun
+from orchestrator.backends.docker.memory import _canonical, _roots_own, _Rules, _short, _told
+from orchestrator.backends.docker.runtime import _only_mount_at
 from orchestrator.sandbox.snapshot import remove_files
 
 
@@ -105,15 +108,20 @@ def _entry(
     return info
 
 
-def _canon(path: Path, within: float = 60) -> list[tarfile.TarInfo] | None:
-    """What the engine would be sent of the archive at `path` (None: nothing)."""
+def _canon(path: Path, within: float = 60, data_max: int = 1 << 30) -> list[tarfile.TarInfo] | None:
+    """What the engine would be sent of the archive at `path` for a sandbox user 1000 and
+    the working folder /workspace (None: nothing), its first entry the folder itself."""
     out = io.BytesIO()
+    rules = _Rules(time.monotonic() + within, (1000, 1000), 4095 - 12, data_max)
     with open(path, "rb") as record:
-        if not _canonical(record, out, time.monotonic() + within):
+        if not _canonical(record, out, rules):
             return None
+    assert out.getvalue().startswith(b"./\0")  # (never a name that reads as a signature)
     out.seek(0)
     with tarfile.open(fileobj=out, mode="r:") as tar:
-        return tar.getmembers()
+        first, *rest = tar.getmembers()
+    assert first.name == "." and first.isdir()
+    return rest
 
 
 def test_the_engine_is_sent_folders_files_links_and_fifos_as_the_sandboxs_tar_makes_them(
@@ -244,6 +252,9 @@ def _sparse(name: str) -> tarfile.TarInfo:
         [_pax("./c", comment="x" * (2 << 20))],  # a header of megabytes: never read whole
         [_entry("./" + "d/" * 300 + "f")],
         [_entry("./" + "n" * 256)],
+        [_entry("./" + "/".join(["n" * 250] * 17))],  # (past PATH_MAX below /workspace)
+        [_entry("./theirs", uid=4242)],  # another's: the sandbox's tar makes none
+        [_entry("./theirs", gid=4242)],
     ],
     ids=[
         "nul-link",
@@ -262,6 +273,9 @@ def _sparse(name: str) -> tarfile.TarInfo:
         "huge-header",
         "deep",
         "long-part",
+        "long-path",
+        "other-uid",
+        "other-gid",
     ],
 )
 def test_what_tar_readers_read_otherwise_is_left_to_the_sandbox(
@@ -273,3 +287,49 @@ def test_what_tar_readers_read_otherwise_is_left_to_the_sandbox(
     began = time.monotonic()
     assert _canon(_tar(tmp_path, _entry("./ok"), *members)) is None
     assert time.monotonic() - began < 5
+
+
+def test_what_follows_the_last_entry_read_must_be_the_end(tmp_path: Path) -> None:
+    """tarfile takes a header it cannot read, past the first, for the end of the archive:
+    a workspace cut short there would start in a copy as if whole."""
+    whole = _tar(tmp_path, _entry("./ok")).read_bytes()
+    (tmp_path / "cut.tar").write_bytes(whole[:1024] + b"\x01" * 512 + whole[1024:])
+    assert _canon(tmp_path / "cut.tar") is None
+    assert _canon(tmp_path / "ws.tar") is not None
+
+
+def test_no_more_content_than_the_record_holds_on_disk(tmp_path: Path) -> None:
+    """A record with holes (read as zeros) would fill the disk with the copy sent."""
+    big = _entry("./big")
+    big.size = 4096
+    path = _tar(tmp_path, big)
+    assert _canon(path, data_max=4096) is not None
+    assert _canon(path, data_max=4095) is None
+
+
+def _run(*mounts: Mapping[str, object], tmpfs: dict[str, str] | None = None) -> DirectRun:
+    host = {"Mounts": list(mounts), "Tmpfs": tmpfs or {}}
+    return DirectRun("c", {"HostConfig": host}, ())
+
+
+OWN: dict[str, object] = {"Type": "bind", "Source": "/state/p/workspace", "Target": "/workspace"}
+
+
+@pytest.mark.parametrize(
+    ("run", "alone"),
+    [
+        (_run(OWN), True),
+        (_run(OWN, {"Type": "bind", "Source": "/x", "Target": "/data"}), True),
+        # a mount of the file's or the caller's at the working folder (it wins) or below it
+        (_run({**OWN, "Source": "/home/me/project"}), False),
+        (_run(OWN, {"Type": "bind", "Source": "/x", "Target": "/workspace/sub"}), False),
+        (_run(OWN, {"Type": "volume", "Source": "v", "Target": "/workspace/"}), False),
+        (_run({**OWN, "ReadOnly": True}), False),
+        (_run(OWN, tmpfs={"/workspace/tmp": ""}), False),
+        (_run(), False),
+    ],
+)
+def test_the_engine_unpacks_only_into_the_copys_own_folder(run: DirectRun, alone: bool) -> None:
+    """Found by a hostile review: a mount at the working folder replaces the workspace's,
+    and the engine, as root, would have unpacked into that host folder."""
+    assert _only_mount_at(run, "/workspace", Path("/state/p/workspace")) is alone

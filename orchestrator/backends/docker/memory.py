@@ -35,13 +35,20 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from orchestrator import procutil, settings
 from orchestrator.backends.container.engine import Engine
 from orchestrator.backends.container.engine.bounds import up_timeout
-from orchestrator.errors import DockerError, OrchestratorError, SandboxUnavailable, UsageError
+from orchestrator.errors import (
+    DockerError,
+    OrchestratorError,
+    SandboxUnavailable,
+    StartupError,
+    UsageError,
+)
 from orchestrator.paths import locked_file
 from orchestrator.sandbox.snapshot import Snapshot, remove_files
 from orchestrator.tables import printable
@@ -394,6 +401,7 @@ def first_start(
     *,
     seconds: float,
     scratch: Path,
+    owners: tuple[int, int],
 ) -> bool:
     """Start a copy's container, made and never started, from the record `snap` at once:
     the engine unpacks the record's workspace into it (as for `docker cp`, chrooted in the
@@ -415,27 +423,51 @@ def first_start(
     except OSError as exc:
         raise UsageError(f"cannot read snapshot {snap.path}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as record, tempfile.TemporaryFile(dir=scratch) as tar:
-        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _canonical(record, tar, deadline):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        rules = _Rules(deadline, owners, _PATH_MAX - len(workdir.encode()) - 2, st.st_blocks * 512)
+        if not _canonical(record, tar, rules):
             return False
         tar.flush()
         action = f"putting the workspace into {container}"
         left = max(1.0, deadline - time.monotonic())
-        engine.put_archive(container, workdir, tar, seconds=left, action=action)
+        try:
+            engine.put_archive(container, workdir, tar, seconds=left, action=action)
+        except DockerError as exc:  # (never read for kinds: its words may quote a name)
+            raise StartupError(f"{action}: {_short(str(exc))}") from None
     restore(engine, container, snap.memory_folder, snap.memory)
     return True
 
 
-MAX_ENTRIES = 1_000_000
+MAX_ENTRIES = 200_000
 """Entries of a workspace archive the engine is given at most (more: the sandbox unpacks)."""
+MAX_FOLDERS = 100_000
+"""Folders among them (the engine keeps each one's header until the end)."""
+MAX_NAMES = 64 << 20
+"""Bytes of all their names (kept here to check each entry's folder)."""
 MAX_HEADER = 1 << 20
 """Bytes tarfile may read at once from a record: a block, a file's chunk (16 KiB), a long
 name; a longer read is a header nothing of ours writes (a pax header of gigabytes)."""
-MAX_ID, MAX_TIME = (1 << 31) - 1, 1 << 33
-"""Owners' ids and times the engine's tar reader takes as they are."""
+MAX_TIME = 1 << 33
+"""Times the engine's tar reader takes as they are."""
 _NAME_MAX, _PATH_MAX, _DEPTH_MAX = 255, 4095, 256
-_CONTROL = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+_CONTROL = re.compile("[\\x00-\\x1f\\x7f\\ud800-\\udfff]")
 """In a name: what tar readers disagree on (a NUL ends Go's names, not Python's) or that
 is not UTF-8 (surrogate escapes)."""
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """The bounds of one workspace archive given to the engine (see _canonical)."""
+
+    deadline: float
+    owners: tuple[int, int]
+    """The sandbox user's uid and gid: files are theirs or root's."""
+    path_max: int
+    """Bytes of a name below the working folder (the engine's path must fit PATH_MAX)."""
+    data_max: int
+    """Bytes of files' content: at most what the record holds on disk (no holes read)."""
 
 
 class _Bounded:
@@ -457,33 +489,41 @@ class _Bounded:
         return self.raw.tell()
 
 
-def _canonical(record: IO[bytes], out: IO[bytes], deadline: float) -> bool:
+def _canonical(record: IO[bytes], out: IO[bytes], rules: _Rules) -> bool:
     """Write into `out` the workspace archive `record` as a new tar of what the sandbox's
-    own tar would make of it, written here field by field: folders, regular files,
-    symbolic and hard links, FIFOs; each with its owner's ids (kept: the copy's files are
-    the original's) and its permissions (no setuid, setgid or sticky bit), its name, link
-    target and time; nothing else of the record's headers (no extended attributes, no
-    sparse maps, no owners' names). False when the record holds anything else: another kind
-    of entry (a device node: the engine, as root, would make it); a name or link with a NUL
-    (Go's reader ends the name there, Python's does not), a control character or bytes that
-    are not UTF-8, too long, absolute, climbing or given twice; an entry whose folder is not
-    an entry before it (then nothing is ever written through a link: `out -> /data`, then
-    `out/x`); a symbolic link that climbs out of the folder (the engine refuses it
-    midway); a hard link to anything but a file before it; a sparse file; ids or times out
-    of range; more than MAX_ENTRIES entries; or what cannot be read within its bounds by
-    `deadline`. Reads are bounded (_Bounded) and file data goes in 16 KiB chunks."""
+    own tar would make of it, written here field by field: the folder itself first (an
+    entry the engine skips; a file name first could read as a compressed stream's
+    signature), then folders, regular files, symbolic and hard links, FIFOs; each with its
+    owner (the sandbox user or root, as theirs were) and its permissions (no setuid, setgid
+    or sticky bit), its name, link target and time; nothing else of the record's headers
+    (no extended attributes, no sparse maps, no owners' names). False when the record
+    holds anything else: another kind of entry (a device node: the engine, as root, would
+    make it); a name or link with a NUL (Go's reader ends the name there, Python's does
+    not), a control character or bytes that are not UTF-8, too long, absolute, climbing or
+    given twice; an entry whose folder is not an entry before it (then nothing is ever
+    written through a link: `out -> /data`, then `out/x`); a symbolic link that climbs
+    out of the folder (the engine refuses it midway); a hard link to anything but a file
+    before it; a sparse file; another owner, or a time out of range; more entries,
+    folders, bytes of names or of content than the bounds; anything but zeros after the
+    last entry (tarfile takes a header it cannot read for the end); or what cannot be read
+    within its bounds by the deadline. Reads are bounded (_Bounded); file data goes in
+    16 KiB chunks."""
     kinds: dict[str, bytes] = {".": tarfile.DIRTYPE}
+    counts = [0, 0, 0, 0]  # entries, folders, bytes of names, bytes of content
+    bounded = _Bounded(record, rules.deadline)
     try:
         with (
-            tarfile.open(fileobj=cast(IO[bytes], _Bounded(record, deadline)), mode="r:") as archive,
+            tarfile.open(fileobj=cast(IO[bytes], bounded), mode="r:") as archive,
             tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as canon,
         ):
+            root = tarfile.TarInfo(".")
+            root.type, root.mode = tarfile.DIRTYPE, 0o755
+            canon.addfile(root)
             for member in archive:
                 archive.members.clear()  # type: ignore[attr-defined]  # (it keeps each entry)
-                if len(kinds) > MAX_ENTRIES or time.monotonic() > deadline:
-                    return False
-                copy = _entry(member, kinds)
-                if copy is None:
+                copy = _entry(member, kinds, rules)
+                counts[0] += 1
+                if copy is None or not _within(counts, copy, rules):
                     return False
                 if copy.name == ".":
                     continue  # (the folder itself: the engine keeps it as it is)
@@ -492,26 +532,44 @@ def _canonical(record: IO[bytes], out: IO[bytes], deadline: float) -> bool:
                     canon.addfile(copy, archive.extractfile(member))
                 else:
                     canon.addfile(copy)
+            record.seek(archive.offset)
+        rest = record.read(MAX_HEADER + 1)
+        return len(rest) <= MAX_HEADER and not rest.strip(b"\0")
     except (tarfile.TarError, OSError, UnicodeError, ValueError, ArithmeticError):
         return False
-    return True
+
+
+def _within(counts: list[int], copy: tarfile.TarInfo, rules: _Rules) -> bool:
+    """Count one more entry; whether every bound still holds."""
+    counts[1] += copy.type == tarfile.DIRTYPE
+    counts[2] += len(copy.name)
+    counts[3] += copy.size
+    return (
+        counts[0] <= MAX_ENTRIES
+        and counts[1] <= MAX_FOLDERS
+        and counts[2] <= MAX_NAMES
+        and counts[3] <= rules.data_max
+        and time.monotonic() <= rules.deadline
+    )
 
 
 _FILES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 _KINDS = (*_FILES, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE)
 
 
-def _entry(member: tarfile.TarInfo, kinds: dict[str, bytes]) -> tarfile.TarInfo | None:
+def _entry(
+    member: tarfile.TarInfo, kinds: dict[str, bytes], rules: _Rules
+) -> tarfile.TarInfo | None:
     """The entry to write for `member`, or None (see _canonical)."""
     if member.type not in _KINDS or member.sparse is not None:
         return None
     if any(key.startswith("GNU.sparse") for key in member.pax_headers):
         return None
-    name = _entry_name(member.name, kinds)
+    name = _entry_name(member.name, kinds, rules.path_max)
     mtime = float(member.mtime)
     if name is None or not 0 <= mtime < MAX_TIME:
         return None
-    if not (0 <= member.uid <= MAX_ID and 0 <= member.gid <= MAX_ID):
+    if member.uid not in (0, rules.owners[0]) or member.gid not in (0, rules.owners[1]):
         return None
     copy = tarfile.TarInfo(name)
     copy.type, copy.mode = member.type, member.mode & 0o777
@@ -520,11 +578,13 @@ def _entry(member: tarfile.TarInfo, kinds: dict[str, bytes]) -> tarfile.TarInfo 
         return copy if member.isdir() else None
     if member.issym():
         link = member.linkname
-        if not _plain(link) or not _inside(posixpath.join(posixpath.dirname(name), link)):
+        if not _plain(link, _PATH_MAX) or not _inside(
+            posixpath.join(posixpath.dirname(name), link)
+        ):
             return None
         copy.linkname = link
     elif member.islnk():
-        target = _entry_name(member.linkname, kinds, new=False)
+        target = _entry_name(member.linkname, kinds, rules.path_max, new=False)
         if target is None or kinds.get(target) not in _FILES:
             return None
         copy.linkname = target
@@ -533,17 +593,17 @@ def _entry(member: tarfile.TarInfo, kinds: dict[str, bytes]) -> tarfile.TarInfo 
     return copy
 
 
-def _plain(text: str) -> bool:
-    """A name or link target every tar reader reads alike, of a length file systems take."""
-    return 0 < len(text.encode()) <= _PATH_MAX and not _CONTROL.search(text)
+def _plain(text: str, most: int) -> bool:
+    """A name or link target every tar reader reads alike, of at most `most` bytes."""
+    return 0 < len(text.encode()) <= most and not _CONTROL.search(text)
 
 
-def _entry_name(name: str, kinds: dict[str, bytes], *, new: bool = True) -> str | None:
+def _entry_name(name: str, kinds: dict[str, bytes], most: int, *, new: bool = True) -> str | None:
     """An entry's name below the folder ("." for the folder itself), or None when it is
-    not plain, absolute, climbs, is too deep, or (`new`) was named before or lies in a
-    folder that no entry before it made (its parent must be a folder entry, so nothing is
-    written through a link, nor into a folder the archive did not make)."""
-    if not _plain(name) or name.startswith("/"):
+    not plain, absolute, climbs, is too deep or long, or (`new`) was named before or lies
+    in a folder that no entry before it made (its parent must be a folder entry, so
+    nothing is written through a link, nor into a folder the archive did not make)."""
+    if not _plain(name, most) or name.startswith("/"):
         return None
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts or len(parts) > _DEPTH_MAX:

@@ -405,28 +405,30 @@ class ComposeRuntime(ContainerRuntime):
 
     def _from_memory(self, project: Project, run: DirectRun) -> bool:
         """Start a copy with memory from its record at once (memory.first_start), where
-        nothing stands in the way: its own private workspace, the sealed runtime, an engine
-        that restores; else False, and it starts as any wake."""
-        snap = self.options.resume
+        nothing stands in the way: its own new, empty workspace folder is what is mounted at
+        its working folder (no mount of the file's or the caller's there, nor below it), its
+        user's ids are numbers, the sealed runtime, an engine that restores; else False, and
+        it starts as any wake."""
+        snap, folder = self.options.resume, self._temp_workspace
         assert snap is not None and snap.memory
-        if run.runtime != memory.sealed_runtime():
+        if run.runtime != memory.sealed_runtime() or folder is None:
             return False
-        if self.options.workspace is not None or not self.env.spec.workspace.mount:
+        if not _only_mount_at(run, self.workdir, folder) or any(folder.iterdir()):
             return False  # (only into its own new, empty folder: nothing there to follow)
-        if memory.engine_refusal(project.engine) is not None:
+        user = project.compiled.user
+        ids = procutil.numeric_ids(project.image_user(MAIN) if user == IMAGE_USER else user)
+        if ids is None or memory.engine_refusal(project.engine) is not None:
             return False  # (_restore_memory says why)
-        if self._temp_workspace is not None:  # its processes run on at once, in it
-            user = project.compiled.user
-            _give(self._temp_workspace, project.image_user(MAIN) if user == IMAGE_USER else user)
+        _give(folder, f"{ids[0]}:{ids[1]}")  # its processes run on at once, in it
         with memory.locked(project.directory, self.env.name):
-            seconds = file_deadline(None)
             done = memory.first_start(
                 project.engine,
                 run.name,
                 self.workdir,
                 snap,
-                seconds=seconds,
+                seconds=file_deadline(None),
                 scratch=project.directory,
+                owners=ids,
             )
         self._started_from_memory = done
         return done
@@ -603,6 +605,22 @@ def _service_images(env: Environment, snap: Snapshot | None) -> dict[str, str]:
 def _executor_files() -> dict[str, bytes]:
     """The executor, copied into every project's sandbox folder (made once)."""
     return {f"{SANDBOX_DIR}/{rel}": data for rel, data in executor_files().items()}
+
+
+def _only_mount_at(run: DirectRun, workdir: str, folder: Path) -> bool:
+    """Whether the one mount at `workdir` binds `folder`, and nothing is mounted below it."""
+    mounts = run.body["HostConfig"].get("Mounts") or []
+    at = [m for m in mounts if posixpath.normpath(str(m.get("Target"))) == workdir]
+    below = [m for m in mounts if str(m.get("Target", "")).startswith(workdir.rstrip("/") + "/")]
+    tmpfs = [str(t) for t in run.body["HostConfig"].get("Tmpfs") or {}]
+    return (
+        len(at) == 1
+        and not below
+        and not any(t == workdir or t.startswith(workdir.rstrip("/") + "/") for t in tmpfs)
+        and at[0].get("Type") == "bind"
+        and at[0].get("Source") == str(folder)
+        and not at[0].get("ReadOnly")
+    )
 
 
 def _give(path: Path, user: str) -> None:
