@@ -319,13 +319,18 @@ OWN: dict[str, object] = {"Type": "bind", "Source": "/state/p/workspace", "Targe
     ("run", "alone"),
     [
         (_run(OWN), True),
-        (_run(OWN, {"Type": "bind", "Source": "/x", "Target": "/data"}), True),
+        (_run(OWN, {"Type": "bind", "Source": "/x", "Target": "/data", "ReadOnly": True}), True),
+        # one the engine could write into: a link in the image may lead it below the folder
+        (_run(OWN, {"Type": "bind", "Source": "/x", "Target": "/data"}), False),
+        (_run(OWN, {"Type": "bind", "Source": "/x", "Target": "//workspace/sub"}), False),
         # a mount of the file's or the caller's at the working folder (it wins) or below it
         (_run({**OWN, "Source": "/home/me/project"}), False),
         (_run(OWN, {"Type": "bind", "Source": "/x", "Target": "/workspace/sub"}), False),
         (_run(OWN, {"Type": "volume", "Source": "v", "Target": "/workspace/"}), False),
         (_run({**OWN, "ReadOnly": True}), False),
         (_run(OWN, tmpfs={"/workspace/tmp": ""}), False),
+        (_run(OWN, tmpfs={"/workspace": ""}), False),
+        (_run(OWN, {"Type": "bind", "Source": "/x", "Target": "/workspace/../workspace/x"}), False),
         (_run(), False),
     ],
 )
@@ -333,3 +338,13 @@ def test_the_engine_unpacks_only_into_the_copys_own_folder(run: DirectRun, alone
     """Found by a hostile review: a mount at the working folder replaces the workspace's,
     and the engine, as root, would have unpacked into that host folder."""
     assert _only_mount_at(run, "/workspace", Path("/state/p/workspace")) is alone
+
+
+def test_a_chain_of_name_headers_is_left_to_the_sandbox_and_raises_nothing(tmp_path: Path) -> None:
+    """tarfile reads chained long-name headers by recursing: a thousand of them raised
+    RecursionError, which failed the copy instead of leaving it to the sandbox."""
+    link = tarfile.TarInfo._create_gnu_long_header(  # type: ignore[attr-defined]
+        "x" * 200, tarfile.GNUTYPE_LONGNAME, "utf-8", "strict"
+    )
+    (tmp_path / "ws.tar").write_bytes(link * 1500 + _entry("./f").tobuf() + b"\0" * 4096)
+    assert _canon(tmp_path / "ws.tar") is None

@@ -426,7 +426,7 @@ def first_start(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return False
-        rules = _Rules(deadline, owners, _PATH_MAX - len(workdir.encode()) - 2, st.st_blocks * 512)
+        rules = _Rules(deadline, owners, _PATH_MAX - len(workdir.encode()) - 2, _held(fd, st))
         if not _canonical(record, tar, rules):
             return False
         tar.flush()
@@ -436,8 +436,23 @@ def first_start(
             engine.put_archive(container, workdir, tar, seconds=left, action=action)
         except DockerError as exc:  # (never read for kinds: its words may quote a name)
             raise StartupError(f"{action}: {_short(str(exc))}") from None
-    restore(engine, container, snap.memory_folder, snap.memory)
+    try:
+        restore(engine, container, snap.memory_folder, snap.memory)
+    except DockerError as exc:  # (gVisor's words may quote the sandbox's file names)
+        raise StartupError(f"starting {container} from its memory: {_short(str(exc))}") from None
     return True
+
+
+def _held(fd: int, st: os.stat_result) -> int:
+    """Bytes of content a record holds: its size, or where it has holes (read as zeros),
+    what it holds on disk."""
+    try:
+        whole = os.lseek(fd, 0, os.SEEK_HOLE) >= st.st_size
+    except OSError:
+        whole = False
+    finally:
+        os.lseek(fd, 0, os.SEEK_SET)
+    return st.st_size if whole else st.st_blocks * 512
 
 
 MAX_ENTRIES = 200_000
@@ -535,8 +550,8 @@ def _canonical(record: IO[bytes], out: IO[bytes], rules: _Rules) -> bool:
             record.seek(archive.offset)
         rest = record.read(MAX_HEADER + 1)
         return len(rest) <= MAX_HEADER and not rest.strip(b"\0")
-    except (tarfile.TarError, OSError, UnicodeError, ValueError, ArithmeticError):
-        return False
+    except (tarfile.TarError, OSError, UnicodeError, ValueError, ArithmeticError, RecursionError):
+        return False  # (a chain of a thousand name headers: tarfile recurses)
 
 
 def _within(counts: list[int], copy: tarfile.TarInfo, rules: _Rules) -> bool:

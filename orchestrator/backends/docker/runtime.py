@@ -411,7 +411,7 @@ class ComposeRuntime(ContainerRuntime):
         it starts as any wake."""
         snap, folder = self.options.resume, self._temp_workspace
         assert snap is not None and snap.memory
-        if run.runtime != memory.sealed_runtime() or folder is None:
+        if run.runtime != memory.sealed_runtime() or folder is None or not self.env.spec.workdir:
             return False
         if not _only_mount_at(run, self.workdir, folder) or any(folder.iterdir()):
             return False  # (only into its own new, empty folder: nothing there to follow)
@@ -609,18 +609,27 @@ def _executor_files() -> dict[str, bytes]:
 
 def _only_mount_at(run: DirectRun, workdir: str, folder: Path) -> bool:
     """Whether the one mount at `workdir` binds `folder`, and nothing is mounted below it."""
-    mounts = run.body["HostConfig"].get("Mounts") or []
-    at = [m for m in mounts if posixpath.normpath(str(m.get("Target"))) == workdir]
-    below = [m for m in mounts if str(m.get("Target", "")).startswith(workdir.rstrip("/") + "/")]
-    tmpfs = [str(t) for t in run.body["HostConfig"].get("Tmpfs") or {}]
+    host, workdir = run.body["HostConfig"], _clean(workdir)
+    mounts = host.get("Mounts") or []
+    at = [m for m in mounts if _clean(m.get("Target")) == workdir]
+    others = [m for m in mounts if m not in at]
+    targets = [_clean(m.get("Target")) for m in others] + [
+        _clean(t) for t in host.get("Tmpfs") or {}
+    ]
     return (
         len(at) == 1
-        and not below
-        and not any(t == workdir or t.startswith(workdir.rstrip("/") + "/") for t in tmpfs)
         and at[0].get("Type") == "bind"
         and at[0].get("Source") == str(folder)
         and not at[0].get("ReadOnly")
+        and not any(t == workdir or t.startswith(workdir.rstrip("/") + "/") for t in targets)
+        # (and none it could write into: a link in the image may lead a target below it)
+        and all(m.get("ReadOnly") for m in others)
     )
+
+
+def _clean(path: object) -> str:
+    """A container path as the engine reads it (Go's path.Clean: `//a` is `/a`)."""
+    return "/" + posixpath.normpath(str(path)).lstrip("/")
 
 
 def _give(path: Path, user: str) -> None:
