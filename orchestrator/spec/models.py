@@ -216,8 +216,8 @@ class Service(Hardening):
     def _workdir(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        normal = posixpath.normpath(value)
-        if normal in ("/", "//"):
+        normal = "/" + posixpath.normpath(value).lstrip("/")  # (as the engine reads it)
+        if normal == "/":
             raise ValueError("workdir / would give the whole file system to the service's user")
         return normal
 
@@ -236,8 +236,7 @@ class Service(Hardening):
 def _normal_workdir(value: str | None) -> str | None:
     if value is None:
         return None
-    normal = posixpath.normpath(value)
-    return "/" if normal == "//" else normal
+    return "/" + posixpath.normpath(value).lstrip("/")  # (as the engine reads it: `//a` is `/a`)
 
 
 def _cycle(edges: dict[str, list[str]]) -> list[str]:

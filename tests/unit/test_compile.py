@@ -52,6 +52,13 @@ def test_mount_inside_workdir_is_an_error_but_sibling_is_not(tmp_path: Path) -> 
     (tmp_path / "d").mkdir(parents=True)
     with pytest.raises(SpecError, match="inside workdir"):
         build(BASE + "mounts: [{source: ./d, target: /workspace/sub}]\n", tmp_path)
+    # the engine reads `//a` as `/a` (Go's path.Clean; Python's normpath keeps both slashes)
+    with pytest.raises(SpecError, match="inside workdir"):
+        build(BASE + "mounts: [{source: ./d, target: //workspace/sub}]\n", tmp_path)
+    with pytest.raises(SpecError, match="inside workdir"):
+        build(
+            BASE + "workdir: //workspace\nmounts: [{source: ./d, target: /workspace/s}]\n", tmp_path
+        )
     doc, _ = build(BASE + "mounts: [{source: ./d, target: /workspace2}]\n", tmp_path)
     assert "/workspace2" in volumes(doc)
 

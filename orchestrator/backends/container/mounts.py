@@ -31,6 +31,13 @@ class ResolvedMount:
     """Field path the mount came from, for error messages."""
 
 
+def clean_path(path: str) -> str:
+    """A container path as the engine reads it: Go's path.Clean, which takes `//a` for `/a`
+    (Python's normpath keeps two leading slashes, and `//workspace/sub` passed for a path
+    outside /workspace)."""
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
 def _inside(child: str, parent: str) -> bool:
     """True when `child` is strictly below `parent` (/workspace2 is not inside /workspace)."""
     parent = parent.rstrip("/") or "/"
@@ -64,7 +71,7 @@ def service_workdir_issues(env: Environment) -> list[SpecIssue]:
             ("the orchestrator's transfer folder", IO_MOUNT),
         ]
         for what, target in taken:
-            target = posixpath.normpath(target)
+            target = clean_path(target)
             if svc.workdir == target or _inside(svc.workdir, target):
                 issues.append(
                     SpecIssue(
@@ -141,13 +148,13 @@ def resolve_mounts(
     merged: dict[str, ResolvedMount] = {}
     # the image's WORKDIR (workdir null) is known only once the sandbox runs; no workspace
     # is mounted there, and a mount inside it hides nothing of ours
-    workdir = posixpath.normpath(spec.workdir) if spec.workdir is not None else None
+    workdir = clean_path(spec.workdir) if spec.workdir is not None else None
     if spec.workspace.mount and workdir is not None:
         merged[workdir] = ResolvedMount(workspace, workdir, False, "workspace")
     layers = [("mounts", spec.mounts), ("spawn mounts", extra)]
     for origin, mounts in layers:
         for i, spec_mount in enumerate(mounts):
-            target = posixpath.normpath(spec_mount.target)
+            target = clean_path(spec_mount.target)
             where = f"{origin}.{i}" if origin == "mounts" else f"{origin}[{i}]"
             if workdir is not None and _inside(target, workdir):
                 issues.append(
