@@ -27,7 +27,7 @@ from orchestrator.backends.container.engine import (
 from orchestrator.backends.container.executor.files import executor_files
 from orchestrator.backends.container.identity import LABEL_DIR, folder_engine
 from orchestrator.backends.container.layout import IO_DIR, KILL_OTHERS, SANDBOX_DIR
-from orchestrator.backends.container.mounts import ResolvedMount
+from orchestrator.backends.container.mounts import ResolvedMount, clean_path
 from orchestrator.backends.container.readiness import ServiceWatch, runs_here
 from orchestrator.backends.container.resident import open_endpoint, reopen
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
@@ -609,13 +609,12 @@ def _executor_files() -> dict[str, bytes]:
 
 def _only_mount_at(run: DirectRun, workdir: str, folder: Path) -> bool:
     """Whether the one mount at `workdir` binds `folder`, and nothing is mounted below it."""
-    host, workdir = run.body["HostConfig"], _clean(workdir)
+    host, workdir = run.body["HostConfig"], clean_path(workdir)
     mounts = host.get("Mounts") or []
-    at = [m for m in mounts if _clean(m.get("Target")) == workdir]
+    at = [m for m in mounts if clean_path(str(m.get("Target"))) == workdir]
     others = [m for m in mounts if m not in at]
-    targets = [_clean(m.get("Target")) for m in others] + [
-        _clean(t) for t in host.get("Tmpfs") or {}
-    ]
+    targets = [clean_path(str(m.get("Target"))) for m in others]
+    targets += [clean_path(str(t)) for t in host.get("Tmpfs") or {}]
     return (
         len(at) == 1
         and at[0].get("Type") == "bind"
@@ -625,11 +624,6 @@ def _only_mount_at(run: DirectRun, workdir: str, folder: Path) -> bool:
         # (and none it could write into: a link in the image may lead a target below it)
         and all(m.get("ReadOnly") for m in others)
     )
-
-
-def _clean(path: object) -> str:
-    """A container path as the engine reads it (Go's path.Clean: `//a` is `/a`)."""
-    return "/" + posixpath.normpath(str(path)).lstrip("/")
 
 
 def _give(path: Path, user: str) -> None:
