@@ -46,11 +46,13 @@ from orchestrator.errors import (
     DockerError,
     OrchestratorError,
     SandboxUnavailable,
+    SandboxUnsafeArchive,
     StartupError,
     UsageError,
 )
 from orchestrator.paths import locked_file
 from orchestrator.sandbox.snapshot import Snapshot, remove_files
+from orchestrator.sandbox.unpack import PATH_MAX, parts_of
 from orchestrator.tables import printable
 
 if TYPE_CHECKING:
@@ -426,7 +428,7 @@ def first_start(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return False
-        rules = _Rules(deadline, owners, _PATH_MAX - len(workdir.encode()) - 2, _held(fd, st))
+        rules = _Rules(deadline, owners, PATH_MAX - len(workdir.encode()) - 2, _held(fd, st))
         if not _canonical(record, tar, rules):
             return False
         tar.flush()
@@ -466,7 +468,6 @@ MAX_HEADER = 1 << 20
 name; a longer read is a header nothing of ours writes (a pax header of gigabytes)."""
 MAX_TIME = 1 << 33
 """Times the engine's tar reader takes as they are."""
-_NAME_MAX, _PATH_MAX, _DEPTH_MAX = 255, 4095, 256
 _CONTROL = re.compile("[\\x00-\\x1f\\x7f\\ud800-\\udfff]")
 """In a name: what tar readers disagree on (a NUL ends Go's names, not Python's) or that
 is not UTF-8 (surrogate escapes)."""
@@ -593,9 +594,7 @@ def _entry(
         return copy if member.isdir() else None
     if member.issym():
         link = member.linkname
-        if not _plain(link, _PATH_MAX) or not _inside(
-            posixpath.join(posixpath.dirname(name), link)
-        ):
+        if not _plain(link, PATH_MAX) or not _inside(posixpath.join(posixpath.dirname(name), link)):
             return None
         copy.linkname = link
     elif member.islnk():
@@ -618,12 +617,11 @@ def _entry_name(name: str, kinds: dict[str, bytes], most: int, *, new: bool = Tr
     not plain, absolute, climbs, is too deep or long, or (`new`) was named before or lies
     in a folder that no entry before it made (its parent must be a folder entry, so
     nothing is written through a link, nor into a folder the archive did not make)."""
-    if not _plain(name, most) or name.startswith("/"):
+    if not _plain(name, most):
         return None
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts or len(parts) > _DEPTH_MAX:
-        return None
-    if any(len(p.encode()) > _NAME_MAX for p in parts):
+    try:
+        parts = parts_of(name)  # (the rules of a download's unpacking: unpack.py)
+    except SandboxUnsafeArchive:
         return None
     clean = "/".join(parts) or "."
     if not new:
