@@ -25,7 +25,7 @@ from orchestrator.backends.container.engine import api
 from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.build import CONTEXT_LABEL
 from orchestrator.errors import OrchestratorError
-from tests import grouping
+from tests import grouping, rewrite_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_IMAGE = os.environ.get("ORCHESTRATOR_PYTHON_IMAGE", "orchestrator-test/python:3.11")
@@ -647,6 +647,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if RUN_DIR_ENV not in os.environ:  # the controller (or a run without workers)
         _MADE_RUN_DIR.append(tempfile.mkdtemp(prefix="orch-test-run-"))
         os.environ[RUN_DIR_ENV] = _MADE_RUN_DIR[0]
+        if config.getoption("numprocesses", default=None):  # workers to come: rewrite once
+            rewrite_cache.write_for_workers(config, ROOT / "tests")
 
 
 @pytest.hookimpl(optionalhook=True)
