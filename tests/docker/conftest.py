@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -124,23 +127,63 @@ def reaches(folder: Path, name: str, *, as_nobody: bool) -> str:
 @contextmanager
 def engine_events(*kinds: str) -> Iterator[list[dict[str, object]]]:
     """The engine's events of these kinds (die, start, disconnect...) from the block's start
-    to a second after its end, as they came (filled in once it ends). Watched as they
-    happen, never asked of the engine's history afterwards: it keeps only its last 256
-    events, which a loaded run's other workers overran once (the test then saw none)."""
-    argv = ["docker", "events", *(a for kind in kinds for a in ("--filter", f"event={kind}"))]
+    to its end, as they came (filled in once it ends). Watched as they happen, never asked
+    of the engine's history afterwards: it keeps only its last 256 events, which a loaded
+    run's other workers overran once (the test then saw none). The watch is known to have
+    begun, and to have been given all that came before the block's end, by a marker event
+    of our own seen on it (a volume made and removed): guessed times (half a second to
+    subscribe, a second after the end) lost a container's `die` once under load."""
+    argv = ["docker", "events", "--filter", "event=create"]
+    argv += [a for kind in kinds for a in ("--filter", f"event={kind}")]
     got: list[dict[str, object]] = []
-    with subprocess.Popen(
-        [*argv, "--format", "{{json .}}"], stdout=subprocess.PIPE, text=True
-    ) as watch:
+    marks: set[str] = set()
+    seen = threading.Condition()
+
+    def read(lines: Iterator[bytes]) -> None:
+        # (read as bytes, lines end at "\n" only: another test's label may hold U+0085 or
+        # U+2028 unescaped)
+        for line in lines:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            actor = event.get("Actor") or {}
+            if event.get("Type") == "volume" and event.get("Action") == "create":
+                with seen:
+                    marks.add(str(actor.get("ID", "")))
+                    seen.notify_all()
+            elif event.get("Action") in kinds:
+                got.append(event)
+
+    def mark(within: float = 60) -> None:
+        """Make marker events until one is seen on the watch (one made before the watch
+        began is never seen: another is made two seconds on)."""
+        deadline = time.monotonic() + within
+        while True:
+            name = f"orch-test-mark-{uuid.uuid4().hex[:12]}"
+            label = ["--label", "org.orchestrator.test=1"]
+            subprocess.run(["docker", "volume", "create", *label, name], **QUIET)
+            subprocess.run(["docker", "volume", "rm", name], **QUIET)
+            with seen:
+                if seen.wait_for(functools.partial(set.__contains__, marks, name), timeout=2):
+                    return
+            assert time.monotonic() < deadline, "the engine's events never showed our marker"
+
+    with subprocess.Popen([*argv, "--format", "{{json .}}"], stdout=subprocess.PIPE) as watch:
+        assert watch.stdout is not None
+        reader = threading.Thread(target=read, args=(iter(watch.stdout),), daemon=True)
+        reader.start()
         try:
-            time.sleep(0.5)  # (it has subscribed by then)
+            mark()
             yield got
-            time.sleep(1)
+            time.sleep(0.2)  # (the engine says a container died just after `stop` returns)
+            mark()
         finally:
             watch.terminate()
-            out, _ = watch.communicate(timeout=60)
-    # (lines end at "\n" only: another test's label may hold U+0085 or U+2028 unescaped)
-    got += [json.loads(line) for line in out.split("\n") if line.strip()]
+            watch.wait(timeout=60)
+            reader.join(timeout=60)
+
+
+QUIET: dict[str, Any] = {"capture_output": True, "timeout": 60, "check": True}
 
 
 def killed_owner(script: str, *args: str) -> list[str]:
