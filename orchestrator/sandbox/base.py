@@ -219,8 +219,9 @@ class Runtime(Lifecycle):
         `quiet`: every command is killed first; `memory`: processes and memory too, the
         files saved while they stand still. `meanwhile(record)`, once the record is whole
         and before the environment runs on (with memory: is started again from it), begins
-        what may go on meanwhile (a fork's copies) and returns at once; an error after it
-        raises as before, and the record is gone then."""
+        what may go on meanwhile (a fork's copies) and returns at once. An error raises,
+        and the record goes: before `meanwhile` began, here; after it, the record is the
+        caller's to remove, once what it began has stopped reading it."""
         self._check_usable()
         path = snapshot.record_path(self.env.name, name)
         snapshot.records_folder(path)  # private, owner-checked
@@ -228,13 +229,17 @@ class Runtime(Lifecycle):
         held: contextlib.AbstractContextManager[dict[str, str]] = (
             self._memory_held(folder) if memory else contextlib.nullcontext({})
         )
+        began = False
         try:  # (while it is saved, its images are no orphans: snapshot.saving)
             with held as digests, snapshot.saving(path.with_suffix(".json")):
                 saved = self._save_files(path, keep=keep, quiet=quiet, memory=digests)
                 if meanwhile is not None:
+                    began = True
                     meanwhile(saved)
                 return saved
         except BaseException:  # (also once saved, when the sandbox did not start again)
+            if began:  # copies may be starting from its files and images: the caller's
+                raise
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
                 snapshot.remove_files(folder)
                 if path.with_suffix(".json").exists():

@@ -125,19 +125,25 @@ def fork(
         records.append(saved)
         futures.extend(pool.submit(given_up.kept, lambda: one(saved)) for _ in range(n))
 
+    failed = True
     try:
         # this process's: its death leaves it to the reaper
         rt._save_whole(None, keep=False, quiet=False, memory=carried, meanwhile=begin)
         made = [f.result() for f in futures]
+        failed = False
     except BaseException:
         for f in futures:
             f.cancel()
         given_up.remove_all()  # those made, and those still starting once they are up
         raise
     finally:
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True)  # no copy reads the record any more
         for saved in records:
-            consume(saved)
+            if not failed:
+                consume(saved)  # (its images go with the last copy)
+                continue
+            with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
+                saved.remove()  # no copy runs: its images too
     if memory is None and why is not None:
         for copy in made:
             copy.warnings.append(

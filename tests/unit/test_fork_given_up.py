@@ -3,10 +3,11 @@ and one still starting goes as soon as it is up, whoever interrupts the caller m
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -15,7 +16,8 @@ import pytest
 
 from orchestrator import Runtime
 from orchestrator.errors import OrchestratorError, SandboxUnavailable
-from orchestrator.sandbox.snapshot import Snapshot
+from orchestrator.sandbox import snapshot
+from orchestrator.sandbox.snapshot import Snapshot, snapshots_dir
 from orchestrator.services import suspend
 from orchestrator.services.suspend import _GivenUp
 
@@ -95,3 +97,50 @@ def test_copies_begun_while_the_original_fails_to_start_again_all_go(
         suspend.fork(cast(Runtime, Original(record)), 3)
     assert len(copies) == 3 and all(c.removed.is_set() for c in copies)
     assert not (tmp_path / "r.tar").exists()  # the record went with them
+
+
+class Saver(Runtime):
+    """The real `_save_whole` around a stand-in save: its record is written, then the
+    sandbox fails to start again from it (the end of `_memory_held`)."""
+
+    name = "docker"
+
+    def __init__(self, env_name: str) -> None:  # (no environment behind it)
+        self.env = cast(object, SimpleNamespace(name=env_name))  # type: ignore[assignment]
+
+    def _check_usable(self) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def _memory_held(self, folder: Path) -> Iterator[dict[str, str]]:
+        yield {}
+        raise SandboxUnavailable("the original could not be started again")
+
+    def _save_files(
+        self, path: Path, *, keep: bool, quiet: bool, memory: dict[str, str]
+    ) -> Snapshot:
+        return snapshot.save(b"", self.env.name, "", path, backend="docker", suspended=True)
+
+
+Saver.__abstractmethods__ = frozenset()
+
+
+@pytest.mark.parametrize("began", [True, False], ids=["copies-began", "no-copies"])
+def test_a_record_copies_began_from_is_left_to_the_fork_when_the_original_fails(
+    began: bool,
+) -> None:
+    """It was removed at once, files and images, while the copies begun from it were still
+    starting from them; now the fork removes it once they are gone (above). A save that
+    began nothing still removes its own record."""
+    handed: list[Snapshot] = []
+    saver = Saver(f"saver-{began}")  # type: ignore[abstract]
+    with pytest.raises(SandboxUnavailable, match="started again"):
+        saver._save_whole(
+            None, keep=False, quiet=False, memory=True, meanwhile=handed.append if began else None
+        )
+    if began:
+        assert len(handed) == 1 and handed[0].path.exists()
+        assert handed[0].path.with_suffix(".json").exists()
+        handed[0].remove()
+    else:
+        assert not list(snapshots_dir().glob(f"saver-{began}*"))
