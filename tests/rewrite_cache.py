@@ -9,7 +9,9 @@ on a machine of two CPUs. pytest reads that cache wherever it finds it, so the c
 writes it here, once, before the workers start; where it is there and whole, nothing is done.
 
 This uses pytest's own functions for it (private ones: no public call does this). Where they
-are not there (another pytest), nothing is written and the workers rewrite as before.
+are not there (another pytest), nothing is written and the workers rewrite as before. It
+writes where pytest itself would, were bytecode written: beside each test module, and for
+the plugins pytest rewrites (hypothesis, anyio, xdist), in the virtual environment.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import fnmatch
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -67,7 +70,9 @@ def write_for_workers(config: pytest.Config, tests: Path, processes: int | None 
     shares = max(1, min(len(todo), processes or os.cpu_count() or 1))
     children = []
     for share in range(shares):
-        pid = os.fork()
+        with warnings.catch_warnings():  # (a fork beside threads warns: here, there are none)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # a child: its share, then out at once (no cleanup of the parent's)
             code = 0
             try:
@@ -92,6 +97,9 @@ def _write(todo: list[tuple[Path, Path]], config: pytest.Config, state: object) 
     from _pytest.assertion.rewrite import _rewrite_test, _write_pyc
 
     for path, pyc in todo:
-        pyc.parent.mkdir(exist_ok=True)
-        source_hash, co = _rewrite_test(path, config)
-        _write_pyc(state, co, source_hash, pyc)  # type: ignore[arg-type]
+        try:  # (one that fails is rewritten by each worker, which says why)
+            pyc.parent.mkdir(parents=True, exist_ok=True)  # (PYTHONPYCACHEPREFIX: a tree)
+            source_hash, co = _rewrite_test(path, config)
+            _write_pyc(state, co, source_hash, pyc)  # type: ignore[arg-type]
+        except (OSError, SyntaxError, ValueError):
+            continue

@@ -214,14 +214,16 @@ class Runtime(Lifecycle):
         quiet: bool,
         memory: bool = False,
         meanwhile: Callable[[Snapshot], object] | None = None,
+        handed: list[Snapshot] | None = None,
     ) -> Snapshot:
         """Save the workspace and every container's filesystem in a record (see suspend);
         `quiet`: every command is killed first; `memory`: processes and memory too, the
         files saved while they stand still. `meanwhile(record)`, once the record is whole
         and before the environment runs on (with memory: is started again from it), begins
         what may go on meanwhile (a fork's copies) and returns at once. An error raises,
-        and the record goes: before `meanwhile` began, here; after it, the record is the
-        caller's to remove, once what it began has stopped reading it."""
+        and the record goes, here, unless it was handed over first: put in the caller's
+        `handed` (one step, before `meanwhile` runs), it is the caller's to remove, once
+        what it began has stopped reading it."""
         self._check_usable()
         path = snapshot.record_path(self.env.name, name)
         snapshot.records_folder(path)  # private, owner-checked
@@ -229,17 +231,19 @@ class Runtime(Lifecycle):
         held: contextlib.AbstractContextManager[dict[str, str]] = (
             self._memory_held(folder) if memory else contextlib.nullcontext({})
         )
-        began = False
-        try:  # (while it is saved, its images are no orphans: snapshot.saving)
-            with held as digests, snapshot.saving(path.with_suffix(".json")):
+        saved: Snapshot | None = None
+        try:  # (while it is saved, its images and memory folder are no orphans: `saving`
+            # names this process beside the record before anything of it is made)
+            with snapshot.saving(path.with_suffix(".json")), held as digests:
                 saved = self._save_files(path, keep=keep, quiet=quiet, memory=digests)
                 if meanwhile is not None:
-                    began = True
+                    if handed is not None:
+                        handed.append(saved)
                     meanwhile(saved)
                 return saved
         except BaseException:  # (also once saved, when the sandbox did not start again)
-            if began:  # copies may be starting from its files and images: the caller's
-                raise
+            if handed is not None and any(h is saved for h in handed):  # copies may be
+                raise  # starting from its files and images: the caller's
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
                 snapshot.remove_files(folder)
                 if path.with_suffix(".json").exists():

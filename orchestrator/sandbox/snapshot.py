@@ -382,7 +382,8 @@ def owner_alive(owner: Mapping[str, str]) -> bool:
 def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
     """Remove the suspended environments whose owner (see `suspend(keep=False)`) is gone
     (or is exactly `owner`: its guardian, once it died), with the images each record owns;
-    return their names. Records without an owner are kept."""
+    return their names. Records without an owner are kept. What a save cut short by a crash
+    made before its record (a memory image, an archive) goes too."""
     gone = []
     for snap in list_snapshots():
         if not snap.owner:
@@ -395,7 +396,14 @@ def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
                 suspend_log.warning("suspended %s is left for the next reap: %s", snap.name, exc)
                 continue
             gone.append(f"{snap.name} (suspended; its owner is gone)")
-    for pending in snapshots_dir().glob("*" + PENDING_SUFFIX):  # a save cut short by a crash
+    folder = snapshots_dir()
+    for pending in folder.glob("*" + PENDING_SUFFIX):  # a save cut short by a crash
         if not being_saved(pending):
+            if not pending.with_suffix(".json").exists():  # what it made before its record
+                remove_files(pending.with_suffix(MEMORY_SUFFIX))
+                pending.with_suffix(SUFFIX).unlink(missing_ok=True)
             pending.unlink(missing_ok=True)
+    for memory in folder.glob("*" + MEMORY_SUFFIX):  # (one a save made before it said so)
+        if not memory.with_suffix(".json").exists() and not being_saved(memory):
+            remove_files(memory)  # (a save names itself beside its record before making it)
     return gone

@@ -121,22 +121,17 @@ def fork(
     futures: list[Future[Runtime]] = []
     records: list[Snapshot] = []
 
-    def begin(saved: Snapshot) -> None:
-        records.append(saved)
+    def begin(saved: Snapshot) -> None:  # (the record is in `records` already: ours)
         futures.extend(pool.submit(given_up.kept, lambda: one(saved)) for _ in range(n))
 
     failed = True
-    try:
-        # this process's: its death leaves it to the reaper
-        rt._save_whole(None, keep=False, quiet=False, memory=carried, meanwhile=begin)
-        made = [f.result() for f in futures]
-        failed = False
-    except BaseException:
-        for f in futures:
-            f.cancel()
-        given_up.remove_all()  # those made, and those still starting once they are up
-        raise
-    finally:
+
+    def end() -> None:
+        """The copies gone if the fork failed, then no copy reading the record any more,
+        then the record: kept whole by a thread of its own, which a second Ctrl-C in the
+        caller does not stop (the process waits for it at its exit)."""
+        if failed:
+            given_up.remove_all()  # those made, and those still starting once they are up
         pool.shutdown(wait=True)  # no copy reads the record any more
         for saved in records:
             if not failed:
@@ -144,6 +139,22 @@ def fork(
                 continue
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
                 saved.remove()  # no copy runs: its images too
+
+    try:
+        # this process's: its death leaves it to the reaper
+        rt._save_whole(
+            None, keep=False, quiet=False, memory=carried, meanwhile=begin, handed=records
+        )
+        made = [f.result() for f in futures]
+        failed = False
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise
+    finally:
+        ender = threading.Thread(target=end, name="orchestrator-fork-end")
+        ender.start()
+        ender.join()
     if memory is None and why is not None:
         for copy in made:
             copy.warnings.append(

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -125,14 +125,15 @@ def reaches(folder: Path, name: str, *, as_nobody: bool) -> str:
 
 
 @contextmanager
-def engine_events(*kinds: str) -> Iterator[list[dict[str, object]]]:
+def engine_events(*kinds: str, settled: Sequence[str] = ()) -> Iterator[list[dict[str, object]]]:
     """The engine's events of these kinds (die, start, disconnect...) from the block's start
     to its end, as they came (filled in once it ends). Watched as they happen, never asked
     of the engine's history afterwards: it keeps only its last 256 events, which a loaded
     run's other workers overran once (the test then saw none). The watch is known to have
     begun, and to have been given all that came before the block's end, by a marker event
     of our own seen on it (a volume made and removed): guessed times (half a second to
-    subscribe, a second after the end) lost a container's `die` once under load."""
+    subscribe, a second after the end) lost a container's `die` once under load. `settled`:
+    containers whose `die` the block's end must have seen (each one's `stop` returned)."""
     argv = ["docker", "events", "--filter", "event=create"]
     argv += [a for kind in kinds for a in ("--filter", f"event={kind}")]
     got: list[dict[str, object]] = []
@@ -161,8 +162,10 @@ def engine_events(*kinds: str) -> Iterator[list[dict[str, object]]]:
         while True:
             name = f"orch-test-mark-{uuid.uuid4().hex[:12]}"
             label = ["--label", "org.orchestrator.test=1"]
-            subprocess.run(["docker", "volume", "create", *label, name], **QUIET)
-            subprocess.run(["docker", "volume", "rm", name], **QUIET)
+            try:
+                subprocess.run(["docker", "volume", "create", *label, name], **QUIET)
+            finally:
+                subprocess.run(["docker", "volume", "rm", "-f", name], **QUIET)
             with seen:
                 if seen.wait_for(functools.partial(set.__contains__, marks, name), timeout=2):
                     return
@@ -175,7 +178,9 @@ def engine_events(*kinds: str) -> Iterator[list[dict[str, object]]]:
         try:
             mark()
             yield got
-            time.sleep(0.2)  # (the engine says a container died just after `stop` returns)
+            if settled:  # the engine says a container died just after `stop` returns, under
+                # the container's lock, which an inspect waits for
+                subprocess.run(["docker", "inspect", *settled], capture_output=True, timeout=60)
             mark()
         finally:
             watch.terminate()

@@ -94,7 +94,7 @@ def test_no_two_endpoints_of_one_network_go_as_a_projects_containers_end(
         joined = _joined(rt)
         assert len(joined) == 3, joined  # main, its service, the egress gateway
         assert sorted(len(n) for n in joined.values()) == [1, 1, 2], joined  # (the way out)
-        with engine_events("die", "disconnect") as events:
+        with engine_events("die", "disconnect", settled=list(joined)) as events:
             _ending(rt)[how]()
         order = _order(events, set(joined))
         left_first: dict[str, set[str]] = {}  # container -> the networks it left before it ended
@@ -125,7 +125,7 @@ def test_a_project_kept_after_cleanup_stops_one_container_at_a_time(tmp_path: Pa
     try:
         joined = _joined(rt)
         assert len(joined) == 3, joined
-        with engine_events("die", "disconnect") as events:
+        with engine_events("die", "disconnect", settled=list(joined)) as events:
             rt.cleanup()
         order = _order(events, set(joined))
         dies = [i for i, (kind, _, _) in enumerate(order) if kind == "die"]

@@ -74,8 +74,13 @@ class Original:
         return None
 
     def _save_whole(
-        self, *_: object, meanwhile: Callable[[Snapshot], object], **__: object
+        self,
+        *_: object,
+        meanwhile: Callable[[Snapshot], object],
+        handed: list[Snapshot],
+        **__: object,
     ) -> None:
+        handed.append(self.record)  # the fork's from now on
         meanwhile(self.record)  # the copies begin while it starts again
         time.sleep(0.2)
         raise SandboxUnavailable("the original could not be started again")
@@ -133,14 +138,71 @@ def test_a_record_copies_began_from_is_left_to_the_fork_when_the_original_fails(
     starting from them; now the fork removes it once they are gone (above). A save that
     began nothing still removes its own record."""
     handed: list[Snapshot] = []
+    seen: list[Snapshot] = []
     saver = Saver(f"saver-{began}")  # type: ignore[abstract]
     with pytest.raises(SandboxUnavailable, match="started again"):
         saver._save_whole(
-            None, keep=False, quiet=False, memory=True, meanwhile=handed.append if began else None
+            None,
+            keep=False,
+            quiet=False,
+            memory=True,
+            meanwhile=seen.append if began else None,
+            handed=handed if began else None,
         )
     if began:
+        assert seen == handed  # handed over before the copies began
         assert len(handed) == 1 and handed[0].path.exists()
         assert handed[0].path.with_suffix(".json").exists()
         handed[0].remove()
     else:
         assert not list(snapshots_dir().glob(f"saver-{began}*"))
+
+
+def test_a_second_ctrl_c_while_a_failed_fork_ends_leaves_no_copy_and_no_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second Ctrl-C while the fork waited for its copies still starting cut the wait
+    short: the record (memory files, archive) stayed for the life of the process, or went
+    while copies still ran. The end is a thread of its own, which goes on after the wait
+    is cut: every copy goes, then the record."""
+    order: list[str] = []
+    copies: list[Copy] = []
+
+    class Noted(Copy):
+        def cleanup(self) -> None:
+            order.append("copy")
+            super().cleanup()
+
+    def woken(*_: object, **__: object) -> Runtime:
+        time.sleep(0.5)  # still starting when the fork fails
+        copies.append(Noted())
+        return cast(Runtime, copies[-1])
+
+    class Cut(threading.Thread):
+        def join(self, timeout: float | None = None) -> None:
+            if self.name == "orchestrator-fork-end" and not getattr(self, "cut", False):
+                self.cut = True
+                raise KeyboardInterrupt  # the second Ctrl-C, while the fork waits
+            super().join(timeout)
+
+    monkeypatch.setattr(suspend, "wake", woken)
+    monkeypatch.setattr(threading, "Thread", Cut)
+    record = Snapshot(tmp_path / "r.tar", "", "", "", 0, "", "", "docker", {})
+    (tmp_path / "r.tar").write_bytes(b"")
+    (tmp_path / "r.memory").mkdir()
+    (tmp_path / "r.memory" / "pages.img").write_bytes(b"memory")
+    real_remove = Snapshot.remove
+
+    def remove(snap: Snapshot) -> None:
+        order.append("record")
+        real_remove(snap)
+
+    monkeypatch.setattr(Snapshot, "remove", remove)
+    with pytest.raises(KeyboardInterrupt):
+        suspend.fork(cast(Runtime, Original(record)), 2)
+    for thread in threading.enumerate():
+        if thread.name == "orchestrator-fork-end":
+            thread.join(30)
+    assert len(copies) == 2 and all(c.removed.is_set() for c in copies)
+    assert order == ["copy", "copy", "record"], order
+    assert not (tmp_path / "r.tar").exists() and not (tmp_path / "r.memory").exists()

@@ -91,3 +91,38 @@ def test_an_owned_record_goes_when_its_owner_is_gone_and_a_kept_one_stays() -> N
 def test_swarm_and_local_list_their_suspend_deviation() -> None:
     assert "another node" in get_runtime_class("swarm").deviations["suspend"]
     assert "workspace only" in get_runtime_class("local").deviations["suspend-filesystem"]
+
+
+def test_a_memory_image_a_killed_save_left_goes_with_the_next_reap() -> None:
+    """A save killed after it made the memory image and before it wrote its record left the
+    image (the sandbox's whole memory) for good: no reap looked at a `.memory` folder with
+    no record. Now a save names itself beside its record first, and the reap removes what
+    a save no longer running made, never what a running one makes or a record names."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    folder = snapshots_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def memory(name: str) -> Path:
+        made = folder / f"{name}{snapshot.MEMORY_SUFFIX}"
+        made.mkdir(mode=0o700)
+        (made / "checkpoint.img").write_bytes(b"memory")
+        return made
+
+    killed, older, running = memory("killed"), memory("older"), memory("running")
+    (folder / "killed.tar").write_bytes(b"half")
+    (folder / f"killed{snapshot.PENDING_SUFFIX}").write_text(
+        f"{dead.stdout.strip()} 1 {socket.gethostname()}\n"
+    )
+    with snapshot.saving(folder / "running.json"):  # this process saves it now
+        whole = _record("whole", owner=snapshot.this_process(), suspended=True)
+        kept = memory("whole")
+        snapshot.reap_suspended()
+        assert not killed.exists() and not (folder / "killed.tar").exists()
+        assert not (folder / f"killed{snapshot.PENDING_SUFFIX}").exists()
+        assert not older.exists()  # (no record, no save running)
+        assert running.exists() and kept.exists() and whole.exists()
+    snapshot.remove_files(running)
+    Snapshot.find("whole").remove()
+    assert not kept.exists()
