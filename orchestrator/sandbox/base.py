@@ -232,18 +232,21 @@ class Runtime(Lifecycle):
             self._memory_held(folder) if memory else contextlib.nullcontext({})
         )
         saved: Snapshot | None = None
+        ours = False  # (another save of this name: nothing here is this one's to remove)
         try:  # (while it is saved, its images and memory folder are no orphans: `saving`
             # names this process beside the record before anything of it is made)
-            with snapshot.saving(path.with_suffix(".json")), held as digests:
-                saved = self._save_files(path, keep=keep, quiet=quiet, memory=digests)
-                if meanwhile is not None:
-                    if handed is not None:
-                        handed.append(saved)
-                    meanwhile(saved)
-                return saved
+            with snapshot.saving(path.with_suffix(".json")):
+                ours = True
+                with held as digests:
+                    saved = self._save_files(path, keep=keep, quiet=quiet, memory=digests)
+                    if meanwhile is not None:
+                        if handed is not None:
+                            handed.append(saved)
+                        meanwhile(saved)
+                    return saved
         except BaseException:  # (also once saved, when the sandbox did not start again)
-            if handed is not None and any(h is saved for h in handed):  # copies may be
-                raise  # starting from its files and images: the caller's
+            if not ours or (handed is not None and any(h is saved for h in handed)):
+                raise  # another save's; or copies may be starting from it: the caller's
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
                 snapshot.remove_files(folder)
                 if path.with_suffix(".json").exists():
@@ -271,9 +274,11 @@ class Runtime(Lifecycle):
                 owner={} if keep else snapshot.this_process(),
                 memory=memory,
             )
-        except BaseException:  # the images made go again (the environment runs on)
+        except BaseException:  # the images made go again (the environment runs on; with
+            # memory, it is started again from its image first, which _save_whole removes)
             with contextlib.suppress(OSError, OrchestratorError):  # the first error is the news
-                snapshot.Snapshot(path, "", "", "", 0, main, host, self.name, images).remove()
+                made = snapshot.Snapshot(path, "", "", "", 0, main, host, self.name, images)
+                made.remove(memory=False)
             raise
         finally:
             if archive is not None:

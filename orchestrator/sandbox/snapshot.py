@@ -118,8 +118,10 @@ class Snapshot:
     def memory_folder(self) -> Path:
         return self.path.with_suffix(MEMORY_SUFFIX)
 
-    def remove(self) -> None:
-        """Remove the archive, its record and its image. The image goes through the class
+    def remove(self, *, memory: bool = True) -> None:
+        """Remove the archive, its record, its memory image (unless `memory` is False: a
+        failed save's, which the sandbox is started again from first) and its image. The
+        image goes through the class
         of the backend that made it (`Runtime.remove_snapshot_image`), which removes it
         only when the image itself says it is this record's (a record is a file: it may
         name any image and any backend; what is not its own is left alone, with a
@@ -141,7 +143,8 @@ class Snapshot:
                 backend.remove_snapshot_image(self)
         self.path.unlink(missing_ok=True)
         self.record.unlink(missing_ok=True)
-        remove_files(self.memory_folder)
+        if memory:
+            remove_files(self.memory_folder)
 
     def archive(self) -> bytes:
         try:
@@ -153,8 +156,8 @@ class Snapshot:
     def find(cls, ref: str | Path) -> Snapshot:
         """A snapshot by its archive's path, or by name in the snapshots folder."""
         path = Path(ref)
-        if not path.suffix and not path.exists():
-            path = snapshots_dir() / f"{ref}{SUFFIX}"
+        if path.suffix != SUFFIX and "/" not in str(ref) and not path.exists():
+            path = snapshots_dir() / f"{ref}{SUFFIX}"  # (a name, dots and all)
         snap = _load(path)
         if snap is None:
             known = ", ".join(s.name for s in list_snapshots()) or "none"
@@ -308,7 +311,8 @@ def record_path(env: str, name: str | None) -> Path:
             f"{name!r} is not a name for a suspended environment: give a plain name (no "
             f"path, at most {NAME_LIMIT} bytes); it is saved in {snapshots_dir()}"
         )
-    path = archive_path(env, name)
+    # (a name with a dot is a name too: archive_path would take `v1.2` for a path here)
+    path = archive_path(env, None) if name is None else snapshots_dir() / f"{name}{SUFFIX}"
     if any(path.with_suffix(x).exists() for x in (SUFFIX, ".json", MEMORY_SUFFIX)):
         raise UsageError(
             f"there is a snapshot named {path.name.removesuffix(SUFFIX)!r} already: choose "
@@ -336,19 +340,61 @@ def saving(record: Path) -> Iterator[None]:
     beside it naming this process. A save commits its images first and writes the record
     last, once the workspace is packed (minutes, for a large one): meanwhile a reap (any
     `ps`, a guardian's) took those images, whose record is missing, for orphans and removed
-    them, and the record then named images that were gone (`being_saved`)."""
+    them, and the record then named images that were gone (`being_saved`). One save of a
+    name at a time: the file is made only where none is (one a save no longer running left
+    is taken over), else UsageError; it goes at the end only if it is still this one."""
     pending = record.with_suffix(PENDING_SUFFIX)
-    write_owner(pending)
+    mine = _claim(pending)
     try:
         yield
     finally:
-        pending.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            found = os.stat(pending, follow_symlinks=False)
+            if (found.st_dev, found.st_ino) == mine:
+                pending.unlink()
+
+
+def _claim(pending: Path) -> tuple[int, int]:
+    """Make `pending` naming this process, where no running save has one: its (device,
+    inode). A file there of a save no longer running is moved aside first (by one taker
+    only: a rename), and put back if a running save made it meanwhile."""
+    temp = pending.with_name(f".{pending.name}.{os.urandom(6).hex()}")
+    write_owner(temp)
+    try:
+        for _ in range(3):
+            try:
+                os.link(temp, pending)  # made whole, only where nothing is
+                found = os.stat(pending, follow_symlinks=False)
+                return found.st_dev, found.st_ino
+            except FileExistsError:
+                pass
+            if being_saved(pending):
+                break
+            aside = pending.with_name(f".{pending.name}.{os.urandom(6).hex()}")
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(pending, aside)  # (another taker's rename: ours finds nothing)
+                if _alive(aside):  # a running save's, made after the look above
+                    with contextlib.suppress(OSError):
+                        os.link(aside, pending)
+                    os.unlink(aside)
+                    break
+                os.unlink(aside)
+        raise UsageError(
+            f"{pending.stem!r} is being saved by another process now: choose another name"
+        )
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def being_saved(record: str | Path) -> bool:
     """Whether a process that still runs saves `record` now (`saving`): the images made for
     it are not orphans yet."""
-    found = read_owner(Path(record).with_suffix(PENDING_SUFFIX))
+    return _alive(Path(record).with_suffix(PENDING_SUFFIX))
+
+
+def _alive(pending: Path) -> bool:
+    """Whether the process a file `saving` made names still runs."""
+    found = read_owner(pending)
     if found is None:
         return False
     pid, start, host = found
@@ -404,6 +450,6 @@ def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
                 pending.with_suffix(SUFFIX).unlink(missing_ok=True)
             pending.unlink(missing_ok=True)
     for memory in folder.glob("*" + MEMORY_SUFFIX):  # (one a save made before it said so)
-        if not memory.with_suffix(".json").exists() and not being_saved(memory):
+        if not being_saved(memory) and not memory.with_suffix(".json").exists():
             remove_files(memory)  # (a save names itself beside its record before making it)
     return gone

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import socket
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +19,7 @@ from typing import cast
 import pytest
 
 from orchestrator import Runtime
-from orchestrator.errors import OrchestratorError, SandboxUnavailable
+from orchestrator.errors import OrchestratorError, SandboxUnavailable, UsageError
 from orchestrator.sandbox import snapshot
 from orchestrator.sandbox.snapshot import Snapshot, snapshots_dir
 from orchestrator.services import suspend
@@ -206,3 +210,98 @@ def test_a_second_ctrl_c_while_a_failed_fork_ends_leaves_no_copy_and_no_record(
     assert len(copies) == 2 and all(c.removed.is_set() for c in copies)
     assert order == ["copy", "copy", "record"], order
     assert not (tmp_path / "r.tar").exists() and not (tmp_path / "r.memory").exists()
+
+
+class Packer(Runtime):
+    """The real `_save_whole` and `_save_files` around stand-ins for the engine: the memory
+    image is a folder the restart (the end of `_memory_held`) reads again, as gVisor's."""
+
+    name = "docker"
+
+    def __init__(self, env_name: str, *, pack_fails: bool = False) -> None:
+        self.env = cast(object, SimpleNamespace(name=env_name, digest="d", source=""))  # type: ignore[assignment]
+        self.options = cast(object, SimpleNamespace(host=""))  # type: ignore[assignment]
+        self.pack_fails, self.restarted_from = pack_fails, cast(list[bool], [])
+        self.inside: Callable[[], object] = lambda: None
+
+    def _check_usable(self) -> None:
+        pass
+
+    def _engine(self) -> str:
+        return ""
+
+    @contextlib.contextmanager
+    def _memory_held(self, folder: Path) -> Iterator[dict[str, str]]:
+        self.inside()  # (the engine asked about the sandbox: nothing of the save made yet)
+        folder.mkdir(mode=0o700)
+        (folder / "pages.img").write_bytes(b"memory")
+        try:
+            yield {"pages.img": "x"}
+        finally:  # the sandbox starts again from its image, whatever happened
+            self.restarted_from.append((folder / "pages.img").exists())
+
+    def _pack_workdir_file(
+        self, folder: Path, user: str | None, limit: int, timeout: float | None = None
+    ) -> Path:
+        if self.pack_fails:
+            raise OrchestratorError("the workspace is over the snapshot limit")
+        packed = folder / f".packed-{uuid.uuid4().hex}"
+        packed.write_bytes(b"")
+        return packed
+
+
+Packer.__abstractmethods__ = frozenset()
+
+
+def test_a_save_that_fails_leaves_the_sandbox_its_memory_image_to_start_again_from() -> None:
+    """A save whose packing failed removed the memory image with its other files before
+    the sandbox was started again from it: the sandbox stayed stopped, its processes
+    lost. The image now goes after that start."""
+    packer = Packer("packfail", pack_fails=True)  # type: ignore[abstract]
+    with pytest.raises(OrchestratorError, match="snapshot limit"):
+        packer._save_whole("packfail", keep=True, quiet=False, memory=True)
+    assert packer.restarted_from == [True]
+    assert not list(snapshots_dir().glob("packfail*"))
+
+
+def test_one_save_of_a_name_at_a_time_and_a_refused_one_removes_nothing() -> None:
+    """Two saves of one name at once: the second removed the first's memory image (its own
+    cleanup, of a folder it never made) while the first still wrote it. The second is now
+    refused before it makes anything; the first saves whole. A dotted name is a name too,
+    saved in the snapshots folder (it went to the current folder) and found by it."""
+    first, second = Packer("a"), Packer("b")  # type: ignore[abstract]
+    refused: list[BaseException] = []
+
+    def meanwhile() -> None:
+        try:
+            second._save_whole("v1.2", keep=True, quiet=False, memory=True)
+        except BaseException as exc:
+            refused.append(exc)
+
+    first.inside = meanwhile
+    saved = first._save_whole("v1.2", keep=True, quiet=False, memory=True)
+    assert len(refused) == 1 and isinstance(refused[0], UsageError), refused
+    assert "being saved by another process" in str(refused[0])
+    assert first.restarted_from == [True] and second.restarted_from == []
+    assert saved.path == snapshots_dir() / "v1.2.tar" and saved.memory_folder.exists()
+    assert Snapshot.find("v1.2") == saved
+    saved.remove()
+
+
+def test_a_save_takes_over_the_name_of_one_no_longer_running() -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    folder = snapshots_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    pending = folder / f"taken{snapshot.PENDING_SUFFIX}"
+    pending.write_text(f"{dead.stdout.strip()} 1 {socket.gethostname()}\n")
+    with snapshot.saving(folder / "taken.json"):
+        assert snapshot.being_saved(folder / "taken.json")
+        with (
+            pytest.raises(UsageError, match="being saved"),  # (this process: running)
+            snapshot.saving(folder / "taken.json"),
+        ):
+            pass
+        assert pending.exists()  # (the refused one did not remove it)
+    assert not pending.exists()
