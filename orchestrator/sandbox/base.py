@@ -232,11 +232,11 @@ class Runtime(Lifecycle):
             self._memory_held(folder) if memory else contextlib.nullcontext({})
         )
         saved: Snapshot | None = None
-        ours = False  # (another save of this name: nothing here is this one's to remove)
-        try:  # (while it is saved, its images and memory folder are no orphans: `saving`
-            # names this process beside the record before anything of it is made)
-            with snapshot.saving(path.with_suffix(".json")):
-                ours = True
+        # (while it is saved, its images and memory folder are no orphans: `saving` holds
+        # its name from before anything of it is made until after what a failure removes;
+        # a save refused its name makes and removes nothing)
+        with snapshot.saving(path.with_suffix(".json")):
+            try:
                 with held as digests:
                     saved = self._save_files(path, keep=keep, quiet=quiet, memory=digests)
                     if meanwhile is not None:
@@ -244,14 +244,14 @@ class Runtime(Lifecycle):
                             handed.append(saved)
                         meanwhile(saved)
                     return saved
-        except BaseException:  # (also once saved, when the sandbox did not start again)
-            if not ours or (handed is not None and any(h is saved for h in handed)):
-                raise  # another save's; or copies may be starting from it: the caller's
-            with contextlib.suppress(OSError, OrchestratorError):  # the first error is news
-                snapshot.remove_files(folder)
-                if path.with_suffix(".json").exists():
-                    snapshot.Snapshot.find(path).remove()
-            raise
+            except BaseException:  # (also once saved, when the sandbox did not start again)
+                if handed is not None and any(h is saved for h in handed):
+                    raise  # copies may be starting from its files and images: the caller's
+                with contextlib.suppress(OSError, OrchestratorError):  # the first error: news
+                    snapshot.remove_files(folder)
+                    if path.with_suffix(".json").exists():
+                        snapshot.Snapshot.find(path).remove()
+                raise
 
     def _save_files(
         self, path: Path, *, keep: bool, quiet: bool, memory: dict[str, str]

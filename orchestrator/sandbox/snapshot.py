@@ -10,10 +10,12 @@ that made its images, whose class (from the registry) removes them."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -28,7 +30,6 @@ from orchestrator.paths import (
     state_dir,
     state_folder,
     write_file,
-    write_owner,
 )
 from orchestrator.procutil import process_start
 
@@ -156,8 +157,9 @@ class Snapshot:
     def find(cls, ref: str | Path) -> Snapshot:
         """A snapshot by its archive's path, or by name in the snapshots folder."""
         path = Path(ref)
-        if path.suffix != SUFFIX and "/" not in str(ref) and not path.exists():
-            path = snapshots_dir() / f"{ref}{SUFFIX}"  # (a name, dots and all)
+        named = snapshots_dir() / f"{ref}{SUFFIX}"  # (a name, dots and all)
+        if "/" not in str(ref) and (path.suffix != SUFFIX or named.with_suffix(".json").exists()):
+            path = named  # a name is looked for in the snapshots folder first, and only there
         snap = _load(path)
         if snap is None:
             known = ", ".join(s.name for s in list_snapshots()) or "none"
@@ -334,56 +336,86 @@ PENDING_SUFFIX = ".pending"
 """Beside a record being saved: the process saving it (see `saving`)."""
 
 
+CLAIM_WAIT = 2.0
+"""Seconds a save waits for its name while another holds it (a reap holds one for
+milliseconds; a save, for as long as it saves: that one is refused)."""
+
+
 @contextlib.contextmanager
 def saving(record: Path) -> Iterator[None]:
     """While this process saves `record` (`<name>.json`, in a folder made already): a file
-    beside it naming this process. A save commits its images first and writes the record
-    last, once the workspace is packed (minutes, for a large one): meanwhile a reap (any
-    `ps`, a guardian's) took those images, whose record is missing, for orphans and removed
-    them, and the record then named images that were gone (`being_saved`). One save of a
-    name at a time: the file is made only where none is (one a save no longer running left
-    is taken over), else UsageError; it goes at the end only if it is still this one."""
+    beside it, locked by this process (flock) and naming it. A save commits its images first
+    and writes the record last, once the workspace is packed (minutes, for a large one):
+    meanwhile a reap (any `ps`, a guardian's) took those images, whose record is missing,
+    for orphans and removed them, and the record then named images that were gone
+    (`being_saved`). One save of a name at a time: another is refused (UsageError). The
+    lock is the kernel's: it goes with this process whatever ends it, and a reap acts on a
+    name only while it holds that lock itself (`_held`)."""
     pending = record.with_suffix(PENDING_SUFFIX)
-    mine = _claim(pending)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            found = os.stat(pending, follow_symlinks=False)
-            if (found.st_dev, found.st_ino) == mine:
-                pending.unlink()
-
-
-def _claim(pending: Path) -> tuple[int, int]:
-    """Make `pending` naming this process, where no running save has one: its (device,
-    inode). A file there of a save no longer running is moved aside first (by one taker
-    only: a rename), and put back if a running save made it meanwhile."""
-    temp = pending.with_name(f".{pending.name}.{os.urandom(6).hex()}")
-    write_owner(temp)
-    try:
-        for _ in range(3):
-            try:
-                os.link(temp, pending)  # made whole, only where nothing is
-                found = os.stat(pending, follow_symlinks=False)
-                return found.st_dev, found.st_ino
-            except FileExistsError:
-                pass
-            if being_saved(pending):
-                break
-            aside = pending.with_name(f".{pending.name}.{os.urandom(6).hex()}")
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(pending, aside)  # (another taker's rename: ours finds nothing)
-                if _alive(aside):  # a running save's, made after the look above
-                    with contextlib.suppress(OSError):
-                        os.link(aside, pending)
-                    os.unlink(aside)
-                    break
-                os.unlink(aside)
-        raise UsageError(
-            f"{pending.stem!r} is being saved by another process now: choose another name"
+    with _held(pending, wait=CLAIM_WAIT) as fd:
+        if fd is None:
+            raise UsageError(
+                f"{pending.stem!r} is being saved by another process now: choose another name"
+            )
+        os.ftruncate(fd, 0)  # (the process's name, for a reader on another machine)
+        os.pwrite(
+            fd, f"{os.getpid()} {process_start(os.getpid())} {socket.gethostname()}\n".encode(), 0
         )
-    finally:
-        temp.unlink(missing_ok=True)
+        yield
+
+
+@contextlib.contextmanager
+def _held(pending: Path, *, wait: float) -> Iterator[int | None]:
+    """`pending` (made if missing, 0600, never through a link) locked by this process
+    alone while the block runs, and removed at its end; None in the block when another
+    process holds it past `wait` seconds (nothing is made or removed then). The lock is
+    taken on the file still at that name: one its last holder removed meanwhile is
+    opened again."""
+    deadline = time.monotonic() + wait
+    while True:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(pending, flags, 0o600)
+        except OSError as exc:  # a link, a folder or worse where it goes: not a save's
+            raise UsageError(f"{pending} is not a file a save made: {exc.strerror}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UsageError(f"{pending} is not a file a save made")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    fd = -1
+                    yield None
+                    return
+                os.close(fd)
+                fd = -1
+                time.sleep(0.05)
+                continue
+            if not _same(fd, pending):
+                os.close(fd)
+                fd = -1
+                continue  # (its holder removed it as we opened it)
+            try:
+                yield fd
+            finally:
+                if _same(fd, pending):  # (still this one: nobody removes it but its holder)
+                    with contextlib.suppress(OSError):
+                        os.unlink(pending)
+            return
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+
+def _same(fd: int, path: Path) -> bool:
+    try:
+        here = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def being_saved(record: str | Path) -> bool:
@@ -393,12 +425,24 @@ def being_saved(record: str | Path) -> bool:
 
 
 def _alive(pending: Path) -> bool:
-    """Whether the process a file `saving` made names still runs."""
-    found = read_owner(pending)
-    if found is None:
+    """Whether a save holds `pending` (its lock), or it names a process on another machine
+    (a state folder shared between machines: not ours to judge)."""
+    try:
+        fd = os.open(pending, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return False
-    pid, start, host = found
-    return owner_alive({"pid": pid, "start": start, "host": host})
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    found = read_owner(pending)
+    return found is not None and found[2] != socket.gethostname()
 
 
 def this_process() -> dict[str, str]:
@@ -443,13 +487,18 @@ def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
                 continue
             gone.append(f"{snap.name} (suspended; its owner is gone)")
     folder = snapshots_dir()
-    for pending in folder.glob("*" + PENDING_SUFFIX):  # a save cut short by a crash
-        if not being_saved(pending):
-            if not pending.with_suffix(".json").exists():  # what it made before its record
-                remove_files(pending.with_suffix(MEMORY_SUFFIX))
-                pending.with_suffix(SUFFIX).unlink(missing_ok=True)
-            pending.unlink(missing_ok=True)
-    for memory in folder.glob("*" + MEMORY_SUFFIX):  # (one a save made before it said so)
-        if not being_saved(memory) and not memory.with_suffix(".json").exists():
-            remove_files(memory)  # (a save names itself beside its record before making it)
+    # what a save cut short by a crash made before its record (its memory image, its
+    # archive), and a memory folder with no record: each only while this process holds
+    # its name (a save holds it from before it makes anything until after its record)
+    stems = {
+        str(p)[: -len(x)] for x in (PENDING_SUFFIX, MEMORY_SUFFIX) for p in folder.glob("*" + x)
+    }
+    for stem in sorted(stems):  # (joined, never with_suffix: a name may hold a dot)
+        pending = Path(stem + PENDING_SUFFIX)
+        if _alive(pending):
+            continue
+        with contextlib.suppress(OSError, OrchestratorError), _held(pending, wait=0) as fd:
+            if fd is not None and not Path(stem + ".json").exists():
+                remove_files(Path(stem + MEMORY_SUFFIX))
+                Path(stem + SUFFIX).unlink(missing_ok=True)
     return gone

@@ -126,3 +126,62 @@ def test_a_memory_image_a_killed_save_left_goes_with_the_next_reap() -> None:
     snapshot.remove_files(running)
     Snapshot.find("whole").remove()
     assert not kept.exists()
+
+
+def test_a_name_is_held_by_its_save_alone_until_the_kernel_lets_it_go(tmp_path: Path) -> None:
+    """One save of a name at a time, by a lock the kernel holds for the saving process: a
+    second is refused and removes nothing, a reap leaves what the save made, and a save
+    SIGKILLed midway lets the name go (its memory image goes with the next reap, and the
+    name can be saved again). Before, the owner was a file naming a process, which a second
+    save (or a reap) could judge dead and move aside while the first still saved."""
+    folder = snapshots_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    script = (
+        "import os, sys, time; from pathlib import Path; "
+        "from orchestrator.sandbox import snapshot; "
+        "record = Path(sys.argv[1]); "
+        "cm = snapshot.saving(record); cm.__enter__(); "
+        "m = record.with_suffix(snapshot.MEMORY_SUFFIX); m.mkdir(); "
+        "(m / 'pages.img').write_bytes(b'memory'); print('saving', flush=True); time.sleep(600)"
+    )
+    record = folder / "held.v2.json"  # (a dot in the name)
+    saver = subprocess.Popen(
+        [sys.executable, "-c", script, str(record)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert saver.stdout is not None and saver.stdout.readline() == "saving\n"
+        memory = folder / f"held.v2{snapshot.MEMORY_SUFFIX}"
+        assert snapshot.being_saved(record)
+        with (
+            pytest.raises(UsageError, match="being saved by another process"),
+            snapshot.saving(record),
+        ):
+            pass
+        snapshot.reap_suspended()
+        assert memory.exists() and (folder / f"held.v2{snapshot.PENDING_SUFFIX}").exists()
+    finally:
+        saver.kill()
+        saver.wait(30)
+        if saver.stdout is not None:
+            saver.stdout.close()
+    assert not snapshot.being_saved(record)
+    snapshot.reap_suspended()
+    assert not memory.exists() and not (folder / f"held.v2{snapshot.PENDING_SUFFIX}").exists()
+    with snapshot.saving(record):  # (free again)
+        assert snapshot.being_saved(record)
+    assert not snapshot.being_saved(record)
+
+
+def test_a_name_is_found_in_the_snapshots_folder_whatever_the_current_folder_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`v1.2` was taken for a path: a folder of that name in the current folder made a
+    record there (`v1.json`, whatever it said) the one found, and woken."""
+    saved = snapshot.save(b"x", "e", "d", snapshot.record_path("e", "v1.2"), backend="local")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "v1.2").mkdir()
+    (tmp_path / "v1.json").write_text(
+        json.dumps({"env": "forged", "digest": "", "created": "", "size": 0})
+    )
+    assert Snapshot.find("v1.2") == saved and saved.path.parent == snapshots_dir()
+    saved.remove()

@@ -166,7 +166,7 @@ def orphaned(engine: Engine | None = None) -> list[str]:
         labels = image[1]
         record = labels.get(LABEL_SNAPSHOT_RECORD, "")
         mine = labels.get(LABEL_SNAPSHOT_STATE) == ours
-        if mine and record and not Path(record).exists() and not being_saved(record):
+        if mine and record and not being_saved(record) and not Path(record).exists():
             found.append(image[0])
     return sorted(set(found))
 
