@@ -235,7 +235,7 @@ class Runtime(Lifecycle):
         # (while it is saved, its images and memory folder are no orphans: `saving` holds
         # its name from before anything of it is made until after what a failure removes;
         # a save refused its name makes and removes nothing)
-        with snapshot.saving(path.with_suffix(".json")):
+        with snapshot.saving(path.with_suffix(".json"), fresh=True):
             try:
                 with held as digests:
                     saved = self._save_files(path, keep=keep, quiet=quiet, memory=digests)
@@ -251,6 +251,7 @@ class Runtime(Lifecycle):
                     snapshot.remove_files(folder)
                     if path.with_suffix(".json").exists():
                         snapshot.Snapshot.find(path).remove()
+                    path.unlink(missing_ok=True)  # (an archive moved in, its record not written)
                 raise
 
     def _save_files(

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.paths import (
+    lock_descriptor,
     make_folders,
+    open_for_lock,
     read_owner,
     state_dir,
     state_folder,
@@ -158,8 +160,8 @@ class Snapshot:
         """A snapshot by its archive's path, or by name in the snapshots folder."""
         path = Path(ref)
         named = snapshots_dir() / f"{ref}{SUFFIX}"  # (a name, dots and all)
-        if "/" not in str(ref) and (path.suffix != SUFFIX or named.with_suffix(".json").exists()):
-            path = named  # a name is looked for in the snapshots folder first, and only there
+        if "/" not in str(ref) and (named.with_suffix(".json").exists() or not path.exists()):
+            path = named  # a name is looked for in the snapshots folder first
         snap = _load(path)
         if snap is None:
             known = ", ".join(s.name for s in list_snapshots()) or "none"
@@ -315,12 +317,16 @@ def record_path(env: str, name: str | None) -> Path:
         )
     # (a name with a dot is a name too: archive_path would take `v1.2` for a path here)
     path = archive_path(env, None) if name is None else snapshots_dir() / f"{name}{SUFFIX}"
+    _refuse_taken(path)  # (and again once the save holds the name: `saving(fresh=True)`)
+    return path
+
+
+def _refuse_taken(path: Path) -> None:
     if any(path.with_suffix(x).exists() for x in (SUFFIX, ".json", MEMORY_SUFFIX)):
         raise UsageError(
             f"there is a snapshot named {path.name.removesuffix(SUFFIX)!r} already: choose "
             "another name, or remove that one (`orchestrator snapshot --rm NAME`)"
         )
-    return path
 
 
 def source_of(env: Environment) -> str:
@@ -342,7 +348,7 @@ milliseconds; a save, for as long as it saves: that one is refused)."""
 
 
 @contextlib.contextmanager
-def saving(record: Path) -> Iterator[None]:
+def saving(record: Path, *, fresh: bool = False) -> Iterator[None]:
     """While this process saves `record` (`<name>.json`, in a folder made already): a file
     beside it, locked by this process (flock) and naming it. A save commits its images first
     and writes the record last, once the workspace is packed (minutes, for a large one):
@@ -350,13 +356,16 @@ def saving(record: Path) -> Iterator[None]:
     for orphans and removed them, and the record then named images that were gone
     (`being_saved`). One save of a name at a time: another is refused (UsageError). The
     lock is the kernel's: it goes with this process whatever ends it, and a reap acts on a
-    name only while it holds that lock itself (`_held`)."""
+    name only while it holds that lock itself (`_held`). `fresh`: a record of that name
+    must not be there (UsageError, before anything is made)."""
     pending = record.with_suffix(PENDING_SUFFIX)
     with _held(pending, wait=CLAIM_WAIT) as fd:
         if fd is None:
             raise UsageError(
                 f"{pending.stem!r} is being saved by another process now: choose another name"
             )
+        if fresh:  # (asked again with the name held: a save just before may have taken it)
+            _refuse_taken(record.with_suffix(SUFFIX))
         os.ftruncate(fd, 0)  # (the process's name, for a reader on another machine)
         os.pwrite(
             fd, f"{os.getpid()} {process_start(os.getpid())} {socket.gethostname()}\n".encode(), 0
@@ -369,44 +378,38 @@ def _held(pending: Path, *, wait: float) -> Iterator[int | None]:
     """`pending` (made if missing, 0600, never through a link) locked by this process
     alone while the block runs, and removed at its end; None in the block when another
     process holds it past `wait` seconds (nothing is made or removed then). The lock is
-    taken on the file still at that name: one its last holder removed meanwhile is
-    opened again."""
+    taken on the file still at that name: one its last holder removed meanwhile is opened
+    again. A child forked meanwhile holds no copy of it, and removes nothing
+    (`paths.lock_descriptor`)."""
     deadline = time.monotonic() + wait
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    owner = os.getpid()
     while True:
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(pending, flags, 0o600)
+            opened = open_for_lock(pending, flags)
         except OSError as exc:  # a link, a folder or worse where it goes: not a save's
             raise UsageError(f"{pending} is not a file a save made: {exc.strerror}") from None
-        try:
+        with lock_descriptor(opened) as fd:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise UsageError(f"{pending} is not a file a save made")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                taken = True
             except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    fd = -1
-                    yield None
-                    return
-                os.close(fd)
-                fd = -1
-                time.sleep(0.05)
-                continue
-            if not _same(fd, pending):
-                os.close(fd)
-                fd = -1
-                continue  # (its holder removed it as we opened it)
-            try:
-                yield fd
-            finally:
-                if _same(fd, pending):  # (still this one: nobody removes it but its holder)
-                    with contextlib.suppress(OSError):
-                        os.unlink(pending)
+                taken = False
+            if taken and _same(fd, pending):
+                try:
+                    yield fd
+                finally:
+                    if os.getpid() == owner and _same(fd, pending):  # (nobody else removes it)
+                        with contextlib.suppress(OSError):
+                            os.unlink(pending)
+                return
+        if not taken and time.monotonic() >= deadline:
+            yield None
             return
-        finally:
-            if fd >= 0:
-                os.close(fd)
+        if not taken:
+            time.sleep(0.05)  # (taken but no longer at its name: its holder removed it)
 
 
 def _same(fd: int, path: Path) -> bool:
@@ -490,9 +493,8 @@ def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
     # what a save cut short by a crash made before its record (its memory image, its
     # archive), and a memory folder with no record: each only while this process holds
     # its name (a save holds it from before it makes anything until after its record)
-    stems = {
-        str(p)[: -len(x)] for x in (PENDING_SUFFIX, MEMORY_SUFFIX) for p in folder.glob("*" + x)
-    }
+    kinds = (PENDING_SUFFIX, MEMORY_SUFFIX, SUFFIX)
+    stems = {str(p)[: -len(x)] for x in kinds for p in folder.glob("*" + x)}
     for stem in sorted(stems):  # (joined, never with_suffix: a name may hold a dot)
         pending = Path(stem + PENDING_SUFFIX)
         if _alive(pending):

@@ -305,3 +305,31 @@ def test_a_save_takes_over_the_name_of_one_no_longer_running() -> None:
             pass
         assert pending.exists()  # (the refused one did not remove it)
     assert not pending.exists()
+
+
+def test_a_save_that_waited_for_its_name_finds_it_taken_and_removes_nothing() -> None:
+    """A second save of a name asked whether it was free before it held it: one that
+    waited for the first (its files not made yet when it asked) then saved over it, and
+    its cleanup removed the first's record, archive and memory image."""
+    first, second = Packer("a"), Packer("b")  # type: ignore[abstract]
+    refused: list[BaseException] = []
+
+    def save_second() -> None:
+        try:
+            second._save_whole("twice", keep=True, quiet=False, memory=True)
+        except BaseException as exc:
+            refused.append(exc)
+
+    waiting = threading.Thread(target=save_second)
+
+    def meanwhile() -> None:  # it asks while the first holds the name, nothing made yet,
+        waiting.start()  # then waits for the name (at most snapshot.CLAIM_WAIT)
+        time.sleep(0.5)
+
+    first.inside = meanwhile
+    saved = first._save_whole("twice", keep=True, quiet=False, memory=True)
+    waiting.join(30)
+    assert len(refused) == 1 and "already" in str(refused[0]), refused
+    assert saved.path.exists() and saved.record.exists() and saved.memory_folder.exists()
+    assert second.restarted_from == []
+    saved.remove()

@@ -4,7 +4,10 @@ owner rule of `suspend(keep=False)`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -185,3 +188,52 @@ def test_a_name_is_found_in_the_snapshots_folder_whatever_the_current_folder_hol
     )
     assert Snapshot.find("v1.2") == saved and saved.path.parent == snapshots_dir()
     saved.remove()
+
+
+FORKS_WHILE_SAVING = """
+import os, sys, time
+from pathlib import Path
+from orchestrator.sandbox import snapshot
+record = Path(sys.argv[1])
+with snapshot.saving(record):
+    leaver = os.fork()
+    if leaver == 0:  # a child that leaves the block as the saver would: removes nothing
+        sys.exit(0)
+    os.waitpid(leaver, 0)
+    print("kept" if snapshot.being_saved(record) else "lost", flush=True)
+    if os.fork() == 0:  # a child that outlives the saver: holds no lock
+        time.sleep(60)
+        os._exit(0)
+    print("saving", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_child_forked_during_a_save_neither_holds_nor_removes_its_name() -> None:
+    """A child forked while a save ran kept the lock open after the saver died (the name
+    refused, its memory image never reaped, for the child's life); one that left the block
+    removed the saver's file, and a second save of the name went ahead."""
+    folder = snapshots_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    record = folder / "forking.json"
+    saver = subprocess.Popen(
+        [sys.executable, "-c", FORKS_WHILE_SAVING, str(record)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert saver.stdout is not None
+        assert saver.stdout.readline() == "kept\n"
+        assert saver.stdout.readline() == "saving\n"
+        assert snapshot.being_saved(record)
+        saver.kill()  # (the child sleeps on)
+        saver.wait(30)
+        assert not snapshot.being_saved(record)
+        with snapshot.saving(record):
+            pass
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(saver.pid, signal.SIGKILL)
+        if saver.stdout is not None:
+            saver.stdout.close()
