@@ -279,8 +279,9 @@ def lock_descriptor(fd: int) -> Iterator[int]:
         yield fd
     finally:
         if os.getpid() == pid:
-            _LOCK_FDS.discard(fd)
-            os.close(fd)
+            with _LOCK_FDS_GUARD:  # (a fork between the two would give the child the lock)
+                _LOCK_FDS.discard(fd)
+                os.close(fd)
 
 
 @contextlib.contextmanager

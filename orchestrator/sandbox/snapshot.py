@@ -160,8 +160,9 @@ class Snapshot:
         """A snapshot by its archive's path, or by name in the snapshots folder."""
         path = Path(ref)
         named = snapshots_dir() / f"{ref}{SUFFIX}"  # (a name, dots and all)
-        if "/" not in str(ref) and (named.with_suffix(".json").exists() or not path.exists()):
-            path = named  # a name is looked for in the snapshots folder first
+        if "/" not in str(ref) and (named.with_suffix(".json").exists() or not path.suffix):
+            path = named  # a name is looked for in the snapshots folder first (a plain one,
+            # only there: never a record that the current folder holds)
         snap = _load(path)
         if snap is None:
             known = ", ".join(s.name for s in list_snapshots()) or "none"
@@ -408,8 +409,8 @@ def _held(pending: Path, *, wait: float) -> Iterator[int | None]:
         if not taken and time.monotonic() >= deadline:
             yield None
             return
-        if not taken:
-            time.sleep(0.05)  # (taken but no longer at its name: its holder removed it)
+        if not taken:  # (taken but no longer at its name, its holder removed it: again)
+            time.sleep(0.05)
 
 
 def _same(fd: int, path: Path) -> bool:

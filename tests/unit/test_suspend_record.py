@@ -237,3 +237,17 @@ def test_a_child_forked_during_a_save_neither_holds_nor_removes_its_name() -> No
             os.killpg(saver.pid, signal.SIGKILL)
         if saver.stdout is not None:
             saver.stdout.close()
+
+
+def test_a_plain_name_is_never_a_record_of_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain name with no snapshot of its own fell back to a file of that name in the
+    current folder: a repository's forged `prod.json` (any image, any memory folder) was
+    woken by `wake("prod")`."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prod").write_bytes(b"")
+    forged = {"env": "e", "digest": "", "created": "", "size": 0, "image": "evil/img:latest"}
+    (tmp_path / "prod.json").write_text(json.dumps(forged))
+    with pytest.raises(UsageError, match="no snapshot 'prod'"):
+        Snapshot.find("prod")
