@@ -253,6 +253,14 @@ class Packer(Runtime):
 Packer.__abstractmethods__ = frozenset()
 
 
+def _save_noting(packer: Packer, name: str, refused: list[BaseException]) -> None:
+    """`packer` saves `name` with memory; what it raises goes in `refused`."""
+    try:
+        packer._save_whole(name, keep=True, quiet=False, memory=True)
+    except BaseException as exc:
+        refused.append(exc)
+
+
 def test_a_save_that_fails_leaves_the_sandbox_its_memory_image_to_start_again_from() -> None:
     """A save whose packing failed removed the memory image with its other files before
     the sandbox was started again from it: the sandbox stayed stopped, its processes
@@ -271,14 +279,7 @@ def test_one_save_of_a_name_at_a_time_and_a_refused_one_removes_nothing() -> Non
     saved in the snapshots folder (it went to the current folder) and found by it."""
     first, second = Packer("a"), Packer("b")  # type: ignore[abstract]
     refused: list[BaseException] = []
-
-    def meanwhile() -> None:
-        try:
-            second._save_whole("v1.2", keep=True, quiet=False, memory=True)
-        except BaseException as exc:
-            refused.append(exc)
-
-    first.inside = meanwhile
+    first.inside = functools.partial(_save_noting, second, "v1.2", refused)
     saved = first._save_whole("v1.2", keep=True, quiet=False, memory=True)
     assert len(refused) == 1 and isinstance(refused[0], UsageError), refused
     assert "being saved by another process" in str(refused[0])
@@ -313,14 +314,7 @@ def test_a_save_that_waited_for_its_name_finds_it_taken_and_removes_nothing() ->
     its cleanup removed the first's record, archive and memory image."""
     first, second = Packer("a"), Packer("b")  # type: ignore[abstract]
     refused: list[BaseException] = []
-
-    def save_second() -> None:
-        try:
-            second._save_whole("twice", keep=True, quiet=False, memory=True)
-        except BaseException as exc:
-            refused.append(exc)
-
-    waiting = threading.Thread(target=save_second)
+    waiting = threading.Thread(target=_save_noting, args=(second, "twice", refused))
 
     def meanwhile() -> None:  # it asks while the first holds the name, nothing made yet,
         waiting.start()  # then waits for the name (at most snapshot.CLAIM_WAIT)
