@@ -129,25 +129,30 @@ class Snapshot:
         only when the image itself says it is this record's (a record is a file: it may
         name any image and any backend; what is not its own is left alone, with a
         warning)."""
-        if self.images:
-            # (the registry is loaded here only: what lists snapshots loads no backend)
-            from orchestrator.sandbox.registry import get_runtime_class
-
-            try:
-                backend = get_runtime_class(self.image_backend)
-            except UsageError as exc:
-                log.warning(
-                    "snapshot %s: its images %s are left alone: %s",
-                    self.name,
-                    ", ".join(self.images.values()),
-                    exc,
-                )
-            else:
-                backend.remove_snapshot_image(self)
+        self.remove_images()
         self.path.unlink(missing_ok=True)
         self.record.unlink(missing_ok=True)
         if memory:
             remove_files(self.memory_folder)
+
+    def remove_images(self) -> None:
+        """Remove its images alone, as `remove` does."""
+        if not self.images:
+            return
+        # (the registry is loaded here only: what lists snapshots loads no backend)
+        from orchestrator.sandbox.registry import get_runtime_class
+
+        try:
+            backend = get_runtime_class(self.image_backend)
+        except UsageError as exc:
+            log.warning(
+                "snapshot %s: its images %s are left alone: %s",
+                self.name,
+                ", ".join(self.images.values()),
+                exc,
+            )
+        else:
+            backend.remove_snapshot_image(self)
 
     def archive(self) -> bytes:
         try:
@@ -222,6 +227,20 @@ def archive_path(env: str, dest: str | Path | None = None) -> Path:
         name = str(dest) if dest else f"{env}-{stamp}-{uuid.uuid4().hex[:6]}"
         return snapshots_dir() / f"{name}{SUFFIX}"
     return Path(dest).absolute()
+
+
+def replaced(path: Path) -> Snapshot | None:
+    """The snapshot a new one saved at `path` takes the place of (None: none is there). A
+    suspended environment or a checkpoint is refused (UsageError): its record would go and
+    its images, memory image and owner with it, unreaped (the images name that record)."""
+    old = _load(path)
+    if old is not None and (old.suspended or old.services or old.memory or old.owner):
+        raise UsageError(
+            f"{old.name!r} is a suspended environment or a checkpoint, which a snapshot does "
+            "not replace: choose another name, or remove it first (`orchestrator snapshot "
+            f"--rm {old.name}`)"
+        )
+    return old
 
 
 def save(
@@ -498,6 +517,8 @@ def reap_suspended(owner: Mapping[str, str] | None = None) -> list[str]:
     stems = {str(p)[: -len(x)] for x in kinds for p in folder.glob("*" + x)}
     for stem in sorted(stems):  # (joined, never with_suffix: a name may hold a dot)
         pending = Path(stem + PENDING_SUFFIX)
+        if Path(stem + ".json").exists() and not pending.exists():
+            continue  # a whole record, no save of it under way: nothing to take (nor lock)
         if _alive(pending):
             continue
         with contextlib.suppress(OSError, OrchestratorError), _held(pending, wait=0) as fd:

@@ -251,3 +251,32 @@ def test_a_plain_name_is_never_a_record_of_the_current_folder(
     (tmp_path / "prod.json").write_text(json.dumps(forged))
     with pytest.raises(UsageError, match="no snapshot 'prod'"):
         Snapshot.find("prod")
+
+
+def test_a_reap_locks_no_whole_record_and_still_takes_a_stale_claim_beside_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every `ps`, `up` and guardian reaps: taking each whole record's name made and removed
+    a `.pending` file per record each time. A name whose record is whole and that no save
+    claims is left alone now; a claim a killed save left beside a record is still taken."""
+    folder = snapshots_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    _record("whole-a", suspended=True)
+    _record("whole-b", suspended=True)
+    _record("claimed", suspended=True)
+    stale = folder / f"claimed{snapshot.PENDING_SUFFIX}"
+    stale.write_text("")  # no process holds it
+    held: list[str] = []
+    real = snapshot._held
+
+    def counted(pending: Path, **kw: object) -> object:
+        held.append(pending.name)
+        return real(pending, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snapshot, "_held", counted)
+    snapshot.reap_suspended()
+    assert held == [f"claimed{snapshot.PENDING_SUFFIX}"]
+    assert not stale.exists()
+    for name in ("whole-a", "whole-b", "claimed"):
+        assert not (folder / f"{name}{snapshot.PENDING_SUFFIX}").exists()
+        Snapshot.find(name).remove()
