@@ -121,14 +121,19 @@ class Runtime(Lifecycle):
         path = snapshot.archive_path(self.env.name, dest)
         limit = limit or snapshot_limit()
         snapshot.records_folder(path)  # private, owner-checked
+        snapshot.replaced(path)  # (refused before anything is packed, and again below)
         # with a timeout or without, into a file beside `path`: never whole in memory
         archive = self._pack_workdir_file(path.parent, None, limit, timeout)
         image, env, host = "", self.env, self._engine()
         try:
             with snapshot.saving(path.with_suffix(".json")):  # (its image: no orphan meanwhile)
+                old = snapshot.replaced(path)
                 image = self._commit(path.with_suffix(".json")) if filesystem else ""
                 threads.last_step()  # (an async caller that was cancelled gets no snapshot)
-                return snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
+                saved = snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
+                if old is not None:  # its image names this record too: no reap would take it
+                    self._drop_replaced(old, saved)
+                return saved
         except BaseException:
             if image:  # made for a snapshot that is not: it goes (what is at `path` stays)
                 made = snapshot.Snapshot(path, "", "", "", 0, image, host, self.name)
@@ -137,6 +142,15 @@ class Runtime(Lifecycle):
             raise
         finally:
             archive.unlink(missing_ok=True)  # (moved into place unless that failed)
+
+    @staticmethod
+    def _drop_replaced(old: Snapshot, new: Snapshot) -> None:
+        """Remove the image of `old`, the snapshot `new` replaced (each image's tag is its
+        own); a failure is logged: the new snapshot stands."""
+        try:
+            old.remove_images()
+        except (OSError, OrchestratorError) as exc:
+            log.warning("snapshot %s: the image it replaced is left: %s", new.name, exc)
 
     def _engine(self) -> str:
         """The engine this runtime's containers are on, as a snapshot records it: the one

@@ -699,7 +699,9 @@ def test_filesystem_snapshot_resumes_the_container_and_goes_with_it(
     # reap, and by a listing (`ps`), which asks the engine for them ahead (ahead.py)
     with spawn_runtime(path) as third:
         orphan = third.snapshot(tmp_path / "orphan.tar", filesystem=True)
-        listed = third.snapshot(tmp_path / "listed.tar", filesystem=True)
+        replaced = third.snapshot(tmp_path / "listed.tar", filesystem=True)
+        listed = third.snapshot(tmp_path / "listed.tar", filesystem=True)  # in its place
+    assert not images.exists(replaced.image)  # (it named the same record: no reap took it)
     orphan.record.unlink()
     reap()
     assert not images.exists(orphan.image) and images.exists(listed.image)

@@ -81,6 +81,31 @@ def test_no_container_filesystem_to_snapshot_or_resume(tmp_path: Path) -> None:
         spawn_runtime(env, resume=replace(snap, image="orchestrator-snapshot:x"))
 
 
+def test_a_snapshot_replaces_a_snapshot_and_never_a_suspended_record() -> None:
+    """A snapshot saved under a name taken replaced whatever record held it: a suspended
+    environment's or a checkpoint's too, whose images (naming that record) no reap then
+    took. A snapshot replaces only a snapshot now; the others are refused, kept whole."""
+    import json
+
+    from orchestrator import Snapshot, UsageError
+    from orchestrator.sandbox.snapshot import snapshots_dir
+
+    env = load_environment_text("version: 1\nname: again\nbackend: local\n")
+    with spawn_runtime(env) as rt:
+        rt.write_file("a.txt", "first")
+        first = rt.snapshot("again-snap")
+        rt.write_file("a.txt", "second")
+        assert rt.snapshot("again-snap").path == first.path  # a snapshot: replaced
+        held = json.loads(first.record.read_text()) | {"suspended": True}
+        first.record.write_text(json.dumps(held))
+        before = first.record.read_bytes(), first.path.read_bytes()
+        with pytest.raises(UsageError, match="does not replace"):
+            rt.snapshot("again-snap")
+    assert (first.record.read_bytes(), first.path.read_bytes()) == before
+    assert not list(snapshots_dir().glob("*.pending"))
+    Snapshot.find("again-snap").remove()
+
+
 def test_a_runtime_dropped_without_cleanup_leaves_nothing() -> None:
     """Collected without `with` or cleanup(): its processes and its folder go all the same."""
     rt = spawn_runtime(load_environment_text("version: 1\nname: dropped\nbackend: local\n"))
