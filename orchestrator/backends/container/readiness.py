@@ -14,6 +14,7 @@ runtime), so Compose and Swarm keep one rule."""
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,9 @@ class Look:
     health: str
     """"", starting, healthy or unhealthy."""
     oom: bool
+    started: float | None = None
+    """When the engine last started its process (seconds since the epoch, by the engine's
+    clock); None when it does not say."""
 
     @classmethod
     def of(cls, state: Any) -> Look:
@@ -65,11 +69,25 @@ class Look:
             exit_code=code if isinstance(code, int) else None,
             health=str(health or ""),
             oom=bool(getattr(state, "oom_killed", False)),
+            started=_epoch(getattr(state, "started_at", None)),
         )
 
     @property
     def ended(self) -> bool:
         return self.status in ENDED
+
+
+def _epoch(when: object) -> float | None:
+    """A time the engine gives (RFC 3339 text, or a datetime), in seconds since the epoch;
+    None for none, or the engine's zero time (never started)."""
+    try:
+        if isinstance(when, str) and when:
+            when = datetime.datetime.fromisoformat(when)
+        if isinstance(when, datetime.datetime) and when.year > 1:
+            return when.timestamp()
+    except (ValueError, OverflowError, OSError):
+        pass
+    return None
 
 
 def log_tail(text: str) -> str:
@@ -131,6 +149,7 @@ class ServiceWatch:
         *,
         timeout: float,
         settle: float = SETTLE,
+        same_clock: bool = False,
     ) -> None:
         self.ident = ident
         self.services = dict(services)
@@ -138,8 +157,12 @@ class ServiceWatch:
         self._logs = logs
         self.timeout = timeout
         self.settle = settle
+        self.same_clock = same_clock
+        """The engine's clock is this machine's (its socket is here): a service's settle
+        window runs from when the engine started it, not from when it was first seen."""
         self._seen: dict[str, float] = {}
-        """Monotonic time each service that keeps running was first seen running."""
+        """Monotonic time each service that keeps running started (or was first seen
+        running)."""
 
     def _tail(self, service: str) -> str:
         try:
@@ -162,8 +185,11 @@ class ServiceWatch:
         if look.ended or look.health == "unhealthy":
             raise self._fail(service, look)
         running = look.status in ("running", "paused")
-        if running:
-            self._seen.setdefault(service, time.monotonic())
+        if running and service not in self._seen:
+            seen = time.monotonic()
+            if self.same_clock and look.started is not None:  # (never more than the window)
+                seen -= min(max(0.0, time.time() - look.started), self.settle)
+            self._seen[service] = seen
         if self.services[service].healthcheck is not None:
             return running and look.health == "healthy"
         return running

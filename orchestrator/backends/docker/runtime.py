@@ -172,7 +172,10 @@ class ComposeRuntime(ContainerRuntime):
             self._shared = self.project.directory / IO_DIR
             self._prepare_services(copied=False)  # a service's workdir, before its command
         services = self.env.spec.services
-        watch = ServiceWatch(self._id, services, self._state, self._logs, timeout=up_timeout())
+        same_clock = self.project.engine.socket is not None  # (an engine of this machine)
+        watch = ServiceWatch(
+            self._id, services, self._state, self._logs, timeout=up_timeout(), same_clock=same_clock
+        )
         watch.started()  # every service runs, is healthy, or (a job) exited 0
         self._main = self._channel(MAIN, self.project.main_container)
         # a copy with memory runs from it already (_from_memory), or is stopped once its
