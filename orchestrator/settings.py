@@ -95,7 +95,8 @@ UP_TIMEOUT = _c.number(
 )  # fmt: skip
 UP_PATH = _c.choice(
     "ORCHESTRATOR_UP_PATH", "auto", ("auto", "compose"),
-    "auto: a one-container project starts and goes through the Engine API; compose: always "
+    "auto: a project on a Docker engine of this machine starts and goes through the Engine "
+    "API where the file holds only what it makes exactly as Compose does; compose: always "
     "through Compose.",
 )  # fmt: skip
 EXEC_MODE = _c.choice(

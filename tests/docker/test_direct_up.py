@@ -5,7 +5,10 @@ configuration, mounts, limits and labels, seen by the same Compose commands afte
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ from orchestrator import load_environment, spawn_runtime
 from orchestrator.backends.docker.direct import UP_PATH_ENV
 from orchestrator.backends.docker.runtime import ComposeRuntime
 from orchestrator.errors import OrchestratorError
-from tests.conftest import main_container
+from tests.conftest import BUSYBOX_IMAGE, main_container
 from tests.docker.conftest import MakeEnv
 
 RICH = """\
@@ -166,6 +169,176 @@ def test_the_direct_path_makes_the_container_compose_makes(
         k: (direct["host"][k], v) for k, v in compose["host"].items() if direct["host"][k] != v
     }
     assert differ == {}
+
+
+SEVERAL = f"""\
+network:
+  egress: [allowed.test]
+  ports: [{{container: 8080}}]
+services:
+  db:
+    image: {BUSYBOX_IMAGE}
+    command: [sleep, "100000"]
+    volumes: [{{volume: data, target: /data}}]
+  web:
+    image: {BUSYBOX_IMAGE}
+    workdir: /srv
+    healthcheck: {{test: [CMD, "true"], interval: 250ms, timeout: 2s, retries: 3}}
+    entrypoint: [sh, -c]
+    command: ["exec sleep 100000"]
+    depends_on: {{db: started}}
+    env: {{MODE: "a b $$c"}}
+    resources: {{memory: 64m, pids: 64}}
+"""
+"""A project of several containers the fast path makes (direct_project): the egress
+gateway and the port forwarder on two networks, a plain service with a named volume, and
+one with a health check that waits for it and is prepared first (gated: the sandbox waits
+for it to have started only, and then for its health itself)."""
+
+
+SUBNET = re.compile(r"\b\d+\.\d+\.\d+\.\d+/\d+\b")
+
+
+def _answers(port: int) -> bool:
+    """Whether 127.0.0.1:`port` answers an HTTP GET within 20 s."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as got:
+                return bool(got.status == 200)
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def _networks(found: dict[str, Any], project: str) -> list[tuple[str, list[str]]]:
+    """A container's networks and its aliases there, named without the project (and
+    without the short id the engine adds)."""
+    return sorted(
+        (
+            net.replace(project, "PROJECT"),
+            sorted(
+                a.replace(project, "PROJECT") for a in e["Aliases"] or [] if a != found["Id"][:12]
+            ),
+        )
+        for net, e in found["NetworkSettings"]["Networks"].items()
+    )
+
+
+def _network_shape(found: dict[str, Any], project: str, folder: str) -> dict[str, Any]:
+    ipam = found["IPAM"]
+    return {
+        "name": found["Name"].replace(project, "PROJECT"),
+        "driver": found["Driver"],
+        "internal": found["Internal"],
+        "attachable": found["Attachable"],
+        "ipv6": found["EnableIPv6"],
+        "options": found["Options"] or {},
+        "ipam": (ipam["Driver"], len(ipam["Config"] or []), ipam.get("Options") or {}),
+        "labels": {
+            k: v.replace(folder, "FOLDER").replace(project, "PROJECT")
+            for k, v in found["Labels"].items()
+            if k not in ("com.docker.compose.version", "com.docker.compose.config-hash")
+            and k not in ("org.orchestrator.started", "org.orchestrator.owner.start")
+        },
+    }
+
+
+def _project_shapes(rt: ComposeRuntime) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+    """Each container's shape (with its networks, health check, ports, signals, resolvers
+    and kernel settings) by service, each network's, and whether Compose made them."""
+    assert rt.project is not None
+    project, folder = rt.project.name, str(rt.project.directory)
+    label = f"label=com.docker.compose.project={project}"
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    containers = {}
+    by_compose = set()
+    for ident in ids:
+        found = _inspect(ident)
+        config, host = found["Config"], found["HostConfig"]
+        service = config["Labels"]["com.docker.compose.service"]
+        by_compose.add(COMPOSE_VERSION in config["Labels"])
+        shape = _shape(found, folder)
+        shape["argv"] = [SUBNET.sub("SUBNET", a) for a in shape["argv"]]  # (each run its own)
+        shape["labels"] = {k: v.replace(project, "PROJECT") for k, v in shape["labels"].items()}
+        shape["mounts"] = [
+            tuple(str(x).replace(project, "PROJECT") for x in m) for m in shape["mounts"]
+        ]
+        shape["host"]["NetworkMode"] = str(shape["host"]["NetworkMode"]).replace(project, "PROJECT")
+        for key in ("DnsOptions", "Sysctls"):
+            shape["host"][key] = _empty_is_unset(key, host.get(key))
+        shape |= {
+            "networks": _networks(found, project),
+            "health": config.get("Healthcheck"),
+            "exposed": config.get("ExposedPorts"),
+            "signal": config.get("StopSignal"),
+            "depends": sorted(  # (Compose writes them in no set order)
+                config["Labels"].get("com.docker.compose.depends_on", "").split(",")
+            ),
+        }
+        containers[service] = shape
+    nets = subprocess.run(
+        ["docker", "network", "ls", "-q", "--filter", label],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()
+    found_nets = json.loads(
+        subprocess.run(
+            ["docker", "network", "inspect", *nets], capture_output=True, text=True, timeout=60
+        ).stdout
+    )
+    networks = sorted(
+        (_network_shape(n, project, folder) for n in found_nets), key=lambda n: n["name"]
+    )
+    assert len(by_compose) == 1
+    return containers, networks, by_compose.pop()
+
+
+def test_the_direct_path_makes_the_project_of_several_compose_makes(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several containers and their networks, made through the Engine API without a Compose
+    process, are what Compose makes from the same file; and work as they do: the sidecar
+    answers by name, the gateway is reached, the forwarder publishes its port."""
+    env_file = make_env(SEVERAL)
+    got: dict[str, Any] = {}
+    for path in ("compose", "auto"):
+        rt = _started(env_file, path, monkeypatch)
+        try:
+            containers, networks, by_compose = _project_shapes(rt)
+            assert by_compose is (path == "compose")
+            assert sorted(containers) == [
+                "db",
+                "main",
+                "orchestrator-egress",
+                "orchestrator-ports",
+                "web",
+            ]
+            reach = rt.execute(
+                "getent hosts db web orchestrator-egress | wc -l; printenv HTTPS_PROXY", user="root"
+            )
+            assert reach.stdout.split("\n")[:2] == ["3", "http://orchestrator-egress:3128"]
+            said = rt.service("web").execute("tr '\\0' '\\n' < /proc/1/environ | grep ^MODE=")
+            assert said.stdout == "MODE=a b $$c\n"
+            serve = "setsid python3 -m http.server 8080 --bind 0.0.0.0 >/dev/null 2>&1 </dev/null &"
+            assert rt.execute(serve, timeout=20).exit_code == 0
+            [port] = rt.info().ports
+            assert port.container == 8080 and _answers(port.host)
+            got[path] = (containers, networks)
+        finally:
+            rt.cleanup()
+    (direct, direct_nets), (compose, compose_nets) = got["auto"], got["compose"]
+    assert direct_nets == compose_nets
+    for service, shape in compose.items():
+        mine = direct[service]
+        differ = {k: (mine[k], v) for k, v in shape.items() if k != "host" and mine[k] != v}
+        differ |= {
+            k: (mine["host"][k], v) for k, v in shape["host"].items() if mine["host"][k] != v
+        }
+        assert differ == {}, (service, differ)
 
 
 def test_compose_commands_see_a_directly_made_project(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from orchestrator.backends.container.engine import api as engine_api
 from orchestrator.backends.container.templating import quote
-from orchestrator.backends.docker.direct import UP_PATH_ENV, direct_run
+from orchestrator.backends.docker.direct import UP_PATH_ENV, direct_project, direct_run
 from orchestrator.backends.docker.namefiles import HOSTS
 from orchestrator.errors import UsageError
 
@@ -234,3 +234,191 @@ def test_a_project_keeps_the_engine_it_was_made_for(
     assert remote._direct() is None  # Compose, on the engine its clients were made for
     local = Project("orch-t-1", tmp_path, compiled)
     assert local._direct() is not None or engine_api.local_socket() is None
+
+
+def several(**changes: Any) -> dict[str, Any]:
+    """A project of several: the sandbox, a sidecar it waits for, and a gateway on two
+    networks (as the template writes them); `changes`: keys of the sidecar's replaced."""
+    main = project(depends_on={"db": {"condition": "service_started"}})["services"]["main"]
+    del main["network_mode"]
+    db = {
+        "image": "db:1",
+        "pull_policy": "never",
+        "command": ["serve"],
+        "init": True,
+        "dns": ["127.0.0.1"],
+        "labels": {"org.orchestrator.project": "orch-t-1"},
+        **changes,
+    }
+    gateway = {
+        "image": "gw:1",
+        "pull_policy": "never",
+        "command": ["proxy"],
+        "stop_signal": "SIGKILL",
+        "networks": ["egress", "default"],
+        "sysctls": {"net.ipv4.ip_forward": "0"},
+        "ulimits": {"nofile": {"soft": 4096, "hard": 4096}},
+        "ports": ["127.0.0.1::8080/tcp"],
+    }
+    networks = {
+        "default": {
+            "internal": True,
+            "driver_opts": {"com.docker.network.bridge.inhibit_ipv4": "true"},
+            "ipam": {"config": [{"subnet": "10.9.0.0/27"}]},
+            "labels": {"org.orchestrator.project": "orch-t-1"},
+        },
+        "egress": {"internal": False},
+    }
+    services = {"main": main, "db": db, "orchestrator-egress": gateway}
+    return {"name": "orch-t-1", "services": services, "networks": networks}
+
+
+def test_a_project_of_several_is_its_networks_then_each_container_in_waves() -> None:
+    made = direct_project(render(several()), "orch-t-1", FOLDER)
+    assert made is not None
+    default, egress = made.networks
+    assert default["Name"] == "orch-t-1_default" and default["Internal"] is True
+    assert default["Options"] == {"com.docker.network.bridge.inhibit_ipv4": "true"}
+    assert default["IPAM"]["Config"] == [{"Subnet": "10.9.0.0/27"}]
+    assert default["Labels"]["com.docker.compose.network"] == "default"
+    assert default["Labels"]["org.orchestrator.project"] == "orch-t-1"
+    assert egress["Name"] == "orch-t-1_egress" and egress["Internal"] is False
+    assert [[c.service for c in wave] for wave in made.waves()] == [
+        ["db", "orchestrator-egress"],
+        ["main"],
+    ]
+    by = {c.service: c for c in made.containers}
+    gateway = by["orchestrator-egress"].body
+    aliases = ("orch-t-1-orchestrator-egress-1", "orchestrator-egress")
+    assert gateway["HostConfig"]["NetworkMode"] == "orch-t-1_default"  # (the first by name)
+    assert gateway["NetworkingConfig"]["EndpointsConfig"] == {
+        "orch-t-1_default": {"Aliases": list(aliases)}
+    }
+    assert by["orchestrator-egress"].joins == (("orch-t-1_egress", aliases),)
+    assert gateway["StopSignal"] == "SIGKILL" and gateway["Cmd"] == ["proxy"]
+    assert "Entrypoint" not in gateway  # (the image's own, as Compose leaves it)
+    assert gateway["HostConfig"]["Sysctls"] == {"net.ipv4.ip_forward": "0"}
+    assert gateway["HostConfig"]["Ulimits"] == [{"Name": "nofile", "Soft": 4096, "Hard": 4096}]
+    assert gateway["ExposedPorts"] == {"8080/tcp": {}}
+    assert gateway["HostConfig"]["PortBindings"] == {
+        "8080/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]
+    }
+    assert by["main"].after == ("db",)
+    assert by["main"].body["Labels"]["com.docker.compose.depends_on"] == "db:service_started:false"
+    assert by["db"].body["HostConfig"]["Dns"] == ["127.0.0.1"]
+
+
+def test_a_health_check_reads_as_compose_reads_it() -> None:
+    check = {"test": "curl -f x", "interval": "1m30s", "timeout": "250ms", "retries": 3}
+    made = direct_project(render(several(healthcheck=check)), "orch-t-1", FOLDER)
+    assert made is not None
+    db = next(c for c in made.containers if c.service == "db").body
+    assert db["Healthcheck"] == {
+        "Test": ["CMD-SHELL", "curl -f x"],
+        "Interval": 90 * 10**9,
+        "Timeout": 250 * 10**6,
+        "Retries": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(several(depends_on={"main": {"condition": "service_started"}}), id="a cycle"),
+        pytest.param(
+            {
+                **several(),
+                "services": {
+                    **several()["services"],
+                    "main": {
+                        **several()["services"]["main"],
+                        "depends_on": {"db": {"condition": "service_healthy"}},
+                    },
+                },
+            },
+            id="waits for health",
+        ),
+        pytest.param(several(depends_on={"gone": {"condition": "service_started"}}), id="no such"),
+        pytest.param(several(command="serve now"), id="a command Compose splits"),
+        pytest.param(several(networks=["elsewhere"]), id="a network not declared"),
+        pytest.param(several(networks=[]), id="no network"),
+        pytest.param(several(network_mode="host"), id="the host's network"),
+        pytest.param(several(restart="always"), id="an unknown key"),
+        pytest.param(several(ports=["8080:80"]), id="a port of another form"),
+        pytest.param(several(healthcheck={"test": ["NONE"]}), id="a check switched off"),
+        pytest.param(several(healthcheck={"test": "x", "interval": "1d"}), id="a duration"),
+        pytest.param(several(ulimits={"nofile": 4096}), id="a bare ulimit"),
+        pytest.param(
+            {**several(), "networks": {**several()["networks"], "x": {"external": True}}},
+            id="an external network",
+        ),
+        pytest.param(
+            {**several(), "networks": {"egress": {}}}, id="default made by Compose itself"
+        ),
+        pytest.param(
+            {"name": "orch-t-1", "services": {"db": several()["services"]["db"]}}, id="no main"
+        ),
+    ],
+)
+def test_what_a_project_of_several_cannot_make_exactly_goes_to_compose(
+    doc: dict[str, Any],
+) -> None:
+    assert direct_project(render(doc), "orch-t-1", FOLDER) is None
+
+
+class SlowEngine:
+    """An engine of this machine that answers every call, each `takes` seconds of a clock
+    of its own (no Docker); records what it was asked."""
+
+    socket = "/nonexistent.sock"
+    kind = "docker"
+
+    def __init__(self, clock: list[float], takes: float) -> None:
+        self.clock, self.takes, self.asked = clock, takes, list[str]()
+        self.bound = 300.0
+
+    def within(self, seconds: float) -> SlowEngine:
+        self.bound = seconds
+        return self
+
+    def has_image(self, image: str) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: object, **kwargs: object) -> None:
+            self.asked.append(name)
+            self.clock[0] += self.takes
+
+        return call
+
+
+@pytest.mark.parametrize(("takes", "made"), [(0.1, True), (4.0, False)])
+def test_a_project_of_several_is_made_within_one_deadline(
+    takes: float, made: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its many engine calls share the start's one bound (ORCHESTRATOR_UP_TIMEOUT, as
+    Compose's one process had), never each a bound of its own: an engine that answers
+    each call slowly fails the start once the bound is spent."""
+    from types import SimpleNamespace
+
+    from orchestrator.backends.container.engine import TIMED_OUT
+    from orchestrator.backends.docker import lifecycle
+    from orchestrator.backends.docker.render import CompiledProject
+    from orchestrator.errors import DockerError
+
+    (tmp_path / "compose.yaml").write_text(render(several()))
+    compiled = CompiledProject("orch-t-1", "", {}, (), (), {}, "0:0", "", False, False)
+    project = lifecycle.Project("orch-t-1", tmp_path, compiled)
+    clock = [0.0]
+    project.engine = SlowEngine(clock, takes)  # type: ignore[assignment]
+    monkeypatch.setattr(lifecycle, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(lifecycle, "up_timeout", lambda: 10.0)
+    if made:
+        assert project._create_many()
+        assert project.engine.asked.count("start_container") == 3  # type: ignore[attr-defined]
+        return
+    with pytest.raises(DockerError, match="timed out") as err:
+        project._create_many()
+    assert err.value.returncode == TIMED_OUT
+    assert "start_container" not in project.engine.asked  # type: ignore[attr-defined]
+    assert clock[0] <= 10.0 + takes

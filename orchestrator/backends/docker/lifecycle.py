@@ -19,6 +19,7 @@ from orchestrator import procutil
 from orchestrator.backends.container.binds import Pins
 from orchestrator.backends.container.engine import (
     TIMED_OUT,
+    UP_TIMEOUT_ENV,
     Engine,
     NoSuchImage,
     docker_errors,
@@ -43,7 +44,7 @@ from orchestrator.backends.container.removal import (
 )
 from orchestrator.backends.docker.build import get_images
 from orchestrator.backends.docker.contexts import gvisor_runtime
-from orchestrator.backends.docker.direct import DirectRun, direct_run
+from orchestrator.backends.docker.direct import DirectRun, direct_project, direct_run
 from orchestrator.backends.docker.memory import sealed_runtime
 from orchestrator.backends.docker.needs import require_runtimes
 from orchestrator.backends.docker.network import (
@@ -193,6 +194,8 @@ class Project:
             run = self._direct_run = run.sealed(gvisor_runtime(), sealed_runtime())
         if run is not None and self._create(run):
             self._direct_run = run
+        elif run is None and self._create_many():
+            pass
         else:
             with docker_errors(f"starting project {self.name}"):
                 if self.compiled.late_networks:
@@ -270,6 +273,56 @@ class Project:
             log.warning("%s: the engine warns: %s", self.name, warning)
         if self.first_start is None or not self.first_start(self, run):
             engine.start_container(run.name, seconds=bound, action=action)
+        return True
+
+    def _create_many(self) -> bool:
+        """Make a project of several containers through the Engine API, as Compose would
+        (direct.py's `direct_project`): its networks, volumes and containers one after the
+        other (an interrupted start then leaves nothing made after its removal listed what
+        there was), each joined to its other networks, then started, each wave of them
+        side by side once those they depend on have started. False, having made nothing,
+        where Compose must: another engine than Docker on this machine's socket, a file
+        the fast path does not read exactly as Compose, an image the engine lacks (Compose
+        pulls it, where the caller allows)."""
+        if not self._by_api:
+            return False
+        try:
+            text = (self.directory / "compose.yaml").read_text(encoding="utf-8")
+        except OSError:
+            return False
+        plan = direct_project(text, self.name, self.directory)
+        if plan is None or not all(self.engine.has_image(i) for i in set(plan.images)):
+            return False
+        action = f"starting project {self.name}"
+        deadline = time.monotonic() + up_timeout()  # (the whole start, as Compose's was)
+
+        def engine() -> Engine:
+            return self._until(deadline, action, f" (give it more time: {UP_TIMEOUT_ENV})")
+
+        def bound() -> float:
+            return engine().bound
+
+        for network in sorted({n for v in self.compiled.late_networks.values() for n in v}):
+            self._require_network(network)
+        for folder in plan.folders:
+            make_folders(folder)
+        for volume in plan.volumes.values():
+            engine().create_volume(volume, seconds=bound(), action=action)
+        for body in plan.networks:
+            engine().create_network(body, seconds=bound(), action=action)
+        for made in plan.containers:
+            answer = engine().create_container(made.name, made.body, seconds=bound(), action=action)
+            for warning in (answer or {}).get("Warnings") or []:
+                log.warning("%s: the engine warns: %s", self.name, warning)
+            for network, aliases in made.joins:
+                engine().connect(network, made.name, action=action, aliases=aliases)
+            for network in self.compiled.late_networks.get(made.service, ()):
+                joining = f"joining {made.service} to {network}"
+                engine().connect(network, made.name, action=joining)
+        for wave in plan.waves():
+            side_by_side(
+                lambda c: engine().start_container(c.name, seconds=bound(), action=action), wave
+            )
         return True
 
     def _delete(self, run: DirectRun) -> None:
@@ -433,10 +486,7 @@ class Project:
         deadline = time.monotonic() + self.engine.bound
 
         def engine() -> Engine:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DockerError(f"{removing} timed out", returncode=TIMED_OUT)
-            return self.engine.within(max(1, int(left)))  # (whole seconds: one engine each)
+            return self._until(deadline, removing)
 
         found = engine().labelled(f"{LABEL_PROJECT}={self.name}", action=removing)
         own = set(self.compiled.infra)
@@ -467,6 +517,14 @@ class Project:
             lambda n: engine().delete_network(str(n.get("Id", "")), action=removing),
             found["networks"],
         )
+
+    def _until(self, deadline: float, action: str, fix: str = "") -> Engine:
+        """Its engine, each call bounded by what is left until `deadline` (whole seconds:
+        one engine each); a DockerError (timed out, then `fix`) once it has passed."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DockerError(f"{action} timed out{fix}", returncode=TIMED_OUT)
+        return self.engine.within(max(1, int(left)))
 
     def stop_one_by_one(self) -> bool:
         """Stop its containers as `compose stop` does, but one after the other: each leaves

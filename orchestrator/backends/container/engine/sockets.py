@@ -92,15 +92,24 @@ class SocketOps(EngineCore):
         with contextlib.suppress(NoSuchVolume):
             self.api("DELETE", f"/volumes/{name}", action=action)
 
-    def connect(self, network: str, container: str, *, action: str) -> None:
-        """Join `container` to `network` with no alias (the CLI gives none unless told to)."""
+    def create_network(self, body: dict[str, Any], *, seconds: float, action: str) -> None:
+        self.api("POST", "/networks/create", body=body, action=action, seconds=seconds)
+
+    def connect(
+        self, network: str, container: str, *, action: str, aliases: Sequence[str] = ()
+    ) -> None:
+        """Join `container` to `network`, with `aliases` (none by default: the CLI gives
+        none unless told to; given only on a local socket)."""
         if self.socket is None:
+            if aliases:
+                raise ValueError("aliases are given through the engine's local socket only")
             engine_call(action, lambda: self.whales.network.connect(network, container))
             return
+        endpoint = {"Aliases": list(aliases)} if aliases else {}
         self.api(
             "POST",
             f"/networks/{network}/connect",
-            body={"Container": container, "EndpointConfig": {}},
+            body={"Container": container, "EndpointConfig": endpoint},
             action=action,
         )
 
