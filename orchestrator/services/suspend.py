@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orchestrator import settings
 from orchestrator.errors import OrchestratorError, PolicyError, UsageError
+from orchestrator.procutil.held import deferred
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.registry import get_runtime_class, runtime_names
 from orchestrator.sandbox.snapshot import Snapshot, remove_files
@@ -152,8 +153,9 @@ def fork(
             f.cancel()
         raise
     finally:
-        ender = threading.Thread(target=end, name="orchestrator-fork-end")
-        ender.start()
+        with deferred():  # (a Ctrl-C before it started would skip the end: held till then)
+            ender = threading.Thread(target=end, name="orchestrator-fork-end")
+            ender.start()
         ender.join()
     if memory is None and why is not None:
         for copy in made:

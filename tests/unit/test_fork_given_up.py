@@ -327,3 +327,38 @@ def test_a_save_that_waited_for_its_name_finds_it_taken_and_removes_nothing() ->
     assert saved.path.exists() and saved.record.exists() and saved.memory_folder.exists()
     assert second.restarted_from == []
     saved.remove()
+
+
+def test_a_ctrl_c_as_the_forks_end_begins_does_not_skip_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C landing while the thread that ends a failed fork was being made skipped
+    it: the copies begun and the record stayed for the life of the process. It is held
+    until that thread runs, then raised."""
+    import os
+    import signal
+
+    copies: list[Copy] = []
+
+    def woken(*_: object, **__: object) -> Runtime:
+        copies.append(Copy())
+        return cast(Runtime, copies[-1])
+
+    class Interrupted(threading.Thread):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            if kwargs.get("name") == "orchestrator-fork-end":
+                os.kill(os.getpid(), signal.SIGINT)  # (acted on at the next bytecode)
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(suspend, "wake", woken)
+    monkeypatch.setattr(threading, "Thread", Interrupted)
+    record = Snapshot(tmp_path / "r.tar", "", "", "", 0, "", "", "docker", {})
+    (tmp_path / "r.tar").write_bytes(b"")
+    with pytest.raises(KeyboardInterrupt):
+        suspend.fork(cast(Runtime, Original(record)), 2)
+    monkeypatch.undo()
+    for thread in threading.enumerate():
+        if thread.name == "orchestrator-fork-end":
+            thread.join(30)
+    assert len(copies) == 2 and all(c.removed.is_set() for c in copies)
+    assert not (tmp_path / "r.tar").exists()
