@@ -49,7 +49,7 @@ from .base import (
     exit_status,
     kept_on,
 )
-from .held import Held
+from .held import Held, deferred
 from .pump import pump, run
 from .tree import (
     SPAWNED_BY,
@@ -98,6 +98,7 @@ __all__ = [
     "abandon_when",
     "abandoned",
     "alive",
+    "deferred",
     "descendants",
     "exit_status",
     "guard_marked",

@@ -19,9 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from orchestrator import settings
+from orchestrator import procutil, settings
 from orchestrator.errors import OrchestratorError, PolicyError, UsageError
-from orchestrator.procutil.held import deferred
 from orchestrator.sandbox.base import Runtime
 from orchestrator.sandbox.registry import get_runtime_class, runtime_names
 from orchestrator.sandbox.snapshot import Snapshot, remove_files
@@ -153,7 +152,7 @@ def fork(
             f.cancel()
         raise
     finally:
-        with deferred():  # (a Ctrl-C before it started would skip the end: held till then)
+        with procutil.deferred():  # (a Ctrl-C before it started would skip the end: held till then)
             ender = threading.Thread(target=end, name="orchestrator-fork-end")
             ender.start()
         ender.join()
