@@ -58,10 +58,11 @@ def test_cli_up_fails_on_a_sidecar_that_exits(make_env: MakeEnv, tmp_path: Path)
 def test_a_sidecar_that_crashes_just_after_it_started_fails_the_start(
     make_env: MakeEnv, gated: bool
 ) -> None:
-    """Running when first looked at, gone 0.3 s later (a gated one, with a `workdir`, runs
-    its command only once the runtime has prepared it)."""
+    """Running when first looked at, gone 0.6 s later. A gated one (with a `workdir`) runs
+    its command only once the runtime has prepared it, well after its container started:
+    its window runs from then, never from the container's start (which let it through)."""
     extra = "    workdir: /srv/db\n" if gated else ""
-    path = make_env("services:\n" + _service("db", "echo crashing-soon; sleep 0.3; exit 4", extra))
+    path = make_env("services:\n" + _service("db", "echo crashing-soon; sleep 0.6; exit 4", extra))
     before = labelled_ids()
     started = time.monotonic()
     with pytest.raises(HealthcheckFailed) as info:

@@ -1,29 +1,23 @@
 """The start's watch over extra services (backends/container/readiness.py), with no engine:
-a service that keeps running must still run SETTLE seconds after it started. Where the
-engine's clock is this machine's, that window runs from when the engine says it started
-the service (Compose and the fast path start services before the sandbox, so most of the
-window has passed once the sandbox is up); else from when it was first seen running."""
+a service that keeps running must still run SETTLE seconds after it started. Where this
+machine's kernel says how long its container has run (`ran_for`), that window runs from its
+start (Compose and the fast path start services before the sandbox, so most of the window
+has passed once the sandbox is up); else from when it was first seen running."""
 
 from __future__ import annotations
 
-import datetime
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from orchestrator.backends.container import readiness
 from orchestrator.backends.container.readiness import SETTLE, ServiceWatch
 from orchestrator.errors import HealthcheckFailed
 
 
-def _iso(seconds_ago: float) -> str:
-    when = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds_ago)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.%f000Z")  # (nanoseconds, as the engine writes)
-
-
-def _watch(states: dict[str, Any], *, same_clock: bool) -> ServiceWatch:
+def _watch(states: dict[str, Any], ran_for: Callable[[str], float | None] | None) -> ServiceWatch:
     services = {name: SimpleNamespace(job=False, healthcheck=None) for name in states}
     return ServiceWatch(
         "t",
@@ -31,53 +25,52 @@ def _watch(states: dict[str, Any], *, same_clock: bool) -> ServiceWatch:
         lambda s: states[s],
         lambda s: "",
         timeout=5,
-        same_clock=same_clock,
+        ran_for=ran_for,
     )
 
 
-def _state(status: str = "running", started: str = "", code: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(
-        status=status, exit_code=code, health=None, oom_killed=False, started_at=started
-    )
+def _state(status: str = "running", code: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(status=status, exit_code=code, health=None, oom_killed=False)
 
 
 @pytest.mark.parametrize(
-    ("ago", "same_clock", "waits"),
+    ("ran", "waits"),
     [
-        (0.8, True, SETTLE - 0.8),  # the engine started it 0.8 s ago: the rest of the window
-        (30.0, True, 0.0),  # long since: no wait
-        (-5.0, True, SETTLE),  # a start in the future (another clock): the whole window
-        (0.8, False, SETTLE),  # the engine's clock is not ours: from when it was seen
+        (0.8, SETTLE - 0.8),  # it has run 0.8 s: the rest of the window
+        (30.0, 0.0),  # long since: no wait
+        (-5.0, SETTLE),  # (never read so: as not run at all)
+        (None, SETTLE),  # not known (another machine's kernel, a gated service)
     ],
 )
-def test_the_settle_window_runs_from_the_engines_start_where_its_clock_is_ours(
-    ago: float, same_clock: bool, waits: float, monkeypatch: pytest.MonkeyPatch
+def test_the_settle_window_runs_from_the_services_start_where_this_kernel_says_it(
+    ran: float | None, waits: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
-    watch = _watch({"db": _state(started=_iso(ago))}, same_clock=same_clock)
+    watch = _watch({"db": _state()}, lambda service: ran)
     watch.started()
     watch.settled()
     assert sum(slept) == pytest.approx(waits, abs=0.1)
 
 
+def test_without_the_kernels_word_the_window_runs_from_the_first_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    watch = _watch({"db": _state()}, None)
+    watch.started()
+    watch.settled()
+    assert sum(slept) == pytest.approx(SETTLE, abs=0.1)
+
+
 def test_a_service_that_ended_within_its_window_fails_the_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    states = {"db": _state(started=_iso(0.5)), "web": _state(started="0001-01-01T00:00:00Z")}
-    watch = _watch(states, same_clock=True)
+    states = {"db": _state(), "web": _state()}
+    watch = _watch(states, lambda service: 0.5)
     watch.started()
-    states["db"] = _state("exited", _iso(0.6), code=3)
+    states["db"] = _state("exited", code=3)
     monkeypatch.setattr(time, "sleep", lambda s: None)
     with pytest.raises(HealthcheckFailed, match="'db' exited with code 3"):
         watch.settled()
-
-
-def test_the_engines_times_are_read_whatever_their_form() -> None:
-    now = time.time()
-    assert readiness._epoch(_iso(2.0)) == pytest.approx(now - 2.0, abs=0.5)
-    assert readiness._epoch(datetime.datetime.fromtimestamp(now, datetime.UTC)) == pytest.approx(
-        now
-    )
-    for never in ("", "0001-01-01T00:00:00Z", "not a time", None, 12):
-        assert readiness._epoch(never) is None

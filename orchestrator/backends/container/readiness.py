@@ -14,7 +14,7 @@ runtime), so Compose and Swarm keep one rule."""
 
 from __future__ import annotations
 
-import datetime
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,9 +55,6 @@ class Look:
     health: str
     """"", starting, healthy or unhealthy."""
     oom: bool
-    started: float | None = None
-    """When the engine last started its process (seconds since the epoch, by the engine's
-    clock); None when it does not say."""
 
     @classmethod
     def of(cls, state: Any) -> Look:
@@ -69,25 +66,11 @@ class Look:
             exit_code=code if isinstance(code, int) else None,
             health=str(health or ""),
             oom=bool(getattr(state, "oom_killed", False)),
-            started=_epoch(getattr(state, "started_at", None)),
         )
 
     @property
     def ended(self) -> bool:
         return self.status in ENDED
-
-
-def _epoch(when: object) -> float | None:
-    """A time the engine gives (RFC 3339 text, or a datetime), in seconds since the epoch;
-    None for none, or the engine's zero time (never started)."""
-    try:
-        if isinstance(when, str) and when:
-            when = datetime.datetime.fromisoformat(when)
-        if isinstance(when, datetime.datetime) and when.year > 1:
-            return when.timestamp()
-    except (ValueError, OverflowError, OSError):
-        pass
-    return None
 
 
 def log_tail(text: str) -> str:
@@ -149,7 +132,7 @@ class ServiceWatch:
         *,
         timeout: float,
         settle: float = SETTLE,
-        same_clock: bool = False,
+        ran_for: Callable[[str], float | None] | None = None,
     ) -> None:
         self.ident = ident
         self.services = dict(services)
@@ -157,9 +140,10 @@ class ServiceWatch:
         self._logs = logs
         self.timeout = timeout
         self.settle = settle
-        self.same_clock = same_clock
-        """The engine's clock is this machine's (its socket is here): a service's settle
-        window runs from when the engine started it, not from when it was first seen."""
+        self.ran_for = ran_for
+        """How long a service's command has run, by this machine's kernel (None: not
+        known): its settle window then runs from its start, not from when it was first
+        seen running (`ran_for`, below)."""
         self._seen: dict[str, float] = {}
         """Monotonic time each service that keeps running started (or was first seen
         running)."""
@@ -187,8 +171,9 @@ class ServiceWatch:
         running = look.status in ("running", "paused")
         if running and service not in self._seen:
             seen = time.monotonic()
-            if self.same_clock and look.started is not None:  # (never more than the window)
-                seen -= min(max(0.0, time.time() - look.started), self.settle)
+            ran = self.ran_for(service) if self.ran_for is not None else None
+            if ran is not None:  # (never more than the window)
+                seen -= min(max(0.0, ran), self.settle)
             self._seen[service] = seen
         if self.services[service].healthcheck is not None:
             return running and look.health == "healthy"
@@ -305,6 +290,21 @@ def runs_here(got: dict[str, Any] | None) -> bool:
         return False
     cgroup = read_regular(Path(f"/proc/{pid}/cgroup"), 1 << 16) or b""
     return cid.encode() in cgroup
+
+
+def ran_for(got: dict[str, Any] | None) -> float | None:
+    """Seconds the container the engine inspected (`got`) has run, from its first process's
+    start by this machine's kernel, where that process runs here in a cgroup naming the
+    container (`runs_here`: never an engine in a VM, whose clock may differ); None
+    otherwise. A pid taken again meanwhile is a younger process: less, never more."""
+    if not runs_here(got):
+        return None
+    fields = procutil.stat_fields((got or {})["State"]["Pid"])
+    try:
+        began = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # (since boot, as BOOTTIME)
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - began)
+    except (IndexError, ValueError, OSError):
+        return None
 
 
 def main_gone(folder: Path, ident: str, within: float = 2.0) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from orchestrator import procutil
 from orchestrator.backends.container import images
+from orchestrator.backends.container.copyin import gated_services
 from orchestrator.backends.container.egress_log import EgressCount
 from orchestrator.backends.container.engine import (
     ContainerState,
@@ -28,7 +29,7 @@ from orchestrator.backends.container.executor.files import executor_files
 from orchestrator.backends.container.identity import LABEL_DIR, folder_engine
 from orchestrator.backends.container.layout import IO_DIR, KILL_OTHERS, SANDBOX_DIR
 from orchestrator.backends.container.mounts import ResolvedMount, clean_path
-from orchestrator.backends.container.readiness import ServiceWatch, runs_here
+from orchestrator.backends.container.readiness import ServiceWatch, ran_for, runs_here
 from orchestrator.backends.container.resident import open_endpoint, reopen
 from orchestrator.backends.container.runtime import EXEC_MODE_ENV, ContainerRuntime
 from orchestrator.backends.docker import egress_change, hooks, memory
@@ -172,9 +173,8 @@ class ComposeRuntime(ContainerRuntime):
             self._shared = self.project.directory / IO_DIR
             self._prepare_services(copied=False)  # a service's workdir, before its command
         services = self.env.spec.services
-        same_clock = self.project.engine.socket is not None  # (an engine of this machine)
         watch = ServiceWatch(
-            self._id, services, self._state, self._logs, timeout=up_timeout(), same_clock=same_clock
+            self._id, services, self._state, self._logs, timeout=up_timeout(), ran_for=self._ran_for
         )
         watch.started()  # every service runs, is healthy, or (a job) exited 0
         self._main = self._channel(MAIN, self.project.main_container)
@@ -511,6 +511,15 @@ class ComposeRuntime(ContainerRuntime):
 
     def _project_folder(self) -> Path | None:
         return self.project.directory if self.project else None
+
+    def _ran_for(self, service: str) -> float | None:
+        """How long a service's container has run, by this machine's kernel
+        (readiness.ran_for); None for one gated, whose command began only once it was
+        prepared, after its container started (those gated wherever the assets go)."""
+        if self.project is None or service in gated_services(self.env, copied=True):
+            return None
+        container = self.project.container_of(service)
+        return ran_for(self.project.inspected(container, "inspecting a service"))
 
     def _state(self, service: str = MAIN) -> Any:
         assert self.project is not None

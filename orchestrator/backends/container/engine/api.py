@@ -404,9 +404,6 @@ class ContainerState:
     oom_killed: bool
     error: str
     health: Health | None
-    started_at: str = ""
-    """When its process last started, as the engine says (RFC 3339; python-on-whales gives
-    a datetime there)."""
 
     @classmethod
     def of(cls, state: object) -> ContainerState:
@@ -420,7 +417,6 @@ class ContainerState:
             oom_killed=bool(got.get("OOMKilled")),
             error=str(got.get("Error") or ""),
             health=Health(health.get("Status")) if isinstance(health, dict) else None,
-            started_at=str(got.get("StartedAt") or ""),
         )
 
 
