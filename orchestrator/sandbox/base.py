@@ -131,7 +131,8 @@ class Runtime(Lifecycle):
                 image = self._commit(path.with_suffix(".json")) if filesystem else ""
                 threads.last_step()  # (an async caller that was cancelled gets no snapshot)
                 saved = snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
-                if old is not None:  # its image names this record too: no reap would take it
+                image = ""  # (its record names it now: it stays with it, whatever comes next)
+                if old is not None:  # (one in use now goes with a later reap: images.py)
                     self._drop_replaced(old, saved)
                 return saved
         except BaseException:

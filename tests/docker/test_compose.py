@@ -719,6 +719,29 @@ def test_filesystem_snapshot_resumes_the_container_and_goes_with_it(
     lost.remove()
 
 
+def test_a_snapshot_saved_over_the_one_it_resumed_leaves_no_image(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    """Resumed from a snapshot, then saved again under its name (a harness's usual loop):
+    the replaced image is in use by the resumed container and cannot go then; its record
+    no longer names it, so a reap takes it once the container is gone, never the new one.
+    Before, each such turn left an image until the snapshot itself was removed."""
+    from orchestrator.backends.container import images
+
+    path = make_env("", name="fsagain")
+    with spawn_runtime(path) as first:
+        snap = first.snapshot(tmp_path / "fs.tar", filesystem=True)
+    with spawn_runtime(path, resume=snap) as second:
+        again = second.snapshot(tmp_path / "fs.tar", filesystem=True)  # in its place
+        assert again.image != snap.image and images.exists(snap.image)  # (in use)
+        reap()
+        assert images.exists(snap.image) and images.exists(again.image)
+    reap()
+    assert not images.exists(snap.image) and images.exists(again.image)
+    again.remove()
+    assert not images.exists(again.image)
+
+
 def test_cleanup_gives_each_service_its_grace_and_leaves_nothing(
     make_env: MakeEnv, tmp_path: Path
 ) -> None:

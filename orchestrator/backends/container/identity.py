@@ -40,6 +40,9 @@ LABEL_STARTED = L + "started"
 LABEL_DIR = L + "dir"
 LABEL_SNAPSHOT_RECORD = L + "snapshot.record"
 """On a snapshot image: the path of the snapshot record that owns it."""
+LABEL_SNAPSHOT_TAG = L + "snapshot.tag"
+"""On a snapshot image: its own tag, as its record names it (a record saved over it since
+names another: the image is then an orphan)."""
 LABEL_SNAPSHOT_STATE = L + "snapshot.state"
 """On a snapshot image: the state folder of the process that made it (whose reapers alone
 may remove it)."""

@@ -17,9 +17,10 @@ from orchestrator.backends.container.identity import (
     LABEL_MANAGED,
     LABEL_SNAPSHOT_RECORD,
     LABEL_SNAPSHOT_STATE,
+    LABEL_SNAPSHOT_TAG,
 )
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
-from orchestrator.paths import state_dir
+from orchestrator.paths import read_regular, state_dir
 from orchestrator.sandbox.snapshot import Snapshot, being_saved
 from orchestrator.settings import may_reach
 
@@ -42,6 +43,7 @@ def commit(
         LABEL_MANAGED: "1",
         LABEL_SNAPSHOT_RECORD: str(record),
         LABEL_SNAPSHOT_STATE: str(state_dir().resolve()),
+        LABEL_SNAPSHOT_TAG: tag,
     }
     if engine.kind == "podman":  # its `commit` cannot decode the CLI's empty body (4.3)
         repo, _, name = tag.partition(":")
@@ -129,8 +131,9 @@ def exists(image: str, engine: Engine | None = None) -> bool:
 
 
 def reap_orphans(engine: Engine | None = None) -> list[str]:
-    """Remove the snapshot images of ours whose record is gone (after the records of
-    suspended environments whose owner is gone: see sandbox/snapshot.py); returns their ids."""
+    """Remove the snapshot images of ours whose record is gone or names another (after the
+    records of suspended environments whose owner is gone: see sandbox/snapshot.py);
+    returns their names (`orphaned`)."""
     from orchestrator.sandbox.snapshot import reap_suspended
 
     reap_suspended()
@@ -145,7 +148,8 @@ def reap_orphans(engine: Engine | None = None) -> list[str]:
 
 
 def orphaned(engine: Engine | None = None) -> list[str]:
-    """Ids of the snapshot images made with our state folder whose record is gone. Only
+    """The snapshot images made with our state folder whose record is gone, or names
+    another image now (each by its tag, or its id: `_removable`). Only
     those are listed (the engine filters by the state folder's label) and looked at: the
     images of another state folder are neither touched nor inspected, so a reap (every
     `ps` makes one) costs nothing for what other processes' snapshots leave on the engine.
@@ -166,9 +170,43 @@ def orphaned(engine: Engine | None = None) -> list[str]:
         labels = image[1]
         record = labels.get(LABEL_SNAPSHOT_RECORD, "")
         mine = labels.get(LABEL_SNAPSHOT_STATE) == ours
-        if mine and record and not being_saved(record) and not Path(record).exists():
-            found.append(image[0])
+        if not mine or not record or being_saved(record):
+            continue
+        if not Path(record).exists() or _replaced(labels, Path(record)):
+            found.append(_removable(image[0], labels, engine))
     return sorted(set(found))
+
+
+def _removable(ident: str, labels: Mapping[str, str], engine: Engine) -> str:
+    """How to remove an orphan: by its own tag while that still names it (an image another
+    snapshot was committed from is that one's parent: removing its tag lets it go with
+    that one, where removing it by id is refused), else by id."""
+    tag = labels.get(LABEL_SNAPSHOT_TAG, "")
+    named = _inspected(tag, engine) if tag else None
+    return tag if named is not None and named[0] == ident else ident
+
+
+RECORD_MOST = 1 << 20
+"""Bytes of a record read to learn which images it names (ours are a few hundred)."""
+
+
+def _replaced(labels: Mapping[str, str], record: Path) -> bool:
+    """Whether the record an image names has been saved over and names it no more (it could
+    not go then: a container resumed from it ran). An image made before it carried its tag,
+    or a record that cannot be read, is not judged."""
+    import json
+
+    tag = labels.get(LABEL_SNAPSHOT_TAG, "")
+    text = read_regular(record, RECORD_MOST) if tag else None
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    services = data.get("services")
+    named = {data.get("image"), *(services.values() if isinstance(services, dict) else ())}
+    return tag not in named
 
 
 def _inspected(image: str, engine: Engine) -> tuple[str, dict[str, str]] | None:

@@ -139,6 +139,7 @@ def service_context(
     return {
         "name": name,
         "image": opts.service_images.get(name) or svc.image,
+        "pinned": name in opts.service_images,  # (a snapshot's or a lock's: never pulled)
         "build": None,  # fingerprinted once the policy has passed its context (compile_project)
         "command": command,
         "command_is_list": isinstance(command, list),

@@ -257,6 +257,7 @@ def compile_project(env: Environment, opts: CompileOptions) -> CompiledProject:
     infra = infra_contexts(net, opts, secrets=held is not None)
     main_context: dict[str, Any] = {
         "image": opts.main_image or spec.image,
+        "pinned": bool(opts.main_image),  # (a snapshot's or a lock's: never pulled)
         "build": main_build,
         "workdir": spec.workdir,
         "user": user,
