@@ -218,11 +218,13 @@ class Project:
                 action = f"joining {service} to the network {network}"
                 self.engine.connect(network, container, action=action)
 
-    def _require_network(self, network: str) -> None:
+    def _require_network(self, network: str, engine: Engine | None = None) -> None:
         """Refuse a shared network the engine does not have: it would take the join of a
         created container on trust, and fail only at its start, less clearly."""
         try:
-            self.engine.require_network(network, action=f"inspecting the network {network}")
+            (engine or self.engine).require_network(
+                network, action=f"inspecting the network {network}"
+            )
         except DockerError as exc:
             raise UsageError(
                 f"{EGRESS_NETWORK_ENV} names the network {network!r}, which this engine does not "
@@ -291,10 +293,12 @@ class Project:
         except OSError:
             return False
         plan = direct_project(text, self.name, self.directory)
-        if plan is None or not all(self.engine.has_image(i) for i in set(plan.images)):
-            return False
         action = f"starting project {self.name}"
         deadline = time.monotonic() + up_timeout()  # (the whole start, as Compose's was)
+        if plan is None:
+            return False
+        if not all(self._until(deadline, action).has_image(i) for i in set(plan.images)):
+            return False  # (Compose pulls it, where the caller allows)
 
         def engine() -> Engine:
             return self._until(deadline, action, f" (give it more time: {UP_TIMEOUT_ENV})")
@@ -303,7 +307,7 @@ class Project:
             return engine().bound
 
         for network in sorted({n for v in self.compiled.late_networks.values() for n in v}):
-            self._require_network(network)
+            self._require_network(network, engine())
         for folder in plan.folders:
             make_folders(folder)
         for volume in plan.volumes.values():
