@@ -54,15 +54,19 @@ def test_cli_up_fails_on_a_sidecar_that_exits(make_env: MakeEnv, tmp_path: Path)
     assert labelled_ids() <= before  # nothing left half-started
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["compose-waits", "runtime-waits"])
+@pytest.mark.parametrize(
+    ("gated", "after"), [(False, 0.3), (True, 0.6)], ids=["compose-waits", "runtime-waits"]
+)
 def test_a_sidecar_that_crashes_just_after_it_started_fails_the_start(
-    make_env: MakeEnv, gated: bool
+    make_env: MakeEnv, gated: bool, after: float
 ) -> None:
-    """Running when first looked at, gone 0.6 s later. A gated one (with a `workdir`) runs
-    its command only once the runtime has prepared it, well after its container started:
-    its window runs from then, never from the container's start (which let it through)."""
+    """Running when first looked at, gone `after` seconds later. A gated one (with a
+    `workdir`) runs its command only once the runtime has prepared it, well after its
+    container started: its window runs from then, never from the container's start (which
+    let one that died 0.6 s after it was released through)."""
     extra = "    workdir: /srv/db\n" if gated else ""
-    path = make_env("services:\n" + _service("db", "echo crashing-soon; sleep 0.6; exit 4", extra))
+    crash = f"echo crashing-soon; sleep {after}; exit 4"
+    path = make_env("services:\n" + _service("db", crash, extra))
     before = labelled_ids()
     started = time.monotonic()
     with pytest.raises(HealthcheckFailed) as info:

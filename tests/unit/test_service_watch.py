@@ -29,6 +29,26 @@ def _watch(states: dict[str, Any], ran_for: Callable[[str], float | None] | None
     )
 
 
+class Clock:
+    """The watch's `time`: its sleeps noted, not slept (another thread's, of the test
+    process, are its own)."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def _clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr("orchestrator.backends.container.readiness.time", clock)
+    return clock
+
+
 def _state(status: str = "running", code: int = 0) -> SimpleNamespace:
     return SimpleNamespace(status=status, exit_code=code, health=None, oom_killed=False)
 
@@ -45,23 +65,21 @@ def _state(status: str = "running", code: int = 0) -> SimpleNamespace:
 def test_the_settle_window_runs_from_the_services_start_where_this_kernel_says_it(
     ran: float | None, waits: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
+    clock = _clock(monkeypatch)
     watch = _watch({"db": _state()}, lambda service: ran)
     watch.started()
     watch.settled()
-    assert sum(slept) == pytest.approx(waits, abs=0.1)
+    assert sum(clock.slept) == pytest.approx(waits, abs=0.1)
 
 
 def test_without_the_kernels_word_the_window_runs_from_the_first_look(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
+    clock = _clock(monkeypatch)
     watch = _watch({"db": _state()}, None)
     watch.started()
     watch.settled()
-    assert sum(slept) == pytest.approx(SETTLE, abs=0.1)
+    assert sum(clock.slept) == pytest.approx(SETTLE, abs=0.1)
 
 
 def test_a_service_that_ended_within_its_window_fails_the_start(
@@ -71,6 +89,6 @@ def test_a_service_that_ended_within_its_window_fails_the_start(
     watch = _watch(states, lambda service: 0.5)
     watch.started()
     states["db"] = _state("exited", code=3)
-    monkeypatch.setattr(time, "sleep", lambda s: None)
+    _clock(monkeypatch)
     with pytest.raises(HealthcheckFailed, match="'db' exited with code 3"):
         watch.settled()
