@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from orchestrator import procutil
 from orchestrator.errors import OrchestratorError, SetupFailed, UsageError
 from orchestrator.sandbox import files, hostpack, snapshot, threads, usage
 from orchestrator.sandbox.backend import Amounts
@@ -130,8 +131,11 @@ class Runtime(Lifecycle):
                 old = snapshot.replaced(path)
                 image = self._commit(path.with_suffix(".json")) if filesystem else ""
                 threads.last_step()  # (an async caller that was cancelled gets no snapshot)
-                saved = snapshot.save(archive, env.name, env.digest, path, image, host, self.name)
-                image = ""  # (its record names it now: it stays with it, whatever comes next)
+                with procutil.deferred():  # (a Ctrl-C between the two would remove it)
+                    saved = snapshot.save(
+                        archive, env.name, env.digest, path, image, host, self.name
+                    )
+                    image = ""  # (its record names it now: it stays with it, whatever comes)
                 if old is not None:  # (one in use now goes with a later reap: images.py)
                     self._drop_replaced(old, saved)
                 return saved

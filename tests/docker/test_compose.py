@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -740,6 +741,74 @@ def test_a_snapshot_saved_over_the_one_it_resumed_leaves_no_image(
     assert not images.exists(snap.image) and images.exists(again.image)
     again.remove()
     assert not images.exists(again.image)
+
+
+def test_an_image_a_user_commits_from_a_resumed_sandbox_outlives_the_snapshot(
+    make_env: MakeEnv, tmp_path: Path
+) -> None:
+    """A user's own `docker commit` of a container resumed from a snapshot inherits every
+    label of the snapshot's image, its tag too: it is not ours. When the snapshot goes, a
+    reap leaves it (before, it was removed as an orphan of the gone record), and a record
+    naming it cannot resume it."""
+    from orchestrator.backends.container import images
+
+    path = make_env("", name="fsuser")
+    with spawn_runtime(path) as first:
+        snap = first.snapshot(tmp_path / "fs.tar", filesystem=True)
+    user = ""
+    try:
+        with spawn_runtime(path, resume=snap) as rt:
+            made = subprocess.run(
+                [
+                    "docker",
+                    "commit",
+                    "--change",
+                    "LABEL org.orchestrator.test=1",
+                    main_container(rt),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            user = made.stdout.strip()
+        assert images.exists(user)
+        assert not images.owned(user, snap.path.with_suffix(".json"))
+        snap.remove()
+        reap()
+        assert images.exists(user) and not images.exists(snap.image)
+    finally:
+        if user:
+            subprocess.run(["docker", "rmi", "-f", user], capture_output=True)
+        snap.remove()
+
+
+def test_a_ctrl_c_as_a_snapshot_is_recorded_leaves_it_its_image(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that comes just as the record naming the image is written is held until
+    the snapshot owns it: the snapshot the caller is told nothing of stands whole, its
+    image with it (before, the failure path removed the image the record names)."""
+    import signal
+
+    from orchestrator.backends.container import images
+    from orchestrator.sandbox import snapshot as snapshots
+
+    real = snapshots.save
+
+    def save(*args: Any, **kwargs: Any) -> snapshots.Snapshot:
+        saved = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return saved
+
+    monkeypatch.setattr(snapshots, "save", save)
+    with spawn_runtime(make_env("", name="fsint")) as rt, pytest.raises(KeyboardInterrupt):
+        rt.snapshot(tmp_path / "fs.tar", filesystem=True)
+    snap = snapshots.Snapshot.find(tmp_path / "fs.tar")
+    try:
+        assert snap.image and images.exists(snap.image)
+    finally:
+        snap.remove()
+    assert not images.exists(snap.image)
 
 
 def test_cleanup_gives_each_service_its_grace_and_leaves_nothing(

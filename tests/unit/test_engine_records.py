@@ -58,3 +58,31 @@ def test_a_docker_label_word_escapes_exactly_what_its_parser_reads() -> None:
 
     assert _word('/é $HOME "q" \\b') == '"/é \\$HOME \\"q\\" \\\\b"'
     assert _podman_word('/é $HOME "q" \\b') == '"/é $HOME "q" \\b"'
+
+
+@pytest.mark.parametrize(
+    ("record", "replaced"),
+    [
+        ({"image": "orchestrator-snapshot:a"}, False),
+        ({"image": "", "services": {"db": "orchestrator-snapshot:a"}}, False),
+        ({"image": "orchestrator-snapshot:b"}, True),
+        # a record anyone may write: a list or a mapping where a name goes is no name,
+        # and judging it must not fail (every reap, so every `ps`, judges every record)
+        ({"image": ["orchestrator-snapshot:a"]}, True),
+        ({"image": {"x": 1}, "services": {"db": ["x"], "web": {"y": 2}}}, True),
+        (["orchestrator-snapshot:a"], False),  # not a record: not judged
+    ],
+)
+def test_which_records_no_longer_name_their_image(
+    tmp_path: Path, record: object, replaced: bool
+) -> None:
+    import json
+
+    from orchestrator.backends.container.identity import LABEL_SNAPSHOT_TAG
+    from orchestrator.backends.container.images import _replaced
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(record))
+    labels = {LABEL_SNAPSHOT_TAG: "orchestrator-snapshot:a"}
+    assert _replaced(labels, path) is replaced
+    assert _replaced({}, path) is False  # an image from before tags: not judged

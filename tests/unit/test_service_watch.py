@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -92,3 +93,35 @@ def test_a_service_that_ended_within_its_window_fails_the_start(
     _clock(monkeypatch)
     with pytest.raises(HealthcheckFailed, match="'db' exited with code 3"):
         watch.settled()
+
+
+def _started(ago: float) -> str:
+    return datetime.fromtimestamp(time.time() - ago, UTC).isoformat()
+
+
+@pytest.mark.parametrize(
+    ("started_at", "expect"),
+    [
+        # an init (docker-init, gVisor's sandbox) that began long before the command:
+        # the engine's later start is the one taken
+        (_started(0.5), 0.5),
+        (_started(-5.0), 0.0),  # a start to come (a clock stepped back): never below none
+        ("", None),  # none said: the kernel's figure alone
+        ("not a time", None),
+        (_started(10**9), None),  # an earlier start: the kernel's later one
+    ],
+)
+def test_ran_for_is_the_later_of_the_kernels_and_the_engines_start(
+    monkeypatch: pytest.MonkeyPatch, started_at: str, expect: float | None
+) -> None:
+    import os
+
+    from orchestrator import procutil
+    from orchestrator.backends.container import readiness
+
+    monkeypatch.setattr(readiness, "runs_here", lambda got: True)
+    began = int(procutil.stat_fields(1)[19]) / os.sysconf("SC_CLK_TCK")
+    kernel = time.clock_gettime(time.CLOCK_BOOTTIME) - began  # (pid 1: long running)
+    got = readiness.ran_for({"State": {"Pid": 1, "StartedAt": started_at}})
+    assert got is not None
+    assert got == pytest.approx(kernel if expect is None else expect, abs=0.25)

@@ -116,6 +116,9 @@ def owned(image: str, record: Path, engine: Engine | None = None) -> bool:
     labels = found[1]
     mine = labels.get(LABEL_SNAPSHOT_STATE) == str(state_dir().resolve())
     labelled = labels.get(LABEL_SNAPSHOT_RECORD, "")
+    tag = labels.get(LABEL_SNAPSHOT_TAG, "")
+    if tag and not _named_by(tag, found[0], engine):  # made from ours, not ours (below)
+        return False
     return mine and bool(labelled) and _real(labelled) == _real(str(record))
 
 
@@ -149,7 +152,11 @@ def reap_orphans(engine: Engine | None = None) -> list[str]:
 
 def orphaned(engine: Engine | None = None) -> list[str]:
     """The snapshot images made with our state folder whose record is gone, or names
-    another image now (each by its tag, or its id: `_removable`). Only
+    another image now, each by its own tag. An image made from one of ours (a user's
+    `docker commit` of a resumed container, or a `FROM` of it) inherits every label,
+    the tag too, but the tag does not name it: it is not ours and is never listed; nor is
+    one of ours whose tag went while an image made from it holds it (it goes with that
+    one). An image from before snapshots carried their tag is listed by id. Only
     those are listed (the engine filters by the state folder's label) and looked at: the
     images of another state folder are neither touched nor inspected, so a reap (every
     `ps` makes one) costs nothing for what other processes' snapshots leave on the engine.
@@ -172,18 +179,20 @@ def orphaned(engine: Engine | None = None) -> list[str]:
         mine = labels.get(LABEL_SNAPSHOT_STATE) == ours
         if not mine or not record or being_saved(record):
             continue
+        tag = labels.get(LABEL_SNAPSHOT_TAG, "")
+        if tag and not _named_by(tag, image[0], engine):
+            continue
         if not Path(record).exists() or _replaced(labels, Path(record)):
-            found.append(_removable(image[0], labels, engine))
+            # by its tag: an image another snapshot was committed from is that one's
+            # parent, and removing its tag lets it go with that one (by id is refused)
+            found.append(tag or image[0])
     return sorted(set(found))
 
 
-def _removable(ident: str, labels: Mapping[str, str], engine: Engine) -> str:
-    """How to remove an orphan: by its own tag while that still names it (an image another
-    snapshot was committed from is that one's parent: removing its tag lets it go with
-    that one, where removing it by id is refused), else by id."""
-    tag = labels.get(LABEL_SNAPSHOT_TAG, "")
-    named = _inspected(tag, engine) if tag else None
-    return tag if named is not None and named[0] == ident else ident
+def _named_by(tag: str, ident: str, engine: Engine) -> bool:
+    """Whether `tag` names the image `ident` now."""
+    named = _inspected(tag, engine)
+    return named is not None and named[0] == ident
 
 
 RECORD_MOST = 1 << 20
@@ -205,8 +214,8 @@ def _replaced(labels: Mapping[str, str], record: Path) -> bool:
     if not isinstance(data, dict):
         return False
     services = data.get("services")
-    named = {data.get("image"), *(services.values() if isinstance(services, dict) else ())}
-    return tag not in named
+    values = [data.get("image"), *(services.values() if isinstance(services, dict) else ())]
+    return tag not in {v for v in values if isinstance(v, str)}  # a list is no name
 
 
 def _inspected(image: str, engine: Engine) -> tuple[str, dict[str, str]] | None:

@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -296,15 +297,23 @@ def ran_for(got: dict[str, Any] | None) -> float | None:
     """Seconds the container the engine inspected (`got`) has run, from its first process's
     start by this machine's kernel, where that process runs here in a cgroup naming the
     container (`runs_here`: never an engine in a VM, whose clock may differ); None
-    otherwise. A pid taken again meanwhile is a younger process: less, never more."""
+    otherwise. A pid taken again meanwhile is a younger process: less, never more. The
+    first process may be an init (docker-init, gVisor's sandbox) that began before the
+    command: the engine's own start time, when it is later, is taken instead."""
     if not runs_here(got):
         return None
-    fields = procutil.stat_fields((got or {})["State"]["Pid"])
+    state = (got or {})["State"]
+    fields = procutil.stat_fields(state["Pid"])
     try:
         began = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # (since boot, as BOOTTIME)
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - began)
+        kernel = time.clock_gettime(time.CLOCK_BOOTTIME) - began
     except (IndexError, ValueError, OSError):
         return None
+    try:
+        started = datetime.fromisoformat(str(state.get("StartedAt") or "")).timestamp()
+    except ValueError:
+        started = float("-inf")
+    return max(0.0, min(kernel, time.time() - started))
 
 
 def main_gone(folder: Path, ident: str, within: float = 2.0) -> str | None:
