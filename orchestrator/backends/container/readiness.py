@@ -14,6 +14,7 @@ runtime), so Compose and Swarm keep one rule."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -314,6 +315,31 @@ def ran_for(got: dict[str, Any] | None) -> float | None:
     except ValueError:
         started = float("-inf")
     return max(0.0, min(kernel, time.time() - started))
+
+
+LISTENING = b"0A"
+"""A socket's state in /proc/net/tcp when it listens (the kernel's TCP_LISTEN)."""
+
+
+def listening(pid: int, ports: set[int]) -> bool | None:
+    """Whether something listens on each of `ports` (TCP, any address) in the network
+    namespace of process `pid`, as this machine's kernel lists its sockets
+    (/proc/PID/net/tcp and tcp6): a container's ports seen from outside, without an exec
+    into it. None when that cannot be read (the process is gone, or is not ours to look
+    at). Bounded: the lists are read up to a MiB each, and listening sockets come first."""
+    heard: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        text = read_regular(Path(f"/proc/{pid}/net/{name}"), 1 << 20)
+        if text is None:
+            if name == "tcp":
+                return None
+            continue  # (a kernel without IPv6)
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == LISTENING:
+                with contextlib.suppress(ValueError):
+                    heard.add(int(fields[1].rpartition(b":")[2], 16))
+    return ports <= heard
 
 
 def main_gone(folder: Path, ident: str, within: float = 2.0) -> str | None:

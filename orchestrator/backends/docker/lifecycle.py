@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from orchestrator import procutil
 from orchestrator.backends.container.binds import Pins
@@ -35,7 +35,7 @@ from orchestrator.backends.container.engine.containers import (
 )
 from orchestrator.backends.container.identity import KEPT_FILE, LABEL_PROJECT
 from orchestrator.backends.container.inventory import remove_by_label
-from orchestrator.backends.container.readiness import Look
+from orchestrator.backends.container.readiness import Look, listening, runs_here
 from orchestrator.backends.container.removal import (
     LEAVE_WITHIN,
     UP,
@@ -370,9 +370,15 @@ class Project:
         return engine_call("inspecting a container's runtime", ask)
 
     def wait_gateway(self) -> None:
-        """Wait until the egress gateway takes connections, with one exec that looks from
-        inside it (a healthcheck would exec into it every interval of its whole life)."""
+        """Wait until the egress gateway takes connections: seen from this machine's kernel
+        where it can be (`_gateway_heard`), else with one exec that looks from inside it
+        (a healthcheck would exec into it every interval of its whole life)."""
         deadline = up_timeout()
+        heard = self._gateway_heard(deadline)
+        if heard is True:
+            return
+        if heard is False:
+            self._gateway_failed(deadline)
         argv = self.engine.exec_target(self.container_of(GATEWAY)).argv(
             ["/bin/bash", "-c", GATEWAY_READY, "ready", str(int(deadline * 10))]
         )
@@ -388,11 +394,34 @@ class Project:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise StartupError(f"{self.name}: the egress gateway did not start: {exc}") from None
         if done.returncode != 0:
-            logs = self.logs(GATEWAY, tail=20).strip()
-            raise StartupError(
-                f"{self.name}: the egress gateway did not take connections within "
-                f"{deadline:g}s (ORCHESTRATOR_UP_TIMEOUT); its last lines:\n{logs}"
-            )
+            self._gateway_failed(deadline)
+
+    def _gateway_failed(self, deadline: float) -> NoReturn:
+        logs = self.logs(GATEWAY, tail=20).strip()
+        raise StartupError(
+            f"{self.name}: the egress gateway did not take connections within "
+            f"{deadline:g}s (ORCHESTRATOR_UP_TIMEOUT); its last lines:\n{logs}"
+        )
+
+    def _gateway_heard(self, within: float) -> bool | None:
+        """Whether the gateway's proxy and plain-HTTP front listen within `within` seconds,
+        as this machine's kernel lists the sockets of its network namespace (an exec costs
+        a tenth of a second; this, a read every 10 ms). None where that cannot be seen: an
+        engine elsewhere, a gateway not running (or gone meanwhile): the exec then says."""
+        action, container = "waiting for the egress gateway", self.container_of(GATEWAY)
+        got = self.engine.inspected(container, action)
+        if not runs_here(got):
+            return None
+        pid = (got or {})["State"]["Pid"]
+        ends = time.monotonic() + within
+        while not (heard := listening(pid, {PROXY_PORT, FRONT_PORT})):
+            if heard is None:
+                return None
+            if time.monotonic() >= ends:
+                return False
+            time.sleep(0.01)
+        again = self.engine.inspected(container, action)  # (still that process: no pid reused)
+        return True if runs_here(again) and (again or {})["State"]["Pid"] == pid else None
 
     def tether(self, services: Iterable[str]) -> None:
         """Tie the extra services' lives to this process, with nothing of ours left to run
