@@ -100,19 +100,20 @@ def _started(ago: float) -> str:
 
 
 @pytest.mark.parametrize(
-    ("started_at", "expect"),
+    ("ago", "expect"),
     [
         # an init (docker-init, gVisor's sandbox) that began long before the command:
         # the engine's later start is the one taken
-        (_started(0.5), 0.5),
-        (_started(-5.0), 0.0),  # a start to come (a clock stepped back): never below none
+        (0.5, 0.5),
+        (-5.0, 0.0),  # a start to come (a clock stepped back): never below none
         ("", None),  # none said: the kernel's figure alone
         ("not a time", None),
-        (_started(10**9), None),  # an earlier start: the kernel's later one
+        (10.0**9, None),  # an earlier start: the kernel's later one
     ],
+    ids=["later", "to-come", "none", "garbage", "earlier"],
 )
 def test_ran_for_is_the_later_of_the_kernels_and_the_engines_start(
-    monkeypatch: pytest.MonkeyPatch, started_at: str, expect: float | None
+    monkeypatch: pytest.MonkeyPatch, ago: float | str, expect: float | None
 ) -> None:
     import os
 
@@ -120,6 +121,7 @@ def test_ran_for_is_the_later_of_the_kernels_and_the_engines_start(
     from orchestrator.backends.container import readiness
 
     monkeypatch.setattr(readiness, "runs_here", lambda got: True)
+    started_at = _started(ago) if isinstance(ago, float) else ago  # (now: not at collection)
     began = int(procutil.stat_fields(1)[19]) / os.sysconf("SC_CLK_TCK")
     kernel = time.clock_gettime(time.CLOCK_BOOTTIME) - began  # (pid 1: long running)
     got = readiness.ran_for({"State": {"Pid": 1, "StartedAt": started_at}})
