@@ -171,7 +171,11 @@ def read_regular(path: Path, limit: int, *, follow: bool = False) -> bytes | Non
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode) or (checked is not None and not _same(found, checked)):
             return None
-        return os.read(fd, limit + 1)
+        chunks, left = [], limit + 1
+        while left > 0 and (got := os.read(fd, left)):  # (a /proc file: a page a read)
+            chunks.append(got)
+            left -= len(got)
+        return b"".join(chunks)
     except OSError:
         return None
     finally:

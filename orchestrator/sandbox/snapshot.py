@@ -29,6 +29,7 @@ from orchestrator.paths import (
     make_folders,
     open_for_lock,
     read_owner,
+    read_regular,
     state_dir,
     state_folder,
     write_file,
@@ -198,14 +199,24 @@ class Snapshot:
         return snap
 
 
+RECORD_MOST = 1 << 20
+"""Bytes of a record read at the most (ours are a few hundred)."""
+
+
 def _load(path: Path) -> Snapshot | None:
+    """The snapshot whose record is beside `path`; None when there is none, or it is not
+    one (a record is a file its owner, or a sandbox whose workspace holds it, may write:
+    read bounded, never through a link, and any JSON judged without failing)."""
+    text = read_regular(path.with_suffix(".json"), RECORD_MOST)
+    if text is None or len(text) > RECORD_MOST:
+        return None
     try:
-        data = json.loads(path.with_suffix(".json").read_text())
+        data = json.loads(text)
         fields: dict[str, Any] = {k: data[k] for k in ("env", "digest", "created", "size")}
         fields |= {k: str(data.get(k, "")) for k in ("image", "host", "backend", "source")}
         fields |= {k: _strings(data.get(k, {})) for k in ("services", "owner", "memory")}
         return Snapshot(path=path, suspended=data.get("suspended") is True, **fields)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # (RecursionError: nesting)
         return None
 
 

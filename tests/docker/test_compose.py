@@ -782,6 +782,41 @@ def test_an_image_a_user_commits_from_a_resumed_sandbox_outlives_the_snapshot(
         snap.remove()
 
 
+def test_a_reap_removes_the_orphan_it_judged_never_what_its_tag_names_later(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An orphan is judged by id and tag, then removed: one that went by its tag removed
+    whatever image the tag named by then (someone with the engine moved it meanwhile, onto
+    an image of their own whose only name it is). It goes by the id judged now."""
+    from orchestrator.backends.container import images
+
+    def docker(*words: str) -> str:
+        done = subprocess.run(["docker", *words], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    made = docker("create", "--label", "org.orchestrator.test=1", BUSYBOX_IMAGE, "true")
+    victim = ours = ""
+    try:
+        victim = docker("commit", "--change", "LABEL org.orchestrator.test=1", made)
+    finally:
+        docker("rm", made)
+    try:
+        with spawn_runtime(make_env("", name="fsmoved")) as rt:
+            snap = rt.snapshot(tmp_path / "fs.tar", filesystem=True)
+        ours = docker("image", "inspect", "--format", "{{.Id}}", snap.image)
+        snap.record.unlink()  # (removed by hand: its image is an orphan)
+        judged = images._orphans()
+        assert (ours, snap.image) in judged
+        docker("tag", victim, snap.image)  # (moved between the judgement and the removal)
+        monkeypatch.setattr(images, "_orphans", lambda engine=None: judged)
+        assert snap.image in images.reap_orphans()
+        assert images.exists(victim) and not images.exists(ours)
+    finally:  # (each by the id this test made or judged)
+        for image in (victim, ours):
+            if image:
+                subprocess.run(["docker", "rmi", "-f", image], capture_output=True)
+
+
 def test_a_ctrl_c_as_a_snapshot_is_recorded_leaves_it_its_image(
     make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -86,3 +86,27 @@ def test_which_records_no_longer_name_their_image(
     labels = {LABEL_SNAPSHOT_TAG: "orchestrator-snapshot:a"}
     assert _replaced(labels, path) is replaced
     assert _replaced({}, path) is False  # an image from before tags: not judged
+
+
+def test_a_record_nested_past_the_parsers_depth_is_no_record(tmp_path: Path) -> None:
+    """A record is a file a sandbox may write where its workspace holds it: JSON nested
+    deeper than the parser goes raised RecursionError through every reap (so every `ps`,
+    `cleanup` and `down`); it is judged as no record now, as is one over RECORD_MOST or
+    one behind a link."""
+    from orchestrator.backends.container.identity import LABEL_SNAPSHOT_TAG
+    from orchestrator.backends.container.images import _replaced
+    from orchestrator.sandbox.snapshot import RECORD_MOST, _load
+
+    record, archive = tmp_path / "s.json", tmp_path / "s.tar"
+    fields = '"env": "e", "digest": "d", "created": "", "size": 0'
+    record.write_text("{" + fields + "}")
+    assert _load(archive) is not None  # (a record of that form is one)
+    record.write_text('{"image": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    assert _replaced({LABEL_SNAPSHOT_TAG: "orchestrator-snapshot:a"}, record) is False
+    assert _load(archive) is None
+    record.write_text("{" + fields + ', "pad": "' + "x" * RECORD_MOST + '"}')
+    assert _load(archive) is None  # (too long to be one of ours)
+    record.unlink()
+    (tmp_path / "elsewhere.json").write_text("{" + fields + "}")
+    record.symlink_to(tmp_path / "elsewhere.json")
+    assert _load(archive) is None  # (never read through a link)

@@ -7,10 +7,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from orchestrator.backends.container.readiness import listening
+from orchestrator.backends.docker.lifecycle import Project
 
 
 def _listener(family: socket.AddressFamily, host: str) -> socket.socket:
@@ -54,3 +58,79 @@ def test_a_process_gone_cannot_be_heard() -> None:
     )
     assert listening(int(child.stdout), {1}) is None
     assert listening(os.getpid(), set()) is True  # (nothing asked: nothing missing)
+
+
+def test_every_listener_is_heard_past_the_kernels_first_page() -> None:
+    """The kernel gives /proc/PID/net/tcp a page (about 26 sockets) a read: each is read."""
+    servers = [_listener(socket.AF_INET, "127.0.0.1") for _ in range(60)]
+    try:
+        ports = {s.getsockname()[1] for s in servers}
+        assert listening(os.getpid(), ports) is True
+    finally:
+        for server in servers:
+            server.close()
+
+
+def _project(runtime: str, pid: int) -> Any:
+    """What `_gateway_heard` and `wait_gateway` ask of a project: its engine's inspection
+    of the gateway (`runtime`, `pid`), and no exec."""
+
+    def inspected(container: str, action: str) -> dict[str, Any]:
+        return {
+            "Id": "x" * 64,
+            "State": {"Running": True, "Pid": pid},
+            "HostConfig": {"Runtime": runtime},
+        }
+
+    def exec_target(container: str) -> Any:
+        raise AssertionError("no exec")
+
+    engine = SimpleNamespace(inspected=inspected, exec_target=exec_target)
+    project: Any = SimpleNamespace(
+        name="t", engine=engine, container_of=lambda s: f"t-{s}-1", logs=lambda s, tail: ""
+    )
+    project._gateway_failed = lambda deadline: Project._gateway_failed(project, deadline)
+    project._gateway_heard = lambda ends: Project._gateway_heard(project, ends)
+    return project
+
+
+def test_the_gateway_is_heard_from_the_kernel_only_on_a_kernel_network_runtime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under gVisor (its own network stack) the kernel lists none of the gateway's
+    sockets: the start would wait its whole bound and fail, where the exec from inside
+    hears it. Only a runtime of the kernel's network is read from /proc."""
+    from orchestrator.backends.docker import lifecycle
+
+    monkeypatch.setattr(lifecycle, "runs_here", lambda got: True)
+    monkeypatch.setattr(lifecycle, "listening", lambda pid, ports: True)
+    soon = time.monotonic() + 1
+    for runtime in ("runc", "crun", "io.containerd.runc.v2"):
+        assert Project._gateway_heard(_project(runtime, os.getpid()), soon) is True
+    for runtime in ("runsc", "runsc-sealed", "kata", ""):
+        assert Project._gateway_heard(_project(runtime, os.getpid()), soon) is None
+    monkeypatch.setattr(lifecycle, "listening", lambda pid, ports: False)
+    assert Project._gateway_heard(_project("runc", os.getpid()), soon) is False
+    monkeypatch.setattr(lifecycle, "listening", lambda pid, ports: None)  # (gone)
+    assert Project._gateway_heard(_project("runc", os.getpid()), soon) is None
+
+
+def test_the_gateways_wait_is_one_bound_whichever_way_it_looks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look from the kernel that gives up late (the gateway gone or restarted at the
+    end of the bound) left the exec a fresh bound of its own: twice the bound in all."""
+    from orchestrator.errors import StartupError
+
+    monkeypatch.setenv("ORCHESTRATOR_UP_TIMEOUT", "1")
+    project = _project("runc", os.getpid())
+
+    def late(ends: float) -> None:
+        time.sleep(max(0.0, ends - time.monotonic()))
+        return None
+
+    project._gateway_heard = late
+    started = time.monotonic()
+    with pytest.raises(StartupError, match="did not take connections within 1s"):
+        Project.wait_gateway(project)
+    assert time.monotonic() - started < 1.5

@@ -21,7 +21,7 @@ from orchestrator.backends.container.identity import (
 )
 from orchestrator.errors import DockerError, OrchestratorError, UsageError
 from orchestrator.paths import read_regular, state_dir
-from orchestrator.sandbox.snapshot import Snapshot, being_saved
+from orchestrator.sandbox.snapshot import RECORD_MOST, Snapshot, being_saved
 from orchestrator.settings import may_reach
 
 log = logging.getLogger("orchestrator.docker")
@@ -140,19 +140,30 @@ def reap_orphans(engine: Engine | None = None) -> list[str]:
     from orchestrator.sandbox.snapshot import reap_suspended
 
     reap_suspended()
+    engine = engine or Engine.at()
     gone = []
-    for image in orphaned(engine):
-        try:
-            remove(image, engine)
-        except DockerError:  # a container still runs from it: next time
-            continue
-        gone.append(image)
+    for ident, name in _orphans(engine):
+        try:  # by the id judged: its tag may have been moved to another image meanwhile
+            remove(ident, engine)
+        except DockerError:  # in use (next time), named elsewhere too, or another's parent
+            if name == ident or not _named_by(name, ident, engine):
+                continue
+            try:  # its own tag alone: it goes with the image that holds it (refused in use)
+                remove(name, engine)
+            except DockerError:
+                continue
+        gone.append(name)
     return gone
 
 
 def orphaned(engine: Engine | None = None) -> list[str]:
-    """The snapshot images made with our state folder whose record is gone, or names
-    another image now, each by its own tag. An image made from one of ours (a user's
+    """The names of `_orphans`, each image by its own tag (by id: one made before tags)."""
+    return sorted({name for _, name in _orphans(engine)})
+
+
+def _orphans(engine: Engine | None = None) -> list[tuple[str, str]]:
+    """(id, name) of the snapshot images made with our state folder whose record is gone,
+    or names another image now. An image made from one of ours (a user's
     `docker commit` of a resumed container, or a `FROM` of it) inherits every label,
     the tag too, but the tag does not name it: it is not ours and is never listed; nor is
     one of ours whose tag went while an image made from it holds it (it goes with that
@@ -183,20 +194,14 @@ def orphaned(engine: Engine | None = None) -> list[str]:
         if tag and not _named_by(tag, image[0], engine):
             continue
         if not Path(record).exists() or _replaced(labels, Path(record)):
-            # by its tag: an image another snapshot was committed from is that one's
-            # parent, and removing its tag lets it go with that one (by id is refused)
-            found.append(tag or image[0])
-    return sorted(set(found))
+            found.append((image[0], tag or image[0]))
+    return found
 
 
 def _named_by(tag: str, ident: str, engine: Engine) -> bool:
     """Whether `tag` names the image `ident` now."""
     named = _inspected(tag, engine)
     return named is not None and named[0] == ident
-
-
-RECORD_MOST = 1 << 20
-"""Bytes of a record read to learn which images it names (ours are a few hundred)."""
 
 
 def _replaced(labels: Mapping[str, str], record: Path) -> bool:
@@ -208,8 +213,8 @@ def _replaced(labels: Mapping[str, str], record: Path) -> bool:
     tag = labels.get(LABEL_SNAPSHOT_TAG, "")
     text = read_regular(record, RECORD_MOST) if tag else None
     try:
-        data = json.loads(text) if text else None
-    except ValueError:
+        data = json.loads(text) if text and len(text) <= RECORD_MOST else None
+    except (ValueError, RecursionError):  # (a record anyone with it may write: any nesting)
         return False
     if not isinstance(data, dict):
         return False

@@ -374,20 +374,22 @@ class Project:
         where it can be (`_gateway_heard`), else with one exec that looks from inside it
         (a healthcheck would exec into it every interval of its whole life)."""
         deadline = up_timeout()
-        heard = self._gateway_heard(deadline)
+        ends = time.monotonic() + deadline
+        heard = self._gateway_heard(ends)
         if heard is True:
             return
-        if heard is False:
+        left = ends - time.monotonic()  # (one bound for both ways of looking)
+        if heard is False or left <= 0:
             self._gateway_failed(deadline)
         argv = self.engine.exec_target(self.container_of(GATEWAY)).argv(
-            ["/bin/bash", "-c", GATEWAY_READY, "ready", str(int(deadline * 10))]
+            ["/bin/bash", "-c", GATEWAY_READY, "ready", str(max(1, int(left * 10)))]
         )
         try:
             done = subprocess.run(
                 argv,
                 capture_output=True,
                 text=True,
-                timeout=deadline + 10,
+                timeout=left + 10,
                 check=False,
                 env=procutil.marked_environ(),  # ended by our guardian if we die first
             )
@@ -403,17 +405,19 @@ class Project:
             f"{deadline:g}s (ORCHESTRATOR_UP_TIMEOUT); its last lines:\n{logs}"
         )
 
-    def _gateway_heard(self, within: float) -> bool | None:
-        """Whether the gateway's proxy and plain-HTTP front listen within `within` seconds,
+    def _gateway_heard(self, ends: float) -> bool | None:
+        """Whether the gateway's proxy and plain-HTTP front listen by `ends` (monotonic),
         as this machine's kernel lists the sockets of its network namespace (an exec costs
         a tenth of a second; this, a read every 10 ms). None where that cannot be seen: an
-        engine elsewhere, a gateway not running (or gone meanwhile): the exec then says."""
+        engine elsewhere, a runtime with a network stack of its own (gVisor's: the kernel
+        lists none of its sockets), a gateway not running (or gone meanwhile): the exec
+        then says."""
         action, container = "waiting for the egress gateway", self.container_of(GATEWAY)
         got = self.engine.inspected(container, action)
-        if not runs_here(got):
+        runtime = ((got or {}).get("HostConfig") or {}).get("Runtime")
+        if runtime not in KERNEL_NETWORK_RUNTIMES or not runs_here(got):
             return None
         pid = (got or {})["State"]["Pid"]
-        ends = time.monotonic() + within
         while not (heard := listening(pid, {PROXY_PORT, FRONT_PORT})):
             if heard is None:
                 return None
@@ -640,6 +644,10 @@ class Project:
         )
         return text if isinstance(text, str) else ""
 
+
+KERNEL_NETWORK_RUNTIMES = frozenset({"runc", "crun", "io.containerd.runc.v2"})
+"""Engine runtimes whose containers' sockets are this machine's kernel's (listed in /proc):
+the gateway's readiness is read there. Any other (gVisor's, a VM's) is asked from inside."""
 
 GATEWAY_READY = (
     'for _ in $(seq "$1"); do (exec 3<>/dev/tcp/127.0.0.1/' + str(PROXY_PORT) + ") 2>/dev/null"
