@@ -91,6 +91,32 @@ def test_an_edited_context_file_and_build_arg_are_built(project: Path) -> None:
     assert run_echo(project, what="$(cat /flavour)").stdout == "hot\n"
 
 
+def test_a_files_own_labels_cannot_pass_its_build_off_as_a_snapshot(project: Path) -> None:
+    """A Dockerfile's LABEL lines naming our state folder, a record and a tag made the
+    image look like a snapshot image of ours to the reap (which then judged, and could
+    remove, it): a build sets those labels empty, last."""
+    from orchestrator.backends.container.identity import (
+        LABEL_SNAPSHOT_RECORD,
+        LABEL_SNAPSHOT_STATE,
+        LABEL_SNAPSHOT_TAG,
+    )
+    from orchestrator.paths import state_dir
+
+    forged = {
+        LABEL_SNAPSHOT_STATE: str(state_dir().resolve()),
+        LABEL_SNAPSHOT_RECORD: "/nowhere/gone.json",
+        LABEL_SNAPSHOT_TAG: "orchestrator-snapshot:0123456789ab",
+    }
+    lines = "".join(f"LABEL {k}={json.dumps(v)}\n" for k, v in forged.items())
+    (project / "Dockerfile").write_text(f"FROM {BUSYBOX_IMAGE}\n{lines}ENV BUILT=yes\n")
+    done = run_echo(project)
+    assert done.returncode == 0 and done.stdout == "yes\n", done.stderr
+    tag, _ = image_of(project)
+    got = docker("image", "inspect", "--format", "{{json .Config.Labels}}", tag)
+    labels = json.loads(got.stdout)
+    assert all(labels.get(k) == "" for k in forged), labels
+
+
 def test_nothing_changed_builds_nothing(project: Path) -> None:
     first = run_echo(project)
     assert first.returncode == 0, first.stderr

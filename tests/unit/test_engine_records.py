@@ -110,3 +110,75 @@ def test_a_record_nested_past_the_parsers_depth_is_no_record(tmp_path: Path) -> 
     (tmp_path / "elsewhere.json").write_text("{" + fields + "}")
     record.symlink_to(tmp_path / "elsewhere.json")
     assert _load(archive) is None  # (never read through a link)
+
+
+class _Images:
+    """An engine's images, by name and by id, for the orphan judgement (no engine)."""
+
+    address = "unix:///nowhere/docker.sock"
+
+    def __init__(self, images: dict[str, tuple[str, dict[str, str]]]) -> None:
+        self.images = images
+
+    def image_ids(self, *, labels: object, action: str) -> list[str]:
+        return sorted({ident for ident, _ in self.images.values()})
+
+    def image_labels(self, image: str) -> tuple[str, dict[str, str]]:
+        from orchestrator.backends.container.engine import NoSuchImage
+
+        if image not in self.images:
+            raise NoSuchImage(image)
+        return self.images[image]
+
+
+def test_only_a_snapshot_image_of_the_form_commit_makes_is_judged_an_orphan(
+    tmp_path: Path,
+) -> None:
+    """Any image's labels are anyone's to set (a file's build, a pulled image): a record
+    label of `/` or a name the kernel refuses raised through every reap (every `ps`); an
+    image with no tag label, or one of another form, was removed by id once its record
+    was gone: a user's image made from an older snapshot of ours. Only the tagged images
+    commit makes are judged, and a bad label is not ours."""
+    from orchestrator.backends.container.identity import (
+        LABEL_SNAPSHOT_RECORD,
+        LABEL_SNAPSHOT_STATE,
+        LABEL_SNAPSHOT_TAG,
+    )
+    from orchestrator.backends.container.images import _orphans
+    from orchestrator.paths import state_dir
+
+    ours = str(state_dir().resolve())
+    gone = str(tmp_path / "gone.json")
+
+    def image(ident: str, record: str, tag: str = "") -> tuple[str, dict[str, str]]:
+        labels = {LABEL_SNAPSHOT_STATE: ours, LABEL_SNAPSHOT_RECORD: record}
+        return (ident, labels | ({LABEL_SNAPSHOT_TAG: tag} if tag else {}))
+
+    good = "orchestrator-snapshot:0123456789ab"
+    engine = _Images(
+        {
+            "a": image("a", gone, good),
+            good: image("a", gone, good),  # (its tag names it: an orphan of ours)
+            "b": image("b", "/"),  # (no name: ValueError from pathlib before)
+            "c": image("c", "/" + "x" * 300 + ".json", "orchestrator-snapshot:0123456789ac"),
+            "orchestrator-snapshot:0123456789ac": image("c", "/" + "x" * 300 + ".json"),
+            "d": image("d", gone),  # (no tag: from before tags, or a user's made from it)
+            "e": image("e", gone, "latest"),  # (a tag of no form of ours)
+            "latest": image("e", gone, "latest"),
+            "f": image("f", gone, good),  # (made from "a": its tag names "a")
+        }
+    )
+    assert _orphans(engine) == [("a", good)]  # type: ignore[arg-type]
+
+
+def test_a_record_whose_fields_are_not_strings_is_no_record(tmp_path: Path) -> None:
+    """A listing sorts the records by when they were made: one whose `created` was a
+    number next to one of ours failed every listing, and so every reap."""
+    from orchestrator.sandbox.snapshot import _load
+
+    (tmp_path / "s.json").write_text('{"env": "e", "digest": "d", "created": 0, "size": 0}')
+    assert _load(tmp_path / "s.tar") is None
+    (tmp_path / "s.json").write_text('{"env": "e", "digest": "d", "created": "", "size": true}')
+    assert _load(tmp_path / "s.tar") is None
+    (tmp_path / "s.json").write_text('{"env": "e", "digest": "d", "created": "", "size": 1}')
+    assert _load(tmp_path / "s.tar") is not None

@@ -46,6 +46,9 @@ names another: the image is then an orphan)."""
 LABEL_SNAPSHOT_STATE = L + "snapshot.state"
 """On a snapshot image: the state folder of the process that made it (whose reapers alone
 may remove it)."""
+SNAPSHOT_UNCLAIMED = {LABEL_SNAPSHOT_RECORD: "", LABEL_SNAPSHOT_STATE: "", LABEL_SNAPSHOT_TAG: ""}
+"""Labels every image built from a file is given: its own LABEL lines cannot make it pass
+for a snapshot image of ours (labels are inherited; these, set last, win)."""
 DETACHED = "0"
 """Owner pid of a project started by `orchestrator up`: it lives until `down` or `cleanup --all`."""
 

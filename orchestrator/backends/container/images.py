@@ -146,7 +146,7 @@ def reap_orphans(engine: Engine | None = None) -> list[str]:
         try:  # by the id judged: its tag may have been moved to another image meanwhile
             remove(ident, engine)
         except DockerError:  # in use (next time), named elsewhere too, or another's parent
-            if name == ident or not _named_by(name, ident, engine):
+            if not _named_by(name, ident, engine):
                 continue
             try:  # its own tag alone: it goes with the image that holds it (refused in use)
                 remove(name, engine)
@@ -157,17 +157,18 @@ def reap_orphans(engine: Engine | None = None) -> list[str]:
 
 
 def orphaned(engine: Engine | None = None) -> list[str]:
-    """The names of `_orphans`, each image by its own tag (by id: one made before tags)."""
+    """The names of `_orphans`, each image by its own tag."""
     return sorted({name for _, name in _orphans(engine)})
 
 
 def _orphans(engine: Engine | None = None) -> list[tuple[str, str]]:
-    """(id, name) of the snapshot images made with our state folder whose record is gone,
+    """(id, tag) of the snapshot images made with our state folder whose record is gone,
     or names another image now. An image made from one of ours (a user's
     `docker commit` of a resumed container, or a `FROM` of it) inherits every label,
     the tag too, but the tag does not name it: it is not ours and is never listed; nor is
     one of ours whose tag went while an image made from it holds it (it goes with that
-    one). An image from before snapshots carried their tag is listed by id. Only
+    one). One made before snapshots carried their tag is not judged either: its labels
+    cannot tell it from a user's image made from it (it goes with its snapshot). Only
     those are listed (the engine filters by the state folder's label) and looked at: the
     images of another state folder are neither touched nor inspected, so a reap (every
     `ps` makes one) costs nothing for what other processes' snapshots leave on the engine.
@@ -185,17 +186,41 @@ def _orphans(engine: Engine | None = None) -> list[tuple[str, str]]:
         image = _inspected(ident, engine)
         if image is None:
             continue
-        labels = image[1]
-        record = labels.get(LABEL_SNAPSHOT_RECORD, "")
-        mine = labels.get(LABEL_SNAPSHOT_STATE) == ours
-        if not mine or not record or being_saved(record):
-            continue
-        tag = labels.get(LABEL_SNAPSHOT_TAG, "")
-        if tag and not _named_by(tag, image[0], engine):
-            continue
-        if not Path(record).exists() or _replaced(labels, Path(record)):
-            found.append((image[0], tag or image[0]))
+        try:
+            if _orphan(image[0], image[1], ours, engine):
+                found.append((image[0], image[1][LABEL_SNAPSHOT_TAG]))
+        except (OSError, ValueError) as exc:  # (a path the kernel refuses: not ours)
+            log.debug("snapshot image %s: not judged: %s", ident, exc)
     return found
+
+
+def _orphan(ident: str, labels: Mapping[str, str], ours: str, engine: Engine) -> bool:
+    """Whether image `ident` is a snapshot image of ours (`_orphans`) whose record is gone
+    or names another. Any image's labels are anyone's to set (a file's build, a pulled
+    image): only a record path and a tag of the forms `commit` writes are looked at."""
+    record, tag = labels.get(LABEL_SNAPSHOT_RECORD, ""), labels.get(LABEL_SNAPSHOT_TAG, "")
+    if labels.get(LABEL_SNAPSHOT_STATE) != ours or not _record_label(record):
+        return False
+    if not TAG_FORM.fullmatch(tag) or not _named_by(tag, ident, engine):
+        return False  # (made from one of ours, one made before tags, or not ours at all)
+    if being_saved(record):
+        return False
+    return not Path(record).exists() or _replaced(labels, Path(record))
+
+
+TAG_FORM = re.compile(re.escape(SNAPSHOT_REPO) + r":[0-9a-f]{12}")
+"""A snapshot image's tag, as `commit` makes it."""
+
+
+def _record_label(record: str) -> bool:
+    """Whether a record label is a path `commit` could have written: absolute, a `.json`
+    name, no NUL, within the kernel's longest path."""
+    return (
+        record.startswith("/")
+        and record.endswith(".json")
+        and "\0" not in record
+        and len(record.encode(errors="replace")) < 4096
+    )
 
 
 def _named_by(tag: str, ident: str, engine: Engine) -> bool:

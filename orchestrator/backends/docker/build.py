@@ -41,6 +41,7 @@ from orchestrator.backends.container.engine import (
     up_timeout,
     wrap,
 )
+from orchestrator.backends.container.identity import SNAPSHOT_UNCLAIMED
 from orchestrator.backends.docker import gateway
 from orchestrator.backends.docker.buildcheck import (
     PROBLEM_FIX,
@@ -266,7 +267,11 @@ def _build(plan: ImageBuild, name: str, host: str) -> None:
         context, dockerfile = _checked_copy(plan, folder, host)
         argv = Engine.at(host).build_argv(
             plan.tag,
-            labels={SOURCE_LABEL: _source(plan), CONTEXT_LABEL: str(plan.context)},
+            labels={
+                SOURCE_LABEL: _source(plan),
+                CONTEXT_LABEL: str(plan.context),
+                **SNAPSHOT_UNCLAIMED,  # (no LABEL of the file passes it off as a snapshot)
+            },
             dockerfile=dockerfile,
             network=plan.network,
             limits=dict(plan.limits),
