@@ -171,14 +171,17 @@ def test_only_a_snapshot_image_of_the_form_commit_makes_is_judged_an_orphan(
     assert _orphans(engine) == [("a", good)]  # type: ignore[arg-type]
 
 
-def test_a_record_whose_fields_are_not_strings_is_no_record(tmp_path: Path) -> None:
+def test_a_record_whose_created_is_no_string_is_listed_beside_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A listing sorts the records by when they were made: one whose `created` was a
-    number next to one of ours failed every listing, and so every reap."""
-    from orchestrator.sandbox.snapshot import _load
+    number next to one of ours failed every listing, and so every reap. Both are listed
+    (a hostile record is shown as text: test_cli_manners)."""
+    from orchestrator.sandbox.snapshot import list_snapshots, snapshots_dir
 
-    (tmp_path / "s.json").write_text('{"env": "e", "digest": "d", "created": 0, "size": 0}')
-    assert _load(tmp_path / "s.tar") is None
-    (tmp_path / "s.json").write_text('{"env": "e", "digest": "d", "created": "", "size": true}')
-    assert _load(tmp_path / "s.tar") is None
-    (tmp_path / "s.json").write_text('{"env": "e", "digest": "d", "created": "", "size": 1}')
-    assert _load(tmp_path / "s.tar") is not None
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / "state"))
+    folder = snapshots_dir()
+    folder.mkdir(parents=True, mode=0o700, exist_ok=True)
+    (folder / "a.json").write_text('{"env": "e", "digest": "d", "created": 0, "size": 0}')
+    (folder / "b.json").write_text('{"env": "e", "digest": "d", "created": "2026", "size": 1}')
+    assert [s.name for s in list_snapshots()] == ["a", "b"]
