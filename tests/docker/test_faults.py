@@ -175,9 +175,7 @@ def test_a_plain_command_killed_in_a_running_sandbox_is_its_own_137_at_once(
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_paused_container_is_a_clear_error_within_timeout_plus_two(
-    make_env: MakeEnv, mode: str
-) -> None:
+def test_paused_container_is_a_clear_error_cut_at_its_timeout(make_env: MakeEnv, mode: str) -> None:
     with spawn(make_env(""), mode) as rt:
         try:
             outcome, seconds, _ = fault_during(rt, 3, "pause", after=0.2)
