@@ -164,3 +164,68 @@ def test_a_first_caller_interrupted_leaves_the_others_to_ask_on_their_own() -> N
     one.join(10)
     two.join(10)
     assert sorted(map(str, got)) == ["7", "interrupted"]
+
+
+class Greeter(Target):
+    """An exec target whose executor says nothing for `silent` seconds, then greets (and
+    runs until its input ends): an executor slow to start on a loaded machine."""
+
+    def __init__(self, silent: float) -> None:
+        self.silent = silent
+
+    def argv(self, command: list[str], **_: Any) -> list[str]:
+        from orchestrator.backends.container.executor import wire
+
+        greeting = wire.HEADER.pack(wire.READY, 0, 2) + b"{}"
+        code = (
+            f"import sys, time; time.sleep({self.silent}); "
+            f"sys.stdout.buffer.write({greeting!r}); sys.stdout.flush(); sys.stdin.read()"
+        )
+        return [sys.executable, "-c", code]
+
+
+def slow(
+    silent: float, *, running: bool, monkeypatch: pytest.MonkeyPatch, most: float
+) -> tuple[channel_mod.Channel, list[str]]:
+    monkeypatch.setattr(channel_mod, "READY_TIMEOUT", 0.3)
+    monkeypatch.setattr(channel_mod, "READY_MOST", most)
+    ch, _, warned = make("", stops_after=10 if running else 0, running=running)
+    ch._engine.target = Greeter(silent)  # type: ignore[attr-defined]
+    return ch, warned
+
+
+def test_an_executor_slow_to_greet_in_a_running_container_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI, once: on a loaded machine an executor took over READY_TIMEOUT to greet; the channel
+    went plain for good, and a terminal (which needs the executor) failed with exit 2."""
+    ch, warned = slow(1.5, running=True, monkeypatch=monkeypatch, most=20)
+    try:
+        assert ch.ready() is not None
+        assert ch.mode == "executor" and warned == []
+    finally:
+        ch.close()
+
+
+def test_an_executor_silent_past_the_longest_wait_goes_plain_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The longer wait has its own bound: one that never greets (a python3 that hangs) goes
+    plain once READY_MOST has passed, saying how long it waited."""
+    ch, warned = slow(60, running=True, monkeypatch=monkeypatch, most=1.5)
+    began = time.monotonic()
+    assert ch.ready() is None
+    assert 1.4 < time.monotonic() - began < 10
+    assert ch.mode == "plain" and "no answer within 2 s" in warned[0], warned
+
+
+def test_a_silent_executor_of_a_stopped_container_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The longer wait is only for a container that runs: one that stopped fails its start
+    after READY_TIMEOUT (and the engine's few looks), not after READY_MOST."""
+    ch, warned = slow(60, running=False, monkeypatch=monkeypatch, most=60)
+    began = time.monotonic()
+    with pytest.raises(SandboxUnavailable):
+        ch.ready()
+    assert time.monotonic() - began < 10 and warned == []

@@ -39,6 +39,13 @@ from orchestrator.sandbox.threads import SingleFlight, in_thread, thread_chunks
 
 log = logging.getLogger("orchestrator.docker")
 READY_TIMEOUT = 15.0
+"""How long an executor has to greet before it is looked at: one that said anything (an image
+without its Python), died, or whose container is gone is judged then."""
+READY_MOST = 60.0
+"""How long one still starting, silent, in a container that runs, is waited for in all: a
+loaded machine (a full test run on two cores) has taken over 15 s to start one, and falling
+back to plain `docker exec` for good costs every later command its start-up (and a terminal
+cannot go plain at all)."""
 Mode = Literal["auto", "executor", "plain"]
 ROOT = (None, "0", "0:0")
 """Users a root executor without CAP_SETUID can still run commands as (itself)."""
@@ -145,12 +152,15 @@ class Channel:
                     log.warning("%s: executor died (%s); starting a new one", self.label, why)
                     ex.close()
                 ex = self._executor = self._new_executor()
-        if ex.wait_ready(READY_TIMEOUT) or ex.greeted_late():
+        ready, waited = ex.wait_ready(READY_TIMEOUT), READY_TIMEOUT
+        if not ready and self._starting(ex):
+            ready, waited = ex.wait_ready(READY_MOST - READY_TIMEOUT), READY_MOST
+        if ready or ex.greeted_late():
             self.mode = "executor"
             return ex
         ex.close()  # also collects what it printed before dying
         said = ex.stderr_tail
-        reason = said or f"no answer within {READY_TIMEOUT:.0f} s"
+        reason = said or f"no answer within {waited:.0f} s"
         with self._lock:
             if self._executor is ex:
                 self._executor = None
@@ -174,6 +184,11 @@ class Channel:
             "falling back to plain `docker exec` per command"
         )
         return None
+
+    def _starting(self, ex: ExecutorClient) -> bool:
+        """Whether an executor that has not greeted within READY_TIMEOUT is still starting:
+        it runs, has said nothing, and its container runs on (waited for up to READY_MOST)."""
+        return ex.alive and not ex.stderr_tail and bool(self._running())
 
     def shutdown(self) -> None:
         """Ask the executor to stop, without waiting (the container is going down)."""
