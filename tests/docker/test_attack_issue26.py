@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -62,21 +63,40 @@ def test_sigkill_during_cli_suspend_leaves_the_environment_paused(
     up = _cli("up", str(path), env=env)
     assert up.returncode == 0, up.stderr
     ident = up.stdout.strip()
+    saved = tmp_path / "suspend.out"
     try:
         [main] = _containers(ident)
-        proc = subprocess.Popen(
-            [*CLI, "suspend", ident],
-            env=env,
-            stdout=subprocess.DEVNULL,
+        # the engine's own events, from before the suspend starts: a loaded engine answers
+        # an inspect more slowly than the whole commit lasts (a poll missed it once)
+        events = subprocess.Popen(
+            [
+                "docker",
+                "events",
+                "--since",
+                f"{time.time() - 1:.3f}",
+                "--filter",
+                f"container={main}",
+                "--filter",
+                "event=pause",
+                "--format",
+                "{{.Action}}",
+            ],
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 60
-        while not _paused(main):
-            assert proc.poll() is None, "suspend ended before its pause was seen"
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        try:
+            with saved.open("wb") as out:
+                proc = subprocess.Popen(
+                    [*CLI, "suspend", ident], env=env, stdout=out, stderr=subprocess.DEVNULL
+                )
+            assert events.stdout is not None
+            seen = select.select([events.stdout], [], [], 120)[0]
+            assert seen and events.stdout.readline().strip() == b"pause", "no pause in 120 s"
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            events.kill()
+            events.communicate()
+        assert proc.wait() == -signal.SIGKILL, "the suspend ended before it could be killed"
         _cli("ps", env=env)  # whoever looks next may undo it
         deadline = time.monotonic() + 120  # the engine's own commit may take a while to end
         while _paused(main) and time.monotonic() < deadline:
@@ -85,6 +105,9 @@ def test_sigkill_during_cli_suspend_leaves_the_environment_paused(
     finally:
         subprocess.run(["docker", "unpause", *_containers(ident)], capture_output=True)
         _cli("down", ident, env=env)
+        record = saved.read_text().strip() if saved.exists() else ""
+        if record:  # (it ended before the kill: its record holds the images)
+            _cli("snapshot", "--rm", record, env=env)
 
 
 def test_up_n_over_the_budget_fails_at_once(make_env: MakeEnv) -> None:
@@ -202,6 +225,7 @@ def test_a_woken_environment_s_images_go_with_down(make_env: MakeEnv) -> None:
     stays on disk after `down`. Expected: none of our snapshot images remain after down."""
     path = make_env("", name="r26wake", image="orchestrator-test/busybox:1")
     state = Path(os.environ["ORCHESTRATOR_STATE_DIR"])
+    before = set(_snapshot_images(state))  # (another test's in this worker's state folder)
     env = {**os.environ, "ORCHESTRATOR_ADMISSION": "0"}
     up = _cli("up", str(path), env=env)
     assert up.returncode == 0, up.stderr
@@ -210,7 +234,7 @@ def test_a_woken_environment_s_images_go_with_down(make_env: MakeEnv) -> None:
     woken = _cli("wake", suspended.stdout.strip(), env=env)
     assert woken.returncode == 0, woken.stderr
     down = _cli("down", woken.stdout.strip(), env=env)
-    left = _snapshot_images(state)
+    left = [i for i in _snapshot_images(state) if i not in before]
     for ident in left:  # ours, by id
         subprocess.run(["docker", "image", "rm", "-f", ident], capture_output=True)
     assert down.returncode == 0, down.stderr
