@@ -201,11 +201,12 @@ def _orphan(ident: str, labels: Mapping[str, str], ours: str, engine: Engine) ->
     record, tag = labels.get(LABEL_SNAPSHOT_RECORD, ""), labels.get(LABEL_SNAPSHOT_TAG, "")
     if labels.get(LABEL_SNAPSHOT_STATE) != ours or not _record_label(record):
         return False
-    if not TAG_FORM.fullmatch(tag) or not _named_by(tag, ident, engine):
-        return False  # (made from one of ours, one made before tags, or not ours at all)
-    if being_saved(record):
+    if not TAG_FORM.fullmatch(tag) or being_saved(record):
         return False
-    return not Path(record).exists() or _replaced(labels, Path(record))
+    if Path(record).exists() and not _replaced(labels, Path(record)):
+        return False
+    # last, as it asks the engine (only of an orphan): made from one of ours, or not ours
+    return _named_by(tag, ident, engine)
 
 
 TAG_FORM = re.compile(re.escape(SNAPSHOT_REPO) + r":[0-9a-f]{12}")
