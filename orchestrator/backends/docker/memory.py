@@ -24,6 +24,7 @@ its size is bounded (ORCHESTRATOR_CHECKPOINT_LIMIT); runsc runs within a deadlin
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import posixpath
@@ -50,7 +51,7 @@ from orchestrator.errors import (
     StartupError,
     UsageError,
 )
-from orchestrator.paths import locked_file
+from orchestrator.paths import locked_file, read_regular
 from orchestrator.sandbox.snapshot import Snapshot, remove_files
 from orchestrator.sandbox.unpack import PATH_MAX, parts_of
 from orchestrator.tables import printable
@@ -71,6 +72,13 @@ OUTPUT = 4096
 SETTLE = 1.0
 """Seconds a sandbox whose checkpoint failed must run on, its image not growing, to be
 taken as running on (see _runs_on)."""
+UNPACKED = "ctrd-checkpoint"
+"""How the folder containerd unpacks a checkpoint into, to start a container from it, is
+named: it makes one in its temporary folder for every such start and never removes it (a
+whole memory image left on the host's disk per fork, wake or restart). See `_drop_unpacked`."""
+MARKER = ".orchestrator-restore-"
+"""The name (then 32 hex digits) of the empty file each restore adds to the image it hands
+the engine, which tells its unpacked folder from any other (`_drop_unpacked`)."""
 
 
 def sealed_runtime() -> str:
@@ -385,14 +393,17 @@ def restore(
     action = f"restoring {container} from its checkpoint"
     engine.stop_container(container, grace=0, action=action)
     own.mkdir(mode=0o700, exist_ok=True)
+    marker = f"{MARKER}{uuid.uuid4().hex}"
     try:
         _copy(folder, own / name, digests, limit() if bounded else None)
+        os.close(os.open(own / name / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         _distinct(own / name)
         _start_from(engine, container, name, action)
     finally:
         with contextlib.suppress(OrchestratorError):
             engine.delete_checkpoint(container, name, action=action)
         remove_files(own / name)
+        _drop_unpacked(marker)
 
 
 def first_start(
@@ -653,6 +664,47 @@ def _start_from(engine: Engine, container: str, name: str, action: str) -> None:
             if "already exists" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def _drop_unpacked(marker: str) -> None:
+    """Remove the folder containerd unpacked this restore's image into (UNPACKED), found by
+    the `marker` file only this restore's image holds: never another's (a start of another
+    copy may still need its own). Only a folder of root's, not a link, is looked into, and
+    it is removed as a folder of plain files (`remove_files`: never through a link)."""
+    for where in _containerd_temps():
+        try:
+            entries = [e for e in os.scandir(where) if e.name.startswith(UNPACKED)]
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+                    continue
+                mark = os.lstat(os.path.join(entry.path, marker))
+            except OSError:
+                continue
+            if stat.S_ISREG(mark.st_mode):
+                remove_files(Path(entry.path))
+                return
+
+
+@functools.cache
+def _containerd_temps() -> tuple[str, ...]:
+    """The folders this machine's containerd processes make their temporary folders in: as
+    Go's os.MkdirTemp is asked there, its XDG_RUNTIME_DIR, else its TMPDIR, else /tmp."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        comm = read_regular(Path(entry.path, "comm"), 64, follow=True)
+        if comm is None or comm.strip() != b"containerd":
+            continue
+        environ = read_regular(Path(entry.path, "environ"), 1 << 16, follow=True) or b""
+        pairs = dict(e.partition(b"=")[::2] for e in environ.split(b"\0") if b"=" in e)
+        where = pairs.get(b"XDG_RUNTIME_DIR") or pairs.get(b"TMPDIR") or b"/tmp"
+        found.append(os.fsdecode(where))
+    return tuple(dict.fromkeys(found or ["/tmp"]))
 
 
 def _distinct(folder: Path) -> None:
