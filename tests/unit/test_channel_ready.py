@@ -229,3 +229,43 @@ def test_a_silent_executor_of_a_stopped_container_is_not_waited_for(
     with pytest.raises(SandboxUnavailable):
         ch.ready()
     assert time.monotonic() - began < 10 and warned == []
+
+
+def test_a_command_s_own_timeout_bounds_the_longer_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile review: the longer wait ignored the caller's timeout (a `timeout=10` call
+    into a sandbox whose python3 hangs took 60 s to fail)."""
+    ch, warned = slow(60, running=True, monkeypatch=monkeypatch, most=20)
+    began = time.monotonic()
+    assert ch.ready(1.2) is None
+    assert time.monotonic() - began < 5 and "falling back to plain" in warned[0], warned
+
+
+def test_an_executor_started_again_after_it_worked_gets_no_longer_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A root sandbox can kill its executor and make python3 hang: every later command
+    would wait READY_MOST for a new one. Only a channel's first executor is waited for."""
+    from orchestrator.errors import ExecutorLost
+
+    ch, _ = slow(60, running=True, monkeypatch=monkeypatch, most=20)
+    ch._greeted, ch.mode = True, "executor"
+    began = time.monotonic()
+    with pytest.raises(ExecutorLost):
+        ch.ready()
+    assert time.monotonic() - began < 5
+
+
+def test_a_container_paused_meanwhile_ends_the_longer_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A paused container still reads as running: the longer wait looks whether it is
+    paused (or gone) every READY_LOOK seconds, and says so at once."""
+    from orchestrator.errors import SandboxPaused
+
+    monkeypatch.setattr(channel_mod, "READY_LOOK", 0.2)
+    ch, _ = slow(60, running=True, monkeypatch=monkeypatch, most=20)
+    ch._lost = lambda: SandboxPaused("main is paused")
+    began = time.monotonic()
+    with pytest.raises(SandboxPaused):
+        ch.ready()
+    assert time.monotonic() - began < 5

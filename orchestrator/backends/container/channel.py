@@ -42,10 +42,13 @@ READY_TIMEOUT = 15.0
 """How long an executor has to greet before it is looked at: one that said anything (an image
 without its Python), died, or whose container is gone is judged then."""
 READY_MOST = 60.0
-"""How long one still starting, silent, in a container that runs, is waited for in all: a
-loaded machine (a full test run on two cores) has taken over 15 s to start one, and falling
-back to plain `docker exec` for good costs every later command its start-up (and a terminal
-cannot go plain at all)."""
+"""How long a channel's first executor, still starting, silent, in a container that runs
+(not paused), is waited for in all (no longer than a command's own timeout): a loaded
+machine (a full test run on two cores) has taken over 15 s to start one, and falling back
+to plain `docker exec` for good costs every later command its start-up (and a terminal
+cannot go plain at all). One started again after it worked is judged at READY_TIMEOUT."""
+READY_LOOK = 2.0
+"""How often that longer wait looks again whether it is still worth it."""
 Mode = Literal["auto", "executor", "plain"]
 ROOT = (None, "0", "0:0")
 """Users a root executor without CAP_SETUID can still run commands as (itself)."""
@@ -93,6 +96,7 @@ class Channel:
         """Whether the container visibly runs on (False: it cannot be told here)."""
         self._warn = warn
         self._executor: ExecutorClient | None = None
+        self._greeted = False  # (an executor has greeted once: a restart gets no long wait)
         self._lock = threading.Lock()
         # the host folder this container alone sees at IO_MOUNT, and whether a FIFO made
         # there reaches this process (None: not yet tried)
@@ -140,8 +144,9 @@ class Channel:
         ex = self._executor
         return "not started" if ex is None or not ex.ready_now else ex.transport
 
-    def ready(self) -> ExecutorClient | None:
-        """The live executor (restarted if it died), or None where commands go plain."""
+    def ready(self, within: float | None = None) -> ExecutorClient | None:
+        """The live executor (restarted if it died), or None where commands go plain.
+        `within`: the timeout of the command it is asked for (see READY_MOST)."""
         if self.mode == "plain":
             return None
         with self._lock:
@@ -152,12 +157,15 @@ class Channel:
                     log.warning("%s: executor died (%s); starting a new one", self.label, why)
                     ex.close()
                 ex = self._executor = self._new_executor()
-        ready, waited = ex.wait_ready(READY_TIMEOUT), READY_TIMEOUT
-        if not ready and self._starting(ex):
-            ready, waited = ex.wait_ready(READY_MOST - READY_TIMEOUT), READY_MOST
+        began = time.monotonic()
+        ready = ex.wait_ready(READY_TIMEOUT)
+        if not ready and not self._greeted:
+            longest = READY_MOST if within is None else min(READY_MOST, within)
+            ready = self._started_late(ex, began + longest)
         if ready or ex.greeted_late():
-            self.mode = "executor"
+            self.mode, self._greeted = "executor", True
             return ex
+        waited = time.monotonic() - began
         ex.close()  # also collects what it printed before dying
         said = ex.stderr_tail
         reason = said or f"no answer within {waited:.0f} s"
@@ -185,10 +193,16 @@ class Channel:
         )
         return None
 
-    def _starting(self, ex: ExecutorClient) -> bool:
-        """Whether an executor that has not greeted within READY_TIMEOUT is still starting:
-        it runs, has said nothing, and its container runs on (waited for up to READY_MOST)."""
-        return ex.alive and not ex.stderr_tail and bool(self._running())
+    def _started_late(self, ex: ExecutorClient, until: float) -> bool:
+        """After READY_TIMEOUT: whether a first executor greeted by `until`, waited for only
+        while it runs, has said nothing, and its container runs on, neither paused nor gone
+        (looked at every READY_LOOK seconds)."""
+        while (left := until - time.monotonic()) > 0:
+            if not ex.alive or ex.stderr_tail or not self._running() or self._lost() is not None:
+                return False
+            if ex.wait_ready(min(READY_LOOK, left)):
+                return True
+        return False
 
     def shutdown(self) -> None:
         """Ask the executor to stop, without waiting (the container is going down)."""
@@ -298,7 +312,7 @@ class Channel:
 
     def _executor_for(self, cmd: Command) -> ExecutorClient | None:
         """The executor, where it runs and can run `cmd` as its user."""
-        ex = self.ready()
+        ex = self.ready(cmd.timeout)
         if ex is not None and not _runs_as(ex, cmd):
             return None  # root without CAP_SETUID here (a non-root service): docker exec -u
         return ex
