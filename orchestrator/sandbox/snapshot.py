@@ -311,14 +311,20 @@ def remove_files(folder: Path) -> None:
             os.unlink(folder)
         return
     try:
-        for entry in os.scandir(fd):
-            if not entry.is_dir(follow_symlinks=False):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.name, dir_fd=fd)
+        unlink_files(fd)
     finally:
         os.close(fd)
     with contextlib.suppress(OSError):
         os.rmdir(folder)
+
+
+def unlink_files(fd: int) -> None:
+    """Unlink every entry but folders of the open folder `fd` (links themselves, never what
+    they name)."""
+    for entry in os.scandir(fd):
+        if not entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.name, dir_fd=fd)
 
 
 def list_snapshots() -> list[Snapshot]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import os
 import posixpath
 import re
@@ -52,7 +53,7 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.paths import locked_file, read_regular
-from orchestrator.sandbox.snapshot import Snapshot, remove_files
+from orchestrator.sandbox.snapshot import Snapshot, remove_files, unlink_files
 from orchestrator.sandbox.unpack import PATH_MAX, parts_of
 from orchestrator.tables import printable
 
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from orchestrator.backends.docker.lifecycle import Project
 
 
+log = logging.getLogger("orchestrator.docker")
 SEALED_ENV = settings.GVISOR_SEALED_RUNTIME.name
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID = re.compile(r"[0-9a-f]{64}")
@@ -76,6 +78,8 @@ UNPACKED = "ctrd-checkpoint"
 """How the folder containerd unpacks a checkpoint into, to start a container from it, is
 named: it makes one in its temporary folder for every such start and never removes it (a
 whole memory image left on the host's disk per fork, wake or restart). See `_drop_unpacked`."""
+UNPACKED_SCAN = 10.0
+"""Longest a restore searches for the folder it was unpacked into (`_drop_unpacked`)."""
 MARKER = ".orchestrator-restore-"
 """The name (then 32 hex digits) of the empty file each restore adds to the image it hands
 the engine, which tells its unpacked folder from any other (`_drop_unpacked`)."""
@@ -262,9 +266,9 @@ def _runsc_of(
     return binary, root
 
 
-def _roots_own(path: str) -> bool:
+def _roots_own(path: str, *, sticky: bool = False) -> bool:
     """`path` is absolute and normal, and it and every folder above it is root's, no link,
-    and writable by root alone."""
+    and writable by root alone (`sticky`: or, for `path` itself too, a sticky folder)."""
     if not path.startswith("/") or os.path.normpath(path) != path or path == "/":
         return False
     parts = Path(path).parts
@@ -275,8 +279,8 @@ def _roots_own(path: str) -> bool:
             return False
         shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         # (a sticky folder above, as /tmp: what root has in it, no one else can move)
-        sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and n < len(parts)
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != 0 or (shared and not sticky):
+        kept = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and (n < len(parts) or sticky)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != 0 or (shared and not kept):
             return False
     return True
 
@@ -667,44 +671,92 @@ def _start_from(engine: Engine, container: str, name: str, action: str) -> None:
 
 
 def _drop_unpacked(marker: str) -> None:
-    """Remove the folder containerd unpacked this restore's image into (UNPACKED), found by
+    """Remove the folders containerd unpacked this restore's image into (UNPACKED), found by
     the `marker` file only this restore's image holds: never another's (a start of another
-    copy may still need its own). Only a folder of root's, not a link, is looked into, and
-    it is removed as a folder of plain files (`remove_files`: never through a link)."""
+    copy may still need its own). Each is looked at through descriptors (opened without
+    following a link, root's, holding the marker as a regular file), emptied of its files
+    through its own descriptor, then removed; within UNPACKED_SCAN seconds in all (a
+    temporary folder anyone can fill with names). A failure is logged, never raised: the
+    restore's own outcome stands."""
+    deadline = time.monotonic() + UNPACKED_SCAN
     for where in _containerd_temps():
         try:
-            entries = [e for e in os.scandir(where) if e.name.startswith(UNPACKED)]
+            wfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-                    continue
-                mark = os.lstat(os.path.join(entry.path, marker))
-            except OSError:
-                continue
-            if stat.S_ISREG(mark.st_mode):
-                remove_files(Path(entry.path))
+        try:
+            with os.scandir(wfd) as entries:
+                for entry in entries:
+                    if time.monotonic() > deadline:
+                        log.warning("%s: not searched through in time for %s", where, marker)
+                        return
+                    if entry.name.startswith(UNPACKED) and entry.is_dir(follow_symlinks=False):
+                        _drop_marked(wfd, entry.name, marker)
+        except OSError as exc:
+            log.debug("%s: %s", where, exc)
+        finally:
+            os.close(wfd)
+
+
+def _drop_marked(wfd: int, name: str, marker: str) -> None:
+    """Remove the folder `name` of the open folder `wfd` when it is root's and holds
+    `marker` as a regular file (the one looked at is the one emptied: by descriptor)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=wfd)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_uid != 0:
+            return
+        try:
+            if not stat.S_ISREG(os.stat(marker, dir_fd=fd, follow_symlinks=False).st_mode):
                 return
+        except OSError:
+            return
+        unlink_files(fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=wfd)
 
 
 @functools.cache
 def _containerd_temps() -> tuple[str, ...]:
-    """The folders this machine's containerd processes make their temporary folders in: as
-    Go's os.MkdirTemp is asked there, its XDG_RUNTIME_DIR, else its TMPDIR, else /tmp."""
+    """The folders this machine's containerd makes its temporary folders in (as Go's
+    os.MkdirTemp is asked there: its XDG_RUNTIME_DIR, else its TMPDIR, else /tmp). Only a
+    process named containerd that runs as root in our own mount namespace is asked (anyone
+    may name a process so), and only a folder root alone may change the entries of (every
+    folder on its path root's, no link; a sticky one such as /tmp)."""
+    ours = _mount_namespace("self")
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         comm = read_regular(Path(entry.path, "comm"), 64, follow=True)
-        if comm is None or comm.strip() != b"containerd":
+        if comm is None or comm.strip() != b"containerd" or not _root_process(entry.path):
+            continue
+        if ours is None or _mount_namespace(entry.name) != ours:
             continue
         environ = read_regular(Path(entry.path, "environ"), 1 << 16, follow=True) or b""
         pairs = dict(e.partition(b"=")[::2] for e in environ.split(b"\0") if b"=" in e)
-        where = pairs.get(b"XDG_RUNTIME_DIR") or pairs.get(b"TMPDIR") or b"/tmp"
-        found.append(os.fsdecode(where))
+        where = os.fsdecode(pairs.get(b"XDG_RUNTIME_DIR") or pairs.get(b"TMPDIR") or b"/tmp")
+        if _roots_own(where, sticky=True):
+            found.append(where)
     return tuple(dict.fromkeys(found or ["/tmp"]))
+
+
+def _root_process(proc: str) -> bool:
+    """Whether the process at `proc` (/proc/PID) runs as root: every uid its status gives."""
+    status = read_regular(Path(proc, "status"), 1 << 14, follow=True) or b""
+    uids = next((line.split()[1:] for line in status.splitlines() if line.startswith(b"Uid:")), [])
+    return len(uids) == 4 and all(u == b"0" for u in uids)
+
+
+def _mount_namespace(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
 
 
 def _distinct(folder: Path) -> None:
