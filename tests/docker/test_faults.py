@@ -37,6 +37,20 @@ def docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60)
 
 
+def pause(container: str) -> None:
+    """`docker pause`, seen done: CI once ran a command in a sandbox this test had paused
+    (its pause's answer was never read), so a pause is asked again until the engine says
+    the container is paused, within 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        done = docker("pause", container)
+        state = docker("inspect", "--format", "{{.State.Paused}}", container).stdout.strip()
+        if state == "true":
+            return
+        assert time.monotonic() < deadline, f"not paused: {done.stderr.strip()}"
+        time.sleep(0.5)
+
+
 def spawn(path: Path, mode: str) -> Runtime:
     return spawn_in_mode("plain" if mode == "plain" else "auto", path)
 
@@ -90,7 +104,10 @@ def fault_during(
         time.sleep(0.05)
     time.sleep(after)
     faulted = time.monotonic()
-    docker(fault, container)
+    if fault == "pause":
+        pause(container)
+    else:
+        docker(fault, container)
     t.join(timeout + 15)
     assert not t.is_alive(), "the call did not return"
     now = time.monotonic()
@@ -457,7 +474,7 @@ def test_kept_projects_outlive_their_owner_until_removed_on_purpose(make_env: Ma
 @pytest.mark.parametrize("mode", MODES)
 def test_stdin_to_a_paused_sandbox_does_not_block_the_caller(make_env: MakeEnv, mode: str) -> None:
     with spawn(make_env(""), mode) as rt:
-        docker("pause", main_container(rt))
+        pause(main_container(rt))
         try:
             started = time.monotonic()
             t, out = in_background(
