@@ -231,20 +231,55 @@ def test_a_silent_executor_of_a_stopped_container_is_not_waited_for(
     assert time.monotonic() - began < 10 and warned == []
 
 
-def test_a_command_s_own_timeout_bounds_the_longer_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A hostile review: the longer wait ignored the caller's timeout (a `timeout=10` call
-    into a sandbox whose python3 hangs took 60 s to fail)."""
-    ch, warned = slow(60, running=True, monkeypatch=monkeypatch, most=20)
-    began = time.monotonic()
-    assert ch.ready(1.2) is None
-    assert time.monotonic() - began < 5 and "falling back to plain" in warned[0], warned
+def test_a_command_s_own_timeout_sends_it_plain_and_leaves_the_executor_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hostile reviews: the longer wait ignored the caller's timeout (a `timeout=10` call
+    took 60 s); then one caller's short timeout closed the executor others waited for and
+    sent the whole channel plain for good (no terminal after). Now that command alone goes
+    plain, and the executor starts on for the next."""
+    ch, warned = slow(1.5, running=True, monkeypatch=monkeypatch, most=20)
+    try:
+        began = time.monotonic()
+        assert ch.ready(0.5) is None
+        modes: list[str] = [ch.mode]
+        assert time.monotonic() - began < 1.4 and modes == ["auto"] and warned == []
+        assert ch.ready() is not None
+        modes.append(ch.mode)
+        assert modes == ["auto", "executor"] and warned == []
+    finally:
+        ch.close()
+
+
+def test_callers_with_other_timeouts_share_one_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller without a timeout and one with a short one, together: the short one goes
+    plain, the other gets the executor once it greets, alive, and nothing is said."""
+    import threading
+
+    ch, warned = slow(1.5, running=True, monkeypatch=monkeypatch, most=20)
+    got: dict[str, object] = {}
+    callers = [
+        threading.Thread(target=lambda: got.setdefault("long", ch.ready())),
+        threading.Thread(target=lambda: got.setdefault("short", ch.ready(0.4))),
+    ]
+    try:
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(30)
+        long = got["long"]
+        assert got["short"] is None and long is not None and long.alive  # type: ignore[attr-defined]
+        assert ch.mode == "executor" and warned == []
+    finally:
+        ch.close()
 
 
 def test_an_executor_started_again_after_it_worked_gets_no_longer_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A root sandbox can kill its executor and make python3 hang: every later command
-    would wait READY_MOST for a new one. Only a channel's first executor is waited for."""
+    would wait READY_MOST for a new one. Only a channel's first executor is waited for
+    (and the first after the channel closed it itself: a restore's)."""
     from orchestrator.errors import ExecutorLost
 
     ch, _ = slow(60, running=True, monkeypatch=monkeypatch, most=20)
@@ -253,6 +288,9 @@ def test_an_executor_started_again_after_it_worked_gets_no_longer_wait(
     with pytest.raises(ExecutorLost):
         ch.ready()
     assert time.monotonic() - began < 5
+    ch._greeted = True
+    ch.close()
+    assert not ch._greeted
 
 
 def test_a_container_paused_meanwhile_ends_the_longer_wait(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import re
 import threading
 import time
@@ -31,7 +32,7 @@ from orchestrator.backends.container.executor.fifo import SharedFifo
 from orchestrator.backends.container.executor.plain import MARK, Killer, run_plain
 from orchestrator.backends.container.layout import IO_MOUNT, SANDBOX_MOUNT
 from orchestrator.backends.container.owed import Owed
-from orchestrator.errors import ExecutorLost, SandboxPaused, SandboxUnavailable
+from orchestrator.errors import ExecutorLost, OrchestratorError, SandboxPaused, SandboxUnavailable
 from orchestrator.sandbox.options import AChunks, Chunks, Command
 from orchestrator.sandbox.results import Outcome, StreamKind
 from orchestrator.sandbox.streams import ArchiveStream
@@ -97,6 +98,7 @@ class Channel:
         self._warn = warn
         self._executor: ExecutorClient | None = None
         self._greeted = False  # (an executor has greeted once: a restart gets no long wait)
+        self._since = 0.0  # when the current executor was started
         self._lock = threading.Lock()
         # the host folder this container alone sees at IO_MOUNT, and whether a FIFO made
         # there reaches this process (None: not yet tried)
@@ -127,6 +129,7 @@ class Channel:
             # owned: when this process dies, by any signal, the container stops itself
             *(["--owned"] if self._owned else []),
         ]
+        self._since = time.monotonic()
         target = self._engine.exec_target(self._container)
         shared = None if self._shared is None else (self._shared, IO_MOUNT)
         client = ExecutorClient(
@@ -146,7 +149,9 @@ class Channel:
 
     def ready(self, within: float | None = None) -> ExecutorClient | None:
         """The live executor (restarted if it died), or None where commands go plain.
-        `within`: the timeout of the command it is asked for (see READY_MOST)."""
+        `within`: the timeout of the command it is asked for. Should that run out while the
+        executor is still starting (see READY_MOST), this command goes plain (None) and the
+        executor starts on for the next: one caller's short timeout never decides for all."""
         if self.mode == "plain":
             return None
         with self._lock:
@@ -157,12 +162,18 @@ class Channel:
                     log.warning("%s: executor died (%s); starting a new one", self.label, why)
                     ex.close()
                 ex = self._executor = self._new_executor()
-        began = time.monotonic()
-        ready = ex.wait_ready(READY_TIMEOUT)
-        if not ready and not self._greeted:
-            longest = READY_MOST if within is None else min(READY_MOST, within)
-            ready = self._started_late(ex, began + longest)
-        if ready or ex.greeted_late():
+            began, first = self._since, not self._greeted
+        budget = began + (READY_MOST if first else READY_TIMEOUT)  # the executor's own
+        mine = math.inf if within is None else time.monotonic() + within
+        ready = ex.wait_ready(max(0.0, min(began + READY_TIMEOUT, mine) - time.monotonic()))
+        if not ready and first:
+            ready = self._started_late(ex, min(budget, mine))
+        if ready:
+            self.mode, self._greeted = "executor", True
+            return ex
+        if mine < budget and time.monotonic() >= mine and self._starting(ex):
+            return None
+        if ex.greeted_late():
             self.mode, self._greeted = "executor", True
             return ex
         waited = time.monotonic() - began
@@ -196,13 +207,21 @@ class Channel:
     def _started_late(self, ex: ExecutorClient, until: float) -> bool:
         """After READY_TIMEOUT: whether a first executor greeted by `until`, waited for only
         while it runs, has said nothing, and its container runs on, neither paused nor gone
-        (looked at every READY_LOOK seconds)."""
+        (looked at every READY_LOOK seconds; an engine that cannot say ends the wait)."""
         while (left := until - time.monotonic()) > 0:
-            if not ex.alive or ex.stderr_tail or not self._running() or self._lost() is not None:
+            try:
+                if not self._starting(ex) or not self._running() or self._lost() is not None:
+                    return False
+            except OrchestratorError:
                 return False
             if ex.wait_ready(min(READY_LOOK, left)):
                 return True
         return False
+
+    @staticmethod
+    def _starting(ex: ExecutorClient) -> bool:
+        """Whether an executor that has not greeted may still: it runs and has said nothing."""
+        return ex.alive and not ex.stderr_tail
 
     def shutdown(self) -> None:
         """Ask the executor to stop, without waiting (the container is going down)."""
@@ -212,6 +231,7 @@ class Channel:
     def close(self, release: bool = True) -> None:
         with self._lock:
             ex, self._executor = self._executor, None
+            self._greeted = False  # (one started after this is a first again: a restore's)
         if ex is not None:
             ex.close(release=release)
 
