@@ -38,8 +38,10 @@ def where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_only_the_folder_holding_this_restore_s_marker_goes(where: Path) -> None:
     ours = unpacked(where, "1")
     other = unpacked(where, "2", marked=False)
+    named = unpacked(where, "x3")  # (not a name containerd draws)
     memory._drop_unpacked(MARK)
     assert not ours.exists() and sorted(os.listdir(other)) == ["checkpoint.img"]
+    assert named.exists()
 
 
 def test_a_link_or_a_folder_of_another_user_is_never_emptied(where: Path, tmp_path: Path) -> None:
@@ -49,8 +51,8 @@ def test_a_link_or_a_folder_of_another_user_is_never_emptied(where: Path, tmp_pa
     victim.mkdir()
     (victim / MARK).touch()
     (victim / "precious").write_text("keep")
-    (where / f"{memory.UNPACKED}link").symlink_to(victim)
-    theirs = unpacked(where, "theirs")
+    (where / f"{memory.UNPACKED}999").symlink_to(victim)
+    theirs = unpacked(where, "777")
     os.chown(theirs, 1000, 1000)
     memory._drop_unpacked(MARK)
     assert (victim / "precious").read_text() == "keep" and (theirs / "checkpoint.img").exists()
@@ -67,12 +69,12 @@ def test_the_search_has_a_deadline(where: Path, monkeypatch: pytest.MonkeyPatch)
     """A temporary folder anyone can fill with names: the search gives up in time (and the
     restore's outcome stands: nothing is raised)."""
     for n in range(5000):
-        (where / f"{memory.UNPACKED}decoy{n}").touch()
-    ours = unpacked(where, "ours")
+        (where / f"{memory.UNPACKED}{100000 + n}").touch()
+    ours = unpacked(where, "42")
     began = time.monotonic()
     memory._drop_unpacked(MARK)
     assert not ours.exists() and time.monotonic() - began < 5
-    ours = unpacked(where, "ours")
+    ours = unpacked(where, "43")
     monkeypatch.setattr(memory, "UNPACKED_SCAN", 0.0)
     memory._drop_unpacked(MARK)  # (gave up at once)
     assert ours.exists()
@@ -85,11 +87,14 @@ def test_a_gone_or_unreadable_temporary_folder_is_no_error(
     memory._drop_unpacked(MARK)
 
 
-def test_a_process_named_containerd_counts_only_as_root_and_a_link_is_no_temp_folder() -> None:
+def test_a_process_named_containerd_counts_only_as_root_and_a_link_is_no_temp_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Anyone may name a process containerd and give it a TMPDIR of their own (a hostile
     review: a nobody's `containerd` named a folder whose link its owner flipped)."""
     if os.geteuid() != 0:
         pytest.skip("a process of another user is started as root")
+    monkeypatch.setattr(memory, "_TEMPS", [])  # (asked anew)
     scratch = Path(tempfile.mkdtemp(prefix="orch-test-"))
     try:
         scratch.chmod(0o755)
@@ -107,7 +112,7 @@ def test_a_process_named_containerd_counts_only_as_root_and_a_link_is_no_temp_fo
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             assert not memory._root_process(f"/proc/{proc.pid}")
-            assert str(theirs) not in memory._containerd_temps.__wrapped__()
+            assert str(theirs) not in memory._containerd_temps()
         finally:
             proc.kill()
             proc.wait()
@@ -119,3 +124,21 @@ def test_a_process_named_containerd_counts_only_as_root_and_a_link_is_no_temp_fo
         assert memory._roots_own("/tmp", sticky=True) and not memory._roots_own("/tmp")
     finally:
         shutil.rmtree(scratch)
+
+
+def test_a_search_that_never_answers_is_left_behind_in_time(
+    where: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder of the temporary folder a file system that never answers is mounted on (a
+    user's FUSE mount): the restore goes on after UNPACKED_SCAN, its search left behind."""
+    import threading
+
+    release = threading.Event()
+    monkeypatch.setattr(memory, "UNPACKED_SCAN", 0.5)
+    monkeypatch.setattr(memory, "_search_unpacked", lambda marker: release.wait(30))
+    began = time.monotonic()
+    try:
+        memory._drop_unpacked(MARK)
+        assert time.monotonic() - began < 3
+    finally:
+        release.set()

@@ -24,7 +24,6 @@ its size is bounded (ORCHESTRATOR_CHECKPOINT_LIMIT); runsc runs within a deadlin
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import logging
 import os
@@ -34,6 +33,7 @@ import secrets
 import stat
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -80,6 +80,8 @@ named: it makes one in its temporary folder for every such start and never remov
 whole memory image left on the host's disk per fork, wake or restart). See `_drop_unpacked`."""
 UNPACKED_SCAN = 10.0
 """Longest a restore searches for the folder it was unpacked into (`_drop_unpacked`)."""
+_UNPACKED_NAME = re.compile(re.escape(UNPACKED) + r"[0-9]{1,20}")
+"""The name of such a folder, as Go's os.MkdirTemp draws it."""
 MARKER = ".orchestrator-restore-"
 """The name (then 32 hex digits) of the empty file each restore adds to the image it hands
 the engine, which tells its unpacked folder from any other (`_drop_unpacked`)."""
@@ -675,11 +677,27 @@ def _drop_unpacked(marker: str) -> None:
     the `marker` file only this restore's image holds: never another's (a start of another
     copy may still need its own). Each is looked at through descriptors (opened without
     following a link, root's, holding the marker as a regular file), emptied of its files
-    through its own descriptor, then removed; within UNPACKED_SCAN seconds in all (a
-    temporary folder anyone can fill with names). A failure is logged, never raised: the
+    through its own descriptor, then removed. The search runs in a thread of its own, waited
+    for UNPACKED_SCAN seconds at most (a temporary folder anyone can fill with names, or
+    mount a file system on one that never answers). A failure is logged, never raised: the
     restore's own outcome stands."""
+    search = threading.Thread(
+        target=_search_unpacked, args=(marker,), name="orchestrator-unpacked", daemon=True
+    )
+    search.start()
+    search.join(UNPACKED_SCAN)
+    if search.is_alive():
+        log.warning("the folder a restore was unpacked into was not found in time (%s)", marker)
+
+
+def _search_unpacked(marker: str) -> None:
     deadline = time.monotonic() + UNPACKED_SCAN
-    for where in _containerd_temps():
+    try:
+        temps = _containerd_temps()
+    except OSError as exc:
+        log.debug("containerd's temporary folder: %s", exc)
+        return
+    for where in temps:
         try:
             wfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -688,9 +706,8 @@ def _drop_unpacked(marker: str) -> None:
             with os.scandir(wfd) as entries:
                 for entry in entries:
                     if time.monotonic() > deadline:
-                        log.warning("%s: not searched through in time for %s", where, marker)
                         return
-                    if entry.name.startswith(UNPACKED) and entry.is_dir(follow_symlinks=False):
+                    if _UNPACKED_NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
                         _drop_marked(wfd, entry.name, marker)
         except OSError as exc:
             log.debug("%s: %s", where, exc)
@@ -720,13 +737,15 @@ def _drop_marked(wfd: int, name: str, marker: str) -> None:
         os.rmdir(name, dir_fd=wfd)
 
 
-@functools.cache
 def _containerd_temps() -> tuple[str, ...]:
     """The folders this machine's containerd makes its temporary folders in (as Go's
     os.MkdirTemp is asked there: its XDG_RUNTIME_DIR, else its TMPDIR, else /tmp). Only a
     process named containerd that runs as root in our own mount namespace is asked (anyone
     may name a process so), and only a folder root alone may change the entries of (every
-    folder on its path root's, no link; a sticky one such as /tmp)."""
+    folder on its path root's, no link; a sticky one such as /tmp). Kept once one was found
+    (/tmp meanwhile: a containerd restarting is asked again next time)."""
+    if _TEMPS:
+        return _TEMPS[0]
     ours = _mount_namespace("self")
     found = []
     for entry in os.scandir("/proc"):
@@ -742,7 +761,14 @@ def _containerd_temps() -> tuple[str, ...]:
         where = os.fsdecode(pairs.get(b"XDG_RUNTIME_DIR") or pairs.get(b"TMPDIR") or b"/tmp")
         if _roots_own(where, sticky=True):
             found.append(where)
-    return tuple(dict.fromkeys(found or ["/tmp"]))
+    if not found:
+        return ("/tmp",)
+    _TEMPS.append(tuple(dict.fromkeys(found)))
+    return _TEMPS[0]
+
+
+_TEMPS: list[tuple[str, ...]] = []
+"""`_containerd_temps`, once found."""
 
 
 def _root_process(proc: str) -> bool:
