@@ -44,10 +44,11 @@ READY_TIMEOUT = 15.0
 without its Python), died, or whose container is gone is judged then."""
 READY_MOST = 60.0
 """How long a channel's first executor, still starting, silent, in a container that runs
-(not paused), is waited for in all (no longer than a command's own timeout): a loaded
-machine (a full test run on two cores) has taken over 15 s to start one, and falling back
-to plain `docker exec` for good costs every later command its start-up (and a terminal
-cannot go plain at all). One started again after it worked is judged at READY_TIMEOUT."""
+(not paused), is waited for from its start: a loaded machine (a full test run on two cores)
+has taken over 15 s to start one, and falling back to plain `docker exec` for good costs
+every later command its start-up (and a terminal cannot go plain at all). One started again
+after it worked is judged at READY_TIMEOUT. A command whose own timeout runs out first
+runs plain meanwhile (`ready`)."""
 READY_LOOK = 2.0
 """How often that longer wait looks again whether it is still worth it."""
 Mode = Literal["auto", "executor", "plain"]
