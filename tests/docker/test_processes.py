@@ -82,7 +82,8 @@ def test_a_killer_made_to_flood_cannot_grow_our_memory_nor_outlast_its_deadline(
         started = time.monotonic()
         with pytest.raises(SandboxUnavailable, match="its kill did not end"):
             rt.execute(["sleep", "60"], timeout=1)
-        assert time.monotonic() - started < 1 + 1.5 * deadline + 5
+        # (and the engine calls after its deadlines: 6.6 s of them once, in a full run)
+        assert time.monotonic() - started < 1 + 1.5 * deadline + 10
 
 
 # The sandbox's /bin/sh, replaced by a root sandbox: the killer ends at once, doing nothing

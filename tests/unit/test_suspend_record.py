@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -229,7 +230,12 @@ def test_a_child_forked_during_a_save_neither_holds_nor_removes_its_name() -> No
         assert snapshot.being_saved(record)
         saver.kill()  # (the child sleeps on)
         saver.wait(30)
-        assert not snapshot.being_saved(record)
+        # the child lets go of the lock as it first runs after its fork, which a loaded
+        # machine may not have given it yet (CI, once): within a bound, never for its life
+        deadline = time.monotonic() + 10
+        while snapshot.being_saved(record):
+            assert time.monotonic() < deadline, "the sleeping child still holds the name"
+            time.sleep(0.05)
         with snapshot.saving(record):
             pass
     finally:
@@ -237,6 +243,8 @@ def test_a_child_forked_during_a_save_neither_holds_nor_removes_its_name() -> No
             os.killpg(saver.pid, signal.SIGKILL)
         if saver.stdout is not None:
             saver.stdout.close()
+        # (nothing of it for the next test of this worker's state folder)
+        record.with_suffix(snapshot.PENDING_SUFFIX).unlink(missing_ok=True)
 
 
 def test_a_plain_name_is_never_a_record_of_the_current_folder(
