@@ -24,6 +24,8 @@ its size is bounded (ORCHESTRATOR_CHECKPOINT_LIMIT); runsc runs within a deadlin
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -71,9 +73,14 @@ LOCK_FILE = "memory.lock"
 CHUNK = 1 << 20
 OUTPUT = 4096
 """Bytes of what runsc says that an error keeps (its last)."""
-SETTLE = 1.0
-"""Seconds a sandbox whose checkpoint failed must run on, its image not growing, to be
+SETTLE = 2.0
+"""Seconds a sandbox whose checkpoint failed must run on, nothing writing its image, to be
 taken as running on (see _runs_on)."""
+AFTER = 15.0
+"""Seconds a sandbox that wrote its image has to stop once the writing ended (it stops at
+once, but a loaded engine says so late); past them it is taken as running on."""
+MOST_FDS = 1 << 16
+"""Open files of the sandbox's process looked through, at most (see `_held_by`)."""
 UNPACKED = "ctrd-checkpoint"
 """How the folder containerd unpacks a checkpoint into, to start a container from it, is
 named: it makes one in its temporary folder for every such start and never removes it (a
@@ -170,7 +177,7 @@ def held(engine: Engine, container: str, folder: Path) -> Iterator[dict[str, str
     except BaseException as exc:
         # its runsc gave up (or was given up on), but the sandbox may still be saving, and
         # stop once it has: it is started again from what it saved, if it does
-        if not _runs_on(engine, container, folder):
+        if not _runs_on(engine, container, folder, _pid_of(got)):
             try:
                 _restart(engine, container, folder)
             except (OrchestratorError, OSError) as lost:
@@ -196,24 +203,84 @@ def _running(engine: Engine, container: str) -> bool:
     return bool((got.get("State") or {}).get("Running"))
 
 
-def _runs_on(engine: Engine, container: str, folder: Path) -> bool:
-    """After a checkpoint that failed: whether the sandbox runs on (True), or stopped
-    (False). It is watched while it may still be saving (its image in `folder` grows), and
-    for SETTLE seconds after, within up_timeout() in all."""
-    deadline, last, still = time.monotonic() + up_timeout(), -1, time.monotonic()
-    while time.monotonic() < deadline:
-        try:
+def _runs_on(engine: Engine, container: str, folder: Path, pid: int | None) -> bool:
+    """After a checkpoint that failed or was given up on: whether the sandbox runs on (True),
+    or stopped (False: it is started again from what it saved). While something writes its
+    image (the sandbox; or runsc's request to, sent and not yet taken), it saves, and stops
+    once saved, however long that takes on a busy machine: it is waited for, within
+    up_timeout(). One that nothing wrote for SETTLE seconds runs on. Only the engine's word
+    that it is not running counts as stopped: a sandbox it cannot see is left as it is."""
+    now = time.monotonic
+    deadline, since, wrote = now() + up_timeout(), now(), None
+    while now() < deadline:
+        with contextlib.suppress(OrchestratorError):
             if not _running(engine, container):
                 return False
-        except OrchestratorError:
-            return False
-        size = sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(folder))
-        if size != last:
-            last, still = size, time.monotonic()
-        elif time.monotonic() - still >= SETTLE:
+        with contextlib.suppress(OSError):
+            if _written(folder, pid):
+                wrote = now()
+        if (now() - since >= SETTLE) if wrote is None else (now() - wrote >= AFTER):
             return True
-        time.sleep(0.1)
-    return _running(engine, container)
+        time.sleep(0.1 if wrote is None else 0.5)
+    try:
+        return _running(engine, container)
+    except OrchestratorError:
+        return True
+
+
+def _pid_of(got: dict[str, Any]) -> int | None:
+    """The sandbox's own process (runsc's sandbox, which writes its image), as inspected."""
+    pid = (got.get("State") or {}).get("Pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def _written(folder: Path, pid: int | None) -> bool:
+    """Whether a file of `folder` (private, made for this save, only root writes in it) is
+    open for writing anywhere: the kernel refuses a read lease on a file while any writer of
+    it is open, also one runsc sent the sandbox that it has not taken yet. Where no lease is
+    to be had, whether the sandbox's process holds one open."""
+    with os.scandir(folder) as entries:
+        files = [e.path for e in entries if e.is_file(follow_symlinks=False)]
+    for path in files:
+        refused = _lease_refused(path)
+        if refused is None:
+            return _held_by(folder, pid)
+        if refused:
+            return True
+    return False
+
+
+def _lease_refused(path: str) -> bool | None:
+    """Whether a read lease on `path` is refused (a writer has it open); None: no leases."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EBUSY):
+                return True
+            if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EACCES, errno.EPERM):
+                return None  # (leases off, or not on this filesystem)
+            raise
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _held_by(folder: Path, pid: int | None) -> bool:
+    """Whether process `pid` holds a file of `folder` open (its first MOST_FDS files)."""
+    if pid is None:
+        return False
+    inside = os.path.join(os.path.realpath(folder), "")
+    with os.scandir(f"/proc/{pid}/fd") as fds:
+        for n, fd in enumerate(fds):
+            if n >= MOST_FDS:
+                break
+            with contextlib.suppress(OSError):
+                if os.readlink(fd.path).startswith(inside):
+                    return True
+    return False
 
 
 def _room_for(info: dict[str, Any], container: str, got: dict[str, Any], records: Path) -> None:
