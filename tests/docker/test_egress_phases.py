@@ -45,14 +45,26 @@ def say(what):
     with open("/tmp/tunnel.new", "w") as f:
         f.write(what)
     import os; os.replace("/tmp/tunnel.new", "/tmp/tunnel")
-s = socket.create_connection(("orchestrator-egress", 3128), timeout=30)
-s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    part = s.recv(4096)
-    if not part:
-        break
-    head += part
+def ask():
+    s = socket.create_connection(("orchestrator-egress", 3128), timeout=10)
+    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        part = s.recv(4096)
+        if not part:
+            break
+        head += part
+    return s, head
+end = time.monotonic() + 40
+while True:  # (a gateway that reads its rules again, or restarts, answers nothing a while)
+    try:
+        s, head = ask()
+        if head or time.monotonic() > end:
+            break
+    except OSError:
+        if time.monotonic() > end:
+            raise
+    time.sleep(0.5)
 if b" 200 " not in head.split(b"\r\n")[0] + b" ":
     say("refused " + head[:40].decode(errors="replace"))
     sys.exit()
@@ -79,7 +91,7 @@ def start_holder(target: str) -> str:
     return (
         f"rm -f {STATE}; echo {code} | base64 -d > /tmp/hold.py; "
         f"(setsid nohup python3 /tmp/hold.py {target} >/dev/null 2>&1 &); "
-        f"for _ in $(seq 300); do [ -s {STATE} ] && break; sleep 0.1; done; cat {STATE}"
+        f"for _ in $(seq 600); do [ -s {STATE} ] && break; sleep 0.1; done; cat {STATE}"
     )
 
 
@@ -273,7 +285,7 @@ def test_a_change_that_died_half_way_makes_the_next_narrowing_cut(
 
 def tunnel_state_after(rt: Runtime, command: str) -> str:
     """What the holder says once `command` (start_holder) ran, its first word."""
-    return rt.execute(command, timeout=60).stdout.split(" ")[0]
+    return rt.execute(command, timeout=120).stdout.split(" ")[0]
 
 
 def test_set_egress_works_on_a_paused_environment_and_names_what_it_cannot_change(
