@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import procutil
 from orchestrator.backends.docker import memory
+from orchestrator.procutil import process_start
 
 MARK = f"{memory.MARKER}{'ab' * 16}"
 
@@ -142,3 +144,94 @@ def test_a_search_that_never_answers_is_left_behind_in_time(
         assert time.monotonic() - began < 3
     finally:
         release.set()
+
+
+def left_by(where: Path, name: str, pid: int, start: str, *, ns: str | None = None) -> Path:
+    """A folder unpacked for a restore of process `pid` (started at `start`)."""
+    folder = unpacked(where, name, marked=False)
+    who = f"{ns or memory._pid_namespace()}-{pid}-{start}-{'cd' * 16}"
+    (folder / f"{memory.MARKER}{who}").touch()
+    return folder
+
+
+def a_dead_process() -> tuple[int, str]:
+    proc = subprocess.Popen(["sleep", "30"])
+    start = process_start(proc.pid)
+    proc.kill()
+    proc.wait()
+    assert start.isdigit()
+    return proc.pid, start
+
+
+@pytest.fixture
+def stale(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Folders are stale after a second here (then waited for)."""
+    monkeypatch.setattr(memory, "UNPACKED_STALE", 1.0)
+    monkeypatch.setattr(memory, "up_timeout", lambda: 0.0)
+    return 1.2
+
+
+def test_a_folder_a_killed_restore_left_goes_with_a_later_restore(
+    where: Path, stale: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore killed during its start never removed its folder (nothing else knew its
+    marker): the marker names its process, and a later restore removes the folder once that
+    process is gone and the folder has not changed for UNPACKED_STALE."""
+    pid, start = a_dead_process()
+    dead = left_by(where, "11", pid, start)
+    me = os.getpid()
+    alive = left_by(where, "12", me, process_start(me))
+    reused = left_by(where, "13", me, "1")  # (its pid now another process's: gone)
+    elsewhere = left_by(where, "14", pid, start, ns="1")  # (another pid namespace's)
+    hidden = left_by(where, "16", 1, "1")  # (a process whose start cannot be read)
+    time.sleep(stale)
+    recent = left_by(where, "15", pid, start)
+    hour_ago = time.time() - 3600
+    os.utime(recent, (hour_ago, hour_ago))  # (a time a tar says: its change is now)
+    monkeypatch.setattr(procutil, "process_start", lambda p: "" if p == 1 else process_start(p))
+    memory._drop_unpacked(MARK)
+    assert not dead.exists() and not reused.exists()
+    assert alive.exists() and elsewhere.exists() and recent.exists() and hidden.exists()
+
+
+def test_a_marker_of_the_dead_counts_only_as_a_regular_file_in_a_root_folder(
+    where: Path, stale: float
+) -> None:
+    pid, start = a_dead_process()
+    theirs = left_by(where, "21", pid, start)
+    os.chown(theirs, 1000, 1000)
+    as_folder = unpacked(where, "22", marked=False)
+    (as_folder / f"{memory.MARKER}{memory._pid_namespace()}-{pid}-{start}-{'ef' * 16}").mkdir()
+    time.sleep(stale)
+    memory._drop_unpacked(MARK)
+    assert (theirs / "checkpoint.img").exists() and (as_folder / "checkpoint.img").exists()
+
+
+def test_a_folder_that_cannot_be_read_stops_no_other(
+    where: Path, stale: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid, start = a_dead_process()
+    first, second = left_by(where, "31", pid, start), left_by(where, "32", pid, start)
+    ours = unpacked(where, "33")
+    time.sleep(stale)
+    judge = memory._left_by_the_dead
+    calls: list[int] = []
+
+    def fails_once(fd: int, found: os.stat_result) -> bool:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")  # (a user's FUSE mount, say)
+        return judge(fd, found)
+
+    monkeypatch.setattr(memory, "_left_by_the_dead", fails_once)
+    memory._drop_unpacked(MARK)
+    assert not ours.exists()
+    assert len(calls) == 2 and [first.exists(), second.exists()].count(True) == 1
+
+
+def test_each_restore_s_marker_names_its_process() -> None:
+    made = memory._MARKED.fullmatch(memory._marker())
+    assert made is not None
+    assert made[1] == memory._pid_namespace() and int(made[2]) == os.getpid()
+    assert made[3] == process_start(os.getpid())
+    assert memory._marker() != memory._marker()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -38,7 +39,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -90,8 +91,14 @@ UNPACKED_SCAN = 10.0
 _UNPACKED_NAME = re.compile(re.escape(UNPACKED) + r"[0-9]{1,20}")
 """The name of such a folder, as Go's os.MkdirTemp draws it."""
 MARKER = ".orchestrator-restore-"
-"""The name (then 32 hex digits) of the empty file each restore adds to the image it hands
-the engine, which tells its unpacked folder from any other (`_drop_unpacked`)."""
+"""The name (then who made it, and 32 hex digits) of the empty file each restore adds to the
+image it hands the engine, which tells its unpacked folder from any other (`_drop_unpacked`)."""
+_MARKED = re.compile(re.escape(MARKER) + r"([0-9]{1,20})-([0-9]{1,10})-([0-9]{1,20})-[0-9a-f]{32}")
+"""A marker naming its restore's process: pid namespace, pid, start time (see `_marker`)."""
+UNPACKED_STALE = 600.0
+"""Seconds since its last change (and at least the up timeout) after which a folder unpacked
+for a restore whose process is gone (killed during its start, so nothing removed it) is
+removed by a later restore."""
 
 
 def sealed_runtime() -> str:
@@ -466,7 +473,7 @@ def restore(
     action = f"restoring {container} from its checkpoint"
     engine.stop_container(container, grace=0, action=action)
     own.mkdir(mode=0o700, exist_ok=True)
-    marker = f"{MARKER}{uuid.uuid4().hex}"
+    marker = _marker()
     try:
         _copy(folder, own / name, digests, limit() if bounded else None)
         os.close(os.open(own / name / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -742,12 +749,12 @@ def _start_from(engine: Engine, container: str, name: str, action: str) -> None:
 def _drop_unpacked(marker: str) -> None:
     """Remove the folders containerd unpacked this restore's image into (UNPACKED), found by
     the `marker` file only this restore's image holds: never another's (a start of another
-    copy may still need its own). Each is looked at through descriptors (opened without
-    following a link, root's, holding the marker as a regular file), emptied of its files
-    through its own descriptor, then removed. The search runs in a thread of its own, waited
-    for UNPACKED_SCAN seconds at most (a temporary folder anyone can fill with names, or
-    mount a file system on one that never answers). A failure is logged, never raised: the
-    restore's own outcome stands."""
+    copy may still need its own), then those restores that died left (`_left_by_the_dead`).
+    Each is looked at through descriptors (opened without following a link, root's, holding
+    the marker as a regular file), emptied of its files through its own descriptor, then
+    removed. The search runs in a thread of its own, waited for UNPACKED_SCAN seconds at
+    most (a temporary folder anyone can fill with names, or mount a file system on one that
+    never answers). A failure is logged, never raised: the restore's own outcome stands."""
     search = threading.Thread(
         target=_search_unpacked, args=(marker,), name="orchestrator-unpacked", daemon=True
     )
@@ -758,50 +765,128 @@ def _drop_unpacked(marker: str) -> None:
 
 
 def _search_unpacked(marker: str) -> None:
+    """Its own folder first, then those of the dead, within UNPACKED_SCAN in all."""
     deadline = time.monotonic() + UNPACKED_SCAN
     try:
         temps = _containerd_temps()
     except OSError as exc:
         log.debug("containerd's temporary folder: %s", exc)
         return
-    for where in temps:
-        try:
-            wfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            with os.scandir(wfd) as entries:
-                for entry in entries:
-                    if time.monotonic() > deadline:
-                        return
+    mine = functools.partial(_holds, marker=marker)
+    for judge in (mine, _left_by_the_dead):
+        for where in temps:
+            if not _drop_in(where, judge, deadline):
+                return
+
+
+def _drop_in(where: str, judge: Callable[[int, os.stat_result], bool], deadline: float) -> bool:
+    """Drop each folder of `where` named as containerd names them that `judge` (given its
+    open descriptor and what fstat says of it) takes; False once past `deadline`."""
+    try:
+        wfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        with os.scandir(wfd) as entries:
+            for entry in entries:
+                if time.monotonic() > deadline:
+                    return False
+                try:
                     if _UNPACKED_NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
-                        _drop_marked(wfd, entry.name, marker)
-        except OSError as exc:
-            log.debug("%s: %s", where, exc)
-        finally:
-            os.close(wfd)
+                        _drop_marked(wfd, entry.name, judge)
+                except OSError as exc:  # (one folder that cannot be read stops no other)
+                    log.debug("%s/%s: %s", where, entry.name, exc)
+    except OSError as exc:
+        log.debug("%s: %s", where, exc)
+    finally:
+        os.close(wfd)
+    return True
 
 
-def _drop_marked(wfd: int, name: str, marker: str) -> None:
-    """Remove the folder `name` of the open folder `wfd` when it is root's and holds
-    `marker` as a regular file (the one looked at is the one emptied: by descriptor)."""
+def _drop_marked(wfd: int, name: str, judge: Callable[[int, os.stat_result], bool]) -> None:
+    """Remove the folder `name` of the open folder `wfd` when it is root's and `judge` takes
+    it: holding this restore's marker (`_holds`) or left by a restore that died
+    (`_left_by_the_dead`). The one looked at is the one emptied: by descriptor."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=wfd)
     except OSError:
         return
     try:
-        if os.fstat(fd).st_uid != 0:
-            return
-        try:
-            if not stat.S_ISREG(os.stat(marker, dir_fd=fd, follow_symlinks=False).st_mode):
-                return
-        except OSError:
+        found = os.fstat(fd)
+        if found.st_uid != 0 or not judge(fd, found):
             return
         unlink_files(fd)
     finally:
         os.close(fd)
     with contextlib.suppress(OSError):
         os.rmdir(name, dir_fd=wfd)
+
+
+def _holds(fd: int, found: os.stat_result, marker: str) -> bool:
+    """Whether the folder open at `fd` holds `marker` as a regular file."""
+    try:
+        return stat.S_ISREG(os.stat(marker, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _marker() -> str:
+    """This restore's marker: who makes it (pid namespace, pid, start time), where known,
+    so a later restore can tell its folder was left by the dead; then 128 random bits."""
+    ns, pid = _pid_namespace(), os.getpid()
+    start = procutil.process_start(pid)
+    who = f"{ns}-{pid}-{start}-" if ns and start.isdigit() else ""
+    return f"{MARKER}{who}{uuid.uuid4().hex}"
+
+
+def _left_by_the_dead(fd: int, found: os.stat_result) -> bool:
+    """Whether the folder open at `fd` was unpacked for a restore of our pid namespace whose
+    process is gone (killed during its start: nothing else knew its marker), and has not
+    changed for UNPACKED_STALE seconds, nor for the longest a start may take (the engine's
+    start it was made for is long over; by its ctime too, which no tar nor utime sets).
+    A restore of another pid namespace (another container's) is never judged."""
+    ours = _pid_namespace()
+    changed = max(found.st_mtime, found.st_ctime)
+    if ours is None or time.time() - changed < max(UNPACKED_STALE, up_timeout()):
+        return False
+    try:
+        with os.scandir(fd) as entries:
+            for n, entry in enumerate(entries):
+                if n > MAX_FILES + 2:  # (an image of ours holds no more)
+                    return False
+                made = _MARKED.fullmatch(entry.name)
+                if made is None or made[1] != ours or not entry.is_file(follow_symlinks=False):
+                    continue
+                return _gone(int(made[2]), made[3])
+    except OSError:
+        return False
+    return False
+
+
+def _gone(pid: int, start: str) -> bool:
+    """Whether process `pid` started at `start` is gone: no such pid, or a pid now another
+    process's (its start time read, and another). One that cannot be looked at is not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass
+    now = procutil.process_start(pid)
+    return now != "" and now != start
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (its number), as /proc/self/ns/pid names it; None when
+    the /proc mounted here is not of it (its pids would be another namespace's)."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None
+        name = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    number = name.removeprefix("pid:[").removesuffix("]")
+    return number if number.isdigit() else None
 
 
 def _containerd_temps() -> tuple[str, ...]:
