@@ -61,6 +61,7 @@ while True:  # (a gateway that reads its rules again, or restarts, answers nothi
         s, head = ask()
         if head or time.monotonic() > end:
             break
+        s.close()
     except OSError:
         if time.monotonic() > end:
             raise

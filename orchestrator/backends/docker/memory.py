@@ -882,10 +882,9 @@ def _pid_namespace() -> str | None:
     try:
         if os.readlink("/proc/self") != str(os.getpid()):
             return None
-        name = os.readlink("/proc/self/ns/pid")
     except OSError:
         return None
-    number = name.removeprefix("pid:[").removesuffix("]")
+    number = (_namespace("self", "pid") or "").removeprefix("pid:[").removesuffix("]")
     return number if number.isdigit() else None
 
 
@@ -898,7 +897,7 @@ def _containerd_temps() -> tuple[str, ...]:
     (/tmp meanwhile: a containerd restarting is asked again next time)."""
     if _TEMPS:
         return _TEMPS[0]
-    ours = _mount_namespace("self")
+    ours = _namespace("self", "mnt")
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -906,7 +905,7 @@ def _containerd_temps() -> tuple[str, ...]:
         comm = read_regular(Path(entry.path, "comm"), 64, follow=True)
         if comm is None or comm.strip() != b"containerd" or not _root_process(entry.path):
             continue
-        if ours is None or _mount_namespace(entry.name) != ours:
+        if ours is None or _namespace(entry.name, "mnt") != ours:
             continue
         environ = read_regular(Path(entry.path, "environ"), 1 << 16, follow=True) or b""
         pairs = dict(e.partition(b"=")[::2] for e in environ.split(b"\0") if b"=" in e)
@@ -930,9 +929,10 @@ def _root_process(proc: str) -> bool:
     return len(uids) == 4 and all(u == b"0" for u in uids)
 
 
-def _mount_namespace(pid: str) -> str | None:
+def _namespace(pid: str, kind: str) -> str | None:
+    """Process `pid`'s namespace of `kind` (mnt, pid), as /proc names it ("mnt:[N]")."""
     try:
-        return os.readlink(f"/proc/{pid}/ns/mnt")
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
     except OSError:
         return None
 
